@@ -1,0 +1,253 @@
+package soft
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/blk-project/blk/transport"
+)
+
+// pd is a protection domain: the STag table of its memory regions. A
+// lookup is lock-free (an atomic snapshot of the table); registration
+// copies the table.
+type pd struct {
+	a     *Adapter
+	mu    sync.Mutex // registration
+	table atomic.Pointer[[]*mr]
+	free  []uint32 // recycled table indexes
+	closed bool
+}
+
+func newPD(a *Adapter) *pd {
+	p := &pd{a: a}
+	t := make([]*mr, 1) // index 0 is never used: STag 0 means "none"
+	p.table.Store(&t)
+	return p
+}
+
+// mr is a memory region. Its STag is index<<8 | key.
+type mr struct {
+	pd    *pd
+	index uint32
+	frmr  bool
+	max   uint32 // fast-register: most bytes
+
+	mu      sync.Mutex
+	key     uint8
+	postKey uint8 // last key handed out by FastRegister
+	valid   bool
+	access  transport.Access
+	buf     []byte
+	base    uint64
+}
+
+func addrOf(b []byte) uint64 {
+	if len(b) == 0 {
+		return 0
+	}
+	return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+}
+
+func (p *pd) add(m *mr) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return transport.ErrClosed
+	}
+	old := *p.table.Load()
+	if n := len(p.free); n > 0 {
+		m.index = p.free[n-1]
+		p.free = p.free[:n-1]
+	} else {
+		if len(old) >= 1<<24 {
+			return fmt.Errorf("soft: STag table full: %w", transport.ErrInsufficientResources)
+		}
+		m.index = uint32(len(old))
+	}
+	t := make([]*mr, max(len(old), int(m.index)+1))
+	copy(t, old)
+	t[m.index] = m
+	p.table.Store(&t)
+	return nil
+}
+
+func (p *pd) remove(m *mr) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := *p.table.Load()
+	if int(m.index) >= len(old) || old[m.index] != m {
+		return
+	}
+	t := make([]*mr, len(old))
+	copy(t, old)
+	t[m.index] = nil
+	p.table.Store(&t)
+	p.free = append(p.free, m.index)
+}
+
+// lookup returns the region an STag names, or nil.
+func (p *pd) lookup(stag uint32) *mr {
+	t := *p.table.Load()
+	i := stag >> 8
+	if i == 0 || int(i) >= len(t) {
+		return nil
+	}
+	return t[i]
+}
+
+// accessFault says why an access was refused; it maps to a Terminate code.
+type accessFault uint8
+
+const (
+	faultNone accessFault = iota
+	faultInvalidSTag
+	faultBounds
+	faultAccess
+)
+
+// resolve returns the n bytes at addr of the region named by stag if the
+// STag is valid and grants need.
+func (p *pd) resolve(stag uint32, addr uint64, n uint32, need transport.Access) ([]byte, accessFault) {
+	m := p.lookup(stag)
+	if m == nil {
+		return nil, faultInvalidSTag
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.valid || m.key != uint8(stag) {
+		return nil, faultInvalidSTag
+	}
+	if m.access&need != need {
+		return nil, faultAccess
+	}
+	if addr < m.base || addr-m.base > uint64(len(m.buf)) || uint64(len(m.buf))-(addr-m.base) < uint64(n) {
+		return nil, faultBounds
+	}
+	off := addr - m.base
+	return m.buf[off : off+uint64(n) : off+uint64(n)], faultNone
+}
+
+func (f accessFault) err() error {
+	if f == faultNone {
+		return nil
+	}
+	return transport.ErrAccessViolation
+}
+
+func (p *pd) RegisterMemory(buf []byte, access transport.Access) (transport.MemoryRegion, error) {
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("soft: register an empty buffer: %w", transport.ErrInvalidParameter)
+	}
+	if access&transport.AccessMWBind != 0 {
+		return nil, fmt.Errorf("soft: memory windows: %w", transport.ErrNotSupported)
+	}
+	if access&transport.AccessRemoteWrite != 0 {
+		access |= transport.AccessLocalWrite
+	}
+	m := &mr{pd: p, valid: true, access: access, buf: buf, base: addrOf(buf), key: 1}
+	if err := p.add(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (p *pd) AllocateMR(maxLen uint32) (transport.MemoryRegion, error) {
+	if maxLen == 0 || maxLen > maxTransfer {
+		return nil, fmt.Errorf("soft: fast-register region of %d bytes (max %d): %w", maxLen, maxTransfer, transport.ErrInvalidParameter)
+	}
+	m := &mr{pd: p, frmr: true, max: maxLen, key: 0, postKey: 0}
+	if err := p.add(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (p *pd) CreateMemoryWindow() (transport.MemoryWindow, error) {
+	return nil, fmt.Errorf("soft: memory windows: %w", transport.ErrNotSupported)
+}
+
+func (p *pd) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	return nil
+}
+
+func (m *mr) stag() uint32 { return m.index<<8 | uint32(m.key) }
+
+func (m *mr) LKey() uint32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stag()
+}
+
+func (m *mr) RKey() uint32 { return m.LKey() }
+
+func (m *mr) Addr() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.base
+}
+
+func (m *mr) Bytes() []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.buf
+}
+
+func (m *mr) SGE(off, n uint32) transport.SGE {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return transport.SGE{Addr: m.base + uint64(off), Length: n, LKey: m.stag()}
+}
+
+func (m *mr) Close() error {
+	m.mu.Lock()
+	m.valid = false
+	m.mu.Unlock()
+	m.pd.remove(m)
+	return nil
+}
+
+// nextKey reserves the key a fast-register will install.
+func (m *mr) nextKey() uint32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.postKey++
+	return m.index<<8 | uint32(m.postKey)
+}
+
+// fastRegister installs a binding (run in send-queue order).
+func (m *mr) fastRegister(key uint32, buf []byte, access transport.Access) {
+	if access&transport.AccessRemoteWrite != 0 {
+		access |= transport.AccessLocalWrite
+	}
+	m.mu.Lock()
+	m.key = uint8(key)
+	m.buf = buf
+	m.base = addrOf(buf)
+	m.access = access
+	m.valid = true
+	m.mu.Unlock()
+}
+
+// invalidate retires key; it fails when the key is not the current one or
+// the region is not fast-registered.
+func (m *mr) invalidate(key uint32) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.frmr || m.key != uint8(key) {
+		return false
+	}
+	m.valid = false
+	return true
+}
+
+// invalidateAny retires the current key (local invalidate).
+func (m *mr) invalidateAny() {
+	m.mu.Lock()
+	m.valid = false
+	m.mu.Unlock()
+}

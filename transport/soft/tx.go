@@ -1,0 +1,409 @@
+package soft
+
+import (
+	"encoding/binary"
+	"net"
+	"time"
+
+	"github.com/blk-project/blk/transport"
+	"github.com/blk-project/blk/transport/soft/wire"
+)
+
+const (
+	// txBufSize holds the headers, CRCs and small payloads of one batch:
+	// 256 KiB is 64 FPDUs of 4 KiB plus headers; larger payloads go to
+	// writev as references to registered memory, not copies.
+	txBufSize = 256 << 10
+	// txCopyMax: payloads up to this size are copied into the batch buffer
+	// (a memcpy is cheaper than an iovec entry); larger ones are sent from
+	// where they are.
+	txCopyMax = 512
+	// txMaxIov bounds the iovecs of one writev (Linux IOV_MAX is 1024).
+	txMaxIov = 512
+)
+
+// txState is owned by the sender goroutine.
+type txState struct {
+	q        *qp
+	buf      []byte // batch buffer; never reallocated
+	segStart int    // start of the part of buf not yet referenced by iov
+	iov      net.Buffers
+	iovBack  [][]byte
+	comps    []pendingComp
+	sendMSN  uint32
+	readMSN  uint32
+	termMSN  uint32
+	segs     [maxSge][]byte
+	copies   uint64 // payload copies into the batch buffer
+	writes   uint64 // writev calls
+	fpdus    uint64
+}
+
+func (t *txState) init(q *qp) {
+	t.q = q
+	t.buf = make([]byte, 0, txBufSize)
+	t.iovBack = make([][]byte, 0, txMaxIov+8)
+	t.iov = t.iovBack[:0]
+	t.comps = make([]pendingComp, 0, len(q.sq))
+	t.sendMSN, t.readMSN, t.termMSN = 1, 1, 1
+}
+
+// sender drains the send queue and the inbound read queue into FPDUs.
+func (q *qp) sender() {
+	defer q.exited.Done()
+	defer q.flushSQ()
+	if q.delay > 0 {
+		select {
+		case <-time.After(q.delay):
+		case <-q.done:
+			return
+		}
+	}
+	t := &q.tx
+	for {
+		select {
+		case <-q.kick:
+		case <-q.done:
+			return
+		}
+		for {
+			progressed := false
+			for q.serveRead() {
+				progressed = true
+			}
+			head, tail := q.sqHead.Load(), q.sqTail.Load()
+			for head < tail {
+				w := &q.sq[head%uint64(len(q.sq))]
+				if q.stalled(w) {
+					break
+				}
+				if !q.emit(w) {
+					return
+				}
+				w.ctx = nil
+				head++
+				q.sqHead.Store(head)
+				progressed = true
+				if len(t.iov) >= txMaxIov || len(t.buf) > txBufSize-txBufSize/4 {
+					if !q.flushTx() {
+						return
+					}
+				}
+			}
+			if !progressed {
+				break
+			}
+		}
+		if !q.flushTx() {
+			return
+		}
+	}
+}
+
+// stalled says the request must wait: a read beyond ORD, or a fenced
+// request behind reads in flight.
+func (q *qp) stalled(w *sendWR) bool {
+	if w.op != transport.OpRead && w.flags&transport.FlagReadFence == 0 {
+		return false
+	}
+	q.orqMu.Lock()
+	n := q.orqN
+	q.orqMu.Unlock()
+	if w.flags&transport.FlagReadFence != 0 && n > 0 {
+		return true
+	}
+	return w.op == transport.OpRead && n >= q.ord
+}
+
+// flushTx writes the batch with one writev and completes its requests.
+func (q *qp) flushTx() bool {
+	t := &q.tx
+	if len(t.buf) > t.segStart {
+		t.iov = append(t.iov, t.buf[t.segStart:])
+	}
+	if len(t.iov) > 0 {
+		q.wmu.Lock()
+		_, err := t.iov.WriteTo(q.conn)
+		q.wmu.Unlock()
+		t.writes++
+		clear(t.iovBack[:cap(t.iovBack)])
+		t.iov = t.iovBack[:0]
+		t.buf = t.buf[:0]
+		t.segStart = 0
+		if err != nil {
+			for _, c := range t.comps {
+				q.completeSQ(c.op, c.ctx, 0, transport.ErrCancelled, false)
+			}
+			t.comps = t.comps[:0]
+			q.fail(errConnection(err))
+			return false
+		}
+	}
+	for i := range t.comps {
+		c := &t.comps[i]
+		q.completeSQ(c.op, c.ctx, c.bytes, nil, c.silent)
+		c.ctx = nil
+	}
+	t.comps = t.comps[:0]
+	return true
+}
+
+// reserve returns n bytes at the end of the batch buffer.
+func (t *txState) reserve(n int) []byte {
+	l := len(t.buf)
+	t.buf = t.buf[:l+n]
+	return t.buf[l : l+n]
+}
+
+// payload adds p to the batch: copied when small, else referenced.
+func (t *txState) payload(p []byte) {
+	if len(p) == 0 {
+		return
+	}
+	if len(p) <= txCopyMax {
+		t.buf = append(t.buf, p...)
+		t.copies++
+		return
+	}
+	if len(t.buf) > t.segStart {
+		t.iov = append(t.iov, t.buf[t.segStart:])
+	}
+	t.iov = append(t.iov, p)
+	t.segStart = len(t.buf)
+}
+
+// fpdu frames one segment: h, the payload gathered from segs starting at
+// (seg, off) for n bytes, pad and CRC. It returns the new position.
+func (q *qp) fpdu(h *wire.Header, segs [][]byte, seg, off, n int) (int, int) {
+	t := &q.tx
+	hl := h.Len()
+	ulen := hl + n
+	hb := t.reserve(wire.MPAHeaderLen + hl)
+	binary.BigEndian.PutUint16(hb, uint16(ulen))
+	h.Put(hb[wire.MPAHeaderLen:])
+	var crc uint32
+	if q.crc {
+		crc = wire.CRCUpdate(0, hb)
+	}
+	for n > 0 {
+		p := segs[seg][off:]
+		if len(p) > n {
+			p = p[:n]
+		}
+		t.payload(p)
+		if q.crc {
+			crc = wire.CRCUpdate(crc, p)
+		}
+		n -= len(p)
+		off += len(p)
+		if off == len(segs[seg]) {
+			seg++
+			off = 0
+		}
+	}
+	pad := wire.PadLen(ulen)
+	tail := t.reserve(pad + wire.CRCLen)
+	clear(tail)
+	if q.crc {
+		crc = wire.CRCUpdate(crc, tail[:pad])
+		putCRC(tail[pad:], crc)
+	}
+	t.fpdus++
+	return seg, off
+}
+
+// message frames a whole message of length bytes from segs as FPDUs of at
+// most maxPay payload bytes; h is updated per segment (MO or TO, Last).
+func (q *qp) message(h *wire.Header, segs [][]byte, length uint32, maxPay int) {
+	seg, off := 0, 0
+	for len(segs) > 0 && seg < len(segs) && len(segs[seg]) == 0 {
+		seg++
+	}
+	var done uint32
+	for {
+		n := min(int(length-done), maxPay)
+		h.Last = done+uint32(n) == length
+		if !h.Tagged {
+			h.MO = done
+		}
+		seg, off = q.fpdu(h, segs, seg, off, n)
+		done += uint32(n)
+		if h.Last {
+			return
+		}
+		if h.Tagged {
+			h.TO += uint64(n)
+		}
+	}
+}
+
+// resolveLocal maps w's SGEs to memory; need is the access required.
+func (q *qp) resolveLocal(w *sendWR, need transport.Access) ([][]byte, bool) {
+	t := &q.tx
+	for i := 0; i < int(w.n); i++ {
+		s := &w.sges[i]
+		b, f := q.pd.resolve(s.LKey, s.Addr, s.Length, need)
+		if f != faultNone {
+			return nil, false
+		}
+		t.segs[i] = b
+	}
+	return t.segs[:w.n], true
+}
+
+// emit turns one send-queue request into FPDUs or a local action. It
+// returns false when the QP failed.
+func (q *qp) emit(w *sendWR) bool {
+	t := &q.tx
+	silent := w.flags&transport.FlagSilentSuccess != 0
+	switch w.op {
+	case transport.OpSend:
+		var segs [][]byte
+		if w.flags&transport.FlagInline != 0 {
+			t.segs[0] = w.inline
+			segs = t.segs[:1]
+		} else {
+			var ok bool
+			if segs, ok = q.resolveLocal(w, 0); !ok {
+				return q.localFault(w)
+			}
+		}
+		h := wire.Header{Opcode: w.rdmap, Inval: w.rkey, QN: wire.QNSend, MSN: t.sendMSN}
+		t.sendMSN++
+		q.message(&h, segs, w.length, q.maxSendPay)
+		t.comps = append(t.comps, pendingComp{ctx: w.ctx, op: w.op, bytes: w.length, silent: silent})
+	case transport.OpWrite:
+		var segs [][]byte
+		if w.flags&transport.FlagInline != 0 {
+			t.segs[0] = w.inline
+			segs = t.segs[:1]
+		} else {
+			var ok bool
+			if segs, ok = q.resolveLocal(w, 0); !ok {
+				return q.localFault(w)
+			}
+		}
+		h := wire.Header{Tagged: true, Opcode: wire.OpWrite, STag: w.rkey, TO: w.raddr}
+		q.message(&h, segs, w.length, q.maxTagPay)
+		t.comps = append(t.comps, pendingComp{ctx: w.ctx, op: w.op, bytes: w.length, silent: silent})
+	case transport.OpRead:
+		// iWARP: the read response is a tagged write into the sink, so the
+		// sink's STag must grant remote write.
+		s := &w.sges[0]
+		if _, f := q.pd.resolve(s.LKey, s.Addr, s.Length, transport.AccessLocalWrite|transport.AccessRemoteWrite); f != faultNone {
+			return q.localFault(w)
+		}
+		q.orqMu.Lock()
+		if q.orqClosed {
+			q.orqMu.Unlock()
+			q.completeSQ(w.op, w.ctx, 0, transport.ErrCancelled, false)
+			return true
+		}
+		i := (q.orqHead + q.orqN) % uint32(len(q.orq))
+		q.orq[i] = readWR{ctx: w.ctx, length: w.length, silent: silent}
+		q.orqN++
+		q.orqMu.Unlock()
+		h := wire.Header{Opcode: wire.OpReadRequest, QN: wire.QNReadRequest, MSN: t.readMSN, Last: true}
+		t.readMSN++
+		rr := wire.ReadRequest{SinkSTag: s.LKey, SinkTO: s.Addr, Size: w.length, SrcSTag: w.rkey, SrcTO: w.raddr}
+		var p [wire.ReadRequestLen]byte
+		rr.Put(p[:])
+		t.segs[0] = p[:]
+		q.fpdu(&h, t.segs[:1], 0, 0, wire.ReadRequestLen)
+	case transport.OpFastRegister:
+		w.mr.fastRegister(w.key, w.buf, w.access)
+		t.comps = append(t.comps, pendingComp{ctx: w.ctx, op: w.op, silent: silent})
+	case transport.OpInvalidate:
+		w.mr.invalidateAny()
+		t.comps = append(t.comps, pendingComp{ctx: w.ctx, op: w.op, silent: silent})
+	}
+	return true
+}
+
+// localFault completes w with a local protection error and fails the QP,
+// as a local access error does on RDMA hardware.
+func (q *qp) localFault(w *sendWR) bool {
+	q.flushTx()
+	q.completeSQ(w.op, w.ctx, 0, transport.ErrAccessViolation, false)
+	q.fail(transport.ErrAccessViolation)
+	return false
+}
+
+// serveRead answers one of the peer's read requests; false when none.
+func (q *qp) serveRead() bool {
+	q.irqMu.Lock()
+	if q.irqN == 0 {
+		q.irqMu.Unlock()
+		return false
+	}
+	rr := q.irq[q.irqHead]
+	q.irqHead = (q.irqHead + 1) % uint32(len(q.irq))
+	q.irqN--
+	q.irqMu.Unlock()
+	t := &q.tx
+	src, f := q.pd.resolve(rr.SrcSTag, rr.SrcTO, rr.Size, transport.AccessRemoteRead)
+	if f != faultNone {
+		var hdr [wire.UntaggedHeaderLen]byte
+		h := wire.Header{Opcode: wire.OpReadRequest, QN: wire.QNReadRequest, Last: true}
+		h.Put(hdr[:])
+		var body [wire.ReadRequestLen]byte
+		rr.Put(body[:])
+		q.flushTx()
+		q.terminate(terminateFor(f, true), hdr[:], body[:])
+		return false
+	}
+	h := wire.Header{Tagged: true, Opcode: wire.OpReadResponse, STag: rr.SinkSTag, TO: rr.SinkTO}
+	t.segs[0] = src
+	q.message(&h, t.segs[:1], rr.Size, q.maxTagPay)
+	return true
+}
+
+// terminateFor maps an access fault to Terminate fields: remote protection
+// errors at the RDMAP layer.
+func terminateFor(f accessFault, read bool) wire.Terminate {
+	code := uint8(wire.RDMAPInvalidSTag)
+	switch f {
+	case faultBounds:
+		code = wire.RDMAPBaseBounds
+	case faultAccess:
+		code = wire.RDMAPAccessRights
+	}
+	return wire.Terminate{Layer: wire.LayerRDMAP, EType: wire.RDMAPRemoteProtection, Code: code}
+}
+
+// terminate sends a Terminate message carrying the offending headers and
+// fails the QP. Safe from either goroutine.
+func (q *qp) terminate(tm wire.Terminate, ddpHdr, rdmapHdr []byte) {
+	if ddpHdr != nil {
+		tm.DDPHeader = ddpHdr
+		tm.SegLenValid = true
+		tm.DDPSegLen = uint16(len(ddpHdr) + len(rdmapHdr))
+	}
+	tm.RDMAPHeader = rdmapHdr
+	var body [128]byte
+	payload := tm.Append(body[:0])
+	h := wire.Header{Opcode: wire.OpTerminate, QN: wire.QNTerminate, MSN: 1, Last: true}
+	var frame [256]byte
+	hl := h.Len()
+	binary.BigEndian.PutUint16(frame[:], uint16(hl+len(payload)))
+	h.Put(frame[wire.MPAHeaderLen:])
+	n := wire.MPAHeaderLen + hl
+	n += copy(frame[n:], payload)
+	pad := wire.PadLen(hl + len(payload))
+	n += pad
+	if q.crc {
+		putCRC(frame[n:], wire.CRCUpdate(0, frame[:n]))
+	}
+	n += wire.CRCLen
+	q.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	q.wmu.Lock()
+	q.conn.Write(frame[:n])
+	q.wmu.Unlock()
+	q.fail(terminateError(tm, true))
+}
+
+// putCRC stores an MPA CRC as it goes on the wire.
+func putCRC(b []byte, crc uint32) { binary.BigEndian.PutUint32(b, crc) }
+
+// getCRC reads an MPA CRC from the wire.
+func getCRC(b []byte) uint32 { return binary.BigEndian.Uint32(b) }
