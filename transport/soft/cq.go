@@ -25,6 +25,7 @@ type cq struct {
 
 	mu       sync.Mutex
 	ring     []transport.Completion
+	owner    []*qp // per ring slot: the QP whose initiator slot the entry holds (Q4)
 	head, n  uint32
 	closed   bool
 	overflow bool // C3: the CQ overran and is in error
@@ -60,6 +61,7 @@ func (a *Adapter) CreateCQ(cfg transport.CQConfig) (transport.CQ, error) {
 		nctx:    cfg.Context,
 		cpu:     cfg.Affinity,
 		ring:    make([]transport.Completion, cfg.Depth),
+		owner:   make([]*qp, cfg.Depth),
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
@@ -75,7 +77,13 @@ func (c *cq) Depth() uint32 { return c.depth }
 
 // push adds a completion. It returns false when the CQ overflowed (the
 // completion is lost and the CQ is in error: C3).
-func (c *cq) push(comp *transport.Completion, solicited bool) bool {
+//
+// owner, when set, is the QP whose initiator queue slot this completion
+// still holds: the slot is freed when the consumer polls the completion,
+// so a QP never has more than its InitiatorQueueDepth requests between
+// post and poll (Q4), and a CQ sized to the sum of its QPs' depths never
+// overruns.
+func (c *cq) push(comp *transport.Completion, solicited bool, owner *qp) bool {
 	c.mu.Lock()
 	if c.closed || c.overflow {
 		c.mu.Unlock()
@@ -92,6 +100,7 @@ func (c *cq) push(comp *transport.Completion, solicited bool) bool {
 		i -= c.depth
 	}
 	c.ring[i] = *comp
+	c.owner[i] = owner
 	c.n++
 	wake := false
 	if c.armed && c.satisfies(comp, solicited) {
@@ -135,6 +144,10 @@ func (c *cq) Poll(out []transport.Completion) int {
 	for j := uint32(0); j < k; j++ {
 		out[j] = c.ring[c.head]
 		c.ring[c.head] = transport.Completion{}
+		if q := c.owner[c.head]; q != nil {
+			q.outstanding.Add(-1)
+			c.owner[c.head] = nil
+		}
 		c.head++
 		if c.head == c.depth {
 			c.head = 0

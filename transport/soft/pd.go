@@ -13,10 +13,10 @@ import (
 // lookup is lock-free (an atomic snapshot of the table); registration
 // copies the table.
 type pd struct {
-	a     *Adapter
-	mu    sync.Mutex // registration
-	table atomic.Pointer[[]*mr]
-	free  []uint32 // recycled table indexes
+	a      *Adapter
+	mu     sync.Mutex // registration
+	table  atomic.Pointer[[]*mr]
+	free   []uint32 // recycled table indexes
 	closed bool
 }
 

@@ -100,12 +100,12 @@ type qp struct {
 	irqHead uint32
 	irqN    uint32
 
-	wmu      sync.Mutex // socket writes (sender batches, receiver Terminates)
-	done     chan struct{}
-	errMu    sync.Mutex
-	err      error
-	exited   sync.WaitGroup
-	closed   atomic.Bool
+	wmu    sync.Mutex // socket writes (sender batches, receiver Terminates)
+	done   chan struct{}
+	errMu  sync.Mutex
+	err    error
+	exited sync.WaitGroup
+	closed atomic.Bool
 
 	tx txState
 	rx rxState
@@ -405,9 +405,17 @@ func (q *qp) fail(err error) {
 	q.flushORQ(nil)
 }
 
-// complete pushes a completion; a CQ overrun fails the QP (C3).
-func (q *qp) complete(c *cq, comp *transport.Completion, solicited bool) {
-	if !c.push(comp, solicited) {
+// complete pushes a completion; a CQ overrun fails the QP (C3). owner is
+// set for initiator completions (see cq.push).
+func (q *qp) complete(c *cq, comp *transport.Completion, solicited bool, owner ...*qp) {
+	var o *qp
+	if len(owner) > 0 {
+		o = owner[0]
+	}
+	if !c.push(comp, solicited, o) {
+		if o != nil {
+			o.outstanding.Add(-1)
+		}
 		q.errMu.Lock()
 		already := q.err != nil
 		q.errMu.Unlock()
@@ -417,13 +425,14 @@ func (q *qp) complete(c *cq, comp *transport.Completion, solicited bool) {
 	}
 }
 
-// completeSQ finishes an initiator request.
+// completeSQ finishes an initiator request. Its queue slot is freed when
+// the completion is polled; a silent success frees it at once.
 func (q *qp) completeSQ(op transport.OpType, ctx any, bytes uint32, status error, silent bool) {
-	q.outstanding.Add(-1)
 	if status == nil && silent {
+		q.outstanding.Add(-1)
 		return
 	}
-	q.complete(q.icq, &transport.Completion{Status: status, QPContext: q.ctx, RequestContext: ctx, Bytes: bytes, Type: op}, false)
+	q.complete(q.icq, &transport.Completion{Status: status, QPContext: q.ctx, RequestContext: ctx, Bytes: bytes, Type: op}, false, q)
 }
 
 // flushSQ cancels every request still in the send queue and closes it.

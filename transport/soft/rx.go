@@ -37,6 +37,8 @@ type rxState struct {
 	curLen    uint32
 	curLong   bool
 
+	hdr    [wire.UntaggedHeaderLen]byte // the current FPDU's header, for a Terminate
+	rreq   [wire.ReadRequestLen]byte    // the current Read Request
 	copies uint64 // payload bytes copied out of the receive buffer (calls)
 	direct uint64 // payload reads straight into registered memory
 }
@@ -172,7 +174,7 @@ func (q *qp) receiveFPDU() error {
 	ulen := int(binary.BigEndian.Uint16(b))
 	hl := wire.HeaderLenFromControl(b[2])
 	if ulen < hl {
-		q.terminate(wire.Terminate{Layer: wire.LayerMPA, EType: 0, Code: wire.MPAInvalidULPDU}, nil, nil)
+		q.terminate(wire.Terminate{Layer: wire.LayerMPA, EType: wire.MPAErrorType, Code: wire.MPAInvalidRequestReply}, nil, nil)
 		return errTerminated
 	}
 	if err := q.fill(wire.MPAHeaderLen + hl); err != nil {
@@ -194,9 +196,8 @@ func (q *qp) receiveFPDU() error {
 		q.terminate(tm, hdr, nil)
 		return errTerminated
 	}
-	var hdrCopy [wire.UntaggedHeaderLen]byte
-	copy(hdrCopy[:], b[wire.MPAHeaderLen:])
-	hdr := hdrCopy[:hl]
+	copy(r.hdr[:], b[wire.MPAHeaderLen:])
+	hdr := r.hdr[:hl]
 	var crc uint32
 	if q.crc {
 		crc = wire.CRCUpdate(0, b)
@@ -213,7 +214,7 @@ func (q *qp) receiveFPDU() error {
 	case !h.Tagged && h.QN == wire.QNSend && isSend(h.Opcode):
 		crc, term, err = q.placeSend(&h, plen, crc, &tm)
 	case !h.Tagged && h.QN == wire.QNReadRequest && h.Opcode == wire.OpReadRequest:
-		var body [wire.ReadRequestLen]byte
+		body := &r.rreq
 		if plen != wire.ReadRequestLen {
 			tm = wire.Terminate{Layer: wire.LayerRDMAP, EType: wire.RDMAPRemoteOperation, Code: wire.RDMAPUnexpectedOpcode}
 			term = &tm
@@ -250,8 +251,8 @@ func (q *qp) receiveFPDU() error {
 	}
 	if q.crc {
 		crc = wire.CRCUpdate(crc, r.buf[r.r:r.r+pad])
-		if got := getCRC(r.buf[r.r+pad:]); got != crc {
-			q.terminate(wire.Terminate{Layer: wire.LayerMPA, EType: 0, Code: wire.MPACRCError}, hdr, nil)
+		if got := wire.ReadCRC(r.buf[r.r+pad:]); got != crc {
+			q.terminate(wire.Terminate{Layer: wire.LayerMPA, EType: wire.MPAErrorType, Code: wire.MPACRCError}, hdr, nil)
 			return errTerminated
 		}
 	}

@@ -10,10 +10,10 @@ import (
 )
 
 type pair struct {
-	a, b       *Adapter
-	pa, pb     transport.PD
-	cqa, cqb   transport.CQ
-	qa, qb     transport.QP
+	a, b     *Adapter
+	pa, pb   transport.PD
+	cqa, cqb transport.CQ
+	qa, qb   transport.QP
 }
 
 func newPair(t testing.TB, cfg Config) *pair {

@@ -34,6 +34,7 @@ type txState struct {
 	readMSN  uint32
 	termMSN  uint32
 	segs     [maxSge][]byte
+	rreq     [wire.ReadRequestLen]byte
 	copies   uint64 // payload copies into the batch buffer
 	writes   uint64 // writev calls
 	fpdus    uint64
@@ -206,7 +207,7 @@ func (q *qp) fpdu(h *wire.Header, segs [][]byte, seg, off, n int) (int, int) {
 	clear(tail)
 	if q.crc {
 		crc = wire.CRCUpdate(crc, tail[:pad])
-		putCRC(tail[pad:], crc)
+		wire.PutCRC(tail[pad:], crc)
 	}
 	t.fpdus++
 	return seg, off
@@ -306,9 +307,8 @@ func (q *qp) emit(w *sendWR) bool {
 		h := wire.Header{Opcode: wire.OpReadRequest, QN: wire.QNReadRequest, MSN: t.readMSN, Last: true}
 		t.readMSN++
 		rr := wire.ReadRequest{SinkSTag: s.LKey, SinkTO: s.Addr, Size: w.length, SrcSTag: w.rkey, SrcTO: w.raddr}
-		var p [wire.ReadRequestLen]byte
-		rr.Put(p[:])
-		t.segs[0] = p[:]
+		rr.Put(t.rreq[:])
+		t.segs[0] = t.rreq[:]
 		q.fpdu(&h, t.segs[:1], 0, 0, wire.ReadRequestLen)
 	case transport.OpFastRegister:
 		w.mr.fastRegister(w.key, w.buf, w.access)
@@ -392,7 +392,7 @@ func (q *qp) terminate(tm wire.Terminate, ddpHdr, rdmapHdr []byte) {
 	pad := wire.PadLen(hl + len(payload))
 	n += pad
 	if q.crc {
-		putCRC(frame[n:], wire.CRCUpdate(0, frame[:n]))
+		wire.PutCRC(frame[n:], wire.CRCUpdate(0, frame[:n]))
 	}
 	n += wire.CRCLen
 	q.conn.SetWriteDeadline(time.Now().Add(time.Second))
@@ -402,8 +402,3 @@ func (q *qp) terminate(tm wire.Terminate, ddpHdr, rdmapHdr []byte) {
 	q.fail(terminateError(tm, true))
 }
 
-// putCRC stores an MPA CRC as it goes on the wire.
-func putCRC(b []byte, crc uint32) { binary.BigEndian.PutUint32(b, crc) }
-
-// getCRC reads an MPA CRC from the wire.
-func getCRC(b []byte) uint32 { return binary.BigEndian.Uint32(b) }

@@ -1,0 +1,24 @@
+package soft_test
+
+import (
+	"testing"
+
+	"github.com/blk-project/blk/transport"
+	"github.com/blk-project/blk/transport/soft"
+	"github.com/blk-project/blk/transport/transporttest"
+)
+
+// TestConformance runs the provider conformance suite against the soft
+// provider.
+func TestConformance(t *testing.T) {
+	transporttest.Run(t, transporttest.Harness{
+		NewAdapter: func(t testing.TB) transport.Adapter {
+			a, err := soft.New(soft.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return a
+		},
+		ListenAddr: "127.0.0.1:0",
+	})
+}
