@@ -114,8 +114,10 @@ const (
 	// FlagSilentSuccess: no completion on success (an error still completes).
 	FlagSilentSuccess PostFlags = 1 << iota
 	// FlagInline: the payload is copied at post time (at most the QP's
-	// InlineDataSize bytes); the SGEs need no valid local key and may be
-	// reused as soon as the post returns.
+	// InlineDataSize bytes), so the memory may be reused as soon as the
+	// post returns. Unlike verbs, the SGEs must still name registered
+	// memory: a Go provider cannot safely read an arbitrary address, and
+	// the key check keeps a stale SGE from leaking another buffer.
 	FlagInline
 	// FlagDefer: queue the request but do not start it until a later post
 	// without FlagDefer on the same queue (one doorbell for a batch).

@@ -60,9 +60,11 @@ const (
 	// maxReadLimit: IRD/ORD per connection (the Linux NVMe host offers
 	// IRD 128).
 	maxReadLimit = 128
-	// maxPrivateData: MPA carries at most 512 bytes of private data, of
-	// which revision 2 takes 4 for IRD/ORD.
-	maxPrivateData = wire.MaxPrivateData - wire.EnhancedLen
+	// maxPrivateData: MPA allows 512 bytes of private data, but Linux's
+	// iWARP connection manager (and so siw) refuses more than 256, and
+	// revision 2 takes 4 of them for IRD/ORD. 252 keeps every peer
+	// reachable; NVMe/RDMA needs 32.
+	maxPrivateData = wire.LinuxMaxPrivateData - wire.EnhancedLen
 )
 
 // Adapter is a soft RDMA adapter. It implements transport.Adapter.

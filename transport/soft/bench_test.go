@@ -17,10 +17,11 @@ import (
 //
 //	go test -run '^$' -bench . -benchmem ./transport/soft/
 //
-// Domain metrics: comps/notify (completions per CQ notification on the
-// consuming side), copies/op (payload memcpys in the provider per
-// message, both sides; the kernel's socket copies are not counted), and
-// msgs/s or MB/s.
+// Domain metrics: comps/notify (completions per CQ notification, both
+// sides), copies/op (payload bytes the provider copied in user space, both
+// sides, divided by the payload bytes moved: 1.0 is one full extra copy of
+// every message; the kernel's socket copies are not counted), and msgs/s
+// or MB/s.
 
 // waiter consumes a CQ the way an engine does: poll, and when empty arm,
 // poll again (closing the race), then sleep until notified.
@@ -117,15 +118,15 @@ func newBenchPair(b *testing.B, depth uint32) *benchPair {
 	return p
 }
 
-func (p *benchPair) report(b *testing.B, ops int) {
+func (p *benchPair) report(b *testing.B, ops, size int) {
 	sa, _ := CQStatsOf(p.wa.cq)
 	sb, _ := CQStatsOf(p.wb.cq)
 	n := sa.Notifications + sb.Notifications
 	if n > 0 {
 		b.ReportMetric(float64(sa.Completions+sb.Completions)/float64(n), "comps/notify")
 	}
-	copies := p.qa.tx.copies + p.qb.tx.copies + p.qa.rx.copies + p.qb.rx.copies
-	b.ReportMetric(float64(copies)/float64(ops), "copies/op")
+	copied := p.qa.tx.copied + p.qb.tx.copied + p.qa.rx.copied + p.qb.rx.copied
+	b.ReportMetric(float64(copied)/float64(ops)/float64(size), "copies/op")
 }
 
 // benchSoftSend streams size-byte sends from a to b with depth in flight.
@@ -199,7 +200,7 @@ func benchSoftSend(b *testing.B, size int, depth uint32) {
 	<-done
 	b.StopTimer()
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "msgs/s")
-	p.report(b, n)
+	p.report(b, n, size)
 }
 
 // tcpPair is the baseline: a connected loopback socket pair.
@@ -306,7 +307,7 @@ func benchSoftRDMA(b *testing.B, size int, depth uint32, read bool) {
 		p.wa.next()
 	}
 	b.StopTimer()
-	p.report(b, n)
+	p.report(b, n, size)
 }
 
 func BenchmarkWrite128KiB(b *testing.B) {
@@ -361,7 +362,7 @@ func BenchmarkPingPong64B(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		p.report(b, n)
+		p.report(b, 2*n, 64)
 	})
 	b.Run("tcp", func(b *testing.B) {
 		c1, c2 := tcpPair(b)

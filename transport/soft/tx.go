@@ -35,7 +35,7 @@ type txState struct {
 	termMSN  uint32
 	segs     [maxSge][]byte
 	rreq     [wire.ReadRequestLen]byte
-	copies   uint64 // payload copies into the batch buffer
+	copied   uint64 // payload bytes copied into the batch buffer
 	writes   uint64 // writev calls
 	fpdus    uint64
 }
@@ -163,7 +163,7 @@ func (t *txState) payload(p []byte) {
 	}
 	if len(p) <= txCopyMax {
 		t.buf = append(t.buf, p...)
-		t.copies++
+		t.copied += uint64(len(p))
 		return
 	}
 	if len(t.buf) > t.segStart {
@@ -401,4 +401,3 @@ func (q *qp) terminate(tm wire.Terminate, ddpHdr, rdmapHdr []byte) {
 	q.wmu.Unlock()
 	q.fail(terminateError(tm, true))
 }
-
