@@ -73,6 +73,7 @@ type qp struct {
 	sqMu        sync.Mutex
 	sq          []sendWR
 	sqTail      atomic.Uint64
+	sqBell      atomic.Uint64 // the doorbell: requests below it may start (FlagDefer)
 	sqHead      atomic.Uint64
 	sqClosed    bool
 	outstanding atomic.Int32 // Q4: initiator requests posted and not completed
@@ -258,8 +259,14 @@ func (q *qp) enqueue(op transport.OpType, ctx any, sges []transport.SGE, flags t
 		fill(w)
 	}
 	q.sqTail.Store(tail + 1)
+	ring := flags&transport.FlagDefer == 0
+	if ring {
+		// Ring the doorbell: this request and every deferred one before
+		// it may start.
+		q.sqBell.Store(tail + 1)
+	}
 	q.sqMu.Unlock()
-	if flags&transport.FlagDefer == 0 {
+	if ring {
 		q.wake()
 	}
 	return nil
@@ -494,4 +501,31 @@ func (q *qp) start(conn *net.TCPConn, crc bool, ird, ord uint32, delay time.Dura
 	q.exited.Add(2)
 	go q.sender()
 	go q.receiver()
+}
+
+// QPStats are a QP's data-path counters.
+type QPStats struct {
+	// TxCopiedBytes and RxCopiedBytes are payload bytes copied in user
+	// space (small payloads next to their headers; payload that arrived in
+	// the receive buffer with a header). The rest moved by reference
+	// (writev from registered memory) or was read straight into it.
+	TxCopiedBytes, RxCopiedBytes uint64
+	// Writes counts writev calls, FPDUs the FPDUs sent, DirectReads the
+	// payload reads straight into registered memory.
+	Writes, FPDUs, DirectReads uint64
+}
+
+// QPStatsOf returns the counters of a QP created by this provider.
+func QPStatsOf(tq transport.QP) (QPStats, bool) {
+	q, ok := tq.(*qp)
+	if !ok {
+		return QPStats{}, false
+	}
+	return QPStats{
+		TxCopiedBytes: q.tx.copied.Load(),
+		RxCopiedBytes: q.rx.copied.Load(),
+		Writes:        q.tx.writes.Load(),
+		FPDUs:         q.tx.fpdus.Load(),
+		DirectReads:   q.rx.direct.Load(),
+	}, true
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 
 	"github.com/blk-project/blk/transport"
 	"github.com/blk-project/blk/transport/soft/wire"
@@ -45,8 +46,8 @@ type rxState struct {
 
 	hdr    [wire.UntaggedHeaderLen]byte // the current FPDU's header, for a Terminate
 	rreq   [wire.ReadRequestLen]byte    // the current Read Request
-	copied uint64                       // payload bytes copied out of the receive buffer
-	direct uint64                       // payload reads straight into registered memory
+	copied atomic.Uint64                // payload bytes copied out of the receive buffer
+	direct atomic.Uint64                // payload reads straight into registered memory
 	exact  int                          // >0: read headers exactly, large payloads are streaming
 }
 
@@ -88,13 +89,13 @@ func (q *qp) readInto(dst []byte) error {
 	if k := copy(dst, r.buf[r.r:r.w]); k > 0 {
 		r.r += k
 		dst = dst[k:]
-		r.copied += uint64(k)
+		r.copied.Add(uint64(k))
 	}
 	if len(dst) == 0 {
 		return nil
 	}
 	if len(dst) >= rxDirectMin {
-		r.direct++
+		r.direct.Add(1)
 		_, err := io.ReadFull(q.conn, dst)
 		return err
 	}
@@ -103,7 +104,7 @@ func (q *qp) readInto(dst []byte) error {
 	}
 	k := copy(dst, r.buf[r.r:r.w])
 	r.r += k
-	r.copied += uint64(k)
+	r.copied.Add(uint64(k))
 	return nil
 }
 

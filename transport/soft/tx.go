@@ -3,6 +3,7 @@ package soft
 import (
 	"encoding/binary"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/blk-project/blk/transport"
@@ -35,9 +36,9 @@ type txState struct {
 	termMSN  uint32
 	segs     [maxSge][]byte
 	rreq     [wire.ReadRequestLen]byte
-	copied   uint64 // payload bytes copied into the batch buffer
-	writes   uint64 // writev calls
-	fpdus    uint64
+	copied   atomic.Uint64 // payload bytes copied into the batch buffer
+	writes   atomic.Uint64 // writev calls
+	fpdus    atomic.Uint64
 }
 
 func (t *txState) init(q *qp) {
@@ -72,7 +73,7 @@ func (q *qp) sender() {
 			for q.serveRead() {
 				progressed = true
 			}
-			head, tail := q.sqHead.Load(), q.sqTail.Load()
+			head, tail := q.sqHead.Load(), q.sqBell.Load()
 			for head < tail {
 				w := &q.sq[head%uint64(len(q.sq))]
 				if q.stalled(w) {
@@ -126,7 +127,7 @@ func (q *qp) flushTx() bool {
 		q.wmu.Lock()
 		_, err := t.iov.WriteTo(q.conn)
 		q.wmu.Unlock()
-		t.writes++
+		t.writes.Add(1)
 		clear(t.iovBack[:cap(t.iovBack)])
 		t.iov = t.iovBack[:0]
 		t.buf = t.buf[:0]
@@ -163,7 +164,7 @@ func (t *txState) payload(p []byte) {
 	}
 	if len(p) <= txCopyMax {
 		t.buf = append(t.buf, p...)
-		t.copied += uint64(len(p))
+		t.copied.Add(uint64(len(p)))
 		return
 	}
 	if len(t.buf) > t.segStart {
@@ -209,7 +210,7 @@ func (q *qp) fpdu(h *wire.Header, segs [][]byte, seg, off, n int) (int, int) {
 		crc = wire.CRCUpdate(crc, tail[:pad])
 		wire.PutCRC(tail[pad:], crc)
 	}
-	t.fpdus++
+	t.fpdus.Add(1)
 	return seg, off
 }
 
