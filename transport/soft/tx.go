@@ -253,40 +253,35 @@ func (q *qp) resolveLocal(w *sendWR, need transport.Access) ([][]byte, bool) {
 	return t.segs[:w.n], true
 }
 
+// sourceSegs is the payload of a send or write: the inline copy, or the
+// registered memory its SGEs name.
+func (q *qp) sourceSegs(w *sendWR) ([][]byte, bool) {
+	if w.flags&transport.FlagInline != 0 {
+		q.tx.segs[0] = w.inline
+		return q.tx.segs[:1], true
+	}
+	return q.resolveLocal(w, 0)
+}
+
 // emit turns one send-queue request into FPDUs or a local action. It
 // returns false when the QP failed.
 func (q *qp) emit(w *sendWR) bool {
 	t := &q.tx
 	silent := w.flags&transport.FlagSilentSuccess != 0
 	switch w.op {
-	case transport.OpSend:
-		var segs [][]byte
-		if w.flags&transport.FlagInline != 0 {
-			t.segs[0] = w.inline
-			segs = t.segs[:1]
-		} else {
-			var ok bool
-			if segs, ok = q.resolveLocal(w, 0); !ok {
-				return q.localFault(w)
-			}
+	case transport.OpSend, transport.OpWrite:
+		segs, ok := q.sourceSegs(w)
+		if !ok {
+			return q.localFault(w)
 		}
-		h := wire.Header{Opcode: w.rdmap, Inval: w.rkey, QN: wire.QNSend, MSN: t.sendMSN}
-		t.sendMSN++
-		q.message(&h, segs, w.length, q.maxSendPay)
-		t.comps = append(t.comps, pendingComp{ctx: w.ctx, op: w.op, bytes: w.length, silent: silent})
-	case transport.OpWrite:
-		var segs [][]byte
-		if w.flags&transport.FlagInline != 0 {
-			t.segs[0] = w.inline
-			segs = t.segs[:1]
+		if w.op == transport.OpSend {
+			h := wire.Header{Opcode: w.rdmap, Inval: w.rkey, QN: wire.QNSend, MSN: t.sendMSN}
+			t.sendMSN++
+			q.message(&h, segs, w.length, q.maxSendPay)
 		} else {
-			var ok bool
-			if segs, ok = q.resolveLocal(w, 0); !ok {
-				return q.localFault(w)
-			}
+			h := wire.Header{Tagged: true, Opcode: wire.OpWrite, STag: w.rkey, TO: w.raddr}
+			q.message(&h, segs, w.length, q.maxTagPay)
 		}
-		h := wire.Header{Tagged: true, Opcode: wire.OpWrite, STag: w.rkey, TO: w.raddr}
-		q.message(&h, segs, w.length, q.maxTagPay)
 		t.comps = append(t.comps, pendingComp{ctx: w.ctx, op: w.op, bytes: w.length, silent: silent})
 	case transport.OpRead:
 		// iWARP: the read response is a tagged write into the sink, so the
