@@ -492,7 +492,7 @@ func (q *qp) start(conn *net.TCPConn, crc bool, ird, ord uint32, delay time.Dura
 	q.orq = make([]readWR, q.ord)
 	q.irq = make([]wire.ReadRequest, q.ird)
 	q.tx.init(q)
-	q.rx.init()
+	q.rx.init(conn)
 	if !q.state.CompareAndSwap(stateConnecting, stateConnected) {
 		conn.Close()
 		q.flushSQ()

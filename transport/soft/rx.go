@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/blk-project/blk/transport"
 	"github.com/blk-project/blk/transport/soft/wire"
@@ -19,13 +21,19 @@ const (
 	// rxDirectMin: payload remainders at least this long are read straight
 	// from the socket into registered memory, with no intermediate copy.
 	rxDirectMin = 2048
-	// rxExactMin: an FPDU payload this large costs about as much to copy
-	// out of the buffer (~1 µs) as an extra read call for the next header.
-	// (Loopback reports a 32 KiB MSS, so its FPDUs carry ~32 KiB.)
-	rxExactMin = 16 << 10
-	// rxExactHold: small FPDUs tolerated before bulk reads resume.
-	rxExactHold = 4
+	// rxSurplus: a direct payload read also asks for this many bytes
+	// after the payload, into the receive buffer: the pad and CRC of the
+	// FPDU and the next FPDU's MPA and DDP headers (3+4+2+18 = 27), so that
+	// a stream of large FPDUs costs one readv each and no copy.
+	rxSurplus = 32
 )
+
+// Headers are read in bulk (as much as the socket has, up to rxBufSize),
+// so payload that arrived with them is copied out of the buffer once.
+// Reading headers on their own instead, so that every payload went straight
+// to registered memory, was measured slower on loopback (2.2 GB/s against
+// 3.9 GB/s for 128 KiB RDMA writes): the extra read calls cost more than
+// the copy. Only the part of a payload not yet received is read directly.
 
 // rxState is owned by the receiver goroutine.
 type rxState struct {
@@ -48,12 +56,61 @@ type rxState struct {
 	rreq   [wire.ReadRequestLen]byte    // the current Read Request
 	copied atomic.Uint64                // payload bytes copied out of the receive buffer
 	direct atomic.Uint64                // payload reads straight into registered memory
-	exact  int                          // >0: read headers exactly, large payloads are streaming
+
+	// Direct reads: readv into registered memory plus the buffer.
+	rc      syscall.RawConn
+	iov     [2][]byte
+	rdN     int
+	rdErr   error
+	readvFn func(fd uintptr) bool // r.readv, bound once (no allocation per read)
 }
 
-func (r *rxState) init() {
+func (r *rxState) init(c *net.TCPConn) {
 	r.buf = make([]byte, rxBufSize)
 	r.sendMSN, r.readMSN = 1, 1
+	r.rc, _ = c.SyscallConn()
+	r.readvFn = r.readv
+}
+
+// readv is the body of one direct read (run by RawConn.Read).
+func (r *rxState) readv(fd uintptr) bool {
+	for {
+		n, err := readvFD(int(fd), &r.iov)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err == syscall.EAGAIN {
+			return false // wait until readable
+		}
+		r.rdN, r.rdErr = n, err
+		return true
+	}
+}
+
+// readDirect fills dst straight from the socket, with no copy; up to
+// rxSurplus bytes that follow land in the (empty) receive buffer.
+func (q *qp) readDirect(dst []byte) error {
+	r := &q.rx
+	r.r, r.w = 0, 0
+	defer func() { r.iov = [2][]byte{} }()
+	for len(dst) > 0 {
+		r.iov[0], r.iov[1] = dst, r.buf[:rxSurplus]
+		if err := r.rc.Read(r.readvFn); err != nil {
+			return err
+		}
+		if r.rdErr != nil {
+			return r.rdErr
+		}
+		if r.rdN == 0 {
+			return io.EOF
+		}
+		if r.rdN >= len(dst) {
+			r.w = r.rdN - len(dst)
+			return nil
+		}
+		dst = dst[r.rdN:]
+	}
+	return nil
 }
 
 // fill makes at least n bytes available in the buffer.
@@ -66,15 +123,8 @@ func (q *qp) fill(n int) error {
 		r.w = copy(r.buf, r.buf[r.r:r.w])
 		r.r = 0
 	}
-	limit := len(r.buf)
-	if r.exact > 0 {
-		// The last FPDU carried a large payload and the next one likely
-		// does too: read only the header, so that its payload is read
-		// straight into registered memory instead of through this buffer.
-		limit = n
-	}
 	for r.w < n {
-		k, err := q.conn.Read(r.buf[r.w:limit])
+		k, err := q.conn.Read(r.buf[r.w:])
 		r.w += k
 		if err != nil && r.w < n {
 			return err
@@ -96,8 +146,7 @@ func (q *qp) readInto(dst []byte) error {
 	}
 	if len(dst) >= rxDirectMin {
 		r.direct.Add(1)
-		_, err := io.ReadFull(q.conn, dst)
-		return err
+		return q.readDirect(dst)
 	}
 	if err := q.fill(len(dst)); err != nil {
 		return err
@@ -220,15 +269,6 @@ func (q *qp) receiveFPDU() error {
 	}
 	r.r += wire.MPAHeaderLen + hl
 	plen := ulen - hl
-	// Streaming large payloads (RDMA writes and reads of whole blocks)
-	// switch header reads to exact size; a short tail segment does not
-	// switch it back, a run of small FPDUs does.
-	if plen >= rxExactMin {
-		r.exact = rxExactHold
-	} else if r.exact > 0 {
-		r.exact--
-	}
-
 	var term *wire.Terminate
 	var tm wire.Terminate
 	var rdmapHdr []byte
