@@ -37,7 +37,7 @@ type waiter struct {
 
 func newWaiter(a *Adapter, depth uint32) (*waiter, error) {
 	w := &waiter{ch: make(chan struct{}, 1)}
-	c, err := a.CreateCQ(transport.CQConfig{Depth: depth, Affinity: -1, Notify: func(any, error) {
+	c, err := a.CreateCQ(transport.CQConfig{Depth: depth, Affinity: benchAffinity, Notify: func(any, error) {
 		if h := w.handler.Load(); h != nil {
 			(*h)()
 			return
@@ -418,3 +418,5 @@ func BenchmarkPingPong64B(b *testing.B) {
 func s1(s *transport.SGE) []transport.SGE { return unsafeSlice(s) }
 
 func unsafeSlice(s *transport.SGE) []transport.SGE { return unsafe.Slice(s, 1) }
+
+var benchAffinity = -1

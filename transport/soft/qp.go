@@ -78,6 +78,7 @@ type qp struct {
 	sqClosed    bool
 	outstanding atomic.Int32 // Q4: initiator requests posted and not completed
 	kick        chan struct{}
+	orderly     atomic.Bool // Disconnect: half-close and drain (see fail)
 
 	// Connection, set before the goroutines start.
 	conn       *net.TCPConn
@@ -372,9 +373,14 @@ func (q *qp) Disconnect() error {
 	if q.state.Load() < stateConnected {
 		return fmt.Errorf("soft: disconnect a QP that is not connected: %w", transport.ErrInvalidDeviceState)
 	}
+	q.orderly.Store(true)
 	q.fail(transport.ErrDisconnected)
 	return nil
 }
+
+// disconnectLinger bounds how long an orderly disconnect waits for the
+// peer's FIN, discarding what the peer still sends, before closing.
+const disconnectLinger = time.Second
 
 func (q *qp) Close() error {
 	if q.closed.Swap(true) {
@@ -399,7 +405,15 @@ func (q *qp) fail(err error) {
 	prev := q.state.Swap(stateError)
 	close(q.done)
 	if q.conn != nil && prev >= stateConnected {
-		q.conn.Close()
+		if q.orderly.Load() {
+			// Orderly: send our FIN now, and let the receiver discard
+			// what the peer still sends until its FIN, so that the peer
+			// sees a clean close rather than a reset from unread data.
+			q.conn.CloseWrite()
+			q.conn.SetReadDeadline(time.Now().Add(disconnectLinger))
+		} else {
+			q.conn.Close()
+		}
 	} else {
 		// Never connected: no goroutine owns the send queue.
 		q.flushSQ()

@@ -203,6 +203,8 @@ func terminateError(t wire.Terminate, local bool) error {
 // receiver reads FPDUs and places them.
 func (q *qp) receiver() {
 	defer q.exited.Done()
+	defer q.conn.Close()
+	defer q.drainAfterDisconnect()
 	defer q.flushCurrent()
 	for {
 		if err := q.receiveFPDU(); err != nil {
@@ -212,6 +214,19 @@ func (q *qp) receiver() {
 			return
 		}
 		if q.state.Load() != stateConnected {
+			return
+		}
+	}
+}
+
+// drainAfterDisconnect discards what the peer sends after an orderly
+// Disconnect, until its FIN or the linger deadline.
+func (q *qp) drainAfterDisconnect() {
+	if !q.orderly.Load() {
+		return
+	}
+	for {
+		if _, err := q.conn.Read(q.rx.buf); err != nil {
 			return
 		}
 	}
@@ -244,6 +259,9 @@ func (q *qp) receiveFPDU() error {
 	}
 	if err := q.fill(wire.MPAHeaderLen + hl); err != nil {
 		return err
+	}
+	if q.state.Load() != stateConnected {
+		return errTerminated // disconnected: place nothing more
 	}
 	b = r.buf[r.r : r.r+wire.MPAHeaderLen+hl]
 	h, _, err := wire.ParseHeader(b[wire.MPAHeaderLen:])
