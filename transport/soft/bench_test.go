@@ -35,9 +35,9 @@ type waiter struct {
 	comps   [64]transport.Completion
 }
 
-func newWaiter(a *Adapter, depth uint32) (*waiter, error) {
+func newWaiter(a *Adapter, depth uint32, cpu int) (*waiter, error) {
 	w := &waiter{ch: make(chan struct{}, 1)}
-	c, err := a.CreateCQ(transport.CQConfig{Depth: depth, Affinity: benchAffinity, Notify: func(any, error) {
+	c, err := a.CreateCQ(transport.CQConfig{Depth: depth, Affinity: cpu, Notify: func(any, error) {
 		if h := w.handler.Load(); h != nil {
 			(*h)()
 			return
@@ -79,7 +79,12 @@ type benchPair struct {
 	qa, qb *qp
 }
 
-func newBenchPair(b *testing.B, depth uint32) *benchPair {
+// newBenchPair connects two adapters; cpus are the CQs' affinities (none
+// when not given).
+func newBenchPair(b *testing.B, depth uint32, cpus ...int) *benchPair {
+	if len(cpus) < 2 {
+		cpus = []int{-1, -1}
+	}
 	p := &benchPair{}
 	p.a, _ = New(Config{FirstFPDUDelay: -1})
 	p.b, _ = New(Config{FirstFPDUDelay: -1})
@@ -87,10 +92,10 @@ func newBenchPair(b *testing.B, depth uint32) *benchPair {
 	p.pa, _ = p.a.CreatePD()
 	p.pb, _ = p.b.CreatePD()
 	var err error
-	if p.wa, err = newWaiter(p.a, 4*depth); err != nil {
+	if p.wa, err = newWaiter(p.a, 4*depth, cpus[0]); err != nil {
 		b.Fatal(err)
 	}
-	if p.wb, err = newWaiter(p.b, 4*depth); err != nil {
+	if p.wb, err = newWaiter(p.b, 4*depth, cpus[1]); err != nil {
 		b.Fatal(err)
 	}
 	cfg := func(w *waiter) transport.QPConfig {
@@ -334,8 +339,17 @@ func BenchmarkRead128KiB(b *testing.B) {
 // notification callback, as the engine's handlers do; a waits for its
 // reply on its own goroutine, as an application does.
 func BenchmarkPingPong64B(b *testing.B) {
-	b.Run("soft", func(b *testing.B) {
-		p := newBenchPair(b, 4)
+	b.Run("soft", func(b *testing.B) { benchPingPong(b) })
+	// soft-pinned: both CQs' notification threads pinned (CPU 0 and 1), as
+	// the engine pins them: waking a goroutine locked to its OS thread
+	// costs a thread hand-off in Go's scheduler each way.
+	b.Run("soft-pinned", func(b *testing.B) { benchPingPong(b, 0, 1) })
+	b.Run("tcp", func(b *testing.B) { benchTCPPingPong(b) })
+}
+
+func benchPingPong(b *testing.B, cpus ...int) {
+	{
+		p := newBenchPair(b, 4, cpus...)
 		abuf := make([]byte, 128)
 		amr, _ := p.pa.RegisterMemory(abuf, transport.AccessLocalWrite)
 		bbuf := make([]byte, 128)
@@ -389,8 +403,11 @@ func BenchmarkPingPong64B(b *testing.B) {
 		}
 		b.StopTimer()
 		p.report(b, 2*n, 64)
-	})
-	b.Run("tcp", func(b *testing.B) {
+	}
+}
+
+func benchTCPPingPong(b *testing.B) {
+	{
 		c1, c2 := tcpPair(b)
 		n := b.N
 		go func() {
@@ -411,12 +428,8 @@ func BenchmarkPingPong64B(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-	})
+	}
 }
 
 // s1 makes a one-entry SGE list without allocating.
-func s1(s *transport.SGE) []transport.SGE { return unsafeSlice(s) }
-
-func unsafeSlice(s *transport.SGE) []transport.SGE { return unsafe.Slice(s, 1) }
-
-var benchAffinity = -1
+func s1(s *transport.SGE) []transport.SGE { return unsafe.Slice(s, 1) }
