@@ -38,8 +38,10 @@ import (
 //     probing level 2 every few windows. This is lib/dim's "stats worse →
 //     turn back" plus its "tired" parking, with the same 10% significance.
 //  4. Idle: a notification that arrives IdleGap or more after the previous
-//     one means the load stopped; the controller drops to level 0 at once
-//     (so the next lone request pays no timer) and discards the window.
+//     one, carrying less than level 1's count, means the load stopped; the
+//     controller drops to level 0 at once (so the next lone request pays no
+//     timer) and discards the window. A late notification with a full
+//     batch is a busy CPU under a deep queue, and counts as a sample.
 //
 // Empty notifications (n = 0: the engine's arm-then-poll consumed the
 // completion that fired it) are not samples; they would halve cpn for no
@@ -304,8 +306,12 @@ func (m *Moderator) Observe(n uint32, gap time.Duration) (ModerationLevel, bool)
 		return m.Setting(), false
 	}
 	m.stats.Samples++
-	if gap >= m.cfg.IdleGap {
-		// Rule 4. The silence is not part of any window.
+	if gap >= m.cfg.IdleGap && (len(m.cfg.Profile) < 2 || uint64(n) < m.count(1)) {
+		// Rule 4. The silence is not part of any window. A long gap that
+		// ends with a full batch (at least the first level's count) is
+		// load, not idleness: under a busy CPU, notifications of a deep
+		// queue arrive more than IdleGap apart, and resetting on them
+		// would keep the controller from ever stepping up.
 		changed := m.level != 0
 		if changed {
 			m.stats.IdleResets++

@@ -132,6 +132,21 @@ func TestModeratorProfileSteps(t *testing.T) {
 			},
 		},
 		{
+			// A busy CPU under a deep queue: full batches arriving more
+			// than IdleGap apart are load, not silence. (Seen in CI:
+			// 31 completions per notification at ~1.2 ms gaps kept
+			// resetting the window, and the controller never stepped up.)
+			name:    "late full batches still climb",
+			plant:   open(31, 1200*time.Microsecond),
+			windows: 6,
+			levels:  "123444",
+			check: func(t *testing.T, s transport.ModeratorStats) {
+				if s.IdleResets != 0 || s.Ups == 0 {
+					t.Errorf("late full batches: %+v, want climbing and no idle resets", s)
+				}
+			},
+		},
+		{
 			// Closed loop, QD 32: count 32 is reachable, the rate never
 			// drops, so the controller reaches the top level.
 			name:    "closed loop QD32 reaches the top",
