@@ -189,12 +189,12 @@ func TestModeratorProfileSteps(t *testing.T) {
 			levels: "1232223201223222",
 		},
 		{
-			// An idle reset drops to level 0 but keeps level 3's
-			// parking (through window 12): the climb back stops at 2
-			// until window 13.
+			// An idle reset (a lone request after 5 ms of silence) drops
+			// to level 0 but keeps level 3's parking (through window 12):
+			// the climb back stops at 2 until window 13.
 			name: "idle keeps the back-off",
 			plant: then(closedLoop(12, 40*time.Microsecond), 8*w,
-				then(open(12, 5*time.Millisecond), 8*w+1, closedLoop(12, 40*time.Microsecond))),
+				then(open(1, 5*time.Millisecond), 8*w+1, closedLoop(12, 40*time.Microsecond))),
 			windows: 14,
 			levels:  "12322232122232",
 			check: func(t *testing.T, s transport.ModeratorStats) {
