@@ -1,0 +1,33 @@
+package transport_test
+
+import (
+	"go/build"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestImportGraph: dependencies point down only. The transport knows
+// nothing of NVMe, volumes or meta; the soft provider sees only the API
+// and its framing package; the framing package sees no blk package; the
+// conformance suite only the API.
+func TestImportGraph(t *testing.T) {
+	const mod = "github.com/blk-project/blk/"
+	allowed := map[string][]string{
+		".":             nil,
+		"soft":          {mod + "transport", mod + "transport/soft/wire"},
+		"soft/wire":     nil,
+		"transporttest": {mod + "transport"},
+	}
+	for dir, ok := range allowed {
+		pkg, err := build.ImportDir(dir, 0)
+		if err != nil {
+			t.Fatalf("%s: %v", dir, err)
+		}
+		for _, imp := range pkg.Imports {
+			if strings.HasPrefix(imp, mod) && !slices.Contains(ok, imp) {
+				t.Errorf("transport/%s imports %s", dir, imp)
+			}
+		}
+	}
+}
