@@ -13,15 +13,14 @@ import (
 // and drained by Poll, plus a notification goroutine pinned to the CQ's
 // affinity that applies moderation and runs the callback.
 type cq struct {
-	a       *Adapter
-	depth   uint32
-	notify  transport.NotifyFunc
-	nctx    any
-	cpu     int
-	pinned  atomic.Bool
-	kick    chan struct{}
-	stop    chan struct{}
-	stopped chan struct{}
+	a      *Adapter
+	depth  uint32
+	notify transport.NotifyFunc
+	nctx   any
+	cpu    int
+	pinned atomic.Bool
+	kick   chan struct{}
+	stop   chan struct{}
 
 	mu       sync.Mutex
 	ring     []transport.Completion
@@ -55,16 +54,15 @@ func (a *Adapter) CreateCQ(cfg transport.CQConfig) (transport.CQ, error) {
 		return nil, fmt.Errorf("soft: CQ depth %d (max %d): %w", cfg.Depth, a.info.MaxCqDepth, transport.ErrInvalidParameter)
 	}
 	c := &cq{
-		a:       a,
-		depth:   cfg.Depth,
-		notify:  cfg.Notify,
-		nctx:    cfg.Context,
-		cpu:     cfg.Affinity,
-		ring:    make([]transport.Completion, cfg.Depth),
-		owner:   make([]*qp, cfg.Depth),
-		kick:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
-		stopped: make(chan struct{}),
+		a:      a,
+		depth:  cfg.Depth,
+		notify: cfg.Notify,
+		nctx:   cfg.Context,
+		cpu:    cfg.Affinity,
+		ring:   make([]transport.Completion, cfg.Depth),
+		owner:  make([]*qp, cfg.Depth),
+		kick:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
 	}
 	a.track(c, true)
 	started := make(chan struct{})
@@ -237,7 +235,6 @@ func moderation(setting uint64) (on bool, count uint32, interval time.Duration) 
 
 // run is the notification goroutine.
 func (c *cq) run(started chan<- struct{}) {
-	defer close(c.stopped)
 	c.pinned.Store(pinThread(c.cpu))
 	close(started)
 	timer := time.NewTimer(time.Hour)

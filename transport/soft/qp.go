@@ -106,7 +106,6 @@ type qp struct {
 	done   chan struct{}
 	errMu  sync.Mutex
 	err    error
-	exited sync.WaitGroup
 	closed atomic.Bool
 
 	tx txState
@@ -420,7 +419,7 @@ func (q *qp) fail(err error) {
 	}
 	if q.rq != nil {
 		for _, w := range q.rq.drain() {
-			q.complete(q.rcq, &transport.Completion{Status: transport.ErrCancelled, QPContext: q.ctx, RequestContext: w.ctx, Type: transport.OpReceive}, false)
+			q.complete(q.rcq, &transport.Completion{Status: transport.ErrCancelled, QPContext: q.ctx, RequestContext: w.ctx, Type: transport.OpReceive}, false, nil)
 		}
 	}
 	q.flushORQ(nil)
@@ -428,14 +427,10 @@ func (q *qp) fail(err error) {
 
 // complete pushes a completion; a CQ overrun fails the QP (C3). owner is
 // set for initiator completions (see cq.push).
-func (q *qp) complete(c *cq, comp *transport.Completion, solicited bool, owner ...*qp) {
-	var o *qp
-	if len(owner) > 0 {
-		o = owner[0]
-	}
-	if !c.push(comp, solicited, o) {
-		if o != nil {
-			o.outstanding.Add(-1)
+func (q *qp) complete(c *cq, comp *transport.Completion, solicited bool, owner *qp) {
+	if !c.push(comp, solicited, owner) {
+		if owner != nil {
+			owner.outstanding.Add(-1)
 		}
 		q.errMu.Lock()
 		already := q.err != nil
@@ -512,7 +507,6 @@ func (q *qp) start(conn *net.TCPConn, crc bool, ird, ord uint32, delay time.Dura
 		q.flushSQ()
 		return
 	}
-	q.exited.Add(2)
 	go q.sender()
 	go q.receiver()
 }

@@ -202,7 +202,6 @@ func terminateError(t wire.Terminate, local bool) error {
 
 // receiver reads FPDUs and places them.
 func (q *qp) receiver() {
-	defer q.exited.Done()
 	defer q.conn.Close()
 	defer q.drainAfterDisconnect()
 	defer q.flushCurrent()
@@ -237,7 +236,7 @@ func (q *qp) flushCurrent() {
 	r := &q.rx
 	if r.curActive {
 		r.curActive = false
-		q.complete(q.rcq, &transport.Completion{Status: transport.ErrCancelled, QPContext: q.ctx, RequestContext: r.cur.ctx, Type: transport.OpReceive}, false)
+		q.complete(q.rcq, &transport.Completion{Status: transport.ErrCancelled, QPContext: q.ctx, RequestContext: r.cur.ctx, Type: transport.OpReceive}, false, nil)
 	}
 }
 
@@ -416,7 +415,7 @@ func (q *qp) placeSend(h *wire.Header, plen int, crc uint32, tm *wire.Terminate)
 				// A local protection error on the receive: it completes
 				// with the error and the connection ends.
 				r.curActive = false
-				q.complete(q.rcq, &transport.Completion{Status: transport.ErrAccessViolation, QPContext: q.ctx, RequestContext: r.cur.ctx, Type: transport.OpReceive}, false)
+				q.complete(q.rcq, &transport.Completion{Status: transport.ErrAccessViolation, QPContext: q.ctx, RequestContext: r.cur.ctx, Type: transport.OpReceive}, false, nil)
 				*tm = wire.Terminate{Layer: wire.LayerRDMAP, EType: wire.RDMAPLocalCatastrophic, Code: wire.RDMAPCatastrophicStream}
 				return crc, tm, nil
 			}
@@ -488,7 +487,7 @@ func (q *qp) afterFPDU(h *wire.Header) error {
 		r.cur.ctx = nil
 		if r.curLong {
 			comp.Status = transport.ErrBufferTooSmall
-			q.complete(q.rcq, &comp, false)
+			q.complete(q.rcq, &comp, false, nil)
 			var hdr [wire.UntaggedHeaderLen]byte
 			h.Put(hdr[:])
 			q.terminate(wire.Terminate{Layer: wire.LayerDDP, EType: wire.DDPUntaggedBuffer, Code: wire.DDPUntaggedTooLong}, hdr[:], nil)
@@ -498,7 +497,7 @@ func (q *qp) afterFPDU(h *wire.Header) error {
 			m := q.pd.lookup(h.Inval)
 			if m == nil || !m.invalidate(h.Inval) {
 				comp.Status = transport.ErrAccessViolation
-				q.complete(q.rcq, &comp, false)
+				q.complete(q.rcq, &comp, false, nil)
 				var hdr [wire.UntaggedHeaderLen]byte
 				h.Put(hdr[:])
 				q.terminate(wire.Terminate{Layer: wire.LayerRDMAP, EType: wire.RDMAPRemoteOperation, Code: wire.RDMAPCannotInvalidate}, hdr[:], nil)
@@ -506,7 +505,7 @@ func (q *qp) afterFPDU(h *wire.Header) error {
 			}
 			comp.Invalidated, comp.InvalidatedKey = true, h.Inval
 		}
-		q.complete(q.rcq, &comp, h.Opcode == wire.OpSendSolicited || h.Opcode == wire.OpSendSolicitedInvalidate)
+		q.complete(q.rcq, &comp, h.Opcode == wire.OpSendSolicited || h.Opcode == wire.OpSendSolicitedInvalidate, nil)
 	}
 	return nil
 }

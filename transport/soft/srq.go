@@ -106,16 +106,14 @@ func (q *recvQueue) drain() []recvWR {
 
 // srq is a shared receive queue with a threshold notification goroutine.
 type srq struct {
-	pd      *pd
-	q       *recvQueue
-	notify  transport.NotifyFunc
-	nctx    any
-	cpu     int
-	kick    chan struct{}
-	stop    chan struct{}
-	stopped chan struct{}
-	fired   atomic.Uint64
-	closed  atomic.Bool
+	pd     *pd
+	q      *recvQueue
+	notify transport.NotifyFunc
+	nctx   any
+	cpu    int
+	kick   chan struct{}
+	stop   chan struct{}
+	closed atomic.Bool
 }
 
 func (p *pd) CreateSRQ(cfg transport.SRQConfig) (transport.SRQ, error) {
@@ -137,14 +135,13 @@ func (p *pd) CreateSRQ(cfg transport.SRQConfig) (transport.SRQ, error) {
 		sge = 1
 	}
 	s := &srq{
-		pd:      p,
-		q:       newRecvQueue(cfg.Depth, sge),
-		notify:  cfg.Notify,
-		nctx:    cfg.Context,
-		cpu:     cfg.Affinity,
-		kick:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
-		stopped: make(chan struct{}),
+		pd:     p,
+		q:      newRecvQueue(cfg.Depth, sge),
+		notify: cfg.Notify,
+		nctx:   cfg.Context,
+		cpu:    cfg.Affinity,
+		kick:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
 	}
 	s.q.onLow = s.wake
 	s.q.threshold = cfg.NotifyThreshold
@@ -168,13 +165,11 @@ func (s *srq) wake() {
 }
 
 func (s *srq) run(started chan<- struct{}) {
-	defer close(s.stopped)
 	pinThread(s.cpu)
 	close(started)
 	for {
 		select {
 		case <-s.kick:
-			s.fired.Add(1)
 			if s.notify != nil {
 				s.notify(s.nctx, nil)
 			}

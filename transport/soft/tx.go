@@ -25,7 +25,6 @@ const (
 
 // txState is owned by the sender goroutine.
 type txState struct {
-	q        *qp
 	buf      []byte // batch buffer; never reallocated
 	segStart int    // start of the part of buf not yet referenced by iov
 	iov      net.Buffers
@@ -33,7 +32,6 @@ type txState struct {
 	comps    []pendingComp
 	sendMSN  uint32
 	readMSN  uint32
-	termMSN  uint32
 	segs     [maxSge][]byte
 	rreq     [wire.ReadRequestLen]byte
 	copied   atomic.Uint64 // payload bytes copied into the batch buffer
@@ -42,17 +40,15 @@ type txState struct {
 }
 
 func (t *txState) init(q *qp) {
-	t.q = q
 	t.buf = make([]byte, 0, txBufSize)
 	t.iovBack = make([][]byte, 0, txMaxIov+8)
 	t.iov = t.iovBack[:0]
 	t.comps = make([]pendingComp, 0, len(q.sq))
-	t.sendMSN, t.readMSN, t.termMSN = 1, 1, 1
+	t.sendMSN, t.readMSN = 1, 1
 }
 
 // sender drains the send queue and the inbound read queue into FPDUs.
 func (q *qp) sender() {
-	defer q.exited.Done()
 	defer q.flushSQ()
 	if q.delay > 0 {
 		select {
@@ -345,7 +341,7 @@ func (q *qp) serveRead() bool {
 		var body [wire.ReadRequestLen]byte
 		rr.Put(body[:])
 		q.flushTx()
-		q.terminate(terminateFor(f, true), hdr[:], body[:])
+		q.terminate(terminateFor(f), hdr[:], body[:])
 		return false
 	}
 	h := wire.Header{Tagged: true, Opcode: wire.OpReadResponse, STag: rr.SinkSTag, TO: rr.SinkTO}
@@ -356,7 +352,7 @@ func (q *qp) serveRead() bool {
 
 // terminateFor maps an access fault to Terminate fields: remote protection
 // errors at the RDMAP layer.
-func terminateFor(f accessFault, read bool) wire.Terminate {
+func terminateFor(f accessFault) wire.Terminate {
 	code := uint8(wire.RDMAPInvalidSTag)
 	switch f {
 	case faultBounds:
