@@ -155,6 +155,32 @@ func (e *Engine) placeLocked() *Core {
 // QP must be closed with Core.CloseQP (or Engine.CloseQP) so that the
 // core's QP count drops; Close closes any left.
 func (e *Engine) CreateQP(ctx any, initiatorDepth, inline uint32) (QP, *Core, error) {
+	return e.createQP(ctx, initiatorDepth, inline, 0)
+}
+
+// CreateQPWithReceiveQueue is CreateQP for a QP that must never wait for
+// the core's shared buffers: it gets its own receive queue of recvDepth
+// requests, which the caller fills with its own registered buffers (their
+// completions reach the Handler with Core.RecvBuf returning nil). It is
+// meant for low-rate control queues (an NVMe admin queue) that must stay
+// reachable while data queues exhaust the SRQ. The QP's receive and
+// initiator completions share the CQ slots CQDepth reserves for one QP, so
+// initiatorDepth + recvDepth must not exceed InitiatorDepth.
+func (e *Engine) CreateQPWithReceiveQueue(ctx any, initiatorDepth, inline, recvDepth uint32) (QP, *Core, error) {
+	if recvDepth == 0 {
+		return nil, nil, fmt.Errorf("%w: a private receive queue needs a depth", ErrInvalidParameter)
+	}
+	if initiatorDepth == 0 {
+		initiatorDepth = e.cfg.InitiatorDepth - min(recvDepth, e.cfg.InitiatorDepth)
+	}
+	if uint64(initiatorDepth)+uint64(recvDepth) > uint64(e.cfg.InitiatorDepth) {
+		return nil, nil, fmt.Errorf("%w: initiator depth %d + receive depth %d exceed the engine's InitiatorDepth %d that its CQs reserve per QP",
+			ErrInvalidParameter, initiatorDepth, recvDepth, e.cfg.InitiatorDepth)
+	}
+	return e.createQP(ctx, initiatorDepth, inline, recvDepth)
+}
+
+func (e *Engine) createQP(ctx any, initiatorDepth, inline, recvDepth uint32) (QP, *Core, error) {
 	if initiatorDepth == 0 {
 		initiatorDepth = e.cfg.InitiatorDepth
 	}
@@ -175,7 +201,7 @@ func (e *Engine) CreateQP(ctx any, initiatorDepth, inline uint32) (QP, *Core, er
 	c.nqps++ // reserve the slot while the provider creates the QP
 	e.mu.Unlock()
 
-	qp, err := e.pd.CreateQP(QPConfig{
+	qc := QPConfig{
 		ReceiveCQ:              c.cq,
 		InitiatorCQ:            c.cq,
 		SRQ:                    c.srq,
@@ -184,7 +210,12 @@ func (e *Engine) CreateQP(ctx any, initiatorDepth, inline uint32) (QP, *Core, er
 		InitiatorQueueDepth:    initiatorDepth,
 		MaxInitiatorRequestSge: e.cfg.InitiatorSGE,
 		InlineDataSize:         inline,
-	})
+	}
+	if recvDepth > 0 {
+		qc.SRQ = nil
+		qc.ReceiveQueueDepth = recvDepth
+	}
+	qp, err := e.pd.CreateQP(qc)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {
@@ -198,6 +229,34 @@ func (e *Engine) CreateQP(ctx any, initiatorDepth, inline uint32) (QP, *Core, er
 	}
 	c.qps[qp] = struct{}{}
 	return qp, c, nil
+}
+
+// SetFixedModeration pins every core's CQ moderation to interval (µs) and
+// count (M3–M8; 0, 0 turns moderation off) and stops the adaptive
+// controller; SetAdaptiveModeration gives control back to it. The change
+// is applied by each core's notification goroutine (M13) at its next
+// notification. This is how an upper layer maps a protocol's interrupt
+// coalescing setting (NVMe Set Features Interrupt Coalescing) onto the
+// transport: the CQ is shared by every QP of a core, so the setting is
+// per engine, not per connection.
+func (e *Engine) SetFixedModeration(interval, count uint32) {
+	for _, c := range e.cores {
+		c.fixed.Store(&modRequest{fixed: true, interval: interval, count: count})
+	}
+}
+
+// SetAdaptiveModeration undoes SetFixedModeration.
+func (e *Engine) SetAdaptiveModeration() {
+	for _, c := range e.cores {
+		c.fixed.Store(&modRequest{})
+	}
+}
+
+// modRequest is a pending SetFixedModeration (fixed) or
+// SetAdaptiveModeration (!fixed); rare, so one allocation each is fine.
+type modRequest struct {
+	fixed           bool
+	interval, count uint32
 }
 
 // CloseQP closes a QP created by CreateQP on any core.
@@ -273,6 +332,10 @@ type Core struct {
 	mod      Moderator
 	moderate bool
 	lastNote time.Time
+	// fixed carries a SetFixedModeration / SetAdaptiveModeration request
+	// to the notification goroutine (fixedNone: nothing pending).
+	fixed  atomic.Pointer[modRequest]
+	pinned bool // moderation fixed by SetFixedModeration
 
 	bufs []RecvBuf
 	// The free list: a lock-free stack of buffer indexes (plus one; 0 is
@@ -473,6 +536,9 @@ func (c *Core) cqNotified(status error) {
 	recvs += recvs2
 
 	c.st.notifications.Add(1)
+	if f := c.fixed.Swap(nil); f != nil {
+		c.applyFixed(f)
+	}
 	if n == 0 {
 		c.st.emptyNotifications.Add(1)
 		return
@@ -481,7 +547,7 @@ func (c *Core) cqNotified(status error) {
 	if recvs > 0 {
 		c.st.receives.Add(uint64(recvs))
 	}
-	if !c.moderate {
+	if !c.moderate || c.pinned {
 		return
 	}
 	var gap time.Duration
@@ -506,6 +572,27 @@ func (c *Core) cqNotified(status error) {
 		c.st.moderationInterval.Store(l.Interval)
 		c.st.moderationCount.Store(l.Count)
 	}
+}
+
+// applyFixed applies a moderation request of SetFixedModeration or
+// SetAdaptiveModeration on the notification goroutine.
+func (c *Core) applyFixed(f *modRequest) {
+	interval, count := f.interval, f.count
+	c.pinned = f.fixed
+	if !f.fixed {
+		l := c.mod.cfg.Profile[c.mod.Level()]
+		interval, count = l.Interval, l.Count
+	}
+	if c.e.info.Flags&FlagCQInterruptModerationSupported == 0 {
+		return
+	}
+	if err := c.cq.ControlInterruptModeration(interval, count); err != nil {
+		c.st.moderationErrors.Add(1)
+		return
+	}
+	c.st.moderationChanges.Add(1)
+	c.st.moderationInterval.Store(interval)
+	c.st.moderationCount.Store(count)
 }
 
 func (c *Core) cqFailed(err error) {

@@ -1,0 +1,113 @@
+package target
+
+import "github.com/blk-project/blk/nvme"
+
+// This file is the contract between the transport-agnostic core (this
+// package) and a transport binding (target/rdma). The core never imports
+// a transport; a binding never interprets an NVMe command beyond its data
+// descriptor.
+//
+// The life of a command, as nvmet draws it (nvmet_req_init, the
+// transport's data mapping, req->execute, queue_response):
+//
+//  1. The binding receives a command capsule, decodes the SQE into
+//     Request.Cmd, checks SGL1 against what the transport can move
+//     (descriptor type, length ≤ MaxTransfer, in-capsule length ≤ the
+//     queue's in-capsule size) and, if that fails, completes the request
+//     itself with the status from the nvme package (never calling the core).
+//  2. For host-to-controller data the binding first brings the data into
+//     Request.Data: in place from the capsule (zero copy) or by an RDMA
+//     READ into a registered buffer. For controller-to-host data it sets
+//     Request.Data to a registered buffer of the SGL's length, which the
+//     core fills completely (the core zero-fills whatever it does not
+//     produce; buffers are reused).
+//  3. The binding calls Queue.Execute(req). The core validates the command
+//     against the queue's state and the namespace, runs it, and — on the
+//     caller's goroutine before Execute returns, or later on another
+//     goroutine — fills req.Rsp and calls Responder.Complete(req) exactly
+//     once.
+//  4. Complete sends controller-to-host data (RDMA WRITE of
+//     req.Data[:req.Len]) when req.Rsp.Status is success and the command
+//     reads, then the response capsule, and reclaims the request.
+//
+// Requests are preallocated by the binding (one per receive buffer) and
+// reused; nothing in this path allocates.
+
+// Request is one command in flight.
+type Request struct {
+	// Cmd is the decoded submission queue entry (binding fills).
+	Cmd nvme.Command
+	// Rsp is the completion; the core fills DW0/DW1/Status. The binding
+	// fills SQID, CID and SQHead when it sends.
+	Rsp nvme.Completion
+	// Dir is the data direction of SGL1 (binding fills from the opcode).
+	Dir nvme.Direction
+	// Len is the data length SGL1 describes, in bytes (0: no data).
+	Len uint32
+	// Data is the command's data buffer, len(Data) == Len (see above).
+	Data []byte
+
+	// Binding is the binding's per-request state (its index, keys,
+	// buffers); the core never touches it.
+	Binding any
+
+	// core-private state
+	q     *Queue
+	state uint8
+}
+
+// Queue returns the queue the request arrived on.
+func (r *Request) Queue() *Queue { return r.q }
+
+// Responder is the binding's side of a queue.
+type Responder interface {
+	// Complete sends the request's data (if any) and its response. It is
+	// called exactly once per Execute, from any goroutine, and must not
+	// block. The core does not touch the request afterwards.
+	Complete(r *Request)
+	// Disconnect asks the binding to drop the queue's connection (the
+	// controller was torn down: keep-alive expiry, shutdown, fatal error).
+	// The binding then calls Queue.Close when the connection is gone.
+	// It must not block and may be called more than once.
+	Disconnect(reason error)
+}
+
+// QueueParams are what the binding knows about a queue before its
+// Connect command arrives (for RDMA: from the CM private data).
+type QueueParams struct {
+	// QID is the queue identifier the host asked for (0 = admin).
+	QID uint16
+	// SQSize is the 0's based submission queue size the host announced
+	// (HSQSIZE); Connect's SQSIZE must equal it.
+	SQSize uint16
+	// Transport is the TRTYPE reported in discovery (nvme.TrTypeRDMA...).
+	Transport uint8
+	// LocalAddr and LocalPort identify the port the queue arrived on
+	// (discovery lists subsystems with this address).
+	LocalAddr, LocalPort string
+	// RemoteAddr is the host's address, for logs.
+	RemoteAddr string
+	// Coalescing, when not nil, applies Set Features Interrupt
+	// Coalescing to the transport (aggregation threshold in completions,
+	// time in 100 µs units, both as the feature encodes them).
+	Coalescing func(threshold, time100us uint8) error
+}
+
+// Limits are what the binding's transport can do; the core reports them
+// to the host (MDTS, IOCCSZ, MQES, SGLS) and enforces them.
+type Limits struct {
+	// MaxTransfer is the largest data transfer of one command, in bytes
+	// (a power of two times 4096; MDTS = log2(MaxTransfer/4096)).
+	MaxTransfer uint32
+	// InCapsule is the largest in-capsule data on I/O queues, in bytes
+	// (IOCCSZ = (64 + InCapsule) / 16). 0: no in-capsule data.
+	InCapsule uint32
+	// MaxQueueEntries is the largest I/O queue (MQES + 1).
+	MaxQueueEntries uint32
+	// AdminQueueEntries is the largest admin queue (32 for Linux hosts).
+	AdminQueueEntries uint32
+	// MaxIOQueues is the most I/O queues one controller may have.
+	MaxIOQueues uint16
+	// KeyedSGL says keyed SGL data blocks are supported (RDMA).
+	KeyedSGL bool
+}
