@@ -30,6 +30,12 @@ import "github.com/blk-project/blk/nvme"
 //     req.Data[:req.Len]) when req.Rsp.Status is success and the command
 //     reads, then the response capsule, and reclaims the request.
 //
+// Complete may come after Queue.Close for a request that was in flight
+// when the connection went (a sync command on a worker, an Asynchronous
+// Event Request completed with Abort SQ Deleted): the binding then only
+// reclaims it. Queue.Drained tells the binding when the last one has
+// come, so it can free the queue's buffers.
+//
 // Requests are preallocated by the binding (one per receive buffer) and
 // reused; nothing in this path allocates.
 
@@ -53,7 +59,8 @@ type Request struct {
 
 	// core-private state
 	q     *Queue
-	state uint8
+	state uint8      // reqIdle, reqExecuting, ... (stats.go)
+	ns    *namespace // the namespace a sync worker runs it on
 }
 
 // Queue returns the queue the request arrived on.

@@ -1,0 +1,92 @@
+package rdma
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/blk-project/blk/transport"
+)
+
+// Config configures a port: one listening address of the target on one
+// adapter. Zero fields take the defaults documented on the constants.
+type Config struct {
+	// Addr is the listen address, host:port (DefaultAddr). Port 0 picks
+	// a free port (tests); Port.Addr tells which.
+	Addr string
+	// PortID is the port's identifier in discovery log entries (1).
+	PortID uint16
+	// Cores is the engine's per-core groups (default: the adapter's cores).
+	Cores int
+	// QPsPerCore bounds the queues one core serves (DefaultQPsPerCore).
+	QPsPerCore uint32
+	// QueueEntries is the largest I/O queue, MQES + 1 (DefaultQueueEntries).
+	QueueEntries uint32
+	// InCapsule is the in-capsule data size of I/O queues
+	// (DefaultInCapsule; a multiple of 16). Use NoInCapsule for none.
+	InCapsule uint32
+	// MaxTransfer is the largest data transfer of one command
+	// (DefaultMaxTransfer; a power of two ≥ 4096).
+	MaxTransfer uint32
+	// LargeBuffers and SmallBuffers are the data buffers per core
+	// (DefaultLargeBuffers of MaxTransfer bytes, DefaultSmallBuffers of 4 KiB).
+	LargeBuffers, SmallBuffers uint32
+	// Moderation configures the engine's adaptive interrupt moderation.
+	Moderation transport.ModerationConfig
+	// Logf receives connection events; nil is silent.
+	Logf func(format string, args ...any)
+}
+
+// NoInCapsule as Config.InCapsule turns in-capsule data off (every write
+// is fetched by RDMA READ).
+const NoInCapsule = ^uint32(0)
+
+func (c Config) withDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.PortID == 0 {
+		c.PortID = 1
+	}
+	if c.QPsPerCore == 0 {
+		c.QPsPerCore = DefaultQPsPerCore
+	}
+	if c.QueueEntries == 0 {
+		c.QueueEntries = DefaultQueueEntries
+	}
+	switch c.InCapsule {
+	case 0:
+		c.InCapsule = DefaultInCapsule
+	case NoInCapsule:
+		c.InCapsule = 0
+	}
+	if c.MaxTransfer == 0 {
+		c.MaxTransfer = DefaultMaxTransfer
+	}
+	if c.LargeBuffers == 0 {
+		c.LargeBuffers = DefaultLargeBuffers
+	}
+	if c.SmallBuffers == 0 {
+		c.SmallBuffers = DefaultSmallBuffers
+	}
+	return c
+}
+
+func splitAddr(a net.Addr) (host, port string) {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String(), ""
+	}
+	return host, port
+}
+
+func checkAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("rdma: listen address %q: %w", addr, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("rdma: listen address %q: port is not a number 0-65535", addr)
+	}
+	return nil
+}

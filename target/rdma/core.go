@@ -1,0 +1,350 @@
+package rdma
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/transport"
+)
+
+// coreState is one engine core's share of the port: a request per receive
+// buffer of the core's SRQ (indexed by the buffer), the data buffer pools
+// and the queue of commands waiting for a data buffer. Everything but the
+// pools' put and the counters is touched only by the core's notification
+// goroutine, so the request path takes no lock.
+type coreState struct {
+	p     *Port
+	core  *transport.Core
+	index int
+	reqs  []req
+	small *pool
+	large *pool
+
+	// wait is a FIFO ring of commands waiting for a data buffer (owned by
+	// the notification goroutine). It holds at most every request of the
+	// core: the SRQ's plus the admin queues' (QPsPerCore of them at most).
+	wait       []*req
+	whead, wn  int
+	smallLimit uint32
+
+	st coreCounters
+}
+
+type coreCounters struct {
+	commands, protocolErrors, inCapsule, reads, writes, waits atomic.Uint64
+}
+
+func newCoreState(p *Port, c *transport.Core) (cs *coreState, err error) {
+	cfg := p.engine.Config()
+	cs = &coreState{p: p, core: c, index: c.Index(), reqs: make([]req, cfg.Buffers), smallLimit: smallBufferSize}
+	for i := range cs.reqs {
+		cs.reqs[i].init(cs)
+	}
+	cs.wait = make([]*req, int(cfg.Buffers)+int(cfg.QPsPerCore)*AdminQueueEntries)
+	if cs.small, err = newPool(p.engine.PD(), p.size.SmallBuffers, smallBufferSize); err != nil {
+		return nil, err
+	}
+	if cs.large, err = newPool(p.engine.PD(), p.size.LargeBuffers, p.size.Limits.MaxTransfer); err != nil {
+		cs.small.close()
+		return nil, err
+	}
+	return cs, nil
+}
+
+func (cs *coreState) close() error {
+	return errors.Join(cs.small.close(), cs.large.close())
+}
+
+// req is the binding's state of one command: the core's Request plus the
+// receive buffer it arrived in, its data buffer and the remote buffer of
+// its keyed SGL.
+type req struct {
+	target.Request
+	cs    *coreState
+	conn  *conn
+	rb    *transport.RecvBuf // SRQ buffer; nil on an admin queue
+	ownRQ bool               // buffer of an admin queue's private receive queue
+	buf   []byte             // the receive buffer (capsule in, response out)
+	sge   [1]transport.SGE   // admin: the receive buffer's SGE
+	data  *dataBuf
+	raddr uint64
+	rkey  uint32
+	inval bool // SGL subtype 0xF: answer with Send with Invalidate of rkey
+	tmp   [1]transport.SGE
+}
+
+func (r *req) init(cs *coreState) {
+	r.cs = cs
+	// Set once: storing the pointer in the interface now means nothing
+	// is allocated per command.
+	r.Binding = r
+}
+
+// handler is the port seen as the engine's completion handler.
+type handler Port
+
+// HandleCompletion implements transport.Handler. It runs on the core's
+// notification goroutine.
+func (h *handler) HandleCompletion(core *transport.Core, c *transport.Completion) {
+	p := (*Port)(h)
+	cs := p.cores[core.Index()]
+	switch c.Type {
+	case transport.OpReceive:
+		var r *req
+		if rb := core.RecvBuf(c); rb != nil {
+			r = &cs.reqs[rb.Index()]
+			r.rb = rb
+			r.buf = rb.Bytes()
+		} else if ar, ok := c.RequestContext.(*req); ok {
+			r = ar
+		} else {
+			return
+		}
+		cn, _ := c.QPContext.(*conn)
+		r.conn = cn
+		if c.Status != nil || cn == nil || cn.dead.Load() {
+			r.recycle()
+			return
+		}
+		cs.receive(r, c.Bytes)
+	case transport.OpRead:
+		r := c.RequestContext.(*req)
+		if c.Status != nil || r.conn.dead.Load() {
+			if c.Status != nil && !r.conn.dead.Load() {
+				r.conn.fail(fmt.Errorf("RDMA READ of command %#x data: %w", r.Cmd.CID, c.Status))
+			}
+			r.recycle()
+			break
+		}
+		r.conn.q.Execute(&r.Request)
+	case transport.OpSend:
+		if d, ok := c.RequestContext.(*dataBuf); ok && d != nil {
+			d.pool.put(d)
+		}
+		if c.Status != nil {
+			if cn, _ := c.QPContext.(*conn); cn != nil && !cn.dead.Load() {
+				cn.fail(fmt.Errorf("response send: %w", c.Status))
+			}
+		}
+	case transport.OpWrite:
+		// Writes are posted silent; only a failure completes.
+		if cn, _ := c.QPContext.(*conn); cn != nil && c.Status != nil && !cn.dead.Load() {
+			cn.fail(fmt.Errorf("RDMA WRITE of read data: %w", c.Status))
+		}
+	}
+	if cs.wn > 0 {
+		cs.runWaiters()
+	}
+}
+
+// receive starts a command that arrived in r's buffer (n bytes).
+func (cs *coreState) receive(r *req, n uint32) {
+	cs.st.commands.Add(1)
+	if n < capsuleSize {
+		r.conn.fail(fmt.Errorf("capsule of %d bytes, shorter than an SQE", n))
+		r.recycle()
+		return
+	}
+	r.Rsp = nvme.Completion{}
+	r.Data, r.Len, r.data, r.inval = nil, 0, nil, false
+	if err := r.Cmd.Unmarshal(r.buf[:capsuleSize]); err != nil {
+		r.conn.fail(fmt.Errorf("bad SQE: %w", err))
+		r.recycle()
+		return
+	}
+	r.Dir = r.Cmd.DataDirection()
+	sgl := r.Cmd.DPTR
+	switch {
+	case sgl.Keyed():
+		if st := sgl.Subtype(); st != nvme.SGLSubtypeAddress && st != nvme.SGLSubtypeInvalidate {
+			r.fail(nvme.StatusSGLInvalidType)
+			return
+		}
+		r.inval = sgl.Subtype() == nvme.SGLSubtypeInvalidate
+		r.raddr, r.rkey = sgl.Addr, sgl.Key
+		if sgl.Length == 0 || r.Dir == nvme.DirNone {
+			break
+		}
+		if r.Dir == nvme.DirBidirectional {
+			r.fail(nvme.StatusInvalidField)
+			return
+		}
+		if sgl.Length > cs.p.size.Limits.MaxTransfer {
+			r.fail(nvme.StatusSGLInvalidDataLength)
+			return
+		}
+		r.Len = sgl.Length
+		if !cs.attach(r) {
+			cs.st.waits.Add(1)
+			cs.push(r)
+			return
+		}
+		cs.start(r)
+		return
+	case sgl.ID == nvme.SGLIDInCapsule:
+		if sgl.Length == 0 {
+			break
+		}
+		if r.Dir != nvme.DirHostToCtrl {
+			r.fail(nvme.StatusInvalidField)
+			return
+		}
+		limit := uint64(cs.p.size.Limits.InCapsule)
+		if r.conn.admin {
+			limit = uint64(len(r.buf) - capsuleSize)
+		}
+		end := sgl.Addr + uint64(sgl.Length)
+		if end < sgl.Addr || end > limit || capsuleSize+end > uint64(n) {
+			r.fail(nvme.StatusSGLInvalidOffset)
+			return
+		}
+		cs.st.inCapsule.Add(1)
+		r.Len = sgl.Length
+		r.Data = r.buf[capsuleSize+sgl.Addr : capsuleSize+end]
+	default:
+		r.fail(nvme.StatusSGLInvalidType)
+		return
+	}
+	r.conn.q.Execute(&r.Request)
+}
+
+// attach gives r a data buffer of its length, or reports there is none.
+func (cs *coreState) attach(r *req) bool {
+	p := cs.large
+	if r.Len <= cs.smallLimit && cs.small.free.Load() > 0 {
+		p = cs.small
+	}
+	d := p.get()
+	if d == nil {
+		return false
+	}
+	r.data = d
+	r.Data = d.data[:r.Len]
+	return true
+}
+
+// start moves a command with a data buffer on: host data is fetched by
+// RDMA READ (Execute follows its completion), read data is produced now.
+func (cs *coreState) start(r *req) {
+	if r.Dir == nvme.DirHostToCtrl {
+		cs.st.reads.Add(1)
+		r.tmp[0] = r.data.sge
+		r.tmp[0].Length = r.Len
+		if err := r.conn.qp.Read(r, r.tmp[:], r.raddr, r.rkey, 0); err != nil {
+			r.conn.fail(fmt.Errorf("post RDMA READ: %w", err))
+			r.recycle()
+		}
+		return
+	}
+	r.conn.q.Execute(&r.Request)
+}
+
+func (cs *coreState) push(r *req) {
+	cs.wait[(cs.whead+cs.wn)%len(cs.wait)] = r
+	cs.wn++
+}
+
+// runWaiters starts waiting commands, in order, while buffers last.
+func (cs *coreState) runWaiters() {
+	for cs.wn > 0 {
+		r := cs.wait[cs.whead]
+		if r.conn.dead.Load() {
+			r.recycle()
+		} else if !cs.attach(r) {
+			return
+		}
+		cs.wait[cs.whead] = nil
+		cs.whead = (cs.whead + 1) % len(cs.wait)
+		cs.wn--
+		if !r.conn.dead.Load() {
+			cs.start(r)
+		}
+	}
+}
+
+// fail completes r with status (and DNR) without the core: the binding
+// refused its data descriptor.
+func (r *req) fail(status nvme.Status) {
+	r.Rsp.Status = status | nvme.StatusDNR
+	r.Dir = nvme.DirNone
+	r.complete()
+}
+
+// complete sends r's data and response, then gives its receive buffer
+// back. Any goroutine.
+func (r *req) complete() {
+	c := r.conn
+	cs := r.cs
+	var err error
+	if r.Rsp.Status == nvme.StatusSuccess && r.Dir == nvme.DirCtrlToHost && r.Len > 0 && r.data != nil {
+		cs.st.writes.Add(1)
+		r.tmp[0] = r.data.sge
+		r.tmp[0].Length = r.Len
+		err = c.qp.Write(nil, r.tmp[:], r.raddr, r.rkey, transport.FlagSilentSuccess|transport.FlagDefer)
+	}
+	r.Rsp.SQID = c.qid
+	r.Rsp.CID = r.Cmd.CID
+	r.Rsp.SQHead = uint16((c.sqhd.Add(1)) % c.entries)
+	r.Rsp.Marshal((*[nvme.CQESize]byte)(r.buf[:nvme.CQESize]))
+	if r.rb != nil {
+		r.tmp[0] = r.rb.SGE(nvme.CQESize)
+	} else {
+		r.tmp[0] = r.sge[0]
+		r.tmp[0].Length = nvme.CQESize
+	}
+	// The response is inline: copied at post, so the receive buffer it
+	// was built in can be reposted right after. The SEND's completion
+	// gives the data buffer back (the RDMA WRITE before it has then been
+	// sent too); without a data buffer it is silent.
+	flags := transport.FlagInline
+	var ctx any
+	if r.data != nil {
+		ctx = r.data
+	} else {
+		flags |= transport.FlagSilentSuccess
+	}
+	if err == nil {
+		if r.inval {
+			err = c.qp.SendInvalidate(ctx, r.tmp[:], r.rkey, flags)
+		} else {
+			err = c.qp.Send(ctx, r.tmp[:], flags)
+		}
+	}
+	if err != nil {
+		if r.data != nil {
+			r.data.pool.put(r.data)
+		}
+		if !c.dead.Load() {
+			c.fail(fmt.Errorf("post response: %w", err))
+		}
+	}
+	r.data = nil
+	r.repost()
+}
+
+// recycle gives back everything r holds without answering.
+func (r *req) recycle() {
+	if r.data != nil {
+		r.data.pool.put(r.data)
+		r.data = nil
+	}
+	r.repost()
+}
+
+// repost gives the receive buffer back: to the core's SRQ, or to the
+// admin queue's private receive queue (which fails once the QP is gone;
+// the buffer is then simply dropped with the connection).
+func (r *req) repost() {
+	if r.rb != nil {
+		rb := r.rb
+		r.rb = nil
+		rb.Repost()
+		return
+	}
+	if r.ownRQ && r.conn != nil && !r.conn.dead.Load() {
+		r.conn.qp.PostReceive(r, r.sge[:])
+	}
+}

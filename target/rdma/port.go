@@ -1,0 +1,353 @@
+package rdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/transport"
+)
+
+// Port serves the target on one listening address of one adapter: the
+// NVMe-oF RDMA transport binding. It owns a transport engine (one CQ, SRQ
+// and receive-buffer pool per core), per-core data buffer pools and
+// preallocated requests, and one conn per accepted QP.
+type Port struct {
+	t      *target.Target
+	a      transport.Adapter
+	pd     transport.PD
+	cfg    Config
+	size   Sizing
+	engine *transport.Engine
+	cores  []*coreState
+	ln     transport.Listener
+	id     uint16
+	host   string
+	svc    string
+
+	mu     sync.Mutex
+	conns  map[*conn]struct{}
+	closed bool
+	wg     sync.WaitGroup // accept loop and connection watchers
+
+	st counters
+}
+
+// Limits returns the limits a target served by a port of cfg on an
+// adapter reporting info must be created with (target.Config.Limits).
+func Limits(info transport.AdapterInfo, cfg Config) (target.Limits, error) {
+	s, err := Size(info, cfg)
+	if err != nil {
+		return target.Limits{}, err
+	}
+	return s.Limits, nil
+}
+
+// Listen starts serving t on adapter a at cfg.Addr and registers the port
+// with the target for discovery. t must have been created with the
+// Limits of the same adapter and Config (or smaller ones).
+func Listen(t *target.Target, a transport.Adapter, cfg Config) (p *Port, err error) {
+	cfg = cfg.withDefaults()
+	if err := checkAddr(cfg.Addr); err != nil {
+		return nil, err
+	}
+	size, err := Size(a.Info(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	p = &Port{t: t, a: a, cfg: cfg, size: size, id: cfg.PortID, conns: make(map[*conn]struct{})}
+	defer func() {
+		if err != nil {
+			p.release()
+		}
+	}()
+	if p.pd, err = a.CreatePD(); err != nil {
+		return nil, fmt.Errorf("rdma: create PD: %w", err)
+	}
+	if p.engine, err = transport.NewEngine(a, p.pd, size.Engine, (*handler)(p)); err != nil {
+		return nil, fmt.Errorf("rdma: engine: %w", err)
+	}
+	for _, c := range p.engine.Cores() {
+		cs, err := newCoreState(p, c)
+		if err != nil {
+			return nil, fmt.Errorf("rdma: core %d: %w", c.Index(), err)
+		}
+		p.cores = append(p.cores, cs)
+	}
+	if p.ln, err = a.Listen(cfg.Addr); err != nil {
+		return nil, fmt.Errorf("rdma: listen on %s: %w", cfg.Addr, err)
+	}
+	p.host, p.svc = splitAddr(p.ln.Addr())
+	if err = t.AddPort(target.Port{
+		ID:      p.id,
+		TrType:  nvme.TrTypeRDMA,
+		AdrFam:  adrFam(p.host),
+		TrAddr:  p.host,
+		TrSvcID: p.svc,
+	}); err != nil {
+		return nil, fmt.Errorf("rdma: register port: %w", err)
+	}
+	p.wg.Add(1)
+	go p.acceptLoop()
+	return p, nil
+}
+
+func adrFam(host string) uint8 {
+	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+		return nvme.AdrFamIPv6
+	}
+	return nvme.AdrFamIPv4
+}
+
+// Addr is the address the port listens on.
+func (p *Port) Addr() net.Addr { return p.ln.Addr() }
+
+// Engine is the port's transport engine (for its statistics).
+func (p *Port) Engine() *transport.Engine { return p.engine }
+
+// Sizing is the sizes the port runs with.
+func (p *Port) Sizing() Sizing { return p.size }
+
+// Close stops accepting, disconnects every connection (their controllers
+// are torn down by the core) and frees the engine and buffers.
+func (p *Port) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	conns := make([]*conn, 0, len(p.conns))
+	for c := range p.conns {
+		conns = append(conns, c)
+	}
+	p.mu.Unlock()
+	p.t.RemovePort(p.id)
+	err := p.ln.Close()
+	for _, c := range conns {
+		c.Disconnect(errPortClosed)
+	}
+	p.wg.Wait()
+	return errors.Join(err, p.release())
+}
+
+var errPortClosed = errors.New("rdma: port closed")
+
+func (p *Port) release() error {
+	var errs []error
+	if p.ln != nil && !p.closed {
+		errs = append(errs, p.ln.Close())
+	}
+	if p.engine != nil {
+		errs = append(errs, p.engine.Close())
+	}
+	for _, cs := range p.cores {
+		errs = append(errs, cs.close())
+	}
+	if p.pd != nil {
+		errs = append(errs, p.pd.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Port) logf(format string, args ...any) {
+	if p.cfg.Logf != nil {
+		p.cfg.Logf(format, args...)
+	}
+}
+
+func (p *Port) acceptLoop() {
+	defer p.wg.Done()
+	for {
+		req, err := p.ln.GetConnectionRequest(context.Background())
+		if err != nil {
+			if !errors.Is(err, transport.ErrClosed) {
+				p.logf("rdma: port %s: accept: %v", p.ln.Addr(), err)
+			}
+			return
+		}
+		// Setup runs beside the loop: one slow host must not hold up
+		// the others.
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.setup(req)
+		}()
+	}
+}
+
+// reject answers a connection request with the NVMe/RDMA reject private
+// data carrying sts.
+func (p *Port) reject(req transport.ConnRequest, sts nvme.RDMACMRejectStatus, why string) {
+	p.st.rejects.Add(1)
+	p.logf("rdma: port %s: reject %s: %s (%v)", p.ln.Addr(), req.RemoteAddr(), why, sts)
+	var b [nvme.RDMACMRejectSize]byte
+	r := nvme.RDMACMReject{RecFmt: 0, Status: sts}
+	r.Marshal(&b)
+	req.Reject(b[:])
+}
+
+// setup checks the CM private data, creates the QP on a core, accepts,
+// and gives the core a new queue.
+func (p *Port) setup(req transport.ConnRequest) {
+	var cm nvme.RDMACMRequest
+	if err := cm.Unmarshal(req.PrivateData()); err != nil {
+		p.reject(req, nvme.RDMACMInvalidLength, err.Error())
+		return
+	}
+	if cm.RecFmt != 0 {
+		p.reject(req, nvme.RDMACMInvalidRecFmt, fmt.Sprintf("RECFMT %d", cm.RecFmt))
+		return
+	}
+	admin := cm.QID == 0
+	entries := uint32(cm.HSQSize) + 1
+	limit := p.size.Limits.MaxQueueEntries
+	if admin {
+		limit = AdminQueueEntries
+	}
+	if entries < 2 || entries > limit {
+		p.reject(req, nvme.RDMACMInvalidHSQSize, fmt.Sprintf("HSQSIZE %d: queue of %d entries outside [2, %d]", cm.HSQSize, entries, limit))
+		return
+	}
+	// The host must be able to take a response for every command.
+	if uint32(cm.HRQSize) < entries {
+		p.reject(req, nvme.RDMACMInvalidHRQSize, fmt.Sprintf("HRQSIZE %d < queue entries %d", cm.HRQSize, entries))
+		return
+	}
+	ird, _ := req.ReadLimits()
+	if ird == 0 {
+		// The host serves no RDMA reads: writes could never be fetched.
+		p.reject(req, nvme.RDMACMInvalidIRD, "host IRD 0")
+		return
+	}
+	c := &conn{port: p, admin: admin, qid: cm.QID, entries: entries}
+	var err error
+	if admin {
+		c.qp, c.core, err = p.createAdminQP(c)
+	} else {
+		var core *transport.Core
+		c.qp, core, err = p.engine.CreateQP(c, requestsPerCommand*entries, nvme.CQESize)
+		if err == nil {
+			c.core = p.cores[core.Index()]
+		}
+	}
+	if err != nil {
+		p.reject(req, nvme.RDMACMNoResources, err.Error())
+		return
+	}
+	host, svc := splitAddr(req.LocalAddr())
+	q, err := p.t.NewQueue(c, target.QueueParams{
+		QID:        cm.QID,
+		SQSize:     cm.HSQSize,
+		Transport:  nvme.TrTypeRDMA,
+		LocalAddr:  host,
+		LocalPort:  svc,
+		RemoteAddr: req.RemoteAddr().String(),
+		Coalescing: p.coalesce,
+	})
+	if err != nil {
+		c.destroy()
+		p.reject(req, nvme.RDMACMNoResources, err.Error())
+		return
+	}
+	c.q = q
+	var ab [nvme.RDMACMAcceptSize]byte
+	acc := nvme.RDMACMAccept{RecFmt: 0, CRQSize: uint16(entries)}
+	acc.Marshal(&ab)
+	if !p.track(c) {
+		q.Close()
+		c.destroy()
+		req.Reject(nil)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), transport.DefaultConnectTimeout)
+	err = req.Accept(ctx, c.qp, transport.ConnParams{
+		InboundReadLimit:  p.size.IRD,
+		OutboundReadLimit: p.size.ORD,
+		PrivateData:       ab[:],
+	})
+	cancel()
+	if err != nil {
+		p.logf("rdma: port %s: accept %s: %v", p.ln.Addr(), req.RemoteAddr(), err)
+		c.teardown()
+		return
+	}
+	p.st.accepts.Add(1)
+	p.logf("rdma: port %s: queue %d from %s on core %d", p.ln.Addr(), cm.QID, req.RemoteAddr(), c.core.index)
+	c.watch()
+}
+
+// track adds c to the port's connections unless the port is closing.
+func (p *Port) track(c *conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	p.wg.Add(1) // the watcher's
+	return true
+}
+
+func (p *Port) untrack(c *conn) {
+	p.mu.Lock()
+	_, ok := p.conns[c]
+	delete(p.conns, c)
+	p.mu.Unlock()
+	if ok {
+		p.wg.Done()
+	}
+}
+
+// coalesce maps NVMe Interrupt Coalescing (Set Features 0x08) onto the
+// transport's interrupt moderation: TIME (100 µs units) is the moderation
+// interval and THR+1 the completion count. The CQs are shared by every
+// queue of a core, so the setting applies to the whole port, as it does
+// to a PCIe controller's interrupt vectors. TIME 0 (no aggregation time)
+// hands control back to the adaptive controller, the port's default.
+func (p *Port) coalesce(threshold, time100us uint8) error {
+	if time100us == 0 {
+		p.engine.SetAdaptiveModeration()
+		return nil
+	}
+	p.engine.SetFixedModeration(uint32(time100us)*100, uint32(threshold)+1)
+	return nil
+}
+
+// Stats are the port's counters.
+type Stats struct {
+	Accepts, Rejects      uint64
+	Commands              uint64 // capsules received
+	ProtocolErrors        uint64 // malformed capsules (connection dropped)
+	InCapsuleWrites       uint64 // host data taken from the capsule (no copy, no READ)
+	RDMAReads, RDMAWrites uint64
+	DataWaits             uint64 // commands that waited for a data buffer
+	Engine                transport.Stats
+}
+
+type counters struct {
+	accepts, rejects atomic.Uint64
+}
+
+// Stats returns the port's counters (per-core counters summed).
+func (p *Port) Stats() Stats {
+	s := Stats{
+		Accepts: p.st.accepts.Load(),
+		Rejects: p.st.rejects.Load(),
+		Engine:  p.engine.Stats(),
+	}
+	for _, cs := range p.cores {
+		s.Commands += cs.st.commands.Load()
+		s.ProtocolErrors += cs.st.protocolErrors.Load()
+		s.InCapsuleWrites += cs.st.inCapsule.Load()
+		s.RDMAReads += cs.st.reads.Load()
+		s.RDMAWrites += cs.st.writes.Load()
+		s.DataWaits += cs.st.waits.Load()
+	}
+	return s
+}

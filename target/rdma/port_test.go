@@ -1,0 +1,258 @@
+package rdma_test
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/rdma"
+	"github.com/blk-project/blk/target/volume"
+	"github.com/blk-project/blk/transport/soft"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+const (
+	testSubNQN  = "nqn.2026-11.io.blk:test"
+	testHostNQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001"
+)
+
+type testTarget struct {
+	t     *target.Target
+	port  *rdma.Port
+	store *volume.Store
+	vol   *volume.Volume
+	sub   *target.Subsystem
+	addr  string
+}
+
+// newTestTarget serves one subsystem with one 64 MiB namespace (4 KiB
+// blocks) on a soft adapter on loopback.
+func newTestTarget(t testing.TB, cfg rdma.Config) *testTarget {
+	t.Helper()
+	a, err := soft.New(soft.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0"
+	}
+	if cfg.Cores == 0 {
+		cfg.Cores = 2
+	}
+	lim, err := rdma.Limits(a.Info(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tt := &testTarget{}
+	if tt.t, err = target.New(target.Config{Limits: lim}); err != nil {
+		t.Fatal(err)
+	}
+	if tt.store, err = volume.Open(volume.Config{FS: vfs.NewMem(), Dir: "/vol"}); err != nil {
+		t.Fatal(err)
+	}
+	if tt.vol, err = tt.store.Create(1, volume.CreateOptions{SizeBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if tt.sub, err = tt.t.AddSubsystem(target.SubsystemConfig{NQN: testSubNQN, Serial: "blk-test-1", Model: "blk test", Hosts: []string{testHostNQN}}); err != nil {
+		t.Fatal(err)
+	}
+	if err = tt.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(tt.vol)}); err != nil {
+		t.Fatal(err)
+	}
+	if tt.port, err = rdma.Listen(tt.t, a, cfg); err != nil {
+		t.Fatal(err)
+	}
+	tt.addr = tt.port.Addr().String()
+	t.Cleanup(func() {
+		tt.port.Close()
+		tt.t.Close()
+		tt.store.Close()
+		a.Close()
+	})
+	return tt
+}
+
+func TestRejectsBadPrivateData(t *testing.T) {
+	tt := newTestTarget(t, rdma.Config{})
+	for _, tc := range []struct {
+		name string
+		cm   nvme.RDMACMRequest
+		want nvme.RDMACMRejectStatus
+	}{
+		{"recfmt", nvme.RDMACMRequest{RecFmt: 1, HRQSize: 32, HSQSize: 31}, nvme.RDMACMInvalidRecFmt},
+		{"admin too deep", nvme.RDMACMRequest{HRQSize: 64, HSQSize: 63}, nvme.RDMACMInvalidHSQSize},
+		{"io too deep", nvme.RDMACMRequest{QID: 1, HRQSize: 1024, HSQSize: 1023}, nvme.RDMACMInvalidHSQSize},
+		{"sqsize zero", nvme.RDMACMRequest{QID: 1, HRQSize: 1, HSQSize: 0}, nvme.RDMACMInvalidHSQSize},
+		{"hrqsize short", nvme.RDMACMRequest{QID: 1, HRQSize: 16, HSQSize: 31}, nvme.RDMACMInvalidHRQSize},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := dialRaw(t, tt.addr, tc.cm)
+			got, ok := rejectStatus(err)
+			if !ok || got != tc.want {
+				t.Fatalf("connect error %v (reject status %v, %v), want reject %v", err, got, ok, tc.want)
+			}
+		})
+	}
+	if s := tt.port.Stats(); s.Rejects != 5 {
+		t.Errorf("rejects counted %d, want 5", s.Rejects)
+	}
+}
+
+// TestRawHostAdminAndIO drives the binding with the bare host: admin
+// Connect with its data fetched by RDMA READ and answered with Send with
+// Invalidate, enable, an I/O queue, a write in the capsule, a write
+// fetched by RDMA READ, reads placed by RDMA WRITE, and the binding's own
+// refusals of data descriptors.
+func TestRawHostAdminAndIO(t *testing.T) {
+	tt := newTestTarget(t, rdma.Config{})
+	adm, err := dialRaw(t, tt.addr, nvme.RDMACMRequest{HRQSize: 32, HSQSize: 31})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsp := adm.connect(0, 31, 5000, 0xFFFF, testSubNQN, testHostNQN)
+	if rsp.Status != nvme.StatusSuccess {
+		t.Fatalf("admin connect: status %v", rsp.Status)
+	}
+	cntlid := nvme.ConnectResponseCNTLID(rsp.DW0)
+	if cntlid == 0 || cntlid > 0xFFEF {
+		t.Fatalf("CNTLID %#x", cntlid)
+	}
+	prop := func(set bool, off uint32, size8 bool, val uint64) nvme.Completion {
+		pc := nvme.PropertyCommand{Set: set, Offset: off, Size8: size8, Value: val}
+		var cmd nvme.Command
+		pc.Encode(&cmd)
+		cmd.DPTR = nvme.KeyedSGL(0, 0, 0, false)
+		r, _ := adm.exchange(cmd, nil)
+		return r
+	}
+	if r := prop(false, nvme.PropCAP, true, 0); r.Status != 0 || nvme.CAP(r.Result64()).MQES() != rdma.DefaultQueueEntries-1 {
+		t.Fatalf("CAP: status %v, MQES %d", r.Status, nvme.CAP(r.Result64()).MQES())
+	}
+	if r := prop(true, nvme.PropCC, false, 0x00460001); r.Status != 0 {
+		t.Fatalf("CC.EN: %v", r.Status)
+	}
+	if r := prop(false, nvme.PropCSTS, false, 0); r.Status != 0 || !nvme.CSTS(r.DW0).RDY() {
+		t.Fatalf("CSTS: status %v value %#x", r.Status, r.DW0)
+	}
+	// Identify controller, placed by RDMA WRITE, answered with Send with
+	// Invalidate of the 0x4F key.
+	idCmd := nvme.Command{Opcode: uint8(nvme.AdminIdentify), Flags: 0x40, CDW10: 1}
+	idCmd.DPTR = adm.fastKeyed(4096, 4096)
+	r, comp := adm.exchange(idCmd, nil)
+	if r.Status != 0 {
+		t.Fatalf("identify: %v", r.Status)
+	}
+	if !comp.Invalidated || comp.InvalidatedKey != idCmd.DPTR.Key {
+		t.Errorf("identify response: invalidated %v key %#x, want the 0x4F key %#x", comp.Invalidated, comp.InvalidatedKey, idCmd.DPTR.Key)
+	}
+	id := adm.data.Bytes()[4096 : 4096+4096]
+	if got := uint16(id[78]) | uint16(id[79])<<8; got != cntlid {
+		t.Errorf("identify CNTLID %#x, want %#x", got, cntlid)
+	}
+	if ioccsz := uint32(id[1792]) | uint32(id[1793])<<8; ioccsz != (64+rdma.DefaultInCapsule)/16 {
+		t.Errorf("IOCCSZ %d", ioccsz)
+	}
+	// Bad descriptors, refused by the binding itself.
+	bad := idCmd
+	bad.DPTR = nvme.SGL{ID: 0x20, Length: 4096}
+	if r, _ := adm.exchange(bad, nil); r.Status != nvme.StatusSGLInvalidType|nvme.StatusDNR {
+		t.Errorf("segment SGL: status %v", r.Status)
+	}
+	bad.DPTR = adm.keyed(0, 1<<20)
+	if r, _ := adm.exchange(bad, nil); r.Status != nvme.StatusSGLInvalidDataLength|nvme.StatusDNR {
+		t.Errorf("1 MiB transfer: status %v", r.Status)
+	}
+
+	// Set Features number of queues, then an I/O queue.
+	nq := nvme.Command{Opcode: uint8(nvme.AdminSetFeatures), Flags: 0x40, CDW10: 0x07, CDW11: 0}
+	nq.DPTR = nvme.KeyedSGL(0, 0, 0, false)
+	if r, _ := adm.exchange(nq, nil); r.Status != 0 {
+		t.Fatalf("set features queues: %v", r.Status)
+	}
+	io, err := dialRaw(t, tt.addr, nvme.RDMACMRequest{QID: 1, HRQSize: 32, HSQSize: 31, CNTLID: cntlid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := io.connect(1, 31, 0, cntlid, testSubNQN, testHostNQN); r.Status != 0 {
+		t.Fatalf("I/O connect: %v", r.Status)
+	}
+	pattern := func(seed byte, n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = seed + byte(i*7)
+		}
+		return b
+	}
+	// One block in the capsule.
+	w := nvme.Command{Opcode: uint8(nvme.IOWrite), Flags: 0x40, NSID: 1, CDW10: 3, CDW12: 0}
+	blk := pattern(1, 4096)
+	w.DPTR = nvme.InCapsuleSGL(0, 4096)
+	if r, _ := io.exchange(w, blk); r.Status != 0 {
+		t.Fatalf("in-capsule write: %v", r.Status)
+	}
+	// Eight blocks fetched by RDMA READ.
+	big := pattern(9, 8*4096)
+	copy(io.data.Bytes()[65536:], big)
+	w = nvme.Command{Opcode: uint8(nvme.IOWrite), Flags: 0x40, NSID: 1, CDW10: 8, CDW12: 7}
+	w.DPTR = io.keyed(65536, uint32(len(big)))
+	if r, _ := io.exchange(w, nil); r.Status != 0 {
+		t.Fatalf("keyed write: %v", r.Status)
+	}
+	// Read both back by RDMA WRITE.
+	rd := nvme.Command{Opcode: uint8(nvme.IORead), Flags: 0x40, NSID: 1, CDW10: 3, CDW12: 8}
+	rd.DPTR = io.keyed(262144, 9*4096)
+	if r, _ := io.exchange(rd, nil); r.Status != 0 {
+		t.Fatalf("read: %v", r.Status)
+	}
+	got := io.data.Bytes()[262144 : 262144+9*4096]
+	if !bytes.Equal(got[:4096], blk) || !bytes.Equal(got[5*4096:], big[4*4096:]) {
+		t.Fatal("read back differs from what was written")
+	}
+	// An in-capsule write larger than the in-capsule size.
+	w = nvme.Command{Opcode: uint8(nvme.IOWrite), Flags: 0x40, NSID: 1, CDW10: 0, CDW12: 1}
+	w.DPTR = nvme.InCapsuleSGL(0, 8192)
+	if r, _ := io.exchange(w, pattern(3, 4096)); r.Status != nvme.StatusSGLInvalidOffset|nvme.StatusDNR {
+		t.Errorf("oversized in-capsule write: status %v", r.Status)
+	}
+	// In-capsule data on a read.
+	rd.DPTR = nvme.InCapsuleSGL(0, 4096)
+	if r, _ := io.exchange(rd, make([]byte, 4096)); r.Status != nvme.StatusInvalidField|nvme.StatusDNR {
+		t.Errorf("in-capsule read: status %v", r.Status)
+	}
+	s := tt.port.Stats()
+	if s.InCapsuleWrites != 1 || s.RDMAReads < 3 || s.RDMAWrites < 2 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// TestKeepAliveExpiryDisconnects connects a raw host with a 1 s KATO that
+// never sends Keep Alive: the target must tear the controller down and
+// drop both the admin and the I/O queue's connection.
+func TestKeepAliveExpiryDisconnects(t *testing.T) {
+	tt := newTestTarget(t, rdma.Config{})
+	adm, err := dialRaw(t, tt.addr, nvme.RDMACMRequest{HRQSize: 32, HSQSize: 31})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsp := adm.connect(0, 31, 1000, 0xFFFF, testSubNQN, testHostNQN)
+	if rsp.Status != 0 {
+		t.Fatalf("connect: %v", rsp.Status)
+	}
+	cntlid := nvme.ConnectResponseCNTLID(rsp.DW0)
+	io, err := dialRaw(t, tt.addr, nvme.RDMACMRequest{QID: 1, HRQSize: 32, HSQSize: 31, CNTLID: cntlid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := io.connect(1, 31, 0, cntlid, testSubNQN, testHostNQN); r.Status != 0 {
+		t.Fatalf("I/O connect: %v", r.Status)
+	}
+	for name, h := range map[string]*rawHost{"admin": adm, "io": io} {
+		select {
+		case <-h.qp.Done():
+		case <-time.After(15 * time.Second):
+			t.Fatalf("%s queue still connected 15 s after a 1 s keep-alive timeout", name)
+		}
+	}
+}
