@@ -275,6 +275,7 @@ func (p *Port) setup(req transport.ConnRequest) {
 	if err != nil {
 		p.logf("rdma: port %s: accept %s: %v", p.ln.Addr(), req.RemoteAddr(), err)
 		c.teardown()
+		p.untrack(c)
 		return
 	}
 	p.st.accepts.Add(1)

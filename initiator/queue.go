@@ -1,0 +1,508 @@
+package initiator
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/transport"
+)
+
+// Callback receives the outcome of one asynchronous command. IODone is
+// called exactly once for every submission that returned nil, with nil on
+// success, a *StatusError for an error status, or an error matching
+// ErrConnectionLost (or ErrClosed) when the association failed first. It
+// runs on a transport notification goroutine (or the goroutine failing
+// the association) and must not block; it may submit new commands. A
+// pointer to a caller's preallocated struct, or a DoneChan, implements it
+// without allocating.
+type Callback interface {
+	IODone(err error)
+}
+
+// DoneChan is a Callback that sends the outcome on the channel. It must
+// be buffered for every command it is given at once (IODone must not
+// block).
+type DoneChan chan error
+
+// IODone sends err on the channel.
+func (d DoneChan) IODone(err error) { d <- err }
+
+// Command identifiers, like Linux (nvme_cid): the low 12 bits are the
+// slot (tag), the high 4 a generation counter bumped at every reuse of the
+// slot and checked on completion, so that a late or duplicated completion
+// of an earlier command on the same slot is caught rather than taken for
+// the current one.
+const (
+	cidTagBits = 12
+	cidTagMask = 1<<cidTagBits - 1
+	cidGenMask = 0xF
+)
+
+func makeCID(tag uint16, gen uint8) uint16 {
+	return uint16(gen&cidGenMask)<<cidTagBits | tag&cidTagMask
+}
+
+func splitCID(cid uint16) (tag uint16, gen uint8) { return cid & cidTagMask, uint8(cid >> cidTagBits) }
+
+// Slot states. The low byte is the state; in slotInflight two flags record
+// the two events a command waits for. The submitter moves a slot from
+// slotFilling to slotInflight; after that only compare-and-swaps change it:
+// the queue's core goroutine sets the flags and takes it to slotDone when
+// both are set; a failure takes any in-flight slot to slotDone. Whoever
+// takes it to slotDone completes it, exactly once.
+const (
+	slotFree     uint32 = iota // on the free list
+	slotFilling                // owned by a submitter
+	slotInflight               // posted: waiting for the send completion and the response
+	slotDone                   // being completed and returned
+
+	slotStateMask uint32 = 0xFF
+	flagSent      uint32 = 1 << 8 // the capsule's SEND completed
+	flagResp      uint32 = 1 << 9 // the response capsule arrived
+	// The generation of the command in flight is kept in the state word
+	// too (bits 15:12), so that the completion path checks it from the
+	// same atomic load that tells it the slot is in flight.
+	stateGenShift = 12
+)
+
+func inflightState(gen uint8) uint32 { return slotInflight | uint32(gen)<<stateGenShift }
+
+// slot is one request slot of a queue, indexed by the CID's tag. Its
+// capsule (SQE) and data buffer are fixed parts of the queue's registered
+// region, so a command allocates and registers nothing.
+type slot struct {
+	q     *queue
+	tag   uint16
+	gen   uint8
+	state atomic.Uint32
+	// deadline is when the command times out (monotonic ns, see
+	// monoNow), 0 for none (AER); what packs opcode<<16 | CID for the
+	// timeout message. Atomics: the monitor reads them while slots turn
+	// over.
+	deadline atomic.Int64
+	what     atomic.Uint32
+
+	cmd  nvme.Command
+	cqe  nvme.Completion
+	sqe  *[nvme.SQESize]byte // in the registered region
+	data []byte              // in the registered region, the queue's bufSize
+
+	sqeSGE   transport.SGE // the capsule's SQE
+	dataAddr uint64        // virtual address of data[0]
+	lkey     uint32
+	rkey     uint32
+	sges     [2]transport.SGE
+
+	// Where the outcome goes.
+	cb  Callback
+	res *nvme.Completion // if set, receives the CQE before cb runs
+	dst []byte           // read: data is copied here on success
+}
+
+// recvSlot is one receive of the admin queue's private receive queue.
+type recvSlot struct {
+	q   *queue
+	sge [1]transport.SGE
+	buf []byte
+}
+
+// queue is one NVMe queue pair on one RDMA QP: the admin queue (QID 0) or
+// an I/O queue. It belongs to one association and dies with it; a
+// reconnect builds new queues.
+type queue struct {
+	a         *association
+	qid       uint16
+	depth     int
+	bufSize   int // bytes of each slot's data buffer
+	inCapsule int // most in-capsule data bytes (0: all data keyed)
+	timeout   time.Duration
+
+	qp   transport.QP
+	core *transport.Core
+	mr   transport.MemoryRegion
+	mem  []byte
+
+	slots []slot
+	free  chan uint16 // free tags; capacity depth, so pushing never blocks
+	dead  atomic.Bool
+
+	recvMR transport.MemoryRegion // admin queue: private receives
+	recvs  []recvSlot
+}
+
+// monoNow is a monotonic clock in nanoseconds since the package started.
+func monoNow() int64 { return int64(time.Since(epoch)) }
+
+var epoch = time.Now()
+
+// newQueueMemory builds the queue's slots over one registered region laid
+// out as [depth × 64-byte SQEs, padded to 4 KiB][depth × bufSize data].
+// The region is registered with remote read (the controller RDMA-READs
+// write data) and remote write (it RDMA-WRITEs read data) once, for the
+// life of the queue.
+func (q *queue) initMemory(pd transport.PD) error {
+	sqeArea := (q.depth*nvme.SQESize + 4095) &^ 4095
+	q.mem = make([]byte, sqeArea+q.depth*q.bufSize)
+	mr, err := pd.RegisterMemory(q.mem, transport.AccessLocalWrite|transport.AccessRemoteRead|transport.AccessRemoteWrite)
+	if err != nil {
+		return fmt.Errorf("register queue %d buffers (%d bytes): %w", q.qid, len(q.mem), err)
+	}
+	q.mr = mr
+	base, lkey, rkey := mr.Addr(), mr.LKey(), mr.RKey()
+	q.slots = make([]slot, q.depth)
+	q.free = make(chan uint16, q.depth)
+	for i := range q.slots {
+		s := &q.slots[i]
+		s.q = q
+		s.tag = uint16(i)
+		off := i * nvme.SQESize
+		s.sqe = (*[nvme.SQESize]byte)(q.mem[off : off+nvme.SQESize])
+		s.sqeSGE = transport.SGE{Addr: base + uint64(off), Length: nvme.SQESize, LKey: lkey}
+		doff := sqeArea + i*q.bufSize
+		s.data = q.mem[doff : doff+q.bufSize : doff+q.bufSize]
+		s.dataAddr = base + uint64(doff)
+		s.lkey, s.rkey = lkey, rkey
+		q.free <- uint16(i)
+	}
+	return nil
+}
+
+// tryAcquire takes a free slot without waiting, or returns nil.
+func (q *queue) tryAcquire() *slot {
+	select {
+	case tag := <-q.free:
+		return q.take(tag)
+	default:
+		return nil
+	}
+}
+
+// acquire waits for a free slot until the association fails or ctx ends.
+func (q *queue) acquire(ctx context.Context) (*slot, error) {
+	select {
+	case tag := <-q.free:
+		return q.take(tag), nil
+	default:
+	}
+	select {
+	case tag := <-q.free:
+		return q.take(tag), nil
+	case <-q.a.done:
+		return nil, q.a.lostErr()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (q *queue) take(tag uint16) *slot {
+	s := &q.slots[tag]
+	if !s.state.CompareAndSwap(slotFree, slotFilling) {
+		panic(fmt.Sprintf("initiator: queue %d slot %d on the free list in state %#x", q.qid, tag, s.state.Load()))
+	}
+	return s
+}
+
+// release returns a completed slot to the free list.
+func (q *queue) release(s *slot) {
+	s.cb, s.res, s.dst = nil, nil, nil
+	s.gen = (s.gen + 1) & cidGenMask // the next command on the slot gets a new CID
+	s.deadline.Store(0)
+	s.state.Store(slotFree)
+	if q.dead.Load() {
+		// A dead queue's slots are never reused: a submitter that raced
+		// with the failure may still be reading this one's SGEs.
+		return
+	}
+	q.free <- s.tag
+}
+
+// abandon returns a slot that was never submitted.
+func (q *queue) abandon(s *slot) {
+	s.state.Store(slotDone)
+	q.release(s)
+}
+
+// submit sends the command in s.cmd (the caller filled it, except CID and
+// DPTR, and set s.cb, s.res, s.dst) with n bytes of data in direction dir.
+// Write data must already be in s.data[:n]. Where the data goes is decided
+// here, as Linux's nvme_rdma_map_data does:
+//
+//   - no data: the keyed "no data" descriptor (0x40, all zero);
+//   - host to controller, n ≤ the queue's in-capsule size: in the same
+//     SEND as the SQE, SGL 0x01 at offset 0 (I/O queues only);
+//   - otherwise a keyed SGL 0x40 naming the slot's buffer with the
+//     region's static rkey; the controller RDMA-READs (writes) or
+//     RDMA-WRITEs (reads) it.
+//
+// It returns nil if the command was posted (Callback then runs exactly
+// once), or an error, and then the callback never runs.
+func (q *queue) submit(s *slot, dir nvme.Direction, n int, timeout time.Duration) error {
+	k := 1
+	s.sges[0] = s.sqeSGE
+	switch {
+	case n == 0 || dir == nvme.DirNone:
+		s.cmd.DPTR = noDataSGL
+	case dir == nvme.DirHostToCtrl && n <= q.inCapsule:
+		s.cmd.DPTR = nvme.InCapsuleSGL(0, uint32(n))
+		s.sges[1] = transport.SGE{Addr: s.dataAddr, Length: uint32(n), LKey: s.lkey}
+		k = 2
+	default:
+		s.cmd.DPTR = nvme.KeyedSGL(s.dataAddr, uint32(n), s.rkey, false)
+	}
+	s.cmd.CID = makeCID(s.tag, s.gen)
+	if err := s.cmd.Marshal(s.sqe); err != nil {
+		q.abandon(s)
+		return fmt.Errorf("initiator: encode command: %w", err)
+	}
+	s.what.Store(uint32(s.cmd.Opcode)<<16 | uint32(s.cmd.CID))
+	if timeout > 0 {
+		s.deadline.Store(monoNow() + int64(timeout))
+	}
+	// Publish, then look at the queue: a failure that marked it dead
+	// before this store is seen below; one after it finds the slot in
+	// flight and completes it.
+	st := inflightState(s.gen)
+	s.state.Store(st)
+	if q.dead.Load() {
+		if s.state.CompareAndSwap(st, slotDone) {
+			q.release(s)
+			return q.a.lostErr()
+		}
+		return nil // the failure completed it through the callback
+	}
+	if err := q.qp.Send(s, s.sges[:k], 0); err != nil {
+		q.a.fail(fmt.Errorf("post send on queue %d: %w", q.qid, err))
+		if s.state.CompareAndSwap(st, slotDone) {
+			q.release(s)
+			return q.a.lostErr()
+		}
+		return nil
+	}
+	return nil
+}
+
+// exec runs one command synchronously (admin commands and setup; not the
+// I/O path): wdata is written, rdst read, the completion returned. A
+// command that ends with an error status returns the CQE and a
+// *StatusError. ctx ending fails the association (the command's fate is
+// unknown, as with a timeout).
+func (q *queue) exec(ctx context.Context, cmd *nvme.Command, wdata, rdst []byte, timeout time.Duration) (nvme.Completion, error) {
+	s, err := q.acquire(ctx)
+	if err != nil {
+		return nvme.Completion{}, err
+	}
+	s.cmd = *cmd
+	dir, n := nvme.DirNone, 0
+	switch {
+	case len(wdata) > 0:
+		dir, n = nvme.DirHostToCtrl, copy(s.data, wdata)
+	case len(rdst) > 0:
+		dir, n = nvme.DirCtrlToHost, min(len(rdst), q.bufSize)
+		s.dst = rdst[:n]
+	}
+	w := &waiter{ch: make(chan error, 1)}
+	s.cb, s.res = w, &w.cqe
+	if err := q.submit(s, dir, n, timeout); err != nil {
+		return nvme.Completion{}, err
+	}
+	select {
+	case err = <-w.ch:
+	case <-ctx.Done():
+		q.a.fail(fmt.Errorf("%s on queue %d abandoned: %w", commandName(cmd, q.qid), q.qid, context.Cause(ctx)))
+		err = <-w.ch
+	}
+	return w.cqe, err
+}
+
+// waiter is the Callback of a synchronous command.
+type waiter struct {
+	ch  chan error
+	cqe nvme.Completion
+}
+
+func (w *waiter) IODone(err error) { w.ch <- err }
+
+// onReceive handles a response capsule that arrived in msg. It returns the
+// slot to complete (with its state) once the receive buffer has been given
+// back, or nil. Everything it finds wrong is a protocol error that fails
+// the association, as the Linux host's error recovery does.
+func (q *queue) onReceive(comp *transport.Completion, msg []byte) (*slot, uint32) {
+	if q.dead.Load() {
+		return nil, 0
+	}
+	a := q.a
+	switch {
+	case comp.Status != nil:
+		a.fail(fmt.Errorf("receive on queue %d: %w", q.qid, comp.Status))
+		return nil, 0
+	case comp.Invalidated:
+		// Keys are static: nothing may be invalidated remotely.
+		a.fail(fmt.Errorf("%w: queue %d: remote invalidation of key %#x, but no key was registered per command",
+			ErrProtocol, q.qid, comp.InvalidatedKey))
+		return nil, 0
+	case len(msg) != responseSize:
+		a.fail(fmt.Errorf("%w: queue %d: response capsule of %d bytes, want %d", ErrProtocol, q.qid, len(msg), responseSize))
+		return nil, 0
+	}
+	var cqe nvme.Completion
+	cqe.Unmarshal(msg)
+	tag, gen := splitCID(cqe.CID)
+	if int(tag) >= q.depth {
+		a.fail(fmt.Errorf("%w: queue %d: response for CID %#x, tag beyond depth %d", ErrProtocol, q.qid, cqe.CID, q.depth))
+		return nil, 0
+	}
+	s := &q.slots[tag]
+	st := s.state.Load()
+	if st&slotStateMask != slotInflight || st&flagResp != 0 || st>>stateGenShift != uint32(gen) {
+		if st&slotStateMask == slotDone || q.dead.Load() {
+			return nil, 0 // raced with a failure
+		}
+		a.fail(fmt.Errorf("%w: queue %d: response for CID %#x that is not in flight (slot state %#x)",
+			ErrProtocol, q.qid, cqe.CID, st))
+		return nil, 0
+	}
+	s.cqe = cqe
+	if !s.state.CompareAndSwap(st, st|flagResp) {
+		return nil, 0 // a failure completed it
+	}
+	if st&flagSent == 0 {
+		return nil, 0 // the send completion comes later
+	}
+	return s, st | flagResp
+}
+
+// onSent handles the completion of a capsule's SEND.
+func (q *queue) onSent(s *slot, comp *transport.Completion) {
+	if q.dead.Load() {
+		return
+	}
+	if comp.Status != nil {
+		q.a.fail(fmt.Errorf("send on queue %d: %w", q.qid, comp.Status))
+		return
+	}
+	st := s.state.Load()
+	if st&slotStateMask != slotInflight || st&flagSent != 0 {
+		return
+	}
+	if !s.state.CompareAndSwap(st, st|flagSent) {
+		return
+	}
+	if st&flagResp != 0 {
+		q.finish(s, st|flagSent)
+	}
+}
+
+// finish completes a slot whose send and response are both done (state
+// st): copies read data out, releases the slot, then runs the callback
+// (which may reuse the slot at once).
+func (q *queue) finish(s *slot, st uint32) {
+	if !s.state.CompareAndSwap(st, slotDone) {
+		return
+	}
+	var err error
+	if !s.cqe.Status.Success() {
+		err = statusError(commandName(&s.cmd, q.qid), q.qid, &s.cqe)
+	} else if s.dst != nil {
+		copy(s.dst, s.data)
+	}
+	if s.res != nil {
+		*s.res = s.cqe
+	}
+	cb := s.cb
+	q.release(s)
+	cb.IODone(err)
+}
+
+// failAll completes every command in flight with err. The queue is dead
+// already, so no completion of its QP is taken any more.
+func (q *queue) failAll(err error) {
+	for i := range q.slots {
+		s := &q.slots[i]
+		for {
+			st := s.state.Load()
+			if st&slotStateMask != slotInflight {
+				break
+			}
+			if s.state.CompareAndSwap(st, slotDone) {
+				cb := s.cb
+				q.release(s)
+				cb.IODone(err)
+				break
+			}
+		}
+	}
+}
+
+// expired returns a description of the first command in flight past its
+// deadline, or "".
+func (q *queue) expired(now int64) string {
+	for i := range q.slots {
+		s := &q.slots[i]
+		if s.state.Load()&slotStateMask != slotInflight {
+			continue
+		}
+		if d := s.deadline.Load(); d != 0 && now > d {
+			w := s.what.Load()
+			c := nvme.Command{Opcode: uint8(w >> 16)}
+			return fmt.Sprintf("%s (CID %#x) on queue %d", commandName(&c, q.qid), uint16(w), q.qid)
+		}
+	}
+	return ""
+}
+
+// repostAdmin gives an admin receive back to the QP's own receive queue.
+func (q *queue) repostAdmin(r *recvSlot) {
+	if q.dead.Load() {
+		return
+	}
+	if err := q.qp.PostReceive(r, r.sge[:]); err != nil && !q.dead.Load() {
+		q.a.fail(fmt.Errorf("repost admin receive: %w", err))
+	}
+}
+
+// HandleCompletion is the engine's Handler: it runs on the notification
+// goroutine of the core the completion's QP is placed on, one completion
+// at a time, and never blocks.
+func (c *Controller) HandleCompletion(core *transport.Core, comp *transport.Completion) {
+	switch comp.Type {
+	case transport.OpReceive:
+		if b := core.RecvBuf(comp); b != nil {
+			var s *slot
+			var st uint32
+			q, _ := comp.QPContext.(*queue)
+			if q != nil {
+				s, st = q.onReceive(comp, b.Bytes()[:min(int(comp.Bytes), len(b.Bytes()))])
+			}
+			// Give the buffer back before the slot frees: see engineSizing.
+			b.Repost()
+			if s != nil {
+				q.finish(s, st)
+			}
+			return
+		}
+		if r, ok := comp.RequestContext.(*recvSlot); ok {
+			q := r.q
+			s, st := q.onReceive(comp, r.buf[:min(int(comp.Bytes), len(r.buf))])
+			if comp.Status == nil {
+				q.repostAdmin(r)
+			}
+			if s != nil {
+				q.finish(s, st)
+			}
+		}
+	case transport.OpSend:
+		if s, ok := comp.RequestContext.(*slot); ok {
+			s.q.onSent(s, comp)
+		}
+	}
+}
+
+// HandleCQError fails the current association: the core's QPs fail.
+func (c *Controller) HandleCQError(core *transport.Core, err error) {
+	if a := c.assoc.Load(); a != nil {
+		a.fail(fmt.Errorf("completion queue of core %d: %w", core.Index(), err))
+	}
+}
