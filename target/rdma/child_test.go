@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"math/rand"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/volume"
@@ -154,4 +156,74 @@ func (c *childTarget) cpu() time.Duration {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// TestTwoProcesses: the target runs in another process on a real
+// directory. The initiator writes (flushed, FUA and plain writes), the
+// target process is killed (a crash) and restarted on the same address;
+// the initiator reconnects by itself and what was flushed or written with
+// FUA reads back. Then a clean stop (SIGTERM) and restart: everything
+// acknowledged before the clean stop reads back too.
+func TestTwoProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts target processes")
+	}
+	seed := testSeed(t)
+	rng := rand.New(rand.NewSource(seed))
+	dir := t.TempDir()
+	child := startChildTarget(t, dir, "127.0.0.1:0")
+	c := connectHost(t, child.addr, initiator.Config{
+		Queues: 2, QueueDepth: 16, KATO: 2 * time.Second,
+		CtrlLossTimeout: 60 * time.Second, ReconnectDelay: 100 * time.Millisecond, MaxReconnectDelay: time.Second,
+	})
+	ns := c.Namespace(1)
+	if ns == nil || ns.Size() != childVolumeSize {
+		t.Fatalf("namespace 1 missing or wrong size")
+	}
+	fill := func(n int) []byte {
+		b := make([]byte, n)
+		rng.Read(b)
+		return b
+	}
+	flushed := fill(1 << 20) // at 0, then Flush
+	fua := fill(256 << 10)   // at 4 MiB, FUA
+	if _, err := ns.WriteAt(flushed, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ns.WriteAtFlags(fua, 4<<20, initiator.FUA); err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, off int64, want []byte) {
+		t.Helper()
+		got := make([]byte, len(want))
+		if _, err := ns.ReadAt(got, off); err != nil {
+			t.Fatalf("%s: read: %v", what, err)
+		}
+		if i := firstDiff(got, want); i >= 0 {
+			t.Fatalf("%s: differs at byte %d", what, i)
+		}
+	}
+	check("before crash", 0, flushed)
+	cntlid := c.CNTLID()
+
+	child.kill()
+	child = startChildTarget(t, dir, child.addr)
+	// ReadAt waits for the reconnect (bounded by CtrlLossTimeout).
+	check("flushed write after crash", 0, flushed)
+	check("FUA write after crash", 4<<20, fua)
+	if st := c.Stats(); st.Associations < 2 || st.Failures < 1 {
+		t.Errorf("no reconnect recorded (CNTLID %d → %d, stats %+v)", cntlid, c.CNTLID(), st)
+	}
+
+	plain := fill(512 << 10) // at 8 MiB, neither flushed nor FUA
+	if _, err := ns.WriteAt(plain, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	child.stop(t) // SIGTERM: the target closes the store cleanly
+	child = startChildTarget(t, dir, child.addr)
+	check("plain write after a clean restart", 8<<20, plain)
+	check("flushed write after a clean restart", 0, flushed)
 }
