@@ -171,6 +171,24 @@ func TestRawHostAdminAndIO(t *testing.T) {
 	if r, _ := adm.exchange(nq, nil); r.Status != 0 {
 		t.Fatalf("set features queues: %v", r.Status)
 	}
+	// Interrupt Coalescing maps onto the engine's moderation: THR 7 →
+	// 8 completions, TIME 2 → 200 µs, applied by a core at its next
+	// notification.
+	ic := nvme.Command{Opcode: uint8(nvme.AdminSetFeatures), Flags: 0x40, CDW10: 0x08, CDW11: 2<<8 | 7}
+	ic.DPTR = nvme.KeyedSGL(0, 0, 0, false)
+	if r, _ := adm.exchange(ic, nil); r.Status != 0 {
+		t.Fatalf("set features interrupt coalescing: %v", r.Status)
+	}
+	prop(false, nvme.PropCSTS, false, 0) // a notification to apply it on
+	applied := false
+	for _, c := range tt.port.Engine().Cores() {
+		if m := c.Stats().Moderation; m.Interval == 200 && m.Count == 8 {
+			applied = true
+		}
+	}
+	if !applied {
+		t.Errorf("interrupt coalescing THR 7 TIME 2 not applied to any core's moderation")
+	}
 	io, err := dialRaw(t, tt.addr, nvme.RDMACMRequest{QID: 1, HRQSize: 32, HSQSize: 31, CNTLID: cntlid})
 	if err != nil {
 		t.Fatal(err)

@@ -238,7 +238,19 @@ func (s *Store) Create(id ID, o CreateOptions) (*Volume, error) {
 	var lo, hi [dataKeyLen]byte
 	putDataKey(lo[:], id, 0)
 	putDataEnd(hi[:], id)
-	_ = b.DeleteRange(lo[:], hi[:], nil)
+	// Clear blocks a previous volume of this ID left, if any. Only when
+	// there are some: a range deletion in the memtable makes every
+	// iterator over it allocate (pebble builds a range-deletion iterator
+	// per memtable), which would cost every multi-block read an
+	// allocation until the memtable is flushed.
+	stale, err := s.anyKey(lo[:], hi[:])
+	if err != nil {
+		b.Close()
+		return nil, fmt.Errorf("volume %d: create: %w", id, err)
+	}
+	if stale {
+		_ = b.DeleteRange(lo[:], hi[:], nil)
+	}
 	var meta [metaValueLen]byte
 	encodeMeta(meta[:], info)
 	_ = b.Set(metaKey(id), meta[:], nil)

@@ -1,0 +1,52 @@
+//go:build !race
+
+package rdma_test
+
+import (
+	"testing"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/target/rdma"
+)
+
+// TestSteadyStateAllocations: a 4 KiB write in the capsule, a 128 KiB
+// write fetched by RDMA READ and reads placed by RDMA WRITE, through the
+// initiator, the soft transport, the binding, the core and the pebble
+// volume, all in this process, allocate nothing in steady state.
+// testing.AllocsPerRun counts every goroutine's allocations, both sides'.
+// The test writes less than one memtable (64 MiB) so that every read is
+// served from pebble's memtable: a read served from an sstable costs one
+// allocation inside pebble (a point iterator's block-property filter,
+// see docs/volume.md), which is pebble's, not the request path's.
+func TestSteadyStateAllocations(t *testing.T) {
+	tt := newTestTarget(t, rdma.Config{})
+	c := connectHost(t, tt.addr, initiator.Config{Queues: 1, QueueDepth: 8})
+	ns := c.Namespace(1)
+	done := make(initiator.DoneChan, 1)
+	small := make([]byte, 4096)
+	big := make([]byte, 128<<10)
+	for _, tc := range []struct {
+		name string
+		op   func()
+	}{
+		{"write 4KiB in capsule", func() { ns.WriteAsync(3, small, 0, done) }},
+		{"write 128KiB by RDMA READ", func() { ns.WriteAsync(64, big, 0, done) }},
+		{"read 4KiB", func() { ns.ReadAsync(3, small, done) }},
+		{"read 128KiB", func() { ns.ReadAsync(64, big, done) }},
+	} {
+		run := func() {
+			tc.op()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := 0; i < 50; i++ { // warm every pool
+			run()
+		}
+		if a := testing.AllocsPerRun(150, run); a > 0.05 {
+			t.Errorf("%s: %.2f allocations per I/O (both sides), want 0", tc.name, a)
+		} else {
+			t.Logf("%s: %.3f allocations per I/O", tc.name, a)
+		}
+	}
+}
