@@ -25,4 +25,10 @@ var (
 	// ErrFieldTooLong is returned when a string does not fit its
 	// fixed-size field with a terminating NUL.
 	ErrFieldTooLong = errors.New("nvme: string too long for its field")
+	// ErrNotASCII is returned by SetASCII for a byte outside printable
+	// ASCII.
+	ErrNotASCII = errors.New("nvme: string is not printable ASCII")
+	// ErrNIDLength is returned for a namespace identification descriptor
+	// whose length does not match its type or its buffer.
+	ErrNIDLength = errors.New("nvme: bad namespace identification descriptor length")
 )

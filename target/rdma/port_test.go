@@ -228,6 +228,17 @@ func TestRawHostAdminAndIO(t *testing.T) {
 	if !bytes.Equal(got[:4096], blk) || !bytes.Equal(got[5*4096:], big[4*4096:]) {
 		t.Fatal("read back differs from what was written")
 	}
+	// Compare: the block just written matches, a changed copy does not.
+	cmp := nvme.Command{Opcode: uint8(nvme.IOCompare), Flags: 0x40, NSID: 1, CDW10: 3, CDW12: 0}
+	cmp.DPTR = nvme.InCapsuleSGL(0, 4096)
+	if r, _ := io.exchange(cmp, blk); r.Status != 0 {
+		t.Errorf("compare of equal data: status %v", r.Status)
+	}
+	changed := append([]byte(nil), blk...)
+	changed[4095] ^= 1
+	if r, _ := io.exchange(cmp, changed); r.Status&^nvme.StatusDNR != nvme.StatusCompareFailure {
+		t.Errorf("compare of different data: status %v, want Compare Failure", r.Status)
+	}
 	// An in-capsule write larger than the in-capsule size.
 	w = nvme.Command{Opcode: uint8(nvme.IOWrite), Flags: 0x40, NSID: 1, CDW10: 0, CDW12: 1}
 	w.DPTR = nvme.InCapsuleSGL(0, 8192)
@@ -240,7 +251,7 @@ func TestRawHostAdminAndIO(t *testing.T) {
 		t.Errorf("in-capsule read: status %v", r.Status)
 	}
 	s := tt.port.Stats()
-	if s.InCapsuleWrites != 1 || s.RDMAReads < 3 || s.RDMAWrites < 2 {
+	if s.InCapsuleWrites != 3 || s.RDMAReads < 3 || s.RDMAWrites < 2 {
 		t.Errorf("stats %+v", s)
 	}
 }
