@@ -91,16 +91,19 @@ func (c *Controller) establish(ctx context.Context) (a *association, err error) 
 func (a *association) newQueue(ctx context.Context, qid uint16, depth, bufSize, inCapsule int, timeout time.Duration) (*queue, error) {
 	c := a.c
 	q := &queue{a: a, qid: qid, depth: depth, bufSize: bufSize, inCapsule: inCapsule, timeout: timeout}
+	// The slots exist before the queue is published: the monitor walks
+	// the slots of every queue in a.queues.
+	if err := q.initMemory(c.pd); err != nil {
+		return nil, fmt.Errorf("initiator: %w", err)
+	}
 	a.mu.Lock()
 	if a.failed.Load() {
 		a.mu.Unlock()
+		q.mr.Close()
 		return nil, a.lostErr()
 	}
 	a.queues = append(a.queues, q)
 	a.mu.Unlock()
-	if err := q.initMemory(c.pd); err != nil {
-		return nil, fmt.Errorf("initiator: %w", err)
-	}
 	var err error
 	if qid == 0 {
 		if q.qp, q.core, err = c.eng.CreateQPWithReceiveQueue(q, c.sz.AdminInitiator, 0, c.sz.AdminRecv); err != nil {

@@ -778,7 +778,7 @@ func testConfig(t testing.TB) Config {
 		QueueDepth:        16,
 		MaxTransfer:       64 << 10,
 		KATO:              10 * time.Second,
-		CtrlLossTimeout:   5 * time.Second,
+		CtrlLossTimeout:   30 * time.Second,
 		ReconnectDelay:    20 * time.Millisecond,
 		MaxReconnectDelay: 200 * time.Millisecond,
 		ConnectTimeout:    5 * time.Second,

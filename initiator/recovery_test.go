@@ -30,7 +30,7 @@ func TestKeepAliveLoss(t *testing.T) {
 	f := newFakeTarget(t, testNQN)
 	f.start()
 	cfg := testConfig(t)
-	cfg.KATO = 300 * time.Millisecond
+	cfg.KATO = time.Second
 	c := connectFake(t, f, cfg)
 	ns := c.Namespace(1)
 
@@ -45,7 +45,7 @@ func TestKeepAliveLoss(t *testing.T) {
 	var err error
 	select {
 	case err = <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("keep-alive loss not detected")
 	}
 	took := time.Since(start)
@@ -83,7 +83,7 @@ func TestIOTimeout(t *testing.T) {
 	f := newFakeTarget(t, testNQN)
 	f.start()
 	cfg := testConfig(t)
-	cfg.IOTimeout = 200 * time.Millisecond
+	cfg.IOTimeout = time.Second
 	c := connectFake(t, f, cfg)
 	f.holdIO.Store(true)
 	done := make(DoneChan, 1)
@@ -95,7 +95,7 @@ func TestIOTimeout(t *testing.T) {
 		if !errors.Is(err, ErrConnectionLost) || !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "Write") {
 			t.Fatalf("held write: %v", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("I/O timeout not detected")
 	}
 	f.holdIO.Store(false)
