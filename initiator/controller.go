@@ -184,6 +184,7 @@ func newController(cfg Config, addr, subNQN string, discovery bool) (*Controller
 	if c.sz, err = engineSizing(c.info, queues, depth); err != nil {
 		return nil, err
 	}
+	c.sz.Engine.NoPin = !cfg.PinCores
 	if c.pd, err = cfg.Adapter.CreatePD(); err != nil {
 		return nil, fmt.Errorf("initiator: create protection domain: %w", err)
 	}

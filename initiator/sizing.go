@@ -103,6 +103,9 @@ func engineSizing(info transport.AdapterInfo, queues, ioDepth int) (sizing, erro
 		Buffers:         uint32(buffers),
 		BufferSize:      responseSize,
 		RefillThreshold: uint32(max(buffers/4, 1)),
+		// Unpinned unless asked (Config.PinCores): see
+		// transport.EngineConfig.NoPin for the measurement.
+		NoPin: true,
 	}
 	switch {
 	case info.MaxSrqDepth != 0 && uint64(buffers) > uint64(info.MaxSrqDepth):

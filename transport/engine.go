@@ -91,7 +91,11 @@ func NewEngine(a Adapter, pd PD, cfg EngineConfig, h Handler) (*Engine, error) {
 	moderate := !cfg.Moderation.Off && info.Flags&FlagCQInterruptModerationSupported != 0
 	eh, _ := h.(ErrorHandler)
 	for i := 0; i < cfg.Cores; i++ {
-		c, err := newCore(e, i, i%cpus, h, eh, moderate)
+		cpu := i % cpus
+		if cfg.NoPin {
+			cpu = -1
+		}
+		c, err := newCore(e, i, cpu, h, eh, moderate)
 		if err != nil {
 			e.closeCores()
 			return nil, fmt.Errorf("engine core %d: %w", i, err)
@@ -446,7 +450,8 @@ func newCore(e *Engine, index, cpu int, h Handler, eh ErrorHandler, moderate boo
 // Index is the core's number in Engine.Cores.
 func (c *Core) Index() int { return c.index }
 
-// CPU is the processor the core's notifications are pinned to.
+// CPU is the processor the core's notifications are pinned to, or -1
+// (EngineConfig.NoPin).
 func (c *Core) CPU() int { return c.cpu }
 
 // Engine returns the core's engine.

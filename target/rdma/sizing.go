@@ -136,6 +136,7 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 		// posted, so the threshold refill is only a safety net.
 		RefillThreshold: max(buffers/4, 1),
 		Moderation:      cfg.Moderation,
+		NoPin:           !cfg.PinCores,
 	}
 	s.Engine = s.Engine.WithDefaults(info)
 	if err := s.Engine.ValidateFor(info); err != nil {
