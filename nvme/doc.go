@@ -4,7 +4,13 @@
 // completion queue entry, SGL descriptors, opcodes and status codes, the
 // Fabrics Connect command and its 1024-byte data, Property Get/Set and the
 // controller registers they reach (CAP, VS, CC, CSTS, NSSR), the NVMe/RDMA
-// RDMA-CM private data, NQN validation and the discovery log page.
+// RDMA-CM private data, NQN validation and the discovery log page; and the
+// admin and NVM structures a target serves: Identify Controller and
+// Namespace and the namespace identification descriptors (identify.go),
+// Get Log Page with the Error, SMART, Commands Effects and Changed
+// Namespace logs and asynchronous event results (log.go), Get/Set
+// Features (features.go), and the Read/Write/Write Zeroes/Dataset
+// Management fields (nvm.go).
 //
 // Every layout is little-endian and byte-exact against the NVMe base and
 // NVMe-oF specifications as restated in shared/docs/nvmeof-wire.md and in

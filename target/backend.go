@@ -1,0 +1,245 @@
+package target
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+
+	"github.com/blk-project/blk/target/volume"
+)
+
+// Geometry describes a namespace's storage.
+type Geometry struct {
+	// BlockSize is the logical block size in bytes: a power of two from
+	// 512 to 4096 (what a Linux host can use as LBADS). It must never
+	// change for the life of the backend.
+	BlockSize uint32
+	// Blocks is the capacity in blocks (NSZE). It may grow or shrink
+	// (Subsystem.RevalidateNamespace picks the change up).
+	Blocks uint64
+	// ReadOnly namespaces refuse writes (Identify NSATTR bit 0).
+	ReadOnly bool
+}
+
+// Backend is a namespace's storage: what the core calls for each NVM
+// command once the command is checked (LBA range, length, alignment).
+// Methods are called concurrently from any goroutine. Read and plain
+// Write run on the binding's goroutine and should not block for long;
+// Flush, FUA writes and FUA write-zeroes run on the target's sync workers.
+//
+// Errors are turned into NVMe status codes in one place
+// (target/status.go): errors wrapping a volume sentinel get the status
+// volume/errors.go names; an error implementing StatusError gets its own
+// status; anything else is an Internal Error.
+type Backend interface {
+	// Geometry returns the block size, capacity and write protection.
+	Geometry() (Geometry, error)
+	// Read fills buf (a whole number of blocks) from lba.
+	Read(lba uint64, buf []byte) error
+	// Write writes data (a whole number of blocks) at lba; with fua it is
+	// durable on return.
+	Write(lba uint64, data []byte, fua bool) error
+	// WriteZeroes makes n blocks at lba read as zeros; with fua durably.
+	WriteZeroes(lba, n uint64, fua bool) error
+	// Deallocate releases n blocks at lba; they read as zeros afterwards
+	// (the target reports DLFEAT accordingly).
+	Deallocate(lba, n uint64) error
+	// Flush makes every acknowledged write durable.
+	Flush() error
+}
+
+// Viewer is an optional Backend extra, found by type assertion: it lets
+// Compare look at the stored blocks without copying them.
+type Viewer interface {
+	// View calls fn for each of the n blocks at lba with its data (nil for
+	// a block that reads as zeros), valid only during the call.
+	View(lba, n uint64, fn func(lba uint64, data []byte)) error
+}
+
+// VolumeBackend adapts a target/volume Volume. Its errors wrap the volume
+// sentinels, which the core translates.
+func VolumeBackend(v *volume.Volume) Backend { return volumeBackend{v} }
+
+type volumeBackend struct{ v *volume.Volume }
+
+func (b volumeBackend) Geometry() (Geometry, error) {
+	info, err := b.v.Info()
+	if err != nil {
+		return Geometry{}, err
+	}
+	return Geometry{BlockSize: info.BlockSize, Blocks: info.Blocks(), ReadOnly: info.State == volume.StateReadOnly}, nil
+}
+
+func (b volumeBackend) Read(lba uint64, buf []byte) error { return b.v.Read(lba, buf) }
+
+func (b volumeBackend) Write(lba uint64, data []byte, fua bool) error {
+	var f volume.WriteFlags
+	if fua {
+		f = volume.FUA
+	}
+	return b.v.Write(lba, data, f)
+}
+
+func (b volumeBackend) WriteZeroes(lba, n uint64, fua bool) error {
+	var f volume.WriteFlags
+	if fua {
+		f = volume.FUA
+	}
+	return b.v.WriteZeroes(lba, n, f)
+}
+
+func (b volumeBackend) Deallocate(lba, n uint64) error { return b.v.Deallocate(lba, n) }
+
+func (b volumeBackend) Flush() error { return b.v.Flush() }
+
+func (b volumeBackend) View(lba, n uint64, fn func(lba uint64, data []byte)) error {
+	return b.v.View(lba, n, fn)
+}
+
+// MemBackend is a Backend in memory, for tests and for bindings' test
+// suites: a byte slice of the whole capacity behind a lock, with no
+// durability (Flush and FUA do nothing). Its errors wrap the volume
+// sentinels, like a volume's.
+type MemBackend struct {
+	mu       sync.RWMutex
+	shift    uint8
+	blocks   uint64
+	data     []byte
+	readOnly bool
+}
+
+// NewMemBackend returns a zeroed in-memory backend of blocks blocks of
+// blockSize bytes (a power of two from 512 to 4096).
+func NewMemBackend(blockSize uint32, blocks uint64) (*MemBackend, error) {
+	if blockSize < 512 || blockSize > 4096 || bits.OnesCount32(blockSize) != 1 {
+		return nil, fmt.Errorf("target: memory backend block size %d: %w", blockSize, ErrInvalid)
+	}
+	if blocks == 0 || blocks > (1<<34)/uint64(blockSize) {
+		return nil, fmt.Errorf("target: memory backend of %d blocks: %w", blocks, ErrInvalid)
+	}
+	return &MemBackend{shift: uint8(bits.TrailingZeros32(blockSize)), blocks: blocks,
+		data: make([]byte, blocks*uint64(blockSize))}, nil
+}
+
+// SetReadOnly sets the backend's write protection.
+func (m *MemBackend) SetReadOnly(ro bool) {
+	m.mu.Lock()
+	m.readOnly = ro
+	m.mu.Unlock()
+}
+
+// Resize changes the capacity (new blocks read as zeros).
+func (m *MemBackend) Resize(blocks uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := blocks << m.shift
+	if n <= uint64(len(m.data)) {
+		m.data = m.data[:n]
+	} else {
+		m.data = append(m.data, make([]byte, n-uint64(len(m.data)))...)
+	}
+	m.blocks = blocks
+}
+
+// Geometry implements Backend.
+func (m *MemBackend) Geometry() (Geometry, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return Geometry{BlockSize: 1 << m.shift, Blocks: m.blocks, ReadOnly: m.readOnly}, nil
+}
+
+var (
+	errMemRange    = fmt.Errorf("target: memory backend: %w", volume.ErrOutOfRange)
+	errMemAlign    = fmt.Errorf("target: memory backend: %w", volume.ErrMisaligned)
+	errMemReadOnly = fmt.Errorf("target: memory backend: %w", volume.ErrReadOnly)
+	errMemTooLarge = fmt.Errorf("target: memory backend: %w", volume.ErrTooLarge)
+)
+
+// span checks a request and returns its byte range. Requires m.mu.
+func (m *MemBackend) span(lba, n uint64) (uint64, uint64, error) {
+	if lba > m.blocks || n > m.blocks-lba {
+		return 0, 0, errMemRange
+	}
+	return lba << m.shift, (lba + n) << m.shift, nil
+}
+
+func (m *MemBackend) blocksOf(length int) (uint64, error) {
+	if length&(1<<m.shift-1) != 0 {
+		return 0, errMemAlign
+	}
+	return uint64(length) >> m.shift, nil
+}
+
+// Read implements Backend.
+func (m *MemBackend) Read(lba uint64, buf []byte) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	n, err := m.blocksOf(len(buf))
+	if err != nil {
+		return err
+	}
+	lo, hi, err := m.span(lba, n)
+	if err != nil {
+		return err
+	}
+	copy(buf, m.data[lo:hi])
+	return nil
+}
+
+// Write implements Backend.
+func (m *MemBackend) Write(lba uint64, data []byte, fua bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.readOnly {
+		return errMemReadOnly
+	}
+	n, err := m.blocksOf(len(data))
+	if err != nil {
+		return err
+	}
+	lo, hi, err := m.span(lba, n)
+	if err != nil {
+		return err
+	}
+	copy(m.data[lo:hi], data)
+	return nil
+}
+
+// WriteZeroes implements Backend.
+func (m *MemBackend) WriteZeroes(lba, n uint64, fua bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.readOnly {
+		return errMemReadOnly
+	}
+	lo, hi, err := m.span(lba, n)
+	if err != nil {
+		return err
+	}
+	clear(m.data[lo:hi])
+	return nil
+}
+
+// Deallocate implements Backend.
+func (m *MemBackend) Deallocate(lba, n uint64) error { return m.WriteZeroes(lba, n, false) }
+
+// Flush implements Backend.
+func (m *MemBackend) Flush() error { return nil }
+
+// View implements Viewer.
+func (m *MemBackend) View(lba, n uint64, fn func(lba uint64, data []byte)) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if n > 1<<24 {
+		return errMemTooLarge
+	}
+	lo, _, err := m.span(lba, n)
+	if err != nil {
+		return err
+	}
+	bs := uint64(1) << m.shift
+	for i := range n {
+		fn(lba+i, m.data[lo+i*bs:lo+(i+1)*bs])
+	}
+	return nil
+}

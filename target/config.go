@@ -1,0 +1,219 @@
+package target
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"time"
+
+	"github.com/blk-project/blk/nvme"
+)
+
+// Config configures a Target. The zero value of every field except
+// Limits means its default; WithDefaults fills them in and Validate checks
+// the relationships. A Config round-trips through encoding/json unchanged
+// except for Logf and Clock, which are not data.
+type Config struct {
+	// Limits are what the transport binding can do (its sizing function
+	// computes them). Required: MaxTransfer, MaxQueueEntries,
+	// AdminQueueEntries and MaxIOQueues must be set.
+	Limits Limits `json:"limits"`
+
+	// Logf receives the target's log lines (controller creation and
+	// teardown, refused connects, fatal controller states). Nil: silent.
+	Logf func(format string, args ...any) `json:"-"`
+
+	// Clock drives keep-alive timers. Nil: the wall clock.
+	Clock Clock `json:"-"`
+
+	// SyncWorkers is the number of goroutines, started by New, that run
+	// the commands which may wait for a disk sync (Flush, FUA writes,
+	// Write Zeroes with FUA, and the flush of a shutdown), so that
+	// Queue.Execute never blocks its caller on one. Default 32: pebble
+	// commits concurrent syncs as one group, so a worker per FUA write in
+	// flight (up to 32, a typical I/O queue depth) lets them share one
+	// WAL sync instead of queueing for one each.
+	SyncWorkers int `json:"sync_workers"`
+
+	// SyncQueue is the number of sync commands that may wait for a
+	// worker. Default 1024. A command that finds it full runs on a new
+	// goroutine instead (counted in Stats.SyncOverflow): Execute still
+	// never blocks, and the allocation shows in the counters.
+	SyncQueue int `json:"sync_queue"`
+
+	// MaxControllers bounds the live controllers of the target,
+	// discovery controllers included; a Connect beyond it gets Connect
+	// Controller Busy. Default 1024, at most 0xFFEF (the CNTLID range).
+	MaxControllers int `json:"max_controllers"`
+
+	// MaxNSID is the largest namespace ID (Identify Controller NN). Default
+	// 1024, at most 0xFFFFFFFE.
+	MaxNSID uint32 `json:"max_nsid"`
+
+	// ErrorLogEntries is the number of entries each controller keeps in
+	// its Error Information log (ELPE+1). Default 64, at most 256.
+	ErrorLogEntries int `json:"error_log_entries"`
+
+	// DiscoveryKATO is the keep-alive timeout of a discovery controller
+	// whose Connect asks for none (KATO 0), as nvmet does, so that an
+	// abandoned discovery association is eventually reclaimed. Default
+	// 120 s.
+	DiscoveryKATO time.Duration `json:"discovery_kato"`
+
+	// FirmwareRevision is Identify Controller FR: printable ASCII, at most
+	// 8 bytes. Default "blk-1".
+	FirmwareRevision string `json:"firmware_revision"`
+
+	// DiscoverySerial is the serial number of the discovery controller:
+	// printable ASCII, at most 20 bytes. Default "blk-discovery".
+	DiscoverySerial string `json:"discovery_serial"`
+}
+
+// Defaults, in the units of the fields they fill.
+const (
+	DefaultSyncWorkers      = 32
+	DefaultSyncQueue        = 1024
+	DefaultMaxControllers   = 1024
+	DefaultMaxNSID          = 1024
+	DefaultErrorLogEntries  = 64
+	DefaultDiscoveryKATO    = 120 * time.Second
+	DefaultFirmwareRevision = "blk-1"
+	DefaultDiscoverySerial  = "blk-discovery"
+)
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.SyncWorkers == 0 {
+		c.SyncWorkers = DefaultSyncWorkers
+	}
+	if c.SyncQueue == 0 {
+		c.SyncQueue = DefaultSyncQueue
+	}
+	if c.MaxControllers == 0 {
+		c.MaxControllers = DefaultMaxControllers
+	}
+	if c.MaxNSID == 0 {
+		c.MaxNSID = DefaultMaxNSID
+	}
+	if c.ErrorLogEntries == 0 {
+		c.ErrorLogEntries = DefaultErrorLogEntries
+	}
+	if c.DiscoveryKATO == 0 {
+		c.DiscoveryKATO = DefaultDiscoveryKATO
+	}
+	if c.FirmwareRevision == "" {
+		c.FirmwareRevision = DefaultFirmwareRevision
+	}
+	if c.DiscoverySerial == "" {
+		c.DiscoverySerial = DefaultDiscoverySerial
+	}
+	return c
+}
+
+// Validate checks c after defaults are applied. It returns every problem
+// found, each wrapping ErrInvalid.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("target: config: "+format+": %w", append(args, ErrInvalid)...))
+	}
+	if err := c.Limits.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.SyncWorkers < 1 {
+		bad("SyncWorkers %d is below 1", c.SyncWorkers)
+	}
+	if c.SyncQueue < 1 {
+		bad("SyncQueue %d is below 1", c.SyncQueue)
+	}
+	if c.MaxControllers < 1 || c.MaxControllers > int(nvme.CNTLIDMax) {
+		bad("MaxControllers %d is outside [1, %d]", c.MaxControllers, nvme.CNTLIDMax)
+	}
+	if c.MaxNSID > nvme.NSIDMax {
+		bad("MaxNSID %#x is above %#x", c.MaxNSID, nvme.NSIDMax)
+	}
+	if c.ErrorLogEntries < 1 || c.ErrorLogEntries > 256 {
+		bad("ErrorLogEntries %d is outside [1, 256]", c.ErrorLogEntries)
+	}
+	if c.DiscoveryKATO < time.Second {
+		bad("DiscoveryKATO %v is below 1s", c.DiscoveryKATO)
+	}
+	var fr [8]byte
+	if err := nvme.SetASCII(fr[:], c.FirmwareRevision); err != nil {
+		bad("FirmwareRevision %q: %v", c.FirmwareRevision, err)
+	}
+	var sn [20]byte
+	if err := nvme.SetASCII(sn[:], c.DiscoverySerial); err != nil {
+		bad("DiscoverySerial %q: %v", c.DiscoverySerial, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Validate checks the limits a binding reports: MaxTransfer a power of two
+// times 4096, InCapsule a multiple of 16, queue sizes within what the
+// 16-bit SQSIZE and MQES fields can say.
+func (l Limits) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("target: limits: "+format+": %w", append(args, ErrInvalid)...))
+	}
+	if l.MaxTransfer < 4096 || l.MaxTransfer%4096 != 0 || bits.OnesCount32(l.MaxTransfer/4096) != 1 {
+		bad("MaxTransfer %d is not a power of two times 4096", l.MaxTransfer)
+	}
+	if l.InCapsule%16 != 0 || l.InCapsule > 1<<24 {
+		bad("InCapsule %d is not a multiple of 16 up to 16 MiB", l.InCapsule)
+	}
+	if l.MaxQueueEntries < 2 || l.MaxQueueEntries > 65536 {
+		bad("MaxQueueEntries %d is outside [2, 65536]", l.MaxQueueEntries)
+	}
+	if l.AdminQueueEntries < 2 || l.AdminQueueEntries > 4096 {
+		bad("AdminQueueEntries %d is outside [2, 4096]", l.AdminQueueEntries)
+	}
+	if l.MaxIOQueues < 1 || l.MaxIOQueues == 0xFFFF {
+		bad("MaxIOQueues %d is outside [1, 65534]", l.MaxIOQueues)
+	}
+	return errors.Join(errs...)
+}
+
+// MDTS returns Identify Controller MDTS for MaxTransfer: log2 of the
+// largest transfer in 4 KiB units.
+func (l Limits) MDTS() uint8 {
+	return uint8(bits.TrailingZeros32(l.MaxTransfer / 4096))
+}
+
+// IOCCSZ returns Identify Controller IOCCSZ: the I/O command capsule size
+// (64-byte SQE plus in-capsule data) in 16-byte units.
+func (l Limits) IOCCSZ() uint32 { return (nvme.SQESize + l.InCapsule) / 16 }
+
+// SGLS returns Identify Controller SGLS: SGLs supported (always), keyed
+// data blocks if the transport has them, offset addressing (in-capsule
+// data) if it takes in-capsule data.
+func (l Limits) SGLS() uint32 {
+	s := nvme.SGLSSupported
+	if l.KeyedSGL {
+		s |= nvme.SGLSKeyed
+	}
+	if l.InCapsule > 0 {
+		s |= nvme.SGLSOffset
+	}
+	return s
+}
+
+// CheckQueue checks a queue a host asks for (for RDMA, from the CM private
+// data: QID and HSQSIZE, 0's based) against the limits: the binding can
+// refuse it before accepting the connection (CM reject "invalid QID" or
+// "invalid HSQSIZE"). The Connect command is checked again by the core.
+func (l Limits) CheckQueue(qid, sqsize uint16) error {
+	if qid > l.MaxIOQueues {
+		return fmt.Errorf("target: QID %d above the %d I/O queues: %w", qid, l.MaxIOQueues, ErrInvalid)
+	}
+	max := l.MaxQueueEntries
+	if qid == 0 {
+		max = l.AdminQueueEntries
+	}
+	if sqsize == 0 || uint32(sqsize)+1 > max {
+		return fmt.Errorf("target: SQSIZE %d (0's based) outside [1, %d] for QID %d: %w", sqsize, max-1, qid, ErrInvalid)
+	}
+	return nil
+}

@@ -1,0 +1,142 @@
+package target
+
+import (
+	"github.com/blk-project/blk/nvme"
+)
+
+// execDiscoveryAdmin serves a discovery controller's admin queue, as
+// nvmet's discovery.c: Identify Controller only, Get Log Page 0x70 only,
+// Get/Set Features Keep Alive Timer and Async Event Configuration,
+// Asynchronous Event Request, Keep Alive. Other opcodes are Invalid
+// Opcode; other CNS, LIDs and FIDs Invalid Field.
+func (q *Queue) execDiscoveryAdmin(c *ctrl, r *Request) {
+	var st nvme.Status
+	switch nvme.AdminOpcode(r.Cmd.Opcode) {
+	case nvme.AdminIdentify:
+		if uint8(r.Cmd.CDW10) != nvme.CNSController {
+			st = nvme.StatusInvalidField.WithDNR()
+		} else {
+			st = c.identify(r)
+		}
+	case nvme.AdminGetLogPage:
+		st = c.discoveryLogPage(r)
+	case nvme.AdminSetFeatures:
+		st = c.setFeatures(r)
+	case nvme.AdminGetFeatures:
+		st = c.getFeatures(r)
+	case nvme.AdminAsyncEvent:
+		c.asyncEventRequest(r)
+		return
+	case nvme.AdminKeepAlive:
+		st = c.keepAliveCmd(r)
+	default:
+		st = nvme.StatusInvalidOpcode.WithDNR()
+	}
+	q.complete(r, st)
+}
+
+// discoveryLogPage serves Get Log Page on a discovery controller: the
+// discovery log, for any dword-aligned window.
+func (c *ctrl) discoveryLogPage(r *Request) nvme.Status {
+	var g nvme.GetLogPageCommand
+	g.Decode(&r.Cmd)
+	data := r.data()
+	if g.Length() != uint64(r.Len) || data == nil {
+		return nvme.StatusSGLInvalidDataLength.WithDNR()
+	}
+	if g.LID != nvme.LogDiscovery || g.LPO&3 != 0 {
+		return nvme.StatusInvalidField.WithDNR()
+	}
+	page := c.t.discoveryLog(c.hostNQN, c.admin.params)
+	if !copyWindow(data, page, g.LPO) {
+		return nvme.StatusInvalidField.WithDNR()
+	}
+	if !g.RAE {
+		c.mu.Lock()
+		c.masked &^= nvme.AENDiscoveryLogs
+		c.mu.Unlock()
+	}
+	return nvme.StatusSuccess
+}
+
+// matchPort finds the port a connection with these parameters came in
+// on: one whose service and address match (and transport, if the binding
+// said which), preferring an exact address over a wildcard one. It
+// returns the address to report. Requires t.mu.
+func (t *Target) matchPort(p QueueParams) (Port, string, bool) {
+	var wild *Port
+	for _, port := range t.sortedPorts() {
+		if port.TrSvcID != p.LocalPort || (p.Transport != 0 && port.TrType != p.Transport) {
+			continue
+		}
+		if port.TrAddr == p.LocalAddr {
+			return port, port.TrAddr, true
+		}
+		if wild == nil && wildcardAddr(port.TrAddr) {
+			wild = &port
+		}
+	}
+	if wild != nil {
+		return *wild, p.LocalAddr, true
+	}
+	return Port{}, "", false
+}
+
+func wildcardAddr(a string) bool {
+	return a == "" || a == "0.0.0.0" || a == "::" || a == "[::]"
+}
+
+// discoveryLog builds the discovery log a host sees through the port its
+// connection came in on: the discovery subsystem itself (SUBTYPE 3),
+// then every NVM subsystem the host may connect to, by NQN. A connection
+// through no known port sees an empty log. The log and its GENCTR come
+// from one snapshot under t.mu.
+func (t *Target) discoveryLog(host string, p QueueParams) []byte {
+	t.mu.Lock()
+	gen := t.genctr.Load()
+	port, traddr, ok := t.matchPort(p)
+	var subs []*Subsystem
+	if ok {
+		for _, s := range t.sortedSubsystems() {
+			if s.hostAllowed(host) {
+				subs = append(subs, s)
+			}
+		}
+	}
+	t.mu.Unlock()
+
+	n := 0
+	if ok {
+		n = 1 + len(subs)
+	}
+	page := make([]byte, nvme.DiscoveryLogHeaderSize+n*nvme.DiscoveryLogEntrySize)
+	h := nvme.DiscoveryLogHeader{GenCtr: gen, NumRec: uint64(n)}
+	h.Marshal((*[nvme.DiscoveryLogHeaderSize]byte)(page))
+	if !ok {
+		return page
+	}
+	e := nvme.DiscoveryLogEntry{
+		TrType: port.TrType, AdrFam: port.AdrFam, TReq: port.TReq, PortID: port.ID,
+		CNTLID: nvme.CNTLIDDynamic, ASQSZ: uint16(min(t.cfg.Limits.AdminQueueEntries, 0xFFFF)),
+	}
+	_ = e.SetTrSvcID(port.TrSvcID)
+	_ = e.SetTrAddr(traddr)
+	if port.TrType == nvme.TrTypeRDMA {
+		e.SetRDMATSAS(port.RDMA)
+	}
+	off := nvme.DiscoveryLogHeaderSize
+	put := func(subtype uint8, nqn string, eflags uint16) {
+		e.SubType = subtype
+		e.EFlags = eflags
+		e.SubNQN, _ = nvme.MakeNQNField(nqn)
+		e.Marshal((*[nvme.DiscoveryLogEntrySize]byte)(page[off:]))
+		off += nvme.DiscoveryLogEntrySize
+	}
+	// The current discovery subsystem: the same information as this
+	// controller, and persistent connections (KATO) are supported.
+	put(nvme.SubTypeCurrentDiscovery, nvme.DiscoveryNQN, nvme.EFlagDupRetInfo|nvme.EFlagEPCSD)
+	for _, s := range subs {
+		put(nvme.SubTypeNVM, s.nqn, 0)
+	}
+	return page
+}

@@ -1,0 +1,67 @@
+// Package target is blk's NVMe over Fabrics target core: subsystems and
+// their namespaces, the discovery subsystem, controllers and their queues,
+// and every fabrics, admin and NVM command a Linux host sends — without
+// knowing which transport carries them. A transport binding (target/rdma)
+// turns capsules into Requests and hands them to Queue.Execute; the core
+// answers through the binding's Responder. request.go is that contract.
+//
+// # Layout
+//
+// Files are named for what they do, as in Linux's drivers/nvme/target:
+//
+//	target.go       Target, ports, subsystem registry, CNTLID allocation
+//	subsys.go       Subsystem, hosts, namespaces (copy-on-write table)
+//	ctrl.go         controllers: CC/CSTS, teardown, asynchronous events, error log
+//	queue.go        Queue: Execute, Close, request completion
+//	fabrics_cmd.go  Connect (nvmet's checks, in nvmet's order), Property Get/Set
+//	admin_cmd.go    admin dispatch, Identify, Keep Alive, AER, Abort
+//	features.go     Get/Set Features
+//	log.go          Get Log Page: error, SMART, firmware, changed namespaces, effects
+//	discovery.go    the discovery controller and its log page
+//	io_cmd.go       Read, Write, Flush, Write Zeroes, Dataset Management, Compare
+//	workers.go      the sync worker pool
+//	status.go       the one translation from backend errors to status codes
+//	backend.go      Backend, VolumeBackend, MemBackend
+//	stats.go        request states and counters
+//
+// # Concurrency
+//
+// Execute may be called from any goroutine, for any queue, concurrently.
+// The I/O path (Read, Write and the other NVM commands on an I/O queue)
+// takes no mutex and allocates nothing: the controller's readiness, the
+// subsystem's namespace table (replaced whole on change) and each
+// namespace's reference count are atomics; the backend's own lock is the
+// backend's (a volume takes its RWMutex shared). Commands that may wait
+// for a disk sync — Flush, FUA writes, FUA Write Zeroes, and the flush of
+// a controller shutdown — run on a preallocated pool of sync workers
+// (Config.SyncWorkers), never on the binding's goroutine. Admin commands
+// run inline under the controller's mutex; they never wait for storage.
+//
+// Responder.Complete is called exactly once per Execute, on the caller's
+// goroutine or on a worker's, and never with a core lock held, so a
+// binding may execute the next command from inside Complete.
+//
+// Lock order: Target.mu, then Subsystem.mu, then ctrl.mu; Subsystem.nsMu
+// is taken alone or before Target.mu. Responder methods are called with
+// no lock held.
+//
+// # Lifetimes
+//
+// A controller lives from its admin queue Connect until its admin queue
+// closes, its keep-alive timer expires, or the target removes it
+// (RemoveSubsystem, DenyHost, Close). Teardown calls Disconnect on every
+// queue of the controller and completes held Asynchronous Event Requests
+// with Abort SQ Deleted. Closing an I/O queue only removes it.
+//
+// # What this package must never do
+//
+//   - Import a transport (transport/..., target/rdma): a test asserts it.
+//   - Block the caller of Execute on a storage sync, or take a mutex or
+//     allocate per I/O on the Read/Write path (a test guards allocations).
+//   - Complete a request twice, or not at all, whatever races with
+//     teardown; touch a request after completing it.
+//   - Panic on any command a host can send (a fuzz test drives it).
+//   - Turn errors into status codes anywhere but statusOf.
+//   - Close a namespace's backend: the caller owns it.
+//   - Keep a Prometheus registry: Stats returns plain counters.
+package target

@@ -1,0 +1,28 @@
+package target
+
+import "errors"
+
+// Sentinel errors. Every error the package returns wraps one of them, so
+// callers test with errors.Is. They are also the reasons given to
+// Responder.Disconnect.
+var (
+	// ErrClosed: the target is closed.
+	ErrClosed = errors.New("target: closed")
+	// ErrExists: a port, subsystem, namespace or host that is already
+	// there.
+	ErrExists = errors.New("target: already exists")
+	// ErrNotFound: no such port, subsystem, namespace or host.
+	ErrNotFound = errors.New("target: not found")
+	// ErrInvalid: a bad argument or configuration.
+	ErrInvalid = errors.New("target: invalid argument")
+
+	// ErrKeepAliveExpired: no Keep Alive within the controller's
+	// keep-alive timeout; the controller was torn down.
+	ErrKeepAliveExpired = errors.New("target: keep-alive timeout expired")
+	// ErrAdminQueueClosed: the controller's admin queue closed; the
+	// controller was torn down.
+	ErrAdminQueueClosed = errors.New("target: admin queue closed")
+	// ErrControllerRemoved: the controller was torn down by the target
+	// (its subsystem removed, its host denied, or the target closed).
+	ErrControllerRemoved = errors.New("target: controller removed")
+)

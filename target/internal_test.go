@@ -1,0 +1,146 @@
+package target
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/target/volume"
+)
+
+// TestCNTLIDSpace: next-fit over 1..0xFFEF, wrap-around, exhaustion, and
+// rollback of IDs no host saw.
+func TestCNTLIDSpace(t *testing.T) {
+	var s cntlidSpace
+	for want := uint16(1); want <= 3; want++ {
+		if id, ok := s.alloc(); !ok || id != want {
+			t.Fatalf("alloc %d, %v; want %d", id, ok, want)
+		}
+	}
+	s.free(2, false)
+	if id, _ := s.alloc(); id != 4 {
+		t.Fatalf("next-fit gave %d, want 4", id)
+	}
+	s.free(4, true) // refused Connect: the cursor goes back
+	if id, _ := s.alloc(); id != 4 {
+		t.Fatalf("after rollback %d, want 4", id)
+	}
+	for {
+		if _, ok := s.alloc(); !ok {
+			break
+		}
+	}
+	// Full: only ID 2 was free, and the wrap found it.
+	var used int
+	for id := nvme.CNTLIDMin; id <= nvme.CNTLIDMax; id++ {
+		if s.used[id/64]&(1<<(id%64)) != 0 {
+			used++
+		}
+	}
+	if used != int(nvme.CNTLIDMax) {
+		t.Fatalf("%d IDs used at exhaustion", used)
+	}
+	s.free(0xFFEF, false)
+	s.free(7, false)
+	if id, ok := s.alloc(); !ok || (id != 0xFFEF && id != 7) {
+		t.Fatalf("after freeing: %d %v", id, ok)
+	}
+	if s.used[0]&1 != 0 || s.used[len(s.used)-1]>>((0xFFF0)%64) != 0 {
+		t.Fatal("IDs 0 or above 0xFFEF handed out")
+	}
+}
+
+// TestStatusOf: the one translation of backend errors.
+func TestStatusOf(t *testing.T) {
+	wrap := func(err error) error { return fmt.Errorf("volume 1: read at LBA 3: %w", err) }
+	for _, c := range []struct {
+		op   ioOp
+		err  error
+		want nvme.Status
+	}{
+		{opRead, nil, nvme.StatusSuccess},
+		{opRead, wrap(volume.ErrOutOfRange), nvme.StatusLBAOutOfRange.WithDNR()},
+		{opWrite, wrap(volume.ErrMisaligned), nvme.StatusSGLInvalidDataLength.WithDNR()},
+		{opWrite, wrap(volume.ErrTooLarge), nvme.StatusInvalidField.WithDNR()},
+		{opRead, wrap(volume.ErrNotFound), nvme.StatusInvalidNamespace.WithDNR()},
+		{opWrite, wrap(volume.ErrExists), nvme.StatusInternalError.WithDNR()},
+		{opWrite, wrap(volume.ErrReadOnly), nvme.StatusNamespaceWriteProtect.WithDNR()},
+		{opRead, wrap(volume.ErrClosed), nvme.StatusNamespaceNotReady},
+		{opRead, wrap(volume.ErrIO), nvme.StatusUnrecoveredReadError.WithDNR()},
+		{opCompare, wrap(volume.ErrIO), nvme.StatusUnrecoveredReadError.WithDNR()},
+		{opWrite, wrap(volume.ErrIO), nvme.StatusWriteFault.WithDNR()},
+		{opWriteZeroes, wrap(volume.ErrIO), nvme.StatusWriteFault.WithDNR()},
+		{opDeallocate, wrap(volume.ErrIO), nvme.StatusWriteFault.WithDNR()},
+		{opFlush, wrap(volume.ErrIO), nvme.StatusInternalError.WithDNR()},
+		{opWrite, wrap(volume.ErrInvalid), nvme.StatusInvalidField.WithDNR()},
+		{opWrite, wrap(volume.ErrWouldLoseData), nvme.StatusInvalidField.WithDNR()},
+		{opRead, wrap(volume.ErrCorrupt), nvme.StatusInternalError.WithDNR()},
+		{opRead, errors.New("other"), nvme.StatusInternalError.WithDNR()},
+		{opRead, fmt.Errorf("x: %w", testStatusErr(nvme.StatusReservationConflict)), nvme.StatusReservationConflict},
+		// An explicit status wins over a wrapped sentinel.
+		{opRead, fmt.Errorf("%w: %w", testStatusErr(nvme.StatusANATransition), volume.ErrIO), nvme.StatusANATransition},
+	} {
+		if got := statusOf(c.op, c.err); got != c.want {
+			t.Errorf("statusOf(%d, %v) = %v, want %v", c.op, c.err, got, c.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = statusOf(opRead, nil) }); n != 0 {
+		t.Errorf("statusOf(nil) allocates %v", n)
+	}
+}
+
+type testStatusErr nvme.Status
+
+func (e testStatusErr) Error() string           { return nvme.Status(e).String() }
+func (e testStatusErr) NVMeStatus() nvme.Status { return nvme.Status(e) }
+
+func TestNSTableFind(t *testing.T) {
+	var tb nsTable
+	if tb.find(1) != nil {
+		t.Fatal("empty table")
+	}
+	for _, id := range []uint32{1, 3, 7, 8, 1000} {
+		tb.list = append(tb.list, &namespace{nsid: id})
+	}
+	for _, id := range []uint32{1, 3, 7, 8, 1000} {
+		if ns := tb.find(id); ns == nil || ns.nsid != id {
+			t.Fatalf("find(%d)", id)
+		}
+	}
+	for _, id := range []uint32{0, 2, 9, 999, 1001, 0xFFFFFFFF} {
+		if tb.find(id) != nil {
+			t.Fatalf("find(%d) found something", id)
+		}
+	}
+}
+
+func TestDerivedNGUID(t *testing.T) {
+	seen := map[[16]byte]bool{}
+	for _, nqn := range []string{"nqn.2026-01.io.blk:a", "nqn.2026-01.io.blk:b"} {
+		for nsid := uint32(1); nsid <= 100; nsid++ {
+			g := derivedNGUID(nqn, nsid)
+			if seen[g] || g == ([16]byte{}) {
+				t.Fatalf("NGUID %x repeated", g)
+			}
+			seen[g] = true
+			if derivedNGUID(nqn, nsid) != g {
+				t.Fatal("not stable")
+			}
+		}
+	}
+}
+
+func TestCopyWindow(t *testing.T) {
+	page := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	dst := []byte{9, 9, 9, 9, 9, 9}
+	if !copyWindow(dst, page, 4) || string(dst) != "\x05\x06\x07\x08\x00\x00" {
+		t.Fatalf("window %v", dst)
+	}
+	if !copyWindow(dst, page, 8) || string(dst) != "\x00\x00\x00\x00\x00\x00" {
+		t.Fatalf("at the end %v", dst)
+	}
+	if copyWindow(dst, page, 12) {
+		t.Fatal("past the end accepted")
+	}
+}

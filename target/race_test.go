@@ -1,0 +1,5 @@
+//go:build race
+
+package target_test
+
+const raceEnabled = true

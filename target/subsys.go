@@ -1,0 +1,477 @@
+package target
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/blk-project/blk/nvme"
+)
+
+// SubsystemConfig describes an NVM subsystem.
+type SubsystemConfig struct {
+	// NQN is the subsystem's NVMe Qualified Name.
+	NQN string
+	// Serial is Identify Controller SN (printable ASCII, ≤ 20 bytes).
+	// Empty: 20 hex digits derived from the NQN.
+	Serial string
+	// Model is Identify Controller MN (printable ASCII, ≤ 40 bytes).
+	// Empty: "blk".
+	Model string
+	// AllowAnyHost lets every host connect; otherwise only Hosts may.
+	AllowAnyHost bool
+	// Hosts are the host NQNs allowed to connect.
+	Hosts []string
+}
+
+// NamespaceConfig describes a namespace.
+type NamespaceConfig struct {
+	// NSID is the namespace ID, 1..Config.MaxNSID.
+	NSID uint32
+	// Backend is the namespace's storage; the subsystem does not close it.
+	Backend Backend
+	// NGUID is the namespace's globally unique identifier. Zero: derived
+	// from the subsystem NQN and the NSID (SHA-256), so it is stable
+	// across restarts and the same on every target that serves the
+	// subsystem (which is what a multipath host expects), and differs
+	// between namespaces. NGUIDs must be unique within the target: a
+	// Linux host ignores a namespace whose NGUID it has seen elsewhere.
+	NGUID [16]byte
+}
+
+// Subsystem is an NVM subsystem (or the discovery subsystem, internally):
+// its namespaces, the hosts allowed to connect, and its live controllers.
+type Subsystem struct {
+	t         *Target
+	nqn       string
+	serial    [20]byte
+	model     [40]byte
+	discovery bool
+
+	// ns is the namespace table, replaced whole (copy on write) under
+	// nsMu, read with one atomic load on the I/O path.
+	ns   atomic.Pointer[nsTable]
+	nsMu sync.Mutex // serialises namespace changes
+
+	mu       sync.Mutex // guards below; ordered after Target.mu, before ctrl.mu
+	allowAny bool
+	hosts    map[string]bool
+	ctrls    map[uint16]*ctrl
+	removed  bool
+}
+
+func newSubsystem(t *Target, c SubsystemConfig, discovery bool) *Subsystem {
+	s := &Subsystem{t: t, nqn: c.NQN, discovery: discovery, allowAny: c.AllowAnyHost,
+		hosts: make(map[string]bool), ctrls: make(map[uint16]*ctrl)}
+	_ = nvme.SetASCII(s.serial[:], c.Serial)
+	_ = nvme.SetASCII(s.model[:], c.Model)
+	for _, h := range c.Hosts {
+		s.hosts[h] = true
+	}
+	s.ns.Store(&nsTable{})
+	return s
+}
+
+// NQN returns the subsystem's NQN.
+func (s *Subsystem) NQN() string { return s.nqn }
+
+// Serial returns the subsystem's serial number.
+func (s *Subsystem) Serial() string { return nvme.TrimASCII(s.serial[:]) }
+
+// Model returns the subsystem's model number.
+func (s *Subsystem) Model() string { return nvme.TrimASCII(s.model[:]) }
+
+// AllowHost lets a host NQN connect.
+func (s *Subsystem) AllowHost(hostNQN string) error {
+	if err := nvme.ValidateNQN(hostNQN); err != nil {
+		return fmt.Errorf("target: subsystem %s: host NQN %q: %w", s.nqn, hostNQN, ErrInvalid)
+	}
+	s.t.mu.Lock()
+	s.mu.Lock()
+	if s.hosts[hostNQN] {
+		s.mu.Unlock()
+		s.t.mu.Unlock()
+		return fmt.Errorf("target: subsystem %s: host %s: %w", s.nqn, hostNQN, ErrExists)
+	}
+	s.hosts[hostNQN] = true
+	s.t.genctr.Add(1)
+	s.mu.Unlock()
+	s.t.mu.Unlock()
+	s.t.discoveryChanged()
+	return nil
+}
+
+// DenyHost removes a host NQN from the allowed list. Unless the subsystem
+// allows any host, that host's live controllers are torn down: access is
+// revoked now, not at the next connect.
+func (s *Subsystem) DenyHost(hostNQN string) error {
+	s.t.mu.Lock()
+	s.mu.Lock()
+	if !s.hosts[hostNQN] {
+		s.mu.Unlock()
+		s.t.mu.Unlock()
+		return fmt.Errorf("target: subsystem %s: host %s: %w", s.nqn, hostNQN, ErrNotFound)
+	}
+	delete(s.hosts, hostNQN)
+	s.t.genctr.Add(1)
+	s.mu.Unlock()
+	s.t.mu.Unlock()
+	s.revokeHosts()
+	s.t.discoveryChanged()
+	return nil
+}
+
+// SetAllowAnyHost switches allow-any-host. Switching it off tears down the
+// controllers of hosts not on the allowed list.
+func (s *Subsystem) SetAllowAnyHost(allow bool) {
+	s.t.mu.Lock()
+	s.mu.Lock()
+	changed := s.allowAny != allow
+	s.allowAny = allow
+	if changed {
+		s.t.genctr.Add(1)
+	}
+	s.mu.Unlock()
+	s.t.mu.Unlock()
+	if changed {
+		s.revokeHosts()
+		s.t.discoveryChanged()
+	}
+}
+
+// AllowAnyHost reports whether any host may connect.
+func (s *Subsystem) AllowAnyHost() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.allowAny
+}
+
+// Hosts returns the allowed host NQNs, sorted.
+func (s *Subsystem) Hosts() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	hs := make([]string, 0, len(s.hosts))
+	for h := range s.hosts {
+		hs = append(hs, h)
+	}
+	slices.Sort(hs)
+	return hs
+}
+
+// hostAllowed reports whether hostNQN may connect. The discovery
+// subsystem admits every host.
+func (s *Subsystem) hostAllowed(hostNQN string) bool {
+	if s.discovery {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.allowAny || s.hosts[hostNQN]
+}
+
+// revokeHosts tears down the controllers of hosts no longer allowed.
+func (s *Subsystem) revokeHosts() {
+	for _, c := range s.controllers() {
+		if !s.hostAllowed(c.hostNQN) {
+			c.teardown(ErrControllerRemoved)
+		}
+	}
+}
+
+// controllers returns a snapshot of the live controllers.
+func (s *Subsystem) controllers() []*ctrl {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cs := make([]*ctrl, 0, len(s.ctrls))
+	for _, c := range s.ctrls {
+		cs = append(cs, c)
+	}
+	slices.SortFunc(cs, func(a, b *ctrl) int { return cmp.Compare(a.cntlid, b.cntlid) })
+	return cs
+}
+
+// addCtrl registers a new controller; it fails if the subsystem was
+// removed meanwhile.
+func (s *Subsystem) addCtrl(c *ctrl) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.removed {
+		return false
+	}
+	s.ctrls[c.cntlid] = c
+	return true
+}
+
+// findCtrl returns the live controller an I/O queue Connect names.
+func (s *Subsystem) findCtrl(cntlid uint16, hostNQN []byte) *ctrl {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.ctrls[cntlid]
+	if c == nil || c.hostNQN != string(hostNQN) {
+		return nil
+	}
+	return c
+}
+
+func (s *Subsystem) removeCtrl(c *ctrl) {
+	s.mu.Lock()
+	if s.ctrls[c.cntlid] == c {
+		delete(s.ctrls, c.cntlid)
+	}
+	s.mu.Unlock()
+}
+
+// namespace is one namespace of a subsystem.
+type namespace struct {
+	s       *Subsystem
+	nsid    uint32
+	backend Backend
+	viewer  Viewer // nil if the backend has none
+	nguid   [16]byte
+	bs      uint32 // block size, fixed
+	shift   uint8  // log2(bs)
+
+	blocks   atomic.Uint64 // capacity, refreshed by revalidate
+	readOnly atomic.Bool
+
+	// refs counts commands using the namespace; removed is set when it is
+	// detached, after which acquire fails and the last release closes
+	// drained.
+	refs      atomic.Int64
+	removed   atomic.Bool
+	drained   chan struct{}
+	drainOnce sync.Once
+
+	c nsCounters
+}
+
+// acquire takes a reference, or returns false if the namespace was
+// detached.
+func (ns *namespace) acquire() bool {
+	ns.refs.Add(1)
+	if ns.removed.Load() {
+		ns.release()
+		return false
+	}
+	return true
+}
+
+func (ns *namespace) release() {
+	if ns.refs.Add(-1) == 0 && ns.removed.Load() {
+		ns.drainOnce.Do(func() { close(ns.drained) })
+	}
+}
+
+// detach makes the namespace unusable and waits until no command uses it.
+func (ns *namespace) detach() {
+	ns.removed.Store(true)
+	if ns.refs.Load() == 0 {
+		ns.drainOnce.Do(func() { close(ns.drained) })
+	}
+	<-ns.drained
+}
+
+// nsTable is an immutable, NSID-sorted namespace list.
+type nsTable struct{ list []*namespace }
+
+// find returns the namespace with that NSID, or nil. No allocation, no
+// lock: the I/O path calls it per command.
+func (tb *nsTable) find(nsid uint32) *namespace {
+	l := tb.list
+	lo, hi := 0, len(l)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if l[m].nsid < nsid {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(l) && l[lo].nsid == nsid {
+		return l[lo]
+	}
+	return nil
+}
+
+func (s *Subsystem) table() *nsTable { return s.ns.Load() }
+
+// acquireNS returns the namespace with a reference held, or nil.
+func (s *Subsystem) acquireNS(nsid uint32) *namespace {
+	ns := s.ns.Load().find(nsid)
+	if ns == nil || !ns.acquire() {
+		return nil
+	}
+	return ns
+}
+
+// Namespaces returns the attached NSIDs in increasing order.
+func (s *Subsystem) Namespaces() []uint32 {
+	l := s.table().list
+	ids := make([]uint32, len(l))
+	for i, ns := range l {
+		ids[i] = ns.nsid
+	}
+	return ids
+}
+
+// derivedNGUID is the NGUID of a namespace configured without one.
+func derivedNGUID(nqn string, nsid uint32) [16]byte {
+	h := sha256.New()
+	h.Write([]byte("blk nguid\x00"))
+	h.Write([]byte(nqn))
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], nsid)
+	h.Write(b[:])
+	var g [16]byte
+	copy(g[:], h.Sum(nil))
+	return g
+}
+
+// AddNamespace attaches a namespace. Every controller of the subsystem
+// gets the NSID in its Changed Namespace List log and a namespace
+// attribute changed asynchronous event.
+func (s *Subsystem) AddNamespace(c NamespaceConfig) error {
+	if s.discovery {
+		return fmt.Errorf("target: discovery subsystem has no namespaces: %w", ErrInvalid)
+	}
+	if c.NSID == 0 || c.NSID > s.t.cfg.MaxNSID {
+		return fmt.Errorf("target: subsystem %s: NSID %d outside [1, %d]: %w", s.nqn, c.NSID, s.t.cfg.MaxNSID, ErrInvalid)
+	}
+	if c.Backend == nil {
+		return fmt.Errorf("target: subsystem %s: NSID %d: no backend: %w", s.nqn, c.NSID, ErrInvalid)
+	}
+	g, err := c.Backend.Geometry()
+	if err != nil {
+		return fmt.Errorf("target: subsystem %s: NSID %d: geometry: %w", s.nqn, c.NSID, err)
+	}
+	if g.BlockSize < 512 || g.BlockSize > 4096 || bits.OnesCount32(g.BlockSize) != 1 || g.Blocks == 0 {
+		return fmt.Errorf("target: subsystem %s: NSID %d: block size %d, %d blocks: %w",
+			s.nqn, c.NSID, g.BlockSize, g.Blocks, ErrInvalid)
+	}
+	ns := &namespace{s: s, nsid: c.NSID, backend: c.Backend, nguid: c.NGUID, bs: g.BlockSize,
+		shift: uint8(bits.TrailingZeros32(g.BlockSize)), drained: make(chan struct{})}
+	ns.viewer, _ = c.Backend.(Viewer)
+	if ns.nguid == ([16]byte{}) {
+		ns.nguid = derivedNGUID(s.nqn, c.NSID)
+	}
+	ns.blocks.Store(g.Blocks)
+	ns.readOnly.Store(g.ReadOnly)
+
+	s.nsMu.Lock()
+	old := s.table()
+	if old.find(c.NSID) != nil {
+		s.nsMu.Unlock()
+		return fmt.Errorf("target: subsystem %s: NSID %d: %w", s.nqn, c.NSID, ErrExists)
+	}
+	t := s.t
+	t.mu.Lock()
+	removed := t.subsystems[s.nqn] != s
+	owner, dup := t.nguids[ns.nguid]
+	if !removed && !dup {
+		t.nguids[ns.nguid] = fmt.Sprintf("%s/%d", s.nqn, c.NSID)
+	}
+	t.mu.Unlock()
+	if removed {
+		s.nsMu.Unlock()
+		return fmt.Errorf("target: subsystem %s: %w", s.nqn, ErrNotFound)
+	}
+	if dup {
+		s.nsMu.Unlock()
+		return fmt.Errorf("target: subsystem %s: NSID %d: NGUID %x already used by %s: %w",
+			s.nqn, c.NSID, ns.nguid, owner, ErrExists)
+	}
+	l := append(slices.Clone(old.list), ns)
+	slices.SortFunc(l, func(a, b *namespace) int { return cmp.Compare(a.nsid, b.nsid) })
+	s.ns.Store(&nsTable{list: l})
+	s.nsMu.Unlock()
+	s.nsChanged(c.NSID)
+	return nil
+}
+
+// RemoveNamespace detaches a namespace: new commands naming it get
+// Invalid Namespace, every controller gets the changed-namespace log entry
+// and event, and it returns once no command is running on it (so the
+// caller may close the backend).
+func (s *Subsystem) RemoveNamespace(nsid uint32) error {
+	s.nsMu.Lock()
+	old := s.table()
+	ns := old.find(nsid)
+	if ns == nil {
+		s.nsMu.Unlock()
+		return fmt.Errorf("target: subsystem %s: NSID %d: %w", s.nqn, nsid, ErrNotFound)
+	}
+	l := slices.DeleteFunc(slices.Clone(old.list), func(n *namespace) bool { return n == ns })
+	s.ns.Store(&nsTable{list: l})
+	s.t.mu.Lock()
+	delete(s.t.nguids, ns.nguid)
+	s.t.mu.Unlock()
+	s.nsMu.Unlock()
+	s.nsChanged(nsid)
+	ns.detach()
+	return nil
+}
+
+// RevalidateNamespace re-reads a namespace's geometry (after a volume was
+// resized or made read-only) and, if it changed, tells every controller
+// as for an attach. Identify Namespace does the same on its own.
+func (s *Subsystem) RevalidateNamespace(nsid uint32) error {
+	ns := s.acquireNS(nsid)
+	if ns == nil {
+		return fmt.Errorf("target: subsystem %s: NSID %d: %w", s.nqn, nsid, ErrNotFound)
+	}
+	defer ns.release()
+	changed, err := ns.revalidate()
+	if err != nil {
+		return fmt.Errorf("target: subsystem %s: NSID %d: %w", s.nqn, nsid, err)
+	}
+	if changed {
+		s.nsChanged(nsid)
+	}
+	return nil
+}
+
+// revalidate refreshes the cached capacity and write protection and
+// reports whether they changed.
+func (ns *namespace) revalidate() (bool, error) {
+	g, err := ns.backend.Geometry()
+	if err != nil {
+		return false, err
+	}
+	if g.BlockSize != ns.bs {
+		return false, fmt.Errorf("block size changed from %d to %d: %w", ns.bs, g.BlockSize, ErrInvalid)
+	}
+	changed := ns.blocks.Swap(g.Blocks) != g.Blocks
+	if ns.readOnly.Swap(g.ReadOnly) != g.ReadOnly {
+		changed = true
+	}
+	return changed, nil
+}
+
+// detachAll detaches every namespace (the subsystem was removed) and waits
+// for their commands.
+func (s *Subsystem) detachAll() {
+	s.nsMu.Lock()
+	old := s.table()
+	s.ns.Store(&nsTable{})
+	s.t.mu.Lock()
+	for _, ns := range old.list {
+		delete(s.t.nguids, ns.nguid)
+	}
+	s.t.mu.Unlock()
+	s.nsMu.Unlock()
+	for _, ns := range old.list {
+		ns.detach()
+	}
+}
+
+// nsChanged tells every live controller that a namespace changed.
+func (s *Subsystem) nsChanged(nsid uint32) {
+	for _, c := range s.controllers() {
+		c.nsChanged(nsid)
+	}
+}

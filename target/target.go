@@ -1,0 +1,390 @@
+package target
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/blk-project/blk/nvme"
+)
+
+// Target is one NVMe-oF target: its ports, its subsystems and their
+// namespaces, the discovery subsystem, and every controller that hosts
+// connect. It is safe for concurrent use.
+type Target struct {
+	cfg   Config
+	clock Clock
+	start time.Time
+	cap   nvme.CAP
+
+	pool *syncPool
+	bg   sync.WaitGroup // shutdown flushes in flight
+
+	stats counters
+
+	// genctr is the discovery log's generation counter. It changes under
+	// mu, with the state the log shows, so a log built under mu is
+	// consistent with the GENCTR it carries.
+	genctr atomic.Uint64
+
+	disc *Subsystem // the discovery subsystem, never removed
+
+	mu         sync.Mutex // guards everything below; ordered before Subsystem.mu and ctrl.mu
+	closed     bool
+	ports      map[uint16]Port
+	subsystems map[string]*Subsystem
+	nguids     map[[16]byte]string // NGUID -> "subnqn/nsid", for uniqueness
+	cntlids    cntlidSpace
+	nctrl      int // live controllers
+}
+
+// Port is a listening address the discovery log lists: the transport's
+// address a host connects to. Subsystems are reachable on every port.
+type Port struct {
+	// ID is the discovery log PORTID, unique within the target.
+	ID uint16
+	// TrType is the transport type (nvme.TrTypeRDMA = 1, TCP = 3).
+	TrType uint8
+	// AdrFam is the address family (nvme.AdrFamIPv4 = 1, IPv6 = 2, IB = 3).
+	AdrFam uint8
+	// TrAddr is the address ("192.168.1.10"). "", "0.0.0.0" and "::"
+	// match any local address: the log then reports the address the
+	// discovery connection arrived on (TRADDR is never an "any" address).
+	TrAddr string
+	// TrSvcID is the transport service ("4420").
+	TrSvcID string
+	// TReq is the discovery log TREQ (secure channel, SQ flow control
+	// disable).
+	TReq uint8
+	// RDMA is the RDMA TSAS. Zero for an RDMA port means reliable
+	// connected QPs, no provider type specified, RDMA CM.
+	RDMA nvme.RDMATSAS
+}
+
+// New starts a target: it validates cfg and starts the sync workers.
+func New(cfg Config) (*Target, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	t := &Target{
+		cfg:        cfg,
+		clock:      cfg.Clock,
+		ports:      make(map[uint16]Port),
+		subsystems: make(map[string]*Subsystem),
+		nguids:     make(map[[16]byte]string),
+	}
+	if t.clock == nil {
+		t.clock = realClock{}
+	}
+	t.start = t.clock.Now()
+	t.cap = nvme.MakeCAP(nvme.CAPFields{
+		MQES: uint16(cfg.Limits.MaxQueueEntries - 1),
+		// Ready timeout 7.5 s in 500 ms units, as nvmet: RDY is set
+		// synchronously on the enable edge, so any value ≥ 2 works with a
+		// Linux host (it waits (TO+1)/2 whole seconds).
+		TO: capTimeout,
+		// NVM command set only: CSS bit 43 would make Linux hosts select
+		// CC.CSS 6 and require a CSI descriptor everywhere.
+		CSS: nvme.CAPCSSNVM,
+	})
+	t.disc = newSubsystem(t, SubsystemConfig{NQN: nvme.DiscoveryNQN, Serial: cfg.DiscoverySerial,
+		Model: "blk discovery", AllowAnyHost: true}, true)
+	t.pool = newSyncPool(t, cfg.SyncWorkers, cfg.SyncQueue)
+	return t, nil
+}
+
+// capTimeout is CAP.TO, in 500 ms units.
+const capTimeout = 15
+
+func (t *Target) logf(format string, args ...any) {
+	if t.cfg.Logf != nil {
+		t.cfg.Logf(format, args...)
+	}
+}
+
+// Config returns the target's configuration, defaults filled in.
+func (t *Target) Config() Config { return t.cfg }
+
+// Close tears down every controller (each queue's Responder.Disconnect is
+// called), waits for the sync workers to finish what they hold, and
+// closes the target: NewQueue and every later Connect fail. It does not
+// close the namespaces' backends, which the caller owns; once Close
+// returns the core calls none of them.
+func (t *Target) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	subs := append(t.sortedSubsystems(), t.disc)
+	t.mu.Unlock()
+	for _, s := range subs {
+		for _, c := range s.controllers() {
+			c.teardown(ErrControllerRemoved)
+		}
+	}
+	t.pool.close()
+	t.bg.Wait()
+	// Wait for inline commands that passed their checks before the
+	// teardown: after this no backend is called.
+	for _, s := range subs {
+		s.detachAll()
+	}
+	return nil
+}
+
+// AddPort adds a port to the discovery log.
+func (t *Target) AddPort(p Port) error {
+	if len(p.TrAddr) >= 256 || len(p.TrSvcID) >= 32 {
+		return fmt.Errorf("target: port %d: address %q service %q too long: %w", p.ID, p.TrAddr, p.TrSvcID, ErrInvalid)
+	}
+	if p.TrType == nvme.TrTypeRDMA && p.RDMA == (nvme.RDMATSAS{}) {
+		p.RDMA = nvme.RDMATSAS{QPType: nvme.RDMAQPTypeConnected, PrType: nvme.RDMAPrTypeNotSpecified, CMS: nvme.RDMACMSRDMACM}
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return ErrClosed
+	}
+	if _, ok := t.ports[p.ID]; ok {
+		t.mu.Unlock()
+		return fmt.Errorf("target: port %d: %w", p.ID, ErrExists)
+	}
+	t.ports[p.ID] = p
+	t.genctr.Add(1)
+	t.mu.Unlock()
+	t.discoveryChanged()
+	return nil
+}
+
+// RemovePort removes a port from the discovery log. Connections that came
+// in through it are not affected.
+func (t *Target) RemovePort(id uint16) error {
+	t.mu.Lock()
+	if _, ok := t.ports[id]; !ok {
+		t.mu.Unlock()
+		return fmt.Errorf("target: port %d: %w", id, ErrNotFound)
+	}
+	delete(t.ports, id)
+	t.genctr.Add(1)
+	t.mu.Unlock()
+	t.discoveryChanged()
+	return nil
+}
+
+// Ports returns the ports, by ID.
+func (t *Target) Ports() []Port {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.sortedPorts()
+}
+
+// sortedPorts requires t.mu.
+func (t *Target) sortedPorts() []Port {
+	ps := make([]Port, 0, len(t.ports))
+	for _, p := range t.ports {
+		ps = append(ps, p)
+	}
+	slices.SortFunc(ps, func(a, b Port) int { return cmp.Compare(a.ID, b.ID) })
+	return ps
+}
+
+// AddSubsystem creates an NVM subsystem. The NQN must be a well-formed NQN
+// other than the discovery NQN, not already used. An empty Serial becomes
+// 20 hex digits derived from the NQN (stable across restarts); an empty
+// Model becomes "blk".
+func (t *Target) AddSubsystem(c SubsystemConfig) (*Subsystem, error) {
+	if err := nvme.ValidateNQN(c.NQN); err != nil || c.NQN == nvme.DiscoveryNQN {
+		return nil, fmt.Errorf("target: subsystem NQN %q: %w", c.NQN, ErrInvalid)
+	}
+	if c.Serial == "" {
+		sum := sha256.Sum256([]byte(c.NQN))
+		c.Serial = hex.EncodeToString(sum[:10])
+	}
+	if c.Model == "" {
+		c.Model = "blk"
+	}
+	var sn [20]byte
+	var mn [40]byte
+	if err := nvme.SetASCII(sn[:], c.Serial); err != nil {
+		return nil, fmt.Errorf("target: subsystem %s: serial %q: %v: %w", c.NQN, c.Serial, err, ErrInvalid)
+	}
+	if err := nvme.SetASCII(mn[:], c.Model); err != nil {
+		return nil, fmt.Errorf("target: subsystem %s: model %q: %v: %w", c.NQN, c.Model, err, ErrInvalid)
+	}
+	for _, h := range c.Hosts {
+		if err := nvme.ValidateNQN(h); err != nil {
+			return nil, fmt.Errorf("target: subsystem %s: host NQN %q: %w", c.NQN, h, ErrInvalid)
+		}
+	}
+	s := newSubsystem(t, c, false)
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if _, ok := t.subsystems[c.NQN]; ok {
+		t.mu.Unlock()
+		return nil, fmt.Errorf("target: subsystem %s: %w", c.NQN, ErrExists)
+	}
+	t.subsystems[c.NQN] = s
+	t.genctr.Add(1)
+	t.mu.Unlock()
+	t.discoveryChanged()
+	return s, nil
+}
+
+// Subsystem returns the subsystem with that NQN.
+func (t *Target) Subsystem(nqn string) (*Subsystem, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.subsystems[nqn]
+	return s, ok
+}
+
+// Subsystems returns every NVM subsystem, by NQN.
+func (t *Target) Subsystems() []*Subsystem {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.sortedSubsystems()
+}
+
+// sortedSubsystems requires t.mu.
+func (t *Target) sortedSubsystems() []*Subsystem {
+	ss := make([]*Subsystem, 0, len(t.subsystems))
+	for _, s := range t.subsystems {
+		ss = append(ss, s)
+	}
+	slices.SortFunc(ss, func(a, b *Subsystem) int { return cmp.Compare(a.nqn, b.nqn) })
+	return ss
+}
+
+// RemoveSubsystem removes a subsystem: its controllers are torn down (each
+// queue's Responder.Disconnect is called), its namespaces detached, and
+// it returns once no command is running on any of its namespaces. The
+// backends are not closed: the caller owns them.
+func (t *Target) RemoveSubsystem(nqn string) error {
+	t.mu.Lock()
+	s, ok := t.subsystems[nqn]
+	if !ok {
+		t.mu.Unlock()
+		return fmt.Errorf("target: subsystem %s: %w", nqn, ErrNotFound)
+	}
+	delete(t.subsystems, nqn)
+	t.genctr.Add(1)
+	s.mu.Lock()
+	s.removed = true
+	s.mu.Unlock()
+	t.mu.Unlock()
+	for _, c := range s.controllers() {
+		c.teardown(ErrControllerRemoved)
+	}
+	s.detachAll()
+	t.discoveryChanged()
+	return nil
+}
+
+// NewQueue creates a queue for a new connection: it accepts only a
+// Connect command until one succeeds. p is what the binding learned
+// before the Connect (for RDMA, from the CM private data); Connect's QID
+// and SQSIZE must match it. Limits.CheckQueue lets the binding refuse
+// impossible queues before accepting the connection.
+func (t *Target) NewQueue(r Responder, p QueueParams) (*Queue, error) {
+	if r == nil {
+		return nil, fmt.Errorf("target: NewQueue with a nil Responder: %w", ErrInvalid)
+	}
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	return newQueue(t, r, p), nil
+}
+
+// lookupSubsystem finds the subsystem a Connect names, the discovery
+// subsystem included. It does not allocate.
+func (t *Target) lookupSubsystem(nqn []byte) *Subsystem {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	if string(nqn) == nvme.DiscoveryNQN {
+		return t.disc
+	}
+	return t.subsystems[string(nqn)]
+}
+
+func (t *Target) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+// cntlidSpace hands out controller IDs 1..0xFFEF, next-fit, so that a
+// just-freed ID is the last to be reused (a host that still holds it for
+// a dead association does not meet it on a new one at once).
+type cntlidSpace struct {
+	used [(int(nvme.CNTLIDMax) + 64) / 64]uint64
+	next uint16
+}
+
+// alloc returns a free ID, or false if all 0xFFEF are taken.
+func (s *cntlidSpace) alloc() (uint16, bool) {
+	if s.next < nvme.CNTLIDMin || s.next > nvme.CNTLIDMax {
+		s.next = nvme.CNTLIDMin
+	}
+	id := s.next
+	for range nvme.CNTLIDMax {
+		if s.used[id/64]&(1<<(id%64)) == 0 {
+			s.used[id/64] |= 1 << (id % 64)
+			s.next = id + 1
+			return id, true
+		}
+		id++
+		if id > nvme.CNTLIDMax {
+			id = nvme.CNTLIDMin
+		}
+	}
+	return 0, false
+}
+
+// free releases an ID. With rollback (the ID was never shown to a host:
+// its Connect failed) the next-fit cursor moves back to it, so refused
+// Connects do not use up fresh IDs.
+func (s *cntlidSpace) free(id uint16, rollback bool) {
+	s.used[id/64] &^= 1 << (id % 64)
+	if rollback && s.next == id+1 {
+		s.next = id
+	}
+}
+
+// allocCNTLID reserves a controller ID, or reports the target full.
+func (t *Target) allocCNTLID() (uint16, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || t.nctrl >= t.cfg.MaxControllers {
+		return 0, false
+	}
+	id, ok := t.cntlids.alloc()
+	if ok {
+		t.nctrl++
+	}
+	return id, ok
+}
+
+// freeCNTLID releases a controller ID; rollback says no host saw it.
+func (t *Target) freeCNTLID(id uint16, rollback bool) {
+	t.mu.Lock()
+	t.cntlids.free(id, rollback)
+	t.nctrl--
+	t.mu.Unlock()
+}

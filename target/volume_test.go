@@ -1,0 +1,254 @@
+package target_test
+
+import (
+	"bytes"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/volume"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+)
+
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any)  {}
+func (quietLogger) Errorf(string, ...any) {}
+
+func volumeConfig(fs vfs.FS) volume.Config {
+	return volume.Config{Dir: "/store", FS: fs, Logger: quietLogger{}, MaxTransferBytes: 128 << 10,
+		MemTableBytes: 1 << 20, CacheBytes: 8 << 20}
+}
+
+// volumeFixture is a live controller whose namespace 1 is a volume of
+// 256 blocks of bs bytes in a store on fs.
+type volumeFixture struct {
+	h         *harness
+	store     *volume.Store
+	vol       *volume.Volume
+	sub       *target.Subsystem
+	admin, io *tq
+}
+
+func newVolumeFixture(t *testing.T, fs vfs.FS, bs uint32) *volumeFixture {
+	t.Helper()
+	s, err := volume.Open(volumeConfig(fs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	v, err := s.Create(1, volume.CreateOptions{SizeBytes: 256 * uint64(bs), BlockSize: bs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t)
+	sub, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(v)}); err != nil {
+		t.Fatal(err)
+	}
+	admin, cntlid := h.adminConnect("admin", hostA, subA, 5000)
+	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
+	return &volumeFixture{h: h, store: s, vol: v, sub: sub, admin: admin, io: io}
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7) + byte(i>>12)
+	}
+	return b
+}
+
+// TestVolumeIO runs every NVM command against a real volume and checks
+// the volume's contents directly.
+func TestVolumeIO(t *testing.T) {
+	for _, bs := range []uint32{4096, 512} {
+		t.Run(map[uint32]string{4096: "4k", 512: "512"}[bs], func(t *testing.T) {
+			f := newVolumeFixture(t, vfs.NewMem(), bs)
+			h := f.h
+			b := int(bs)
+			// Identify shows the volume's geometry.
+			c := h.exec(f.admin, identifyCmd(nvme.CNSNamespace, 1), make([]byte, 4096))
+			mustOK(t, c, "identify")
+			var id nvme.IdentifyNamespace
+			_ = id.Unmarshal(c.data)
+			if id.NSZE != 256 || id.BlockSize() != bs {
+				t.Fatalf("identify: nsze %d block size %d", id.NSZE, id.BlockSize())
+			}
+
+			w := pattern(8*b, 1)
+			mustOK(t, h.exec(f.io, ioCmd(nvme.IOWrite, 1, 16, 8, 0), w), "write")
+			fua := pattern(2*b, 9)
+			mustOK(t, h.exec(f.io, ioCmd(nvme.IOWrite, 1, 24, 2, nvme.RWFUA), fua), "FUA write")
+			got := make([]byte, 10*b)
+			if err := f.vol.Read(16, got); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got[:8*b], w) || !bytes.Equal(got[8*b:], fua) {
+				t.Fatal("volume does not hold what was written")
+			}
+			c = h.exec(f.io, ioCmd(nvme.IORead, 1, 16, 10, 0), make([]byte, 10*b))
+			mustOK(t, c, "read")
+			if !bytes.Equal(c.data, got) {
+				t.Fatal("read back differs")
+			}
+			mustOK(t, h.exec(f.io, ioCmd(nvme.IOCompare, 1, 16, 8, 0), w), "compare equal")
+			if s := h.exec(f.io, ioCmd(nvme.IOCompare, 1, 17, 8, 0), w).status(); s != nvme.StatusCompareFailure.WithDNR() {
+				t.Fatalf("compare differing: %s", fmtStatus(s))
+			}
+			// An unwritten range compares equal to zeros (View gives nil).
+			mustOK(t, h.exec(f.io, ioCmd(nvme.IOCompare, 1, 100, 4, 0), make([]byte, 4*b)), "compare zeros")
+			mustOK(t, h.exec(f.io, nvme.Command{Opcode: uint8(nvme.IOFlush), Flags: nvme.FlagSGLMetaBuf, NSID: 1}, nil), "flush")
+
+			// Write Zeroes (plain and DEAC) and DSM deallocate.
+			mustOK(t, h.exec(f.io, ioCmd(nvme.IOWriteZeroes, 1, 16, 2, 0), nil), "write zeroes")
+			mustOK(t, h.exec(f.io, ioCmd(nvme.IOWriteZeroes, 1, 18, 2, nvme.RWDEAC), nil), "write zeroes DEAC")
+			mustOK(t, h.exec(f.io, ioCmd(nvme.IOWriteZeroes, 1, 20, 1, nvme.RWFUA), nil), "write zeroes FUA")
+			dsm := make([]byte, 4096)
+			(&nvme.DSMRange{SLBA: 22, NLB: 2}).Marshal((*[16]byte)(dsm))
+			(&nvme.DSMRange{SLBA: 25, NLB: 1}).Marshal((*[16]byte)(dsm[16:]))
+			mustOK(t, h.exec(f.io, nvme.Command{Opcode: uint8(nvme.IODatasetManagement), Flags: nvme.FlagSGLMetaBuf,
+				NSID: 1, CDW10: 1, CDW11: nvme.DSMAD}, dsm), "dsm")
+			if err := f.vol.Read(16, got); err != nil {
+				t.Fatal(err)
+			}
+			want := make([]byte, 10*b)
+			copy(want[5*b:], w[5*b:6*b]) // block 21
+			copy(want[8*b:], fua[:b])    // block 24
+			if !bytes.Equal(got, want) {
+				t.Fatal("zeroed blocks differ")
+			}
+
+			st, err := f.vol.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ns target.NamespaceStats
+			for _, n := range h.tgt.Stats().Namespaces {
+				ns = n
+			}
+			if ns.Writes != st.Writes || ns.FUAWrites != st.FUAWrites || ns.WriteBytes != st.WriteBytes ||
+				ns.Flushes != st.Flushes || ns.WriteZeroes != st.WriteZeroes {
+				t.Errorf("target counters %+v disagree with the volume's %+v", ns, st)
+			}
+			if ns.Deallocates != 2 || ns.DeallocatedBlocks != 5 || ns.Reads != 1 || ns.Compares != 2 {
+				t.Errorf("counters %+v", ns)
+			}
+		})
+	}
+}
+
+// TestVolumeStates: the volume's state changes reach the host with the
+// statuses volume/errors.go names.
+func TestVolumeStates(t *testing.T) {
+	f := newVolumeFixture(t, vfs.NewMem(), 4096)
+	h := f.h
+	data := pattern(4096, 3)
+	aer, done := h.execMayHold(f.admin, adminCmd(nvme.AdminAsyncEvent), nil)
+	if done {
+		t.Fatal("AER completed")
+	}
+
+	// Read-only: writes are Write Protected (the volume says so before
+	// the target has noticed), and Identify then shows it and notifies.
+	if err := f.store.SetState(1, volume.StateReadOnly); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), data).status(); s != nvme.StatusNamespaceWriteProtect.WithDNR() {
+		t.Fatalf("write to read-only volume: %s", fmtStatus(s))
+	}
+	c := h.exec(f.admin, identifyCmd(nvme.CNSNamespace, 1), make([]byte, 4096))
+	var id nvme.IdentifyNamespace
+	_ = id.Unmarshal(c.data)
+	if id.NSATTR != nvme.NSAttrRO {
+		t.Fatalf("NSATTR %#x", id.NSATTR)
+	}
+	aer.wait(t)
+	if aer.dw0() != nvme.AsyncEventResult(nvme.AERTypeNotice, nvme.AERNoticeNS, nvme.LogChangedNSList) {
+		t.Fatalf("AER dw0 %#x", aer.dw0())
+	}
+	if err := f.store.SetState(1, volume.StateOnline); err != nil {
+		t.Fatal(err)
+	}
+	// Grown: RevalidateNamespace picks the new size up.
+	if err := f.store.Resize(1, 512*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.sub.RevalidateNamespace(1); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, h.exec(f.io, ioCmd(nvme.IOWrite, 1, 511, 1, 0), data), "write in the grown range")
+
+	// Deleted: Invalid Namespace.
+	if err := f.store.Delete(1); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.exec(f.io, ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096)).status(); s != nvme.StatusInvalidNamespace.WithDNR() {
+		t.Fatalf("read of a deleted volume: %s", fmtStatus(s))
+	}
+	// Store closed: Namespace Not Ready, retryable.
+	v2, err := f.store.Create(2, volume.CreateOptions{SizeBytes: 64 * 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.sub.AddNamespace(target.NamespaceConfig{NSID: 2, Backend: target.VolumeBackend(v2)}); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.store.Close()
+	if s := h.exec(f.io, ioCmd(nvme.IORead, 2, 0, 1, 0), make([]byte, 4096)).status(); s != nvme.StatusNamespaceNotReady {
+		t.Fatalf("read of a closed store: %s", fmtStatus(s))
+	}
+}
+
+// TestVolumeWALFault: once the disk fails WAL syncs, a FUA write is a
+// Write Fault, a flush an Internal Error, and every later read an
+// Unrecovered Read Error (the store stays failed), all with DNR.
+func TestVolumeWALFault(t *testing.T) {
+	var on atomic.Bool
+	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if !on.Load() || !strings.HasSuffix(op.Path, ".log") {
+			return nil
+		}
+		switch op.Kind {
+		case errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo, errorfs.OpFileFlush,
+			errorfs.OpFileWrite, errorfs.OpFileWriteAt:
+			return errorfs.ErrInjected
+		}
+		return nil
+	}))
+	f := newVolumeFixture(t, fs, 4096)
+	h := f.h
+	data := pattern(4096, 5)
+	mustOK(t, h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), data), "write before the fault")
+	on.Store(true)
+	if s := h.exec(f.io, ioCmd(nvme.IOWrite, 1, 1, 1, nvme.RWFUA), data).status(); s != nvme.StatusWriteFault.WithDNR() {
+		t.Fatalf("FUA write: %s", fmtStatus(s))
+	}
+	if s := h.exec(f.io, nvme.Command{Opcode: uint8(nvme.IOFlush), Flags: nvme.FlagSGLMetaBuf, NSID: 1}, nil).status(); s != nvme.StatusInternalError.WithDNR() {
+		t.Fatalf("flush: %s", fmtStatus(s))
+	}
+	if s := h.exec(f.io, ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096)).status(); s != nvme.StatusUnrecoveredReadError.WithDNR() {
+		t.Fatalf("read of a failed store: %s", fmtStatus(s))
+	}
+	if s := h.exec(f.io, ioCmd(nvme.IOWriteZeroes, 1, 0, 1, 0), nil).status(); s != nvme.StatusWriteFault.WithDNR() {
+		t.Fatalf("write zeroes on a failed store: %s", fmtStatus(s))
+	}
+	// Errors are logged and counted.
+	c := h.exec(f.admin, getLogCmd(nvme.LogSMART, nvme.NSIDAll, 512, 0, false), make([]byte, 512))
+	var sl nvme.SMARTLog
+	_ = sl.Unmarshal(c.data)
+	if sl.NumErrLogEntries.Lo != 4 {
+		t.Fatalf("error log entries %d", sl.NumErrLogEntries.Lo)
+	}
+	for _, n := range h.tgt.Stats().Namespaces {
+		if n.Errors != 4 {
+			t.Fatalf("namespace errors %d", n.Errors)
+		}
+	}
+}
