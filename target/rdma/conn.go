@@ -113,10 +113,22 @@ func (c *conn) watch() {
 func (c *conn) teardown() {
 	c.teardownOnce.Do(func() {
 		c.dead.Store(true)
-		if c.q != nil {
-			c.q.Close()
+		if c.q == nil {
+			c.destroy()
+			return
 		}
-		c.destroy()
+		c.q.Close()
+		if err := c.core.core.CloseQP(c.qp); err != nil && !errors.Is(err, transport.ErrClosed) {
+			c.port.logf("rdma: close QP of queue %d: %v", c.qid, err)
+		}
+		// Commands still running in the core (a flush on a sync worker)
+		// complete later; their responses find the QP closed and only
+		// give their buffers back. The admin queue's buffers are freed
+		// once the last of them has.
+		<-c.q.Drained()
+		if c.amr != nil {
+			c.amr.Close()
+		}
 	})
 }
 
