@@ -4,31 +4,51 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"math/rand"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/volume"
 	"github.com/blk-project/blk/transport/soft"
 )
 
-// The test binary doubles as a target process: with BLK_TEST_TARGET_DIR
-// set it serves a pebble store in that directory (volume 1, 256 MiB, as
-// namespace 1 of testSubNQN, any host allowed) on BLK_TEST_TARGET_ADDR,
-// prints "LISTEN <addr>" and runs until SIGTERM, when it shuts down
-// cleanly. Tests start it with startChildTarget.
+// The test binary doubles as a server process, in one of two modes:
+//
+//   - with BLK_TEST_TARGET_DIR set it serves a pebble store in that
+//     directory (volume 1, 256 MiB, as namespace 1 of testSubNQN, any host
+//     allowed) on BLK_TEST_TARGET_ADDR;
+//   - with BLK_TEST_BARE_SERVER=1 it runs the bare transport baseline's
+//     server (bare_test.go) on BLK_TEST_TARGET_ADDR.
+//
+// Either prints "LISTEN <addr>" and runs until SIGTERM, when it shuts down
+// cleanly. With BLK_TEST_CHILD_CONTROL=1 (set by startChild) it also
+// reads commands on stdin: "stats" prints one line "STATS k=v ...", and
+// end of file — the parent closed it, or exited however it died — shuts
+// it down cleanly, so a child never outlives the test binary that started
+// it. With BLK_TEST_CHILD_CPUPROFILE=<path> it writes a CPU profile of its
+// run to <path>.<pid> (see bench_test.go). Tests start it with
+// startChildTarget or startChildBare.
 func TestMain(m *testing.M) {
+	addr := os.Getenv("BLK_TEST_TARGET_ADDR")
+	if os.Getenv("BLK_TEST_BARE_SERVER") != "" {
+		if err := runChildBare(addr); err != nil {
+			fmt.Fprintln(os.Stderr, "child bare server:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if dir := os.Getenv("BLK_TEST_TARGET_DIR"); dir != "" {
-		if err := runChildTarget(dir, os.Getenv("BLK_TEST_TARGET_ADDR")); err != nil {
+		if err := runChildTarget(dir, addr); err != nil {
 			fmt.Fprintln(os.Stderr, "child target:", err)
 			os.Exit(1)
 		}
@@ -40,19 +60,20 @@ func TestMain(m *testing.M) {
 const childVolumeSize = 256 << 20
 
 func runChildTarget(dir, addr string) error {
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	a, err := soft.New(soft.Config{})
 	if err != nil {
 		return err
 	}
 	defer a.Close()
 	cfg := rdma.Config{Addr: addr}
+	if os.Getenv("BLK_TEST_TARGET_LOG") != "" {
+		cfg.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "child target: "+format+"\n", args...) }
+	}
 	lim, err := rdma.Limits(a.Info(), cfg)
 	if err != nil {
 		return err
 	}
-	store, err := volume.Open(volume.Config{Dir: dir})
+	store, err := volume.Open(volume.Config{Dir: dir, Logger: quietLogger{}})
 	if err != nil {
 		return err
 	}
@@ -81,68 +102,226 @@ func runChildTarget(dir, addr string) error {
 		return err
 	}
 	fmt.Printf("LISTEN %s\n", port.Addr())
-	<-sig
+	childServe(func() string {
+		s := port.Stats()
+		line := fmt.Sprintf("commands=%d incapsule=%d rdmareads=%d rdmawrites=%d waits=%d completions=%d notifications=%d",
+			s.Commands, s.InCapsuleWrites, s.RDMAReads, s.RDMAWrites, s.DataWaits, s.Engine.Completions, s.Engine.Notifications)
+		if vs, err := vol.Stats(); err == nil {
+			line += fmt.Sprintf(" volcopied=%d volbytes=%d", vs.CopiedBytes, vs.ReadBytes+vs.WriteBytes)
+		}
+		return line
+	})
 	return port.Close()
 }
 
+// quietLogger drops pebble's informational messages (they would land in
+// the middle of benchmark output) and keeps its errors.
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any) {}
+func (quietLogger) Errorf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "child target: pebble: "+format+"\n", args...)
+}
+
+func runChildBare(addr string) error {
+	a, err := soft.New(soft.Config{})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	s, err := newBareServer(a, addr)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("LISTEN %s\n", s.ln.Addr())
+	childServe(s.stats)
+	return s.Close()
+}
+
+// childServe runs a child server until SIGTERM or SIGINT, or (under
+// BLK_TEST_CHILD_CONTROL) until its stdin ends, answering "stats" on stdin
+// with "STATS " + stats() + the process's allocation count.
+func childServe(stats func() string) {
+	if path := os.Getenv("BLK_TEST_CHILD_CPUPROFILE"); path != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%d", path, os.Getpid()))
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "child: cpu profile:", err)
+		} else {
+			defer func() {
+				pprof.StopCPUProfile()
+				f.Close()
+			}()
+		}
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	stop := make(chan struct{})
+	if os.Getenv("BLK_TEST_CHILD_CONTROL") != "" {
+		go func() {
+			defer close(stop)
+			sc := bufio.NewScanner(os.Stdin)
+			for sc.Scan() {
+				if sc.Text() == "stats" {
+					var ms runtime.MemStats
+					runtime.ReadMemStats(&ms)
+					fmt.Printf("STATS %s mallocs=%d\n", stats(), ms.Mallocs)
+				}
+			}
+		}()
+	}
+	select {
+	case <-sig:
+	case <-stop:
+	}
+}
+
+// childTarget is a child server process (either mode).
 type childTarget struct {
-	cmd  *exec.Cmd
-	addr string
+	cmd    *exec.Cmd
+	addr   string
+	stdin  io.WriteCloser
+	stats  chan string   // "STATS" lines
+	exited chan struct{} // closed once the process is reaped
+	err    error         // its exit status, once exited is closed
 }
 
 // startChildTarget runs the test binary as a target process on dir and
 // addr ("127.0.0.1:0" for any port) and waits until it listens.
 func startChildTarget(tb testing.TB, dir, addr string) *childTarget {
 	tb.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "BLK_TEST_TARGET_DIR="+dir, "BLK_TEST_TARGET_ADDR="+addr)
+	return startChild(tb, "BLK_TEST_TARGET_DIR="+dir, "BLK_TEST_TARGET_ADDR="+addr)
+}
+
+// startChildBare runs the test binary as the bare baseline's server on
+// addr and waits until it listens.
+func startChildBare(tb testing.TB, addr string) *childTarget {
+	tb.Helper()
+	return startChild(tb, "BLK_TEST_BARE_SERVER=1", "BLK_TEST_TARGET_ADDR="+addr)
+}
+
+func startChild(tb testing.TB, env ...string) *childTarget {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	cmd.Env = append(append(os.Environ(), "BLK_TEST_CHILD_CONTROL=1"), env...)
 	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
+	// Plain pipes (not StdoutPipe), so that reaping the process in the
+	// background never races with reading its output.
+	out, w, err := os.Pipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd.Stdout = w
+	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		tb.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
+		w.Close()
+		out.Close()
 		tb.Fatal(err)
 	}
-	c := &childTarget{cmd: cmd}
-	tb.Cleanup(func() { c.kill() })
+	w.Close()
+	c := &childTarget{cmd: cmd, stdin: stdin, stats: make(chan string, 1), exited: make(chan struct{})}
+	go func() {
+		c.err = cmd.Wait()
+		close(c.exited)
+	}()
+	tb.Cleanup(func() { c.close() })
 	lines := make(chan string, 1)
 	go func() {
+		defer out.Close()
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			if l := sc.Text(); strings.HasPrefix(l, "LISTEN ") {
+			switch l := sc.Text(); {
+			case strings.HasPrefix(l, "LISTEN "):
 				lines <- strings.TrimPrefix(l, "LISTEN ")
+			case strings.HasPrefix(l, "STATS "):
+				c.stats <- strings.TrimPrefix(l, "STATS ")
 			}
 		}
 	}()
 	select {
 	case c.addr = <-lines:
+	case <-c.exited:
+		tb.Fatalf("child exited before listening: %v", c.err)
 	case <-time.After(30 * time.Second):
-		tb.Fatal("child target did not start listening within 30 s")
+		tb.Fatal("child did not start listening within 30 s")
 	}
 	return c
 }
 
+// close ends the child cleanly by closing its stdin, and kills it if it
+// has not exited within 10 s.
+func (c *childTarget) close() {
+	c.stdin.Close()
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+		c.kill()
+	}
+}
+
 // kill ends the child abruptly (a crash: nothing is flushed).
 func (c *childTarget) kill() {
-	if c.cmd.ProcessState == nil {
-		c.cmd.Process.Kill()
-		c.cmd.Wait()
+	select {
+	case <-c.exited:
+		return
+	default:
 	}
+	c.cmd.Process.Kill()
+	<-c.exited
 }
 
 // stop ends the child with SIGTERM (clean shutdown) and checks it exited 0.
 func (c *childTarget) stop(tb testing.TB) {
 	tb.Helper()
 	c.cmd.Process.Signal(syscall.SIGTERM)
-	if err := c.cmd.Wait(); err != nil {
-		tb.Fatalf("child target exit: %v", err)
+	<-c.exited
+	if c.err != nil {
+		tb.Fatalf("child exit: %v", c.err)
 	}
 }
 
+// counters asks the child for its counters ("stats" on stdin) and returns
+// them by name.
+func (c *childTarget) counters(tb testing.TB) map[string]uint64 {
+	tb.Helper()
+	if _, err := io.WriteString(c.stdin, "stats\n"); err != nil {
+		tb.Fatalf("ask child for stats: %v", err)
+	}
+	var line string
+	select {
+	case line = <-c.stats:
+	case <-c.exited:
+		tb.Fatalf("child exited: %v", c.err)
+	case <-time.After(30 * time.Second):
+		tb.Fatal("child did not answer stats within 30 s")
+	}
+	m := make(map[string]uint64)
+	for _, f := range strings.Fields(line) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			tb.Fatalf("child stats %q: %v", f, err)
+		}
+		m[k] = n
+	}
+	return m
+}
+
 // cpu returns the child's user+system CPU time so far, from /proc.
-func (c *childTarget) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid))
+func (c *childTarget) cpu() time.Duration { return procCPU(c.cmd.Process.Pid) }
+
+// procCPU returns a process's user+system CPU time so far, from
+// /proc/<pid>/stat (0 where there is no /proc), in clock ticks (10 ms).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
 	}
@@ -156,74 +335,4 @@ func (c *childTarget) cpu() time.Duration {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * 10 * time.Millisecond
-}
-
-// TestTwoProcesses: the target runs in another process on a real
-// directory. The initiator writes (flushed, FUA and plain writes), the
-// target process is killed (a crash) and restarted on the same address;
-// the initiator reconnects by itself and what was flushed or written with
-// FUA reads back. Then a clean stop (SIGTERM) and restart: everything
-// acknowledged before the clean stop reads back too.
-func TestTwoProcesses(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts target processes")
-	}
-	seed := testSeed(t)
-	rng := rand.New(rand.NewSource(seed))
-	dir := t.TempDir()
-	child := startChildTarget(t, dir, "127.0.0.1:0")
-	c := connectHost(t, child.addr, initiator.Config{
-		Queues: 2, QueueDepth: 16, KATO: 2 * time.Second,
-		CtrlLossTimeout: 60 * time.Second, ReconnectDelay: 100 * time.Millisecond, MaxReconnectDelay: time.Second,
-	})
-	ns := c.Namespace(1)
-	if ns == nil || ns.Size() != childVolumeSize {
-		t.Fatalf("namespace 1 missing or wrong size")
-	}
-	fill := func(n int) []byte {
-		b := make([]byte, n)
-		rng.Read(b)
-		return b
-	}
-	flushed := fill(1 << 20) // at 0, then Flush
-	fua := fill(256 << 10)   // at 4 MiB, FUA
-	if _, err := ns.WriteAt(flushed, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ns.WriteAtFlags(fua, 4<<20, initiator.FUA); err != nil {
-		t.Fatal(err)
-	}
-	check := func(what string, off int64, want []byte) {
-		t.Helper()
-		got := make([]byte, len(want))
-		if _, err := ns.ReadAt(got, off); err != nil {
-			t.Fatalf("%s: read: %v", what, err)
-		}
-		if i := firstDiff(got, want); i >= 0 {
-			t.Fatalf("%s: differs at byte %d", what, i)
-		}
-	}
-	check("before crash", 0, flushed)
-	cntlid := c.CNTLID()
-
-	child.kill()
-	child = startChildTarget(t, dir, child.addr)
-	// ReadAt waits for the reconnect (bounded by CtrlLossTimeout).
-	check("flushed write after crash", 0, flushed)
-	check("FUA write after crash", 4<<20, fua)
-	if st := c.Stats(); st.Associations < 2 || st.Failures < 1 {
-		t.Errorf("no reconnect recorded (CNTLID %d → %d, stats %+v)", cntlid, c.CNTLID(), st)
-	}
-
-	plain := fill(512 << 10) // at 8 MiB, neither flushed nor FUA
-	if _, err := ns.WriteAt(plain, 8<<20); err != nil {
-		t.Fatal(err)
-	}
-	child.stop(t) // SIGTERM: the target closes the store cleanly
-	child = startChildTarget(t, dir, child.addr)
-	check("plain write after a clean restart", 8<<20, plain)
-	check("flushed write after a clean restart", 0, flushed)
 }

@@ -231,7 +231,7 @@ func (p *Port) setup(req transport.ConnRequest) {
 		c.qp, c.core, err = p.createAdminQP(c)
 	} else {
 		var core *transport.Core
-		c.qp, core, err = p.engine.CreateQP(c, requestsPerCommand*entries, nvme.CQESize)
+		c.qp, core, err = p.engine.CreateQP(c, sendSlotsPerEntry*entries, nvme.CQESize)
 		if err == nil {
 			c.core = p.cores[core.Index()]
 		}

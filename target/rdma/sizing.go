@@ -43,9 +43,18 @@ const (
 	AdminQueueEntries = 32
 	// capsuleSize is the command part of a capsule (the SQE).
 	capsuleSize = 64
-	// requestsPerCommand is the initiator requests one command needs at
-	// most: one RDMA READ or WRITE of its data, one SEND of its response.
-	requestsPerCommand = 2
+	// sendSlotsPerEntry is the send queue entries one queue entry may
+	// hold at once: 4. A command posts at most two requests (one RDMA READ
+	// or WRITE of its data, one response SEND), and a signalled request
+	// keeps its slot until its completion is polled (Q4). The response is
+	// the last thing the target does for a command, but the host sees it,
+	// reuses the queue entry and sends the next command before the
+	// target's CQ goroutine has necessarily polled that SEND's completion:
+	// per queue entry, one command responded-but-unpolled and one in
+	// progress can hold slots together, 2 × 2. (Found by the benchmarks
+	// with the target in its own process: at 2 per entry a queue kept at
+	// full depth ran out of send slots within a few hundred I/Os.)
+	sendSlotsPerEntry = 4
 )
 
 // Sizing is every size of a port, derived from the adapter's limits and
@@ -78,11 +87,12 @@ type Sizing struct {
 //     (iWARP reads take one sink SGE, MaxReadRequestSge = 1).
 //   - Receive buffer (engine BufferSize) = 64-byte SQE + InCapsule: the
 //     largest capsule a host may SEND on an I/O queue (IOCCSZ × 16).
-//   - Engine InitiatorDepth = 2 × QueueEntries: each command in flight
-//     needs at most one data transfer and one response SEND; with the
-//     queue's own limit of QueueEntries commands the QP's send queue
-//     can never overflow. An admin QP takes AdminQueueEntries × 2 of it
-//     plus its AdminQueueEntries private receives.
+//   - Engine InitiatorDepth = 4 × QueueEntries (sendSlotsPerEntry): per
+//     queue entry one command in progress (a data transfer and a response
+//     SEND) and one whose response the host has already seen but whose
+//     SEND completion is not yet polled, so the QP's send queue can never
+//     overflow. An admin QP takes AdminQueueEntries × 4 of it plus its
+//     AdminQueueEntries private receives.
 //   - Engine Buffers (SRQ receives per core) = QPsPerCore × QueueEntries:
 //     a host may have SQSIZE+1 ≤ QueueEntries commands in flight per
 //     queue, each holding one receive buffer until its response is posted
@@ -122,7 +132,7 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 		return bad("MaxTransfer %d too large for MDTS", mt)
 	}
 	recvSize := capsuleSize + cfg.InCapsule
-	initiatorDepth := requestsPerCommand * max(cfg.QueueEntries, AdminQueueEntries+AdminQueueEntries/requestsPerCommand)
+	initiatorDepth := sendSlotsPerEntry * max(cfg.QueueEntries, AdminQueueEntries+AdminQueueEntries/sendSlotsPerEntry)
 	buffers := cfg.QPsPerCore * cfg.QueueEntries
 	s.Engine = transport.EngineConfig{
 		Cores:          cfg.Cores,
@@ -144,7 +154,7 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 	}
 	// The admin QP's requests plus its private receives share one QP's
 	// CQ reservation (CreateQPWithReceiveQueue).
-	if AdminQueueEntries*requestsPerCommand+AdminQueueEntries > s.Engine.InitiatorDepth {
+	if AdminQueueEntries*sendSlotsPerEntry+AdminQueueEntries > s.Engine.InitiatorDepth {
 		return bad("InitiatorDepth %d cannot hold an admin queue", s.Engine.InitiatorDepth)
 	}
 	s.LargeBuffers = cfg.LargeBuffers

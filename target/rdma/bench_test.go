@@ -1,0 +1,476 @@
+package rdma_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/transport/soft"
+)
+
+// End-to-end benchmarks: our initiator against our target serving a pebble
+// volume, over the soft transport on loopback, and in the same run the
+// bare transport baseline (bare_test.go) moving the same bytes with the
+// same messages, RDMA operations and queue depth:
+//
+//	go test -run '^$' -bench . -benchmem ./target/rdma/
+//
+// Each benchmark has two sub-benchmarks, run in this order: "bare" (the
+// baseline's server) and "nvme" (the target). Both servers run in a child
+// process (the test binary, see child_test.go), a fresh one for every run
+// the framework makes, so that their CPU time is theirs alone and no run
+// inherits another's pebble state; the target's volume is on a real
+// temporary directory. The host side — our initiator, or the baseline's
+// client — runs in the benchmark process on one queue (one QP, one engine
+// core), and both are driven by the same loop (ioLoop): depth requests
+// kept in flight from the completion callbacks, each request's latency
+// recorded in a preallocated slice. b.N is the number of I/Os; a warm-up
+// of benchWarmup I/Os precedes the timed part.
+//
+// The I/Os address the first benchRegion bytes of the volume. The read
+// cases write the region first (and Flush), so reads hit stored blocks;
+// the region fits in pebble's memtable, so reads are served from it (not
+// from sstables through the block cache). The write cases overwrite the
+// region over and over: pebble's memtable flushes and compactions run
+// during the measurement and are charged to it, as they would be in use.
+//
+// Metrics, besides ns/op (1/IOPS), MB/s and the host's B/op and allocs/op:
+//
+//	IOPS             I/Os completed per second
+//	mean-us, p99-us  latency of one I/O, submission to completion callback
+//	tgt-cpu-us/op    CPU time of the server process per I/O (user+system,
+//	                 from /proc, 10 ms ticks: meaningful on runs of ~1 s)
+//	host-cpu-us/op   CPU time of the benchmark process per I/O (likewise)
+//	tgt-allocs/op    heap allocations of the server process per I/O
+//	tgt-comps/notify completions per CQ notification on the server
+//	rdma-reads/op, rdma-writes/op, in-capsule/op
+//	                 the server's data transfers per I/O: both variants
+//	                 must show the same mix (a 4 KiB write goes in the
+//	                 capsule, a 128 KiB write is fetched by RDMA READ, a
+//	                 read is placed by RDMA WRITE)
+//	vol-copies/op    (nvme) bytes the volume copied between the target's
+//	                 buffers and pebble, per byte moved (1: one full copy)
+//	x-bare           (nvme) IOPS of nvme ÷ IOPS of this benchmark's bare
+//	                 runs in the same process (their median, see
+//	                 bareResults): what the protocol, our initiator, the
+//	                 target core and the volume cost together, as one
+//	                 number (1 = free); absent if "bare" did not run
+//
+// The copies on the host (by design one per I/O: the initiator copies a
+// write into its slot and a read out of it) and the soft provider's own
+// copies are not counted here: the initiator and the target expose no
+// counter for them.
+//
+// Host and server share the machine's processors (their notification
+// goroutines are pinned to different ones, see bareClient), so on a small
+// machine IOPS at depth follow the CPU both processes spend per I/O, and
+// anything else running on it shows in the numbers. To see where a
+// server's time goes, BLK_TEST_CHILD_CPUPROFILE=/tmp/tgt writes a CPU
+// profile of every child to /tmp/tgt.<pid> (the largest is the timed run's).
+
+const (
+	// benchBlock is the volume's block size.
+	benchBlock = 4096
+	// benchRegion is the part of the volume the benchmarks address:
+	// 32 MiB, half the volume store's 64 MiB memtable, so that filling it
+	// for the read benchmarks does not start a memtable flush that would
+	// run (and be charged) during the measurement.
+	benchRegion = 32 << 20
+	// benchWarmup is the I/Os run before the measurement, plus the queue
+	// depth (pools, goroutine stacks, the engines' moderation).
+	benchWarmup = 256
+)
+
+type benchCase struct {
+	name  string
+	write bool
+	seq   bool
+	size  int
+	depth int
+}
+
+func BenchmarkRandRead4KiBQD1(b *testing.B) {
+	runBenchCase(b, benchCase{name: "randread-4k-qd1", size: 4 << 10, depth: 1})
+}
+
+func BenchmarkRandRead4KiBQD32(b *testing.B) {
+	runBenchCase(b, benchCase{name: "randread-4k-qd32", size: 4 << 10, depth: 32})
+}
+
+func BenchmarkRandWrite4KiBQD1(b *testing.B) {
+	runBenchCase(b, benchCase{name: "randwrite-4k-qd1", write: true, size: 4 << 10, depth: 1})
+}
+
+func BenchmarkRandWrite4KiBQD32(b *testing.B) {
+	runBenchCase(b, benchCase{name: "randwrite-4k-qd32", write: true, size: 4 << 10, depth: 32})
+}
+
+func BenchmarkSeqRead128KiBQD4(b *testing.B) {
+	runBenchCase(b, benchCase{name: "seqread-128k-qd4", seq: true, size: 128 << 10, depth: 4})
+}
+
+func BenchmarkSeqWrite128KiBQD4(b *testing.B) {
+	runBenchCase(b, benchCase{name: "seqwrite-128k-qd4", write: true, seq: true, size: 128 << 10, depth: 4})
+}
+
+func runBenchCase(b *testing.B, bc benchCase) {
+	b.Run("bare", func(b *testing.B) { benchBare(b, bc) })
+	b.Run("nvme", func(b *testing.B) { benchNVMe(b, bc) })
+}
+
+// lbas returns the first block of each of n I/Os: uniformly random
+// size-aligned blocks of the region (seeded, so every run asks for the
+// same ones), or the region in order, wrapping.
+func (bc benchCase) lbas(n int) []uint64 {
+	per := uint64(bc.size / benchBlock)
+	slots := uint64(benchRegion / bc.size)
+	out := make([]uint64, n)
+	rng := rand.New(rand.NewPCG(1, uint64(bc.size)))
+	for i := range out {
+		if bc.seq {
+			out[i] = uint64(i) % slots * per
+		} else {
+			out[i] = rng.Uint64N(slots) * per
+		}
+	}
+	return out
+}
+
+// benchBare runs the case against the bare baseline's server in a child
+// process.
+func benchBare(b *testing.B, bc benchCase) {
+	srv := startChildBare(b, "127.0.0.1:0")
+	a, err := soft.New(soft.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { a.Close() })
+	op := byte(bareRead)
+	if bc.write {
+		op = bareWrite
+	}
+	c := newBareClient(b, a, srv.addr, op, uint32(bc.size), bc.depth)
+	if bc.write {
+		fillRandom(c.data.Bytes(), 2)
+	}
+	var cur atomic.Pointer[ioLoop]
+	done := func(slot int, err error) { cur.Load().complete(slot, err) }
+	c.done.Store(&done)
+	r := measure(b, bc, srv, &cur, c.submit)
+	if r.counters["errors"] != 0 {
+		b.Fatalf("bare server counted %d bad requests", r.counters["errors"])
+	}
+	bareResults.record(bc.name, b.N, r.iops)
+}
+
+// nvmeSlot is the Callback of one slot of the initiator's queue.
+type nvmeSlot struct {
+	cur  *atomic.Pointer[ioLoop]
+	slot int
+}
+
+func (s *nvmeSlot) IODone(err error) { s.cur.Load().complete(s.slot, err) }
+
+// benchNVMe runs the case against the target in a child process, serving
+// a pebble volume on a temporary directory.
+func benchNVMe(b *testing.B, bc benchCase) {
+	srv := startChildTarget(b, b.TempDir(), "127.0.0.1:0")
+	c := connectHost(b, srv.addr, initiator.Config{Queues: 1, QueueDepth: benchQueueDepth(bc.depth)})
+	ns := c.Namespace(1)
+	if ns == nil {
+		b.Fatal("namespace 1 not found")
+	}
+	if ns.BlockSize() != benchBlock || ns.Size() < benchRegion {
+		b.Fatalf("namespace of %d-byte blocks, %d bytes", ns.BlockSize(), ns.Size())
+	}
+	if info := c.Info(); info.IOQueues != 1 {
+		b.Fatalf("%d I/O queues, want 1", info.IOQueues)
+	}
+	bufs := make([]byte, bc.size*bc.depth)
+	buf := func(slot int) []byte { return bufs[slot*bc.size : (slot+1)*bc.size] }
+	if bc.write {
+		fillRandom(bufs, 2)
+	} else {
+		prefill(b, ns)
+	}
+	var cur atomic.Pointer[ioLoop]
+	slots := make([]nvmeSlot, bc.depth)
+	for i := range slots {
+		slots[i] = nvmeSlot{cur: &cur, slot: i}
+	}
+	submit := func(slot int, lba uint64) error {
+		if bc.write {
+			return ns.WriteAsync(lba, buf(slot), 0, &slots[slot])
+		}
+		return ns.ReadAsync(lba, buf(slot), &slots[slot])
+	}
+	r := measure(b, bc, srv, &cur, submit)
+	if st := c.Stats(); st.Failures != 0 || st.QueueFull != 0 {
+		b.Fatalf("initiator: %d association failures, %d submissions refused as queue full", st.Failures, st.QueueFull)
+	}
+	if n, ok := r.counters["volbytes"]; ok && n > 0 {
+		b.ReportMetric(float64(r.counters["volcopied"])/float64(n), "vol-copies/op")
+	}
+	if bare, ok := bareResults.get(bc.name); ok {
+		b.ReportMetric(r.iops/bare, "x-bare")
+	} else {
+		b.Logf("no bare run of %s in this process: x-bare not reported", bc.name)
+	}
+}
+
+// benchQueueDepth is the I/O queue the initiator asks for to run depth
+// I/Os at once: exactly depth (at least the minimum queue). At full depth
+// the target's send queue once overflowed (sizing.go, sendSlotsPerEntry
+// tells the story); asking for exactly depth keeps that case covered.
+func benchQueueDepth(depth int) int {
+	return max(depth, initiator.MinQueueDepth)
+}
+
+// prefill writes random data over the benchmark region and flushes it, so
+// that reads hit stored blocks, then checks one block reads back.
+func prefill(b *testing.B, ns *initiator.Namespace) {
+	chunk := make([]byte, 1<<20)
+	var first []byte
+	for off := 0; off < benchRegion; off += len(chunk) {
+		fillRandom(chunk, uint64(off))
+		if off == 0 {
+			first = slices.Clone(chunk[:benchBlock])
+		}
+		if _, err := ns.WriteAt(chunk, int64(off)); err != nil {
+			b.Fatalf("prefill at %d: %v", off, err)
+		}
+	}
+	if err := ns.Flush(); err != nil {
+		b.Fatalf("prefill flush: %v", err)
+	}
+	got := make([]byte, benchBlock)
+	if _, err := ns.ReadAt(got, 0); err != nil {
+		b.Fatal(err)
+	}
+	if !slices.Equal(got, first) {
+		b.Fatal("block 0 does not read back what the prefill wrote")
+	}
+}
+
+func fillRandom(p []byte, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0x626c6b))
+	for i := 0; i+8 <= len(p); i += 8 {
+		v := rng.Uint64()
+		for j := 0; j < 8; j++ {
+			p[i+j] = byte(v >> (8 * j))
+		}
+	}
+}
+
+// result is what measure found.
+type result struct {
+	iops     float64
+	counters map[string]uint64 // the server's counters over the run
+}
+
+// measure runs a warm-up, then b.N I/Os of bc through submit, with the
+// server srv's counters and CPU time read around the timed part, and
+// reports the metrics common to both variants. Completions reach the
+// loop in cur.
+func measure(b *testing.B, bc benchCase, srv *childTarget, cur *atomic.Pointer[ioLoop], submit func(slot int, lba uint64) error) result {
+	b.SetBytes(int64(bc.size))
+	b.ReportAllocs()
+	warm := newIOLoop(benchWarmup+bc.depth, bc.depth, bc.lbas(benchWarmup+bc.depth), submit)
+	cur.Store(warm)
+	if err := warm.run(srv.exited); err != nil {
+		b.Fatalf("warm-up: %v", err)
+	}
+	n := b.N
+	l := newIOLoop(n, bc.depth, bc.lbas(n), submit)
+	cur.Store(l)
+	// Two reads of the counters: their difference is what one read costs
+	// the server (its allocations), taken off the run's.
+	s0 := srv.counters(b)
+	s1 := srv.counters(b)
+	tgt0, host0 := srv.cpu(), procCPU(os.Getpid())
+	b.ResetTimer()
+	err := l.run(srv.exited)
+	b.StopTimer()
+	tgt1, host1 := srv.cpu(), procCPU(os.Getpid())
+	if err != nil {
+		b.Fatal(err)
+	}
+	s2 := srv.counters(b)
+
+	r := result{iops: float64(n) / b.Elapsed().Seconds(), counters: make(map[string]uint64)}
+	for k, v := range s2 {
+		r.counters[k] = v - s1[k]
+	}
+	perOp := func(v uint64) float64 { return float64(v) / float64(n) }
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	mean, p99 := l.latency()
+	b.ReportMetric(r.iops, "IOPS")
+	b.ReportMetric(us(mean), "mean-us")
+	b.ReportMetric(us(p99), "p99-us")
+	b.ReportMetric(us(tgt1-tgt0)/float64(n), "tgt-cpu-us/op")
+	b.ReportMetric(us(host1-host0)/float64(n), "host-cpu-us/op")
+	statsAllocs := s1["mallocs"] - s0["mallocs"]
+	b.ReportMetric(perOp(max(r.counters["mallocs"], statsAllocs)-statsAllocs), "tgt-allocs/op")
+	if notes := r.counters["notifications"]; notes > 0 {
+		b.ReportMetric(float64(r.counters["completions"])/float64(notes), "tgt-comps/notify")
+	}
+	b.ReportMetric(perOp(r.counters["rdmareads"]), "rdma-reads/op")
+	b.ReportMetric(perOp(r.counters["rdmawrites"]), "rdma-writes/op")
+	b.ReportMetric(perOp(r.counters["incapsule"]), "in-capsule/op")
+	return r
+}
+
+// ioLoop keeps depth I/Os in flight until n have completed: it submits
+// the first depth, and each completion (on a transport goroutine) records
+// its latency and submits the next I/O on the same slot. Everything it
+// touches per I/O is preallocated.
+type ioLoop struct {
+	n      int64
+	depth  int
+	submit func(slot int, lba uint64) error
+	lbas   []uint64 // of each I/O, in submission order
+	start  []int64  // per slot: submission time of its I/O (ns since benchEpoch)
+	lat    []int64  // per I/O, in completion order (ns)
+
+	// issued counts I/Os handed to a slot, done completions (each takes
+	// the next index of lat), recorded latencies written (the last one
+	// finishes the run, so every write to lat precedes the read of it).
+	issued, done, recorded atomic.Int64
+	failed                 atomic.Bool
+	fin                    chan struct{}
+	once                   sync.Once
+	err                    error // set before fin closes
+}
+
+var benchEpoch = time.Now()
+
+func mono() int64 { return int64(time.Since(benchEpoch)) }
+
+func newIOLoop(n, depth int, lbas []uint64, submit func(int, uint64) error) *ioLoop {
+	return &ioLoop{n: int64(n), depth: depth, submit: submit, lbas: lbas,
+		start: make([]int64, depth), lat: make([]int64, n), fin: make(chan struct{})}
+}
+
+// run submits the first I/Os and waits until every I/O completed, one
+// failed, or abort (the server process exited) closed.
+func (l *ioLoop) run(abort <-chan struct{}) error {
+	k := min(int64(l.depth), l.n)
+	l.issued.Store(k)
+	for slot := 0; slot < int(k); slot++ {
+		l.start[slot] = mono()
+		if err := l.submit(slot, l.lbas[slot]); err != nil {
+			l.finish(fmt.Errorf("submit I/O %d (block %d): %w", slot, l.lbas[slot], err))
+			break
+		}
+	}
+	select {
+	case <-l.fin:
+	case <-abort:
+		l.finish(fmt.Errorf("server process exited with %d of %d I/Os done", l.done.Load(), l.n))
+	}
+	return l.err
+}
+
+func (l *ioLoop) finish(err error) {
+	l.once.Do(func() {
+		l.err = err
+		if err != nil {
+			l.failed.Store(true)
+		}
+		close(l.fin)
+	})
+}
+
+// complete is the completion of the I/O on slot (slot -1: a failure not
+// tied to one).
+func (l *ioLoop) complete(slot int, err error) {
+	now := mono()
+	if err != nil {
+		l.finish(fmt.Errorf("I/O on slot %d failed: %w", slot, err))
+		return
+	}
+	d := l.done.Add(1)
+	if d > l.n {
+		l.finish(fmt.Errorf("%d completions for %d I/Os", d, l.n))
+		return
+	}
+	l.lat[d-1] = now - l.start[slot]
+	if l.recorded.Add(1) == l.n {
+		l.finish(nil)
+		return
+	}
+	i := l.issued.Add(1) - 1
+	if i >= l.n || l.failed.Load() {
+		return
+	}
+	l.start[slot] = mono()
+	if err := l.submit(slot, l.lbas[i]); err != nil {
+		l.finish(fmt.Errorf("submit I/O %d (block %d): %w", i, l.lbas[i], err))
+	}
+}
+
+// latency returns the mean and the 99th percentile (nearest rank) of the
+// recorded latencies; it sorts them.
+func (l *ioLoop) latency() (mean, p99 time.Duration) {
+	lat := l.lat[:l.done.Load()]
+	if len(lat) == 0 {
+		return 0, 0
+	}
+	var sum int64
+	for _, v := range lat {
+		sum += v
+	}
+	slices.Sort(lat)
+	rank := (len(lat)*99 + 99) / 100 // ⌈0.99 n⌉
+	return time.Duration(sum / int64(len(lat))), time.Duration(lat[rank-1])
+}
+
+// bareResults keeps every bare run of this process, per case, for the
+// x-bare of the nvme runs: the median IOPS of the bare runs at least half
+// as long (in I/Os) as the longest. The benchmark framework runs "bare"
+// -count times and then "nvme" -count times; the shorter runs it makes
+// first to size b.N are left out.
+var bareResults = &bareBook{m: make(map[string][]bareRun)}
+
+type bareBook struct {
+	mu sync.Mutex
+	m  map[string][]bareRun
+}
+
+type bareRun struct {
+	n    int
+	iops float64
+}
+
+func (bb *bareBook) record(name string, n int, iops float64) {
+	bb.mu.Lock()
+	defer bb.mu.Unlock()
+	bb.m[name] = append(bb.m[name], bareRun{n, iops})
+}
+
+func (bb *bareBook) get(name string) (float64, bool) {
+	bb.mu.Lock()
+	defer bb.mu.Unlock()
+	runs := bb.m[name]
+	longest := 0
+	for _, r := range runs {
+		longest = max(longest, r.n)
+	}
+	var iops []float64
+	for _, r := range runs {
+		if 2*r.n >= longest {
+			iops = append(iops, r.iops)
+		}
+	}
+	if len(iops) == 0 {
+		return 0, false
+	}
+	slices.Sort(iops)
+	return iops[len(iops)/2], true
+}
