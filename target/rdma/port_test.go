@@ -2,9 +2,11 @@ package rdma_test
 
 import (
 	"bytes"
+	"math/rand"
 	"testing"
 	"time"
 
+	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
@@ -283,5 +285,98 @@ func TestKeepAliveExpiryDisconnects(t *testing.T) {
 		case <-time.After(15 * time.Second):
 			t.Fatalf("%s queue still connected 15 s after a 1 s keep-alive timeout", name)
 		}
+	}
+}
+
+// TestRandomCapsules sends seeded random capsules — random opcodes, flags,
+// namespaces and fields, and data descriptors of every kind, valid keys
+// and invalid ones — on a live admin and I/O queue. Every capsule must be
+// answered with a status, or end the connection (a descriptor naming
+// memory the host never registered, or asking to invalidate a key that
+// cannot be invalidated, makes the RDMA operation fail, which iWARP
+// reports by terminating the connection); never a hang or a crash.
+// Afterwards the target still serves a new host normally.
+func TestRandomCapsules(t *testing.T) {
+	seed := testSeed(t)
+	rng := rand.New(rand.NewSource(seed))
+	tt := newTestTarget(t, rdma.Config{})
+	answered, dropped := 0, 0
+	for round := 0; round < 6; round++ {
+		adm, err := dialRaw(t, tt.addr, nvme.RDMACMRequest{HRQSize: 32, HSQSize: 31})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rsp := adm.connect(0, 31, 0, 0xFFFF, testSubNQN, testHostNQN)
+		cntlid := nvme.ConnectResponseCNTLID(rsp.DW0)
+		en := nvme.PropertyCommand{Set: true, Offset: nvme.PropCC, Value: 0x00460001}
+		var cmd nvme.Command
+		en.Encode(&cmd)
+		adm.exchange(cmd, nil)
+		nq := nvme.Command{Opcode: uint8(nvme.AdminSetFeatures), Flags: 0x40, CDW10: 0x07}
+		adm.exchange(nq, nil)
+		io, err := dialRaw(t, tt.addr, nvme.RDMACMRequest{QID: 1, HRQSize: 32, HSQSize: 31, CNTLID: cntlid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.connect(1, 31, 0, cntlid, testSubNQN, testHostNQN)
+		for i := 0; i < 200; i++ {
+			h := adm
+			if rng.Intn(2) == 0 {
+				h = io
+			}
+			var c nvme.Command
+			c.Opcode = uint8(rng.Intn(256))
+			if rng.Intn(4) == 0 {
+				c.Opcode = []uint8{0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x7F, 0x06, 0x0A, 0x18}[rng.Intn(10)]
+			}
+			c.Flags = []uint8{0x40, 0x40, 0x40, 0x00, 0x80, uint8(rng.Intn(256))}[rng.Intn(6)]
+			c.NSID = []uint32{1, 1, 0, 2, 0xFFFFFFFF, rng.Uint32()}[rng.Intn(6)]
+			c.CDW10, c.CDW11, c.CDW12 = rng.Uint32()%64, rng.Uint32()%4, rng.Uint32()%64
+			if rng.Intn(3) == 0 {
+				c.CDW10, c.CDW11, c.CDW12 = rng.Uint32(), rng.Uint32(), rng.Uint32()
+			}
+			var data []byte
+			n := uint32([]int{0, 512, 4096, 8192, 65536, rng.Intn(1 << 17)}[rng.Intn(6)])
+			switch k := rng.Intn(20); {
+			case k == 0:
+				c.DPTR = nvme.KeyedSGL(rng.Uint64(), n, rng.Uint32(), rng.Intn(2) == 0) // memory never registered
+			case k < 7:
+				c.DPTR = h.keyed(0, n)
+			case k < 12:
+				c.DPTR = nvme.InCapsuleSGL(uint64(rng.Intn(3))*16, n%8192)
+				data = make([]byte, min(int(n%8192)+32, 4096))
+			case k < 16:
+				c.DPTR = nvme.SGL{ID: uint8(rng.Intn(256)), Addr: rng.Uint64(), Length: n, Key: rng.Uint32()}
+				if c.DPTR.Keyed() {
+					// Keyed descriptors name registered memory here, and
+					// never ask to invalidate the static key (a host
+					// that did would lose its own buffer: case 0).
+					c.DPTR.ID = nvme.SGLIDKeyed
+					c.DPTR.Addr, c.DPTR.Key = h.data.Addr(), h.data.RKey()
+				}
+			default:
+				c.DPTR = nvme.KeyedSGL(0, 0, 0, false)
+			}
+			if _, _, err := h.tryExchange(c, data); err != nil {
+				select {
+				case <-h.qp.Done():
+				case <-time.After(10 * time.Second):
+					t.Fatalf("capsule %d (%s): %v, and the connection did not end", i, describe(c), err)
+				}
+				dropped++
+				t.Logf("round %d: capsule %d (%s, SGL %#x len %d) ended the connection: %v", round, i, describe(c), c.DPTR.ID, c.DPTR.Length, err)
+				break
+			}
+			answered++
+		}
+		adm.close()
+		io.close()
+	}
+	t.Logf("%d capsules answered, %d connections ended by a bad transfer", answered, dropped)
+	// The target is still healthy.
+	c := connectHost(t, tt.addr, initiator.Config{Queues: 1})
+	buf := make([]byte, 4096)
+	if _, err := c.Namespace(1).ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
 	}
 }

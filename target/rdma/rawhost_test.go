@@ -92,18 +92,29 @@ func rejectStatus(err error) (nvme.RDMACMRejectStatus, bool) {
 }
 
 // exchange sends one capsule (SQE plus in-capsule data) and waits for the
-// response capsule, returning it and whether the target invalidated a key.
+// response capsule, returning it and the receive completion (which says
+// whether the target invalidated a key). Any failure fails the test.
 func (h *rawHost) exchange(cmd nvme.Command, inCapsule []byte) (nvme.Completion, transport.Completion) {
 	h.t.Helper()
+	rsp, comp, err := h.tryExchange(cmd, inCapsule)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return rsp, comp
+}
+
+// tryExchange is exchange that reports a failed or dropped connection as
+// an error instead of failing the test.
+func (h *rawHost) tryExchange(cmd nvme.Command, inCapsule []byte) (nvme.Completion, transport.Completion, error) {
 	h.cid++
 	cmd.CID = h.cid
 	buf := h.mr.Bytes()
 	if err := cmd.Marshal((*[nvme.SQESize]byte)(buf[:nvme.SQESize])); err != nil {
-		h.t.Fatal(err)
+		return nvme.Completion{}, transport.Completion{}, err
 	}
 	copy(buf[nvme.SQESize:], inCapsule)
 	if err := h.qp.Send(nil, []transport.SGE{h.mr.SGE(0, uint32(nvme.SQESize+len(inCapsule)))}, transport.FlagSilentSuccess); err != nil {
-		h.t.Fatal(err)
+		return nvme.Completion{}, transport.Completion{}, err
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	var c [1]transport.Completion
@@ -113,7 +124,7 @@ func (h *rawHost) exchange(cmd nvme.Command, inCapsule []byte) (nvme.Completion,
 			continue
 		}
 		if c[0].Status != nil {
-			h.t.Fatalf("raw host: %v completion: %v (QP: %v)", c[0].Type, c[0].Status, h.qp.Err())
+			return nvme.Completion{}, c[0], fmt.Errorf("raw host: %v completion: %w (QP: %v)", c[0].Type, c[0].Status, h.qp.Err())
 		}
 		if c[0].Type != transport.OpReceive {
 			continue
@@ -122,18 +133,17 @@ func (h *rawHost) exchange(cmd nvme.Command, inCapsule []byte) (nvme.Completion,
 		off := rawRespOff + uint32(i)*16
 		var rsp nvme.Completion
 		if err := rsp.Unmarshal(buf[off : off+16]); err != nil {
-			h.t.Fatal(err)
+			return rsp, c[0], err
 		}
 		if err := h.qp.PostReceive(i, []transport.SGE{h.mr.SGE(off, 16)}); err != nil {
-			h.t.Fatal(err)
+			return rsp, c[0], err
 		}
 		if rsp.CID != cmd.CID {
-			h.t.Fatalf("response CID %#x, want %#x", rsp.CID, cmd.CID)
+			return rsp, c[0], fmt.Errorf("response CID %#x, want %#x", rsp.CID, cmd.CID)
 		}
-		return rsp, c[0]
+		return rsp, c[0], nil
 	}
-	h.t.Fatalf("raw host: no response to %s within 10 s (QP: %v)", describe(cmd), h.qp.Err())
-	return nvme.Completion{}, transport.Completion{}
+	return nvme.Completion{}, transport.Completion{}, fmt.Errorf("raw host: no response to %s within 10 s (QP: %v)", describe(cmd), h.qp.Err())
 }
 
 func describe(c nvme.Command) string {
