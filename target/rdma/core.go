@@ -287,7 +287,11 @@ func (r *req) complete() {
 	}
 	r.Rsp.SQID = c.qid
 	r.Rsp.CID = r.Cmd.CID
-	r.Rsp.SQHead = uint16((c.sqhd.Add(1)) % c.entries)
+	if c.q != nil && c.q.SQFlowControlDisabled() {
+		r.Rsp.SQHead = 0xFFFF // the host turned SQ flow control off at Connect
+	} else {
+		r.Rsp.SQHead = uint16((c.sqhd.Add(1)) % c.entries)
+	}
 	r.Rsp.Marshal((*[nvme.CQESize]byte)(r.buf[:nvme.CQESize]))
 	if r.rb != nil {
 		r.tmp[0] = r.rb.SGE(nvme.CQESize)
