@@ -115,3 +115,48 @@ func waitQuiet(t *testing.T, s *Store) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestWriteGroupAllocs: adding and committing a group of writes allocates
+// nothing once the group exists.
+func TestWriteGroupAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	cfg := memConfig(vfs.NewMem())
+	cfg.MemTableBytes = 64 << 20
+	s := openStore(t, cfg)
+	v := mustCreate(t, s, 1, 1024, BlockSize4K)
+	g := v.NewWriteGroup()
+	blk := pattern(4096, 1)
+	var lba uint64
+	run := func() {
+		for range 32 {
+			lba = (lba + 37) % 1024
+			if err := g.Add(lba, blk); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := g.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Grow the memtable to its full size (it starts at 256 KiB and
+	// doubles), then start on an empty one with pebble quiet, so that no
+	// rotation or flush (which allocate) falls inside the measurement.
+	big := pattern(s.Config().MaxTransferBytes, 2)
+	for i := range 2 * cfg.MemTableBytes / len(big) {
+		if err := v.Write(uint64(i*len(big)/4096)%(1024-uint64(len(big)/4096)), big, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		run()
+	}
+	waitQuiet(t, s)
+	if a := testing.AllocsPerRun(100, run); a > 0 {
+		t.Errorf("%.2f allocations per group of 32 writes, want 0", a)
+	}
+}

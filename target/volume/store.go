@@ -321,6 +321,7 @@ func (s *Store) Delete(id ID) error {
 		return fmt.Errorf("volume %d: delete: %w", id, err)
 	}
 	v.gone = ErrNotFound
+	v.gen++
 	delete(s.vols, id)
 	return nil
 }
@@ -431,6 +432,7 @@ func (s *Store) Close() error {
 	for _, v := range s.vols {
 		v.mu.Lock()
 		v.gone = ErrClosed
+		v.gen++
 		v.mu.Unlock()
 	}
 	var err error

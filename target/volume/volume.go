@@ -22,6 +22,7 @@ type Volume struct {
 	info  Info         // guarded by mu
 	shift uint8        // log2(info.BlockSize), guarded by mu
 	gone  error        // nil, or ErrNotFound after Delete, ErrClosed after Close; guarded by mu
+	gen   uint64       // bumped by every change of info or gone, guarded by mu (WriteGroup)
 
 	c counters
 }
@@ -45,6 +46,7 @@ func newVolume(s *Store, info Info) *Volume {
 // v not yet shared).
 func (v *Volume) setInfo(info Info) {
 	v.info = info
+	v.gen++
 	v.shift = uint8(bits.TrailingZeros32(info.BlockSize))
 }
 
