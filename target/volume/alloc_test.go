@@ -82,11 +82,18 @@ func TestSteadyStateAllocs(t *testing.T) {
 			}
 		}
 		var err error
-		got := testing.AllocsPerRun(100, func() {
-			if e := c.fn(); e != nil {
-				err = e
-			}
-		})
+		measure := func() float64 {
+			return testing.AllocsPerRun(100, func() {
+				if e := c.fn(); e != nil {
+					err = e
+				}
+			})
+		}
+		// The best of three windows: AllocsPerRun counts every
+		// goroutine, and pebble's background goroutines allocate now
+		// and then; an allocation of the request's own path shows in
+		// every window.
+		got := min(measure(), measure(), measure())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,7 +163,14 @@ func TestWriteGroupAllocs(t *testing.T) {
 		run()
 	}
 	waitQuiet(t, s)
-	if a := testing.AllocsPerRun(100, run); a > 0 {
-		t.Errorf("%.2f allocations per group of 32 writes, want 0", a)
+	// The best of three windows: AllocsPerRun counts every goroutine,
+	// and pebble's background goroutines allocate now and then; an
+	// allocation of the group's own path would show in every window.
+	best := testing.AllocsPerRun(100, run)
+	for range 2 {
+		best = min(best, testing.AllocsPerRun(100, run))
+	}
+	if best > 0 {
+		t.Errorf("%.2f allocations per group of 32 writes, want 0", best)
 	}
 }
