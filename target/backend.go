@@ -56,6 +56,31 @@ type Viewer interface {
 	View(lba, n uint64, fn func(lba uint64, data []byte)) error
 }
 
+// GroupWriter is an optional Backend extension: plain (not FUA) writes
+// added to one of its WriteGroups are committed together, which costs the
+// backend less than committing each (a volume: one pebble batch and one
+// WAL record instead of one per write). The core uses it for writes a
+// binding executes with Request.Group set.
+type GroupWriter interface {
+	NewWriteGroup() WriteGroup
+}
+
+// WriteGroup gathers writes until Commit. A write added is neither visible
+// nor acknowledged until Commit returns nil.
+type WriteGroup interface {
+	// Add checks a write as Write would and adds it; ErrGroupFull (wrapped
+	// or not) asks for a Commit first, any other error fails the write.
+	Add(lba uint64, data []byte) error
+	// Commit applies every pending write, or none: on error each must be
+	// failed with it. The group is empty afterwards.
+	Commit() error
+	Len() int
+}
+
+// ErrGroupFull is returned by WriteGroup.Add when the group must be
+// committed before the write can join it.
+var ErrGroupFull = volume.ErrGroupFull
+
 // VolumeBackend adapts a target/volume Volume. Its errors wrap the volume
 // sentinels, which the core translates.
 func VolumeBackend(v *volume.Volume) Backend { return volumeBackend{v} }
@@ -91,6 +116,8 @@ func (b volumeBackend) WriteZeroes(lba, n uint64, fua bool) error {
 func (b volumeBackend) Deallocate(lba, n uint64) error { return b.v.Deallocate(lba, n) }
 
 func (b volumeBackend) Flush() error { return b.v.Flush() }
+
+func (b volumeBackend) NewWriteGroup() WriteGroup { return b.v.NewWriteGroup() }
 
 func (b volumeBackend) View(lba, n uint64, fn func(lba uint64, data []byte)) error {
 	return b.v.View(lba, n, fn)

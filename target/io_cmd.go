@@ -124,6 +124,9 @@ func (q *Queue) write(c *ctrl, r *Request) {
 		q.t.pool.submit(r)
 		return
 	}
+	if r.Group != nil && r.Group.add(q, ns, r, data) {
+		return // completed now, or by the group's Commit
+	}
 	st = statusOf(opWrite, ns.backend.Write(r.Cmd.SLBA(), data, false))
 	if st == nvme.StatusSuccess {
 		ns.c.writes.Add(1)

@@ -53,6 +53,13 @@ type Request struct {
 	// Data is the command's data buffer, len(Data) == Len (see above).
 	Data []byte
 
+	// Group, when set, lets the core gather a plain write into the group
+	// instead of committing it alone; it is then completed from
+	// Group.Commit. A binding sets it only for requests it executes on the
+	// goroutine that will call Commit (a core's notification goroutine,
+	// committing at the end of each notification).
+	Group *Group
+
 	// Binding is the binding's per-request state (its index, keys,
 	// buffers); the core never touches it.
 	Binding any

@@ -71,6 +71,15 @@ type ErrorHandler interface {
 	HandleCQError(core *Core, err error)
 }
 
+// BatchHandler is an optional extension of Handler: when the handler
+// also implements it, HandleBatchEnd runs on a core's notification
+// goroutine after every notification that handed completions to
+// HandleCompletion — the point where work gathered from those completions
+// (writes to commit together, doorbells to ring) should be done.
+type BatchHandler interface {
+	HandleBatchEnd(core *Core)
+}
+
 // NewEngine builds the per-core queues and buffer pools on adapter a and
 // protection domain pd. cfg is completed with WithDefaults for a.Info() and
 // must pass ValidateFor. h receives every completion.
@@ -330,6 +339,7 @@ type Core struct {
 
 	h  Handler
 	eh ErrorHandler
+	bh BatchHandler
 
 	// Owned by the CQ's notification goroutine.
 	batch    []Completion
@@ -379,11 +389,13 @@ const (
 )
 
 func newCore(e *Engine, index, cpu int, h Handler, eh ErrorHandler, moderate bool) (c *Core, err error) {
+	bh, _ := h.(BatchHandler)
 	cfg := &e.cfg
 	c = &Core{
 		e: e, index: index, cpu: cpu,
 		threshold: cfg.RefillThreshold,
 		h:         h, eh: eh,
+		bh:       bh,
 		batch:    make([]Completion, cfg.PollBatch),
 		moderate: moderate,
 		bufs:     make([]RecvBuf, cfg.Buffers),
@@ -539,6 +551,9 @@ func (c *Core) cqNotified(status error) {
 	n2, recvs2 := c.drain()
 	n += n2
 	recvs += recvs2
+	if n > 0 && c.bh != nil {
+		c.bh.HandleBatchEnd(c)
+	}
 
 	c.st.notifications.Add(1)
 	if f := c.fixed.Swap(nil); f != nil {

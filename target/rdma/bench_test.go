@@ -323,6 +323,9 @@ func measure(b *testing.B, bc benchCase, srv *childTarget, cur *atomic.Pointer[i
 	b.ReportMetric(perOp(r.counters["rdmareads"]), "rdma-reads/op")
 	b.ReportMetric(perOp(r.counters["rdmawrites"]), "rdma-writes/op")
 	b.ReportMetric(perOp(r.counters["incapsule"]), "in-capsule/op")
+	if c := r.counters["groupcommits"]; c > 0 {
+		b.ReportMetric(float64(r.counters["groupedwrites"])/float64(c), "writes/commit")
+	}
 	return r
 }
 

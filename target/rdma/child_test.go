@@ -104,8 +104,8 @@ func runChildTarget(dir, addr string) error {
 	fmt.Printf("LISTEN %s\n", port.Addr())
 	childServe(func() string {
 		s := port.Stats()
-		line := fmt.Sprintf("commands=%d incapsule=%d rdmareads=%d rdmawrites=%d waits=%d completions=%d notifications=%d",
-			s.Commands, s.InCapsuleWrites, s.RDMAReads, s.RDMAWrites, s.DataWaits, s.Engine.Completions, s.Engine.Notifications)
+		line := fmt.Sprintf("commands=%d incapsule=%d rdmareads=%d rdmawrites=%d waits=%d completions=%d notifications=%d groupedwrites=%d groupcommits=%d",
+			s.Commands, s.InCapsuleWrites, s.RDMAReads, s.RDMAWrites, s.DataWaits, s.Engine.Completions, s.Engine.Notifications, s.GroupedWrites, s.GroupCommits)
 		if vs, err := vol.Stats(); err == nil {
 			line += fmt.Sprintf(" volcopied=%d volbytes=%d", vs.CopiedBytes, vs.ReadBytes+vs.WriteBytes)
 		}

@@ -30,6 +30,10 @@ type coreState struct {
 	whead, wn  int
 	smallLimit uint32
 
+	// group gathers the plain writes executed during one notification;
+	// committed by HandleBatchEnd at its end.
+	group *target.Group
+
 	st coreCounters
 }
 
@@ -44,6 +48,7 @@ func newCoreState(p *Port, c *transport.Core) (cs *coreState, err error) {
 		cs.reqs[i].init(cs)
 	}
 	cs.wait = make([]*req, int(cfg.Buffers)+int(cfg.QPsPerCore)*AdminQueueEntries)
+	cs.group = p.t.NewGroup(len(cs.wait))
 	if cs.small, err = newPool(p.engine.PD(), p.size.SmallBuffers, smallBufferSize); err != nil {
 		return nil, err
 	}
@@ -105,6 +110,9 @@ func (h *handler) HandleCompletion(core *transport.Core, c *transport.Completion
 		}
 		cn, _ := c.QPContext.(*conn)
 		r.conn = cn
+		// Every Execute of this request runs on this goroutine (here,
+		// from its RDMA READ's completion, or from runWaiters).
+		r.Group = cs.group
 		if c.Status != nil || cn == nil || cn.dead.Load() {
 			r.recycle()
 			return
@@ -138,6 +146,12 @@ func (h *handler) HandleCompletion(core *transport.Core, c *transport.Completion
 	if cs.wn > 0 {
 		cs.runWaiters()
 	}
+}
+
+// HandleBatchEnd implements transport.BatchHandler: the plain writes the
+// notification executed are committed together, then answered.
+func (h *handler) HandleBatchEnd(core *transport.Core) {
+	(*Port)(h).cores[core.Index()].group.Commit()
 }
 
 // receive starts a command that arrived in r's buffer (n bytes).

@@ -328,7 +328,10 @@ type Stats struct {
 	InCapsuleWrites       uint64 // host data taken from the capsule (no copy, no READ)
 	RDMAReads, RDMAWrites uint64
 	DataWaits             uint64 // commands that waited for a data buffer
-	Engine                transport.Stats
+	// GroupedWrites were committed together in GroupCommits backend
+	// commits (target.Group, one per core).
+	GroupedWrites, GroupCommits uint64
+	Engine                      transport.Stats
 }
 
 type counters struct {
@@ -349,6 +352,9 @@ func (p *Port) Stats() Stats {
 		s.RDMAReads += cs.st.reads.Load()
 		s.RDMAWrites += cs.st.writes.Load()
 		s.DataWaits += cs.st.waits.Load()
+		gs := cs.group.Stats()
+		s.GroupedWrites += gs.Writes
+		s.GroupCommits += gs.Commits
 	}
 	return s
 }
