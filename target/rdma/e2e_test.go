@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/rand"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -237,8 +238,9 @@ func TestDiscovery(t *testing.T) {
 }
 
 // TestManyQueuesAndDepth: eight I/O queues of depth 4 (the controller
-// grants them all); asynchronous submissions beyond 8 × 4 in flight are
-// refused with ErrQueueFull, and all of them complete correctly.
+// grants them all); 64 reads submitted as fast as possible never have more
+// than 8 × 4 in flight at once — a submission finding every queue full is
+// refused with ErrQueueFull — and every accepted one completes correctly.
 func TestManyQueuesAndDepth(t *testing.T) {
 	tt := newTestTarget(t, rdma.Config{})
 	c := connectHost(t, tt.addr, initiator.Config{Queues: 8, QueueDepth: 4})
@@ -248,28 +250,33 @@ func TestManyQueuesAndDepth(t *testing.T) {
 	ns := c.Namespace(1)
 	done := make(initiator.DoneChan, 64)
 	bufs := make([][]byte, 64)
-	submitted, full := 0, 0
+	submitted, full, maxInFlight := 0, 0, 0
 	for i := range bufs {
 		bufs[i] = make([]byte, 4096)
 		err := ns.ReadAsync(uint64(i), bufs[i], done)
 		switch {
 		case err == nil:
 			submitted++
+			// Completed ones have pushed into done; the rest hold slots.
+			maxInFlight = max(maxInFlight, submitted-len(done))
 		case errors.Is(err, initiator.ErrQueueFull):
 			full++
 		default:
 			t.Fatal(err)
 		}
 	}
-	if submitted > 32 || submitted < 1 {
-		t.Fatalf("%d reads in flight at once on 8 queues of depth 4", submitted)
+	// A slot is freed just before its callback runs, so a completion
+	// being delivered (at most one per host engine core at a time) may
+	// still count as in flight here.
+	if slack := runtime.NumCPU(); maxInFlight > 32+slack {
+		t.Fatalf("%d reads in flight at once on 8 queues of depth 4", maxInFlight)
 	}
 	for i := 0; i < submitted; i++ {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("%d submitted, %d refused with ErrQueueFull", submitted, full)
+	t.Logf("%d submitted (at most %d in flight), %d refused with ErrQueueFull", submitted, maxInFlight, full)
 }
 
 // TestPortRestart closes the port under a connected host with I/O going,
