@@ -1,0 +1,259 @@
+package meta
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// CommandVersion is the encoding version written in the first byte of every
+// command. A replica refuses (as a typed result, ErrBadCommand) a version it
+// does not know, so an old binary never misreads a newer log.
+const CommandVersion = 1
+
+// Op identifies a command. Values are part of the log format: never reuse or
+// renumber one.
+type Op uint8
+
+const (
+	OpRegisterNode   Op = 1
+	OpSetNodeState   Op = 2
+	OpRemoveNode     Op = 3
+	OpCreateVolume   Op = 4
+	OpSetVolumeState Op = 5
+	OpResizeVolume   Op = 6
+	OpDeleteVolume   Op = 7
+	OpPurgeVolume    Op = 8
+	OpAllowHost      Op = 9
+	OpDisallowHost   Op = 10
+	OpSetAllowAny    Op = 11
+	OpConnect        Op = 12
+	OpDisconnect     Op = 13
+)
+
+var opNames = map[Op]string{
+	OpRegisterNode: "register-node", OpSetNodeState: "set-node-state",
+	OpRemoveNode: "remove-node", OpCreateVolume: "create-volume",
+	OpSetVolumeState: "set-volume-state", OpResizeVolume: "resize-volume",
+	OpDeleteVolume: "delete-volume", OpPurgeVolume: "purge-volume",
+	OpAllowHost: "allow-host", OpDisallowHost: "disallow-host",
+	OpSetAllowAny: "set-allow-any", OpConnect: "connect", OpDisconnect: "disconnect",
+}
+
+func (o Op) String() string {
+	if s, ok := opNames[o]; ok {
+		return s
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Command is one registry mutation. Every field a command's effect depends
+// on, including time, is in the command: Apply never reads a clock.
+type Command interface {
+	Op() Op
+}
+
+// RegisterNode adds a storage node, or updates the addresses of a known one
+// (a node re-registers after a restart). A new node starts NodeUp.
+type RegisterNode struct {
+	ID         string `json:"id"`
+	TargetAddr string `json:"target_addr"` // host:port of its NVMe-oF target port
+	MgmtAddr   string `json:"mgmt_addr"`   // host:port of its management API
+}
+
+// SetNodeState moves a node to State.
+type SetNodeState struct {
+	ID    string    `json:"id"`
+	State NodeState `json:"state"`
+}
+
+// RemoveNode forgets a node. It fails with ErrNodeInUse while the node owns
+// a volume or carries a connection.
+type RemoveNode struct {
+	ID string `json:"id"`
+}
+
+// CreateVolume registers a new volume in VolumeCreating on node Node. The
+// registry assigns its ID. An empty NQN defaults to DefaultNQN(Name).
+type CreateVolume struct {
+	Name      string `json:"name"`
+	SizeBytes uint64 `json:"size_bytes"`
+	BlockSize uint32 `json:"block_size"` // 512 or 4096
+	Node      string `json:"node"`
+	NQN       string `json:"nqn,omitempty"`
+	At        int64  `json:"at"` // creation time, Unix nanoseconds, set by the proposer
+}
+
+// SetVolumeState moves a volume along the transitions validTransition allows.
+type SetVolumeState struct {
+	Name  string      `json:"name"`
+	State VolumeState `json:"state"`
+}
+
+// ResizeVolume grows a volume; shrinking is refused (ErrShrink).
+type ResizeVolume struct {
+	Name      string `json:"name"`
+	SizeBytes uint64 `json:"size_bytes"`
+}
+
+// DeleteVolume moves a volume to VolumeDeleting. It fails with
+// ErrHasConnections while hosts are connected unless Force, which drops them.
+type DeleteVolume struct {
+	Name  string `json:"name"`
+	Force bool   `json:"force,omitempty"`
+}
+
+// PurgeVolume forgets a volume in VolumeDeleting once its node freed the data.
+type PurgeVolume struct {
+	Name string `json:"name"`
+}
+
+// AllowHost adds a host NQN to a volume's allow list (idempotent).
+type AllowHost struct {
+	Volume  string `json:"volume"`
+	HostNQN string `json:"host_nqn"`
+}
+
+// DisallowHost removes a host NQN from a volume's allow list (idempotent).
+// It fails with ErrHasConnections while that host is connected, unless Force,
+// which drops its connections to the volume.
+type DisallowHost struct {
+	Volume  string `json:"volume"`
+	HostNQN string `json:"host_nqn"`
+	Force   bool   `json:"force,omitempty"`
+}
+
+// SetAllowAny sets whether any host may connect to a volume.
+type SetAllowAny struct {
+	Volume   string `json:"volume"`
+	AllowAny bool   `json:"allow_any"`
+}
+
+// Connect records that HostNQN attached to Volume through node Node at At.
+type Connect struct {
+	HostNQN string `json:"host_nqn"`
+	Volume  string `json:"volume"`
+	Node    string `json:"node"`
+	At      int64  `json:"at"` // Unix nanoseconds, set by the proposer
+}
+
+// Disconnect forgets a connection.
+type Disconnect struct {
+	HostNQN string `json:"host_nqn"`
+	Volume  string `json:"volume"`
+	Node    string `json:"node"`
+}
+
+func (RegisterNode) Op() Op   { return OpRegisterNode }
+func (SetNodeState) Op() Op   { return OpSetNodeState }
+func (RemoveNode) Op() Op     { return OpRemoveNode }
+func (CreateVolume) Op() Op   { return OpCreateVolume }
+func (SetVolumeState) Op() Op { return OpSetVolumeState }
+func (ResizeVolume) Op() Op   { return OpResizeVolume }
+func (DeleteVolume) Op() Op   { return OpDeleteVolume }
+func (PurgeVolume) Op() Op    { return OpPurgeVolume }
+func (AllowHost) Op() Op      { return OpAllowHost }
+func (DisallowHost) Op() Op   { return OpDisallowHost }
+func (SetAllowAny) Op() Op    { return OpSetAllowAny }
+func (Connect) Op() Op        { return OpConnect }
+func (Disconnect) Op() Op     { return OpDisconnect }
+
+// MaxCommandBytes bounds an encoded command: the largest legal command is a
+// CreateVolume with a MaxNameLen name and a MaxNQNLen NQN, well under 1 KiB;
+// 64 KiB leaves room for future commands while keeping a hostile entry cheap.
+const MaxCommandBytes = 64 << 10
+
+// EncodeCommand encodes c as [CommandVersion][Op][JSON body].
+func EncodeCommand(c Command) ([]byte, error) {
+	body, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("meta: encode %v: %w", c.Op(), err)
+	}
+	out := make([]byte, 0, 2+len(body))
+	out = append(out, CommandVersion, byte(c.Op()))
+	out = append(out, body...)
+	if len(out) > MaxCommandBytes {
+		return nil, fmt.Errorf("meta: %v is %d bytes (max %d): %w", c.Op(), len(out), MaxCommandBytes, ErrLimit)
+	}
+	return out, nil
+}
+
+// DecodeCommand is EncodeCommand's inverse. Its errors wrap ErrBadCommand.
+func DecodeCommand(b []byte) (Command, error) {
+	if len(b) < 2 {
+		return nil, fmt.Errorf("meta: command of %d bytes: %w", len(b), ErrBadCommand)
+	}
+	if len(b) > MaxCommandBytes {
+		return nil, fmt.Errorf("meta: command of %d bytes (max %d): %w", len(b), MaxCommandBytes, ErrBadCommand)
+	}
+	if b[0] != CommandVersion {
+		return nil, fmt.Errorf("meta: command version %d, want %d: %w", b[0], CommandVersion, ErrBadCommand)
+	}
+	var c Command
+	switch Op(b[1]) {
+	case OpRegisterNode:
+		c = new(RegisterNode)
+	case OpSetNodeState:
+		c = new(SetNodeState)
+	case OpRemoveNode:
+		c = new(RemoveNode)
+	case OpCreateVolume:
+		c = new(CreateVolume)
+	case OpSetVolumeState:
+		c = new(SetVolumeState)
+	case OpResizeVolume:
+		c = new(ResizeVolume)
+	case OpDeleteVolume:
+		c = new(DeleteVolume)
+	case OpPurgeVolume:
+		c = new(PurgeVolume)
+	case OpAllowHost:
+		c = new(AllowHost)
+	case OpDisallowHost:
+		c = new(DisallowHost)
+	case OpSetAllowAny:
+		c = new(SetAllowAny)
+	case OpConnect:
+		c = new(Connect)
+	case OpDisconnect:
+		c = new(Disconnect)
+	default:
+		return nil, fmt.Errorf("meta: unknown op %d: %w", b[1], ErrBadCommand)
+	}
+	if err := json.Unmarshal(b[2:], c); err != nil {
+		return nil, fmt.Errorf("meta: decode %v: %v: %w", Op(b[1]), err, ErrBadCommand)
+	}
+	return deref(c), nil
+}
+
+// deref turns the *T DecodeCommand filled into the T callers construct.
+func deref(c Command) Command {
+	switch c := c.(type) {
+	case *RegisterNode:
+		return *c
+	case *SetNodeState:
+		return *c
+	case *RemoveNode:
+		return *c
+	case *CreateVolume:
+		return *c
+	case *SetVolumeState:
+		return *c
+	case *ResizeVolume:
+		return *c
+	case *DeleteVolume:
+		return *c
+	case *PurgeVolume:
+		return *c
+	case *AllowHost:
+		return *c
+	case *DisallowHost:
+		return *c
+	case *SetAllowAny:
+		return *c
+	case *Connect:
+		return *c
+	case *Disconnect:
+		return *c
+	}
+	return c
+}

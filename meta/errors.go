@@ -1,0 +1,28 @@
+package meta
+
+import "errors"
+
+// Errors a command's Result can carry. They are results, not faults: every
+// replica reaches the same one for the same entry. Match with errors.Is.
+var (
+	ErrBadCommand       = errors.New("meta: malformed command")
+	ErrInvalid          = errors.New("meta: invalid argument")
+	ErrLimit            = errors.New("meta: limit reached")
+	ErrUnknownNode      = errors.New("meta: unknown node")
+	ErrNodeNotUp        = errors.New("meta: node is not up")
+	ErrNodeInUse        = errors.New("meta: node owns volumes or carries connections")
+	ErrVolumeExists     = errors.New("meta: volume name already in use")
+	ErrNQNInUse         = errors.New("meta: subsystem NQN already in use")
+	ErrUnknownVolume    = errors.New("meta: unknown volume")
+	ErrBadBlockSize     = errors.New("meta: block size must be 512 or 4096")
+	ErrSizeNotMultiple  = errors.New("meta: size is not a multiple of the block size")
+	ErrShrink           = errors.New("meta: volumes cannot shrink")
+	ErrBadTransition    = errors.New("meta: state transition not allowed")
+	ErrVolumeNotOnline  = errors.New("meta: volume is not online")
+	ErrVolumeDeleting   = errors.New("meta: volume is being deleted")
+	ErrHasConnections   = errors.New("meta: volume has live connections")
+	ErrHostNotAllowed   = errors.New("meta: host is not allowed on volume")
+	ErrAlreadyConnected = errors.New("meta: host already connected through node")
+	ErrNotConnected     = errors.New("meta: no such connection")
+	ErrBadSnapshot      = errors.New("meta: malformed snapshot")
+)

@@ -1,0 +1,156 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// cut isolates member i from every other member (both directions).
+func (c *inmemCluster) cut(i int) {
+	for j, o := range c.trans {
+		if j != i && o != nil && c.trans[i] != nil {
+			o.Disconnect(c.addr(i))
+			c.trans[i].Disconnect(c.addr(j))
+		}
+	}
+}
+
+// heal reconnects every running pair.
+func (c *inmemCluster) heal() {
+	for i, a := range c.trans {
+		for j, b := range c.trans {
+			if i != j && a != nil && b != nil {
+				a.Connect(c.addr(j), b)
+			}
+		}
+	}
+}
+
+// TestClusterFuzzy: a seeded run of partitions, heals, crashes and restarts
+// between batches of writes. At the end every member holds the same
+// registry, and every write that was acknowledged is in it.
+func TestClusterFuzzy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 3))
+	c := newInmemCluster(t, 3)
+	n0 := c.start(0, true)
+	c.start(1, false)
+	c.start(2, false)
+	c.waitLeader()
+	ctx := context.Background()
+	for i := 1; i < 3; i++ {
+		if err := n0.AddVoter(ctx, fmt.Sprintf("m%d", i), string(c.addr(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.apply(RegisterNode{ID: "s1", TargetAddr: "a:1", MgmtAddr: "a:2"})
+
+	acked := map[string]bool{}
+	next := 0
+	var events []string
+	isolated := map[int]bool{}
+	for round := range 12 {
+		switch a := rng.IntN(4); {
+		case a == 0:
+			i := rng.IntN(3)
+			c.cut(i)
+			isolated[i] = true
+			events = append(events, fmt.Sprintf("cut m%d", i))
+		case a == 1:
+			c.heal()
+			clear(isolated)
+			events = append(events, "heal")
+		case a == 2:
+			// Crash one member (never leaving fewer than two up) and
+			// bring back any that is down.
+			down := -1
+			for i, n := range c.nodes {
+				if n == nil {
+					down = i
+				}
+			}
+			if down >= 0 {
+				c.start(down, false)
+				c.heal()
+				clear(isolated)
+				events = append(events, fmt.Sprintf("restart m%d", down))
+			} else {
+				i := rng.IntN(3)
+				c.stop(i)
+				events = append(events, fmt.Sprintf("crash m%d", i))
+			}
+		default:
+			events = append(events, "steady")
+		}
+		connected := 0
+		for i, n := range c.nodes {
+			if n != nil && !isolated[i] {
+				connected++
+			}
+		}
+		if connected < 2 {
+			// No quorum: one write, which must not be acknowledged.
+			for _, n := range c.nodes {
+				if n == nil || !n.IsLeader() {
+					continue
+				}
+				actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+				_, err := n.Apply(actx, CreateVolume{Name: fmt.Sprintf("v%04d", next), SizeBytes: 4096, BlockSize: 4096, Node: "s1"})
+				cancel()
+				next++
+				if err == nil {
+					t.Errorf("round %d: write acknowledged without a quorum (events %v)", round, events)
+				}
+			}
+			continue
+		}
+		// Let an election finish: a quorum is connected, so one will.
+		settle := time.Now().Add(waitFor)
+		for _, err := c.leader(); err != nil && time.Now().Before(settle); _, err = c.leader() {
+			time.Sleep(20 * time.Millisecond)
+		}
+		// A batch of writes with short deadlines: some fail while there
+		// is no quorum; those are uncertain, not lost, and end the batch.
+		for range 5 + rng.IntN(10) {
+			name := fmt.Sprintf("v%04d", next)
+			next++
+			l, err := c.leader()
+			if err != nil {
+				continue
+			}
+			actx, cancel := context.WithTimeout(ctx, time.Second)
+			_, err = l.Apply(actx, CreateVolume{Name: name, SizeBytes: 4096, BlockSize: 4096, Node: "s1", At: int64(round)})
+			cancel()
+			if err != nil {
+				break // no quorum, or an election: next round
+			}
+			acked[name] = true
+		}
+	}
+	t.Logf("events: %v; %d writes, %d acknowledged", events, next, len(acked))
+	for i, n := range c.nodes {
+		if n == nil {
+			c.start(i, false)
+		}
+	}
+	c.heal()
+	c.apply(RegisterNode{ID: "final", TargetAddr: "a:1", MgmtAddr: "a:2"})
+	c.converged()
+	l := c.waitLeader()
+	for name := range acked {
+		if _, err := l.ReadVolume(ctx, name); err != nil {
+			if errors.Is(err, ErrUnknownVolume) {
+				t.Errorf("acknowledged volume %s lost (events %v)", name, events)
+				continue
+			}
+			t.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,680 @@
+package meta
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Limits. The registry is small and lives in memory on every replica; these
+// bound its size and the cost of one snapshot (a full registry at the limits
+// is a few tens of MiB of JSON).
+const (
+	MaxNodes          = 1024
+	MaxVolumes        = 1 << 16
+	MaxConnections    = 1 << 16
+	MaxHostsPerVolume = 256
+	MaxNameLen        = 128 // node IDs, volume names, addresses
+	MaxNQNLen         = 223 // NVMe Base Specification: NQNs are at most 223 bytes
+)
+
+// NodeState is a storage node's administrative state.
+type NodeState uint8
+
+const (
+	NodeUp       NodeState = 1 // serving, may receive new volumes and connections
+	NodeDraining NodeState = 2 // serving existing volumes, no new ones
+	NodeDown     NodeState = 3 // not serving
+)
+
+func (s NodeState) String() string {
+	switch s {
+	case NodeUp:
+		return "up"
+	case NodeDraining:
+		return "draining"
+	case NodeDown:
+		return "down"
+	}
+	return fmt.Sprintf("node-state(%d)", uint8(s))
+}
+
+func (s NodeState) valid() bool { return s >= NodeUp && s <= NodeDown }
+
+// MarshalText encodes the state by name, so commands and snapshots read
+// well; an out-of-range value encodes as "node-state(N)", which no replica
+// decodes.
+func (s NodeState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText is MarshalText's inverse.
+func (s *NodeState) UnmarshalText(b []byte) error {
+	for v := NodeUp; v <= NodeDown; v++ {
+		if v.String() == string(b) {
+			*s = v
+			return nil
+		}
+	}
+	return fmt.Errorf("meta: node state %q: %w", b, ErrInvalid)
+}
+
+// VolumeState is a volume's lifecycle state.
+type VolumeState uint8
+
+const (
+	VolumeCreating VolumeState = 1 // registered; its node has not created it yet
+	VolumeOnline   VolumeState = 2 // hosts may connect
+	VolumeOffline  VolumeState = 3 // exists, refuses new connections
+	VolumeDeleting VolumeState = 4 // being freed on its node; PurgeVolume forgets it
+)
+
+func (s VolumeState) String() string {
+	switch s {
+	case VolumeCreating:
+		return "creating"
+	case VolumeOnline:
+		return "online"
+	case VolumeOffline:
+		return "offline"
+	case VolumeDeleting:
+		return "deleting"
+	}
+	return fmt.Sprintf("volume-state(%d)", uint8(s))
+}
+
+// MarshalText encodes the state by name (see NodeState.MarshalText).
+func (s VolumeState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText is MarshalText's inverse.
+func (s *VolumeState) UnmarshalText(b []byte) error {
+	for v := VolumeCreating; v <= VolumeDeleting; v++ {
+		if v.String() == string(b) {
+			*s = v
+			return nil
+		}
+	}
+	return fmt.Errorf("meta: volume state %q: %w", b, ErrInvalid)
+}
+
+// validTransition says whether SetVolumeState may move from to to.
+// VolumeDeleting is entered only through DeleteVolume and left only through
+// PurgeVolume.
+func validTransition(from, to VolumeState) bool {
+	switch from {
+	case VolumeCreating:
+		return to == VolumeOnline || to == VolumeOffline
+	case VolumeOnline:
+		return to == VolumeOffline
+	case VolumeOffline:
+		return to == VolumeOnline
+	}
+	return false
+}
+
+// NodeInfo is one registered storage node.
+type NodeInfo struct {
+	ID         string    `json:"id"`
+	TargetAddr string    `json:"target_addr"`
+	MgmtAddr   string    `json:"mgmt_addr"`
+	State      NodeState `json:"state"`
+}
+
+// Volume is one registered volume. Hosts is sorted.
+type Volume struct {
+	Name      string      `json:"name"`
+	ID        uint64      `json:"id"`
+	SizeBytes uint64      `json:"size_bytes"`
+	BlockSize uint32      `json:"block_size"`
+	Node      string      `json:"node"`
+	State     VolumeState `json:"state"`
+	NQN       string      `json:"nqn"`
+	AllowAny  bool        `json:"allow_any,omitempty"`
+	Hosts     []string    `json:"hosts,omitempty"`
+	CreatedAt int64       `json:"created_at"` // Unix nanoseconds, from the command
+}
+
+func (v *Volume) clone() Volume {
+	c := *v
+	c.Hosts = slices.Clone(v.Hosts)
+	return c
+}
+
+// Connection is a host attached to a volume through a node.
+type Connection struct {
+	HostNQN string `json:"host_nqn"`
+	Volume  string `json:"volume"`
+	Node    string `json:"node"`
+	Since   int64  `json:"since"` // Unix nanoseconds, from the Connect command
+}
+
+type connKey struct{ host, volume, node string }
+
+func (c *Connection) key() connKey { return connKey{c.HostNQN, c.Volume, c.Node} }
+
+// DefaultNQN is the subsystem NQN a volume created without one gets.
+func DefaultNQN(volume string) string { return "nqn.2024-01.io.blk:volume:" + volume }
+
+// State is the registry. It is a pure state machine: Apply's effect depends
+// only on the state and the command. State is not safe for concurrent use;
+// FSM adds the locking raft needs.
+type State struct {
+	index   uint64 // log index of the last applied command
+	nextVol uint64 // ID the next created volume gets; IDs are never reused
+	nodes   map[string]*NodeInfo
+	vols    map[string]*Volume
+	nqns    map[string]string // subsystem NQN → volume name
+	conns   map[connKey]*Connection
+}
+
+// NewState returns an empty registry.
+func NewState() *State {
+	return &State{
+		nextVol: 1,
+		nodes:   make(map[string]*NodeInfo),
+		vols:    make(map[string]*Volume),
+		nqns:    make(map[string]string),
+		conns:   make(map[connKey]*Connection),
+	}
+}
+
+// Result is what applying one command yields. Err, when set, wraps one of
+// the package's sentinel errors and the state is unchanged.
+type Result struct {
+	Index  uint64    // log index of the command (0 outside raft)
+	Volume *Volume   // CreateVolume, ResizeVolume, SetVolumeState, ...: the volume after the command
+	Node   *NodeInfo // RegisterNode, SetNodeState: the node after the command
+	Err    error
+}
+
+// ApplyBytes decodes and applies one encoded command at log index index.
+func (s *State) ApplyBytes(index uint64, b []byte) Result {
+	c, err := DecodeCommand(b)
+	if err != nil {
+		s.index = index
+		return Result{Index: index, Err: err}
+	}
+	return s.Apply(index, c)
+}
+
+// Apply applies c at log index index. A command that fails leaves the state
+// unchanged except for the applied index.
+func (s *State) Apply(index uint64, c Command) Result {
+	var r Result
+	switch c := c.(type) {
+	case RegisterNode:
+		r = s.registerNode(c)
+	case SetNodeState:
+		r = s.setNodeState(c)
+	case RemoveNode:
+		r = s.removeNode(c)
+	case CreateVolume:
+		r = s.createVolume(c)
+	case SetVolumeState:
+		r = s.setVolumeState(c)
+	case ResizeVolume:
+		r = s.resizeVolume(c)
+	case DeleteVolume:
+		r = s.deleteVolume(c)
+	case PurgeVolume:
+		r = s.purgeVolume(c)
+	case AllowHost:
+		r = s.allowHost(c)
+	case DisallowHost:
+		r = s.disallowHost(c)
+	case SetAllowAny:
+		r = s.setAllowAny(c)
+	case Connect:
+		r = s.connect(c)
+	case Disconnect:
+		r = s.disconnect(c)
+	default:
+		r = Result{Err: fmt.Errorf("meta: command %T: %w", c, ErrBadCommand)}
+	}
+	s.index = index
+	r.Index = index
+	return r
+}
+
+func checkName(what, v string) error {
+	if v == "" || len(v) > MaxNameLen {
+		return fmt.Errorf("meta: %s %q: must be 1..%d bytes: %w", what, v, MaxNameLen, ErrInvalid)
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c >= 0x7f {
+			return fmt.Errorf("meta: %s %q: byte %d is not printable ASCII: %w", what, v, i, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+func checkNQN(v string) error {
+	if len(v) > MaxNQNLen || !strings.HasPrefix(v, "nqn.") {
+		return fmt.Errorf("meta: NQN %q: must start with \"nqn.\" and be at most %d bytes: %w", v, MaxNQNLen, ErrInvalid)
+	}
+	return checkName("NQN", v[:min(len(v), MaxNameLen)])
+}
+
+func (s *State) registerNode(c RegisterNode) Result {
+	if err := checkName("node ID", c.ID); err != nil {
+		return Result{Err: err}
+	}
+	if err := checkName("target address", c.TargetAddr); err != nil {
+		return Result{Err: err}
+	}
+	if err := checkName("management address", c.MgmtAddr); err != nil {
+		return Result{Err: err}
+	}
+	n, ok := s.nodes[c.ID]
+	if !ok {
+		if len(s.nodes) >= MaxNodes {
+			return Result{Err: fmt.Errorf("meta: %d nodes: %w", MaxNodes, ErrLimit)}
+		}
+		n = &NodeInfo{ID: c.ID, State: NodeUp}
+		s.nodes[c.ID] = n
+	}
+	n.TargetAddr, n.MgmtAddr = c.TargetAddr, c.MgmtAddr
+	cp := *n
+	return Result{Node: &cp}
+}
+
+func (s *State) node(id string) (*NodeInfo, error) {
+	n, ok := s.nodes[id]
+	if !ok {
+		return nil, fmt.Errorf("meta: node %q: %w", id, ErrUnknownNode)
+	}
+	return n, nil
+}
+
+func (s *State) setNodeState(c SetNodeState) Result {
+	n, err := s.node(c.ID)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if !c.State.valid() {
+		return Result{Err: fmt.Errorf("meta: node %q: state %v: %w", c.ID, c.State, ErrInvalid)}
+	}
+	n.State = c.State
+	cp := *n
+	return Result{Node: &cp}
+}
+
+func (s *State) removeNode(c RemoveNode) Result {
+	if _, err := s.node(c.ID); err != nil {
+		return Result{Err: err}
+	}
+	for _, v := range s.vols {
+		if v.Node == c.ID {
+			return Result{Err: fmt.Errorf("meta: node %q owns volume %q: %w", c.ID, v.Name, ErrNodeInUse)}
+		}
+	}
+	for k := range s.conns {
+		if k.node == c.ID {
+			return Result{Err: fmt.Errorf("meta: node %q carries a connection of %q: %w", c.ID, k.host, ErrNodeInUse)}
+		}
+	}
+	delete(s.nodes, c.ID)
+	return Result{}
+}
+
+func (s *State) volume(name string) (*Volume, error) {
+	v, ok := s.vols[name]
+	if !ok {
+		return nil, fmt.Errorf("meta: volume %q: %w", name, ErrUnknownVolume)
+	}
+	return v, nil
+}
+
+func checkSize(size uint64, bs uint32) error {
+	if size == 0 || size%uint64(bs) != 0 {
+		return fmt.Errorf("meta: size %d, block size %d: %w", size, bs, ErrSizeNotMultiple)
+	}
+	return nil
+}
+
+func (s *State) createVolume(c CreateVolume) Result {
+	if err := checkName("volume name", c.Name); err != nil {
+		return Result{Err: err}
+	}
+	if c.BlockSize != 512 && c.BlockSize != 4096 {
+		return Result{Err: fmt.Errorf("meta: volume %q: block size %d: %w", c.Name, c.BlockSize, ErrBadBlockSize)}
+	}
+	if err := checkSize(c.SizeBytes, c.BlockSize); err != nil {
+		return Result{Err: err}
+	}
+	nqn := c.NQN
+	if nqn == "" {
+		nqn = DefaultNQN(c.Name)
+	}
+	if err := checkNQN(nqn); err != nil {
+		return Result{Err: err}
+	}
+	if _, ok := s.vols[c.Name]; ok {
+		return Result{Err: fmt.Errorf("meta: volume %q: %w", c.Name, ErrVolumeExists)}
+	}
+	if other, ok := s.nqns[nqn]; ok {
+		return Result{Err: fmt.Errorf("meta: NQN %q belongs to volume %q: %w", nqn, other, ErrNQNInUse)}
+	}
+	n, err := s.node(c.Node)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if n.State != NodeUp {
+		return Result{Err: fmt.Errorf("meta: node %q is %v: %w", n.ID, n.State, ErrNodeNotUp)}
+	}
+	if len(s.vols) >= MaxVolumes {
+		return Result{Err: fmt.Errorf("meta: %d volumes: %w", MaxVolumes, ErrLimit)}
+	}
+	v := &Volume{
+		Name: c.Name, ID: s.nextVol, SizeBytes: c.SizeBytes, BlockSize: c.BlockSize,
+		Node: c.Node, State: VolumeCreating, NQN: nqn, CreatedAt: c.At,
+	}
+	s.nextVol++
+	s.vols[v.Name] = v
+	s.nqns[nqn] = v.Name
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+func (s *State) setVolumeState(c SetVolumeState) Result {
+	v, err := s.volume(c.Name)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if !validTransition(v.State, c.State) {
+		return Result{Err: fmt.Errorf("meta: volume %q: %v → %v: %w", c.Name, v.State, c.State, ErrBadTransition)}
+	}
+	v.State = c.State
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+func (s *State) resizeVolume(c ResizeVolume) Result {
+	v, err := s.volume(c.Name)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if v.State == VolumeDeleting {
+		return Result{Err: fmt.Errorf("meta: volume %q: %w", c.Name, ErrVolumeDeleting)}
+	}
+	if err := checkSize(c.SizeBytes, v.BlockSize); err != nil {
+		return Result{Err: err}
+	}
+	if c.SizeBytes < v.SizeBytes {
+		return Result{Err: fmt.Errorf("meta: volume %q: %d < %d bytes: %w", c.Name, c.SizeBytes, v.SizeBytes, ErrShrink)}
+	}
+	v.SizeBytes = c.SizeBytes
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+// dropConns removes the connections to volume (of host, if host != "").
+func (s *State) dropConns(volume, host string) {
+	for k := range s.conns {
+		if k.volume == volume && (host == "" || k.host == host) {
+			delete(s.conns, k)
+		}
+	}
+}
+
+func (s *State) countConns(volume, host string) int {
+	n := 0
+	for k := range s.conns {
+		if k.volume == volume && (host == "" || k.host == host) {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *State) deleteVolume(c DeleteVolume) Result {
+	v, err := s.volume(c.Name)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if v.State == VolumeDeleting {
+		return Result{Err: fmt.Errorf("meta: volume %q: %w", c.Name, ErrVolumeDeleting)}
+	}
+	if n := s.countConns(c.Name, ""); n > 0 && !c.Force {
+		return Result{Err: fmt.Errorf("meta: volume %q: %d connections: %w", c.Name, n, ErrHasConnections)}
+	}
+	s.dropConns(c.Name, "")
+	v.State = VolumeDeleting
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+func (s *State) purgeVolume(c PurgeVolume) Result {
+	v, err := s.volume(c.Name)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if v.State != VolumeDeleting {
+		return Result{Err: fmt.Errorf("meta: purge volume %q in state %v: %w", c.Name, v.State, ErrBadTransition)}
+	}
+	// DeleteVolume dropped the connections and Connect refuses a deleting
+	// volume, so none can remain.
+	if n := s.countConns(c.Name, ""); n != 0 {
+		panic(fmt.Sprintf("meta: invariant: deleting volume %q has %d connections", c.Name, n))
+	}
+	delete(s.nqns, v.NQN)
+	delete(s.vols, c.Name)
+	return Result{}
+}
+
+func (s *State) allowHost(c AllowHost) Result {
+	v, err := s.volume(c.Volume)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if err := checkNQN(c.HostNQN); err != nil {
+		return Result{Err: err}
+	}
+	i, found := slices.BinarySearch(v.Hosts, c.HostNQN)
+	if !found {
+		if len(v.Hosts) >= MaxHostsPerVolume {
+			return Result{Err: fmt.Errorf("meta: volume %q: %d hosts: %w", c.Volume, MaxHostsPerVolume, ErrLimit)}
+		}
+		v.Hosts = slices.Insert(v.Hosts, i, c.HostNQN)
+	}
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+func (s *State) disallowHost(c DisallowHost) Result {
+	v, err := s.volume(c.Volume)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if n := s.countConns(c.Volume, c.HostNQN); n > 0 && !v.AllowAny {
+		if !c.Force {
+			return Result{Err: fmt.Errorf("meta: volume %q: host %q has %d connections: %w", c.Volume, c.HostNQN, n, ErrHasConnections)}
+		}
+		s.dropConns(c.Volume, c.HostNQN)
+	}
+	if i, found := slices.BinarySearch(v.Hosts, c.HostNQN); found {
+		v.Hosts = slices.Delete(v.Hosts, i, i+1)
+	}
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+func (s *State) setAllowAny(c SetAllowAny) Result {
+	v, err := s.volume(c.Volume)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if !c.AllowAny && v.AllowAny {
+		// Hosts connected only because any host was allowed must go first.
+		for k := range s.conns {
+			if k.volume == c.Volume {
+				if _, ok := slices.BinarySearch(v.Hosts, k.host); !ok {
+					return Result{Err: fmt.Errorf("meta: volume %q: host %q is connected and not in the allow list: %w", c.Volume, k.host, ErrHasConnections)}
+				}
+			}
+		}
+	}
+	v.AllowAny = c.AllowAny
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+func (s *State) connect(c Connect) Result {
+	v, err := s.volume(c.Volume)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if err := checkNQN(c.HostNQN); err != nil {
+		return Result{Err: err}
+	}
+	n, err := s.node(c.Node)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if n.State != NodeUp {
+		return Result{Err: fmt.Errorf("meta: node %q is %v: %w", n.ID, n.State, ErrNodeNotUp)}
+	}
+	if v.State != VolumeOnline {
+		return Result{Err: fmt.Errorf("meta: volume %q is %v: %w", v.Name, v.State, ErrVolumeNotOnline)}
+	}
+	if _, ok := slices.BinarySearch(v.Hosts, c.HostNQN); !ok && !v.AllowAny {
+		return Result{Err: fmt.Errorf("meta: volume %q: host %q: %w", v.Name, c.HostNQN, ErrHostNotAllowed)}
+	}
+	k := connKey{c.HostNQN, c.Volume, c.Node}
+	if _, ok := s.conns[k]; ok {
+		return Result{Err: fmt.Errorf("meta: %q on %q through %q: %w", c.HostNQN, c.Volume, c.Node, ErrAlreadyConnected)}
+	}
+	if len(s.conns) >= MaxConnections {
+		return Result{Err: fmt.Errorf("meta: %d connections: %w", MaxConnections, ErrLimit)}
+	}
+	s.conns[k] = &Connection{HostNQN: c.HostNQN, Volume: c.Volume, Node: c.Node, Since: c.At}
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+func (s *State) disconnect(c Disconnect) Result {
+	k := connKey{c.HostNQN, c.Volume, c.Node}
+	if _, ok := s.conns[k]; !ok {
+		return Result{Err: fmt.Errorf("meta: %q on %q through %q: %w", c.HostNQN, c.Volume, c.Node, ErrNotConnected)}
+	}
+	delete(s.conns, k)
+	return Result{}
+}
+
+// Index returns the log index of the last applied command.
+func (s *State) Index() uint64 { return s.index }
+
+// Volume returns a copy of the named volume.
+func (s *State) Volume(name string) (Volume, bool) {
+	v, ok := s.vols[name]
+	if !ok {
+		return Volume{}, false
+	}
+	return v.clone(), true
+}
+
+// Node returns a copy of the node with that ID.
+func (s *State) Node(id string) (NodeInfo, bool) {
+	n, ok := s.nodes[id]
+	if !ok {
+		return NodeInfo{}, false
+	}
+	return *n, true
+}
+
+// Snapshot is the registry in canonical form: every list sorted by its key.
+// It is both the snapshot encoding and what readers get.
+type Snapshot struct {
+	Version      int          `json:"version"`
+	Index        uint64       `json:"index"`
+	NextVolumeID uint64       `json:"next_volume_id"`
+	Nodes        []NodeInfo   `json:"nodes"`
+	Volumes      []Volume     `json:"volumes"`
+	Connections  []Connection `json:"connections"`
+}
+
+// SnapshotVersion is the version of the Snapshot encoding.
+const SnapshotVersion = 1
+
+// Export returns a deep copy of the registry in canonical (sorted) form.
+func (s *State) Export() Snapshot {
+	out := Snapshot{
+		Version: SnapshotVersion, Index: s.index, NextVolumeID: s.nextVol,
+		Nodes:       make([]NodeInfo, 0, len(s.nodes)),
+		Volumes:     make([]Volume, 0, len(s.vols)),
+		Connections: make([]Connection, 0, len(s.conns)),
+	}
+	for _, n := range s.nodes {
+		out.Nodes = append(out.Nodes, *n)
+	}
+	for _, v := range s.vols {
+		out.Volumes = append(out.Volumes, v.clone())
+	}
+	for _, c := range s.conns {
+		out.Connections = append(out.Connections, *c)
+	}
+	slices.SortFunc(out.Nodes, func(a, b NodeInfo) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out.Volumes, func(a, b Volume) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(out.Connections, func(a, b Connection) int {
+		return cmp.Or(cmp.Compare(a.Volume, b.Volume), cmp.Compare(a.HostNQN, b.HostNQN), cmp.Compare(a.Node, b.Node))
+	})
+	return out
+}
+
+// MarshalState encodes the registry canonically: equal states give equal bytes.
+func (s *State) MarshalState() []byte {
+	b, err := json.Marshal(s.Export())
+	if err != nil {
+		// Only plain strings, integers and bools: Marshal cannot fail.
+		panic(fmt.Sprintf("meta: marshal state: %v", err))
+	}
+	return b
+}
+
+// UnmarshalState decodes what MarshalState wrote, checking the invariants a
+// live state keeps.
+func UnmarshalState(b []byte) (*State, error) {
+	var snap Snapshot
+	if err := json.Unmarshal(b, &snap); err != nil {
+		return nil, fmt.Errorf("meta: snapshot: %v: %w", err, ErrBadSnapshot)
+	}
+	if snap.Version != SnapshotVersion {
+		return nil, fmt.Errorf("meta: snapshot version %d, want %d: %w", snap.Version, SnapshotVersion, ErrBadSnapshot)
+	}
+	s := NewState()
+	s.index, s.nextVol = snap.Index, snap.NextVolumeID
+	bad := func(format string, a ...any) (*State, error) {
+		return nil, fmt.Errorf("meta: snapshot: "+format+": %w", append(a, ErrBadSnapshot)...)
+	}
+	for i := range snap.Nodes {
+		n := snap.Nodes[i]
+		if _, dup := s.nodes[n.ID]; dup || !n.State.valid() {
+			return bad("node %q", n.ID)
+		}
+		s.nodes[n.ID] = &n
+	}
+	for i := range snap.Volumes {
+		v := snap.Volumes[i]
+		_, dup := s.vols[v.Name]
+		_, dupNQN := s.nqns[v.NQN]
+		_, nodeOK := s.nodes[v.Node]
+		stateOK := v.State >= VolumeCreating && v.State <= VolumeDeleting
+		sizeOK := (v.BlockSize == 512 || v.BlockSize == 4096) && checkSize(v.SizeBytes, v.BlockSize) == nil
+		if dup || dupNQN || !nodeOK || !stateOK || !sizeOK || v.ID == 0 || v.ID >= s.nextVol || !slices.IsSorted(v.Hosts) {
+			return bad("volume %q", v.Name)
+		}
+		s.vols[v.Name] = &v
+		s.nqns[v.NQN] = v.Name
+	}
+	for i := range snap.Connections {
+		c := snap.Connections[i]
+		v, volOK := s.vols[c.Volume]
+		volOK = volOK && v.State != VolumeDeleting
+		_, nodeOK := s.nodes[c.Node]
+		if _, dup := s.conns[c.key()]; dup || !volOK || !nodeOK {
+			return bad("connection %q/%q/%q", c.HostNQN, c.Volume, c.Node)
+		}
+		s.conns[c.key()] = &c
+	}
+	return s, nil
+}

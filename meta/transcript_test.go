@@ -1,0 +1,188 @@
+package meta
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var rewrite = flag.Bool("meta.rewrite", false, "rewrite the expected output of testdata/*.txt transcripts")
+
+// sentinels names every error a Result can carry, for transcripts.
+var sentinels = []struct {
+	name string
+	err  error
+}{
+	{"ErrBadCommand", ErrBadCommand}, {"ErrInvalid", ErrInvalid}, {"ErrLimit", ErrLimit},
+	{"ErrUnknownNode", ErrUnknownNode}, {"ErrNodeNotUp", ErrNodeNotUp},
+	{"ErrNodeInUse", ErrNodeInUse}, {"ErrVolumeExists", ErrVolumeExists}, {"ErrNQNInUse", ErrNQNInUse},
+	{"ErrUnknownVolume", ErrUnknownVolume}, {"ErrBadBlockSize", ErrBadBlockSize},
+	{"ErrSizeNotMultiple", ErrSizeNotMultiple}, {"ErrShrink", ErrShrink}, {"ErrBadTransition", ErrBadTransition},
+	{"ErrVolumeNotOnline", ErrVolumeNotOnline}, {"ErrVolumeDeleting", ErrVolumeDeleting},
+	{"ErrHasConnections", ErrHasConnections}, {"ErrHostNotAllowed", ErrHostNotAllowed},
+	{"ErrAlreadyConnected", ErrAlreadyConnected}, {"ErrNotConnected", ErrNotConnected},
+}
+
+func sentinelName(err error) string {
+	for _, s := range sentinels {
+		if errors.Is(err, s.err) {
+			return s.name
+		}
+	}
+	return "unknown error: " + err.Error()
+}
+
+// runTranscript interprets one transcript. Each block is a directive line,
+// input lines, "----", and the expected output up to a blank line:
+//
+//	apply                      one command per line: <op-name> <JSON body>
+//	state                      the registry, one line per object
+//
+// Lines starting with # between blocks are comments.
+func runTranscript(t *testing.T, path string) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewState()
+	var index uint64
+	byName := map[string]Op{}
+	for op, name := range opNames {
+		byName[name] = op
+	}
+	var out strings.Builder // the rewritten file
+	sc := bufio.NewScanner(strings.NewReader(string(raw)))
+	line := 0
+	next := func() (string, bool) {
+		if !sc.Scan() {
+			return "", false
+		}
+		line++
+		return sc.Text(), true
+	}
+	for {
+		l, ok := next()
+		if !ok {
+			break
+		}
+		if l == "" || strings.HasPrefix(l, "#") {
+			out.WriteString(l + "\n")
+			continue
+		}
+		directive, start := l, line
+		var input []string
+		for {
+			l, ok = next()
+			if !ok {
+				t.Fatalf("%s:%d: block without ----", path, start)
+			}
+			if l == "----" {
+				break
+			}
+			input = append(input, l)
+		}
+		var want []string
+		for {
+			l, ok = next()
+			if !ok || l == "" {
+				break
+			}
+			want = append(want, l)
+		}
+		var got []string
+		switch directive {
+		case "apply":
+			for _, in := range input {
+				name, body, _ := strings.Cut(in, " ")
+				op, ok := byName[name]
+				if !ok {
+					t.Fatalf("%s:%d: unknown op %q", path, start, name)
+				}
+				index++
+				r := s.ApplyBytes(index, append([]byte{CommandVersion, byte(op)}, body...))
+				got = append(got, fmt.Sprintf("%d %s: %s", index, name, describe(r)))
+			}
+		case "state":
+			got = describeState(s)
+		default:
+			t.Fatalf("%s:%d: unknown directive %q", path, start, directive)
+		}
+		out.WriteString(directive + "\n")
+		for _, in := range input {
+			out.WriteString(in + "\n")
+		}
+		out.WriteString("----\n")
+		for _, g := range got {
+			out.WriteString(g + "\n")
+		}
+		out.WriteString("\n")
+		if !*rewrite && strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, start, directive, strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	}
+	if *rewrite {
+		if err := os.WriteFile(path, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func describe(r Result) string {
+	if r.Err != nil {
+		return "error " + sentinelName(r.Err)
+	}
+	switch {
+	case r.Volume != nil:
+		return "ok " + describeVolume(*r.Volume)
+	case r.Node != nil:
+		return "ok " + describeNode(*r.Node)
+	}
+	return "ok"
+}
+
+func describeVolume(v Volume) string {
+	s := fmt.Sprintf("volume %s id=%d size=%d bs=%d node=%s %v nqn=%s", v.Name, v.ID, v.SizeBytes, v.BlockSize, v.Node, v.State, v.NQN)
+	if v.AllowAny {
+		s += " allow-any"
+	}
+	if len(v.Hosts) > 0 {
+		s += " hosts=" + strings.Join(v.Hosts, ",")
+	}
+	return s
+}
+
+func describeNode(n NodeInfo) string {
+	return fmt.Sprintf("node %s %v target=%s mgmt=%s", n.ID, n.State, n.TargetAddr, n.MgmtAddr)
+}
+
+func describeState(s *State) []string {
+	snap := s.Export()
+	out := []string{fmt.Sprintf("index=%d next-volume-id=%d", snap.Index, snap.NextVolumeID)}
+	for _, n := range snap.Nodes {
+		out = append(out, describeNode(n))
+	}
+	for _, v := range snap.Volumes {
+		out = append(out, describeVolume(v))
+	}
+	for _, c := range snap.Connections {
+		out = append(out, fmt.Sprintf("connection %s → %s via %s since=%d", c.HostNQN, c.Volume, c.Node, c.Since))
+	}
+	return out
+}
+
+// TestTranscripts runs testdata/*.txt; -meta.rewrite regenerates their
+// expected output (review the diff).
+func TestTranscripts(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no transcripts: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) { runTranscript(t, f) })
+	}
+}

@@ -1,0 +1,40 @@
+package metrics
+
+import (
+	"github.com/blk-project/blk/target/rdma"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// PortCollector exports an RDMA port's binding counters (rdma.Port.Stats)
+// with the constant label port (the listening address). The port's
+// engine, per core, is an EngineCollector: Registry.RegisterPort
+// registers both.
+type PortCollector struct {
+	p *rdma.Port
+	t table[rdma.Stats]
+}
+
+// NewPortCollector returns a collector for p, labelled
+// port=p.Addr().String().
+func NewPortCollector(p *rdma.Port) *PortCollector {
+	type S = rdma.Stats
+	return &PortCollector{p: p, t: newTable(prometheus.Labels{"port": p.Addr().String()}, nil,
+		counter("rdma_accepts_total", "Connections accepted.", func(s *S) uint64 { return s.Accepts }),
+		counter("rdma_rejects_total", "Connection requests rejected.", func(s *S) uint64 { return s.Rejects }),
+		counter("rdma_commands_total", "Command capsules received.", func(s *S) uint64 { return s.Commands }),
+		counter("rdma_protocol_errors_total", "Malformed capsules (each dropped its connection).", func(s *S) uint64 { return s.ProtocolErrors }),
+		counter("rdma_in_capsule_writes_total", "Writes whose data came in the command capsule.", func(s *S) uint64 { return s.InCapsuleWrites }),
+		counter("rdma_reads_total", "RDMA READs issued to fetch host data.", func(s *S) uint64 { return s.RDMAReads }),
+		counter("rdma_writes_total", "RDMA WRITEs issued to place data in host memory.", func(s *S) uint64 { return s.RDMAWrites }),
+		counter("rdma_data_waits_total", "Commands that waited for a data buffer.", func(s *S) uint64 { return s.DataWaits }),
+	)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *PortCollector) Describe(ch chan<- *prometheus.Desc) { c.t.describe(ch) }
+
+// Collect implements prometheus.Collector.
+func (c *PortCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.p.Stats()
+	c.t.collect(ch, &s)
+}

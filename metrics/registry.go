@@ -1,0 +1,122 @@
+package metrics
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/rdma"
+	"github.com/blk-project/blk/target/volume"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// ErrRegistered is returned when an object's collectors are registered a
+// second time.
+var ErrRegistered = errors.New("metrics: already registered")
+
+// Handler serves reg's metrics in the Prometheus exposition formats. A
+// collector that fails does not fail the scrape (the rest is served, and
+// promhttp_metric_handler_errors_total, registered in reg, counts it).
+func Handler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorHandling: promhttp.ContinueOnError,
+		Registry:      reg,
+	})
+}
+
+// Registry registers the collectors of blk's objects in a Prometheus
+// registry the caller owns, and unregisters them when the object goes
+// away (a port closed, a controller disconnected). Safe for concurrent
+// use.
+type Registry struct {
+	reg *prometheus.Registry
+
+	mu      sync.Mutex
+	objs    map[any][]prometheus.Collector
+	latency *Latency
+}
+
+// NewRegistry returns a Registry registering into reg.
+func NewRegistry(reg *prometheus.Registry) *Registry {
+	return &Registry{reg: reg, objs: make(map[any][]prometheus.Collector)}
+}
+
+// Prometheus returns the underlying registry.
+func (r *Registry) Prometheus() *prometheus.Registry { return r.reg }
+
+// Handler serves the registry's metrics (see the function Handler).
+func (r *Registry) Handler() http.Handler { return Handler(r.reg) }
+
+// RegisterTarget registers a TargetCollector for t.
+func (r *Registry) RegisterTarget(t *target.Target) error {
+	return r.register(t, NewTargetCollector(t))
+}
+
+// RegisterPort registers a PortCollector for p and an EngineCollector for
+// its engine, both labelled port=p.Addr().String().
+func (r *Registry) RegisterPort(p *rdma.Port) error {
+	return r.register(p, NewPortCollector(p), NewEngineCollector(p.Addr().String(), p.Engine()))
+}
+
+// RegisterStore registers a StoreCollector for s.
+func (r *Registry) RegisterStore(s *volume.Store) error {
+	return r.register(s, NewStoreCollector(s))
+}
+
+// RegisterController registers a ControllerCollector for c, connected to
+// subsystem at addr.
+func (r *Registry) RegisterController(c *initiator.Controller, subsystem, addr string) error {
+	return r.register(c, NewControllerCollector(c, subsystem, addr))
+}
+
+// Latency returns the registry's latency histograms, registering them on
+// the first call. Wrap each namespace's backend with Latency().Wrap.
+func (r *Registry) Latency() (*Latency, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.latency == nil {
+		l := NewLatency()
+		if err := r.reg.Register(l); err != nil {
+			return nil, fmt.Errorf("metrics: register latency histograms: %w", err)
+		}
+		r.latency = l
+	}
+	return r.latency, nil
+}
+
+// Unregister removes the collectors registered for obj (the *Target,
+// *Port, *Store or *Controller given to a Register method) and reports
+// whether there were any.
+func (r *Registry) Unregister(obj any) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cs, ok := r.objs[obj]
+	for _, c := range cs {
+		r.reg.Unregister(c)
+	}
+	delete(r.objs, obj)
+	return ok
+}
+
+// register registers every collector of obj, or none.
+func (r *Registry) register(obj any, cs ...prometheus.Collector) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.objs[obj]; ok {
+		return fmt.Errorf("metrics: %T: %w", obj, ErrRegistered)
+	}
+	for i, c := range cs {
+		if err := r.reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				r.reg.Unregister(done)
+			}
+			return fmt.Errorf("metrics: register %T: %w", c, err)
+		}
+	}
+	r.objs[obj] = cs
+	return nil
+}
