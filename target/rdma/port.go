@@ -61,11 +61,12 @@ func Listen(t *target.Target, a transport.Adapter, cfg Config) (p *Port, err err
 		return nil, err
 	}
 	p = &Port{t: t, a: a, cfg: cfg, size: size, id: cfg.PortID, conns: make(map[*conn]struct{})}
-	defer func() {
+	// p is passed in: the error returns below set the named result to nil.
+	defer func(p *Port) {
 		if err != nil {
 			p.release()
 		}
-	}()
+	}(p)
 	if p.pd, err = a.CreatePD(); err != nil {
 		return nil, fmt.Errorf("rdma: create PD: %w", err)
 	}
