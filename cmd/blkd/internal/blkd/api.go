@@ -1,0 +1,423 @@
+package blkd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/volume"
+)
+
+// maxBody bounds a request body: every request is a small JSON object.
+const maxBody = 64 << 10
+
+// apiError is an error with its HTTP status; its message says what was
+// wrong and how to fix it.
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &apiError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+}
+
+// metaError translates a registry error into an HTTP status once, with a
+// hint on what to do about it.
+func metaError(err error, hint string) error {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return err
+	}
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, meta.ErrUnknownVolume):
+		status, hint = http.StatusNotFound, "list volumes with GET /v1/volumes"
+	case errors.Is(err, meta.ErrVolumeExists), errors.Is(err, meta.ErrNQNInUse):
+		status, hint = http.StatusConflict, "choose another name, or delete the existing volume first"
+	case errors.Is(err, meta.ErrHasConnections):
+		status, hint = http.StatusConflict, "detach the hosts first, or repeat with ?force=true to drop their connections"
+	case errors.Is(err, meta.ErrAlreadyConnected):
+		status, hint = http.StatusConflict, "the host is already attached; detach it first to attach again"
+	case errors.Is(err, meta.ErrNotConnected):
+		status, hint = http.StatusConflict, "the host is not attached to this volume"
+	case errors.Is(err, meta.ErrVolumeDeleting), errors.Is(err, meta.ErrVolumeNotOnline),
+		errors.Is(err, meta.ErrBadTransition), errors.Is(err, meta.ErrLimit), errors.Is(err, meta.ErrNodeNotUp):
+		status = http.StatusConflict
+	case errors.Is(err, meta.ErrHostNotAllowed):
+		status, hint = http.StatusForbidden, "allow the host first with POST /v1/volumes/{name}/hosts"
+	case errors.Is(err, meta.ErrBadBlockSize):
+		status, hint = http.StatusBadRequest, "use block_size 512 or 4096"
+	case errors.Is(err, meta.ErrSizeNotMultiple):
+		status, hint = http.StatusBadRequest, "make size a positive multiple of block_size"
+	case errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand), errors.Is(err, meta.ErrShrink):
+		status = http.StatusBadRequest
+	case errors.Is(err, meta.ErrNotLeader):
+		status, hint = http.StatusServiceUnavailable, "send the request to the registry leader"
+	}
+	// The registry's errors repeat its prefix ("meta: volume "x": meta:
+	// unknown volume"); once is enough for an operator.
+	msg := strings.ReplaceAll(err.Error(), ": meta: ", ": ")
+	if hint != "" {
+		msg += ": " + hint
+	}
+	return &apiError{status, msg}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+type handler func(w http.ResponseWriter, r *http.Request) error
+
+func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := h(w, r); err != nil {
+		var ae *apiError
+		if !errors.As(err, &ae) {
+			ae = &apiError{http.StatusInternalServerError, err.Error()}
+		}
+		writeJSON(w, ae.status, map[string]string{"error": ae.msg})
+	}
+}
+
+func (d *Daemon) routes() http.Handler {
+	m := http.NewServeMux()
+	m.Handle("GET /metrics", d.reg.Handler())
+	m.Handle("POST /v1/volumes", handler(d.createVolume))
+	m.Handle("GET /v1/volumes", handler(d.listVolumes))
+	m.Handle("GET /v1/volumes/{name}", handler(d.getVolume))
+	m.Handle("DELETE /v1/volumes/{name}", handler(d.deleteVolume))
+	m.Handle("POST /v1/volumes/{name}/hosts", handler(d.allowHost))
+	m.Handle("DELETE /v1/volumes/{name}/hosts/{nqn}", handler(d.disallowHost))
+	m.Handle("POST /v1/volumes/{name}/attach", handler(d.attach))
+	m.Handle("POST /v1/volumes/{name}/detach", handler(d.detach))
+	m.Handle("/", handler(func(w http.ResponseWriter, r *http.Request) error {
+		return &apiError{http.StatusNotFound, fmt.Sprintf("no route %s %s: the API is under /v1/volumes", r.Method, r.URL.Path)}
+	}))
+	return m
+}
+
+// decode reads a JSON object into v, refusing unknown fields.
+func decode(r *http.Request, v any) error {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return badRequest("read body: %v", err)
+	}
+	if len(b) > maxBody {
+		return badRequest("request body larger than %d bytes", maxBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return badRequest("request body is not the expected JSON object: %v", err)
+	}
+	return nil
+}
+
+// Size is a byte count in JSON: a number of bytes, or a string with an
+// optional unit ("10GiB", "512MiB", "1G" meaning GiB, "4096").
+type Size uint64
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (s *Size) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		var str string
+		if err := json.Unmarshal(b, &str); err != nil {
+			return err
+		}
+		n, err := ParseSize(str)
+		*s = Size(n)
+		return err
+	}
+	var n uint64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("size %s: a whole number of bytes or a string like \"10GiB\"", b)
+	}
+	*s = Size(n)
+	return nil
+}
+
+var sizeUnits = []struct {
+	suffix string
+	mult   uint64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40},
+	{"B", 1},
+}
+
+// ParseSize parses a byte count with an optional unit: KiB, MiB, GiB,
+// TiB (and K, M, G, T for the same), KB, MB, GB, TB (powers of 1000), B.
+func ParseSize(s string) (uint64, error) {
+	str := strings.TrimSpace(s)
+	mult := uint64(1)
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(str, u.suffix) {
+			str, mult = strings.TrimSpace(strings.TrimSuffix(str, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseUint(str, 10, 64)
+	if err != nil || (n != 0 && n*mult/mult != n) {
+		return 0, fmt.Errorf("size %q: a whole number with an optional unit, like \"10GiB\", \"512MiB\" or \"4096\"", s)
+	}
+	return n * mult, nil
+}
+
+type createRequest struct {
+	Name      string `json:"name"`
+	Size      *Size  `json:"size"`
+	BlockSize uint32 `json:"block_size"`
+}
+
+func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
+	var req createRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	switch {
+	case req.Name == "":
+		return badRequest(`missing "name": give the volume a name, e.g. {"name": "vol1", "size": "10GiB"}`)
+	case req.Size == nil || *req.Size == 0:
+		return badRequest(`missing "size": give a size in bytes or with a unit, e.g. "size": "10GiB"`)
+	}
+	if req.BlockSize == 0 {
+		req.BlockSize = volume.DefaultBlockSize
+	}
+	ctx := r.Context()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	res, err := d.node.Apply(ctx, meta.CreateVolume{
+		Name: req.Name, SizeBytes: uint64(*req.Size), BlockSize: req.BlockSize,
+		Node: d.cfg.NodeID, At: time.Now().UnixNano(),
+	})
+	if err != nil {
+		return metaError(err, "")
+	}
+	v := *res.Volume
+	undo := func(cause error) error {
+		// Leave the registry as it was: delete, then forget, the volume.
+		if _, err := d.node.Apply(context.WithoutCancel(ctx), meta.DeleteVolume{Name: v.Name, Force: true}); err == nil {
+			_, _ = d.node.Apply(context.WithoutCancel(ctx), meta.PurgeVolume{Name: v.Name})
+		}
+		return fmt.Errorf("create volume %q: %w", v.Name, cause)
+	}
+	if _, err := d.store.Create(volume.ID(v.ID), volume.CreateOptions{SizeBytes: v.SizeBytes, BlockSize: v.BlockSize}); err != nil {
+		return undo(err)
+	}
+	if err := d.serve(v); err != nil {
+		_ = d.store.Delete(volume.ID(v.ID))
+		return undo(err)
+	}
+	res, err = d.node.Apply(ctx, meta.SetVolumeState{Name: v.Name, State: meta.VolumeOnline})
+	if err != nil {
+		_ = d.tgt.RemoveSubsystem(v.NQN)
+		_ = d.store.Delete(volume.ID(v.ID))
+		return undo(err)
+	}
+	writeJSON(w, http.StatusCreated, res.Volume)
+	return nil
+}
+
+func (d *Daemon) listVolumes(w http.ResponseWriter, r *http.Request) error {
+	if err := d.node.Linearize(r.Context()); err != nil {
+		return metaError(err, "")
+	}
+	var vols []meta.Volume
+	d.node.FSM().Read(func(s *meta.State) { vols = s.Export().Volumes })
+	if vols == nil {
+		vols = []meta.Volume{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"volumes": vols})
+	return nil
+}
+
+func (d *Daemon) getVolume(w http.ResponseWriter, r *http.Request) error {
+	v, err := d.node.ReadVolume(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return metaError(err, "")
+	}
+	writeJSON(w, http.StatusOK, v)
+	return nil
+}
+
+// ownedVolume reads a volume this node serves.
+func (d *Daemon) ownedVolume(ctx context.Context, name string) (meta.Volume, error) {
+	v, err := d.node.ReadVolume(ctx, name)
+	if err != nil {
+		return v, metaError(err, "")
+	}
+	if v.Node != d.cfg.NodeID {
+		return v, &apiError{http.StatusConflict, fmt.Sprintf("volume %q is served by node %s, not %s: send the request to that node", name, v.Node, d.cfg.NodeID)}
+	}
+	return v, nil
+}
+
+func (d *Daemon) deleteVolume(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	force := false
+	if f := r.URL.Query().Get("force"); f != "" {
+		var err error
+		if force, err = strconv.ParseBool(f); err != nil {
+			return badRequest("force=%q: use force=true or force=false", f)
+		}
+	}
+	ctx := r.Context()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, err := d.ownedVolume(ctx, name)
+	if err != nil {
+		return err
+	}
+	if _, err := d.node.Apply(ctx, meta.DeleteVolume{Name: name, Force: force}); err != nil {
+		return metaError(err, "")
+	}
+	// From here the volume is VolumeDeleting: a restart finishes the job.
+	if err := d.tgt.RemoveSubsystem(v.NQN); err != nil && !errors.Is(err, target.ErrNotFound) {
+		return fmt.Errorf("delete volume %q: remove subsystem: %w", name, err)
+	}
+	if err := d.store.Delete(volume.ID(v.ID)); err != nil && !errors.Is(err, volume.ErrNotFound) {
+		return fmt.Errorf("delete volume %q: %w", name, err)
+	}
+	d.lat.Forget(strconv.FormatUint(v.ID, 10))
+	if _, err := d.node.Apply(ctx, meta.PurgeVolume{Name: name}); err != nil {
+		return metaError(err, "")
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+type hostRequest struct {
+	HostNQN string `json:"host_nqn"`
+}
+
+func (d *Daemon) hostNQN(r *http.Request) (string, error) {
+	var req hostRequest
+	if err := decode(r, &req); err != nil {
+		return "", err
+	}
+	if req.HostNQN == "" {
+		return "", badRequest(`missing "host_nqn": give the host's NQN, e.g. {"host_nqn": "nqn.2014-08.org.nvmexpress:uuid:…"}`)
+	}
+	if err := nvme.ValidateNQN(req.HostNQN); err != nil {
+		return "", badRequest("host_nqn %q is not a valid NQN (%v): use the host's /etc/nvme/hostnqn", req.HostNQN, err)
+	}
+	return req.HostNQN, nil
+}
+
+func (d *Daemon) allowHost(w http.ResponseWriter, r *http.Request) error {
+	host, err := d.hostNQN(r)
+	if err != nil {
+		return err
+	}
+	name := r.PathValue("name")
+	ctx := r.Context()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, err := d.ownedVolume(ctx, name)
+	if err != nil {
+		return err
+	}
+	res, err := d.node.Apply(ctx, meta.AllowHost{Volume: name, HostNQN: host})
+	if err != nil {
+		return metaError(err, "")
+	}
+	sub, ok := d.tgt.Subsystem(v.NQN)
+	if !ok {
+		return fmt.Errorf("volume %q: subsystem %s is not served here", name, v.NQN)
+	}
+	if err := sub.AllowHost(host); err != nil && !errors.Is(err, target.ErrExists) {
+		return fmt.Errorf("volume %q: allow host %s: %w", name, host, err)
+	}
+	writeJSON(w, http.StatusOK, res.Volume)
+	return nil
+}
+
+func (d *Daemon) disallowHost(w http.ResponseWriter, r *http.Request) error {
+	name, host := r.PathValue("name"), r.PathValue("nqn")
+	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
+	ctx := r.Context()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, err := d.ownedVolume(ctx, name)
+	if err != nil {
+		return err
+	}
+	res, err := d.node.Apply(ctx, meta.DisallowHost{Volume: name, HostNQN: host, Force: force})
+	if err != nil {
+		return metaError(err, "")
+	}
+	if sub, ok := d.tgt.Subsystem(v.NQN); ok {
+		if err := sub.DenyHost(host); err != nil && !errors.Is(err, target.ErrNotFound) {
+			return fmt.Errorf("volume %q: deny host %s: %w", name, host, err)
+		}
+	}
+	writeJSON(w, http.StatusOK, res.Volume)
+	return nil
+}
+
+// Attachment is what a host needs to connect to a volume.
+type Attachment struct {
+	Address      string `json:"address"`
+	Port         int    `json:"port"`
+	SubsystemNQN string `json:"subsystem_nqn"`
+	NSID         uint32 `json:"nsid"`
+	Transport    string `json:"transport"`
+}
+
+func (d *Daemon) attach(w http.ResponseWriter, r *http.Request) error {
+	host, err := d.hostNQN(r)
+	if err != nil {
+		return err
+	}
+	name := r.PathValue("name")
+	ctx := r.Context()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, err := d.ownedVolume(ctx, name)
+	if err != nil {
+		return err
+	}
+	if _, err := d.node.Apply(ctx, meta.Connect{HostNQN: host, Volume: name, Node: d.cfg.NodeID, At: time.Now().UnixNano()}); err != nil {
+		return metaError(err, "")
+	}
+	h, p, _ := net.SplitHostPort(d.port.Addr().String())
+	port, _ := strconv.Atoi(p)
+	writeJSON(w, http.StatusOK, Attachment{Address: h, Port: port, SubsystemNQN: v.NQN, NSID: 1, Transport: "rdma"})
+	return nil
+}
+
+func (d *Daemon) detach(w http.ResponseWriter, r *http.Request) error {
+	host, err := d.hostNQN(r)
+	if err != nil {
+		return err
+	}
+	name := r.PathValue("name")
+	ctx := r.Context()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, err := d.ownedVolume(ctx, name); err != nil {
+		return err
+	}
+	if _, err := d.node.Apply(ctx, meta.Disconnect{HostNQN: host, Volume: name, Node: d.cfg.NodeID}); err != nil {
+		return metaError(err, "")
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

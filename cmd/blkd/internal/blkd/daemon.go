@@ -1,0 +1,277 @@
+package blkd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/metrics"
+	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/rdma"
+	"github.com/blk-project/blk/target/volume"
+	"github.com/blk-project/blk/transport/soft"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// leaderWait bounds how long Start waits for the bootstrapped registry to
+// elect this node (raft's election takes about one heartbeat timeout, 1 s).
+const leaderWait = 30 * time.Second
+
+// Daemon is a running storage node.
+type Daemon struct {
+	cfg Config
+	out io.Writer
+
+	node  *meta.Node
+	store *volume.Store
+	nic   *soft.Adapter
+	tgt   *target.Target
+	port  *rdma.Port
+	reg   *metrics.Registry
+	lat   *metrics.Latency
+	ln    net.Listener
+	srv   *http.Server
+
+	served chan error // the HTTP server's exit
+
+	// mu serializes management operations: each is a sequence of
+	// registry commands and local changes that must not interleave.
+	mu sync.Mutex
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start brings a node up: registry, store, target, RDMA port, HTTP API.
+// It prints one line per listener to out, then "ready". On error,
+// whatever was started is closed again.
+func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1)}
+	defer func() {
+		if err != nil {
+			d.shutdown(context.Background())
+		}
+	}()
+	if err := prepareDataDir(cfg.DataDir); err != nil {
+		return nil, err
+	}
+
+	d.node, err = meta.NewNode(meta.Config{
+		ID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "meta"), BindAddr: cfg.RaftAddr,
+		Bootstrap: *cfg.Bootstrap, LogOutput: os.Stderr, LogLevel: "error",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("meta registry on raft address %s (--raft-addr): %w", cfg.RaftAddr, err)
+	}
+	fmt.Fprintf(out, "raft listening on %s (node %s)\n", d.node.Addr(), cfg.NodeID)
+
+	d.store, err = volume.Open(volume.Config{Dir: filepath.Join(cfg.DataDir, "volumes"), Logger: quietLogger{}})
+	if err != nil {
+		return nil, fmt.Errorf("volume store in %s: %w", filepath.Join(cfg.DataDir, "volumes"), err)
+	}
+
+	d.nic, err = soft.New(soft.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("soft RDMA adapter: %w", err)
+	}
+	rcfg := rdma.Config{Addr: cfg.NVMeAddr, Cores: cfg.Cores}
+	limits, err := rdma.Limits(d.nic.Info(), rcfg)
+	if err != nil {
+		return nil, fmt.Errorf("nvme port limits: %w", err)
+	}
+	d.tgt, err = target.New(target.Config{Limits: limits})
+	if err != nil {
+		return nil, fmt.Errorf("target: %w", err)
+	}
+
+	d.reg = metrics.NewRegistry(prometheus.NewRegistry())
+	if d.lat, err = d.reg.Latency(); err != nil {
+		return nil, err
+	}
+	if err := d.reg.RegisterTarget(d.tgt); err != nil {
+		return nil, err
+	}
+	if err := d.reg.RegisterStore(d.store); err != nil {
+		return nil, err
+	}
+
+	// The registry must have a leader before anything is applied.
+	if err := d.waitLeader(ctx); err != nil {
+		return nil, err
+	}
+	// Serve the volumes this node owns before the port accepts hosts.
+	if err := d.rebuild(ctx); err != nil {
+		return nil, err
+	}
+
+	d.port, err = rdma.Listen(d.tgt, d.nic, rcfg)
+	if err != nil {
+		return nil, fmt.Errorf("nvme port on %s (--nvme-addr): %w", cfg.NVMeAddr, err)
+	}
+	if err := d.reg.RegisterPort(d.port); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(out, "nvme-rdma listening on %s (I/O and discovery)\n", d.port.Addr())
+
+	d.ln, err = net.Listen("tcp", cfg.APIAddr)
+	if err != nil {
+		return nil, fmt.Errorf("management API on %s (--api-addr): %w", cfg.APIAddr, err)
+	}
+	if _, err := d.node.Apply(ctx, meta.RegisterNode{
+		ID: cfg.NodeID, TargetAddr: d.port.Addr().String(), MgmtAddr: d.ln.Addr().String(),
+	}); err != nil {
+		return nil, fmt.Errorf("register node %s in the registry: %w", cfg.NodeID, err)
+	}
+	d.srv = &http.Server{Handler: d.routes(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { d.served <- d.srv.Serve(d.ln) }()
+	fmt.Fprintf(out, "api listening on http://%s (/v1, /metrics)\n", d.ln.Addr())
+	fmt.Fprintln(out, "ready")
+	return d, nil
+}
+
+func (d *Daemon) waitLeader(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, leaderWait)
+	defer cancel()
+	for !d.node.IsLeader() {
+		select {
+		case <-ctx.Done():
+			addr, id := d.node.Leader()
+			return fmt.Errorf("meta registry: node %s did not become leader within %v (leader %q at %q); a single node needs --bootstrap", d.cfg.NodeID, leaderWait, id, addr)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// NVMeAddr is the RDMA port's address.
+func (d *Daemon) NVMeAddr() net.Addr { return d.port.Addr() }
+
+// APIAddr is the HTTP API's address.
+func (d *Daemon) APIAddr() net.Addr { return d.ln.Addr() }
+
+// Served is sent the HTTP server's error if it stops on its own.
+func (d *Daemon) Served() <-chan error { return d.served }
+
+// Close shuts the node down: HTTP server, RDMA port (its connections are
+// disconnected and drained), target, registry, store.
+func (d *Daemon) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return d.shutdown(ctx)
+}
+
+func (d *Daemon) shutdown(ctx context.Context) error {
+	d.closeOnce.Do(func() {
+		var errs []error
+		if d.srv != nil {
+			errs = append(errs, d.srv.Shutdown(ctx))
+		} else if d.ln != nil {
+			errs = append(errs, d.ln.Close())
+		}
+		d.mu.Lock() // wait for a management operation in progress
+		defer d.mu.Unlock()
+		if d.port != nil {
+			errs = append(errs, d.port.Close())
+		}
+		if d.tgt != nil {
+			errs = append(errs, d.tgt.Close())
+		}
+		if d.nic != nil {
+			errs = append(errs, d.nic.Close())
+		}
+		if d.node != nil {
+			errs = append(errs, d.node.Close())
+		}
+		if d.store != nil {
+			errs = append(errs, d.store.Close())
+		}
+		d.closeErr = errors.Join(errs...)
+	})
+	return d.closeErr
+}
+
+// rebuild serves the volumes the registry says this node owns: it
+// finishes deletions and creations that a crash interrupted, and adds a
+// subsystem for every other volume.
+func (d *Daemon) rebuild(ctx context.Context) error {
+	if err := d.node.Linearize(ctx); err != nil {
+		return fmt.Errorf("meta registry: %w", err)
+	}
+	var vols []meta.Volume
+	d.node.FSM().Read(func(s *meta.State) {
+		for _, v := range s.Export().Volumes {
+			if v.Node == d.cfg.NodeID {
+				vols = append(vols, v)
+			}
+		}
+	})
+	for _, v := range vols {
+		switch v.State {
+		case meta.VolumeDeleting:
+			if err := d.store.Delete(volume.ID(v.ID)); err != nil && !errors.Is(err, volume.ErrNotFound) {
+				return fmt.Errorf("finish deleting volume %q: %w", v.Name, err)
+			}
+			if _, err := d.node.Apply(ctx, meta.PurgeVolume{Name: v.Name}); err != nil {
+				return fmt.Errorf("finish deleting volume %q: %w", v.Name, err)
+			}
+			continue
+		case meta.VolumeCreating:
+			if _, err := d.store.Volume(volume.ID(v.ID)); errors.Is(err, volume.ErrNotFound) {
+				if _, err := d.store.Create(volume.ID(v.ID), volume.CreateOptions{SizeBytes: v.SizeBytes, BlockSize: v.BlockSize}); err != nil {
+					return fmt.Errorf("finish creating volume %q: %w", v.Name, err)
+				}
+			}
+		}
+		if err := d.serve(v); err != nil {
+			return fmt.Errorf("serve volume %q: %w", v.Name, err)
+		}
+		if v.State == meta.VolumeCreating {
+			if _, err := d.node.Apply(ctx, meta.SetVolumeState{Name: v.Name, State: meta.VolumeOnline}); err != nil {
+				return fmt.Errorf("finish creating volume %q: %w", v.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// serve adds the subsystem of v, with v's store volume as namespace 1.
+func (d *Daemon) serve(v meta.Volume) error {
+	vol, err := d.store.Volume(volume.ID(v.ID))
+	if err != nil {
+		return err
+	}
+	sub, err := d.tgt.AddSubsystem(target.SubsystemConfig{
+		NQN: v.NQN, Serial: fmt.Sprintf("blk-%d", v.ID), Model: "blk",
+		AllowAnyHost: v.AllowAny, Hosts: v.Hosts,
+	})
+	if err != nil {
+		return err
+	}
+	backend := d.lat.Wrap(strconv.FormatUint(v.ID, 10), target.VolumeBackend(vol))
+	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: backend}); err != nil {
+		_ = d.tgt.RemoveSubsystem(v.NQN)
+		return err
+	}
+	return nil
+}
+
+// quietLogger drops pebble's informational messages and keeps its errors.
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any) {}
+func (quietLogger) Errorf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "blkd: pebble: "+format+"\n", args...)
+}

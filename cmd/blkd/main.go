@@ -1,0 +1,110 @@
+// Command blkd is the blk storage-node daemon. With no flags it runs a
+// single-node cluster on loopback: the meta registry (raft on
+// 127.0.0.1:7000), a volume store and an NVMe-oF RDMA target port
+// (127.0.0.1:4420, soft iWARP) in ./blk-data, and the management HTTP API
+// with Prometheus /metrics on 127.0.0.1:7070. It wires cmd/blkd/internal/blkd and
+// does nothing else.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/blk-project/blk/cmd/blkd/internal/blkd"
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	if err := newApp(os.Stdout, os.Stderr).Run(os.Args); err != nil {
+		fmt.Fprintf(os.Stderr, "blkd: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func newApp(stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:      "blkd",
+		Usage:     "the blk storage-node daemon",
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, node_id, raft_addr, nvme_addr, api_addr, bootstrap, join, cores); flags and BLK_* variables override it"},
+			&cli.StringFlag{Name: "data-dir", EnvVars: []string{"BLK_DATA_DIR"}, Value: blkd.DefaultDataDir, Usage: "directory for the registry (meta/) and the volumes (volumes/)"},
+			&cli.StringFlag{Name: "node-id", EnvVars: []string{"BLK_NODE_ID"}, Value: blkd.DefaultNodeID, Usage: "this node's ID in the cluster, stable across restarts"},
+			&cli.StringFlag{Name: "raft-addr", EnvVars: []string{"BLK_RAFT_ADDR"}, Value: blkd.DefaultRaftAddr, Usage: "registry raft address, host:port"},
+			&cli.StringFlag{Name: "nvme-addr", EnvVars: []string{"BLK_NVME_ADDR"}, Value: blkd.DefaultNVMeAddr, Usage: "NVMe-oF RDMA port (and discovery), host:port"},
+			&cli.StringFlag{Name: "api-addr", EnvVars: []string{"BLK_API_ADDR"}, Value: blkd.DefaultAPIAddr, Usage: "management HTTP API and /metrics, host:port"},
+			&cli.BoolFlag{Name: "bootstrap", EnvVars: []string{"BLK_BOOTSTRAP"}, Value: true, Usage: "start a new single-node cluster if the data dir has no registry state"},
+			&cli.StringFlag{Name: "join", EnvVars: []string{"BLK_JOIN"}, Usage: "management address of a cluster member to join (not implemented yet)"},
+			&cli.IntFlag{Name: "cores", EnvVars: []string{"BLK_CORES"}, Usage: "RDMA engine cores (0: all CPUs)"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return fmt.Errorf("unexpected argument %q: blkd takes only flags (see --help)", c.Args().First())
+			}
+			cfg, err := configFrom(c)
+			if err != nil {
+				return err
+			}
+			return run(c.Context, cfg, c.App.Writer)
+		},
+	}
+}
+
+// configFrom merges the config file (if any) and the flags: a flag or
+// BLK_* variable that is set wins over the file, the file over defaults.
+func configFrom(c *cli.Context) (blkd.Config, error) {
+	var cfg blkd.Config
+	if path := c.String("config"); path != "" {
+		var err error
+		if cfg, err = blkd.LoadConfigFile(path); err != nil {
+			return cfg, err
+		}
+	}
+	str := func(dst *string, name string) {
+		if c.IsSet(name) || *dst == "" {
+			*dst = c.String(name)
+		}
+	}
+	str(&cfg.DataDir, "data-dir")
+	str(&cfg.NodeID, "node-id")
+	str(&cfg.RaftAddr, "raft-addr")
+	str(&cfg.NVMeAddr, "nvme-addr")
+	str(&cfg.APIAddr, "api-addr")
+	str(&cfg.Join, "join")
+	if c.IsSet("bootstrap") || cfg.Bootstrap == nil {
+		b := c.Bool("bootstrap")
+		cfg.Bootstrap = &b
+	}
+	if c.IsSet("cores") {
+		cfg.Cores = c.Int("cores")
+	}
+	return cfg, cfg.Validate()
+}
+
+// run starts the node and serves until SIGTERM or SIGINT, then shuts it
+// down cleanly.
+func run(ctx context.Context, cfg blkd.Config, out io.Writer) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	d, err := blkd.Start(ctx, cfg, out)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(out, "shutting down")
+	case err := <-d.Served():
+		_ = d.Close()
+		return fmt.Errorf("management API stopped: %w", err)
+	}
+	if err := d.Close(); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	fmt.Fprintln(out, "stopped")
+	return nil
+}

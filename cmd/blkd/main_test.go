@@ -1,0 +1,489 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/transport/soft"
+)
+
+// binary is blkd built once for the package's tests (TestMain).
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "blkd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "blkd")
+	cmd := exec.Command("go", "build", "-o", binary, ".")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build blkd:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+type daemon struct {
+	cmd    *exec.Cmd
+	api    string
+	mu     sync.Mutex
+	out    bytes.Buffer // stdout and stderr
+	exited chan struct{}
+	err    error
+}
+
+func (d *daemon) output() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.out.String()
+}
+
+type lockedWriter struct{ d *daemon }
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.d.mu.Lock()
+	defer w.d.mu.Unlock()
+	return w.d.out.Write(p)
+}
+
+// runBlkd runs blkd with args and waits for it to exit, returning its
+// combined output and exit code.
+func runBlkd(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, binary, args...).CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return string(out), 0
+	case errors.As(err, &ee):
+		return string(out), ee.ExitCode()
+	}
+	t.Fatalf("run blkd: %v", err)
+	return "", 0
+}
+
+// startBlkd starts blkd on dir with free ports and waits for "ready".
+func startBlkd(t *testing.T, dir string, extra ...string) *daemon {
+	t.Helper()
+	api := freeAddr(t)
+	args := append([]string{"--data-dir", dir, "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", api}, extra...)
+	d := &daemon{cmd: exec.Command(binary, args...), api: api, exited: make(chan struct{})}
+	d.cmd.Stderr = lockedWriter{d}
+	stdout, err := d.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lockedWriter{d}.Write([]byte(sc.Text() + "\n"))
+			if sc.Text() == "ready" {
+				close(ready)
+			}
+		}
+		d.err = d.cmd.Wait()
+		close(d.exited)
+	}()
+	t.Cleanup(func() {
+		d.cmd.Process.Kill()
+		<-d.exited
+		if t.Failed() {
+			t.Logf("blkd output:\n%s", d.output())
+		}
+	})
+	select {
+	case <-ready:
+	case <-d.exited:
+		t.Fatalf("blkd exited before ready: %v\n%s", d.err, d.output())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("blkd not ready within 60 s:\n%s", d.output())
+	}
+	return d
+}
+
+// stop sends SIGTERM and checks blkd exits 0.
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("blkd did not exit within 30 s of SIGTERM:\n%s", d.output())
+	}
+	if d.err != nil {
+		t.Fatalf("blkd exit after SIGTERM: %v\n%s", d.err, d.output())
+	}
+}
+
+// call does an API request and decodes the JSON answer into out (if not
+// nil); it returns the status and, for errors, the error message.
+func (d *daemon) call(t *testing.T, method, path, body string, out any) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, "http://"+d.api+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode >= 400 {
+		var e struct {
+			Error string `json:"error"`
+		}
+		if err := json.Unmarshal(b, &e); err != nil || e.Error == "" {
+			t.Fatalf("%s %s: %d with body %q, want a JSON {error}", method, path, resp.StatusCode, b)
+		}
+		return resp.StatusCode, e.Error
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: decode %q: %v", method, path, b, err)
+		}
+	}
+	return resp.StatusCode, ""
+}
+
+func (d *daemon) must(t *testing.T, method, path, body string, want int, out any) {
+	t.Helper()
+	if got, msg := d.call(t, method, path, body, out); got != want {
+		t.Fatalf("%s %s %s: status %d (%s), want %d", method, path, body, got, msg, want)
+	}
+}
+
+// refuse checks a request fails with status want and a message matching re.
+func (d *daemon) refuse(t *testing.T, method, path, body string, want int, re string) {
+	t.Helper()
+	got, msg := d.call(t, method, path, body, nil)
+	if got != want || !regexp.MustCompile(re).MatchString(msg) {
+		t.Fatalf("%s %s %s: %d %q, want %d matching %q", method, path, body, got, msg, want, re)
+	}
+}
+
+type volumeJSON struct {
+	Name      string   `json:"name"`
+	ID        uint64   `json:"id"`
+	SizeBytes uint64   `json:"size_bytes"`
+	BlockSize uint32   `json:"block_size"`
+	State     string   `json:"state"`
+	NQN       string   `json:"nqn"`
+	Hosts     []string `json:"hosts"`
+}
+
+type listJSON struct {
+	Volumes []volumeJSON `json:"volumes"`
+}
+
+type attachJSON struct {
+	Address      string `json:"address"`
+	Port         int    `json:"port"`
+	SubsystemNQN string `json:"subsystem_nqn"`
+	NSID         uint32 `json:"nsid"`
+	Transport    string `json:"transport"`
+}
+
+const hostNQN = "nqn.2026-11.io.blk:host-test"
+
+// connect attaches the initiator to a and returns namespace a.NSID.
+func connect(t *testing.T, a attachJSON) (*initiator.Controller, *initiator.Namespace) {
+	t.Helper()
+	nic, err := soft.New(soft.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nic.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	addr := net.JoinHostPort(a.Address, strconv.Itoa(a.Port))
+	ctrl, err := initiator.Connect(ctx, initiator.Config{Adapter: nic, HostNQN: hostNQN, Queues: 1}, addr, a.SubsystemNQN)
+	if err != nil {
+		t.Fatalf("connect to %s at %s: %v", a.SubsystemNQN, addr, err)
+	}
+	return ctrl, ctrl.Namespace(a.NSID)
+}
+
+// metric returns the sum of the samples of name in d's /metrics.
+func (d *daemon) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + d.api + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	found := false
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, name+"{") && !strings.HasPrefix(l, name+" ") {
+			continue
+		}
+		f := strings.Fields(l)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", l, err)
+		}
+		sum += v
+		found = true
+	}
+	if !found {
+		t.Fatalf("/metrics has no %s", name)
+	}
+	return sum
+}
+
+func (d *daemon) volumes(t *testing.T) []volumeJSON {
+	t.Helper()
+	var l listJSON
+	d.must(t, "GET", "/v1/volumes", "", 200, &l)
+	return l.Volumes
+}
+
+// TestVolumeLifecycle drives one node through the API: create, list,
+// refusals, allow a host, attach, I/O through the initiator, metrics,
+// restart (the volume is served again), detach, delete, SIGTERM.
+func TestVolumeLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	d := startBlkd(t, dir)
+	for _, l := range []string{"raft listening on", "nvme-rdma listening on", "api listening on http://" + d.api} {
+		if !strings.Contains(d.output(), l) {
+			t.Errorf("output lacks %q:\n%s", l, d.output())
+		}
+	}
+
+	var v volumeJSON
+	d.must(t, "POST", "/v1/volumes", `{"name": "vol1", "size": "16MiB", "block_size": 4096}`, 201, &v)
+	if v.Name != "vol1" || v.SizeBytes != 16<<20 || v.BlockSize != 4096 || v.State != "online" || v.NQN == "" {
+		t.Fatalf("created %+v", v)
+	}
+	before := d.volumes(t)
+	if len(before) != 1 || before[0].Name != "vol1" {
+		t.Fatalf("list: %+v", before)
+	}
+
+	// Refusals, each leaving the registry unchanged.
+	d.refuse(t, "POST", "/v1/volumes", `{"name": "vol1", "size": 4096}`, 409, `vol1.*already in use.*choose another name`)
+	d.refuse(t, "POST", "/v1/volumes", `{"name": "odd", "size": 4097, "block_size": 4096}`, 400, `size 4097.*not a multiple of the block size`)
+	d.refuse(t, "POST", "/v1/volumes", `{"size": "1GiB"}`, 400, `missing "name"`)
+	d.refuse(t, "POST", "/v1/volumes", `{"name": "nosize"}`, 400, `missing "size"`)
+	d.refuse(t, "POST", "/v1/volumes", `{"name": "bs", "size": 8192, "block_size": 1000}`, 400, `block size 1000.*512 or 4096`)
+	d.refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "ten"}`, 400, `size "ten"`)
+	d.refuse(t, "POST", "/v1/volumes", `not json`, 400, `not the expected JSON`)
+	d.refuse(t, "GET", "/v1/volumes/nope", "", 404, `"nope".*unknown volume`)
+	d.refuse(t, "DELETE", "/v1/volumes/nope", "", 404, `"nope".*unknown volume`)
+	d.refuse(t, "POST", "/v1/volumes/nope/hosts", `{"host_nqn": "`+hostNQN+`"}`, 404, `unknown volume`)
+	d.refuse(t, "POST", "/v1/volumes/vol1/hosts", `{}`, 400, `missing "host_nqn"`)
+	d.refuse(t, "POST", "/v1/volumes/vol1/attach", `{"host_nqn": "`+hostNQN+`"}`, 403, `not allowed.*POST /v1/volumes/\{name\}/hosts`)
+	if after := d.volumes(t); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("refusals changed the volumes: %+v, was %+v", after, before)
+	}
+
+	d.must(t, "POST", "/v1/volumes/vol1/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, &v)
+	if len(v.Hosts) != 1 || v.Hosts[0] != hostNQN {
+		t.Fatalf("hosts after allow: %v", v.Hosts)
+	}
+	var a attachJSON
+	d.must(t, "POST", "/v1/volumes/vol1/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	if a.Transport != "rdma" || a.NSID != 1 || a.SubsystemNQN != v.NQN || a.Port == 0 {
+		t.Fatalf("attach: %+v", a)
+	}
+	d.refuse(t, "DELETE", "/v1/volumes/vol1", "", 409, `connections.*force=true`)
+
+	ctrl, ns := connect(t, a)
+	if got := ns.Blocks() * uint64(ns.BlockSize()); got != 16<<20 {
+		t.Fatalf("namespace is %d bytes, want 16 MiB", got)
+	}
+	data := bytes.Repeat([]byte("blkd"), 2048)
+	if _, err := ns.WriteAt(data, 8192); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	back := make([]byte, len(data))
+	if _, err := ns.ReadAt(back, 8192); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("read back: %v, equal %v", err, bytes.Equal(back, data))
+	}
+	if n := d.metric(t, "blk_volume_writes_total"); n < 1 {
+		t.Fatalf("blk_volume_writes_total = %v after a write", n)
+	}
+	if n := d.metric(t, "blk_volume_reads_total"); n < 1 {
+		t.Fatalf("blk_volume_reads_total = %v after a read", n)
+	}
+
+	// SIGTERM with the host still connected: the port drains it and blkd
+	// exits 0. Then a restart on the same directory serves the same volume.
+	d.stop(t)
+	ctrl.Close()
+	d = startBlkd(t, dir)
+	if vs := d.volumes(t); len(vs) != 1 || vs[0].Name != "vol1" || vs[0].State != "online" {
+		t.Fatalf("after restart: %+v", vs)
+	}
+	d.must(t, "POST", "/v1/volumes/vol1/detach", `{"host_nqn": "`+hostNQN+`"}`, 204, nil)
+	d.refuse(t, "POST", "/v1/volumes/vol1/detach", `{"host_nqn": "`+hostNQN+`"}`, 409, `no such connection`)
+	d.must(t, "POST", "/v1/volumes/vol1/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	ctrl, ns = connect(t, a)
+	clear(back)
+	if _, err := ns.ReadAt(back, 8192); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("read back after restart: %v, equal %v", err, bytes.Equal(back, data))
+	}
+	ctrl.Close()
+
+	// Forced delete drops the connection; the volume is gone everywhere.
+	d.must(t, "DELETE", "/v1/volumes/vol1?force=true", "", 204, nil)
+	d.refuse(t, "GET", "/v1/volumes/vol1", "", 404, `unknown volume`)
+	if vs := d.volumes(t); len(vs) != 0 {
+		t.Fatalf("after delete: %+v", vs)
+	}
+	// The name and the store are free again.
+	d.must(t, "POST", "/v1/volumes", `{"name": "vol1", "size": 8192, "block_size": 512}`, 201, &v)
+	d.must(t, "POST", "/v1/volumes/vol1/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	v = volumeJSON{} // "hosts" is left out when empty
+	d.must(t, "DELETE", "/v1/volumes/vol1/hosts/"+hostNQN, "", 200, &v)
+	if len(v.Hosts) != 0 {
+		t.Fatalf("hosts after disallow: %v", v.Hosts)
+	}
+	d.must(t, "DELETE", "/v1/volumes/vol1", "", 204, nil)
+	d.stop(t)
+	if !strings.Contains(d.output(), "stopped") {
+		t.Fatalf("no clean stop:\n%s", d.output())
+	}
+}
+
+// TestStartRefusals: bad flags, occupied ports and unusable data
+// directories end blkd with exit code 1 and a message naming the problem.
+func TestStartRefusals(t *testing.T) {
+	occupied, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer occupied.Close()
+	busy := occupied.Addr().String()
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfgFile := filepath.Join(t.TempDir(), "blkd.json")
+	if err := os.WriteFile(cfgFile, []byte(`{"data_dir": "x", "api_adr": "y"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ports := func() []string {
+		return []string{"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", freeAddr(t)}
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown flag", []string{"--nope"}, `flag provided but not defined: -nope`},
+		{"argument", []string{"serve"}, `unexpected argument "serve"`},
+		{"negative cores", []string{"--cores", "-1"}, `--cores -1`},
+		{"bad address", []string{"--api-addr", "localhost"}, `--api-addr "localhost" is not host:port`},
+		{"join", []string{"--join", "10.0.0.1:7070"}, `--join 10.0.0.1:7070: .*not implemented`},
+		{"config unknown field", []string{"--config", cfgFile}, `config file .*api_adr`},
+		{"config missing", []string{"--config", cfgFile + ".missing"}, `config file.*no such file`},
+		{"data dir is a file", append(ports(), "--data-dir", file), `data dir ` + regexp.QuoteMeta(file) + ` is not usable`},
+		{"api port occupied", append(ports(), "--data-dir", t.TempDir(), "--api-addr", busy), `--api-addr.*` + regexp.QuoteMeta(busy) + `.*address already in use`},
+		{"nvme port occupied", append(ports(), "--data-dir", t.TempDir(), "--nvme-addr", busy), `--nvme-addr.*` + regexp.QuoteMeta(busy)},
+		{"raft port occupied", append(ports(), "--data-dir", t.TempDir(), "--raft-addr", busy), `--raft-addr.*` + regexp.QuoteMeta(busy)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, code := runBlkd(t, tc.args...)
+			if code != 1 || !regexp.MustCompile(tc.want).MatchString(out) {
+				t.Fatalf("exit %d, output:\n%s\nwant exit 1 and %q", code, out, tc.want)
+			}
+			if regexp.MustCompile(`(?m)^ready$`).MatchString(out) {
+				t.Fatalf("said ready:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestConfigFileAndEnv: settings come from the config file, BLK_*
+// variables override it, and flags override both.
+func TestConfigFileAndEnv(t *testing.T) {
+	dir := t.TempDir()
+	api := freeAddr(t)
+	cfg := fmt.Sprintf(`{"data_dir": %q, "node_id": "filenode", "raft_addr": %q, "nvme_addr": %q, "api_addr": "127.0.0.1:1"}`,
+		dir, freeAddr(t), freeAddr(t))
+	cfgFile := filepath.Join(t.TempDir(), "blkd.json")
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{api: api, exited: make(chan struct{})}
+	d.cmd = exec.Command(binary, "--config", cfgFile)
+	d.cmd.Env = append(os.Environ(), "BLK_API_ADDR="+api)
+	d.cmd.Stdout, d.cmd.Stderr = lockedWriter{d}, lockedWriter{d}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.err = d.cmd.Wait(); close(d.exited) }()
+	t.Cleanup(func() { d.cmd.Process.Kill(); <-d.exited })
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(d.output(), "ready") {
+		select {
+		case <-d.exited:
+			t.Fatalf("exited: %v\n%s", d.err, d.output())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready:\n%s", d.output())
+		}
+	}
+	if !strings.Contains(d.output(), "(node filenode)") || !strings.Contains(d.output(), "http://"+api) {
+		t.Fatalf("config not applied:\n%s", d.output())
+	}
+	var v volumeJSON
+	d.must(t, "POST", "/v1/volumes", `{"name": "v", "size": "1MiB"}`, 201, &v)
+	if _, err := os.Stat(filepath.Join(dir, "volumes")); err != nil {
+		t.Fatalf("data dir from the config file unused: %v", err)
+	}
+	d.stop(t)
+}
