@@ -39,7 +39,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.StringFlag{Name: "nvme-addr", EnvVars: []string{"BLK_NVME_ADDR"}, Value: blkd.DefaultNVMeAddr, Usage: "NVMe-oF RDMA port (and discovery), host:port"},
 			&cli.StringFlag{Name: "api-addr", EnvVars: []string{"BLK_API_ADDR"}, Value: blkd.DefaultAPIAddr, Usage: "management HTTP API and /metrics, host:port"},
 			&cli.BoolFlag{Name: "bootstrap", EnvVars: []string{"BLK_BOOTSTRAP"}, Value: true, Usage: "start a new single-node cluster if the data dir has no registry state"},
-			&cli.StringFlag{Name: "join", EnvVars: []string{"BLK_JOIN"}, Usage: "management address of a cluster member to join (not implemented yet)"},
+			&cli.StringFlag{Name: "join", EnvVars: []string{"BLK_JOIN"}, Usage: "API address (host:port) of any cluster member: start without bootstrapping and ask the cluster to add this node"},
 			&cli.IntFlag{Name: "cores", EnvVars: []string{"BLK_CORES"}, Usage: "RDMA engine cores (0: all CPUs)"},
 		},
 		Action: func(c *cli.Context) error {

@@ -102,8 +102,14 @@ func runBlkd(t *testing.T, args ...string) (string, int) {
 // startBlkd starts blkd on dir with free ports and waits for "ready".
 func startBlkd(t *testing.T, dir string, extra ...string) *daemon {
 	t.Helper()
-	api := freeAddr(t)
-	args := append([]string{"--data-dir", dir, "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", api}, extra...)
+	return startBlkdOn(t, dir, freeAddr(t), freeAddr(t), freeAddr(t), extra...)
+}
+
+// startBlkdOn starts blkd on dir with the given raft, nvme and api
+// addresses and waits for "ready".
+func startBlkdOn(t *testing.T, dir, raft, nvme, api string, extra ...string) *daemon {
+	t.Helper()
+	args := append([]string{"--data-dir", dir, "--raft-addr", raft, "--nvme-addr", nvme, "--api-addr", api}, extra...)
 	d := &daemon{cmd: exec.Command(binary, args...), api: api, exited: make(chan struct{})}
 	d.cmd.Stderr = lockedWriter{d}
 	stdout, err := d.cmd.StdoutPipe()
@@ -426,7 +432,7 @@ func TestStartRefusals(t *testing.T) {
 		{"argument", []string{"serve"}, `unexpected argument "serve"`},
 		{"negative cores", []string{"--cores", "-1"}, `--cores -1`},
 		{"bad address", []string{"--api-addr", "localhost"}, `--api-addr "localhost" is not host:port`},
-		{"join", []string{"--join", "10.0.0.1:7070"}, `--join 10.0.0.1:7070: .*not implemented`},
+		{"join not host:port", []string{"--join", "10.0.0.1"}, `--join "10.0.0.1" is not the host:port`},
 		{"config unknown field", []string{"--config", cfgFile}, `config file .*api_adr`},
 		{"config missing", []string{"--config", cfgFile + ".missing"}, `config file.*no such file`},
 		{"data dir is a file", append(ports(), "--data-dir", file), `data dir ` + regexp.QuoteMeta(file) + ` is not usable`},

@@ -98,16 +98,23 @@ func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) routes() http.Handler {
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", d.reg.Handler())
-	m.Handle("POST /v1/volumes", handler(d.createVolume))
+	// Writes go through the registry leader: a follower answers 421 with
+	// the leader's API address (see leaderOnly). Reads are served by any
+	// node: linearizable on the leader, from the local copy elsewhere.
+	w := func(h handler) http.Handler { return d.leaderOnly(h) }
+	m.Handle("POST /v1/volumes", w(d.createVolume))
 	m.Handle("GET /v1/volumes", handler(d.listVolumes))
 	m.Handle("GET /v1/volumes/{name}", handler(d.getVolume))
-	m.Handle("DELETE /v1/volumes/{name}", handler(d.deleteVolume))
-	m.Handle("POST /v1/volumes/{name}/hosts", handler(d.allowHost))
-	m.Handle("DELETE /v1/volumes/{name}/hosts/{nqn}", handler(d.disallowHost))
-	m.Handle("POST /v1/volumes/{name}/attach", handler(d.attach))
-	m.Handle("POST /v1/volumes/{name}/detach", handler(d.detach))
+	m.Handle("DELETE /v1/volumes/{name}", w(d.deleteVolume))
+	m.Handle("POST /v1/volumes/{name}/hosts", w(d.allowHost))
+	m.Handle("DELETE /v1/volumes/{name}/hosts/{nqn}", w(d.disallowHost))
+	m.Handle("POST /v1/volumes/{name}/attach", w(d.attach))
+	m.Handle("POST /v1/volumes/{name}/detach", w(d.detach))
+	m.Handle("GET /v1/cluster", handler(d.getCluster))
+	m.Handle("POST /v1/cluster/join", w(d.clusterJoin))
+	m.Handle("POST /v1/cluster/remove", w(d.clusterRemove))
 	m.Handle("/", handler(func(w http.ResponseWriter, r *http.Request) error {
-		return &apiError{http.StatusNotFound, fmt.Sprintf("no route %s %s: the API is under /v1/volumes", r.Method, r.URL.Path)}
+		return &apiError{http.StatusNotFound, fmt.Sprintf("no route %s %s: the API is under /v1/volumes and /v1/cluster", r.Method, r.URL.Path)}
 	}))
 	return m
 }
@@ -235,9 +242,13 @@ func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// listVolumes is linearizable on the leader; a follower answers from its
+// own copy of the registry, which may lag the leader's.
 func (d *Daemon) listVolumes(w http.ResponseWriter, r *http.Request) error {
-	if err := d.node.Linearize(r.Context()); err != nil {
-		return metaError(err, "")
+	if d.node.IsLeader() {
+		if err := d.node.Linearize(r.Context()); err != nil {
+			return metaError(err, "")
+		}
 	}
 	var vols []meta.Volume
 	d.node.FSM().Read(func(s *meta.State) { vols = s.Export().Volumes })
@@ -249,7 +260,18 @@ func (d *Daemon) listVolumes(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) getVolume(w http.ResponseWriter, r *http.Request) error {
-	v, err := d.node.ReadVolume(r.Context(), r.PathValue("name"))
+	name := r.PathValue("name")
+	if !d.node.IsLeader() {
+		var v meta.Volume
+		var ok bool
+		d.node.FSM().Read(func(s *meta.State) { v, ok = s.Volume(name) })
+		if !ok {
+			return metaError(fmt.Errorf("meta: volume %q: %w", name, meta.ErrUnknownVolume), "")
+		}
+		writeJSON(w, http.StatusOK, v)
+		return nil
+	}
+	v, err := d.node.ReadVolume(r.Context(), name)
 	if err != nil {
 		return metaError(err, "")
 	}

@@ -31,8 +31,10 @@ type Config struct {
 	// Bootstrap makes this node the single voter of a new cluster when its
 	// data directory holds no raft state (ignored otherwise). Default on.
 	Bootstrap *bool `json:"bootstrap,omitempty"`
-	// Join is the management address of a node of an existing cluster to
-	// join. Not implemented yet: a non-empty Join is refused.
+	// Join is the management API address (host:port) of any member of an
+	// existing cluster. The node then starts without bootstrapping and
+	// asks the cluster to add it (POST /v1/cluster/join). Harmless on a
+	// restart of a member: it re-sends its addresses.
 	Join string `json:"join,omitempty"`
 	// Cores is the RDMA port's per-core engine groups; 0 means the
 	// adapter's cores (the machine's CPUs).
@@ -81,9 +83,12 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: --%s %q is not host:port (for example 127.0.0.1:7000): %v", ErrConfig, a.name, a.v, err)
 		}
 	}
+	if c.Join != "" {
+		if _, _, err := net.SplitHostPort(c.Join); err != nil {
+			return fmt.Errorf("%w: --join %q is not the host:port of a member's API (for example 127.0.0.1:7070): %v", ErrConfig, c.Join, err)
+		}
+	}
 	switch {
-	case c.Join != "":
-		return fmt.Errorf("%w: --join %s: joining an existing cluster is not implemented yet; run a single node with --bootstrap", ErrConfig, c.Join)
 	case c.Cores < 0:
 		return fmt.Errorf("%w: --cores %d: must be 0 (all CPUs) or more", ErrConfig, c.Cores)
 	case len(c.NodeID) > 128:

@@ -64,7 +64,7 @@ func TestConfig(t *testing.T) {
 	}{
 		{Config{Cores: -2}, "--cores -2"},
 		{Config{APIAddr: "nohost"}, `--api-addr "nohost"`},
-		{Config{Join: "a:1"}, "not implemented"},
+		{Config{Join: "nohost"}, `--join "nohost"`},
 	} {
 		err := tc.c.Validate()
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {

@@ -71,7 +71,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 
 	d.node, err = meta.NewNode(meta.Config{
 		ID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "meta"), BindAddr: cfg.RaftAddr,
-		Bootstrap: *cfg.Bootstrap, LogOutput: os.Stderr, LogLevel: "error",
+		Bootstrap: *cfg.Bootstrap && cfg.Join == "", LogOutput: os.Stderr, LogLevel: "error",
 	})
 	if err != nil {
 		return nil, fmt.Errorf("meta registry on raft address %s (--raft-addr): %w", cfg.RaftAddr, err)
@@ -108,6 +108,18 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, err
 	}
 
+	// The API listener is opened early: a joining node names its address.
+	d.ln, err = net.Listen("tcp", cfg.APIAddr)
+	if err != nil {
+		return nil, fmt.Errorf("management API on %s (--api-addr): %w", cfg.APIAddr, err)
+	}
+	if cfg.Join != "" {
+		if err := d.register(ctx, cfg.Join, d.ln.Addr().String(), cfg.NVMeAddr); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(out, "joined the cluster through %s\n", cfg.Join)
+	}
+
 	// The registry must have a leader before anything is applied.
 	if err := d.waitLeader(ctx); err != nil {
 		return nil, err
@@ -126,14 +138,10 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	}
 	fmt.Fprintf(out, "nvme-rdma listening on %s (I/O and discovery)\n", d.port.Addr())
 
-	d.ln, err = net.Listen("tcp", cfg.APIAddr)
-	if err != nil {
-		return nil, fmt.Errorf("management API on %s (--api-addr): %w", cfg.APIAddr, err)
-	}
-	if _, err := d.node.Apply(ctx, meta.RegisterNode{
-		ID: cfg.NodeID, TargetAddr: d.port.Addr().String(), MgmtAddr: d.ln.Addr().String(),
-	}); err != nil {
-		return nil, fmt.Errorf("register node %s in the registry: %w", cfg.NodeID, err)
+	// Record (or update) this node's addresses: applied here on the
+	// leader, asked of the leader elsewhere.
+	if err := d.register(ctx, "", d.ln.Addr().String(), d.port.Addr().String()); err != nil {
+		return nil, err
 	}
 	d.srv = &http.Server{Handler: d.routes(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { d.served <- d.srv.Serve(d.ln) }()
@@ -142,18 +150,25 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	return d, nil
 }
 
+// waitLeader waits until the registry has a leader and, on a follower,
+// this node's copy has caught up at least to the leader's registration.
 func (d *Daemon) waitLeader(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, leaderWait)
 	defer cancel()
-	for !d.node.IsLeader() {
+	for {
+		if d.node.IsLeader() {
+			return nil
+		}
+		if id, api := d.leaderAPI(); id != "" && api != "" {
+			return nil
+		}
 		select {
 		case <-ctx.Done():
 			addr, id := d.node.Leader()
-			return fmt.Errorf("meta registry: node %s did not become leader within %v (leader %q at %q); a single node needs --bootstrap", d.cfg.NodeID, leaderWait, id, addr)
+			return fmt.Errorf("meta registry: node %s found no registry leader within %v (leader %q at %q): a new cluster's first node needs --bootstrap, a new member --join <api address of a member>", d.cfg.NodeID, leaderWait, id, addr)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	return nil
 }
 
 // NVMeAddr is the RDMA port's address.
@@ -206,9 +221,16 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 // rebuild serves the volumes the registry says this node owns: it
 // finishes deletions and creations that a crash interrupted, and adds a
 // subsystem for every other volume.
+//
+// On a follower the registry cannot be changed from here: volumes left
+// creating or deleting by a crash are served (creating) or removed
+// locally (deleting), and their registry state is left as it is.
 func (d *Daemon) rebuild(ctx context.Context) error {
-	if err := d.node.Linearize(ctx); err != nil {
-		return fmt.Errorf("meta registry: %w", err)
+	leader := d.node.IsLeader()
+	if leader {
+		if err := d.node.Linearize(ctx); err != nil {
+			return fmt.Errorf("meta registry: %w", err)
+		}
 	}
 	var vols []meta.Volume
 	d.node.FSM().Read(func(s *meta.State) {
@@ -224,6 +246,10 @@ func (d *Daemon) rebuild(ctx context.Context) error {
 			if err := d.store.Delete(volume.ID(v.ID)); err != nil && !errors.Is(err, volume.ErrNotFound) {
 				return fmt.Errorf("finish deleting volume %q: %w", v.Name, err)
 			}
+			if !leader {
+				fmt.Fprintf(d.out, "volume %q: deleted locally; its registry entry stays deleting until purged on the leader\n", v.Name)
+				continue
+			}
 			if _, err := d.node.Apply(ctx, meta.PurgeVolume{Name: v.Name}); err != nil {
 				return fmt.Errorf("finish deleting volume %q: %w", v.Name, err)
 			}
@@ -238,7 +264,9 @@ func (d *Daemon) rebuild(ctx context.Context) error {
 		if err := d.serve(v); err != nil {
 			return fmt.Errorf("serve volume %q: %w", v.Name, err)
 		}
-		if v.State == meta.VolumeCreating {
+		if v.State == meta.VolumeCreating && !leader {
+			fmt.Fprintf(d.out, "volume %q: served, but its registry entry stays creating (this node is not the leader)\n", v.Name)
+		} else if v.State == meta.VolumeCreating {
 			if _, err := d.node.Apply(ctx, meta.SetVolumeState{Name: v.Name, State: meta.VolumeOnline}); err != nil {
 				return fmt.Errorf("finish creating volume %q: %w", v.Name, err)
 			}

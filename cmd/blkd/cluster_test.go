@@ -1,0 +1,182 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+)
+
+type memberJSON struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	APIAddr  string `json:"api_addr"`
+	NVMeAddr string `json:"nvme_addr"`
+	Leader   bool   `json:"leader"`
+	Suffrage string `json:"suffrage"`
+	State    string `json:"state"`
+}
+
+type clusterJSON struct {
+	NodeID    string       `json:"node_id"`
+	LeaderID  string       `json:"leader_id"`
+	LeaderAPI string       `json:"leader_api"`
+	Members   []memberJSON `json:"members"`
+}
+
+// eventually polls f every 100 ms until it returns nil or within passes.
+func eventually(t *testing.T, within time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v: %v", what, within, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func volumeNames(vs []volumeJSON) []string {
+	var names []string
+	for _, v := range vs {
+		names = append(names, v.Name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// TestCluster runs three blkd processes: node1 bootstraps, node2 and node3
+// join through node1's API; the leader is SIGKILLed, a survivor takes
+// over and serves writes, and the killed node restarts on its data dir
+// and catches up; finally the node that owns no volume is removed.
+func TestCluster(t *testing.T) {
+	type addrs struct{ dir, raft, nvme, api string }
+	nodes := map[string]*addrs{}
+	procs := map[string]*daemon{}
+	for _, id := range []string{"node1", "node2", "node3"} {
+		nodes[id] = &addrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
+	}
+	start := func(id string, extra ...string) {
+		a := nodes[id]
+		procs[id] = startBlkdOn(t, a.dir, a.raft, a.nvme, a.api, append([]string{"--node-id", id}, extra...)...)
+	}
+	start("node1")
+	start("node2", "--join", nodes["node1"].api)
+	start("node3", "--join", nodes["node1"].api)
+
+	// Every node eventually shows three registered members and the same leader.
+	leaderOf := func(ids ...string) string {
+		var leader string
+		eventually(t, 30*time.Second, "cluster view", func() error {
+			leader = ""
+			for _, id := range ids {
+				var c clusterJSON
+				if code, msg := procs[id].call(t, "GET", "/v1/cluster", "", &c); code != 200 {
+					return fmt.Errorf("%s: %d %s", id, code, msg)
+				}
+				var leaders []string
+				registered := 0
+				for _, m := range c.Members {
+					if m.Leader {
+						leaders = append(leaders, m.ID)
+					}
+					if m.State == "up" && m.APIAddr != "" && m.Suffrage == "voter" {
+						registered++
+					}
+				}
+				if len(c.Members) != 3 || registered != 3 || len(leaders) != 1 || (leader != "" && leaders[0] != leader) {
+					return fmt.Errorf("%s sees %+v", id, c)
+				}
+				leader = leaders[0]
+			}
+			return nil
+		})
+		return leader
+	}
+	leader := leaderOf("node1", "node2", "node3")
+	t.Logf("leader %s", leader)
+
+	// Writes go to the leader; a follower refuses them with the leader's address.
+	procs[leader].must(t, "POST", "/v1/volumes", `{"name": "vol1", "size": "1MiB"}`, 201, nil)
+	for id, p := range procs {
+		if id == leader {
+			continue
+		}
+		p.refuse(t, "POST", "/v1/volumes", `{"name": "volx", "size": "1MiB"}`, 421, "not the registry leader.*"+nodes[leader].api)
+	}
+
+	// Kill the leader: a survivor takes over and accepts writes.
+	killed := procs[leader]
+	killed.cmd.Process.Signal(syscall.SIGKILL)
+	<-killed.exited
+	var survivors []string
+	for _, id := range []string{"node1", "node2", "node3"} {
+		if id != leader {
+			survivors = append(survivors, id)
+		}
+	}
+	var newLeader string
+	eventually(t, 30*time.Second, "new leader", func() error {
+		for _, id := range survivors {
+			var c clusterJSON
+			if code, msg := procs[id].call(t, "GET", "/v1/cluster", "", &c); code != 200 {
+				return fmt.Errorf("%s: %d %s", id, code, msg)
+			}
+			if c.LeaderID != "" && c.LeaderID != leader {
+				newLeader = c.LeaderID
+				return nil
+			}
+		}
+		return fmt.Errorf("no survivor is leader yet")
+	})
+	t.Logf("new leader %s", newLeader)
+	eventually(t, 30*time.Second, "create vol2 on the new leader", func() error {
+		code, msg := procs[newLeader].call(t, "POST", "/v1/volumes", `{"name": "vol2", "size": "1MiB"}`, nil)
+		if code != 201 {
+			return fmt.Errorf("%d %s", code, msg)
+		}
+		return nil
+	})
+	if got := volumeNames(procs[newLeader].volumes(t)); !slices.Equal(got, []string{"vol1", "vol2"}) {
+		t.Fatalf("volumes on the new leader: %v", got)
+	}
+
+	// Restart the killed node on its data dir, without --join: it catches up.
+	start(leader)
+	eventually(t, 30*time.Second, "restarted node catches up", func() error {
+		if got := volumeNames(procs[leader].volumes(t)); !slices.Equal(got, []string{"vol1", "vol2"}) {
+			return fmt.Errorf("volumes on %s: %v", leader, got)
+		}
+		return nil
+	})
+	cur := leaderOf("node1", "node2", "node3")
+
+	// Remove the node that owns no volume; the leader no longer lists it.
+	var spare string
+	for _, id := range survivors {
+		if id != newLeader {
+			spare = id
+		}
+	}
+	if cur != spare {
+		procs[spare].refuse(t, "POST", "/v1/cluster/remove", `{"node_id": "`+spare+`"}`, 421, "not the registry leader")
+		var rm map[string]string
+		procs[cur].must(t, "POST", "/v1/cluster/remove", `{"node_id": "`+spare+`"}`, 200, &rm)
+		if rm["removed"] != spare || rm["registry"] != "forgotten" {
+			t.Fatalf("remove %s: %v", spare, rm)
+		}
+		var c clusterJSON
+		procs[cur].must(t, "GET", "/v1/cluster", "", 200, &c)
+		if len(c.Members) != 2 {
+			t.Fatalf("after removing %s: %+v", spare, c)
+		}
+	}
+	for _, p := range procs {
+		p.stop(t)
+	}
+}

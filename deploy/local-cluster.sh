@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# local-cluster.sh: build blkd and run a 3-node blk cluster on loopback.
+#
+#   ./local-cluster.sh        build, start node1 (bootstrap), node2 and node3
+#                             (--join node1), print GET /v1/cluster, then wait;
+#                             Ctrl-C stops all three.
+#   ./local-cluster.sh stop   stop a cluster started earlier (from any shell).
+#
+# Ports: raft 7001-7003, NVMe/RDMA 4421-4423, API 7071-7073. Data, logs and
+# pid files live under ./blk-cluster (relative to the current directory;
+# BLK_CLUSTER_DIR overrides). Restarting reuses the data: the nodes keep
+# their raft state, so node2 and node3 rejoin without asking again.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+base=${BLK_CLUSTER_DIR:-$PWD/blk-cluster}
+bin=$base/bin/blkd
+
+stop_all() {
+	local n pid
+	for n in 3 2 1; do
+		if [[ -f $base/node$n.pid ]]; then
+			pid=$(<"$base/node$n.pid")
+			if kill -0 "$pid" 2>/dev/null; then
+				echo "stopping node$n (pid $pid)"
+				kill -TERM "$pid" 2>/dev/null || true
+				for _ in $(seq 100); do
+					kill -0 "$pid" 2>/dev/null || break
+					sleep 0.1
+				done
+				kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+			fi
+			rm -f "$base/node$n.pid"
+		fi
+	done
+}
+
+if [[ ${1:-} == stop ]]; then
+	stop_all
+	exit 0
+elif [[ $# -gt 0 ]]; then
+	echo "usage: $0 [stop]" >&2
+	exit 2
+fi
+
+mkdir -p "$base/bin"
+echo "building blkd into $bin"
+(cd "$repo" && go build -o "$bin" ./cmd/blkd)
+
+trap 'echo; stop_all; exit 0' INT TERM
+trap 'stop_all' ERR
+
+launch() { # n [extra flags...]
+	local n=$1
+	shift
+	if [[ -f $base/node$n.pid ]] && kill -0 "$(<"$base/node$n.pid")" 2>/dev/null; then
+		echo "node$n already running (pid $(<"$base/node$n.pid")); run '$0 stop' first" >&2
+		exit 1
+	fi
+	mkdir -p "$base/node$n"
+	"$bin" --node-id "node$n" --data-dir "$base/node$n" \
+		--raft-addr "127.0.0.1:700$n" --nvme-addr "127.0.0.1:442$n" --api-addr "127.0.0.1:707$n" \
+		"$@" >"$base/node$n.log" 2>&1 &
+	echo $! >"$base/node$n.pid"
+}
+
+wait_ready() { # n
+	local n=$1 pid
+	pid=$(<"$base/node$n.pid")
+	for _ in $(seq 900); do # up to 90 s
+		if grep -qx ready "$base/node$n.log"; then
+			echo "node$n ready (pid $pid, api http://127.0.0.1:707$n, log $base/node$n.log)"
+			return 0
+		fi
+		if ! kill -0 "$pid" 2>/dev/null; then
+			echo "node$n exited; its log:" >&2
+			cat "$base/node$n.log" >&2
+			stop_all
+			exit 1
+		fi
+		sleep 0.1
+	done
+	echo "node$n not ready within 90 s; its log:" >&2
+	cat "$base/node$n.log" >&2
+	stop_all
+	exit 1
+}
+
+# All three start at once: on a restart none can finish starting before a
+# quorum of them runs. node2 and node3 retry their join until node1 is up;
+# on a restart their data dirs already hold raft state and --join only
+# re-sends their addresses.
+launch 1
+launch 2 --join 127.0.0.1:7071
+launch 3 --join 127.0.0.1:7071
+wait_ready 1
+wait_ready 2
+wait_ready 3
+
+echo "GET http://127.0.0.1:7071/v1/cluster"
+if command -v curl >/dev/null; then
+	curl -fsS http://127.0.0.1:7071/v1/cluster
+	echo
+fi
+echo "cluster running; Ctrl-C (or '$0 stop' from another shell) stops it"
+while true; do
+	for n in 1 2 3; do
+		if [[ ! -f $base/node$n.pid ]]; then
+			echo "node$n was stopped ('$0 stop'); stopping the rest"
+			stop_all
+			exit 0
+		fi
+		if ! kill -0 "$(<"$base/node$n.pid")" 2>/dev/null; then
+			echo "node$n is gone (see $base/node$n.log); stopping the cluster" >&2
+			stop_all
+			exit 1
+		fi
+	done
+	sleep 1 &
+	wait $! || true
+done
