@@ -1,0 +1,233 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/initiator/nbd"
+	"github.com/blk-project/blk/transport/soft"
+	"github.com/urfave/cli/v2"
+)
+
+func attachCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "attach",
+		Usage: "attach a host to a volume and print how it connects; with --nbd expose it here as /dev/nbdX",
+		UsageText: "blkctl attach VOLUME --host-nqn NQN [--nbd /dev/nbd0]\n\n" +
+			"Records the attachment and prints the address, port, subsystem NQN, namespace and transport.\n" +
+			"With --nbd, blkctl also connects to the volume (NVMe-oF over soft-iWARP) and exposes the\n" +
+			"namespace as a local block device through NBD; this needs the nbd kernel module (modprobe nbd)\n" +
+			"and root. It stays in the foreground until SIGINT/SIGTERM, then removes the device and the\n" +
+			"attachment. If the device cannot be set up, the attachment is undone.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "host-nqn", Usage: "NQN of the host that attaches"},
+			&cli.StringFlag{Name: "nbd", Usage: "also expose the volume as this NBD `DEVICE` (needs the nbd kernel module)"},
+		},
+		Action: attachAction,
+	}
+}
+
+func detachCommand() *cli.Command {
+	return &cli.Command{
+		Name: "detach", Usage: "remove a host's attachment to a volume", UsageText: "blkctl detach VOLUME --host-nqn NQN",
+		Flags:  []cli.Flag{&cli.StringFlag{Name: "host-nqn", Usage: "NQN of the attached host"}},
+		Action: detachAction,
+	}
+}
+
+// attachOut is what attach prints.
+type attachOut struct {
+	Volume  string `json:"volume"`
+	HostNQN string `json:"host_nqn"`
+	attachment
+	Device string `json:"device,omitempty"`
+}
+
+func (e *env) attach(vol, host string) (attachment, error) {
+	var a attachment
+	err := e.api.do("POST", volPath(vol)+"/attach", map[string]string{"host_nqn": host}, &a)
+	return a, hint(err, vol, host)
+}
+
+func (e *env) detach(vol, host string) error {
+	return hint(e.api.do("POST", volPath(vol)+"/detach", map[string]string{"host_nqn": host}, nil), vol, host)
+}
+
+func (e *env) printAttach(o attachOut) error {
+	if e.json {
+		return e.printJSON(o)
+	}
+	rows := [][2]string{
+		{"Volume", o.Volume}, {"Host NQN", o.HostNQN}, {"Transport", o.Transport},
+		{"Address", o.Address}, {"Port", strconv.Itoa(o.Port)},
+		{"Subsystem NQN", o.SubsystemNQN}, {"Namespace", strconv.Itoa(int(o.NSID))},
+	}
+	if o.Device != "" {
+		rows = append(rows, [2]string{"Device", o.Device})
+	}
+	if err := e.keyValues(rows); err != nil {
+		return err
+	}
+	if o.Device == "" {
+		fmt.Fprintf(e.stdout, "\nOn a Linux host (nvme-cli, rdma_rxe/siw):\n  nvme connect -t %s -a %s -s %d -n %s --hostnqn %s\n",
+			o.Transport, o.Address, o.Port, o.SubsystemNQN, o.HostNQN)
+	}
+	return nil
+}
+
+// connect connects the initiator to a as host; the caller closes both.
+func connect(a attachment, host string, cfg initiator.Config) (*soft.Adapter, *initiator.Controller, *initiator.Namespace, error) {
+	nic, err := soft.New(soft.Config{})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("start the soft-iWARP adapter: %v", err)
+	}
+	addr := net.JoinHostPort(a.Address, strconv.Itoa(a.Port))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg.Adapter, cfg.HostNQN = nic, host
+	ctrl, err := initiator.Connect(ctx, cfg, addr, a.SubsystemNQN)
+	if err != nil {
+		nic.Close()
+		return nil, nil, nil, fmt.Errorf("connect to %s at %s as %s: %v", a.SubsystemNQN, addr, host, err)
+	}
+	ns := ctrl.Namespace(a.NSID)
+	if ns == nil {
+		ctrl.Close()
+		nic.Close()
+		return nil, nil, nil, fmt.Errorf("%s at %s has no namespace %d", a.SubsystemNQN, addr, a.NSID)
+	}
+	return nic, ctrl, ns, nil
+}
+
+func attachAction(c *cli.Context) error {
+	a, err := args(c, "volume")
+	if err != nil {
+		return err
+	}
+	host, err := hostNQNFlag(c)
+	if err != nil {
+		return err
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	vol, dev := a[0], c.String("nbd")
+	at, err := e.attach(vol, host)
+	if err != nil {
+		return err
+	}
+	out := attachOut{Volume: vol, HostNQN: host, attachment: at}
+	if dev == "" {
+		return e.printAttach(out)
+	}
+
+	// --nbd: connect and serve the namespace to the kernel; any failure
+	// undoes the attachment.
+	undo := func(cause error) error {
+		if derr := e.detach(vol, host); derr != nil {
+			return fmt.Errorf("%v; undoing the attachment failed too: %v (run blkctl detach %s --host-nqn %s)", cause, derr, vol, host)
+		}
+		return fmt.Errorf("%v (the attachment was undone)", cause)
+	}
+	nic, ctrl, ns, err := connect(at, host, initiator.Config{})
+	if err != nil {
+		return undo(err)
+	}
+	closeConn := func() { ctrl.Close(); nic.Close() }
+	att, err := nbd.Attach(dev, nbd.NamespaceDevice(ns))
+	if err != nil {
+		closeConn()
+		if errors.Is(err, nbd.ErrNoModule) {
+			return undo(fmt.Errorf("--nbd %s: the nbd kernel module is not loaded: run modprobe nbd (as root) and try again: %v", dev, err))
+		}
+		return undo(fmt.Errorf("--nbd %s: %v", dev, err))
+	}
+	out.Device = att.Device()
+	if err := e.printAttach(out); err != nil {
+		att.Detach()
+		closeConn()
+		return undo(err)
+	}
+	fmt.Fprintf(e.stderr, "blkctl: volume %s is %s; press Ctrl-C (or send SIGTERM) to detach\n", vol, att.Device())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	s := <-sig
+	fmt.Fprintf(e.stderr, "blkctl: %v: detaching %s\n", s, att.Device())
+	derr := att.Detach()
+	closeConn()
+	if err := e.detach(vol, host); err != nil {
+		return fmt.Errorf("remove the attachment of %s: %v", host, err)
+	}
+	if derr != nil {
+		return fmt.Errorf("detach %s: %v (the attachment was removed)", att.Device(), derr)
+	}
+	fmt.Fprintf(e.stderr, "blkctl: detached %s and removed the attachment\n", att.Device())
+	return nil
+}
+
+func detachAction(c *cli.Context) error {
+	a, err := args(c, "volume")
+	if err != nil {
+		return err
+	}
+	host, err := hostNQNFlag(c)
+	if err != nil {
+		return err
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	if err := e.detach(a[0], host); err != nil {
+		return err
+	}
+	if e.json {
+		return e.printJSON(map[string]string{"detached": a[0], "host_nqn": host})
+	}
+	fmt.Fprintf(e.stdout, "detached %s from volume %s\n", host, a[0])
+	return nil
+}
+
+// attachOrFind attaches host to vol; if it is attached already it finds
+// the connection details from the volume and the cluster and reports
+// attached=false (the caller must not detach).
+func (e *env) attachOrFind(vol, host string) (at attachment, attached bool, err error) {
+	at, err = e.attach(vol, host)
+	if err == nil {
+		return at, true, nil
+	}
+	var ae *apiError
+	if !errors.As(err, &ae) || ae.Status != http.StatusConflict {
+		return at, false, err
+	}
+	var v volume
+	if err := e.api.do("GET", volPath(vol), nil, &v); err != nil {
+		return at, false, err
+	}
+	var ci clusterInfo
+	if err := e.api.do("GET", "/v1/cluster", nil, &ci); err != nil {
+		return at, false, err
+	}
+	for _, m := range ci.Members {
+		if m.ID == v.Node && m.NVMeAddr != "" {
+			h, p, err := net.SplitHostPort(m.NVMeAddr)
+			if err != nil {
+				break
+			}
+			port, _ := strconv.Atoi(p)
+			return attachment{Address: h, Port: port, SubsystemNQN: v.NQN, NSID: 1, Transport: "rdma"}, false, nil
+		}
+	}
+	return at, false, fmt.Errorf("%s already attached to %s, and the NVMe address of node %s is unknown: %v", host, vol, v.Node, err)
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// client talks to blkd's management API.
+type client struct {
+	base   string // http://host:port, no trailing slash
+	hc     *http.Client
+	stderr io.Writer
+}
+
+func newClient(api string, stderr io.Writer) (*client, error) {
+	base := strings.TrimRight(api, "/")
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	u, err := url.Parse(base)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, usageErrorf("--api %q is not a URL like http://127.0.0.1:7070", api)
+	}
+	return &client{base: base, hc: &http.Client{Timeout: 60 * time.Second}, stderr: stderr}, nil
+}
+
+// apiError is an error answered by blkd: its message says what was wrong.
+type apiError struct {
+	Status    int
+	Msg       string
+	LeaderID  string
+	LeaderAPI string
+}
+
+func (e *apiError) Error() string { return e.Msg }
+
+// notFoundRoute reports whether e is blkd saying it has no such route
+// (an older blkd), as opposed to an unknown object.
+func (e *apiError) notFoundRoute() bool {
+	return e.Status == http.StatusMethodNotAllowed || (e.Status == http.StatusNotFound && strings.HasPrefix(e.Msg, "no route"))
+}
+
+// do sends one request and decodes a 2xx answer into out (if not nil).
+// A write answered 421 by a follower is sent once more to the leader the
+// answer names; later requests of this client go to the leader too.
+func (c *client) do(method, path string, body, out any) error {
+	err := c.once(method, path, body, out)
+	var ae *apiError
+	if method != http.MethodGet && errors.As(err, &ae) && ae.Status == http.StatusMisdirectedRequest {
+		if ae.LeaderAPI == "" {
+			return fmt.Errorf("%s answered: %s", c.base, ae.Msg)
+		}
+		leader := ae.LeaderAPI
+		if !strings.Contains(leader, "://") {
+			leader = "http://" + leader
+		}
+		fmt.Fprintf(c.stderr, "blkctl: %s is not the registry leader; sending the request to leader %s at %s\n", c.base, ae.LeaderID, leader)
+		c.base = leader
+		err = c.once(method, path, body, out)
+		if err == nil {
+			fmt.Fprintf(c.stderr, "blkctl: answered by leader %s at %s\n", ae.LeaderID, leader)
+		}
+	}
+	return err
+}
+
+func (c *client) once(method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, c.base+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("cannot reach blkd at %s: %v (is blkd running? set the address with --api or BLK_API)", c.base, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("read the answer of blkd at %s: %v", c.base, err)
+	}
+	if resp.StatusCode >= 300 {
+		var e struct {
+			Error     string `json:"error"`
+			LeaderID  string `json:"leader_id"`
+			LeaderAPI string `json:"leader_api"`
+		}
+		if json.Unmarshal(b, &e) != nil || e.Error == "" {
+			e.Error = fmt.Sprintf("blkd at %s answered %s to %s %s: %q", c.base, resp.Status, method, path, strings.TrimSpace(string(b)))
+		}
+		return &apiError{Status: resp.StatusCode, Msg: e.Error, LeaderID: e.LeaderID, LeaderAPI: e.LeaderAPI}
+	}
+	if out != nil && resp.StatusCode != http.StatusNoContent {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("blkd at %s: unexpected answer to %s %s: %v", c.base, method, path, err)
+		}
+	}
+	return nil
+}
+
+// API shapes (docs/blkd.md).
+
+type volume struct {
+	Name      string   `json:"name"`
+	ID        uint64   `json:"id"`
+	SizeBytes uint64   `json:"size_bytes"`
+	BlockSize uint32   `json:"block_size"`
+	Node      string   `json:"node"`
+	State     string   `json:"state"`
+	NQN       string   `json:"nqn"`
+	AllowAny  bool     `json:"allow_any,omitempty"`
+	Hosts     []string `json:"hosts,omitempty"`
+	CreatedAt int64    `json:"created_at"`
+}
+
+type attachment struct {
+	Address      string `json:"address"`
+	Port         int    `json:"port"`
+	SubsystemNQN string `json:"subsystem_nqn"`
+	NSID         uint32 `json:"nsid"`
+	Transport    string `json:"transport"`
+}
+
+type member struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	APIAddr  string `json:"api_addr,omitempty"`
+	NVMeAddr string `json:"nvme_addr,omitempty"`
+	Leader   bool   `json:"leader"`
+	Suffrage string `json:"suffrage"`
+	State    string `json:"state"`
+}
+
+type clusterInfo struct {
+	NodeID    string   `json:"node_id"`
+	LeaderID  string   `json:"leader_id"`
+	LeaderAPI string   `json:"leader_api"`
+	Members   []member `json:"members"`
+}
+
+func volPath(name string) string { return "/v1/volumes/" + url.PathEscape(name) }

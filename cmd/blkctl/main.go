@@ -1,0 +1,621 @@
+// Command blkctl is the command-line client of blkd's management API:
+// volumes, hosts, attachments, the cluster, and a benchmark that drives a
+// volume through the initiator. See docs/blkctl.md.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+)
+
+// usageError is a command used wrongly: exit code 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usageErrorf(format string, args ...any) error {
+	return &usageError{fmt.Sprintf(format, args...)}
+}
+
+func main() {
+	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+}
+
+// run runs blkctl and returns its exit code: 0, 1 on errors, 2 on usage
+// errors.
+func run(args []string, stdout, stderr io.Writer) int {
+	app := newApp(stdout, stderr)
+	err := app.Run(args)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "blkctl:", err)
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintln(stderr, "(see blkctl --help, or blkctl <object> <verb> --help)")
+		return 2
+	}
+	return 1
+}
+
+func newApp(stdout, stderr io.Writer) *cli.App {
+	app := &cli.App{
+		Name:      "blkctl",
+		Usage:     "manage a blk cluster through blkd's management API",
+		UsageText: "blkctl [--api URL] [--output table|json] <object> <verb> [arguments]",
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "api", EnvVars: []string{"BLK_API"}, Value: "http://127.0.0.1:7070", Usage: "blkd management API `URL` (any node; writes follow the leader)"},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "output format: table or json"},
+		},
+		Before: func(c *cli.Context) error {
+			if o := c.String("output"); o != "table" && o != "json" {
+				return usageErrorf("--output %q: use table or json", o)
+			}
+			return nil
+		},
+		ExitErrHandler:  func(*cli.Context, error) {},
+		HideHelpCommand: true,
+		Commands: []*cli.Command{
+			volumeCommand(),
+			hostCommand(),
+			attachCommand(),
+			detachCommand(),
+			clusterCommand(),
+			benchCommand(),
+		},
+	}
+	app.OnUsageError = onUsageError
+	app.Action = func(c *cli.Context) error {
+		var objs []string
+		for _, cmd := range c.App.Commands {
+			objs = append(objs, cmd.Name)
+		}
+		if c.Args().Present() {
+			return usageErrorf("unknown command %q: use one of %s", c.Args().First(), strings.Join(objs, ", "))
+		}
+		cli.ShowAppHelp(c)
+		return usageErrorf("no command given: use one of %s", strings.Join(objs, ", "))
+	}
+	for _, cmd := range app.Commands {
+		setUsage(cmd)
+	}
+	return app
+}
+
+func onUsageError(c *cli.Context, err error, _ bool) error {
+	return &usageError{err.Error()}
+}
+
+// setUsage makes every usage error of cmd and its subcommands exit 2, and
+// an object without a known verb a usage error.
+func setUsage(cmd *cli.Command) {
+	cmd.OnUsageError = onUsageError
+	if len(cmd.Subcommands) == 0 {
+		// The global flags work after the verb too (hidden; see global).
+		cmd.Flags = append(cmd.Flags,
+			&cli.StringFlag{Name: "api", Hidden: true},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Hidden: true})
+	}
+	if len(cmd.Subcommands) > 0 {
+		cmd.HideHelpCommand = true
+		cmd.Action = func(c *cli.Context) error {
+			var verbs []string
+			for _, s := range cmd.Subcommands {
+				verbs = append(verbs, s.Name)
+			}
+			if c.Args().Present() {
+				return usageErrorf("unknown verb %q for %s: use one of %s", c.Args().First(), cmd.Name, strings.Join(verbs, ", "))
+			}
+			return usageErrorf("%s needs a verb: one of %s", cmd.Name, strings.Join(verbs, ", "))
+		}
+		for _, s := range cmd.Subcommands {
+			setUsage(s)
+		}
+	}
+}
+
+// env is what every command needs: the client and the output settings.
+type env struct {
+	c      *cli.Context
+	api    *client
+	json   bool
+	stdout io.Writer
+	stderr io.Writer
+}
+
+// global returns a global flag: given after the verb, else before the
+// object (or its default or environment variable).
+func global(c *cli.Context, name string) string {
+	if v := c.String(name); v != "" {
+		return v
+	}
+	for _, p := range c.Lineage()[1:] {
+		if v := p.String(name); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func newEnv(c *cli.Context) (*env, error) {
+	out := global(c, "output")
+	if out != "table" && out != "json" {
+		return nil, usageErrorf("--output %q: use table or json", out)
+	}
+	api, err := newClient(global(c, "api"), c.App.ErrWriter)
+	if err != nil {
+		return nil, err
+	}
+	return &env{c: c, api: api, json: out == "json", stdout: c.App.Writer, stderr: c.App.ErrWriter}, nil
+}
+
+// args checks the command got exactly the named positional arguments.
+// Flags may also follow the arguments ("volume create v --size 1GiB"):
+// the standard flag parsing stops at the first argument, so the rest is
+// parsed here with the command's flags and set on the context.
+func args(c *cli.Context, names ...string) ([]string, error) {
+	raw := c.Args().Slice()
+	fs := flag.NewFlagSet(c.Command.Name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	for _, f := range c.Command.Flags {
+		if err := f.Apply(fs); err != nil {
+			return nil, err
+		}
+	}
+	var a []string
+	for len(raw) > 0 {
+		if err := fs.Parse(raw); err != nil {
+			return nil, usageErrorf("%s: %v", c.Command.FullName(), err)
+		}
+		raw = fs.Args()
+		if len(raw) > 0 {
+			a, raw = append(a, raw[0]), raw[1:]
+		}
+	}
+	var serr error
+	fs.Visit(func(f *flag.Flag) {
+		if err := c.Set(f.Name, f.Value.String()); err != nil && serr == nil {
+			serr = usageErrorf("%s: -%s: %v", c.Command.FullName(), f.Name, err)
+		}
+	})
+	if serr != nil {
+		return nil, serr
+	}
+	if len(a) < len(names) {
+		return nil, usageErrorf("%s: missing %s (usage: %s)", c.Command.FullName(), strings.ToUpper(names[len(a)]), c.Command.UsageText)
+	}
+	if len(a) > len(names) {
+		return nil, usageErrorf("%s: unexpected argument %q (usage: %s)", c.Command.FullName(), a[len(names)], c.Command.UsageText)
+	}
+	for i, v := range a {
+		if strings.TrimSpace(v) == "" {
+			return nil, usageErrorf("%s: %s is empty", c.Command.FullName(), strings.ToUpper(names[i]))
+		}
+	}
+	return a, nil
+}
+
+// hostNQNFlag returns --host-nqn, which must be set.
+func hostNQNFlag(c *cli.Context) (string, error) {
+	h := c.String("host-nqn")
+	if h == "" {
+		return "", usageErrorf("%s: missing --host-nqn (the NQN of the host, e.g. nqn.2014-08.org.nvmexpress:uuid:…)", c.Command.FullName())
+	}
+	return h, nil
+}
+
+func (e *env) printJSON(v any) error {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (e *env) table() *tabwriter.Writer {
+	return tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+}
+
+// keyValues prints rows of key, value pairs as a two-column table.
+func (e *env) keyValues(rows [][2]string) error {
+	tw := e.table()
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s:\t%s\n", r[0], r[1])
+	}
+	return tw.Flush()
+}
+
+// hint adds what to do with blkctl to a few API errors.
+func hint(err error, volume, host string) error {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		return err
+	}
+	switch {
+	case ae.Status == http.StatusForbidden && host != "":
+		return fmt.Errorf("%s (with blkctl: blkctl host allow %s %s)", ae.Msg, volume, host)
+	case ae.Status == http.StatusNotFound && volume != "":
+		return fmt.Errorf("%s (see blkctl volume list)", ae.Msg)
+	}
+	return err
+}
+
+// ---- volume ----
+
+func volumeCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "volume",
+		Usage: "create, list, show, resize and delete volumes",
+		Subcommands: []*cli.Command{
+			{
+				Name: "create", Usage: "create a volume on the registry leader", UsageText: "blkctl volume create NAME --size 10GiB [--block-size 4096]",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "size", Usage: "volume size: " + sizeHelp + "; a multiple of the block size"},
+					&cli.StringFlag{Name: "block-size", Value: "4096", Usage: "logical block size: 512 or 4096"},
+				},
+				Action: volumeCreate,
+			},
+			{Name: "list", Usage: "list the volumes", UsageText: "blkctl volume list", Action: volumeList},
+			{Name: "show", Usage: "show one volume", UsageText: "blkctl volume show NAME", Action: volumeShow},
+			{
+				Name: "resize", Usage: "grow a volume (needs a blkd with POST /v1/volumes/{name}/resize)", UsageText: "blkctl volume resize NAME --size 20GiB",
+				Flags:  []cli.Flag{&cli.StringFlag{Name: "size", Usage: "new size: " + sizeHelp}},
+				Action: volumeResize,
+			},
+			{
+				Name: "delete", Usage: "delete a volume", UsageText: "blkctl volume delete NAME [--force]",
+				Flags:  []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "delete even while hosts are attached (drops their connections)"}},
+				Action: volumeDelete,
+			},
+		},
+	}
+}
+
+func sizeFlag(c *cli.Context) (uint64, error) {
+	s := c.String("size")
+	if s == "" {
+		return 0, usageErrorf("%s: missing --size (%s)", c.Command.FullName(), sizeHelp)
+	}
+	n, err := parseSize(s)
+	if err != nil {
+		return 0, usageErrorf("--size: %v", err)
+	}
+	if n == 0 {
+		return 0, usageErrorf("--size %q: a volume needs a size above 0", s)
+	}
+	return n, nil
+}
+
+func volumeCreate(c *cli.Context) error {
+	a, err := args(c, "name")
+	if err != nil {
+		return err
+	}
+	size, err := sizeFlag(c)
+	if err != nil {
+		return err
+	}
+	bs, err := parseSize(c.String("block-size"))
+	if err != nil {
+		return usageErrorf("--block-size: %v", err)
+	}
+	if bs != 512 && bs != 4096 {
+		return usageErrorf("--block-size %s: use 512 or 4096", c.String("block-size"))
+	}
+	if size%bs != 0 {
+		return usageErrorf("--size %s (%d bytes) is not a multiple of the block size %d: use a multiple, e.g. %d", c.String("size"), size, bs, (size/bs+1)*bs)
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	var v volume
+	if err := e.api.do("POST", "/v1/volumes", map[string]any{"name": a[0], "size": size, "block_size": bs}, &v); err != nil {
+		return err
+	}
+	if e.json {
+		return e.printJSON(v)
+	}
+	fmt.Fprintf(e.stdout, "created volume %s (%s, block size %d) on node %s\n", v.Name, humanSize(v.SizeBytes), v.BlockSize, v.Node)
+	return e.showVolume(v)
+}
+
+func volumeList(c *cli.Context) error {
+	if _, err := args(c); err != nil {
+		return err
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	var l struct {
+		Volumes []volume `json:"volumes"`
+	}
+	if err := e.api.do("GET", "/v1/volumes", nil, &l); err != nil {
+		return err
+	}
+	if l.Volumes == nil {
+		l.Volumes = []volume{}
+	}
+	if e.json {
+		return e.printJSON(l)
+	}
+	if len(l.Volumes) == 0 {
+		fmt.Fprintln(e.stdout, "no volumes (create one with: blkctl volume create NAME --size 10GiB)")
+		return nil
+	}
+	tw := e.table()
+	fmt.Fprintln(tw, "NAME\tSIZE\tBLOCK\tSTATE\tNODE\tHOSTS\tNQN")
+	for _, v := range l.Volumes {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", v.Name, humanSize(v.SizeBytes), v.BlockSize, v.State, v.Node, hostsText(v), v.NQN)
+	}
+	return tw.Flush()
+}
+
+func hostsText(v volume) string {
+	switch {
+	case v.AllowAny:
+		return "any"
+	case len(v.Hosts) == 0:
+		return "-"
+	}
+	return strings.Join(v.Hosts, ",")
+}
+
+func volumeShow(c *cli.Context) error {
+	a, err := args(c, "name")
+	if err != nil {
+		return err
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	var v volume
+	if err := e.api.do("GET", volPath(a[0]), nil, &v); err != nil {
+		return hint(err, a[0], "")
+	}
+	if e.json {
+		return e.printJSON(v)
+	}
+	return e.showVolume(v)
+}
+
+func (e *env) showVolume(v volume) error {
+	created := "-"
+	if v.CreatedAt != 0 {
+		created = time.Unix(0, v.CreatedAt).Format(time.RFC3339)
+	}
+	return e.keyValues([][2]string{
+		{"Name", v.Name},
+		{"ID", fmt.Sprint(v.ID)},
+		{"Size", fmt.Sprintf("%s (%d bytes)", humanSize(v.SizeBytes), v.SizeBytes)},
+		{"Block size", fmt.Sprint(v.BlockSize)},
+		{"State", v.State},
+		{"Node", v.Node},
+		{"NQN", v.NQN},
+		{"Hosts", hostsText(v)},
+		{"Created", created},
+	})
+}
+
+func volumeResize(c *cli.Context) error {
+	a, err := args(c, "name")
+	if err != nil {
+		return err
+	}
+	size, err := sizeFlag(c)
+	if err != nil {
+		return err
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	var v volume
+	err = e.api.do("POST", volPath(a[0])+"/resize", map[string]any{"size": size}, &v)
+	var ae *apiError
+	if errors.As(err, &ae) && ae.notFoundRoute() {
+		return fmt.Errorf("this blkd (%s) does not support resize: upgrade blkd to one with POST /v1/volumes/{name}/resize", e.api.base)
+	}
+	if err != nil {
+		return hint(err, a[0], "")
+	}
+	if v.Name == "" { // an answer without the volume: read it
+		if err := e.api.do("GET", volPath(a[0]), nil, &v); err != nil {
+			return err
+		}
+	}
+	if e.json {
+		return e.printJSON(v)
+	}
+	fmt.Fprintf(e.stdout, "resized volume %s to %s\n", v.Name, humanSize(v.SizeBytes))
+	return nil
+}
+
+func volumeDelete(c *cli.Context) error {
+	a, err := args(c, "name")
+	if err != nil {
+		return err
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	p := volPath(a[0])
+	if c.Bool("force") {
+		p += "?force=true"
+	}
+	if err := e.api.do("DELETE", p, nil, nil); err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) && ae.Status == http.StatusConflict && !c.Bool("force") {
+			return fmt.Errorf("%s (with blkctl: blkctl detach %s --host-nqn NQN, or blkctl volume delete %s --force)", ae.Msg, a[0], a[0])
+		}
+		return hint(err, a[0], "")
+	}
+	if e.json {
+		return e.printJSON(map[string]any{"deleted": a[0]})
+	}
+	fmt.Fprintf(e.stdout, "deleted volume %s\n", a[0])
+	return nil
+}
+
+// ---- host ----
+
+func hostCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "host",
+		Usage: "allow or deny a host (by NQN) access to a volume",
+		Subcommands: []*cli.Command{
+			{Name: "allow", Usage: "allow a host to attach a volume", UsageText: "blkctl host allow VOLUME HOSTNQN", Action: hostAllow},
+			{
+				Name: "deny", Usage: "take a host's access away (its live controllers are torn down)", UsageText: "blkctl host deny VOLUME HOSTNQN [--force]",
+				Flags:  []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "deny even while the host is attached"}},
+				Action: hostDeny,
+			},
+		},
+	}
+}
+
+func hostAllow(c *cli.Context) error {
+	a, err := args(c, "volume", "hostnqn")
+	if err != nil {
+		return err
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	var v volume
+	if err := e.api.do("POST", volPath(a[0])+"/hosts", map[string]string{"host_nqn": a[1]}, &v); err != nil {
+		return hint(err, a[0], "")
+	}
+	if e.json {
+		return e.printJSON(v)
+	}
+	fmt.Fprintf(e.stdout, "host %s may attach volume %s (hosts: %s)\n", a[1], a[0], hostsText(v))
+	return nil
+}
+
+func hostDeny(c *cli.Context) error {
+	a, err := args(c, "volume", "hostnqn")
+	if err != nil {
+		return err
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	p := volPath(a[0]) + "/hosts/" + url.PathEscape(a[1])
+	if c.Bool("force") {
+		p += "?force=true"
+	}
+	var v volume
+	if err := e.api.do("DELETE", p, nil, &v); err != nil {
+		return hint(err, a[0], "")
+	}
+	if e.json {
+		return e.printJSON(v)
+	}
+	fmt.Fprintf(e.stdout, "host %s may no longer attach volume %s (hosts: %s)\n", a[1], a[0], hostsText(v))
+	return nil
+}
+
+// ---- cluster ----
+
+func clusterCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "cluster",
+		Usage: "show the cluster, add or remove nodes",
+		Subcommands: []*cli.Command{
+			{Name: "status", Usage: "show the members and the registry leader", UsageText: "blkctl cluster status", Action: clusterStatus},
+			{Name: "join", Usage: "how to add a node (start blkd with --join)", UsageText: "blkctl cluster join", Action: clusterJoin},
+			{Name: "remove", Usage: "remove a node from the cluster", UsageText: "blkctl cluster remove NODEID", Action: clusterRemove},
+		},
+	}
+}
+
+func clusterStatus(c *cli.Context) error {
+	if _, err := args(c); err != nil {
+		return err
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	var ci clusterInfo
+	if err := e.api.do("GET", "/v1/cluster", nil, &ci); err != nil {
+		return err
+	}
+	if e.json {
+		return e.printJSON(ci)
+	}
+	leader := ci.LeaderID
+	if leader == "" {
+		leader = "(none known)"
+	} else if ci.LeaderAPI != "" {
+		leader += " (api " + ci.LeaderAPI + ")"
+	}
+	fmt.Fprintf(e.stdout, "answered by: %s\nleader:      %s\n\n", ci.NodeID, leader)
+	tw := e.table()
+	fmt.Fprintln(tw, "NODE\tLEADER\tSTATE\tSUFFRAGE\tRAFT\tAPI\tNVME")
+	for _, m := range ci.Members {
+		l := ""
+		if m.Leader {
+			l = "*"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, l, m.State, m.Suffrage, m.RaftAddr, dash(m.APIAddr), dash(m.NVMeAddr))
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func clusterJoin(c *cli.Context) error {
+	fmt.Fprint(c.App.Writer, `A node joins a cluster when it starts: run blkd on the new node with
+--join set to the API address (host:port) of any live member, e.g.
+
+  blkd --node-id node2 --data-dir /var/lib/blk \
+       --raft-addr 10.0.0.2:7000 --nvme-addr 10.0.0.2:4420 --api-addr 10.0.0.2:7070 \
+       --join 10.0.0.1:7070
+
+(or "join" in its config file). Then check it with: blkctl cluster status
+`)
+	return nil
+}
+
+func clusterRemove(c *cli.Context) error {
+	a, err := args(c, "nodeid")
+	if err != nil {
+		return err
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	var res map[string]any
+	if err := e.api.do("POST", "/v1/cluster/remove", map[string]string{"node_id": a[0]}, &res); err != nil {
+		return err
+	}
+	if e.json {
+		return e.printJSON(res)
+	}
+	fmt.Fprintf(e.stdout, "removed node %s from the cluster (registry: %v)\n", a[0], res["registry"])
+	return nil
+}

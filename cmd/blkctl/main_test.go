@@ -1,0 +1,380 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// blkdBin and blkctlBin are built once for the package's tests.
+var blkdBin, blkctlBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "blkctl-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	blkdBin, blkctlBin = filepath.Join(dir, "blkd"), filepath.Join(dir, "blkctl")
+	for _, b := range [][2]string{{blkdBin, "../blkd"}, {blkctlBin, "."}} {
+		cmd := exec.Command("go", "build", "-o", b[0], b[1])
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build", b[1], ":", err)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startBlkd runs blkd on free ports and a temp dir, waits for "ready",
+// and returns its API address.
+func startBlkd(t *testing.T) string {
+	t.Helper()
+	api := freeAddr(t)
+	cmd := exec.Command(blkdBin, "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", api)
+	out := &syncBuf{}
+	cmd.Stderr = out
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			out.Write([]byte(sc.Text() + "\n"))
+			if sc.Text() == "ready" {
+				close(ready)
+			}
+		}
+		cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("blkd output:\n%s", out.String())
+		}
+	})
+	select {
+	case <-ready:
+	case <-exited:
+		t.Fatalf("blkd exited before ready:\n%s", out.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("blkd not ready within 60 s:\n%s", out.String())
+	}
+	return api
+}
+
+// blkctl runs the blkctl binary and returns stdout, stderr and the exit code.
+func blkctl(t *testing.T, api string, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, blkctlBin, append([]string{"--api", "http://" + api}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), errb.String(), 0
+	case errors.As(err, &ee):
+		return out.String(), errb.String(), ee.ExitCode()
+	}
+	t.Fatalf("run blkctl %v: %v", args, err)
+	return "", "", 0
+}
+
+// ok runs blkctl and requires exit 0.
+func ok(t *testing.T, api string, args ...string) string {
+	t.Helper()
+	out, errs, code := blkctl(t, api, args...)
+	if code != 0 {
+		t.Fatalf("blkctl %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out, errs)
+	}
+	return out
+}
+
+// fails runs blkctl and requires exit code want with stderr matching re.
+func fails(t *testing.T, api string, want int, re string, args ...string) {
+	t.Helper()
+	out, errs, code := blkctl(t, api, args...)
+	if code != want || !regexp.MustCompile(re).MatchString(errs) {
+		t.Fatalf("blkctl %s: exit %d, stderr %q (stdout %q); want exit %d and %q", strings.Join(args, " "), code, errs, out, want, re)
+	}
+}
+
+func metric(t *testing.T, api, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + api + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, name+"{") || strings.HasPrefix(l, name+" ") {
+			f := strings.Fields(l)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+const host = "nqn.2026-11.io.blk:host-blkctl"
+
+// TestVolumeWorkflow drives one blkd through blkctl: create, list, show,
+// refusals, host allow, attach, bench write then read, detach, delete.
+func TestVolumeWorkflow(t *testing.T) {
+	api := startBlkd(t)
+
+	out := ok(t, api, "volume", "create", "vol1", "--size", "64MiB")
+	if !strings.Contains(out, "created volume vol1 (64 MiB") {
+		t.Fatalf("create output:\n%s", out)
+	}
+	out = ok(t, api, "volume", "list")
+	if !regexp.MustCompile(`(?m)^NAME\s+SIZE\s+BLOCK.*\n^vol1\s+64 MiB\s+4096\s+online`).MatchString(out) {
+		t.Fatalf("list table:\n%s", out)
+	}
+	listJSON := ok(t, api, "--output", "json", "volume", "list")
+	var l struct {
+		Volumes []volume `json:"volumes"`
+	}
+	if err := json.Unmarshal([]byte(listJSON), &l); err != nil || len(l.Volumes) != 1 || l.Volumes[0].SizeBytes != 64<<20 {
+		t.Fatalf("list json %q: %v", listJSON, err)
+	}
+	if out := ok(t, api, "volume", "list", "--output", "json"); out != listJSON {
+		t.Fatalf("--output after the verb: %q", out)
+	}
+	out = ok(t, api, "volume", "show", "vol1")
+	if !regexp.MustCompile(`Size:\s+64 MiB \(67108864 bytes\)`).MatchString(out) {
+		t.Fatalf("show:\n%s", out)
+	}
+
+	// Refusals: a clear message, exit != 0, nothing changed.
+	fails(t, api, 1, `"nope".*unknown volume.*blkctl volume list`, "volume", "show", "nope")
+	fails(t, api, 1, `vol1.*already in use`, "volume", "create", "vol1", "--size", "1GiB")
+	fails(t, api, 2, `not a multiple of the block size 4096`, "volume", "create", "odd", "--size", "4097")
+	fails(t, api, 2, `missing --size`, "volume", "create", "nosize")
+	fails(t, api, 2, `unknown unit "XB"`, "volume", "create", "badunit", "--size", "10XB")
+	fails(t, api, 2, `missing NAME`, "volume", "create", "--size", "1GiB")
+	fails(t, api, 2, `unknown verb "frob"`, "volume", "frob")
+	fails(t, api, 2, `flag provided but not defined`, "volume", "list", "--nope")
+	fails(t, api, 1, `not allowed.*blkctl host allow vol1`, "attach", "vol1", "--host-nqn", host)
+	if again := ok(t, api, "--output", "json", "volume", "list"); again != listJSON {
+		t.Fatalf("refusals changed the volumes:\n%s\nwas\n%s", again, listJSON)
+	}
+
+	// Resize: blkd may or may not have the route yet.
+	if out, errs, code := blkctl(t, api, "volume", "resize", "vol1", "--size", "128MiB"); code == 0 {
+		if show := ok(t, api, "volume", "show", "vol1"); !strings.Contains(show, "128 MiB") || !strings.Contains(out, "resized volume vol1 to 128 MiB") {
+			t.Fatalf("resize said %q, then show:\n%s", out, show)
+		}
+	} else if code != 1 || !strings.Contains(errs, "does not support resize") {
+		t.Fatalf("resize: exit %d, stderr %q", code, errs)
+	}
+
+	out = ok(t, api, "host", "allow", "vol1", host)
+	if !strings.Contains(out, host) {
+		t.Fatalf("allow: %s", out)
+	}
+	var at attachOut
+	out = ok(t, api, "-o", "json", "attach", "vol1", "--host-nqn", host)
+	if err := json.Unmarshal([]byte(out), &at); err != nil || at.Transport != "rdma" || at.NSID != 1 || at.Port == 0 || at.SubsystemNQN == "" || at.HostNQN != host {
+		t.Fatalf("attach json %q: %v", out, err)
+	}
+	fails(t, api, 1, `live connections.*blkctl detach vol1`, "volume", "delete", "vol1")
+
+	// bench with the attachment in place (it must not detach it), then
+	// after a detach (it attaches and detaches itself).
+	for _, rw := range []string{"randwrite", "randread"} {
+		start := time.Now()
+		out = ok(t, api, "-o", "json", "bench", "vol1", "--host-nqn", host, "--ios", "2000", "--qd", "8", "--rw", rw)
+		var r benchResult
+		if err := json.Unmarshal([]byte(out), &r); err != nil || r.IOPS <= 0 || r.IOs != 2000 || r.LatP99US <= 0 || r.LatMaxUS < r.LatP50US {
+			t.Fatalf("bench %s json %q: %v", rw, out, err)
+		}
+		t.Logf("bench %s: %.0f IOPS, %.1f MB/s, p50 %.0f µs, p99 %.0f µs (%v)", rw, r.IOPS, r.MBps, r.LatP50US, r.LatP99US, time.Since(start))
+	}
+	if n := metric(t, api, "blk_volume_writes_total"); n < 2000 {
+		t.Fatalf("blk_volume_writes_total = %v after the write bench", n)
+	}
+	if n := metric(t, api, "blk_volume_reads_total"); n < 2000 {
+		t.Fatalf("blk_volume_reads_total = %v after the read bench", n)
+	}
+	ok(t, api, "detach", "vol1", "--host-nqn", host)
+	fails(t, api, 1, `not attached`, "detach", "vol1", "--host-nqn", host)
+	out = ok(t, api, "bench", "vol1", "--host-nqn", host, "--ios", "500", "--qd", "4", "--rw", "write", "--bs", "8KiB")
+	if !regexp.MustCompile(`IOPS:\s+\d+`).MatchString(out) || !strings.Contains(out, "Latency p99") {
+		t.Fatalf("bench table:\n%s", out)
+	}
+	// bench detached what it attached: a plain delete now succeeds.
+	ok(t, api, "host", "deny", "vol1", host)
+	ok(t, api, "volume", "delete", "vol1")
+	fails(t, api, 1, `unknown volume`, "volume", "show", "vol1")
+	if out := ok(t, api, "volume", "list"); !strings.Contains(out, "no volumes") {
+		t.Fatalf("list after delete:\n%s", out)
+	}
+}
+
+// TestAttachNBDFailsCleanly: without the nbd module, attach --nbd fails
+// with the module message and leaves no attachment behind.
+func TestAttachNBDFailsCleanly(t *testing.T) {
+	if _, err := os.Stat("/dev/nbd0"); err == nil {
+		t.Skip("/dev/nbd0 exists: the nbd module is loaded here")
+	}
+	api := startBlkd(t)
+	ok(t, api, "volume", "create", "v", "--size", "16MiB")
+	ok(t, api, "host", "allow", "v", host)
+	fails(t, api, 1, `nbd kernel module is not loaded.*modprobe nbd.*attachment was undone`, "attach", "v", "--host-nqn", host, "--nbd", "/dev/nbd0")
+	// No attachment left: detach refuses and a plain delete succeeds.
+	fails(t, api, 1, `not attached`, "detach", "v", "--host-nqn", host)
+	ok(t, api, "volume", "delete", "v")
+}
+
+// TestClusterStatus prints the single member as the leader.
+func TestClusterStatus(t *testing.T) {
+	api := startBlkd(t)
+	out := ok(t, api, "cluster", "status")
+	if !regexp.MustCompile(`(?m)^node1\s+\*\s+up\s+voter`).MatchString(out) {
+		t.Fatalf("cluster status:\n%s", out)
+	}
+	if out := ok(t, api, "cluster", "join"); !strings.Contains(out, "--join") {
+		t.Fatalf("cluster join:\n%s", out)
+	}
+	fails(t, api, 2, `missing NODEID`, "cluster", "remove")
+}
+
+// TestUnreachable: a network error names the URL and the --api flag.
+func TestUnreachable(t *testing.T) {
+	addr := freeAddr(t)
+	fails(t, addr, 1, `cannot reach blkd at http://`+regexp.QuoteMeta(addr)+`.*is blkd running\? .*--api`, "volume", "list")
+	fails(t, addr, 2, `--output "yaml"`, "--output", "yaml", "volume", "list")
+	fails(t, addr, 2, `--output "yaml"`, "volume", "list", "-o", "yaml")
+	fails(t, addr, 2, `unknown command "frob"`, "frob")
+	fails(t, addr, 2, `no command given`)
+	fails(t, addr, 2, `host needs a verb`, "host")
+	fails(t, addr, 2, `missing --host-nqn`, "attach", "v")
+	fails(t, addr, 2, `--qd 0`, "bench", "v", "--host-nqn", host, "--qd", "0")
+}
+
+// TestFollowerRedirect: a write answered 421 is sent once to leader_api,
+// and the user is told which node answered.
+func TestFollowerRedirect(t *testing.T) {
+	var leaderHits int
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		leaderHits++
+		w.WriteHeader(201)
+		fmt.Fprint(w, `{"name":"v","size_bytes":4096,"block_size":4096,"node":"node1","state":"online"}`)
+	}))
+	defer leader.Close()
+	follower := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(421)
+		fmt.Fprintf(w, `{"error":"this node is not the registry leader","leader_id":"node1","leader_api":%q}`, strings.TrimPrefix(leader.URL, "http://"))
+	}))
+	defer follower.Close()
+	var out, errb bytes.Buffer
+	code := run([]string{"blkctl", "--api", follower.URL, "volume", "create", "v", "--size", "4KiB"}, &out, &errb)
+	if code != 0 || leaderHits != 1 || !strings.Contains(errb.String(), "answered by leader node1 at "+leader.URL) {
+		t.Fatalf("exit %d, leader hits %d, stderr %q", code, leaderHits, errb.String())
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]uint64{
+		"512": 512, "4KiB": 4096, "10GiB": 10 << 30, "1.5TiB": 3 << 39, "10GB": 10e9, "4k": 4096, "1 MiB": 1 << 20, "2MB": 2e6, "8B": 8,
+	} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "ten", "10XB", "1.5", "-4KiB", "1e3", "GiB", "99999999999PiB"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) accepted", in)
+		}
+	}
+	for n, want := range map[uint64]string{512: "512 B", 4096: "4 KiB", 10 << 30: "10 GiB", 3 << 39: "1.5 TiB"} {
+		if got := humanSize(n); got != want {
+			t.Errorf("humanSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// TestResizeUnsupported: a blkd without the resize route (404 "no route"
+// or 405) gets a clear message; an unknown volume is still reported.
+func TestResizeUnsupported(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		body   string
+		want   string
+	}{
+		{404, `{"error":"no route POST /v1/volumes/v/resize: the API is under /v1/volumes and /v1/cluster"}`, "this blkd .* does not support resize"},
+		{405, `Method Not Allowed`, "this blkd .* does not support resize"},
+		{404, `{"error":"meta: volume \"v\": unknown volume"}`, `unknown volume.*blkctl volume list`},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(tc.status)
+			fmt.Fprint(w, tc.body)
+		}))
+		var out, errb bytes.Buffer
+		code := run([]string{"blkctl", "--api", srv.URL, "volume", "resize", "v", "--size", "1GiB"}, &out, &errb)
+		srv.Close()
+		if code != 1 || !regexp.MustCompile(tc.want).MatchString(errb.String()) {
+			t.Errorf("%d %s: exit %d, stderr %q, want %q", tc.status, tc.body, code, errb.String(), tc.want)
+		}
+	}
+}

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"fmt"
+	"math/big"
+	"strconv"
+	"strings"
+)
+
+// sizeUnits are the units parseSize accepts, matched case-insensitively
+// (longest first): binary KiB…PiB (and K…P for the same, as blkd), decimal
+// KB…PB, and B.
+var sizeUnits = []struct {
+	suffix string
+	mult   uint64
+}{
+	{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30}, {"tib", 1 << 40}, {"pib", 1 << 50},
+	{"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12}, {"pb", 1e15},
+	{"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"t", 1 << 40}, {"p", 1 << 50},
+	{"b", 1},
+}
+
+const sizeHelp = "a number of bytes with an optional unit, like 512, 4KiB, 10GiB, 1.5TiB (binary) or 10GB (decimal)"
+
+// parseSize parses a byte count with an optional unit; fractions are
+// allowed as long as the result is a whole number of bytes.
+func parseSize(s string) (uint64, error) {
+	str := strings.TrimSpace(s)
+	num, mult := str, uint64(1)
+	if i := strings.IndexFunc(str, func(r rune) bool { return (r < '0' || r > '9') && r != '.' }); i >= 0 {
+		unit := strings.TrimSpace(str[i:])
+		num = strings.TrimSpace(str[:i])
+		found := false
+		for _, u := range sizeUnits {
+			if strings.ToLower(unit) == u.suffix {
+				mult, found = u.mult, true
+				break
+			}
+		}
+		if !found {
+			return 0, fmt.Errorf("size %q: unknown unit %q: use %s", s, unit, sizeHelp)
+		}
+	}
+	if num == "" {
+		return 0, fmt.Errorf("size %q has no number: use %s", s, sizeHelp)
+	}
+	r, ok := new(big.Rat).SetString(num)
+	if !ok || r.Sign() < 0 {
+		return 0, fmt.Errorf("size %q: %q is not a number: use %s", s, num, sizeHelp)
+	}
+	r.Mul(r, new(big.Rat).SetInt(new(big.Int).SetUint64(mult)))
+	if !r.IsInt() {
+		return 0, fmt.Errorf("size %q is not a whole number of bytes: use %s", s, sizeHelp)
+	}
+	if !r.Num().IsUint64() {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return r.Num().Uint64(), nil
+}
+
+// humanSize formats n in the largest binary unit that keeps it ≥ 1, with
+// up to two decimals ("10 GiB", "1.5 TiB", "512 B").
+func humanSize(n uint64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	i := 0
+	v := float64(n)
+	for v >= 1024 && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	s := strconv.FormatFloat(v, 'f', 2, 64)
+	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	return s + " " + units[i]
+}
