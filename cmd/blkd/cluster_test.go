@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -101,6 +105,25 @@ func TestCluster(t *testing.T) {
 	leader := leaderOf("node1", "node2", "node3")
 	t.Logf("leader %s", leader)
 
+	// Raft health on /metrics: one leader, followers hearing from it.
+	for id, p := range procs {
+		state := "follower"
+		if id == leader {
+			state = "leader"
+		}
+		if body := p.metricsText(t); !strings.Contains(body, "\nblk_raft_state{state=\""+state+"\"} 1\n") {
+			t.Fatalf("%s /metrics lacks blk_raft_state{state=%q} 1:\n%s", id, state, body)
+		}
+		if n := p.metric(t, "blk_raft_peers"); n != 3 {
+			t.Fatalf("%s: blk_raft_peers %v, want 3", id, n)
+		}
+		if id != leader {
+			if n := p.metric(t, "blk_raft_last_contact_seconds"); n < 0 || n > 10 {
+				t.Fatalf("%s: blk_raft_last_contact_seconds %v", id, n)
+			}
+		}
+	}
+
 	// Writes go to the leader; a follower refuses them with the leader's address.
 	procs[leader].must(t, "POST", "/v1/volumes", `{"name": "vol1", "size": "1MiB"}`, 201, nil)
 	for id, p := range procs {
@@ -155,6 +178,80 @@ func TestCluster(t *testing.T) {
 		return nil
 	})
 	cur := leaderOf("node1", "node2", "node3")
+
+	// A volume owned by a follower is managed through the leader: the
+	// leader applies the registry commands and has the owner do its part.
+	vol := "vol1" // created on the first leader, now a follower
+	if cur == leader {
+		vol = "vol2"
+	}
+	var v volumeJSON
+	procs[cur].must(t, "GET", "/v1/volumes/"+vol, "", 200, &v)
+	owner := v.Node
+	if owner == cur || procs[owner] == nil {
+		t.Fatalf("%s is owned by %q, leader %s", vol, owner, cur)
+	}
+	t.Logf("managing %s, owned by follower %s, through leader %s", vol, owner, cur)
+	procs[owner].refuse(t, "POST", "/v1/volumes/"+vol+"/hosts", `{"host_nqn": "`+hostNQN+`"}`, 421, "not the registry leader")
+	procs[cur].must(t, "POST", "/v1/volumes/"+vol+"/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, &v)
+	if len(v.Hosts) != 1 || v.Hosts[0] != hostNQN {
+		t.Fatalf("hosts after allow: %+v", v)
+	}
+	procs[cur].must(t, "POST", "/v1/volumes/"+vol+"/resize", `{"size": "2MiB"}`, 200, &v)
+	var a attachJSON
+	procs[cur].must(t, "POST", "/v1/volumes/"+vol+"/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	if net.JoinHostPort(a.Address, strconv.Itoa(a.Port)) != nodes[owner].nvme || a.SubsystemNQN != v.NQN {
+		t.Fatalf("attach %s: %+v, want the owner's NVMe port %s", vol, a, nodes[owner].nvme)
+	}
+	// The owner let the host in and grew the volume.
+	ctrl, ns := connect(t, a)
+	if got := ns.Blocks() * uint64(ns.BlockSize()); got != 2<<20 {
+		t.Fatalf("namespace of %s is %d bytes, want 2 MiB", vol, got)
+	}
+	data := bytes.Repeat([]byte("own!"), 1024)
+	if _, err := ns.WriteAt(data, 1<<20+4096); err != nil {
+		t.Fatalf("write to %s on %s: %v", vol, owner, err)
+	}
+	ctrl.Close()
+	if body := procs[owner].metricsText(t); !strings.Contains(body, "blk_volume_writes_total{") {
+		t.Fatalf("owner %s shows no store volume:\n%s", owner, body)
+	}
+	procs[cur].refuse(t, "DELETE", "/v1/volumes/"+vol, "", 409, "connections")
+	procs[cur].must(t, "POST", "/v1/volumes/"+vol+"/detach", `{"host_nqn": "`+hostNQN+`"}`, 204, nil)
+	procs[cur].must(t, "DELETE", "/v1/volumes/"+vol+"/hosts/"+hostNQN, "", 200, nil)
+	// With the owner down, a resize updates the registry and answers 502;
+	// the owner grows its store volume to the registry's size on restart.
+	procs[owner].cmd.Process.Signal(syscall.SIGKILL)
+	<-procs[owner].exited
+	procs[cur].refuse(t, "POST", "/v1/volumes/"+vol+"/resize", `{"size": "3MiB"}`, 502, "registry is updated.*"+owner)
+	start(owner)
+	if n := procs[owner].metric(t, "blk_volume_size_bytes"); n != 3<<20 {
+		t.Fatalf("owner %s: blk_volume_size_bytes %v after restart, want 3 MiB", owner, n)
+	}
+
+	// With the owner down, a delete updates the registry and says the
+	// owner did not do its part; the owner finishes locally on restart,
+	// and the same delete, repeated, purges the volume.
+	procs[owner].cmd.Process.Signal(syscall.SIGKILL)
+	<-procs[owner].exited
+	procs[cur].refuse(t, "DELETE", "/v1/volumes/"+vol, "", 502, "registry is updated.*"+owner+".*restarts")
+	procs[cur].must(t, "GET", "/v1/volumes/"+vol, "", 200, &v)
+	if v.State != "deleting" {
+		t.Fatalf("%s after a delete with its owner down: %+v", vol, v)
+	}
+	start(owner)
+	procs[cur].must(t, "DELETE", "/v1/volumes/"+vol, "", 204, nil)
+	procs[cur].refuse(t, "GET", "/v1/volumes/"+vol, "", 404, "unknown volume")
+	eventually(t, 30*time.Second, "owner forgets "+vol, func() error {
+		if code, _ := procs[owner].call(t, "GET", "/v1/volumes/"+vol, "", nil); code != 404 {
+			return fmt.Errorf("GET on %s: %d", owner, code)
+		}
+		return nil
+	})
+	// The owner deleted its store volume (it owned no other).
+	if body := procs[owner].metricsText(t); strings.Contains(body, "blk_volume_writes_total{") {
+		t.Fatalf("owner %s still has a store volume after the delete:\n%s", owner, body)
+	}
 
 	// Remove the node that owns no volume; the leader no longer lists it.
 	var spare string

@@ -218,6 +218,7 @@ type volumeJSON struct {
 	ID        uint64   `json:"id"`
 	SizeBytes uint64   `json:"size_bytes"`
 	BlockSize uint32   `json:"block_size"`
+	Node      string   `json:"node"`
 	State     string   `json:"state"`
 	NQN       string   `json:"nqn"`
 	Hosts     []string `json:"hosts"`
@@ -283,6 +284,21 @@ func (d *daemon) metric(t *testing.T, name string) float64 {
 		t.Fatalf("/metrics has no %s", name)
 	}
 	return sum
+}
+
+// metricsText returns d's /metrics page.
+func (d *daemon) metricsText(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get("http://" + d.api + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func (d *daemon) volumes(t *testing.T) []volumeJSON {
@@ -363,13 +379,60 @@ func TestVolumeLifecycle(t *testing.T) {
 	if n := d.metric(t, "blk_volume_reads_total"); n < 1 {
 		t.Fatalf("blk_volume_reads_total = %v after a read", n)
 	}
+	// Raft health: the single node leads a one-server configuration.
+	if body := d.metricsText(t); !strings.Contains(body, "\nblk_raft_state{state=\"leader\"} 1\n") ||
+		!strings.Contains(body, "\nblk_raft_state{state=\"follower\"} 0\n") {
+		t.Fatalf("/metrics lacks blk_raft_state{state=\"leader\"} 1:\n%s", body)
+	}
+	if n := d.metric(t, "blk_raft_peers"); n != 1 {
+		t.Fatalf("blk_raft_peers = %v on a single node", n)
+	}
+	if n := d.metric(t, "blk_meta_commands_applied_total"); n < 3 {
+		t.Fatalf("blk_meta_commands_applied_total = %v after create, allow, attach", n)
+	}
+	for _, name := range []string{"blk_raft_term", "blk_raft_commit_index", "blk_raft_applied_index", "blk_raft_last_log_index"} {
+		if n := d.metric(t, name); n < 1 {
+			t.Fatalf("%s = %v", name, n)
+		}
+	}
+
+	// Grow the volume while the host is connected: the registry shows the
+	// new size, the host sees it after a rescan and writes past the old end.
+	d.must(t, "POST", "/v1/volumes/vol1/resize", `{"size": "32MiB"}`, 200, &v)
+	if v.SizeBytes != 32<<20 {
+		t.Fatalf("resize answered %+v", v)
+	}
+	d.refuse(t, "POST", "/v1/volumes/vol1/resize", `{"size": "8MiB"}`, 400, `shrinking.*not supported`)
+	d.refuse(t, "POST", "/v1/volumes/vol1/resize", `{}`, 400, `missing "size"`)
+	d.refuse(t, "POST", "/v1/volumes/vol1/resize", `{"size": 40000000}`, 400, `not a multiple`)
+	d.refuse(t, "POST", "/v1/volumes/nope/resize", `{"size": "32MiB"}`, 404, `unknown volume`)
+	d.must(t, "GET", "/v1/volumes/vol1", "", 200, &v)
+	if v.SizeBytes != 32<<20 {
+		t.Fatalf("GET after resize: %+v", v)
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	if err := ctrl.Rescan(rctx); err != nil {
+		t.Fatalf("rescan after resize: %v", err)
+	}
+	rcancel()
+	ns = ctrl.Namespace(a.NSID)
+	if got := ns.Blocks() * uint64(ns.BlockSize()); got != 32<<20 {
+		t.Fatalf("namespace is %d bytes after resize, want 32 MiB", got)
+	}
+	if _, err := ns.WriteAt(data, 24<<20); err != nil {
+		t.Fatalf("write past the old end: %v", err)
+	}
+	clear(back)
+	if _, err := ns.ReadAt(back, 24<<20); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("read back past the old end: %v, equal %v", err, bytes.Equal(back, data))
+	}
 
 	// SIGTERM with the host still connected: the port drains it and blkd
 	// exits 0. Then a restart on the same directory serves the same volume.
 	d.stop(t)
 	ctrl.Close()
 	d = startBlkd(t, dir)
-	if vs := d.volumes(t); len(vs) != 1 || vs[0].Name != "vol1" || vs[0].State != "online" {
+	if vs := d.volumes(t); len(vs) != 1 || vs[0].Name != "vol1" || vs[0].State != "online" || vs[0].SizeBytes != 32<<20 {
 		t.Fatalf("after restart: %+v", vs)
 	}
 	d.must(t, "POST", "/v1/volumes/vol1/detach", `{"host_nqn": "`+hostNQN+`"}`, 204, nil)

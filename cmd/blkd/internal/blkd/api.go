@@ -15,7 +15,6 @@ import (
 
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/nvme"
-	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/volume"
 )
 
@@ -63,7 +62,9 @@ func metaError(err error, hint string) error {
 		status, hint = http.StatusBadRequest, "use block_size 512 or 4096"
 	case errors.Is(err, meta.ErrSizeNotMultiple):
 		status, hint = http.StatusBadRequest, "make size a positive multiple of block_size"
-	case errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand), errors.Is(err, meta.ErrShrink):
+	case errors.Is(err, meta.ErrShrink):
+		status, hint = http.StatusBadRequest, "shrinking a volume is not supported; give a size at least the current one"
+	case errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand):
 		status = http.StatusBadRequest
 	case errors.Is(err, meta.ErrNotLeader):
 		status, hint = http.StatusServiceUnavailable, "send the request to the registry leader"
@@ -110,6 +111,9 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("DELETE /v1/volumes/{name}/hosts/{nqn}", w(d.disallowHost))
 	m.Handle("POST /v1/volumes/{name}/attach", w(d.attach))
 	m.Handle("POST /v1/volumes/{name}/detach", w(d.detach))
+	m.Handle("POST /v1/volumes/{name}/resize", w(d.resizeVolume))
+	// The leader asks a volume's owner to do its local part (owner.go).
+	m.Handle("POST /v1/internal/local", handler(d.internalLocal))
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
 	m.Handle("POST /v1/cluster/join", w(d.clusterJoin))
 	m.Handle("POST /v1/cluster/remove", w(d.clusterRemove))
@@ -279,14 +283,11 @@ func (d *Daemon) getVolume(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// ownedVolume reads a volume this node serves.
-func (d *Daemon) ownedVolume(ctx context.Context, name string) (meta.Volume, error) {
+// readVolume reads a volume linearizably (the caller is the leader).
+func (d *Daemon) readVolume(ctx context.Context, name string) (meta.Volume, error) {
 	v, err := d.node.ReadVolume(ctx, name)
 	if err != nil {
 		return v, metaError(err, "")
-	}
-	if v.Node != d.cfg.NodeID {
-		return v, &apiError{http.StatusConflict, fmt.Sprintf("volume %q is served by node %s, not %s: send the request to that node", name, v.Node, d.cfg.NodeID)}
 	}
 	return v, nil
 }
@@ -303,25 +304,62 @@ func (d *Daemon) deleteVolume(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	v, err := d.ownedVolume(ctx, name)
+	v, err := d.readVolume(ctx, name)
 	if err != nil {
 		return err
 	}
-	if _, err := d.node.Apply(ctx, meta.DeleteVolume{Name: name, Force: force}); err != nil {
-		return metaError(err, "")
+	// A volume already deleting (an earlier delete whose owner did not
+	// answer) is finished: the owner's part, then the purge.
+	if v.State != meta.VolumeDeleting {
+		if _, err := d.node.Apply(ctx, meta.DeleteVolume{Name: name, Force: force}); err != nil {
+			return metaError(err, "")
+		}
 	}
 	// From here the volume is VolumeDeleting: a restart finishes the job.
-	if err := d.tgt.RemoveSubsystem(v.NQN); err != nil && !errors.Is(err, target.ErrNotFound) {
-		return fmt.Errorf("delete volume %q: remove subsystem: %w", name, err)
+	if err := d.onOwner(ctx, newLocalOp(opDelete, v, "")); err != nil {
+		return err
 	}
-	if err := d.store.Delete(volume.ID(v.ID)); err != nil && !errors.Is(err, volume.ErrNotFound) {
-		return fmt.Errorf("delete volume %q: %w", name, err)
-	}
-	d.lat.Forget(strconv.FormatUint(v.ID, 10))
 	if _, err := d.node.Apply(ctx, meta.PurgeVolume{Name: name}); err != nil {
 		return metaError(err, "")
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+type resizeRequest struct {
+	Size *Size `json:"size"`
+}
+
+// resizeVolume grows a volume: registry ResizeVolume, then the owner
+// grows its store volume and revalidates the namespace.
+func (d *Daemon) resizeVolume(w http.ResponseWriter, r *http.Request) error {
+	var req resizeRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.Size == nil || *req.Size == 0 {
+		return badRequest(`missing "size": give the new size in bytes or with a unit, e.g. {"size": "20GiB"}`)
+	}
+	size := uint64(*req.Size)
+	name := r.PathValue("name")
+	ctx := r.Context()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, err := d.readVolume(ctx, name)
+	if err != nil {
+		return err
+	}
+	if size < v.SizeBytes {
+		return badRequest("volume %q is %d bytes: shrinking to %d bytes is not supported; give a size of at least %d bytes", name, v.SizeBytes, size, v.SizeBytes)
+	}
+	res, err := d.node.Apply(ctx, meta.ResizeVolume{Name: name, SizeBytes: size})
+	if err != nil {
+		return metaError(err, "")
+	}
+	if err := d.onOwner(ctx, newLocalOp(opResize, *res.Volume, "")); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res.Volume)
 	return nil
 }
 
@@ -352,20 +390,15 @@ func (d *Daemon) allowHost(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	v, err := d.ownedVolume(ctx, name)
-	if err != nil {
+	if _, err := d.readVolume(ctx, name); err != nil {
 		return err
 	}
 	res, err := d.node.Apply(ctx, meta.AllowHost{Volume: name, HostNQN: host})
 	if err != nil {
 		return metaError(err, "")
 	}
-	sub, ok := d.tgt.Subsystem(v.NQN)
-	if !ok {
-		return fmt.Errorf("volume %q: subsystem %s is not served here", name, v.NQN)
-	}
-	if err := sub.AllowHost(host); err != nil && !errors.Is(err, target.ErrExists) {
-		return fmt.Errorf("volume %q: allow host %s: %w", name, host, err)
+	if err := d.onOwner(ctx, newLocalOp(opAllowHost, *res.Volume, host)); err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, res.Volume)
 	return nil
@@ -377,18 +410,15 @@ func (d *Daemon) disallowHost(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	v, err := d.ownedVolume(ctx, name)
-	if err != nil {
+	if _, err := d.readVolume(ctx, name); err != nil {
 		return err
 	}
 	res, err := d.node.Apply(ctx, meta.DisallowHost{Volume: name, HostNQN: host, Force: force})
 	if err != nil {
 		return metaError(err, "")
 	}
-	if sub, ok := d.tgt.Subsystem(v.NQN); ok {
-		if err := sub.DenyHost(host); err != nil && !errors.Is(err, target.ErrNotFound) {
-			return fmt.Errorf("volume %q: deny host %s: %w", name, host, err)
-		}
+	if err := d.onOwner(ctx, newLocalOp(opDenyHost, *res.Volume, host)); err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, res.Volume)
 	return nil
@@ -412,14 +442,27 @@ func (d *Daemon) attach(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	v, err := d.ownedVolume(ctx, name)
+	v, err := d.readVolume(ctx, name)
 	if err != nil {
 		return err
 	}
-	if _, err := d.node.Apply(ctx, meta.Connect{HostNQN: host, Volume: name, Node: d.cfg.NodeID, At: time.Now().UnixNano()}); err != nil {
+	addr := d.port.Addr().String()
+	if v.Node != d.cfg.NodeID {
+		// The host connects to the owner's NVMe port.
+		addr = ""
+		d.node.FSM().Read(func(s *meta.State) {
+			if n, ok := s.Node(v.Node); ok {
+				addr = n.TargetAddr
+			}
+		})
+		if addr == "" {
+			return &apiError{http.StatusConflict, fmt.Sprintf("volume %q: the registry knows no NVMe address of its owner node %s: wait for the node to register (restart it)", name, v.Node)}
+		}
+	}
+	if _, err := d.node.Apply(ctx, meta.Connect{HostNQN: host, Volume: name, Node: v.Node, At: time.Now().UnixNano()}); err != nil {
 		return metaError(err, "")
 	}
-	h, p, _ := net.SplitHostPort(d.port.Addr().String())
+	h, p, _ := net.SplitHostPort(addr)
 	port, _ := strconv.Atoi(p)
 	writeJSON(w, http.StatusOK, Attachment{Address: h, Port: port, SubsystemNQN: v.NQN, NSID: 1, Transport: "rdma"})
 	return nil
@@ -434,10 +477,11 @@ func (d *Daemon) detach(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, err := d.ownedVolume(ctx, name); err != nil {
+	v, err := d.readVolume(ctx, name)
+	if err != nil {
 		return err
 	}
-	if _, err := d.node.Apply(ctx, meta.Disconnect{HostNQN: host, Volume: name, Node: d.cfg.NodeID}); err != nil {
+	if _, err := d.node.Apply(ctx, meta.Disconnect{HostNQN: host, Volume: name, Node: v.Node}); err != nil {
 		return metaError(err, "")
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -107,6 +107,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err := d.reg.RegisterStore(d.store); err != nil {
 		return nil, err
 	}
+	if err := d.reg.Prometheus().Register(NewRaftCollector(d.node)); err != nil {
+		return nil, fmt.Errorf("metrics: register raft collector: %w", err)
+	}
 
 	// The API listener is opened early: a joining node names its address.
 	d.ln, err = net.Listen("tcp", cfg.APIAddr)
@@ -261,6 +264,10 @@ func (d *Daemon) rebuild(ctx context.Context) error {
 				}
 			}
 		}
+		// A resize the leader applied while this node was away.
+		if err := d.growStore(v); err != nil {
+			return err
+		}
 		if err := d.serve(v); err != nil {
 			return fmt.Errorf("serve volume %q: %w", v.Name, err)
 		}
@@ -270,6 +277,24 @@ func (d *Daemon) rebuild(ctx context.Context) error {
 			if _, err := d.node.Apply(ctx, meta.SetVolumeState{Name: v.Name, State: meta.VolumeOnline}); err != nil {
 				return fmt.Errorf("finish creating volume %q: %w", v.Name, err)
 			}
+		}
+	}
+	return nil
+}
+
+// growStore grows v's store volume to the registry's size if it is smaller.
+func (d *Daemon) growStore(v meta.Volume) error {
+	vol, err := d.store.Volume(volume.ID(v.ID))
+	if err != nil {
+		return fmt.Errorf("serve volume %q: %w", v.Name, err)
+	}
+	info, err := vol.Info()
+	if err != nil {
+		return fmt.Errorf("serve volume %q: %w", v.Name, err)
+	}
+	if info.SizeBytes < v.SizeBytes {
+		if err := d.store.Resize(volume.ID(v.ID), v.SizeBytes, false); err != nil {
+			return fmt.Errorf("resize volume %q to the registry's %d bytes: %w", v.Name, v.SizeBytes, err)
 		}
 	}
 	return nil
