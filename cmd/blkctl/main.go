@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -187,7 +188,15 @@ func args(c *cli.Context, names ...string) ([]string, error) {
 	}
 	var serr error
 	fs.Visit(func(f *flag.Flag) {
-		if err := c.Set(f.Name, f.Value.String()); err != nil && serr == nil {
+		// Set the flag under its main name: an alias ("-o") parsed here
+		// is a separate entry of fs, and the context reads the main one.
+		name := f.Name
+		for _, cf := range c.Command.Flags {
+			if ns := cf.Names(); slices.Contains(ns, f.Name) {
+				name = ns[0]
+			}
+		}
+		if err := c.Set(name, f.Value.String()); err != nil && serr == nil {
 			serr = usageErrorf("%s: -%s: %v", c.Command.FullName(), f.Name, err)
 		}
 	})
