@@ -197,6 +197,10 @@ func TestVolumeWorkflow(t *testing.T) {
 	if err := json.Unmarshal([]byte(listJSON), &l); err != nil || len(l.Volumes) != 1 || l.Volumes[0].SizeBytes != 64<<20 {
 		t.Fatalf("list json %q: %v", listJSON, err)
 	}
+	// The short form after the verb too (it was once parsed and ignored).
+	if out := ok(t, api, "volume", "list", "-o", "json"); out != listJSON {
+		t.Fatalf("-o json after the verb:\n%s", out)
+	}
 	if out := ok(t, api, "volume", "list", "--output", "json"); out != listJSON {
 		t.Fatalf("--output after the verb: %q", out)
 	}
