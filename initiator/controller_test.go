@@ -227,11 +227,12 @@ func TestAsyncAPI(t *testing.T) {
 	if c.Stats().QueueFull != 1 {
 		t.Errorf("stats %+v", c.Stats())
 	}
-	f.mute.Store(false)
 	// The muted commands never complete: the association fails on the
 	// I/O timeout... here, drop the connections instead and watch them
-	// fail with ErrConnectionLost.
+	// fail with ErrConnectionLost. Unmuted only after the drop: a command
+	// the fake had not looked at yet would otherwise be answered.
 	f.dropAll()
+	f.mute.Store(false)
 	for i := 0; i < 4; i++ {
 		select {
 		case err := <-done:
