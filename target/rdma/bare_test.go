@@ -83,9 +83,6 @@ type bareServer struct {
 	data   transport.MemoryRegion // bareSlots × bareMaxLen
 	wg     sync.WaitGroup
 
-	mu  sync.Mutex
-	qps []transport.QP
-
 	// scratch is each core's SGE lists for posting (the provider copies
 	// them at post), so that the handler allocates nothing.
 	scratch []bareScratch
@@ -154,9 +151,6 @@ func (s *bareServer) accept() {
 			s.engine.CloseQP(qp)
 			continue
 		}
-		s.mu.Lock()
-		s.qps = append(s.qps, qp)
-		s.mu.Unlock()
 	}
 }
 

@@ -26,9 +26,8 @@ type coreState struct {
 	// wait is a FIFO ring of commands waiting for a data buffer (owned by
 	// the notification goroutine). It holds at most every request of the
 	// core: the SRQ's plus the admin queues' (QPsPerCore of them at most).
-	wait       []*req
-	whead, wn  int
-	smallLimit uint32
+	wait      []*req
+	whead, wn int
 
 	// group gathers the plain writes executed during one notification;
 	// committed by HandleBatchEnd at its end.
@@ -43,7 +42,7 @@ type coreCounters struct {
 
 func newCoreState(p *Port, c *transport.Core) (cs *coreState, err error) {
 	cfg := p.engine.Config()
-	cs = &coreState{p: p, core: c, index: c.Index(), reqs: make([]req, cfg.Buffers), smallLimit: smallBufferSize}
+	cs = &coreState{p: p, core: c, index: c.Index(), reqs: make([]req, cfg.Buffers)}
 	for i := range cs.reqs {
 		cs.reqs[i].init(cs)
 	}
@@ -228,7 +227,7 @@ func (cs *coreState) receive(r *req, n uint32) {
 // attach gives r a data buffer of its length, or reports there is none.
 func (cs *coreState) attach(r *req) bool {
 	p := cs.large
-	if r.Len <= cs.smallLimit && cs.small.free.Load() > 0 {
+	if r.Len <= smallBufferSize && cs.small.free.Load() > 0 {
 		p = cs.small
 	}
 	d := p.get()
