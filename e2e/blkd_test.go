@@ -1,0 +1,148 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// daemon is a blkd process on the host, with its output kept in the share.
+type daemon struct {
+	s      *scenario
+	name   string
+	args   []string
+	api    string // host:port
+	cmd    *exec.Cmd
+	exited chan struct{}
+	err    error
+	runs   int
+}
+
+// startDaemon starts blkd with args (plus --data-dir under the share) and
+// waits for it to say ready.
+func (s *scenario) startDaemon(name, api string, args ...string) *daemon {
+	s.t.Helper()
+	d := &daemon{s: s, name: name, api: api,
+		args: append([]string{"--data-dir", s.path(name + "-data"), "--api-addr", api}, args...)}
+	d.start()
+	s.t.Cleanup(func() { d.kill() })
+	return d
+}
+
+func (d *daemon) start() {
+	t := d.s.t
+	t.Helper()
+	d.runs++
+	logf, err := os.Create(d.s.path(fmt.Sprintf("%s.log.%d", d.name, d.runs)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.cmd = exec.Command(filepath.Join(env.bin, "blkd"), d.args...)
+	d.cmd.Stderr = logf
+	stdout, err := d.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d.exited = make(chan struct{})
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			fmt.Fprintln(logf, sc.Text())
+			if sc.Text() == "ready" {
+				close(ready)
+			}
+		}
+		d.err = d.cmd.Wait()
+		logf.Close()
+		close(d.exited)
+	}()
+	select {
+	case <-ready:
+		t.Logf("%s: blkd ready (run %d, pid %d)", d.name, d.runs, d.cmd.Process.Pid)
+	case <-d.exited:
+		t.Fatalf("%s: blkd exited before ready: %v; log in %s", d.name, d.err, logf.Name())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s: blkd not ready within 60 s; log in %s", d.name, logf.Name())
+	}
+}
+
+// kill ends blkd with SIGKILL, as a crash would.
+func (d *daemon) kill() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-d.exited:
+		return
+	default:
+	}
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+}
+
+// blkctl runs the static blkctl against api with -o json and decodes its
+// output into out (if not nil).
+func (s *scenario) blkctl(api string, out any, args ...string) {
+	s.t.Helper()
+	if err := s.blkctlErr(api, out, args...); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *scenario) blkctlErr(api string, out any, args ...string) error {
+	full := append([]string{"--api", "http://" + api, "-o", "json"}, args...)
+	cmd := exec.Command(filepath.Join(env.bin, "blkctl"), full...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	b, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("blkctl %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("blkctl %s: decoding %q: %v", strings.Join(args, " "), b, err)
+		}
+	}
+	return nil
+}
+
+// attachInfo is what blkctl attach answers.
+type attachInfo struct {
+	Address      string `json:"address"`
+	Port         int    `json:"port"`
+	SubsystemNQN string `json:"subsystem_nqn"`
+	NSID         int    `json:"nsid"`
+	Transport    string `json:"transport"`
+}
+
+// ports hands out fixed loopback ports below the ephemeral range, one
+// block per scenario, so that a port freed by one process is not taken by
+// another before blkd binds it.
+func ports(base int) func() int {
+	next := base
+	return func() int { next++; return next }
+}
+
+func addr(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }
+
+func mustContain(t *testing.T, what, got string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(got, w) {
+			t.Errorf("%s: %q not found in:\n%s", what, w, got)
+		}
+	}
+}

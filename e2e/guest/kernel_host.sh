@@ -1,0 +1,82 @@
+# Scenario 1: the Linux nvme-rdma host over siw, in this guest, against blkd
+# on the host (10.0.2.2). env.sh: PORT NQN HOSTNQN SEED
+. /share/lib.sh
+net_user
+siw_up
+modprobe nvme-rdma
+
+log "discover"
+nvme discover -t rdma -a 10.0.2.2 -s "$PORT" --hostnqn "$HOSTNQN" -o json >/share/discover.json || fail "nvme discover"
+
+log "connect"
+nvme connect -t rdma -a 10.0.2.2 -s "$PORT" -n "$NQN" --hostnqn "$HOSTNQN" \
+	--reconnect-delay=1 --ctrl-loss-tmo=120 || fail "nvme connect"
+wait_dev /dev/nvme0n1 30
+dev=/dev/nvme0n1
+log "$(cat /sys/class/nvme/nvme0/transport) $(cat /sys/class/nvme/nvme0/address) state $(cat /sys/class/nvme/nvme0/state) queues $(ls /sys/block/nvme0n1/mq | wc -l)"
+
+nvme list -o json >/share/list.json || fail "nvme list"
+nvme id-ctrl /dev/nvme0 -o json >/share/id-ctrl.json || fail "nvme id-ctrl"
+nvme id-ns $dev -o json >/share/id-ns.json || fail "nvme id-ns"
+nvme smart-log /dev/nvme0 -o json >/share/smart-log.json || fail "nvme smart-log"
+cat /sys/block/nvme0n1/queue/max_hw_sectors_kb >/share/max_hw_sectors_kb
+cat /sys/block/nvme0n1/queue/write_zeroes_max_bytes >/share/write_zeroes_max_bytes
+
+log "fio: 4 KiB random writes QD16 over 32 MiB, then crc32c verify"
+fio --name=rand4k --filename=$dev --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
+	--iodepth=16 --offset=0 --size=32M --verify=crc32c --do_verify=1 --verify_fatal=1 \
+	--randseed="$SEED" --output-format=json --output=/share/fio-rand4k.json || fail "fio rand4k"
+log "fio: 128 KiB sequential writes QD4 over 32 MiB, then crc32c verify"
+fio --name=seq128k --filename=$dev --ioengine=libaio --direct=1 --rw=write --bs=128k \
+	--iodepth=4 --offset=32M --size=32M --verify=crc32c --do_verify=1 --verify_fatal=1 \
+	--output-format=json --output=/share/fio-seq128k.json || fail "fio seq128k"
+
+log "ext4: mkfs, mount, write, fsck"
+mkfs.ext4 -q -F $dev || fail "mkfs.ext4"
+mkdir -p /mnt/v
+mount -t ext4 $dev /mnt/v || fail "mount"
+dd if=/dev/urandom of=/tmp/file bs=1M count=16 2>/dev/null
+cp /tmp/file /mnt/v/file
+mkdir /mnt/v/dir && for i in 1 2 3 4 5 6 7 8; do echo "file $i $SEED" >/mnt/v/dir/f$i; done
+sync
+umount /mnt/v || fail "umount"
+fsck.ext4 -fn $dev >/share/fsck.txt 2>&1 || fail "fsck.ext4 found problems: $(cat /share/fsck.txt)"
+mount -t ext4 -o ro $dev /mnt/v || fail "mount again"
+cmp /tmp/file /mnt/v/file || fail "the file read back differs"
+[ "$(cat /mnt/v/dir/f5)" = "file 5 $SEED" ] || fail "small file differs"
+umount /mnt/v
+
+log "kill -9: flushed pattern, then reads through the outage"
+dd if=/dev/urandom of=/tmp/pat bs=1M count=8 2>/dev/null
+dd if=/tmp/pat of=$dev bs=1M seek=100 oflag=direct conv=fsync 2>/dev/null || fail "writing the pattern"
+(
+	n=0
+	while [ ! -e /share/restarted ]; do
+		dd if=$dev of=/tmp/during bs=1M skip=100 count=8 iflag=direct 2>/dev/null || exit 1
+		cmp -s /tmp/pat /tmp/during || exit 2
+		n=$((n + 1))
+	done
+	dd if=$dev of=/tmp/during bs=1M skip=100 count=8 iflag=direct 2>/dev/null || exit 1
+	cmp -s /tmp/pat /tmp/during || exit 2
+	echo $n >/tmp/reads
+) &
+reader=$!
+sleep 1
+mark ready-kill
+wait_file /share/restarted 120
+wait $reader || fail "a read during the outage failed or differed (status $?)"
+log "$(cat /tmp/reads) pattern reads before the restart was seen, all equal"
+n=0
+until [ "$(cat /sys/class/nvme/nvme0/state)" = live ]; do
+	n=$((n + 1)); [ $n -le 600 ] || fail "controller not live again"; sleep 0.1
+done
+dmesg | grep -E 'nvme0: (Successfully reconnected|reconnect)' | tail -3
+dmesg | grep -q 'nvme0: Successfully reconnected' || fail "the host did not reconnect by itself"
+dd if=$dev of=/tmp/after bs=1M skip=100 count=8 iflag=direct 2>/dev/null || fail "read after restart"
+cmp /tmp/pat /tmp/after || fail "flushed pattern differs after the restart"
+fio --name=after --filename=$dev --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
+	--iodepth=8 --offset=128M --size=8M --verify=crc32c --do_verify=1 --verify_fatal=1 \
+	--output-format=json --output=/share/fio-after.json || fail "fio after restart"
+no_io_errors
+nvme disconnect -n "$NQN" || fail "nvme disconnect"
+log "passed"

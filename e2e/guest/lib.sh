@@ -1,0 +1,56 @@
+# Shell functions for the e2e guest scripts (sourced; busybox sh or dash).
+# The test writes /share/env.sh with the scenario's parameters.
+. /share/env.sh
+
+log() { echo "blk-e2e[$(hostname) $(cut -d' ' -f1 /proc/uptime)s]: $*"; }
+fail() { log "FAIL: $*"; exit 1; }
+
+# net_user: eth0 on QEMU's user-mode network; the host's loopback is 10.0.2.2.
+net_user() {
+	ip link set eth0 up
+	ip addr add 10.0.2.15/24 dev eth0
+	ip route add default via 10.0.2.2
+}
+
+# siw_up: Soft-iWARP on eth0 (built out of tree for this kernel).
+siw_up() {
+	modprobe crc32c_generic
+	modprobe libcrc32c
+	modprobe siw
+	modprobe rdma_ucm
+	rdma link add siw0 type siw netdev eth0 || fail "rdma link add siw0"
+	log "$(rdma link show | tr '\n' ' ')"
+}
+
+# wait_file PATH SECONDS: wait for the host (or another guest) to create PATH.
+wait_file() {
+	n=0
+	while [ ! -e "$1" ]; do
+		n=$((n + 1))
+		[ $n -le $(($2 * 10)) ] || fail "timed out after $2 s waiting for $1"
+		sleep 0.1
+	done
+}
+
+# mark NAME: tell the host that this guest reached NAME.
+mark() {
+	: >"/share/$1"
+	log "mark $1"
+}
+
+# wait_dev PATH SECONDS: wait for a block device node to appear.
+wait_dev() {
+	n=0
+	while [ ! -b "$1" ]; do
+		n=$((n + 1))
+		[ $n -le $(($2 * 10)) ] || fail "timed out after $2 s waiting for $1"
+		sleep 0.1
+	done
+}
+
+# no_io_errors: the kernel logged no block I/O error.
+no_io_errors() {
+	if dmesg | grep -Ei 'I/O error|blk_update_request|Buffer I/O error'; then
+		fail "the kernel logged I/O errors"
+	fi
+}

@@ -1,0 +1,161 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestKernelHostToBlkd is scenario 1: the Linux nvme-rdma host over siw
+// in a guest attaches to blkd (soft iWARP) on the host: discover, connect,
+// nvme-cli's identify and log commands, fio with crc32c verify, ext4 made,
+// written and checked; then blkd is killed with SIGKILL and restarted under
+// the connected host, which reconnects by itself with its flushed data
+// intact and reads through the outage without an I/O error.
+func TestKernelHostToBlkd(t *testing.T) {
+	s := newScenario(t)
+	port := ports(24100)
+	nvmePort, api := port(), addr(port())
+	d := s.startDaemon("blkd", api, "--raft-addr", addr(port()), "--nvme-addr", addr(nvmePort))
+
+	const hostNQN = "nqn.2014-08.org.nvmexpress:uuid:e2e00000-0000-4000-8000-000000000001"
+	const sizeBytes = 256 << 20
+	s.blkctl(api, nil, "volume", "create", "vol1", "--size", "256MiB")
+	s.blkctl(api, nil, "host", "allow", "vol1", hostNQN)
+	var at attachInfo
+	s.blkctl(api, &at, "attach", "vol1", "--host-nqn", hostNQN)
+	if at.Port != nvmePort || at.SubsystemNQN == "" {
+		t.Fatalf("attach answered %+v", at)
+	}
+	seed := time.Now().UnixNano() % 1000000
+	t.Logf("fio seed %d", seed)
+	s.setEnv("PORT", strconv.Itoa(nvmePort), "NQN", at.SubsystemNQN, "HOSTNQN", hostNQN, "SEED", fmt.Sprint(seed))
+	s.script("kernel_host.sh")
+
+	g := s.boot(vmConfig{name: "host1", script: "kernel_host.sh", timeout: 10 * time.Minute})
+	s.waitMark("ready-kill", g, 8*time.Minute)
+	d.kill()
+	t.Logf("blkd killed with SIGKILL under the connected host")
+	time.Sleep(2 * time.Second)
+	d.start()
+	s.mark("restarted")
+	s.wait(g)
+
+	// What the guest's tools printed.
+	var disc struct {
+		Records []struct {
+			Trtype, Subnqn, Trsvcid, Traddr string
+		}
+	}
+	s.decode("discover.json", &disc)
+	found := false
+	for _, r := range disc.Records {
+		if r.Subnqn == at.SubsystemNQN {
+			found = true
+			if r.Trtype != "rdma" || r.Trsvcid != strconv.Itoa(nvmePort) {
+				t.Errorf("discovery record %+v: want rdma, service %d", r, nvmePort)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("discovery log %+v lacks %s", disc.Records, at.SubsystemNQN)
+	}
+
+	var idc map[string]any
+	s.decode("id-ctrl.json", &idc)
+	if got := fmt.Sprint(idc["subnqn"]); got != at.SubsystemNQN {
+		t.Errorf("id-ctrl subnqn %q, want %q", got, at.SubsystemNQN)
+	}
+	for _, f := range []string{"mdts", "kas", "ctratt", "maxcmd", "ioccsz", "sgls", "vwc", "oncs"} {
+		t.Logf("id-ctrl %s = %v", f, idc[f])
+	}
+	if num(idc["ioccsz"]) < 4 {
+		t.Errorf("id-ctrl ioccsz %v", idc["ioccsz"])
+	}
+
+	var idns map[string]any
+	s.decode("id-ns.json", &idns)
+	lbas := idns["lbafs"].([]any)
+	flbas := int(num(idns["flbas"])) & 0xf
+	ds := int(num(lbas[flbas].(map[string]any)["ds"]))
+	if got, want := num(idns["nsze"]), float64(uint64(sizeBytes)>>ds); got != want {
+		t.Errorf("id-ns nsze %v blocks of 2^%d, want %v", got, ds, want)
+	}
+
+	var smart map[string]any
+	s.decode("smart-log.json", &smart)
+	if _, ok := smart["data_units_written"]; !ok {
+		t.Errorf("smart-log lacks data_units_written: %v", smart)
+	}
+	t.Logf("max_hw_sectors_kb %s, write_zeroes_max_bytes %s",
+		strings.TrimSpace(string(s.readShare("max_hw_sectors_kb"))),
+		strings.TrimSpace(string(s.readShare("write_zeroes_max_bytes"))))
+
+	for _, job := range []string{"fio-rand4k.json", "fio-seq128k.json", "fio-after.json"} {
+		s.fioResult(job)
+	}
+}
+
+// decode reads JSON the guest wrote into the share.
+func (s *scenario) decode(name string, out any) {
+	s.t.Helper()
+	b := s.readShare(name)
+	// nvme-cli and fio may print notes ahead of their JSON.
+	if i := strings.IndexAny(string(b), "{["); i > 0 {
+		b = b[i:]
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		s.t.Fatalf("%s: %v\n%s", name, err, b)
+	}
+}
+
+func num(v any) float64 {
+	switch x := v.(type) {
+	case float64:
+		return x
+	case string:
+		f, _ := strconv.ParseFloat(x, 64)
+		return f
+	}
+	return -1
+}
+
+// fioResult checks a fio JSON report for errors and logs its figures.
+func (s *scenario) fioResult(name string) {
+	s.t.Helper()
+	var r struct {
+		Jobs []struct {
+			Jobname string
+			Error   int
+			Read    struct {
+				IOPS     float64 `json:"iops"`
+				BwBytes  float64 `json:"bw_bytes"`
+				TotalIOs int     `json:"total_ios"`
+			}
+			Write struct {
+				IOPS     float64 `json:"iops"`
+				BwBytes  float64 `json:"bw_bytes"`
+				TotalIOs int     `json:"total_ios"`
+			}
+		}
+	}
+	s.decode(name, &r)
+	if len(r.Jobs) == 0 {
+		s.t.Fatalf("%s: no jobs", name)
+	}
+	for _, j := range r.Jobs {
+		if j.Error != 0 {
+			s.t.Errorf("%s: job %s error %d", name, j.Jobname, j.Error)
+		}
+		if j.Write.TotalIOs == 0 {
+			s.t.Errorf("%s: job %s wrote nothing", name, j.Jobname)
+		}
+		s.t.Logf("fio %s (emulated, for the record): write %.0f IOPS %.1f MB/s, verify read %.0f IOPS %.1f MB/s",
+			j.Jobname, j.Write.IOPS, j.Write.BwBytes/1e6, j.Read.IOPS, j.Read.BwBytes/1e6)
+	}
+}
