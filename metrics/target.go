@@ -42,6 +42,7 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 			counter("target_request_misuse_total", "Execute calls on a request the core had not completed (a binding bug).", func(s *S) uint64 { return s.Misuse }),
 			counter("target_sync_overflow_total", "Sync commands that found the worker queue full and ran on their own goroutine.", func(s *S) uint64 { return s.SyncOverflow }),
 			counter("target_keep_alive_expired_total", "Controllers torn down by keep-alive expiry.", func(s *S) uint64 { return s.KeepAliveExpired }),
+			counter("target_keep_alive_traffic_total", "Keep-alive timeouts that restarted instead of expiring because commands had run (traffic-based keep-alive).", func(s *S) uint64 { return s.KeepAliveTraffic }),
 			counter("target_controllers_created_total", "Controllers created.", func(s *S) uint64 { return s.ControllersCreated }),
 			counter("target_controllers_torn_down_total", "Controllers torn down.", func(s *S) uint64 { return s.ControllersTornDown }),
 			gauge("target_controllers", "Live controllers.", func(s *S) float64 { return float64(s.Controllers) }),

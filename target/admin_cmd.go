@@ -13,6 +13,7 @@ const targetVersion nvme.Version = 0x00010400
 // execAdmin serves the admin queue of a connected controller.
 func (q *Queue) execAdmin(r *Request) {
 	c := q.ctrl.Load()
+	c.sawCommand()
 	cmd := &r.Cmd
 	switch {
 	case cmd.Fuse() != 0:
@@ -177,6 +178,10 @@ func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 		id.LPA = nvme.LPAExtendedData
 	} else {
 		id.CNTRLTYPE = nvme.CtrlTypeIO
+		// Traffic-based keep-alive: any command restarts the
+		// keep-alive timer (ctrl.keepAliveFired), so a host moving I/O
+		// needs no Keep Alive.
+		id.CTRATT |= nvme.CtrAttTBKAS
 		id.CMIC = nvme.CMICMultiPort | nvme.CMICMultiCtrl
 		id.MDTS = l.MDTS()
 		id.LPA = nvme.LPASMARTPerNS | nvme.LPACommandsEffects | nvme.LPAExtendedData

@@ -44,6 +44,13 @@ type ctrl struct {
 	// ready mirrors CSTS.RDY and dead the dead state, for the I/O path.
 	ready atomic.Bool
 	dead  atomic.Bool
+	// traffic says a command was executed on one of the controller's
+	// queues since the keep-alive timer last looked (traffic-based
+	// keep-alive, CTRATT.TBKAS): set by every queue (sawCommand), cleared
+	// by the timer and by Keep Alive. It is written once per keep-alive
+	// period, not per command, so the cache line it shares with ready
+	// and dead stays shared between the cores reading it.
+	traffic atomic.Bool
 
 	mu    sync.Mutex // guards below; ordered after Subsystem.mu
 	state uint8
@@ -125,6 +132,8 @@ func (c *ctrl) armKeepAlive() {
 	if c.kato == 0 || c.state != ctrlLive {
 		return
 	}
+	// Commands before now are covered by the deadline set below.
+	c.traffic.Store(false)
 	c.kaDeadline = c.t.clock.Now().Add(c.kato)
 	gen := c.kaGen
 	c.kaTimer = c.t.clock.AfterFunc(c.kato, func() { c.keepAliveFired(gen) })
@@ -132,11 +141,35 @@ func (c *ctrl) armKeepAlive() {
 
 // keepAlive pushes the deadline back by one KATO. Requires c.mu. The
 // timer is not re-armed: when it fires early it re-arms itself for what
-// is left, so a Keep Alive costs no timer operation.
-func (c *ctrl) keepAlive() { c.kaDeadline = c.t.clock.Now().Add(c.kato) }
+// is left, so a Keep Alive costs no timer operation. The traffic flag is
+// cleared before the clock is read: every command that set it is then
+// older than the new deadline's start, so a Keep Alive restarts the
+// timer exactly, and traffic seen before it does not extend it further.
+func (c *ctrl) keepAlive() {
+	c.traffic.Store(false)
+	c.kaDeadline = c.t.clock.Now().Add(c.kato)
+}
 
-// keepAliveFired runs when the timer armed as generation gen fires: it
-// tears the controller down if the deadline has passed, else re-arms.
+// sawCommand records that a command was executed on one of the
+// controller's queues, for traffic-based keep-alive. It runs on every
+// command of every queue: one atomic load, and a store only for the
+// first command after the timer last cleared the flag. No lock.
+func (c *ctrl) sawCommand() {
+	if !c.traffic.Load() {
+		c.traffic.Store(true)
+	}
+}
+
+// keepAliveFired runs when the timer armed as generation gen fires. Before
+// the deadline (a Keep Alive pushed it) it re-arms for what is left. At
+// the deadline, traffic-based keep-alive (TBKAS, NVMe 2.0 §3.9.4): if any
+// command was executed since the timer last looked, that command restarts
+// the timer, which re-arms for a whole KATO from now; else the controller
+// is torn down. Only I/O controllers advertise TBKAS: a discovery
+// controller's host keeps it alive with Keep Alive alone. As nvmet (reset_tbkas), the command is not timed exactly:
+// the controller expires between KATO and 2 × KATO after its last command,
+// never before (the flag is cleared only here and by Keep Alive, which
+// restarts the timer itself).
 func (c *ctrl) keepAliveFired(gen uint64) {
 	c.mu.Lock()
 	if gen != c.kaGen || c.state != ctrlLive || c.kato == 0 {
@@ -147,6 +180,13 @@ func (c *ctrl) keepAliveFired(gen uint64) {
 	if left := c.kaDeadline.Sub(now); left > 0 {
 		c.kaTimer = c.t.clock.AfterFunc(left, func() { c.keepAliveFired(gen) })
 		c.mu.Unlock()
+		return
+	}
+	if !c.disc && c.traffic.Swap(false) {
+		c.kaDeadline = now.Add(c.kato)
+		c.kaTimer = c.t.clock.AfterFunc(c.kato, func() { c.keepAliveFired(gen) })
+		c.mu.Unlock()
+		c.t.stats.keepAliveTraffic.Add(1)
 		return
 	}
 	c.mu.Unlock()

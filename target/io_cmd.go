@@ -18,6 +18,7 @@ import (
 // execIO serves an I/O queue.
 func (q *Queue) execIO(r *Request) {
 	c := q.ctrl.Load()
+	c.sawCommand()
 	cmd := &r.Cmd
 	switch {
 	case cmd.Fuse() != 0:

@@ -56,3 +56,118 @@ func TestKeepAliveExpiry(t *testing.T) {
 		t.Errorf("CNTLID %d reused at once", again)
 	}
 }
+
+// expiredOnce reports whether every queue got exactly one Disconnect, for
+// keep-alive expiry.
+func expiredOnce(t *testing.T, qs ...*tq) bool {
+	t.Helper()
+	ok := true
+	for _, q := range qs {
+		q.mu.Lock()
+		n := len(q.disconnects)
+		var err error
+		if n > 0 {
+			err = q.disconnects[0]
+		}
+		q.mu.Unlock()
+		if n != 1 || !errors.Is(err, target.ErrKeepAliveExpired) {
+			t.Logf("%s: %d disconnects (%v)", q.name, n, err)
+			ok = false
+		}
+	}
+	return ok
+}
+
+// TestTrafficBasedKeepAlive: an I/O controller advertises TBKAS, and a
+// host that sends only I/O commands, never Keep Alive, keeps it alive for
+// many KATOs as long as no gap between commands reaches KATO. Once the
+// commands stop, the controller expires no sooner than KATO after the
+// last one and no later than 2 × KATO.
+func TestTrafficBasedKeepAlive(t *testing.T) {
+	h := newHarness(t)
+	h.mustSubsystem(subA, 16)
+	admin, cntlid := h.adminConnect("admin", hostA, subA, 2500) // 3 s
+	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
+
+	c := h.exec(admin, identifyCmd(nvme.CNSController, 0), make([]byte, nvme.IdentifySize))
+	var id nvme.IdentifyController
+	_ = id.Unmarshal(c.data)
+	if id.CTRATT&nvme.CtrAttTBKAS == 0 {
+		t.Fatalf("CTRATT %#x lacks TBKAS", id.CTRATT)
+	}
+
+	// 30 s of reads, 10 KATOs, with gaps of 0.5 to 2.9 s; no Keep Alive.
+	read := func() {
+		mustOK(t, h.exec(io, ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096)), "read")
+	}
+	gaps := []time.Duration{2900, 500, 1700, 2900, 2900, 100, 2999, 1000}
+	var elapsed time.Duration
+	for i := 0; elapsed < 30*time.Second; i++ {
+		d := gaps[i%len(gaps)] * time.Millisecond
+		h.clock.Advance(d)
+		elapsed += d
+		if n := admin.disconnected(); n != 0 {
+			t.Fatalf("torn down after %v of I/O", elapsed)
+		}
+		read()
+	}
+	if st := h.tgt.Stats(); st.KeepAliveTraffic < 9 || st.KeepAliveExpired != 0 {
+		t.Errorf("after %v: %d traffic restarts, %d expiries", elapsed, st.KeepAliveTraffic, st.KeepAliveExpired)
+	}
+
+	// The reads stop: alive for KATO at least, gone by 2 × KATO.
+	h.clock.Advance(2999 * time.Millisecond)
+	if admin.disconnected() != 0 {
+		t.Fatal("torn down less than KATO after the last command")
+	}
+	h.clock.Advance(3001 * time.Millisecond)
+	if !expiredOnce(t, admin, io) {
+		t.Fatal("not torn down 2 × KATO after the last command")
+	}
+	if st := h.tgt.Stats(); st.KeepAliveExpired != 1 || st.Controllers != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestKeepAliveNoTraffic: a controller that gets no command at all after
+// its enable expires exactly KATO later: traffic-based keep-alive only
+// ever extends the timer for commands it saw.
+func TestKeepAliveNoTraffic(t *testing.T) {
+	h := newHarness(t)
+	h.mustSubsystem(subA, 16)
+	admin, cntlid := h.adminConnect("admin", hostA, subA, 2500) // 3 s
+	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
+	h.clock.Advance(2999 * time.Millisecond)
+	if admin.disconnected() != 0 {
+		t.Fatal("torn down before KATO")
+	}
+	h.clock.Advance(time.Millisecond)
+	if !expiredOnce(t, admin, io) {
+		t.Fatal("not torn down at KATO")
+	}
+	if st := h.tgt.Stats(); st.KeepAliveExpired != 1 || st.KeepAliveTraffic != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestKeepAliveAfterTraffic: a Keep Alive restarts the timer exactly,
+// whatever commands came before it: with traffic and then a last Keep
+// Alive, the controller expires KATO after that Keep Alive.
+func TestKeepAliveAfterTraffic(t *testing.T) {
+	h := newHarness(t)
+	h.mustSubsystem(subA, 16)
+	admin, cntlid := h.adminConnect("admin", hostA, subA, 2500) // 3 s
+	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
+	h.clock.Advance(time.Second)
+	mustOK(t, h.exec(io, ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096)), "read")
+	h.clock.Advance(time.Second)
+	mustOK(t, h.exec(admin, adminCmd(nvme.AdminKeepAlive), nil), "keep alive")
+	h.clock.Advance(2999 * time.Millisecond)
+	if admin.disconnected() != 0 {
+		t.Fatal("torn down before KATO")
+	}
+	h.clock.Advance(time.Millisecond)
+	if !expiredOnce(t, admin, io) {
+		t.Fatal("not torn down KATO after the last Keep Alive")
+	}
+}

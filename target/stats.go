@@ -35,6 +35,7 @@ type counters struct {
 
 	syncOverflow     atomic.Uint64
 	keepAliveExpired atomic.Uint64
+	keepAliveTraffic atomic.Uint64
 	ctrlCreated      atomic.Uint64
 	ctrlTornDown     atomic.Uint64
 	connectRefused   atomic.Uint64
@@ -76,6 +77,10 @@ type Stats struct {
 	SyncOverflow uint64
 	// KeepAliveExpired counts controllers torn down by keep-alive expiry.
 	KeepAliveExpired uint64
+	// KeepAliveTraffic counts keep-alive timeouts that did not expire
+	// because commands had been executed since the timer last looked
+	// (traffic-based keep-alive): each restarted the timer.
+	KeepAliveTraffic uint64
 	// ControllersCreated and ControllersTornDown count controllers; the
 	// difference is Controllers, the live ones.
 	ControllersCreated, ControllersTornDown uint64
@@ -136,6 +141,7 @@ func (t *Target) Stats() Stats {
 		Misuse:              t.stats.misuse.Load(),
 		SyncOverflow:        t.stats.syncOverflow.Load(),
 		KeepAliveExpired:    t.stats.keepAliveExpired.Load(),
+		KeepAliveTraffic:    t.stats.keepAliveTraffic.Load(),
 		ControllersCreated:  t.stats.ctrlCreated.Load(),
 		ControllersTornDown: t.stats.ctrlTornDown.Load(),
 		ConnectsRefused:     t.stats.connectRefused.Load(),
