@@ -515,6 +515,41 @@ func (ns *IdentifyNamespace) BlockSize() uint32 {
 	return 1 << ds
 }
 
+// IdentifyControllerNVM is the I/O Command Set Specific Identify
+// Controller data structure for the NVM command set (CNS 0x06, CSI 0x00;
+// struct nvme_id_ctrl_nvm in include/linux/nvme.h). The size limits are
+// powers of two in units of the minimum memory page size (CAP.MPSMIN),
+// like MDTS; 0 means no limit, or not reported.
+//
+//	byte 0 VSL, 1 WZSL, 2 WUSL, 3 DMRL, bytes 4-7 DMRSL, 8-15 DMSL
+type IdentifyControllerNVM struct {
+	VSL   uint8  // Verify Size Limit
+	WZSL  uint8  // Write Zeroes Size Limit
+	WUSL  uint8  // Write Uncorrectable Size Limit
+	DMRL  uint8  // Dataset Management Ranges Limit (ranges per command)
+	DMRSL uint32 // Dataset Management Range Size Limit (blocks per range)
+	DMSL  uint64 // Dataset Management Size Limit (blocks per command)
+}
+
+// Marshal writes the structure into b (every byte of b).
+func (id *IdentifyControllerNVM) Marshal(b *[IdentifySize]byte) {
+	*b = [IdentifySize]byte{}
+	b[0], b[1], b[2], b[3] = id.VSL, id.WZSL, id.WUSL, id.DMRL
+	binary.LittleEndian.PutUint32(b[4:], id.DMRSL)
+	binary.LittleEndian.PutUint64(b[8:], id.DMSL)
+}
+
+// Unmarshal reads the structure from the first 16 bytes of b.
+func (id *IdentifyControllerNVM) Unmarshal(b []byte) error {
+	if len(b) < 16 {
+		return ErrShortBuffer
+	}
+	id.VSL, id.WZSL, id.WUSL, id.DMRL = b[0], b[1], b[2], b[3]
+	id.DMRSL = binary.LittleEndian.Uint32(b[4:])
+	id.DMSL = binary.LittleEndian.Uint64(b[8:])
+	return nil
+}
+
 // Namespace identification descriptor types (Identify CNS 0x03).
 const (
 	NIDTEUI64 uint8 = 0x01

@@ -213,3 +213,31 @@ func TestNSDescriptors(t *testing.T) {
 		t.Fatalf("overrun: %v", err)
 	}
 }
+
+// Offsets pinned against struct nvme_id_ctrl_nvm in include/linux/nvme.h.
+func TestIdentifyControllerNVMLayout(t *testing.T) {
+	id := IdentifyControllerNVM{VSL: 1, WZSL: 13, WUSL: 3, DMRL: 4, DMRSL: 0x05060708, DMSL: 0x0102030405060708}
+	var b [IdentifySize]byte
+	for i := range b {
+		b[i] = 0xEE
+	}
+	id.Marshal(&b)
+	want := []byte{1, 13, 3, 4, 0x08, 0x07, 0x06, 0x05, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01}
+	for i, w := range want {
+		if b[i] != w {
+			t.Errorf("byte %d = %#x, want %#x", i, b[i], w)
+		}
+	}
+	for i := len(want); i < IdentifySize; i++ {
+		if b[i] != 0 {
+			t.Fatalf("reserved byte %d = %#x", i, b[i])
+		}
+	}
+	var got IdentifyControllerNVM
+	if err := got.Unmarshal(b[:]); err != nil || got != id {
+		t.Errorf("round trip: %+v, %v; want %+v", got, err, id)
+	}
+	if err := got.Unmarshal(b[:15]); err != ErrShortBuffer {
+		t.Errorf("15 bytes: %v", err)
+	}
+}

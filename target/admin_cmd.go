@@ -6,9 +6,23 @@ import (
 
 // targetVersion is VS and Identify Controller VER: NVMe 1.4. A Linux host
 // then asks for the namespace identification descriptors (CNS 0x03,
-// needed since 1.3) but not the I/O-command-set-independent namespace
-// (CNS 0x08, used from 2.0).
+// needed since 1.3) and, from any VER of 1.1 or later, for the NVM
+// command set's Identify Controller (CNS 0x06, for WZSL), but not for the
+// I/O-command-set-independent namespace (CNS 0x08, used from 2.0).
 const targetVersion nvme.Version = 0x00010400
+
+// writeZeroesLimit is WZSL in Identify CNS 0x06: the largest Write Zeroes,
+// 2^13 pages of 4 KiB (CAP.MPSMIN 0) = 32 MiB. The limit is the command,
+// not the target: a Write Zeroes names at most 65536 blocks (NLB is 16
+// bits, 0's based), and with the smallest block size a namespace may have
+// (512 bytes, AddNamespace) that is 32 MiB. A Linux host sizes its
+// requests by WZSL alone (max_write_zeroes_sectors; it checks no NLB
+// overflow), so a larger WZSL would let it build commands whose block
+// count wraps. Any length up to that is served at the same cost: a
+// volume removes the range (one range deletion past its point-delete
+// threshold), with DEAC or without. Without CNS 0x06 a Linux host limits
+// Write Zeroes to MDTS.
+const writeZeroesLimit = 16 + 9 - 12 // log2(65536 blocks × 512 bytes / 4096 bytes)
 
 // execAdmin serves the admin queue of a connected controller.
 func (q *Queue) execAdmin(r *Request) {
@@ -116,10 +130,10 @@ func (c *ctrl) asyncEventRequest(r *Request) {
 	}
 }
 
-// identify serves Identify: controller, namespace, active namespace list
-// and namespace identification descriptors; any other CNS is Invalid
-// Field (with VER 1.4 a Linux host asks for nothing else that matters:
-// CNS 0x06 is answered Invalid Field, which it remembers).
+// identify serves Identify: controller, namespace, active namespace list,
+// namespace identification descriptors and the NVM command set's
+// controller structure (CNS 0x06); any other CNS is Invalid Field (with
+// VER 1.4 a Linux host asks for nothing else).
 func (c *ctrl) identify(r *Request) nvme.Status {
 	data := r.data()
 	if r.Len != nvme.IdentifySize || data == nil {
@@ -138,8 +152,28 @@ func (c *ctrl) identify(r *Request) nvme.Status {
 		return c.activeNSList(ic.NSID, buf)
 	case nvme.CNSNSDescriptorList:
 		return c.nsDescriptors(ic.NSID, buf)
+	case nvme.CNSCSController:
+		return identifyControllerNVM(ic.CSI, buf)
 	}
 	return nvme.StatusInvalidField.WithDNR()
+}
+
+// identifyControllerNVM fills the I/O Command Set Specific Identify
+// Controller structure of the NVM command set (CNS 0x06, CSI 0x00): WZSL
+// (writeZeroesLimit); VSL and WUSL 0 (neither Verify nor Write
+// Uncorrectable is in ONCS); DMRL, DMRSL and DMSL 0, no Dataset
+// Management limits: the host's defaults (up to 256 ranges of any length)
+// are served, and a range costs a volume at most its point-delete
+// threshold of deletions, else one range deletion. Another CSI is
+// Invalid Field: every namespace is NVM. The NSID is not used (a Linux
+// host sends 0).
+func identifyControllerNVM(csi uint8, buf *[nvme.IdentifySize]byte) nvme.Status {
+	if csi != nvme.CSINVM {
+		return nvme.StatusInvalidField.WithDNR()
+	}
+	id := nvme.IdentifyControllerNVM{WZSL: writeZeroesLimit}
+	id.Marshal(buf)
+	return nvme.StatusSuccess
 }
 
 // identifyController fills Identify Controller: the profile of

@@ -147,7 +147,12 @@ var statusCases = []struct {
 		return f.h.exec(f.admin, fabricsCmd(nvme.FabricsAuthSend), nil)
 	}},
 	{"invalid field: unknown CNS", nvme.StatusInvalidField.WithDNR(), func(t *testing.T, f *fixture) *call {
-		return f.h.exec(f.admin, identifyCmd(nvme.CNSCSController, 0), make([]byte, 4096))
+		return f.h.exec(f.admin, identifyCmd(nvme.CNSNamespaceCSIndep, 1), make([]byte, 4096))
+	}},
+	{"invalid field: CNS 0x06 for a command set other than NVM", nvme.StatusInvalidField.WithDNR(), func(t *testing.T, f *fixture) *call {
+		cmd := adminCmd(nvme.AdminIdentify)
+		(&nvme.IdentifyCommand{CNS: nvme.CNSCSController, CSI: nvme.CSIZNS}).Encode(&cmd)
+		return f.h.exec(f.admin, cmd, make([]byte, 4096))
 	}},
 	{"invalid field: unknown FID", nvme.StatusInvalidField.WithDNR(), func(t *testing.T, f *fixture) *call {
 		return f.h.exec(f.admin, getFeatCmd(nvme.FeatureArbitration, 0), nil)
