@@ -10,9 +10,53 @@ import (
 	"github.com/blk-project/blk/transport"
 )
 
-// establish builds a new association: the Linux host's sequence (§8).
-func (c *Controller) establish(ctx context.Context) (a *association, err error) {
+// Connect answers. A queue's Fabrics Connect is the first message on its
+// fresh RDMA connection, and a peer may lose it without a word: Linux siw
+// as responder does not process an FPDU that arrives right after its MPA
+// reply until more data comes (shared/docs/vm-notes.md), and nothing more
+// comes, since the host waits for the answer. A pause before the first
+// FPDU (the soft provider's FirstFPDUDelay) only narrows that window. So a
+// Connect gets connectAnswerTimeout for its answer, doubling on each new
+// attempt up to Config.ConnectTimeout; when it passes unanswered, the
+// association is torn down (the target may hold a half-made controller;
+// closing its admin queue ends it) and made anew, at most
+// connectAttempts times within the caller's context.
+const (
+	// connectAnswerTimeout: 2 s, hundreds of times what a Linux or blk
+	// target takes to answer a Connect, even under emulation (tens of
+	// ms measured in e2e/), so that a slow target is not retried, and
+	// short enough that a lost Connect costs little.
+	connectAnswerTimeout = 2 * time.Second
+	// connectAttempts: 5 attempts (2+4+8+16+... s capped by
+	// ConnectTimeout); a peer that loses five Connects in a row is not
+	// going to answer.
+	connectAttempts = 5
+)
+
+// errConnectUnanswered is the cause of an association abandoned because a
+// Fabrics Connect got no answer within its answer timeout.
+var errConnectUnanswered = errors.New("Fabrics Connect unanswered")
+
+// establish builds a new association, anew when a Connect goes
+// unanswered (above).
+func (c *Controller) establish(ctx context.Context) (*association, error) {
+	answer := min(connectAnswerTimeout, c.cfg.ConnectTimeout)
+	for attempt := 1; ; attempt++ {
+		a, err := c.establishOnce(ctx, answer)
+		if err == nil || !errors.Is(err, errConnectUnanswered) || attempt >= connectAttempts || ctx.Err() != nil {
+			return a, err
+		}
+		c.st.connectRetries.Add(1)
+		c.logf("%v; new association (attempt %d of %d)", err, attempt+1, connectAttempts)
+		answer = min(2*answer, c.cfg.ConnectTimeout)
+	}
+}
+
+// establishOnce builds a new association: the Linux host's sequence (§8).
+// Each queue's Connect gets answer for its answer.
+func (c *Controller) establishOnce(ctx context.Context, answer time.Duration) (a *association, err error) {
 	a = newAssociation(c)
+	a.connectAnswer = answer
 	defer func() {
 		if err != nil {
 			a.fail(err)
@@ -154,7 +198,9 @@ func (a *association) newQueue(ctx context.Context, qid uint16, depth, bufSize, 
 	if err := connectData(&data, c.cfg.HostID, cntlid, c.subNQN, c.cfg.HostNQN); err != nil {
 		return nil, fmt.Errorf("%w: connect data: %v", ErrInvalidConfig, err)
 	}
-	cqe, err := q.exec(cctx, &cmd, data[:], nil, c.cfg.ConnectTimeout)
+	actx, acancel := context.WithTimeoutCause(ctx, a.connectAnswer, errConnectUnanswered)
+	cqe, err := q.exec(actx, &cmd, data[:], nil, c.cfg.ConnectTimeout)
+	acancel()
 	if err != nil {
 		return nil, fmt.Errorf("initiator: connect queue %d to %s: %w", qid, c.subNQN, err)
 	}

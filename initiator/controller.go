@@ -77,7 +77,7 @@ type Controller struct {
 }
 
 type ctrlCounters struct {
-	associations, failures, reconnectAttempts, queueFull atomic.Uint64
+	associations, failures, reconnectAttempts, connectRetries, queueFull atomic.Uint64
 }
 
 // Stats are a controller's counters.
@@ -88,6 +88,9 @@ type Stats struct {
 	Failures uint64
 	// ReconnectAttempts made, successful or not.
 	ReconnectAttempts uint64
+	// ConnectRetries: associations made anew because a queue's Fabrics
+	// Connect went unanswered (see connectAnswerTimeout).
+	ConnectRetries uint64
 	// QueueFull: asynchronous submissions refused with ErrQueueFull.
 	QueueFull uint64
 }
@@ -98,6 +101,7 @@ func (c *Controller) Stats() Stats {
 		Associations:      c.st.associations.Load(),
 		Failures:          c.st.failures.Load(),
 		ReconnectAttempts: c.st.reconnectAttempts.Load(),
+		ConnectRetries:    c.st.connectRetries.Load(),
 		QueueFull:         c.st.queueFull.Load(),
 	}
 }
@@ -126,6 +130,8 @@ type association struct {
 	depth     int // I/O queue entries
 	maxXfer   int // largest transfer of one I/O command
 	inCapsule int // I/O in-capsule data bytes
+
+	connectAnswer time.Duration // how long a queue's Connect waits for its answer
 
 	kaOn  atomic.Bool // keep-alive running (after enable)
 	kaOut atomic.Bool // a Keep Alive is in flight

@@ -65,6 +65,10 @@ type fakeTarget struct {
 	refuseDNR  atomic.Bool // answer Connect with Connect Invalid Host + DNR
 	invalidate atomic.Bool // answer I/O with Send with Invalidate
 	holdIO     atomic.Bool // answer no I/O command
+	// Drop (never answer) this many more Connect capsules on admin
+	// queues and on I/O queues: a peer that loses a connection's first
+	// message, as Linux siw can.
+	dropAdminConnects, dropIOConnects atomic.Int64
 	kaCount    atomic.Int64
 	shutdowns  atomic.Int64
 	ioCount    atomic.Int64
@@ -417,6 +421,15 @@ func (c *fakeConn) handle(msg []byte) error {
 		return nil
 	}
 	if cmd.IsFabrics() && cmd.FCType() == nvme.FabricsConnect {
+		drop := &f.dropIOConnects
+		if c.qid == 0 {
+			drop = &f.dropAdminConnects
+		}
+		if drop.Add(-1) >= 0 {
+			f.record("dropped Connect")
+			return nil
+		}
+		drop.Store(0)
 		return c.connect(&cmd, msg)
 	}
 	if c.ctrl == nil {

@@ -375,3 +375,44 @@ func TestRescanWithoutAEN(t *testing.T) {
 		t.Errorf("read from a removed namespace: %v", err)
 	}
 }
+
+// A Connect the target never answers (Linux siw as responder can lose a
+// connection's first FPDU) makes the association anew, for the admin
+// queue and for an I/O queue alike, and the connect succeeds; a target
+// that never answers still fails the connect after connectAttempts.
+func TestUnansweredConnectRetried(t *testing.T) {
+	f := newFakeTarget(t, testNQN)
+	f.start()
+	cfg := testConfig(t)
+	cfg.ConnectTimeout = 300 * time.Millisecond
+
+	f.dropAdminConnects.Store(2)
+	f.dropIOConnects.Store(1)
+	c, err := Connect(ctxT(t), cfg, f.addr, testNQN)
+	if err != nil {
+		t.Fatalf("connect with lost Connects: %v", err)
+	}
+	if n := c.Stats().ConnectRetries; n != 3 {
+		t.Errorf("%d connect retries, want 3", n)
+	}
+	buf := make([]byte, 4096)
+	if _, err := c.Namespace(1).WriteAt(buf, 0); err != nil {
+		t.Errorf("write after the retried connect: %v", err)
+	}
+	c.Close()
+
+	f.dropAdminConnects.Store(connectAttempts)
+	_, err = Connect(ctxT(t), cfg, f.addr, testNQN)
+	if !errors.Is(err, errConnectUnanswered) || !errors.Is(err, ErrConnectionLost) {
+		t.Fatalf("connect to a target that never answers: %v", err)
+	}
+	f.dropAdminConnects.Store(0)
+
+	// Discovery takes the same path.
+	d := newFakeTarget(t, nvme.DiscoveryNQN)
+	d.start()
+	d.dropAdminConnects.Store(1)
+	if _, err := Discover(ctxT(t), cfg, d.addr); err != nil {
+		t.Fatalf("discover with a lost Connect: %v", err)
+	}
+}

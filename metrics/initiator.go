@@ -31,6 +31,7 @@ func NewControllerCollector(c *initiator.Controller, subsystem, addr string) *Co
 			counter("initiator_associations_total", "Associations established (the first connect and every reconnect).", func(s *S) uint64 { return s.Associations }),
 			counter("initiator_failures_total", "Association failures (each starts a reconnect).", func(s *S) uint64 { return s.Failures }),
 			counter("initiator_reconnect_attempts_total", "Reconnect attempts, successful or not.", func(s *S) uint64 { return s.ReconnectAttempts }),
+			counter("initiator_connect_retries_total", "Associations made anew because a Fabrics Connect went unanswered.", func(s *S) uint64 { return s.ConnectRetries }),
 			counter("initiator_queue_full_total", "Asynchronous submissions refused with ErrQueueFull.", func(s *S) uint64 { return s.QueueFull }),
 		),
 		state: prometheus.NewDesc("blk_initiator_state",
