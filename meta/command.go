@@ -56,7 +56,7 @@ type Command interface {
 // (a node re-registers after a restart). A new node starts NodeUp.
 type RegisterNode struct {
 	ID         string `json:"id"`
-	TargetAddr string `json:"target_addr"` // host:port of its NVMe-oF target port
+	TargetAddr string `json:"target_addr"` // host:port hosts reach its NVMe-oF target port at (its advertised address)
 	MgmtAddr   string `json:"mgmt_addr"`   // host:port of its management API
 }
 

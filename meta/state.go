@@ -112,7 +112,9 @@ func validTransition(from, to VolumeState) bool {
 	return false
 }
 
-// NodeInfo is one registered storage node.
+// NodeInfo is one registered storage node. TargetAddr is the host:port
+// hosts connect to for its volumes: its advertised NVMe-oF address, which
+// is not always the one it listens on (NAT, a wildcard listen address).
 type NodeInfo struct {
 	ID         string    `json:"id"`
 	TargetAddr string    `json:"target_addr"`

@@ -1,6 +1,9 @@
 package target
 
 import (
+	"cmp"
+	"net"
+
 	"github.com/blk-project/blk/nvme"
 )
 
@@ -62,24 +65,45 @@ func (c *ctrl) discoveryLogPage(r *Request) nvme.Status {
 // matchPort finds the port a connection with these parameters came in
 // on: one whose service and address match (and transport, if the binding
 // said which), preferring an exact address over a wildcard one. It
-// returns the address to report. Requires t.mu.
-func (t *Target) matchPort(p QueueParams) (Port, string, bool) {
+// returns the address and service to report: the port's advertised ones
+// if it has them, else its own address, or for a wildcard port the
+// local address the connection arrived on. Requires t.mu.
+func (t *Target) matchPort(p QueueParams) (port Port, traddr, trsvcid string, ok bool) {
 	var wild *Port
 	for _, port := range t.sortedPorts() {
 		if port.TrSvcID != p.LocalPort || (p.Transport != 0 && port.TrType != p.Transport) {
 			continue
 		}
 		if port.TrAddr == p.LocalAddr {
-			return port, port.TrAddr, true
+			return port, cmp.Or(port.AdvertiseAddr, port.TrAddr), cmp.Or(port.AdvertiseSvcID, port.TrSvcID), true
 		}
 		if wild == nil && wildcardAddr(port.TrAddr) {
 			wild = &port
 		}
 	}
 	if wild != nil {
-		return *wild, p.LocalAddr, true
+		w := *wild
+		if w.AdvertiseAddr == "" {
+			// The family is the local address's: a port listening on
+			// "::" also takes IPv4 connections.
+			w.AdrFam = ipFamily(p.LocalAddr, w.AdrFam)
+		}
+		return w, cmp.Or(w.AdvertiseAddr, p.LocalAddr), cmp.Or(w.AdvertiseSvcID, w.TrSvcID), true
 	}
-	return Port{}, "", false
+	return Port{}, "", "", false
+}
+
+// ipFamily returns the address family of addr if it is an IP address and
+// def is an IP family; def otherwise.
+func ipFamily(addr string, def uint8) uint8 {
+	ip := net.ParseIP(addr)
+	if ip == nil || (def != nvme.AdrFamIPv4 && def != nvme.AdrFamIPv6) {
+		return def
+	}
+	if ip.To4() != nil {
+		return nvme.AdrFamIPv4
+	}
+	return nvme.AdrFamIPv6
 }
 
 func wildcardAddr(a string) bool {
@@ -94,7 +118,7 @@ func wildcardAddr(a string) bool {
 func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 	t.mu.Lock()
 	gen := t.genctr.Load()
-	port, traddr, ok := t.matchPort(p)
+	port, traddr, trsvcid, ok := t.matchPort(p)
 	var subs []*Subsystem
 	if ok {
 		for _, s := range t.sortedSubsystems() {
@@ -119,7 +143,7 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 		TrType: port.TrType, AdrFam: port.AdrFam, TReq: port.TReq, PortID: port.ID,
 		CNTLID: nvme.CNTLIDDynamic, ASQSZ: uint16(min(t.cfg.Limits.AdminQueueEntries, 0xFFFF)),
 	}
-	_ = e.SetTrSvcID(port.TrSvcID)
+	_ = e.SetTrSvcID(trsvcid)
 	_ = e.SetTrAddr(traddr)
 	if port.TrType == nvme.TrTypeRDMA {
 		e.SetRDMATSAS(port.RDMA)

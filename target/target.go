@@ -58,6 +58,16 @@ type Port struct {
 	TrAddr string
 	// TrSvcID is the transport service ("4420").
 	TrSvcID string
+	// AdvertiseAddr, if set, is the TRADDR the discovery log reports
+	// instead of TrAddr: the address hosts reach the port by when it is
+	// not the one it listens on (a target behind NAT, or listening on a
+	// wildcard address). It must be a specific address, never an "any"
+	// address. TrAddr still decides which connections came in through
+	// the port.
+	AdvertiseAddr string
+	// AdvertiseSvcID, if set, is the TRSVCID the discovery log reports
+	// instead of TrSvcID (a port forwarded under another number).
+	AdvertiseSvcID string
 	// TReq is the discovery log TREQ (secure channel, SQ flow control
 	// disable).
 	TReq uint8
@@ -144,6 +154,12 @@ func (t *Target) Close() error {
 func (t *Target) AddPort(p Port) error {
 	if len(p.TrAddr) >= 256 || len(p.TrSvcID) >= 32 {
 		return fmt.Errorf("target: port %d: address %q service %q too long: %w", p.ID, p.TrAddr, p.TrSvcID, ErrInvalid)
+	}
+	if len(p.AdvertiseAddr) >= 256 || len(p.AdvertiseSvcID) >= 32 {
+		return fmt.Errorf("target: port %d: advertised address %q service %q too long: %w", p.ID, p.AdvertiseAddr, p.AdvertiseSvcID, ErrInvalid)
+	}
+	if p.AdvertiseAddr != "" && wildcardAddr(p.AdvertiseAddr) {
+		return fmt.Errorf("target: port %d: advertised address %q is an \"any\" address, which no host can connect to: %w", p.ID, p.AdvertiseAddr, ErrInvalid)
 	}
 	if p.TrType == nvme.TrTypeRDMA && p.RDMA == (nvme.RDMATSAS{}) {
 		p.RDMA = nvme.RDMATSAS{QPType: nvme.RDMAQPTypeConnected, PrType: nvme.RDMAPrTypeNotSpecified, CMS: nvme.RDMACMSRDMACM}

@@ -194,7 +194,7 @@ func (tr *transcript) queue(a *args) *tq {
 //
 //	let NAME=value                        define $NAME
 //	target maxio= mqes= admq= incapsule= maxxfer= keyed= maxctrl= errlog=
-//	port id= trtype= adrfam= traddr= trsvcid=
+//	port id= trtype= adrfam= traddr= trsvcid= [advaddr=] [advsvc=]
 //	rm-port id=
 //	subsystem nqn= [serial=] [model=] [any] [hosts=a,b]
 //	rm-subsystem nqn=
@@ -249,7 +249,8 @@ func (tr *transcript) run(line string) []string {
 	case "port":
 		p := target.Port{ID: uint16(a.num("id", 1)), TrType: uint8(a.num("trtype", uint64(nvme.TrTypeRDMA))),
 			AdrFam: uint8(a.num("adrfam", uint64(nvme.AdrFamIPv4))), TrAddr: a.str("traddr", ""),
-			TrSvcID: a.str("trsvcid", "4420"), TReq: uint8(a.num("treq", 0))}
+			TrSvcID: a.str("trsvcid", "4420"), TReq: uint8(a.num("treq", 0)),
+			AdvertiseAddr: a.str("advaddr", ""), AdvertiseSvcID: a.str("advsvc", "")}
 		out = append(out, errLine(tr.harness().tgt.AddPort(p)))
 	case "rm-port":
 		out = append(out, errLine(tr.harness().tgt.RemovePort(uint16(a.num("id", 1)))))

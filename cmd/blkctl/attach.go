@@ -23,7 +23,8 @@ func attachCommand() *cli.Command {
 		Name:  "attach",
 		Usage: "attach a host to a volume and print how it connects; with --nbd expose it here as /dev/nbdX",
 		UsageText: "blkctl attach VOLUME --host-nqn NQN [--nbd /dev/nbd0]\n\n" +
-			"Records the attachment and prints the address, port, subsystem NQN, namespace and transport.\n" +
+			"Records the attachment and prints the address, port, subsystem NQN, namespace and transport\n" +
+			"(the node's advertised address where it has one) and the nvme connect command of a Linux host.\n" +
 			"With --nbd, blkctl also connects to the volume (NVMe-oF over soft-iWARP) and exposes the\n" +
 			"namespace as a local block device through NBD; this needs the nbd kernel module (modprobe nbd)\n" +
 			"and root. It stays in the foreground until SIGINT/SIGTERM, then removes the device and the\n" +
@@ -49,7 +50,16 @@ type attachOut struct {
 	Volume  string `json:"volume"`
 	HostNQN string `json:"host_nqn"`
 	attachment
-	Device string `json:"device,omitempty"`
+	// NVMeConnect is the nvme-cli command a Linux kernel host runs to
+	// connect to the volume.
+	NVMeConnect string `json:"nvme_connect"`
+	Device      string `json:"device,omitempty"`
+}
+
+// nvmeConnectLine is the nvme-cli command line that connects a Linux
+// kernel host, as host, to a.
+func nvmeConnectLine(a attachment, host string) string {
+	return fmt.Sprintf("nvme connect -t %s -a %s -s %d -n %s --hostnqn %s", a.Transport, a.Address, a.Port, a.SubsystemNQN, host)
 }
 
 func (e *env) attach(vol, host string) (attachment, error) {
@@ -78,8 +88,7 @@ func (e *env) printAttach(o attachOut) error {
 		return err
 	}
 	if o.Device == "" {
-		fmt.Fprintf(e.stdout, "\nOn a Linux host (nvme-cli, rdma_rxe/siw):\n  nvme connect -t %s -a %s -s %d -n %s --hostnqn %s\n",
-			o.Transport, o.Address, o.Port, o.SubsystemNQN, o.HostNQN)
+		fmt.Fprintf(e.stdout, "\nOn a Linux host (nvme-cli, rdma_rxe/siw):\n  %s\n", o.NVMeConnect)
 	}
 	return nil
 }
@@ -126,7 +135,7 @@ func attachAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	out := attachOut{Volume: vol, HostNQN: host, attachment: at}
+	out := attachOut{Volume: vol, HostNQN: host, attachment: at, NVMeConnect: nvmeConnectLine(at, host)}
 	if dev == "" {
 		return e.printAttach(out)
 	}

@@ -67,12 +67,13 @@ func (s *syncBuf) String() string {
 	return s.b.String()
 }
 
-// startBlkd runs blkd on free ports and a temp dir, waits for "ready",
-// and returns its API address.
-func startBlkd(t *testing.T) string {
+// startBlkd runs blkd on free ports and a temp dir with the extra
+// arguments, waits for "ready", and returns its API address.
+func startBlkd(t *testing.T, extra ...string) string {
 	t.Helper()
 	api := freeAddr(t)
-	cmd := exec.Command(blkdBin, "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", api)
+	args := append([]string{"--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", api}, extra...)
+	cmd := exec.Command(blkdBin, args...)
 	out := &syncBuf{}
 	cmd.Stderr = out
 	stdout, err := cmd.StdoutPipe()
@@ -267,6 +268,33 @@ func TestVolumeWorkflow(t *testing.T) {
 	fails(t, api, 1, `unknown volume`, "volume", "show", "vol1")
 	if out := ok(t, api, "volume", "list"); !strings.Contains(out, "no volumes") {
 		t.Fatalf("list after delete:\n%s", out)
+	}
+}
+
+// TestAttachAdvertised: attach prints the node's advertised address
+// (blkd --advertise-addr) and the nvme connect line of a Linux host, in
+// the table and in JSON.
+func TestAttachAdvertised(t *testing.T) {
+	api := startBlkd(t, "--advertise-addr", "192.0.2.10:14420")
+	ok(t, api, "volume", "create", "v", "--size", "16MiB")
+	ok(t, api, "host", "allow", "v", host)
+	out := ok(t, api, "attach", "v", "--host-nqn", host)
+	const nqn = "nqn.2024-01.io.blk:volume:v"
+	wantLine := "nvme connect -t rdma -a 192.0.2.10 -s 14420 -n " + nqn + " --hostnqn " + host
+	for _, re := range []string{`(?m)^Address:\s+192\.0\.2\.10$`, `(?m)^Port:\s+14420$`, `(?m)^Subsystem NQN:\s+` + regexp.QuoteMeta(nqn) + `$`,
+		`(?m)^  ` + regexp.QuoteMeta(wantLine) + `$`} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Fatalf("attach table lacks %s:\n%s", re, out)
+		}
+	}
+	ok(t, api, "detach", "v", "--host-nqn", host)
+	var at attachOut
+	out = ok(t, api, "-o", "json", "attach", "v", "--host-nqn", host)
+	if err := json.Unmarshal([]byte(out), &at); err != nil || at.Address != "192.0.2.10" || at.Port != 14420 || at.NVMeConnect != wantLine {
+		t.Fatalf("attach json %q: %v; want address 192.0.2.10, port 14420, nvme_connect %q", out, err, wantLine)
+	}
+	if !strings.Contains(out, `"nvme_connect": "`+wantLine+`"`) {
+		t.Fatalf("attach json has no nvme_connect field:\n%s", out)
 	}
 }
 

@@ -492,6 +492,9 @@ func TestStartRefusals(t *testing.T) {
 		{"negative cores", []string{"--cores", "-1"}, `--cores -1`},
 		{"bad address", []string{"--api-addr", "localhost"}, `--api-addr "localhost" is not host:port`},
 		{"join not host:port", []string{"--join", "10.0.0.1"}, `--join "10.0.0.1" is not the host:port`},
+		{"wildcard without advertise-addr", []string{"--nvme-addr", "0.0.0.0:4420"}, `--nvme-addr "0.0.0.0:4420" listens on every local address.*set --advertise-addr \(BLK_ADVERTISE_ADDR`},
+		{"advertise-addr a name", []string{"--advertise-addr", "storage1.example"}, `--advertise-addr: advertised address "storage1.example" is not an IP address`},
+		{"advertise-addr any", []string{"--nvme-addr", "0.0.0.0:4420", "--advertise-addr", "[::]:4420"}, `--advertise-addr: .*"any" address`},
 		{"config unknown field", []string{"--config", cfgFile}, `config file .*api_adr`},
 		{"config missing", []string{"--config", cfgFile + ".missing"}, `config file.*no such file`},
 		{"data dir is a file", append(ports(), "--data-dir", file), `data dir ` + regexp.QuoteMeta(file) + ` is not usable`},
@@ -516,7 +519,7 @@ func TestStartRefusals(t *testing.T) {
 func TestConfigFileAndEnv(t *testing.T) {
 	dir := t.TempDir()
 	api := freeAddr(t)
-	cfg := fmt.Sprintf(`{"data_dir": %q, "node_id": "filenode", "raft_addr": %q, "nvme_addr": %q, "api_addr": "127.0.0.1:1"}`,
+	cfg := fmt.Sprintf(`{"data_dir": %q, "node_id": "filenode", "raft_addr": %q, "nvme_addr": %q, "advertise_addr": "192.0.2.1:4420", "api_addr": "127.0.0.1:1"}`,
 		dir, freeAddr(t), freeAddr(t))
 	cfgFile := filepath.Join(t.TempDir(), "blkd.json")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
@@ -542,7 +545,8 @@ func TestConfigFileAndEnv(t *testing.T) {
 			t.Fatalf("not ready:\n%s", d.output())
 		}
 	}
-	if !strings.Contains(d.output(), "(node filenode)") || !strings.Contains(d.output(), "http://"+api) {
+	if !strings.Contains(d.output(), "(node filenode)") || !strings.Contains(d.output(), "http://"+api) ||
+		!strings.Contains(d.output(), "(I/O and discovery), advertised as 192.0.2.1:4420") {
 		t.Fatalf("config not applied:\n%s", d.output())
 	}
 	var v volumeJSON

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,6 +30,9 @@ type Port struct {
 	id     uint16
 	host   string
 	svc    string
+	// advHost and advSvc are what the port advertises (Config.AdvertiseAddr;
+	// the listen address's own where not set).
+	advHost, advSvc string
 
 	mu     sync.Mutex
 	conns  map[*conn]struct{}
@@ -55,6 +59,12 @@ func Listen(t *target.Target, a transport.Adapter, cfg Config) (p *Port, err err
 	cfg = cfg.withDefaults()
 	if err := checkAddr(cfg.Addr); err != nil {
 		return nil, err
+	}
+	var advHost, advSvc string
+	if cfg.AdvertiseAddr != "" {
+		if advHost, advSvc, err = ParseAdvertiseAddr(cfg.AdvertiseAddr); err != nil {
+			return nil, err
+		}
 	}
 	size, err := Size(a.Info(), cfg)
 	if err != nil {
@@ -84,12 +94,15 @@ func Listen(t *target.Target, a transport.Adapter, cfg Config) (p *Port, err err
 		return nil, fmt.Errorf("rdma: listen on %s: %w", cfg.Addr, err)
 	}
 	p.host, p.svc = splitAddr(p.ln.Addr())
+	p.advHost, p.advSvc = cmp.Or(advHost, p.host), cmp.Or(advSvc, p.svc)
 	if err = t.AddPort(target.Port{
-		ID:      p.id,
-		TrType:  nvme.TrTypeRDMA,
-		AdrFam:  adrFam(p.host),
-		TrAddr:  p.host,
-		TrSvcID: p.svc,
+		ID:             p.id,
+		TrType:         nvme.TrTypeRDMA,
+		AdrFam:         adrFam(p.advHost),
+		TrAddr:         p.host,
+		TrSvcID:        p.svc,
+		AdvertiseAddr:  advHost,
+		AdvertiseSvcID: advSvc,
 	}); err != nil {
 		return nil, fmt.Errorf("rdma: register port: %w", err)
 	}
@@ -107,6 +120,18 @@ func adrFam(host string) uint8 {
 
 // Addr is the address the port listens on.
 func (p *Port) Addr() net.Addr { return p.ln.Addr() }
+
+// AdvertisedAddr is the address hosts connect to, host:port: the
+// advertised address (Config.AdvertiseAddr, with the listen port if it
+// gave none), else the listen address. It is "" for a port listening on a
+// wildcard address without an advertised one: there is no single answer
+// (its discovery log reports the address each connection arrived on).
+func (p *Port) AdvertisedAddr() string {
+	if ip := net.ParseIP(p.advHost); p.advHost == "" || ip != nil && ip.IsUnspecified() {
+		return ""
+	}
+	return net.JoinHostPort(p.advHost, p.advSvc)
+}
 
 // Engine is the port's transport engine (for its statistics).
 func (p *Port) Engine() *transport.Engine { return p.engine }

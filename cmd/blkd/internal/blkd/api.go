@@ -446,7 +446,7 @@ func (d *Daemon) attach(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	addr := d.port.Addr().String()
+	addr := d.port.AdvertisedAddr()
 	if v.Node != d.cfg.NodeID {
 		// The host connects to the owner's NVMe port.
 		addr = ""

@@ -7,6 +7,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+
+	"github.com/blk-project/blk/target/rdma"
 )
 
 // Config configures a Daemon. It round-trips through encoding/json (the
@@ -25,6 +28,14 @@ type Config struct {
 	// NVMeAddr is the NVMe-oF RDMA port (also the discovery port),
 	// host:port. Default 127.0.0.1:4420.
 	NVMeAddr string `json:"nvme_addr"`
+	// AdvertiseAddr is the address hosts connect to when it is not
+	// NVMeAddr's (a node behind NAT, or listening on a wildcard address):
+	// an IP address with an optional port ("203.0.113.7",
+	// "203.0.113.7:4420"; NVMeAddr's port if none). The discovery log
+	// reports it and it is the node's NVMe address in the registry, which
+	// attach answers. Required when NVMeAddr's host is a wildcard
+	// (0.0.0.0, ::, or empty). Default: none, NVMeAddr is advertised.
+	AdvertiseAddr string `json:"advertise_addr,omitempty"`
 	// APIAddr is the management HTTP API and /metrics, host:port.
 	// Default 127.0.0.1:7070.
 	APIAddr string `json:"api_addr"`
@@ -83,6 +94,15 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: --%s %q is not host:port (for example 127.0.0.1:7000): %v", ErrConfig, a.name, a.v, err)
 		}
 	}
+	if c.AdvertiseAddr != "" {
+		if _, _, err := rdma.ParseAdvertiseAddr(c.AdvertiseAddr); err != nil {
+			return fmt.Errorf("%w: --advertise-addr: %s", ErrConfig, strings.TrimPrefix(err.Error(), "rdma: "))
+		}
+	} else if rdma.IsWildcardHost(c.NVMeAddr) {
+		return fmt.Errorf("%w: --nvme-addr %q listens on every local address, which is no address a host can be told to connect to: "+
+			"set --advertise-addr (BLK_ADVERTISE_ADDR, \"advertise_addr\" in the config file) to the address hosts reach this node by, for example 10.0.0.5, "+
+			"or listen on that address", ErrConfig, c.NVMeAddr)
+	}
 	if c.Join != "" {
 		if _, _, err := net.SplitHostPort(c.Join); err != nil {
 			return fmt.Errorf("%w: --join %q is not the host:port of a member's API (for example 127.0.0.1:7070): %v", ErrConfig, c.Join, err)
@@ -95,6 +115,22 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --node-id is %d bytes long; at most 128", ErrConfig, len(c.NodeID))
 	}
 	return nil
+}
+
+// advertisedNVMe is the NVMe address hosts are told to connect to, as
+// far as the configuration says: AdvertiseAddr (with NVMeAddr's port if
+// it gives none), else NVMeAddr. Once the port listens, its
+// AdvertisedAddr is the exact answer (port 0 resolved). Requires a
+// valid c.
+func (c Config) advertisedNVMe() string {
+	if c.AdvertiseAddr == "" {
+		return c.NVMeAddr
+	}
+	host, port, _ := rdma.ParseAdvertiseAddr(c.AdvertiseAddr)
+	if port == "" {
+		_, port, _ = net.SplitHostPort(c.NVMeAddr)
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // LoadConfigFile reads a JSON Config. Unknown fields are refused, so a

@@ -65,10 +65,43 @@ func TestConfig(t *testing.T) {
 		{Config{Cores: -2}, "--cores -2"},
 		{Config{APIAddr: "nohost"}, `--api-addr "nohost"`},
 		{Config{Join: "nohost"}, `--join "nohost"`},
+		{Config{NVMeAddr: "0.0.0.0:4420"}, `--nvme-addr "0.0.0.0:4420" listens on every local address`},
+		{Config{NVMeAddr: "[::]:4420"}, `set --advertise-addr (BLK_ADVERTISE_ADDR, "advertise_addr" in the config file)`},
+		{Config{NVMeAddr: ":4420"}, `--advertise-addr`},
+		{Config{AdvertiseAddr: "storage1.example"}, `--advertise-addr: advertised address "storage1.example" is not an IP address`},
+		{Config{NVMeAddr: "0.0.0.0:4420", AdvertiseAddr: "0.0.0.0"}, `"any" address`},
 	} {
 		err := tc.c.Validate()
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate(%+v) = %v, want %q", tc.c, err, tc.want)
 		}
+	}
+}
+
+// TestAdvertisedNVMe: the address registered before the port is up.
+func TestAdvertisedNVMe(t *testing.T) {
+	for _, tc := range []struct{ nvme, adv, want string }{
+		{"127.0.0.1:4420", "", "127.0.0.1:4420"},
+		{"0.0.0.0:4420", "10.0.0.5", "10.0.0.5:4420"},
+		{"0.0.0.0:4420", "203.0.113.7:14420", "203.0.113.7:14420"},
+		{"[::]:4420", "fd00::5", "[fd00::5]:4420"},
+	} {
+		c := Config{NVMeAddr: tc.nvme, AdvertiseAddr: tc.adv}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%+v: %v", c, err)
+			continue
+		}
+		if got := c.WithDefaults().advertisedNVMe(); got != tc.want {
+			t.Errorf("%+v: advertised %q, want %q", c, got, tc.want)
+		}
+	}
+	// The config file field.
+	path := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(path, []byte(`{"nvme_addr": "0.0.0.0:4420", "advertise_addr": "10.0.0.5"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadConfigFile(path)
+	if err != nil || c.AdvertiseAddr != "10.0.0.5" || c.Validate() != nil {
+		t.Fatalf("advertise_addr from a file: %+v, %v", c, err)
 	}
 }

@@ -87,7 +87,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err != nil {
 		return nil, fmt.Errorf("soft RDMA adapter: %w", err)
 	}
-	rcfg := rdma.Config{Addr: cfg.NVMeAddr, Cores: cfg.Cores}
+	rcfg := rdma.Config{Addr: cfg.NVMeAddr, AdvertiseAddr: cfg.AdvertiseAddr, Cores: cfg.Cores}
 	limits, err := rdma.Limits(d.nic.Info(), rcfg)
 	if err != nil {
 		return nil, fmt.Errorf("nvme port limits: %w", err)
@@ -117,7 +117,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, fmt.Errorf("management API on %s (--api-addr): %w", cfg.APIAddr, err)
 	}
 	if cfg.Join != "" {
-		if err := d.register(ctx, cfg.Join, d.ln.Addr().String(), cfg.NVMeAddr); err != nil {
+		if err := d.register(ctx, cfg.Join, d.ln.Addr().String(), cfg.advertisedNVMe()); err != nil {
 			return nil, err
 		}
 		fmt.Fprintf(out, "joined the cluster through %s\n", cfg.Join)
@@ -139,11 +139,16 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err := d.reg.RegisterPort(d.port); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(out, "nvme-rdma listening on %s (I/O and discovery)\n", d.port.Addr())
+	if cfg.AdvertiseAddr != "" {
+		fmt.Fprintf(out, "nvme-rdma listening on %s (I/O and discovery), advertised as %s\n", d.port.Addr(), d.port.AdvertisedAddr())
+	} else {
+		fmt.Fprintf(out, "nvme-rdma listening on %s (I/O and discovery)\n", d.port.Addr())
+	}
 
 	// Record (or update) this node's addresses: applied here on the
-	// leader, asked of the leader elsewhere.
-	if err := d.register(ctx, "", d.ln.Addr().String(), d.port.Addr().String()); err != nil {
+	// leader, asked of the leader elsewhere. The NVMe address is the one
+	// hosts connect to.
+	if err := d.register(ctx, "", d.ln.Addr().String(), d.port.AdvertisedAddr()); err != nil {
 		return nil, err
 	}
 	d.srv = &http.Server{Handler: d.routes(), ReadHeaderTimeout: 10 * time.Second}
@@ -176,6 +181,10 @@ func (d *Daemon) waitLeader(ctx context.Context) error {
 
 // NVMeAddr is the RDMA port's address.
 func (d *Daemon) NVMeAddr() net.Addr { return d.port.Addr() }
+
+// AdvertisedNVMeAddr is the NVMe address hosts connect to, host:port
+// (Config.AdvertiseAddr, else the port's address).
+func (d *Daemon) AdvertisedNVMeAddr() string { return d.port.AdvertisedAddr() }
 
 // APIAddr is the HTTP API's address.
 func (d *Daemon) APIAddr() net.Addr { return d.ln.Addr() }

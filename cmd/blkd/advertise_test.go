@@ -1,0 +1,94 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/transport/soft"
+)
+
+// discover reads the discovery log through addr as hostNQN and returns
+// TRADDR:TRSVCID of the entry for subnqn.
+func discover(t *testing.T, addr, subnqn string) string {
+	t.Helper()
+	nic, err := soft.New(soft.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nic.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	entries, err := initiator.Discover(ctx, initiator.Config{Adapter: nic, HostNQN: hostNQN}, addr)
+	if err != nil {
+		t.Fatalf("discover through %s: %v", addr, err)
+	}
+	cstr := func(b []byte) string { return string(bytes.TrimRight(b, "\x00 ")) }
+	for _, e := range entries {
+		if e.SubNQN.String() == subnqn {
+			return net.JoinHostPort(cstr(e.TrAddr[:]), cstr(e.TrSvcID[:]))
+		}
+	}
+	t.Fatalf("discovery through %s lists no %s (%d entries)", addr, subnqn, len(entries))
+	return ""
+}
+
+// TestAdvertiseAddr: with --advertise-addr, attach, the registry's node
+// address and the discovery log give the advertised address, while hosts
+// still reach the node through the listen address.
+func TestAdvertiseAddr(t *testing.T) {
+	nvme := freeAddr(t)
+	d := startBlkdOn(t, t.TempDir(), freeAddr(t), nvme, freeAddr(t), "--advertise-addr", "192.0.2.10:14420")
+	if !strings.Contains(d.output(), "nvme-rdma listening on "+nvme+" (I/O and discovery), advertised as 192.0.2.10:14420") {
+		t.Fatalf("output lacks the advertised address:\n%s", d.output())
+	}
+	var v volumeJSON
+	d.must(t, "POST", "/v1/volumes", `{"name": "adv", "size": "1MiB"}`, 201, &v)
+	d.must(t, "POST", "/v1/volumes/adv/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	var a attachJSON
+	d.must(t, "POST", "/v1/volumes/adv/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	if a.Address != "192.0.2.10" || a.Port != 14420 {
+		t.Fatalf("attach answered %s:%d, want the advertised 192.0.2.10:14420", a.Address, a.Port)
+	}
+	var c struct {
+		Members []struct {
+			NVMeAddr string `json:"nvme_addr"`
+		} `json:"members"`
+	}
+	d.must(t, "GET", "/v1/cluster", "", 200, &c)
+	if len(c.Members) != 1 || c.Members[0].NVMeAddr != "192.0.2.10:14420" {
+		t.Fatalf("registry members %+v, want nvme_addr 192.0.2.10:14420", c.Members)
+	}
+	if got := discover(t, nvme, v.NQN); got != "192.0.2.10:14420" {
+		t.Fatalf("discovery log entry %s, want the advertised 192.0.2.10:14420", got)
+	}
+}
+
+// TestAdvertiseWildcard: listening on 0.0.0.0 needs --advertise-addr
+// (TestStartRefusals); with one, attach answers it with the listen port,
+// and a host connects through it.
+func TestAdvertiseWildcard(t *testing.T) {
+	_, port, _ := net.SplitHostPort(freeAddr(t))
+	d := startBlkdOn(t, t.TempDir(), freeAddr(t), "0.0.0.0:"+port, freeAddr(t), "--advertise-addr", "127.0.0.1")
+	var v volumeJSON
+	d.must(t, "POST", "/v1/volumes", `{"name": "wild", "size": "1MiB"}`, 201, &v)
+	d.must(t, "POST", "/v1/volumes/wild/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	var a attachJSON
+	d.must(t, "POST", "/v1/volumes/wild/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	if got, want := net.JoinHostPort(a.Address, strconv.Itoa(a.Port)), "127.0.0.1:"+port; got != want {
+		t.Fatalf("attach answered %s, want %s", got, want)
+	}
+	if got := discover(t, "127.0.0.1:"+port, v.NQN); got != "127.0.0.1:"+port {
+		t.Fatalf("discovery log entry %s, want 127.0.0.1:%s", got, port)
+	}
+	ctrl, ns := connect(t, a)
+	defer ctrl.Close()
+	if _, err := ns.WriteAt(make([]byte, 4096), 0); err != nil {
+		t.Fatalf("write through the advertised address: %v", err)
+	}
+}
