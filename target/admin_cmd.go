@@ -192,11 +192,14 @@ func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 		ACL:    3,
 		AERL:   aerLimit - 1,
 		// One firmware slot, read-only: the Firmware Slot log shows FR.
-		FRMW:   1<<0 | 1<<1,
-		ELPE:   uint8(t.cfg.ErrorLogEntries - 1),
-		KAS:    kasUnits,
-		SQES:   0x66,
-		CQES:   0x44,
+		FRMW: 1<<0 | 1<<1,
+		ELPE: uint8(t.cfg.ErrorLogEntries - 1),
+		KAS:  kasUnits,
+		SQES: 0x66,
+		CQES: 0x44,
+		// MAXCMD = CAP.MQES + 1: a Linux host clamps its queue size to
+		// both, so neither may say less than the other (65535, the
+		// field's most, for a 65536-entry MQES).
 		MAXCMD: uint16(min(l.MaxQueueEntries, 0xFFFF)),
 		SGLS:   l.SGLS(),
 		IOCCSZ: l.IOCCSZ(),

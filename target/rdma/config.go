@@ -41,6 +41,10 @@ type Config struct {
 	// LargeBuffers and SmallBuffers are the data buffers per core
 	// (DefaultLargeBuffers of MaxTransfer bytes, DefaultSmallBuffers of 4 KiB).
 	LargeBuffers, SmallBuffers uint32
+	// MidBuffers are the data buffers of 128 KiB per core, for commands
+	// of 4 KiB to 128 KiB (DefaultMidBuffers; with a MaxTransfer of
+	// 128 KiB or less they join the large ones).
+	MidBuffers uint32
 	// Moderation configures the engine's adaptive interrupt moderation.
 	Moderation transport.ModerationConfig
 	// PinCores pins each engine core's notifications to a processor.

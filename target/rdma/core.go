@@ -12,7 +12,8 @@ import (
 
 // coreState is one engine core's share of the port: a request per receive
 // buffer of the core's SRQ (indexed by the buffer), the data buffer pools
-// and the queue of commands waiting for a data buffer. Everything but the
+// (small, mid, large: by increasing size) and the queue of commands
+// waiting for a data buffer. Everything but the
 // pools' put and the counters is touched only by the core's notification
 // goroutine, so the request path takes no lock.
 type coreState struct {
@@ -20,8 +21,7 @@ type coreState struct {
 	core  *transport.Core
 	index int
 	reqs  []req
-	small *pool
-	large *pool
+	pools [3]*pool
 
 	// wait is a FIFO ring of commands waiting for a data buffer (owned by
 	// the notification goroutine). It holds at most every request of the
@@ -48,18 +48,26 @@ func newCoreState(p *Port, c *transport.Core) (cs *coreState, err error) {
 	}
 	cs.wait = make([]*req, int(cfg.Buffers)+int(cfg.QPsPerCore)*AdminQueueEntries)
 	cs.group = p.t.NewGroup(len(cs.wait))
-	if cs.small, err = newPool(p.engine.PD(), p.size.SmallBuffers, smallBufferSize); err != nil {
-		return nil, err
-	}
-	if cs.large, err = newPool(p.engine.PD(), p.size.LargeBuffers, p.size.Limits.MaxTransfer); err != nil {
-		cs.small.close()
-		return nil, err
+	z := p.size
+	for i, c := range [len(cs.pools)]struct{ n, size uint32 }{
+		{z.SmallBuffers, smallBufferSize}, {z.MidBuffers, z.MidBufferSize}, {z.LargeBuffers, z.Limits.MaxTransfer},
+	} {
+		if cs.pools[i], err = newPool(p.engine.PD(), c.n, c.size); err != nil {
+			cs.close()
+			return nil, err
+		}
 	}
 	return cs, nil
 }
 
 func (cs *coreState) close() error {
-	return errors.Join(cs.small.close(), cs.large.close())
+	var errs []error
+	for _, p := range cs.pools {
+		if p != nil {
+			errs = append(errs, p.close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // req is the binding's state of one command: the core's Request plus the
@@ -224,19 +232,21 @@ func (cs *coreState) receive(r *req, n uint32) {
 	r.conn.q.Execute(&r.Request)
 }
 
-// attach gives r a data buffer of its length, or reports there is none.
+// attach gives r a data buffer of at least its length: from the smallest
+// class that holds it and has one free, else from a larger class; or it
+// reports there is none. An empty class (no mid buffers) never has one.
 func (cs *coreState) attach(r *req) bool {
-	p := cs.large
-	if r.Len <= smallBufferSize && cs.small.free.Load() > 0 {
-		p = cs.small
+	for _, p := range cs.pools {
+		if r.Len > p.size {
+			continue
+		}
+		if d := p.get(); d != nil {
+			r.data = d
+			r.Data = d.data[:r.Len]
+			return true
+		}
 	}
-	d := p.get()
-	if d == nil {
-		return false
-	}
-	r.data = d
-	r.Data = d.data[:r.Len]
-	return true
+	return false
 }
 
 // start moves a command with a data buffer on: host data is fetched by

@@ -24,6 +24,7 @@ type dataBuf struct {
 // be popped and pushed back by anyone else while get looks at it).
 type pool struct {
 	mr   transport.MemoryRegion
+	size uint32 // of every buffer
 	bufs []dataBuf
 	next []int32
 	head atomic.Int32
@@ -31,7 +32,7 @@ type pool struct {
 }
 
 func newPool(pd transport.PD, n, size uint32) (*pool, error) {
-	p := &pool{bufs: make([]dataBuf, n), next: make([]int32, n)}
+	p := &pool{size: size, bufs: make([]dataBuf, n), next: make([]int32, n)}
 	if n == 0 {
 		return p, nil
 	}

@@ -156,15 +156,23 @@ func TestRawHostAdminAndIO(t *testing.T) {
 	if ioccsz := uint32(id[1792]) | uint32(id[1793])<<8; ioccsz != (64+rdma.DefaultInCapsule)/16 {
 		t.Errorf("IOCCSZ %d", ioccsz)
 	}
+	// MDTS for the default 1 MiB; MAXCMD = CAP.MQES + 1, so a host's
+	// queue is clamped by neither more than by the other.
+	if mdts := id[77]; 4096<<mdts != rdma.DefaultMaxTransfer {
+		t.Errorf("MDTS %d", mdts)
+	}
+	if maxcmd := uint16(id[514]) | uint16(id[515])<<8; maxcmd != rdma.DefaultQueueEntries {
+		t.Errorf("MAXCMD %d, want MQES+1 = %d", maxcmd, rdma.DefaultQueueEntries)
+	}
 	// Bad descriptors, refused by the binding itself.
 	bad := idCmd
 	bad.DPTR = nvme.SGL{ID: 0x20, Length: 4096}
 	if r, _ := adm.exchange(bad, nil); r.Status != nvme.StatusSGLInvalidType|nvme.StatusDNR {
 		t.Errorf("segment SGL: status %v", r.Status)
 	}
-	bad.DPTR = adm.keyed(0, 1<<20)
+	bad.DPTR = adm.keyed(0, 2*rdma.DefaultMaxTransfer)
 	if r, _ := adm.exchange(bad, nil); r.Status != nvme.StatusSGLInvalidDataLength|nvme.StatusDNR {
-		t.Errorf("1 MiB transfer: status %v", r.Status)
+		t.Errorf("transfer above MaxTransfer: status %v", r.Status)
 	}
 
 	// Set Features number of queues, then an I/O queue.

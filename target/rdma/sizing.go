@@ -2,42 +2,68 @@ package rdma
 
 import (
 	"fmt"
-	"math/bits"
 
+	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/transport"
 )
 
-// Defaults of Config, each with its reason.
+// Defaults of Config, each with its reason. Size states what they cost
+// per core.
 const (
 	// DefaultAddr is the NVMe-oF port (4420, IANA-assigned) on loopback.
 	DefaultAddr = "127.0.0.1:4420"
 	// DefaultQueueEntries is the largest I/O queue a host may create
-	// (CAP.MQES + 1): 128, the Linux host's default queue_size and the
-	// Linux target's MQES 127. It multiplies into every per-core size.
-	DefaultQueueEntries = 128
+	// (CAP.MQES + 1, and MAXCMD): 256. It is the deepest queue a Linux
+	// RDMA host creates (nvme-rdma clamps its sqsize to
+	// NVME_RDMA_MAX_QUEUE_SIZE, 256 since Linux 6.10 and 128 before) and
+	// what Linux's own RDMA target has advertised since then
+	// (nvmet-rdma's get_max_queue_size); blk's initiator stops at 256 too
+	// (initiator.MaxQueueDepth). The host's default queue_size, 128, fits
+	// with room. 1024, nvmet's NVMET_QUEUE_SIZE and the fabrics option's
+	// upper bound, applies to TCP and loop: over RDMA a host would clamp
+	// it to 256 itself, and it would make every core's receive buffers
+	// four times larger (65 MiB at 16 queues per core) for depth no RDMA
+	// host uses. It multiplies into every per-core size (Size).
+	DefaultQueueEntries = 256
 	// DefaultInCapsule is the in-capsule data on I/O queues: 4096 bytes,
 	// one page (IOCCSZ 260), the Linux target's default inline size, so a
 	// 4 KiB write arrives in the command's SEND with no RDMA READ.
 	DefaultInCapsule = 4096
-	// DefaultMaxTransfer is the largest data transfer of one command
-	// (MDTS 5): 128 KiB, the size past which the soft provider's
-	// bandwidth stops growing (docs/transport.md) and the SPDK default.
-	DefaultMaxTransfer = 128 << 10
+	// DefaultMaxTransfer is the largest data transfer of one command:
+	// 1 MiB (MDTS 8), nvmet-rdma's NVMET_RDMA_MAX_MDTS, so a Linux host
+	// gets 1 MiB max_hw_sectors and merges sequential I/O into 1 MiB
+	// commands, as with its own target. Size refuses it on an adapter
+	// whose MaxTransferLength is smaller (the soft provider's is 16 MiB,
+	// hardware's 1 GiB and more). Only commands larger than 128 KiB take
+	// a buffer this big (DefaultLargeBuffers).
+	DefaultMaxTransfer = 1 << 20
 	// DefaultQPsPerCore is the most queues (QPs) one core serves: 16, the
 	// engine's default; with 2 cores that is 32 queues, e.g. 2 hosts of 15
 	// I/O queues plus their admin queues.
 	DefaultQPsPerCore = 16
 	// DefaultLargeBuffers is the data buffers of MaxTransfer bytes per
-	// core: 64 (8 MiB per core at 128 KiB), enough for two queues of
-	// depth 32 moving large blocks at once; more wait in order.
-	DefaultLargeBuffers = 64
+	// core, for commands larger than midBufferSize: 16 (16 MiB per core
+	// at 1 MiB), 16 MiB in flight per core, which keeps a link of tens of
+	// Gb/s busy; more wait in order.
+	DefaultLargeBuffers = 16
+	// DefaultMidBuffers is the data buffers of midBufferSize (128 KiB)
+	// per core, for commands of 4 KiB to 128 KiB: 64 (8 MiB), enough for
+	// two queues of depth 32 moving such blocks at once; the pool and the
+	// count the large buffers had when MaxTransfer was 128 KiB, so raising
+	// MaxTransfer took nothing from mid-sized I/O.
+	DefaultMidBuffers = 64
 	// DefaultSmallBuffers is the 4 KiB data buffers per core: 1024 (4 MiB),
 	// so 4 KiB reads at queue depth 32 on 16 queues (512) never wait.
 	DefaultSmallBuffers = 1024
 	// smallBufferSize is the small data buffer: one 4 KiB block, the
 	// common I/O and every admin data page (Identify, logs).
 	smallBufferSize = 4096
+	// midBufferSize is the mid-sized data buffer: 128 KiB, the largest
+	// block most random I/O uses (and Linux's default read-ahead). Without
+	// this class every command above 4 KiB would take a MaxTransfer
+	// buffer, eight times what a 128 KiB command needs at 1 MiB.
+	midBufferSize = 128 << 10
 	// AdminQueueEntries is the admin queue size: 32, what the Linux host
 	// asks for (NVMF_AQ_DEPTH) and what the Linux target accepts at most.
 	AdminQueueEntries = 32
@@ -64,10 +90,17 @@ type Sizing struct {
 	Limits target.Limits
 	// Engine sizes the per-core CQs, SRQs and receive buffers.
 	Engine transport.EngineConfig
-	// LargeBuffers and SmallBuffers are the data buffers per core, of
-	// Limits.MaxTransfer and 4096 bytes; registered for local and remote
-	// write (an iWARP RDMA READ's sink is written by the peer).
-	LargeBuffers, SmallBuffers uint32
+	// SmallBuffers, MidBuffers and LargeBuffers are the data buffers per
+	// core, of 4096 bytes, MidBufferSize and Limits.MaxTransfer; each
+	// class one registered region, for local and remote write (an iWARP
+	// RDMA READ's sink is written by the peer). A command takes a buffer
+	// of the smallest class that holds it and has one free, else of a
+	// larger class, else waits. MidBuffers is 0 when MaxTransfer is not
+	// larger than midBufferSize: that class would be the large one, and
+	// its buffers are counted there.
+	SmallBuffers, MidBuffers, LargeBuffers uint32
+	// MidBufferSize is the size of the mid-sized buffers (128 KiB).
+	MidBufferSize uint32
 	// AdminBufferSize is the size of an admin queue's private receive
 	// buffers (AdminQueueEntries of them per admin connection).
 	AdminBufferSize uint32
@@ -81,10 +114,11 @@ type Sizing struct {
 // are asserted, and a configuration the adapter cannot hold is refused,
 // never clamped silently.
 //
-//   - MaxTransfer: a power of two ≥ 4096 (MDTS is log2(MaxTransfer/4096))
-//     and at most the adapter's MaxTransferLength, because one RDMA READ or
+//   - MaxTransfer: a power of two ≥ 4096 (MDTS is log2(MaxTransfer/4096)),
+//     at most the adapter's MaxTransferLength, because one RDMA READ or
 //     WRITE moves a command's data into or out of one registered buffer
-//     (iWARP reads take one sink SGE, MaxReadRequestSge = 1).
+//     (iWARP reads take one sink SGE, MaxReadRequestSge = 1), and at most
+//     8 MiB, the largest power of two a keyed SGL's 24-bit length holds.
 //   - Receive buffer (engine BufferSize) = 64-byte SQE + InCapsule: the
 //     largest capsule a host may SEND on an I/O queue (IOCCSZ × 16).
 //   - Engine InitiatorDepth = 4 × QueueEntries (sendSlotsPerEntry): per
@@ -92,7 +126,8 @@ type Sizing struct {
 //     SEND) and one whose response the host has already seen but whose
 //     SEND completion is not yet polled, so the QP's send queue can never
 //     overflow. An admin QP takes AdminQueueEntries × 4 of it plus its
-//     AdminQueueEntries private receives.
+//     AdminQueueEntries private receives, which the adapter's receive
+//     queue depth must hold.
 //   - Engine Buffers (SRQ receives per core) = QPsPerCore × QueueEntries:
 //     a host may have SQSIZE+1 ≤ QueueEntries commands in flight per
 //     queue, each holding one receive buffer until its response is posted
@@ -103,6 +138,30 @@ type Sizing struct {
 //     receive queues and never draw from it (a connecting admin queue
 //     always has a buffer, however busy the data queues are).
 //   - CQ depth: the engine's CQDepth, Buffers + QPsPerCore × InitiatorDepth.
+//   - Data buffers: SmallBuffers × 4 KiB + MidBuffers × 128 KiB +
+//     LargeBuffers × MaxTransfer, each class one registration the adapter
+//     must allow (MaxRegistrationSize).
+//
+// The budget of one core with the defaults (QPsPerCore 16, QueueEntries
+// 256, InCapsule 4096, MaxTransfer 1 MiB), all of it allocated when the
+// port starts (BufferBytesPerCore counts the registered part):
+//
+//	receive buffers  16 × 256 = 4096 × (64 + 4096) B     16.25 MiB
+//	data buffers     1024 × 4 KiB + 64 × 128 KiB
+//	                 + 16 × 1 MiB = 4 + 8 + 16 MiB        28    MiB
+//	                                        registered   44.25 MiB
+//	requests         4096, one per receive buffer; a wait ring of
+//	                 4096 + 16 × 32 entries
+//	CQ               4096 + 16 × (4 × 256) = 20480 entries (the soft
+//	                 provider keeps about 80 B each: 1.6 MiB)
+//	send queue       4 × 256 = 1024 entries per QP
+//
+// plus, per admin connection, 32 private receive buffers (130 KiB). A
+// 2-core port (the tests; blkd on a small VM) registers 88.5 MiB. Every
+// depth is far inside the soft provider's limits (SRQ 65536, CQ 2^18, QP
+// 16384) and those of RDMA hardware; a larger QueueEntries (1024 at 16
+// QPs per core needs an SRQ of 16384 and a CQ of 81920) costs 65 MiB of
+// receive buffers per core.
 func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 	cfg = cfg.withDefaults()
 	var s Sizing
@@ -128,8 +187,12 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 	if cfg.QPsPerCore < 1 {
 		return bad("QPsPerCore %d < 1", cfg.QPsPerCore)
 	}
-	if bits.Len32(mt/4096)-1 > 255 {
-		return bad("MaxTransfer %d too large for MDTS", mt)
+	if mt > nvme.MaxKeyedSGLLength {
+		return bad("MaxTransfer %d exceeds what a keyed SGL's 24-bit length describes (%d)", mt, nvme.MaxKeyedSGLLength)
+	}
+	if info.MaxReceiveQueueDepth != 0 && AdminQueueEntries > info.MaxReceiveQueueDepth {
+		return bad("an admin queue's %d private receives exceed the adapter's MaxReceiveQueueDepth %d",
+			AdminQueueEntries, info.MaxReceiveQueueDepth)
 	}
 	recvSize := capsuleSize + cfg.InCapsule
 	initiatorDepth := sendSlotsPerEntry * max(cfg.QueueEntries, AdminQueueEntries+AdminQueueEntries/sendSlotsPerEntry)
@@ -157,8 +220,27 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 	if AdminQueueEntries*sendSlotsPerEntry+AdminQueueEntries > s.Engine.InitiatorDepth {
 		return bad("InitiatorDepth %d cannot hold an admin queue", s.Engine.InitiatorDepth)
 	}
-	s.LargeBuffers = cfg.LargeBuffers
 	s.SmallBuffers = cfg.SmallBuffers
+	s.MidBuffers = cfg.MidBuffers
+	if s.MidBuffers == 0 {
+		s.MidBuffers = DefaultMidBuffers
+	}
+	s.MidBufferSize = midBufferSize
+	s.LargeBuffers = cfg.LargeBuffers
+	if mt <= midBufferSize {
+		// The mid class would be the large one.
+		s.LargeBuffers += s.MidBuffers
+		s.MidBuffers, s.MidBufferSize = 0, 0
+	}
+	for _, c := range []struct {
+		what   string
+		n, len uint32
+	}{{"small", s.SmallBuffers, smallBufferSize}, {"mid", s.MidBuffers, s.MidBufferSize}, {"large", s.LargeBuffers, mt}} {
+		if info.MaxRegistrationSize != 0 && uint64(c.n)*uint64(c.len) > info.MaxRegistrationSize {
+			return bad("%d %s data buffers of %d bytes exceed the adapter's MaxRegistrationSize %d",
+				c.n, c.what, c.len, info.MaxRegistrationSize)
+		}
+	}
 	s.AdminBufferSize = recvSize
 	s.IRD = 1
 	s.ORD = info.MaxOutboundReadLimit
@@ -176,4 +258,14 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 		KeyedSGL:    true,
 	}
 	return s, nil
+}
+
+// BufferBytesPerCore is the registered memory of one engine core: its
+// receive buffers (Engine.Buffers × Engine.BufferSize) and its data
+// buffers. The port allocates it all at start, per core.
+func (s Sizing) BufferBytesPerCore() uint64 {
+	return uint64(s.Engine.Buffers)*uint64(s.Engine.BufferSize) +
+		uint64(s.SmallBuffers)*smallBufferSize +
+		uint64(s.MidBuffers)*uint64(s.MidBufferSize) +
+		uint64(s.LargeBuffers)*uint64(s.Limits.MaxTransfer)
 }
