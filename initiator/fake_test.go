@@ -69,11 +69,11 @@ type fakeTarget struct {
 	// queues and on I/O queues: a peer that loses a connection's first
 	// message, as Linux siw can.
 	dropAdminConnects, dropIOConnects atomic.Int64
-	kaCount    atomic.Int64
-	shutdowns  atomic.Int64
-	ioCount    atomic.Int64
-	inCapsule  atomic.Int64 // writes received in the capsule
-	keyedIn    atomic.Int64 // writes fetched by RDMA READ
+	kaCount                           atomic.Int64
+	shutdowns                         atomic.Int64
+	ioCount                           atomic.Int64
+	inCapsule                         atomic.Int64 // writes received in the capsule
+	keyedIn                           atomic.Int64 // writes fetched by RDMA READ
 
 	quit chan struct{}
 	wg   sync.WaitGroup

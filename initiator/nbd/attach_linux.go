@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"time"
 
@@ -110,7 +111,16 @@ func Attach(dev string, d Device) (*Attachment, error) {
 	go srv.ServeTransmission(nc)
 	go func() {
 		// NBD_DO_IT blocks (on this goroutine's thread) until the
-		// device is disconnected.
+		// device is disconnected — or until a signal reaches the thread:
+		// the kernel then shuts the device's sockets down and fails its
+		// requests. Any signal sent to the process may land on any of
+		// its threads (SIGTERM for blkctl's own detach, SIGWINCH from a
+		// terminal, SIGCHLD...), so this thread blocks them all. It is
+		// never unlocked: the runtime ends it with this goroutine,
+		// mask and all. (Seen in e2e: a SIGTERM that landed here shut
+		// the device down before the disconnect.)
+		runtime.LockOSThread()
+		blockAllSignals()
 		err := ioctl(fd, ioctlDoIt, 0)
 		ioctl(fd, ioctlClearQue, 0)
 		ioctl(fd, ioctlClearSock, 0)
@@ -147,6 +157,16 @@ func (a *Attachment) Detach() error {
 		a.detErr = err
 	})
 	return a.detErr
+}
+
+// blockAllSignals blocks every signal that can be blocked on the calling
+// thread (SIGKILL and SIGSTOP cannot).
+func blockAllSignals() {
+	var all unix.Sigset_t
+	for i := range all.Val {
+		all.Val[i] = ^all.Val[i] // all ones, whatever the word size
+	}
+	unix.PthreadSigmask(unix.SIG_BLOCK, &all, nil)
 }
 
 func ioctl(fd, req, arg uintptr) error {
