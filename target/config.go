@@ -3,6 +3,7 @@ package target
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"time"
 
@@ -12,7 +13,7 @@ import (
 // Config configures a Target. The zero value of every field except
 // Limits means its default; WithDefaults fills them in and Validate checks
 // the relationships. A Config round-trips through encoding/json unchanged
-// except for Logf and Clock, which are not data.
+// except for Logf, Logger and Clock, which are not data.
 type Config struct {
 	// Limits are what the transport binding can do (its sizing function
 	// computes them). Required: MaxTransfer, MaxQueueEntries,
@@ -22,6 +23,15 @@ type Config struct {
 	// Logf receives the target's log lines (controller creation and
 	// teardown, refused connects, fatal controller states). Nil: silent.
 	Logf func(format string, args ...any) `json:"-"`
+
+	// Logger receives the target's events as structured records, one per
+	// controller created or destroyed, refused Connect and expired
+	// keep-alive (see EventControllerCreated and the others in
+	// events.go), never one per command; and, when Logf is nil, the
+	// other log lines as warnings. Nil: no events. The target does not
+	// bound their rate: a host can provoke refused Connects at will, so
+	// give it a rate-limiting handler (blkd uses internal/ratelog).
+	Logger *slog.Logger `json:"-"`
 
 	// Clock drives keep-alive timers. Nil: the wall clock.
 	Clock Clock `json:"-"`

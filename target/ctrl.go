@@ -38,6 +38,7 @@ type ctrl struct {
 	cntlid  uint16
 	hostNQN string
 	hostID  [16]byte
+	created time.Time
 	disc    bool
 	admin   *Queue
 
@@ -87,7 +88,7 @@ type ctrl struct {
 
 func newCtrl(t *Target, s *Subsystem, cntlid uint16, admin *Queue, d *nvme.ConnectData) *ctrl {
 	c := &ctrl{t: t, s: s, cntlid: cntlid, hostNQN: d.HostNQN.String(), hostID: d.HostID,
-		disc: s.discovery, admin: admin,
+		created: t.clock.Now(), disc: s.discovery, admin: admin,
 		queues: make([]*Queue, int(t.cfg.Limits.MaxIOQueues)+1),
 		nsqa:   uint32(t.cfg.Limits.MaxIOQueues), ncqa: uint32(t.cfg.Limits.MaxIOQueues),
 		errs: make([]nvme.ErrorLogEntry, t.cfg.ErrorLogEntries),
@@ -191,7 +192,7 @@ func (c *ctrl) keepAliveFired(gen uint64) {
 	}
 	c.mu.Unlock()
 	c.t.stats.keepAliveExpired.Add(1)
-	c.t.logf("target: controller %d (%s, host %s): keep-alive timeout %v expired", c.cntlid, c.s.nqn, c.hostNQN, c.kato)
+	c.logKeepAliveExpired()
 	c.teardown(ErrKeepAliveExpired)
 }
 
@@ -216,6 +217,7 @@ func (c *ctrl) teardown(reason error) {
 	var aers [aerLimit]*Request
 	n := copy(aers[:], c.aers[:c.naers])
 	c.naers = 0
+	nio := c.nioq
 	queues := make([]*Queue, 0, c.nioq+1)
 	for _, q := range c.queues {
 		// A queue the binding closed already needs no Disconnect.
@@ -228,7 +230,7 @@ func (c *ctrl) teardown(reason error) {
 	c.s.removeCtrl(c)
 	c.t.freeCNTLID(c.cntlid, false)
 	c.t.stats.ctrlTornDown.Add(1)
-	c.t.logf("target: controller %d (%s, host %s) torn down: %v", c.cntlid, c.s.nqn, c.hostNQN, reason)
+	c.logDestroyed(reason, nio)
 	for _, r := range aers[:n] {
 		r.q.complete(r, nvme.StatusAbortSQDeleted)
 	}

@@ -18,6 +18,7 @@
 //	features.go     Get/Set Features
 //	log.go          Get Log Page: error, SMART, firmware, changed namespaces, effects
 //	discovery.go    the discovery controller and its log page
+//	events.go       structured events (Config.Logger): controllers, refused Connects
 //	io_cmd.go       Read, Write, Flush, Write Zeroes, Dataset Management, Compare
 //	workers.go      the sync worker pool
 //	status.go       the one translation from backend errors to status codes

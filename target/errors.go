@@ -1,6 +1,9 @@
 package target
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors. Every error the package returns wraps one of them, so
 // callers test with errors.Is. They are also the reasons given to
@@ -25,4 +28,12 @@ var (
 	// ErrControllerRemoved: the controller was torn down by the target
 	// (its subsystem removed, its host denied, or the target closed).
 	ErrControllerRemoved = errors.New("target: controller removed")
+)
+
+// Why the target removed a controller: the reasons given to
+// Responder.Disconnect, each wrapping ErrControllerRemoved.
+var (
+	errHostRevoked      = fmt.Errorf("%w: host access revoked", ErrControllerRemoved)
+	errSubsystemRemoved = fmt.Errorf("%w: subsystem removed", ErrControllerRemoved)
+	errTargetClosed     = fmt.Errorf("%w: target closed", ErrControllerRemoved)
 )

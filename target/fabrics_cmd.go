@@ -19,6 +19,7 @@ const (
 func (q *Queue) connect(r *Request) {
 	if !q.state.CompareAndSwap(queueNew, queueConnecting) {
 		// A Connect on a queue that is already being connected.
+		q.logRefused(r, nvme.StatusConnectControllerBusy, 0, "a Connect on this queue is in progress")
 		q.complete(r, nvme.StatusConnectControllerBusy.WithDNR())
 		return
 	}
@@ -26,6 +27,7 @@ func (q *Queue) connect(r *Request) {
 	if s != nvme.StatusSuccess {
 		q.t.stats.connectRefused.Add(1)
 		q.state.CompareAndSwap(queueConnecting, queueNew)
+		q.logRefused(r, s, dw0, "")
 	}
 	r.Rsp.DW0 = dw0
 	q.complete(r, s)
@@ -93,7 +95,6 @@ func (q *Queue) connectAdmin(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme
 		return invalidParam(ipoHost, true)
 	}
 	if !s.hostAllowed(string(d.HostNQN.Bytes())) {
-		t.logf("target: connect by host %s to %s refused: host not allowed", d.HostNQN.String(), s.nqn)
 		return nvme.StatusConnectInvalidHost.WithDNR(), nvme.ConnectInvalidParamDW0(ipoHost, true)
 	}
 	// 6. A controller ID is free.
@@ -127,7 +128,7 @@ func (q *Queue) connectAdmin(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme
 	if t.isClosed() {
 		// Close ran between the CNTLID and the registration and may not
 		// have seen this controller.
-		c.teardown(ErrControllerRemoved)
+		c.teardown(errTargetClosed)
 		return nvme.StatusAbortSQDeleted, 0
 	}
 	if !q.state.CompareAndSwap(queueConnecting, queueConnected) {
@@ -136,11 +137,7 @@ func (q *Queue) connectAdmin(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme
 		c.teardown(ErrAdminQueueClosed)
 		return nvme.StatusAbortSQDeleted, 0
 	}
-	kind := "nvm"
-	if c.disc {
-		kind = "discovery"
-	}
-	t.logf("target: %s controller %d for %s, host %s (%s), KATO %v", kind, cntlid, s.nqn, c.hostNQN, q.params.RemoteAddr, c.kato)
+	q.logCreated(c)
 	return nvme.StatusSuccess, nvme.ConnectResponseDW0(cntlid, 0)
 }
 

@@ -69,6 +69,12 @@ func (q *Queue) CNTLID() uint16 {
 	return 0
 }
 
+// Discovery reports whether the queue belongs to a discovery controller.
+func (q *Queue) Discovery() bool {
+	c := q.ctrl.Load()
+	return c != nil && c.disc
+}
+
 // SQFlowControlDisabled reports whether the host disabled SQ flow control
 // at Connect (CATTR bit 2): the binding then sends SQHD 0xFFFF.
 func (q *Queue) SQFlowControlDisabled() bool {

@@ -178,7 +178,7 @@ func (s *Subsystem) hostAllowed(hostNQN string) bool {
 func (s *Subsystem) revokeHosts() {
 	for _, c := range s.controllers() {
 		if !s.hostAllowed(c.hostNQN) {
-			c.teardown(ErrControllerRemoved)
+			c.teardown(errHostRevoked)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,9 @@ type Target struct {
 	nguids     map[[16]byte]string // NGUID -> "subnqn/nsid", for uniqueness
 	cntlids    cntlidSpace
 	nctrl      int // live controllers
+
+	evMu sync.Mutex           // guards lost; taken alone
+	lost map[hostKey]lostCtrl // controllers hosts lost, for reconnect events
 }
 
 // Port is a listening address the discovery log lists: the transport's
@@ -112,9 +116,13 @@ func New(cfg Config) (*Target, error) {
 // capTimeout is CAP.TO, in 500 ms units.
 const capTimeout = 15
 
+// logf writes a log line to Config.Logf, or if there is none to
+// Config.Logger as a warning. Events go through events.go instead.
 func (t *Target) logf(format string, args ...any) {
 	if t.cfg.Logf != nil {
 		t.cfg.Logf(format, args...)
+	} else if t.logOn(slog.LevelWarn) {
+		t.cfg.Logger.Warn(fmt.Sprintf(format, args...))
 	}
 }
 
@@ -137,7 +145,7 @@ func (t *Target) Close() error {
 	t.mu.Unlock()
 	for _, s := range subs {
 		for _, c := range s.controllers() {
-			c.teardown(ErrControllerRemoved)
+			c.teardown(errTargetClosed)
 		}
 	}
 	t.pool.close()
@@ -300,7 +308,7 @@ func (t *Target) RemoveSubsystem(nqn string) error {
 	s.mu.Unlock()
 	t.mu.Unlock()
 	for _, c := range s.controllers() {
-		c.teardown(ErrControllerRemoved)
+		c.teardown(errSubsystemRemoved)
 	}
 	s.detachAll()
 	t.discoveryChanged()

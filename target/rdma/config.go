@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -51,8 +52,14 @@ type Config struct {
 	// Off by default: with the soft provider pinning made a 4 KiB read at
 	// queue depth 1 four times slower (transport.EngineConfig.NoPin).
 	PinCores bool
-	// Logf receives connection events; nil is silent.
+	// Logf receives connection events as text lines; nil is silent.
 	Logf func(format string, args ...any)
+	// Logger receives the port's events as structured records (see
+	// EventConnectionAccepted and the others), one per connection, never
+	// one per command; and, when Logf is nil, its other log lines as
+	// warnings. Nil: no events. Give it a rate-limiting handler: a host
+	// can provoke rejected connections at will.
+	Logger *slog.Logger
 }
 
 // NoInCapsule as Config.InCapsule turns in-capsule data off (every write

@@ -20,6 +20,12 @@ type conn struct {
 	admin   bool
 	qid     uint16
 	entries uint32
+	remote  string // the host's address
+
+	// closedBy is the reason the target gave when it disconnected the
+	// connection; nil while it has not (the host closed, or the
+	// connection failed).
+	closedBy atomic.Pointer[error]
 
 	// sqhd is the SQ head reported in completions: incremented per
 	// completion, modulo the queue size, as the Linux target does (hosts
@@ -82,7 +88,8 @@ func (c *conn) Complete(tr *target.Request) {
 // Disconnect implements target.Responder.
 func (c *conn) Disconnect(reason error) {
 	c.disconnectOnce.Do(func() {
-		c.port.logf("rdma: queue %d on %s: disconnect: %v", c.qid, c.port.ln.Addr(), reason)
+		c.port.textf("rdma: queue %d on %s: disconnect: %v", c.qid, c.port.ln.Addr(), reason)
+		c.closedBy.Store(&reason)
 		c.dead.Store(true)
 		// An orderly disconnect drains the socket; never on the
 		// caller's goroutine (a core's notification goroutine).
@@ -101,6 +108,7 @@ func (c *conn) watch() {
 	go func() {
 		<-c.qp.Done()
 		c.dead.Store(true)
+		c.logClosed()
 		c.teardown()
 		c.port.untrack(c)
 	}()

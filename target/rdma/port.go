@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -181,9 +182,13 @@ func (p *Port) release() error {
 	return errors.Join(errs...)
 }
 
+// logf writes a log line to Config.Logf, or if there is none to
+// Config.Logger as a warning. Events go through events.go instead.
 func (p *Port) logf(format string, args ...any) {
 	if p.cfg.Logf != nil {
 		p.cfg.Logf(format, args...)
+	} else if p.logOn(slog.LevelWarn) {
+		p.cfg.Logger.Warn(fmt.Sprintf(format, args...))
 	}
 }
 
@@ -211,7 +216,7 @@ func (p *Port) acceptLoop() {
 // data carrying sts.
 func (p *Port) reject(req transport.ConnRequest, sts nvme.RDMACMRejectStatus, why string) {
 	p.st.rejects.Add(1)
-	p.logf("rdma: port %s: reject %s: %s (%v)", p.ln.Addr(), req.RemoteAddr(), why, sts)
+	p.logRejected(req, sts, why)
 	var b [nvme.RDMACMRejectSize]byte
 	r := nvme.RDMACMReject{RecFmt: 0, Status: sts}
 	r.Marshal(&b)
@@ -251,7 +256,7 @@ func (p *Port) setup(req transport.ConnRequest) {
 		p.reject(req, nvme.RDMACMInvalidIRD, "host IRD 0")
 		return
 	}
-	c := &conn{port: p, admin: admin, qid: cm.QID, entries: entries}
+	c := &conn{port: p, admin: admin, qid: cm.QID, entries: entries, remote: addrString(req.RemoteAddr())}
 	var err error
 	if admin {
 		c.qp, c.core, err = p.createAdminQP(c)
@@ -273,7 +278,7 @@ func (p *Port) setup(req transport.ConnRequest) {
 		Transport:  nvme.TrTypeRDMA,
 		LocalAddr:  host,
 		LocalPort:  svc,
-		RemoteAddr: req.RemoteAddr().String(),
+		RemoteAddr: c.remote,
 		Coalescing: p.coalesce,
 	})
 	if err != nil {
@@ -305,7 +310,7 @@ func (p *Port) setup(req transport.ConnRequest) {
 		return
 	}
 	p.st.accepts.Add(1)
-	p.logf("rdma: port %s: queue %d from %s on core %d", p.ln.Addr(), cm.QID, req.RemoteAddr(), c.core.index)
+	p.logAccepted(c)
 	c.watch()
 }
 

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -50,15 +52,27 @@ type Config struct {
 	// Cores is the RDMA port's per-core engine groups; 0 means the
 	// adapter's cores (the machine's CPUs).
 	Cores int `json:"cores"`
+	// LogFormat is the format of the event log written to LogOutput:
+	// "text" (slog's key=value lines) or "json" (one object per line).
+	// Default "text".
+	LogFormat string `json:"log_format"`
+	// LogLevel is the lowest level of the event log: "debug", "info",
+	// "warn" or "error". Default "info" (debug adds discovery controllers
+	// and every connection).
+	LogLevel string `json:"log_level"`
+	// LogOutput receives the event log. Nil: standard error.
+	LogOutput io.Writer `json:"-"`
 }
 
 // Defaults.
 const (
-	DefaultDataDir  = "./blk-data"
-	DefaultNodeID   = "node1"
-	DefaultRaftAddr = "127.0.0.1:7000"
-	DefaultNVMeAddr = "127.0.0.1:4420"
-	DefaultAPIAddr  = "127.0.0.1:7070"
+	DefaultDataDir   = "./blk-data"
+	DefaultNodeID    = "node1"
+	DefaultRaftAddr  = "127.0.0.1:7000"
+	DefaultNVMeAddr  = "127.0.0.1:4420"
+	DefaultAPIAddr   = "127.0.0.1:7070"
+	DefaultLogFormat = "text"
+	DefaultLogLevel  = "info"
 )
 
 // ErrConfig is wrapped by every configuration error.
@@ -76,6 +90,8 @@ func (c Config) WithDefaults() Config {
 	def(&c.RaftAddr, DefaultRaftAddr)
 	def(&c.NVMeAddr, DefaultNVMeAddr)
 	def(&c.APIAddr, DefaultAPIAddr)
+	def(&c.LogFormat, DefaultLogFormat)
+	def(&c.LogLevel, DefaultLogLevel)
 	if c.Bootstrap == nil {
 		t := true
 		c.Bootstrap = &t
@@ -108,6 +124,12 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: --join %q is not the host:port of a member's API (for example 127.0.0.1:7070): %v", ErrConfig, c.Join, err)
 		}
 	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return fmt.Errorf("%w: --log-format %q: use text or json", ErrConfig, c.LogFormat)
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return fmt.Errorf("%w: --log-level %q: use debug, info, warn or error", ErrConfig, c.LogLevel)
+	}
 	switch {
 	case c.Cores < 0:
 		return fmt.Errorf("%w: --cores %d: must be 0 (all CPUs) or more", ErrConfig, c.Cores)
@@ -131,6 +153,16 @@ func (c Config) advertisedNVMe() string {
 		_, port, _ = net.SplitHostPort(c.NVMeAddr)
 	}
 	return net.JoinHostPort(host, port)
+}
+
+// parseLevel reads a log level by name (any case).
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	switch strings.ToLower(s) {
+	case "debug", "info", "warn", "error":
+		return l, l.UnmarshalText([]byte(s))
+	}
+	return l, fmt.Errorf("log level %q", s)
 }
 
 // LoadConfigFile reads a JSON Config. Unknown fields are refused, so a

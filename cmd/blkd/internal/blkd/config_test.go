@@ -70,6 +70,8 @@ func TestConfig(t *testing.T) {
 		{Config{NVMeAddr: ":4420"}, `--advertise-addr`},
 		{Config{AdvertiseAddr: "storage1.example"}, `--advertise-addr: advertised address "storage1.example" is not an IP address`},
 		{Config{NVMeAddr: "0.0.0.0:4420", AdvertiseAddr: "0.0.0.0"}, `"any" address`},
+		{Config{LogFormat: "xml"}, `--log-format "xml": use text or json`},
+		{Config{LogLevel: "loud"}, `--log-level "loud": use debug, info, warn or error`},
 	} {
 		err := tc.c.Validate()
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/blk-project/blk/internal/ratelog"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/metrics"
 	"github.com/blk-project/blk/target"
@@ -30,6 +32,8 @@ const leaderWait = 30 * time.Second
 type Daemon struct {
 	cfg Config
 	out io.Writer
+	log *slog.Logger     // the event log (target and port events)
+	rl  *ratelog.Handler // its rate limiter, flushed at shutdown
 
 	node  *meta.Node
 	store *volume.Store
@@ -60,6 +64,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	}
 	cfg = cfg.WithDefaults()
 	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1)}
+	d.log, d.rl = newLogger(cfg)
 	defer func() {
 		if err != nil {
 			d.shutdown(context.Background())
@@ -87,12 +92,12 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err != nil {
 		return nil, fmt.Errorf("soft RDMA adapter: %w", err)
 	}
-	rcfg := rdma.Config{Addr: cfg.NVMeAddr, AdvertiseAddr: cfg.AdvertiseAddr, Cores: cfg.Cores}
+	rcfg := rdma.Config{Addr: cfg.NVMeAddr, AdvertiseAddr: cfg.AdvertiseAddr, Cores: cfg.Cores, Logger: d.log}
 	limits, err := rdma.Limits(d.nic.Info(), rcfg)
 	if err != nil {
 		return nil, fmt.Errorf("nvme port limits: %w", err)
 	}
-	d.tgt, err = target.New(target.Config{Limits: limits})
+	d.tgt, err = target.New(target.Config{Limits: limits, Logger: d.log})
 	if err != nil {
 		return nil, fmt.Errorf("target: %w", err)
 	}
@@ -225,6 +230,8 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		if d.store != nil {
 			errs = append(errs, d.store.Close())
 		}
+		// Counts of events held back are written now, not lost.
+		d.rl.Flush()
 		d.closeErr = errors.Join(errs...)
 	})
 	return d.closeErr
