@@ -93,6 +93,21 @@ func (d *daemon) kill() {
 	<-d.exited
 }
 
+// stop ends blkd with SIGTERM and checks that it exits 0 within 30 s.
+func (d *daemon) stop() {
+	t := d.s.t
+	t.Helper()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: blkd did not exit within 30 s of SIGTERM", d.name)
+	}
+	if d.err != nil {
+		t.Fatalf("%s: blkd exit after SIGTERM: %v", d.name, d.err)
+	}
+}
+
 // blkctl runs the static blkctl against api with -o json and decodes its
 // output into out (if not nil).
 func (s *scenario) blkctl(api string, out any, args ...string) {

@@ -287,6 +287,16 @@ func (n *Node) Leader() (addr, id string) {
 	return string(a), string(i)
 }
 
+// AppliedIndex is the log index of the last registry command this
+// node's FSM has applied. On the leader after Linearize it covers every
+// command committed before; a follower whose AppliedIndex reaches that
+// value holds all of them (a read index, as in the raft paper §6.4).
+func (n *Node) AppliedIndex() uint64 {
+	var i uint64
+	n.fsm.Read(func(s *State) { i = s.Index() })
+	return i
+}
+
 // IsLeader says whether this node currently believes it is the leader.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
 

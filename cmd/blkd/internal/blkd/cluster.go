@@ -162,11 +162,93 @@ func (d *Daemon) members() []Member {
 }
 
 func (d *Daemon) getCluster(w http.ResponseWriter, r *http.Request) error {
+	// On the leader, applied_index is a read index: after Linearize it
+	// covers every command committed before the request. A restarting
+	// follower waits for its own copy to reach it (catchUp).
+	if d.node.IsLeader() {
+		if err := d.node.Linearize(r.Context()); err != nil {
+			return &apiError{http.StatusServiceUnavailable, fmt.Sprintf("registry: %v: retry in a moment", err)}
+		}
+	}
 	id, api := d.leaderAPI()
 	writeJSON(w, http.StatusOK, map[string]any{
 		"node_id": d.cfg.NodeID, "leader_id": id, "leader_api": api, "members": d.members(),
+		"applied_index": d.node.AppliedIndex(),
 	})
 	return nil
+}
+
+// catchUp waits until this follower's registry copy holds every command
+// the leader had committed when asked: it reads the leader's
+// applied_index from GET /v1/cluster (a read index) and waits for its own
+// FSM to reach it. A restarted node serves its volumes from its copy, so
+// without this it could serve a volume without a host allowed, or at a
+// size grown, just before it went down. (Found by e2e/ scenario 4: a node
+// restarted as a follower refused a host allowed just before.) If the
+// leader cannot be asked within catchUpWait, it goes on with what it has
+// and says so: the leader's later requests correct it.
+func (d *Daemon) catchUp(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, catchUpWait)
+	defer cancel()
+	client := &http.Client{Timeout: 5 * time.Second}
+	var last error
+	for {
+		if d.node.IsLeader() {
+			return
+		}
+		id, api := d.leaderAPI()
+		var idx uint64
+		if api == "" {
+			last = errors.New("no leader known")
+		} else if idx, last = leaderIndex(ctx, client, api, id); last == nil {
+			for d.node.AppliedIndex() < idx {
+				select {
+				case <-ctx.Done():
+					fmt.Fprintf(d.out, "registry: this copy reached index %d of the leader's %d within %v; serving from it\n", d.node.AppliedIndex(), idx, catchUpWait)
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintf(d.out, "registry: could not ask the leader how far to catch up within %v (%v); serving from this node's copy\n", catchUpWait, last)
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// catchUpWait bounds catchUp.
+const catchUpWait = 15 * time.Second
+
+// leaderIndex asks api for its applied_index, if it is still leader id.
+func leaderIndex(ctx context.Context, client *http.Client, api, id string) (uint64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+api+"/v1/cluster", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var c struct {
+		NodeID       string `json:"node_id"`
+		LeaderID     string `json:"leader_id"`
+		AppliedIndex uint64 `json:"applied_index"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET %s/v1/cluster: %s", api, resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&c); err != nil {
+		return 0, fmt.Errorf("GET %s/v1/cluster: %v", api, err)
+	}
+	if c.NodeID != id || c.LeaderID != id {
+		return 0, fmt.Errorf("%s is no longer the leader", api)
+	}
+	return c.AppliedIndex, nil
 }
 
 // register makes the cluster know this node: on the leader it applies

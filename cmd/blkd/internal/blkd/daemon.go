@@ -132,7 +132,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err := d.waitLeader(ctx); err != nil {
 		return nil, err
 	}
-	// Serve the volumes this node owns before the port accepts hosts.
+	// Serve the volumes this node owns before the port accepts hosts,
+	// from a copy of the registry that has caught up with the leader's.
+	d.catchUp(ctx)
 	if err := d.rebuild(ctx); err != nil {
 		return nil, err
 	}

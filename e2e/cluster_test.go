@@ -1,0 +1,131 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// clusterStatus is what blkctl cluster status answers.
+type clusterStatus struct {
+	NodeID   string `json:"node_id"`
+	LeaderID string `json:"leader_id"`
+	Members  []struct {
+		ID     string `json:"id"`
+		State  string `json:"state"`
+		Leader bool   `json:"leader"`
+	} `json:"members"`
+}
+
+// TestClusterLeaderLoss is scenario 4: three blkd processes on the host in
+// one cluster, a kernel host (guest, nvme-rdma over siw) on a volume owned
+// by node1 while another node leads the registry. The leader is killed
+// with SIGKILL while fio writes and verifies: a new leader takes over,
+// management works through any surviving node, and the host's I/O goes on
+// with no error, no reset and no reconnect.
+func TestClusterLeaderLoss(t *testing.T) {
+	s := newScenario(t)
+	port := ports(24400)
+	type node struct {
+		name      string
+		api, raft string
+		nvmePort  int
+		d         *daemon
+		extra     []string
+	}
+	nodes := make([]*node, 3)
+	for i := range nodes {
+		nodes[i] = &node{name: fmt.Sprintf("node%d", i+1), api: addr(port()), raft: addr(port()), nvmePort: port()}
+	}
+	start := func(n *node, extra ...string) {
+		n.d = s.startDaemon(n.name, n.api, append([]string{"--node-id", n.name, "--raft-addr", n.raft,
+			"--nvme-addr", addr(n.nvmePort), "--advertise-addr", "10.0.2.2"}, extra...)...)
+	}
+	start(nodes[0])
+	start(nodes[1], "--join", nodes[0].api)
+	start(nodes[2], "--join", nodes[0].api)
+
+	// node1 creates (owns) the volume, then hands the leadership over by
+	// restarting, so that the leader to kill is another node.
+	const hostNQN = "nqn.2026-11.io.blk:e2e-cluster-host"
+	s.blkctl(nodes[0].api, nil, "volume", "create", "cvol", "--size", "128MiB")
+	s.blkctl(nodes[0].api, nil, "host", "allow", "cvol", hostNQN)
+	nodes[0].d.stop()
+	leader := s.waitLeader(nodes[1].api, 30*time.Second, "node2", "node3")
+	nodes[0].d.start()
+	var lead, survivor *node
+	for _, n := range nodes[1:] {
+		if n.name == leader {
+			lead = n
+		} else {
+			survivor = n
+		}
+	}
+	t.Logf("registry leader %s; cvol is owned by node1", leader)
+
+	var at attachInfo
+	s.blkctl(nodes[0].api, &at, "attach", "cvol", "--host-nqn", hostNQN)
+	if at.Port != nodes[0].nvmePort || at.Address != "10.0.2.2" {
+		t.Fatalf("attach answered %+v, want node1's port %d advertised as 10.0.2.2", at, nodes[0].nvmePort)
+	}
+	s.setEnv("PORT", strconv.Itoa(at.Port), "NQN", at.SubsystemNQN, "HOSTNQN", hostNQN)
+	s.script("cluster_host.sh")
+	g := s.boot(vmConfig{name: "chost", script: "cluster_host.sh", timeout: 10 * time.Minute})
+	s.waitMark("io-running", g, 5*time.Minute)
+
+	lead.d.kill()
+	killed := time.Now()
+	t.Logf("%s (leader) killed with SIGKILL while the host writes", lead.name)
+	newLeader := s.waitLeader(survivor.api, 60*time.Second, "node1", survivor.name)
+	t.Logf("new leader %s after %v", newLeader, time.Since(killed).Round(time.Millisecond))
+	// Management through either survivor (blkctl follows the leader).
+	for _, n := range []*node{nodes[0], survivor} {
+		name := "after-" + n.name
+		s.blkctl(n.api, nil, "volume", "create", name, "--size", "16MiB")
+		// A follower answers reads from its own copy, which may lag the
+		// leader briefly.
+		var v struct {
+			State string `json:"state"`
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			s.blkctl(n.api, &v, "volume", "show", name)
+			if v.State == "online" || time.Now().After(deadline) {
+				break
+			}
+		}
+		if v.State != "online" {
+			t.Errorf("volume %s created through %s is %q 10 s later", name, n.name, v.State)
+		}
+	}
+	t.Logf("management works %v after the kill", time.Since(killed).Round(time.Millisecond))
+	s.mark("leader-killed")
+	s.wait(g)
+	s.fioResult("fio-during.json")
+	s.fioResult("fio-after.json")
+}
+
+// waitLeader asks api for the registry leader until it is one of want.
+func (s *scenario) waitLeader(api string, timeout time.Duration, want ...string) string {
+	s.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		var st clusterStatus
+		if err := s.blkctlErr(api, &st, "cluster", "status"); err != nil {
+			last = err.Error()
+		} else {
+			last = "leader " + st.LeaderID
+			for _, w := range want {
+				if st.LeaderID == w {
+					return w
+				}
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	s.t.Fatalf("no leader among %v within %v (last: %s)", want, timeout, last)
+	return ""
+}
