@@ -27,6 +27,7 @@ command -v cpio >/dev/null || need+=(cpio)
 command -v depmod >/dev/null || need+=(kmod)
 command -v xz >/dev/null || need+=(xz-utils)
 command -v make >/dev/null || need+=(make)
+command -v strip >/dev/null || need+=(binutils)
 command -v gcc-12 >/dev/null || need+=(gcc-12)
 dpkg -s libc6-dev >/dev/null 2>&1 || need+=(libc6-dev)
 if [ ${#need[@]} -gt 0 ]; then
@@ -72,8 +73,17 @@ debs="$out/debs"
 rm -rf "$debs" && mkdir -p "$debs"
 cd "$debs"
 step "apt-get download kernel $V ($KREL) and ${#deps[@]} userland packages"
-apt-get download -q "linux-image-$KREL=$V" "linux-headers-$KREL=$V" "linux-headers-$ABI-common=$V" \
-	"linux-kbuild-6.1=$V" "linux-source-6.1=$V" "${deps[@]}" 2>&1 | grep -Ev 'unsandboxed|^Get:' >&2 || true
+download() {
+	apt-get download -q "linux-image-$KREL=$V" "linux-headers-$KREL=$V" "linux-headers-$ABI-common=$V" \
+		"linux-kbuild-6.1=$V" "linux-source-6.1=$V" "${deps[@]}" >download.log 2>&1
+}
+if ! download; then
+	# Package lists older than the mirror: a version is gone. Once more
+	# with fresh lists.
+	step "apt-get download failed ($(grep -E '^(E|W):' download.log | grep -v unsandboxed | head -2 | tr '\n' ' ')); apt-get update and again"
+	apt-get update -qq
+	download || { cat download.log >&2; echo "e2e prepare: apt-get download failed" >&2; exit 1; }
+fi
 ls linux-image-*.deb linux-source-*.deb >/dev/null
 
 # Kernel and modules.
@@ -152,7 +162,7 @@ for f in "${!want[@]}"; do
 	cp "$f" "$r/usr/lib/modules/$KREL/$rel"
 done
 cp "$mdir"/modules.{order,builtin,builtin.modinfo} "$r/usr/lib/modules/$KREL/"
-cp "$siwko" "$r/usr/lib/modules/$KREL/extra/siw.ko"
+strip --strip-debug -o "$r/usr/lib/modules/$KREL/extra/siw.ko" "$siwko"
 depmod -b "$r" "$KREL"
 
 cp "$here/init" "$r/init"
