@@ -6,9 +6,12 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -132,6 +135,29 @@ func (s *scenario) blkctlErr(api string, out any, args ...string) error {
 		}
 	}
 	return nil
+}
+
+// metric reads one unlabelled sample from blkd's /metrics (-1 if absent).
+func (s *scenario) metric(api, name string) float64 {
+	s.t.Helper()
+	resp, err := http.Get("http://" + api + "/metrics")
+	if err != nil {
+		s.t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }
 
 // attachInfo is what blkctl attach answers.

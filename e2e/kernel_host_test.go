@@ -39,6 +39,10 @@ func TestKernelHostToBlkd(t *testing.T) {
 
 	g := s.boot(vmConfig{name: "host1", script: "kernel_host.sh", timeout: 10 * time.Minute})
 	s.waitMark("ready-kill", g, 8*time.Minute)
+	// Traffic-based keep-alive: the host (KATO 5 s) ran I/O for tens of
+	// seconds; with CTRATT.TBKAS it sends no Keep Alive while commands
+	// complete, and the target's timer restarts on that traffic.
+	kaTraffic := s.metric(api, "blk_target_keep_alive_traffic_total")
 	d.kill()
 	t.Logf("blkd killed with SIGKILL under the connected host")
 	time.Sleep(2 * time.Second)
@@ -77,6 +81,13 @@ func TestKernelHostToBlkd(t *testing.T) {
 	if num(idc["ioccsz"]) < 4 {
 		t.Errorf("id-ctrl ioccsz %v", idc["ioccsz"])
 	}
+	if int(num(idc["ctratt"]))&0x40 == 0 {
+		t.Errorf("id-ctrl ctratt %v lacks TBKAS", idc["ctratt"])
+	}
+	if kaTraffic <= 0 {
+		t.Errorf("blk_target_keep_alive_traffic_total %v: the kernel host kept sending Keep Alive under I/O (or the target ignored traffic)", kaTraffic)
+	}
+	t.Logf("keep-alive timer restarted by traffic %v times before the kill", kaTraffic)
 
 	var idns map[string]any
 	s.decode("id-ns.json", &idns)
@@ -92,9 +103,24 @@ func TestKernelHostToBlkd(t *testing.T) {
 	if _, ok := smart["data_units_written"]; !ok {
 		t.Errorf("smart-log lacks data_units_written: %v", smart)
 	}
-	t.Logf("max_hw_sectors_kb %s, write_zeroes_max_bytes %s",
-		strings.TrimSpace(string(s.readShare("max_hw_sectors_kb"))),
-		strings.TrimSpace(string(s.readShare("write_zeroes_max_bytes"))))
+	maxKB, _ := strconv.Atoi(strings.TrimSpace(string(s.readShare("max_hw_sectors_kb"))))
+	wz, _ := strconv.Atoi(strings.TrimSpace(string(s.readShare("write_zeroes_max_bytes"))))
+	t.Logf("kernel host limits: max_hw_sectors_kb %d, write_zeroes_max_bytes %d", maxKB, wz)
+	// MDTS 1 MiB; nvme-rdma itself caps a request at 255 pages (its 256
+	// segments less one for an unaligned start): 1020 KiB. Write Zeroes
+	// from Identify CNS 06h WZSL, far beyond MDTS.
+	if maxKB < 1020 {
+		t.Errorf("max_hw_sectors_kb %d, want 1020 (MDTS 8, capped by nvme-rdma's 255 pages)", maxKB)
+	}
+	if wz <= maxKB<<10 {
+		t.Errorf("write_zeroes_max_bytes %d not above MDTS: the host did not take WZSL", wz)
+	}
+
+	// blkd logged the host's controllers: the first run's, and the one the
+	// host made when it reconnected to the restarted blkd.
+	for _, f := range []string{"blkd.log.1", "blkd.log.2"} {
+		mustContain(t, f, string(s.readShare(f)), `msg="controller created"`, "host_nqn="+hostNQN)
+	}
 
 	for _, job := range []string{"fio-rand4k.json", "fio-seq128k.json", "fio-after.json"} {
 		s.fioResult(job)

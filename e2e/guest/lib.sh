@@ -22,30 +22,23 @@ siw_up() {
 	log "$(rdma link show | tr '\n' ' ')"
 }
 
-# wait_file PATH SECONDS: wait for the host (or another guest) to create PATH.
-wait_file() {
+# wait_for TEST PATH SECONDS: wait until [ TEST PATH ] holds (-e a file the
+# host or another guest creates, -b a block device node).
+wait_for() {
 	n=0
-	while [ ! -e "$1" ]; do
+	while [ ! "$1" "$2" ]; do
 		n=$((n + 1))
-		[ $n -le $(($2 * 10)) ] || fail "timed out after $2 s waiting for $1"
+		[ $n -le $(($3 * 10)) ] || fail "timed out after $3 s waiting for $2"
 		sleep 0.1
 	done
 }
+wait_file() { wait_for -e "$1" "$2"; }
+wait_dev() { wait_for -b "$1" "$2"; }
 
 # mark NAME: tell the host that this guest reached NAME.
 mark() {
 	: >"/share/$1"
 	log "mark $1"
-}
-
-# wait_dev PATH SECONDS: wait for a block device node to appear.
-wait_dev() {
-	n=0
-	while [ ! -b "$1" ]; do
-		n=$((n + 1))
-		[ $n -le $(($2 * 10)) ] || fail "timed out after $2 s waiting for $1"
-		sleep 0.1
-	done
 }
 
 # no_io_errors: the kernel logged no block I/O error.
