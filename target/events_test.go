@@ -1,7 +1,6 @@
 package target_test
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -9,82 +8,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blk-project/blk/internal/logrec"
 	"github.com/blk-project/blk/internal/ratelog"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
 )
 
-// logRecorder is a slog.Handler that keeps every record, attributes as
-// strings.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []logRec
-}
-
-type logRec struct {
-	level slog.Level
-	msg   string
-	attrs map[string]string
-}
-
-func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
-func (r *logRecorder) WithGroup(string) slog.Handler            { return r }
-func (r *logRecorder) Handle(_ context.Context, x slog.Record) error {
-	m := map[string]string{}
-	x.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
-	r.mu.Lock()
-	r.recs = append(r.recs, logRec{x.Level, x.Message, m})
-	r.mu.Unlock()
-	return nil
-}
-
-func (r *logRecorder) take() []logRec {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.recs
-	r.recs = nil
-	return out
-}
-
-func (l logRec) String() string {
-	return fmt.Sprintf("%v %q %v", l.level, l.msg, l.attrs)
-}
-
-// expect checks that recs are exactly the messages of want, in order,
-// each at its level and with at least its attributes.
-func expect(t *testing.T, what string, recs []logRec, want ...logRec) {
-	t.Helper()
-	if len(recs) != len(want) {
-		t.Fatalf("%s: %d records %v, want %d %v", what, len(recs), recs, len(want), want)
-	}
-	for i, w := range want {
-		g := recs[i]
-		if g.msg != w.msg || g.level != w.level {
-			t.Errorf("%s: record %d is %v, want %v", what, i, g, w)
-			continue
-		}
-		for k, v := range w.attrs {
-			if g.attrs[k] != v {
-				t.Errorf("%s: record %d (%s) has %s=%q, want %q (%v)", what, i, g.msg, k, g.attrs[k], v, g.attrs)
-			}
-		}
-	}
-}
-
-func rec(l slog.Level, msg string, kv ...string) logRec {
-	m := map[string]string{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		m[kv[i]] = kv[i+1]
-	}
-	return logRec{l, msg, m}
-}
-
 // TestEvents: controller created and destroyed (each reason), refused
 // Connects, keep-alive expiry and reconnects are logged once each, with
 // their attributes, and I/O logs nothing.
 func TestEvents(t *testing.T) {
-	lr := &logRecorder{}
+	lr := &logrec.Recorder{}
 	h := newHarness(t, func(c *target.Config) { c.Logger = slog.New(lr) })
 	const hostIDs = "0a000000-0000-0000-0000-000000000000"
 	h.mustSubsystem(subA, 16)
@@ -94,8 +28,8 @@ func TestEvents(t *testing.T) {
 	cntlid := fmt.Sprint(c.dw0())
 	mustOK(t, h.exec(admin, propSet(nvme.PropCC, ccEnable), nil), "enable")
 	io := h.ioConnect("io1", 1, hostA, subA, uint16(c.dw0()))
-	expect(t, "connect", lr.take(),
-		rec(slog.LevelInfo, target.EventControllerCreated, "kind", "nvm", "cntlid", cntlid, "subsystem", subA,
+	logrec.Expect(t, "connect", lr.Take(),
+		logrec.Rec(slog.LevelInfo, target.EventControllerCreated, "kind", "nvm", "cntlid", cntlid, "subsystem", subA,
 			"host_nqn", hostA, "host_id", hostIDs, "remote_addr", "192.0.2.1:50000", "kato", "3s",
 			"sqsize", "32", "max_io_queues", "4"))
 
@@ -104,7 +38,7 @@ func TestEvents(t *testing.T) {
 		mustOK(t, h.exec(io, ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096)), "read")
 		mustOK(t, h.exec(admin, adminCmd(nvme.AdminKeepAlive), nil), "keep alive")
 	}
-	expect(t, "I/O", lr.take())
+	logrec.Expect(t, "I/O", lr.Take())
 
 	// Refused Connects: unknown subsystem, host not allowed, bad CNTLID
 	// on an I/O queue.
@@ -117,49 +51,49 @@ func TestEvents(t *testing.T) {
 	h.exec(q, connectCmd(0, 31, 0), connectData(hostB, subB, 0xFFFF, hostIDA))
 	q = h.queue("bad3", target.QueueParams{QID: 2, SQSize: 127, RemoteAddr: "192.0.2.2:3"})
 	h.exec(q, connectCmd(2, 127, 0), connectData(hostB, subA, 77, hostIDA))
-	expect(t, "refusals", lr.take(),
-		rec(slog.LevelWarn, target.EventConnectRefused, "qid", "0", "subsystem", "nqn.2026-01.io.blk:nope", "host_nqn", hostB,
+	logrec.Expect(t, "refusals", lr.Take(),
+		logrec.Rec(slog.LevelWarn, target.EventConnectRefused, "qid", "0", "subsystem", "nqn.2026-01.io.blk:nope", "host_nqn", hostB,
 			"remote_addr", "192.0.2.2:1", "reason", "unknown subsystem"),
-		rec(slog.LevelWarn, target.EventConnectRefused, "subsystem", subB, "host_nqn", hostB,
+		logrec.Rec(slog.LevelWarn, target.EventConnectRefused, "subsystem", subB, "host_nqn", hostB,
 			"reason", "host not allowed on the subsystem", "status", nvme.StatusConnectInvalidHost.WithDNR().String()),
-		rec(slog.LevelWarn, target.EventConnectRefused, "qid", "2", "cntlid", "77", "reason", "no such live controller of this host"))
+		logrec.Rec(slog.LevelWarn, target.EventConnectRefused, "qid", "2", "cntlid", "77", "reason", "no such live controller of this host"))
 
 	// Keep-alive expiry, then the host comes back: a reconnect.
 	h.clock.Advance(3 * time.Second)
-	expect(t, "keep-alive", lr.take(),
-		rec(slog.LevelWarn, target.EventKeepAliveExpired, "cntlid", cntlid, "subsystem", subA, "host_nqn", hostA,
+	logrec.Expect(t, "keep-alive", lr.Take(),
+		logrec.Rec(slog.LevelWarn, target.EventKeepAliveExpired, "cntlid", cntlid, "subsystem", subA, "host_nqn", hostA,
 			"remote_addr", "192.0.2.1:50000", "kato", "3s"),
-		rec(slog.LevelInfo, target.EventControllerDestroyed, "kind", "nvm", "cntlid", cntlid, "host_nqn", hostA,
+		logrec.Rec(slog.LevelInfo, target.EventControllerDestroyed, "kind", "nvm", "cntlid", cntlid, "host_nqn", hostA,
 			"host_id", hostIDs, "reason", "keep-alive", "error", target.ErrKeepAliveExpired.Error(), "io_queues", "1"))
 	h.clock.Advance(2 * time.Second)
 	_, again := h.adminConnect("admin2", hostA, subA, 0)
-	expect(t, "reconnect", lr.take(),
-		rec(slog.LevelInfo, target.EventControllerCreated, "cntlid", fmt.Sprint(again), "reconnect", "true",
+	logrec.Expect(t, "reconnect", lr.Take(),
+		logrec.Rec(slog.LevelInfo, target.EventControllerCreated, "cntlid", fmt.Sprint(again), "reconnect", "true",
 			"previous_cntlid", cntlid, "previous_state", "keep-alive", "down_for", "2s"))
 	// A second association while the first is live is a reconnect too.
 	admin3, third := h.adminConnect("admin3", hostA, subA, 0)
-	expect(t, "second", lr.take(),
-		rec(slog.LevelInfo, target.EventControllerCreated, "cntlid", fmt.Sprint(third), "reconnect", "true",
+	logrec.Expect(t, "second", lr.Take(),
+		logrec.Rec(slog.LevelInfo, target.EventControllerCreated, "cntlid", fmt.Sprint(third), "reconnect", "true",
 			"previous_cntlid", fmt.Sprint(again), "previous_state", "live"))
 
 	// The other ways to end: the admin queue closes, the host is denied,
 	// the subsystem goes, the target closes.
 	admin3.q.Close()
-	expect(t, "disconnect", lr.take(),
-		rec(slog.LevelInfo, target.EventControllerDestroyed, "cntlid", fmt.Sprint(third), "reason", "disconnect", "io_queues", "0"))
+	logrec.Expect(t, "disconnect", lr.Take(),
+		logrec.Rec(slog.LevelInfo, target.EventControllerDestroyed, "cntlid", fmt.Sprint(third), "reason", "disconnect", "io_queues", "0"))
 	_, onB := h.adminConnect("onB", hostA, subB, 0)
-	lr.take()
+	lr.Take()
 	s, _ := h.tgt.Subsystem(subB)
 	if err := s.DenyHost(hostA); err != nil {
 		t.Fatal(err)
 	}
-	expect(t, "deny", lr.take(),
-		rec(slog.LevelInfo, target.EventControllerDestroyed, "cntlid", fmt.Sprint(onB), "subsystem", subB, "reason", "host-denied"))
+	logrec.Expect(t, "deny", lr.Take(),
+		logrec.Rec(slog.LevelInfo, target.EventControllerDestroyed, "cntlid", fmt.Sprint(onB), "subsystem", subB, "reason", "host-denied"))
 	if err := h.tgt.RemoveSubsystem(subA); err != nil {
 		t.Fatal(err)
 	}
-	expect(t, "remove", lr.take(),
-		rec(slog.LevelInfo, target.EventControllerDestroyed, "cntlid", fmt.Sprint(again), "reason", "subsystem-removed"))
+	logrec.Expect(t, "remove", lr.Take(),
+		logrec.Rec(slog.LevelInfo, target.EventControllerDestroyed, "cntlid", fmt.Sprint(again), "reason", "subsystem-removed"))
 
 	// Discovery controllers log at Debug.
 	h.mustSubsystem(subA, 0)
@@ -167,17 +101,17 @@ func TestEvents(t *testing.T) {
 	if err := h.tgt.Close(); err != nil {
 		t.Fatal(err)
 	}
-	recs := lr.take()
-	expect(t, "discovery and close", recs,
-		rec(slog.LevelDebug, target.EventControllerCreated, "kind", "discovery", "subsystem", nvme.DiscoveryNQN, "kato", "2m0s"),
-		rec(slog.LevelDebug, target.EventControllerDestroyed, "kind", "discovery", "reason", "shutdown"))
+	recs := lr.Take()
+	logrec.Expect(t, "discovery and close", recs,
+		logrec.Rec(slog.LevelDebug, target.EventControllerCreated, "kind", "discovery", "subsystem", nvme.DiscoveryNQN, "kato", "2m0s"),
+		logrec.Rec(slog.LevelDebug, target.EventControllerDestroyed, "kind", "discovery", "reason", "shutdown"))
 }
 
 // TestConnectFloodRateLimited: a host hammering Connect with a bad NQN
 // through a rate-limiting handler gets the first Burst refusals logged
 // and the rest counted in one summary.
 func TestConnectFloodRateLimited(t *testing.T) {
-	lr := &logRecorder{}
+	lr := &logrec.Recorder{}
 	rl := ratelog.New(lr, ratelog.Options{Burst: 5, Interval: time.Hour})
 	h := newHarness(t, func(c *target.Config) { c.Logger = slog.New(rl) })
 	h.mustSubsystem(subA, 0)
@@ -186,12 +120,12 @@ func TestConnectFloodRateLimited(t *testing.T) {
 		h.exec(q, connectCmd(0, 31, 0), connectData(hostB, "nqn.2026-01.io.blk:wrong", 0xFFFF, hostIDA))
 	}
 	h.adminConnect("good", hostA, subA, 0)
-	recs := lr.take()
-	if len(recs) != 6 || recs[5].msg != target.EventControllerCreated {
+	recs := lr.Take()
+	if len(recs) != 6 || recs[5].Msg != target.EventControllerCreated {
 		t.Fatalf("%d records %v, want 5 refusals and the good controller", len(recs), recs)
 	}
 	rl.Flush()
-	expect(t, "summary", lr.take(), rec(slog.LevelWarn, ratelog.SuppressedMsg, "event", target.EventConnectRefused, "suppressed", "195"))
+	logrec.Expect(t, "summary", lr.Take(), logrec.Rec(slog.LevelWarn, ratelog.SuppressedMsg, "event", target.EventConnectRefused, "suppressed", "195"))
 }
 
 // TestLogfWithoutLogger: Config.Logf alone still gets the lines it did.

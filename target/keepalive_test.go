@@ -14,10 +14,7 @@ import (
 // seconds): Disconnect with ErrKeepAliveExpired on every queue, held AERs
 // aborted, the controller ID freed, the expiry counted.
 func TestKeepAliveExpiry(t *testing.T) {
-	h := newHarness(t)
-	h.mustSubsystem(subA, 16)
-	admin, cntlid := h.adminConnect("admin", hostA, subA, 2500) // 3 s
-	io1 := h.ioConnect("io1", 1, hostA, subA, cntlid)
+	h, admin, io1, cntlid := kaController(t)
 	io2 := h.ioConnect("io2", 2, hostA, subA, cntlid)
 	aer, _ := h.execMayHold(admin, adminCmd(nvme.AdminAsyncEvent), nil)
 
@@ -25,23 +22,7 @@ func TestKeepAliveExpiry(t *testing.T) {
 		h.clock.Advance(2900 * time.Millisecond)
 		mustOK(t, h.exec(admin, adminCmd(nvme.AdminKeepAlive), nil), "keep alive")
 	}
-	h.clock.Advance(2999 * time.Millisecond)
-	if admin.disconnected() != 0 {
-		t.Fatal("torn down before KATO")
-	}
-	h.clock.Advance(time.Millisecond)
-	for _, q := range []*tq{admin, io1, io2} {
-		q.mu.Lock()
-		n := len(q.disconnects)
-		var err error
-		if n > 0 {
-			err = q.disconnects[0]
-		}
-		q.mu.Unlock()
-		if n != 1 || !errors.Is(err, target.ErrKeepAliveExpired) {
-			t.Errorf("%s: %d disconnects (%v)", q.name, n, err)
-		}
-	}
+	expiresBetween(t, h, 2999*time.Millisecond, 3*time.Second, admin, io1, io2)
 	aer.wait(t)
 	if s := aer.status(); s != nvme.StatusAbortSQDeleted {
 		t.Errorf("held AER: %s", fmtStatus(s))
@@ -57,10 +38,29 @@ func TestKeepAliveExpiry(t *testing.T) {
 	}
 }
 
-// expiredOnce reports whether every queue got exactly one Disconnect, for
-// keep-alive expiry.
-func expiredOnce(t *testing.T, qs ...*tq) bool {
+// kaController is a harness with subA (16 blocks) and a controller of
+// hostA with KATO 3 s (2500 ms, rounded up to whole seconds) and I/O
+// queue 1.
+func kaController(t *testing.T) (h *harness, admin, io *tq, cntlid uint16) {
 	t.Helper()
+	h = newHarness(t)
+	h.mustSubsystem(subA, 16)
+	admin, cntlid = h.adminConnect("admin", hostA, subA, 2500)
+	io = h.ioConnect("io1", 1, hostA, subA, cntlid)
+	return h, admin, io, cntlid
+}
+
+// expiresBetween advances the fake clock from the host's last command on,
+// the host sending nothing more: the controller of qs (its admin queue
+// first) must still be alive after alive and be torn down by dead, every
+// queue with exactly one Disconnect for ErrKeepAliveExpired.
+func expiresBetween(t *testing.T, h *harness, alive, dead time.Duration, qs ...*tq) {
+	t.Helper()
+	h.clock.Advance(alive)
+	if qs[0].disconnected() != 0 {
+		t.Fatalf("torn down %v after the last command", alive)
+	}
+	h.clock.Advance(dead - alive)
 	ok := true
 	for _, q := range qs {
 		q.mu.Lock()
@@ -75,7 +75,9 @@ func expiredOnce(t *testing.T, qs ...*tq) bool {
 			ok = false
 		}
 	}
-	return ok
+	if !ok {
+		t.Fatalf("not torn down %v after the last command", dead)
+	}
 }
 
 // TestTrafficBasedKeepAlive: an I/O controller advertises TBKAS, and a
@@ -84,10 +86,7 @@ func expiredOnce(t *testing.T, qs ...*tq) bool {
 // commands stop, the controller expires no sooner than KATO after the
 // last one and no later than 2 × KATO.
 func TestTrafficBasedKeepAlive(t *testing.T) {
-	h := newHarness(t)
-	h.mustSubsystem(subA, 16)
-	admin, cntlid := h.adminConnect("admin", hostA, subA, 2500) // 3 s
-	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
+	h, admin, io, _ := kaController(t)
 
 	c := h.exec(admin, identifyCmd(nvme.CNSController, 0), make([]byte, nvme.IdentifySize))
 	var id nvme.IdentifyController
@@ -116,14 +115,7 @@ func TestTrafficBasedKeepAlive(t *testing.T) {
 	}
 
 	// The reads stop: alive for KATO at least, gone by 2 × KATO.
-	h.clock.Advance(2999 * time.Millisecond)
-	if admin.disconnected() != 0 {
-		t.Fatal("torn down less than KATO after the last command")
-	}
-	h.clock.Advance(3001 * time.Millisecond)
-	if !expiredOnce(t, admin, io) {
-		t.Fatal("not torn down 2 × KATO after the last command")
-	}
+	expiresBetween(t, h, 2999*time.Millisecond, 6*time.Second, admin, io)
 	if st := h.tgt.Stats(); st.KeepAliveExpired != 1 || st.Controllers != 0 {
 		t.Errorf("stats %+v", st)
 	}
@@ -133,18 +125,8 @@ func TestTrafficBasedKeepAlive(t *testing.T) {
 // its enable expires exactly KATO later: traffic-based keep-alive only
 // ever extends the timer for commands it saw.
 func TestKeepAliveNoTraffic(t *testing.T) {
-	h := newHarness(t)
-	h.mustSubsystem(subA, 16)
-	admin, cntlid := h.adminConnect("admin", hostA, subA, 2500) // 3 s
-	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
-	h.clock.Advance(2999 * time.Millisecond)
-	if admin.disconnected() != 0 {
-		t.Fatal("torn down before KATO")
-	}
-	h.clock.Advance(time.Millisecond)
-	if !expiredOnce(t, admin, io) {
-		t.Fatal("not torn down at KATO")
-	}
+	h, admin, io, _ := kaController(t)
+	expiresBetween(t, h, 2999*time.Millisecond, 3*time.Second, admin, io)
 	if st := h.tgt.Stats(); st.KeepAliveExpired != 1 || st.KeepAliveTraffic != 0 {
 		t.Errorf("stats %+v", st)
 	}
@@ -154,20 +136,10 @@ func TestKeepAliveNoTraffic(t *testing.T) {
 // whatever commands came before it: with traffic and then a last Keep
 // Alive, the controller expires KATO after that Keep Alive.
 func TestKeepAliveAfterTraffic(t *testing.T) {
-	h := newHarness(t)
-	h.mustSubsystem(subA, 16)
-	admin, cntlid := h.adminConnect("admin", hostA, subA, 2500) // 3 s
-	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
+	h, admin, io, _ := kaController(t)
 	h.clock.Advance(time.Second)
 	mustOK(t, h.exec(io, ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096)), "read")
 	h.clock.Advance(time.Second)
 	mustOK(t, h.exec(admin, adminCmd(nvme.AdminKeepAlive), nil), "keep alive")
-	h.clock.Advance(2999 * time.Millisecond)
-	if admin.disconnected() != 0 {
-		t.Fatal("torn down before KATO")
-	}
-	h.clock.Advance(time.Millisecond)
-	if !expiredOnce(t, admin, io) {
-		t.Fatal("not torn down KATO after the last Keep Alive")
-	}
+	expiresBetween(t, h, 2999*time.Millisecond, 3*time.Second, admin, io)
 }
