@@ -1,0 +1,110 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestVerbsConformance runs the rdma-core provider's own tests
+// (transport/verbs: the conformance suite of transport/transporttest and
+// its allocation guards) inside guests on the kernel's RDMA devices: Soft-RoCE
+// (rxe) and Soft-iWARP (siw), each on the guest's eth0, both ends of
+// every connection in the guest. The test binary is built on the host with
+// cgo against Debian's libibverbs and librdmacm (the same libraries the
+// guest has). BLK_E2E_VERBS_RUN narrows it (-test.run of the binary).
+// It runs when BLK_E2E_VERBS=1, until the provider passes and CI turns it
+// on.
+func TestVerbsConformance(t *testing.T) {
+	if env.skip != "" {
+		t.Skip(env.skip)
+	}
+	if os.Getenv("BLK_E2E_VERBS") != "1" {
+		t.Skip("the verbs provider's VM tests run with BLK_E2E_VERBS=1")
+	}
+	if _, err := os.Stat("../transport/verbs"); err != nil {
+		t.Skip("transport/verbs does not exist yet")
+	}
+	aptInstall(t, "libibverbs-dev", "librdmacm-dev", "pkg-config")
+	bin := filepath.Join(env.bin, "verbs.test")
+	build := exec.Command("go", "test", "-c", "-tags", "verbs", "-o", bin, "../transport/verbs/")
+	build.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the verbs provider's tests with cgo: %v\n%s", err, out)
+	}
+	args := ""
+	if r := os.Getenv("BLK_E2E_VERBS_RUN"); r != "" {
+		args = "-test.run=" + r
+	}
+	for _, kind := range []string{"rxe", "siw"} {
+		t.Run(kind, func(t *testing.T) {
+			s := newScenario(t)
+			s.copy(bin, "verbs.test")
+			s.setEnv("KIND", kind, "ARGS", args)
+			s.script("verbs.sh")
+			g := s.boot(vmConfig{name: kind, script: "verbs.sh", timeout: 20 * time.Minute})
+			<-g.done
+			summarizeGoTest(t, string(s.readShareOr("verbs-"+kind+".txt")))
+			s.wait(g)
+		})
+	}
+}
+
+var goTestResult = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): (\S+)`)
+
+// summarizeGoTest logs the go test verdicts of out, one line per kind.
+func summarizeGoTest(t *testing.T, out string) {
+	t.Helper()
+	byKind := map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if m := goTestResult.FindStringSubmatch(line); m != nil {
+			byKind[m[1]] = append(byKind[m[1]], m[2])
+		}
+	}
+	for _, k := range []string{"PASS", "SKIP", "FAIL"} {
+		if len(byKind[k]) > 0 {
+			t.Logf("%s (%d): %s", k, len(byKind[k]), strings.Join(byKind[k], " "))
+		}
+	}
+}
+
+// readShareOr reads a file the guest may have written; nil if it did not.
+func (s *scenario) readShareOr(name string) []byte {
+	b, _ := os.ReadFile(s.path(name))
+	return b
+}
+
+// aptInstall installs Debian packages on the host when they are missing.
+func aptInstall(t *testing.T, pkgs ...string) {
+	t.Helper()
+	var missing []string
+	for _, p := range pkgs {
+		if exec.Command("dpkg", "-s", p).Run() != nil {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	t.Logf("apt-get install %s", strings.Join(missing, " "))
+	inst := func() ([]byte, error) {
+		c := exec.Command("apt-get", append([]string{"install", "-y", "-q"}, missing...)...)
+		c.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		return c.CombinedOutput()
+	}
+	if _, err := inst(); err == nil {
+		return
+	}
+	if out, err := exec.Command("apt-get", "update", "-q").CombinedOutput(); err != nil {
+		t.Fatalf("apt-get update: %v\n%s", err, out)
+	}
+	if out, err := inst(); err != nil {
+		t.Fatalf("apt-get install %s: %v\n%s", strings.Join(missing, " "), err, out)
+	}
+}
