@@ -18,6 +18,7 @@ func TestImportGraph(t *testing.T) {
 		"soft":          {mod + "transport", mod + "transport/soft/wire"},
 		"soft/wire":     nil,
 		"transporttest": {mod + "transport"},
+		"providers":     {mod + "transport", mod + "transport/soft", mod + "transport/verbs"},
 	}
 	for dir, ok := range allowed {
 		pkg, err := build.ImportDir(dir, 0)

@@ -14,7 +14,8 @@ import (
 
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/initiator/nbd"
-	"github.com/blk-project/blk/transport/soft"
+	"github.com/blk-project/blk/transport"
+	"github.com/blk-project/blk/transport/providers"
 	"github.com/urfave/cli/v2"
 )
 
@@ -25,14 +26,15 @@ func attachCommand() *cli.Command {
 		UsageText: "blkctl attach VOLUME --host-nqn NQN [--nbd /dev/nbd0]\n\n" +
 			"Records the attachment and prints the address, port, subsystem NQN, namespace and transport\n" +
 			"(the node's advertised address where it has one) and the nvme connect command of a Linux host.\n" +
-			"With --nbd, blkctl also connects to the volume (NVMe-oF over soft-iWARP) and exposes the\n" +
+			"With --nbd, blkctl also connects to the volume (NVMe-oF over --rdma-provider, soft-iWARP by\n" +
+			"default) and exposes the\n" +
 			"namespace as a local block device through NBD; this needs the nbd kernel module (modprobe nbd)\n" +
 			"and root. It stays in the foreground until SIGINT/SIGTERM, then removes the device and the\n" +
 			"attachment. If the device cannot be set up, the attachment is undone.",
-		Flags: []cli.Flag{
+		Flags: append(providerFlags(),
 			&cli.StringFlag{Name: "host-nqn", Usage: "NQN of the host that attaches"},
 			&cli.StringFlag{Name: "nbd", Usage: "also expose the volume as this NBD `DEVICE` (needs the nbd kernel module)"},
-		},
+		),
 		Action: attachAction,
 	}
 }
@@ -93,11 +95,22 @@ func (e *env) printAttach(o attachOut) error {
 	return nil
 }
 
-// connect connects the initiator to a as host; the caller closes both.
-func connect(a attachment, host string, cfg initiator.Config) (*soft.Adapter, *initiator.Controller, *initiator.Namespace, error) {
-	nic, err := soft.New(soft.Config{})
+// providerFlags choose the initiator's transport provider.
+func providerFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "rdma-provider", EnvVars: []string{"BLK_RDMA_PROVIDER"}, Value: providers.Default,
+			Usage: "transport provider of the initiator: soft (iWARP over TCP) or verbs (an RDMA device through rdma-core; blkctl built with -tags verbs)"},
+		&cli.StringFlag{Name: "rdma-device", EnvVars: []string{"BLK_RDMA_DEVICE"}, Usage: "RDMA device of the verbs provider, e.g. rxe0 (default: the first)"},
+	}
+}
+
+// connect connects the initiator to a as host over the provider the
+// command's flags name; the caller closes both.
+func connect(c *cli.Context, a attachment, host string, cfg initiator.Config) (transport.Adapter, *initiator.Controller, *initiator.Namespace, error) {
+	prov, dev := c.String("rdma-provider"), c.String("rdma-device")
+	nic, err := providers.Open(prov, providers.Options{Device: dev})
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("start the soft-iWARP adapter: %v", err)
+		return nil, nil, nil, fmt.Errorf("--rdma-provider %s: %v", prov, err)
 	}
 	addr := net.JoinHostPort(a.Address, strconv.Itoa(a.Port))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -148,7 +161,7 @@ func attachAction(c *cli.Context) error {
 		}
 		return fmt.Errorf("%v (the attachment was undone)", cause)
 	}
-	nic, ctrl, ns, err := connect(at, host, initiator.Config{})
+	nic, ctrl, ns, err := connect(c, at, host, initiator.Config{})
 	if err != nil {
 		return undo(err)
 	}

@@ -27,9 +27,9 @@ func benchCommand() *cli.Command {
 		Name:  "bench",
 		Usage: "measure a volume's IOPS, throughput and latency through the initiator",
 		UsageText: "blkctl bench VOLUME --host-nqn NQN [--rw randread|randwrite|read|write] [--bs 4KiB] [--qd 32] [--time 10s | --ios N]\n\n" +
-			"Attaches the host (if it is not attached), connects over NVMe-oF (soft-iWARP), keeps --qd I/Os\n" +
+			"Attaches the host (if it is not attached), connects over NVMe-oF (--rdma-provider, soft-iWARP by default), keeps --qd I/Os\n" +
 			"in flight, and detaches at the end if it attached. Writes overwrite the volume's data.",
-		Flags: []cli.Flag{
+		Flags: append(providerFlags(),
 			&cli.StringFlag{Name: "host-nqn", Usage: "NQN of the host to connect as (must be allowed on the volume)"},
 			&cli.StringFlag{Name: "rw", Value: "randread", Usage: "pattern: randread, randwrite, read or write"},
 			&cli.StringFlag{Name: "bs", Value: "4KiB", Usage: "I/O size, a multiple of the volume's block size"},
@@ -37,7 +37,7 @@ func benchCommand() *cli.Command {
 			&cli.DurationFlag{Name: "time", Value: 10 * time.Second, Usage: "run this long (unless --ios ends it first)"},
 			&cli.Int64Flag{Name: "ios", Usage: "run this many I/Os (then --time only bounds the run if set explicitly)"},
 			&cli.BoolFlag{Name: "progress", Usage: "show the progress bar even when stderr is not a terminal"},
-		},
+		),
 		Action: benchAction,
 	}
 }
@@ -206,7 +206,7 @@ func benchAction(c *cli.Context) error {
 
 func runBench(e *env, c *cli.Context, vol, host string, at attachment, rw string, bs uint64, qd int, ios int64, dur time.Duration) (benchResult, error) {
 	depth := max(2*qd, 32)
-	nic, ctrl, ns, err := connect(at, host, initiator.Config{Queues: 1, QueueDepth: min(depth, 256)})
+	nic, ctrl, ns, err := connect(c, at, host, initiator.Config{Queues: 1, QueueDepth: min(depth, 256)})
 	if err != nil {
 		return benchResult{}, err
 	}

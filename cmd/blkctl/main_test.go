@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/blk-project/blk/internal/testport"
+	"github.com/blk-project/blk/transport/providers"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -311,6 +312,24 @@ func TestAttachNBDFailsCleanly(t *testing.T) {
 	// No attachment left: detach refuses and a plain delete succeeds.
 	fails(t, api, 1, `not attached`, "detach", "v", "--host-nqn", host)
 	ok(t, api, "volume", "delete", "v")
+}
+
+// TestProviderChoice: bench and attach --nbd open the provider their
+// flags name; one this binary lacks, or no provider at all, is refused
+// with what to do, and the attachment is undone.
+func TestProviderChoice(t *testing.T) {
+	api := startBlkd(t)
+	ok(t, api, "volume", "create", "v", "--size", "16MiB")
+	ok(t, api, "host", "allow", "v", host)
+	fails(t, api, 1, `--rdma-provider udp: providers: no such provider: "udp"`, "bench", "v", "--host-nqn", host, "--ios", "10", "--rdma-provider", "udp")
+	fails(t, api, 1, `not attached`, "detach", "v", "--host-nqn", host)
+	if providers.Check("verbs") != nil {
+		fails(t, api, 1, `--rdma-provider verbs: .*-tags verbs.*attachment was undone`, "attach", "v", "--host-nqn", host, "--nbd", "/dev/nbd0", "--rdma-provider", "verbs")
+	}
+	out := ok(t, api, "bench", "v", "--host-nqn", host, "--ios", "100", "--rdma-provider", "soft", "--rw", "randwrite")
+	if !strings.Contains(out, "IOPS") {
+		t.Fatalf("bench on soft:\n%s", out)
+	}
 }
 
 // TestClusterStatus prints the single member as the leader.

@@ -32,7 +32,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, node_id, raft_addr, nvme_addr, advertise_addr, api_addr, bootstrap, join, cores, log_format, log_level); flags and BLK_* variables override it"},
+			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, node_id, raft_addr, nvme_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level); flags and BLK_* variables override it"},
 			&cli.StringFlag{Name: "data-dir", EnvVars: []string{"BLK_DATA_DIR"}, Value: blkd.DefaultDataDir, Usage: "directory for the registry (meta/) and the volumes (volumes/)"},
 			&cli.StringFlag{Name: "node-id", EnvVars: []string{"BLK_NODE_ID"}, Value: blkd.DefaultNodeID, Usage: "this node's ID in the cluster, stable across restarts"},
 			&cli.StringFlag{Name: "raft-addr", EnvVars: []string{"BLK_RAFT_ADDR"}, Value: blkd.DefaultRaftAddr, Usage: "registry raft address, host:port"},
@@ -42,6 +42,8 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.BoolFlag{Name: "bootstrap", EnvVars: []string{"BLK_BOOTSTRAP"}, Value: true, Usage: "start a new single-node cluster if the data dir has no registry state"},
 			&cli.StringFlag{Name: "join", EnvVars: []string{"BLK_JOIN"}, Usage: "API address (host:port) of any cluster member: start without bootstrapping and ask the cluster to add this node"},
 			&cli.IntFlag{Name: "cores", EnvVars: []string{"BLK_CORES"}, Usage: "RDMA engine cores (0: all CPUs)"},
+			&cli.StringFlag{Name: "rdma-provider", EnvVars: []string{"BLK_RDMA_PROVIDER"}, Usage: "transport provider of the NVMe/RDMA port: soft (iWARP over TCP, the default) or verbs (an RDMA device through rdma-core; needs a blkd built with -tags verbs)"},
+			&cli.StringFlag{Name: "rdma-device", EnvVars: []string{"BLK_RDMA_DEVICE"}, Usage: "RDMA device of the verbs provider, e.g. rxe0 or mlx5_0 (default: the first)"},
 			&cli.StringFlag{Name: "log-format", EnvVars: []string{"BLK_LOG_FORMAT"}, Value: blkd.DefaultLogFormat, Usage: "event log on stderr (controllers, refused connects, connections): text or json"},
 			&cli.StringFlag{Name: "log-level", EnvVars: []string{"BLK_LOG_LEVEL"}, Value: blkd.DefaultLogLevel, Usage: "lowest event log level: debug, info, warn or error"},
 		},
@@ -85,6 +87,12 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 	if c.IsSet("bootstrap") || cfg.Bootstrap == nil {
 		b := c.Bool("bootstrap")
 		cfg.Bootstrap = &b
+	}
+	if c.IsSet("rdma-provider") {
+		cfg.RDMAProvider = c.String("rdma-provider")
+	}
+	if c.IsSet("rdma-device") {
+		cfg.RDMADevice = c.String("rdma-device")
 	}
 	if c.IsSet("cores") {
 		cfg.Cores = c.Int("cores")

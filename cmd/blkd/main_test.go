@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/transport/providers"
 	"github.com/blk-project/blk/transport/soft"
 )
 
@@ -482,7 +483,7 @@ func TestStartRefusals(t *testing.T) {
 	ports := func() []string {
 		return []string{"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", freeAddr(t)}
 	}
-	for _, tc := range []struct {
+	cases := []struct {
 		name string
 		args []string
 		want string
@@ -490,6 +491,8 @@ func TestStartRefusals(t *testing.T) {
 		{"unknown flag", []string{"--nope"}, `flag provided but not defined: -nope`},
 		{"argument", []string{"serve"}, `unexpected argument "serve"`},
 		{"negative cores", []string{"--cores", "-1"}, `--cores -1`},
+		{"unknown provider", []string{"--rdma-provider", "udp"}, `--rdma-provider: providers: no such provider: "udp" \(blk has \[soft verbs\]\)`},
+		{"soft with a device", append(ports(), "--data-dir", t.TempDir(), "--rdma-device", "rxe0"), `--rdma-device "rxe0".*the soft provider drives no device`},
 		{"bad address", []string{"--api-addr", "localhost"}, `--api-addr "localhost" is not host:port`},
 		{"join not host:port", []string{"--join", "10.0.0.1"}, `--join "10.0.0.1" is not the host:port`},
 		{"wildcard without advertise-addr", []string{"--nvme-addr", "0.0.0.0:4420"}, `--nvme-addr "0.0.0.0:4420" listens on every local address.*set --advertise-addr \(BLK_ADVERTISE_ADDR`},
@@ -501,7 +504,15 @@ func TestStartRefusals(t *testing.T) {
 		{"api port occupied", append(ports(), "--data-dir", t.TempDir(), "--api-addr", busy), `--api-addr.*` + regexp.QuoteMeta(busy) + `.*address already in use`},
 		{"nvme port occupied", append(ports(), "--data-dir", t.TempDir(), "--nvme-addr", busy), `--nvme-addr.*` + regexp.QuoteMeta(busy)},
 		{"raft port occupied", append(ports(), "--data-dir", t.TempDir(), "--raft-addr", busy), `--raft-addr.*` + regexp.QuoteMeta(busy)},
-	} {
+	}
+	if providers.Check("verbs") != nil {
+		cases = append(cases, struct {
+			name string
+			args []string
+			want string
+		}{"verbs not built", []string{"--rdma-provider", "verbs"}, `--rdma-provider: .*"verbs" is in builds with -tags verbs`})
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			out, code := runBlkd(t, tc.args...)
 			if code != 1 || !regexp.MustCompile(tc.want).MatchString(out) {

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/blk-project/blk/target/rdma"
+	"github.com/blk-project/blk/transport/providers"
 )
 
 // Config configures a Daemon. It round-trips through encoding/json (the
@@ -52,6 +53,13 @@ type Config struct {
 	// Cores is the RDMA port's per-core engine groups; 0 means the
 	// adapter's cores (the machine's CPUs).
 	Cores int `json:"cores"`
+	// RDMAProvider is the transport provider of the NVMe/RDMA port:
+	// "soft" (iWARP over TCP, pure Go; the default) or "verbs" (an RDMA
+	// device through rdma-core; blkd built with -tags verbs).
+	RDMAProvider string `json:"rdma_provider,omitempty"`
+	// RDMADevice is the provider's device ("rxe0", "mlx5_0"; verbs only);
+	// empty: the provider's choice.
+	RDMADevice string `json:"rdma_device,omitempty"`
 	// LogFormat is the format of the event log written to LogOutput:
 	// "text" (slog's key=value lines) or "json" (one object per line).
 	// Default "text".
@@ -131,6 +139,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --log-level %q: use debug, info, warn or error", ErrConfig, c.LogLevel)
 	}
 	switch {
+	case providers.Check(c.RDMAProvider) != nil:
+		return fmt.Errorf("%w: --rdma-provider: %v", ErrConfig, providers.Check(c.RDMAProvider))
 	case c.Cores < 0:
 		return fmt.Errorf("%w: --cores %d: must be 0 (all CPUs) or more", ErrConfig, c.Cores)
 	case len(c.NodeID) > 128:

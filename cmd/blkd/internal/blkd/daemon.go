@@ -20,7 +20,8 @@ import (
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/volume"
-	"github.com/blk-project/blk/transport/soft"
+	"github.com/blk-project/blk/transport"
+	"github.com/blk-project/blk/transport/providers"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -37,7 +38,7 @@ type Daemon struct {
 
 	node  *meta.Node
 	store *volume.Store
-	nic   *soft.Adapter
+	nic   transport.Adapter
 	tgt   *target.Target
 	port  *rdma.Port
 	reg   *metrics.Registry
@@ -88,9 +89,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, fmt.Errorf("volume store in %s: %w", filepath.Join(cfg.DataDir, "volumes"), err)
 	}
 
-	d.nic, err = soft.New(soft.Config{})
+	d.nic, err = providers.Open(cfg.RDMAProvider, providers.Options{Device: cfg.RDMADevice})
 	if err != nil {
-		return nil, fmt.Errorf("soft RDMA adapter: %w", err)
+		return nil, fmt.Errorf("RDMA adapter (--rdma-provider %q, --rdma-device %q): %w", cfg.RDMAProvider, cfg.RDMADevice, err)
 	}
 	rcfg := rdma.Config{Addr: cfg.NVMeAddr, AdvertiseAddr: cfg.AdvertiseAddr, Cores: cfg.Cores, Logger: d.log}
 	limits, err := rdma.Limits(d.nic.Info(), rcfg)
