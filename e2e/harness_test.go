@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -199,6 +200,28 @@ type vmConfig struct {
 	// user: QEMU's user-mode network on eth0 (the host's loopback is
 	// 10.0.2.2 in the guest), with these forwards, "127.0.0.1:HOST-:GUEST".
 	hostFwd []string
+	// link, if set, is eth1: a point-to-point link to another guest over
+	// a unix socket (QEMU's stream netdev); the guest's script sets it up
+	// with lib.sh's net_link (MTU 9000, BLK_LINK_IP).
+	link *vmLink
+}
+
+// vmLink is one end of a guest-to-guest link. The listening end boots
+// first; the other connects to its socket.
+type vmLink struct {
+	socket string // unix socket path
+	listen bool
+	ip     string // this end's address, a /24
+	mac    string // distinct on the link
+}
+
+// newLink returns the two ends of a link between guests, 192.168.77.1
+// (listening) and .2, on a socket in the share.
+func (s *scenario) newLink() (a, b *vmLink) {
+	sock := s.path("link.sock")
+	os.Remove(sock)
+	return &vmLink{socket: sock, listen: true, ip: "192.168.77.1", mac: "52:54:00:77:00:01"},
+		&vmLink{socket: sock, ip: "192.168.77.2", mac: "52:54:00:77:00:02"}
 }
 
 // vm is a running guest.
@@ -234,6 +257,18 @@ func (s *scenario) boot(cfg vmConfig) *vm {
 		"-append", fmt.Sprintf("console=ttyS0 panic=-1 quiet loglevel=4 blk.name=%s blk.script=%s", cfg.name, cfg.script),
 		"-virtfs", "local,path=" + s.share + ",mount_tag=share,security_model=none",
 		"-netdev", netdev, "-device", "virtio-net-pci,netdev=n0,romfile=",
+	}
+	if l := cfg.link; l != nil {
+		server := "off"
+		if l.listen {
+			server = "on"
+		} else {
+			s.waitSocket(l.socket)
+		}
+		args = append(args,
+			"-netdev", "stream,id=l0,server="+server+",addr.type=unix,addr.path="+l.socket,
+			"-device", "virtio-net-pci,netdev=l0,romfile=,mac="+l.mac)
+		args[slices.Index(args, "-append")+1] += " blk.linkip=" + l.ip
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
@@ -287,6 +322,19 @@ func (s *scenario) boot(cfg vmConfig) *vm {
 		}
 	})
 	return v
+}
+
+// waitSocket waits for a listening guest's link socket to exist.
+func (s *scenario) waitSocket(path string) {
+	s.t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("link socket %s not created within 30 s", path)
+		}
+	}
 }
 
 // wait waits for the guest to power off and fails the test unless its

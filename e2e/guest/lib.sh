@@ -12,6 +12,25 @@ net_user() {
 	ip route add default via 10.0.2.2
 }
 
+# net_link: eth1, the link to another guest (BLK_LINK_IP/24), MTU 9000:
+# rxe's RDMA MTU follows it (4096 rather than 1024).
+net_link() {
+	[ -n "$BLK_LINK_IP" ] || fail "this guest has no link (blk.linkip)"
+	ip link set eth1 mtu 9000 up
+	ip addr add "$BLK_LINK_IP/24" dev eth1
+}
+
+# rxe_up NETDEV: Soft-RoCE on NETDEV as rxe0.
+rxe_up() {
+	modprobe crc32_generic
+	modprobe crc32c_generic
+	modprobe rdma_rxe
+	modprobe rdma_ucm
+	modprobe ib_uverbs
+	rdma link add rxe0 type rxe netdev "$1" || fail "rdma link add rxe0 on $1"
+	log "$(rdma link show | tr '\n' ' ')"
+}
+
 # siw_up: Soft-iWARP on eth0 (built out of tree for this kernel).
 siw_up() {
 	modprobe crc32c_generic

@@ -5,11 +5,7 @@
 net_user
 case $KIND in
 rxe)
-	modprobe crc32_generic
-	modprobe crc32c_generic
-	modprobe rdma_rxe
-	modprobe rdma_ucm
-	rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0"
+	rxe_up eth0
 	dev=rxe0
 	;;
 siw)
