@@ -14,6 +14,16 @@
 // goroutine, pinned to its affinity where the provider can, and must not
 // block.
 //
+// The seam is split in two. The mandatory interfaces (Adapter, PD,
+// MemoryRegion, CQ, SRQ, QP, Listener, ConnRequest; transport.go) hold
+// what the consumers call — the Engine, target/rdma and the initiator —
+// so that a provider implements what it must and no more. Features no
+// consumer needs are optional interfaces found by type assertion on the
+// PD or QP (optional.go): FastRegisterPD and FastRegisterQP (fast
+// registration and local invalidate), MemoryWindowPD and BindQP (memory
+// windows), FlushQP (flush). A provider without one advertises none of it
+// in AdapterInfo (FRMRPageCount 0, FlagMemoryWindowsSupported clear).
+//
 // On top of the provider API sits the Engine (engine.go): one CQ per core,
 // one SRQ per core shared by the QPs placed there, a registered receive
 // buffer pool replenished from the SRQ threshold notification, QP placement

@@ -80,8 +80,6 @@ func (p *fakePD) RegisterMemory(buf []byte, access Access) (MemoryRegion, error)
 	p.mu.Unlock()
 	return m, nil
 }
-func (p *fakePD) AllocateMR(uint32) (MemoryRegion, error)   { return nil, ErrNotSupported }
-func (p *fakePD) CreateMemoryWindow() (MemoryWindow, error) { return nil, ErrNotSupported }
 
 func (p *fakePD) CreateQP(cfg QPConfig) (QP, error) {
 	if cfg.InitiatorQueueDepth > p.a.info.MaxInitiatorQueueDepth || cfg.InlineDataSize > p.a.info.MaxInlineDataSize {
@@ -318,20 +316,12 @@ func (q *fakeQP) SendInvalidate(any, []SGE, uint32, PostFlags) error {
 }
 func (q *fakeQP) Write(any, []SGE, uint64, uint32, PostFlags) error { return nil }
 func (q *fakeQP) Read(any, []SGE, uint64, uint32, PostFlags) error  { return nil }
-func (q *fakeQP) FastRegister(any, MemoryRegion, []byte, Access, PostFlags) (uint32, error) {
-	return 0, ErrNotSupported
-}
-func (q *fakeQP) Invalidate(any, MemoryRegion, PostFlags) error { return ErrNotSupported }
-func (q *fakeQP) Bind(any, MemoryRegion, MemoryWindow, []byte, Access, PostFlags) error {
-	return ErrNotSupported
-}
-func (q *fakeQP) Flush() error          { return nil }
-func (q *fakeQP) Disconnect() error     { return nil }
-func (q *fakeQP) Done() <-chan struct{} { return nil }
-func (q *fakeQP) Err() error            { return nil }
-func (q *fakeQP) LocalAddr() net.Addr   { return nil }
-func (q *fakeQP) RemoteAddr() net.Addr  { return nil }
-func (q *fakeQP) Close() error          { q.closed = true; return nil }
+func (q *fakeQP) Disconnect() error                                 { return nil }
+func (q *fakeQP) Done() <-chan struct{}                             { return nil }
+func (q *fakeQP) Err() error                                        { return nil }
+func (q *fakeQP) LocalAddr() net.Addr                               { return nil }
+func (q *fakeQP) RemoteAddr() net.Addr                              { return nil }
+func (q *fakeQP) Close() error                                      { q.closed = true; return nil }
 
 var (
 	_ Adapter = (*fakeAdapter)(nil)

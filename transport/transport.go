@@ -13,8 +13,11 @@ const (
 	// FlagCQInterruptModerationSupported is
 	// NDK_ADAPTER_FLAG_CQ_INTERRUPT_MODERATION_SUPPORTED (M9).
 	FlagCQInterruptModerationSupported AdapterFlags = 1 << iota
-	// FlagMemoryWindowsSupported says Bind works (a provider without it
-	// refuses Bind and CreateMemoryWindow with ErrNotSupported).
+	// FlagMemoryWindowsSupported says memory windows work: the PD is a
+	// MemoryWindowPD and the QPs are BindQPs that succeed. A provider
+	// without those interfaces never sets it; one with them that runs on
+	// an adapter without windows leaves it clear and refuses with
+	// ErrNotSupported.
 	FlagMemoryWindowsSupported
 	// FlagLoopbackConnectionsSupported says a QP may connect to a listener
 	// of the same adapter.
@@ -59,7 +62,9 @@ type AdapterInfo struct {
 	// MaxCallerData and MaxCalleeData are the most bytes of private data in
 	// a connect request and in an accept or reject.
 	MaxCallerData, MaxCalleeData uint32
-	// FRMRPageCount is the most pages a fast-registered region may span.
+	// FRMRPageCount is the most pages a fast-registered region may span;
+	// 0 means no fast registration (always 0 from a provider whose PD is
+	// not a FastRegisterPD or whose QPs are not FastRegisterQPs).
 	FRMRPageCount uint32
 	// Cores is the number of processors notifications can be pinned to.
 	Cores int
@@ -231,17 +236,13 @@ type Adapter interface {
 }
 
 // PD is a protection domain (NDK_PD). Memory, QPs and SRQs belong to one.
+// It holds what every consumer needs; fast registration and memory windows
+// are the optional FastRegisterPD and MemoryWindowPD.
 type PD interface {
 	// RegisterMemory registers buf (NDK_MR) with the given access; local
 	// write is implied for remote write. The region's keys are valid
 	// until it is closed.
 	RegisterMemory(buf []byte, access Access) (MemoryRegion, error)
-	// AllocateMR makes a region of at most maxLen bytes with no memory
-	// yet, to be bound per I/O with QP.FastRegister.
-	AllocateMR(maxLen uint32) (MemoryRegion, error)
-	// CreateMemoryWindow makes a memory window for QP.Bind
-	// (ErrNotSupported without FlagMemoryWindowsSupported).
-	CreateMemoryWindow() (MemoryWindow, error)
 	CreateQP(cfg QPConfig) (QP, error)
 	CreateSRQ(cfg SRQConfig) (SRQ, error)
 	Close() error
@@ -293,7 +294,9 @@ type SRQ interface {
 }
 
 // QP is a queue pair (NDK_QP). Post calls never block: past the queue's
-// depth they fail with ErrInsufficientResources (Q4).
+// depth they fail with ErrInsufficientResources (Q4). It holds what every
+// consumer needs; fast registration, memory window binds and flush are the
+// optional FastRegisterQP, BindQP and FlushQP.
 type QP interface {
 	Context() any
 	PostReceive(requestContext any, sges []SGE) error
@@ -305,14 +308,6 @@ type QP interface {
 	// region needs AccessRemoteWrite on iWARP (the response is a tagged
 	// write into it).
 	Read(requestContext any, sink []SGE, remoteAddr uint64, remoteKey uint32, flags PostFlags) error
-	// FastRegister binds buf to mr through the initiator queue and returns
-	// the new key the peer must use once the request has run.
-	FastRegister(requestContext any, mr MemoryRegion, buf []byte, access Access, flags PostFlags) (key uint32, err error)
-	// Invalidate invalidates a fast-registered key (local invalidate).
-	Invalidate(requestContext any, mr MemoryRegion, flags PostFlags) error
-	Bind(requestContext any, mr MemoryRegion, mw MemoryWindow, buf []byte, access Access, flags PostFlags) error
-	// Flush cancels every outstanding request (ErrCancelled).
-	Flush() error
 	// Disconnect ends the connection; outstanding requests complete with
 	// ErrCancelled.
 	Disconnect() error

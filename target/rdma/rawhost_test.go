@@ -55,7 +55,13 @@ func dialRaw(t testing.TB, addr string, cm nvme.RDMACMRequest) (*rawHost, error)
 	if h.data, err = h.pd.RegisterMemory(make([]byte, 1<<20), transport.AccessLocalWrite|transport.AccessRemoteRead|transport.AccessRemoteWrite); err != nil {
 		t.Fatal(err)
 	}
-	if h.frmr, err = h.pd.AllocateMR(1 << 20); err != nil {
+	// The raw host plays the Linux host, which fast-registers every
+	// command's data: it needs the optional fast-register interfaces.
+	fpd, ok := h.pd.(transport.FastRegisterPD)
+	if !ok {
+		t.Fatalf("raw host: the provider's PD is not a transport.FastRegisterPD")
+	}
+	if h.frmr, err = fpd.AllocateMR(1 << 20); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 64; i++ {
@@ -165,7 +171,11 @@ func (h *rawHost) keyed(off, n uint32) nvme.SGL {
 // Invalidate of that key.
 func (h *rawHost) fastKeyed(off, n uint32) nvme.SGL {
 	h.t.Helper()
-	key, err := h.qp.FastRegister("fr", h.frmr, h.data.Bytes()[off:off+n], transport.AccessRemoteRead|transport.AccessRemoteWrite, 0)
+	fqp, ok := h.qp.(transport.FastRegisterQP)
+	if !ok {
+		h.t.Fatal("raw host: the provider's QP is not a transport.FastRegisterQP")
+	}
+	key, err := fqp.FastRegister("fr", h.frmr, h.data.Bytes()[off:off+n], transport.AccessRemoteRead|transport.AccessRemoteWrite, 0)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -9,6 +9,17 @@ import (
 	"github.com/blk-project/blk/transport"
 )
 
+// The optional features the soft provider has: fast registration (its
+// AdapterInfo reports FRMRPageCount > 0) and flush. It has no memory
+// windows (transport.MemoryWindowPD, transport.BindQP): no consumer asks
+// for them, so FlagMemoryWindowsSupported is clear and a registration with
+// AccessMWBind is refused with ErrNotSupported.
+var (
+	_ transport.FastRegisterPD = (*pd)(nil)
+	_ transport.FastRegisterQP = (*qp)(nil)
+	_ transport.FlushQP        = (*qp)(nil)
+)
+
 // pd is a protection domain: the STag table of its memory regions. A
 // lookup is lock-free (an atomic snapshot of the table); registration
 // copies the table.
@@ -162,10 +173,6 @@ func (p *pd) AllocateMR(maxLen uint32) (transport.MemoryRegion, error) {
 		return nil, err
 	}
 	return m, nil
-}
-
-func (p *pd) CreateMemoryWindow() (transport.MemoryWindow, error) {
-	return nil, fmt.Errorf("soft: memory windows: %w", transport.ErrNotSupported)
 }
 
 func (p *pd) Close() error {

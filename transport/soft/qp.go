@@ -356,10 +356,6 @@ func (q *qp) Invalidate(ctx any, m transport.MemoryRegion, flags transport.PostF
 	})
 }
 
-func (q *qp) Bind(any, transport.MemoryRegion, transport.MemoryWindow, []byte, transport.Access, transport.PostFlags) error {
-	return fmt.Errorf("soft: memory windows: %w", transport.ErrNotSupported)
-}
-
 // Flush cancels every outstanding request; the connection ends.
 func (q *qp) Flush() error {
 	q.fail(transport.ErrCancelled)

@@ -624,33 +624,36 @@ func testPrivateDataLimits(t *T) {
 	})
 }
 
-// MemoryWindows: without FlagMemoryWindowsSupported, CreateMemoryWindow and
-// Bind return ErrNotSupported; with it, a bound window gives the peer
-// access through its key.
+// MemoryWindows: a provider without transport.MemoryWindowPD and
+// transport.BindQP clears FlagMemoryWindowsSupported (then the subtest
+// skips); one with them but on an adapter without the flag refuses
+// CreateMemoryWindow and Bind with ErrNotSupported; with the flag, a bound
+// window gives the peer access through its key.
 func testMemoryWindows(t *T) {
 	p := t.newPair(pairOpts{})
+	mpd, bqp := t.memoryWindowsOf(p.srv)
 	if p.srv.info.Flags&transport.FlagMemoryWindowsSupported == 0 {
 		mr := t.register(p.srv.pd, 8192, allAccess)
-		if mw, err := p.srv.pd.CreateMemoryWindow(); !errors.Is(err, transport.ErrNotSupported) {
+		if mw, err := mpd.CreateMemoryWindow(); !errors.Is(err, transport.ErrNotSupported) {
 			if mw != nil {
 				mw.Close()
 			}
 			t.Fatalf("CreateMemoryWindow without FlagMemoryWindowsSupported: %v, want ErrNotSupported", err)
 		}
-		if err := p.srv.qp.Bind("bind", mr, fakeMW{}, mr.Bytes()[:4096], transport.AccessRemoteRead, 0); !errors.Is(err, transport.ErrNotSupported) {
+		if err := bqp.Bind("bind", mr, fakeMW{}, mr.Bytes()[:4096], transport.AccessRemoteRead, 0); !errors.Is(err, transport.ErrNotSupported) {
 			t.Fatalf("Bind without FlagMemoryWindowsSupported: %v, want ErrNotSupported", err)
 		}
 		t.expectNoMore(p.srv.icq, "after a refused Bind")
 		return
 	}
 	mr := t.register(p.srv.pd, 8192, allAccess|transport.AccessMWBind)
-	mw, err := p.srv.pd.CreateMemoryWindow()
+	mw, err := mpd.CreateMemoryWindow()
 	if err != nil {
 		t.Fatalf("CreateMemoryWindow: %v", err)
 	}
 	t.Cleanup(func() { mw.Close() })
 	const off, n = 1024, 4096
-	if err := p.srv.qp.Bind("bind", mr, mw, mr.Bytes()[off:off+n], transport.AccessRemoteRead|transport.AccessRemoteWrite, 0); err != nil {
+	if err := bqp.Bind("bind", mr, mw, mr.Bytes()[off:off+n], transport.AccessRemoteRead|transport.AccessRemoteWrite, 0); err != nil {
 		t.Fatalf("Bind: %v", err)
 	}
 	t.checkOK(t.waitN(p.srv.icq, 1, "bind"), transport.OpBind, p.srv.tag, "bind")

@@ -19,6 +19,16 @@
 //		})
 //	}
 //
+// Optional features (transport/optional.go: fast registration, memory
+// windows, flush) are found by type assertion, as consumers find them.
+// Their subtests (FastRegisterAndInvalidate, SendInvalidate,
+// MemoryWindows, the optional parts of Q5) run in full on a provider that
+// has the interfaces. On one that lacks them, they check that the adapter
+// advertises none of the feature (FRMRPageCount 0,
+// FlagMemoryWindowsSupported clear), as an NDK adapter without the
+// capability must, and skip naming the missing interface; Q4 cancels its
+// deferred requests with Disconnect where there is no FlushQP.
+//
 // Everything random is drawn from one seed, printed at the start and in
 // every failure message; BLK_SEED=<n> replays a run.
 //

@@ -307,7 +307,8 @@ func testQ4(t *T) {
 
 	// Deterministically: requests posted with FlagDefer are not started
 	// (PostFlags contract), so they stay outstanding; one past the depth is
-	// refused. Flush then cancels every outstanding request.
+	// refused. Flush (or, from a provider without transport.FlushQP,
+	// Disconnect) then cancels every outstanding request.
 	for i := range id {
 		if err := p.cli.qp.Write(reqID{"defer", 0, i}, []transport.SGE{src.SGE(0, 64)}, dst.Addr(), dst.RKey(), transport.FlagDefer); err != nil {
 			t.Fatalf("deferred Write %d of %d on an empty initiator queue: %v", i+1, id, err)
@@ -317,20 +318,28 @@ func testQ4(t *T) {
 	if !errors.Is(err, transport.ErrInsufficientResources) {
 		t.Fatalf("Write past InitiatorQueueDepth %d with %d deferred (never started) requests outstanding: %v, want ErrInsufficientResources", id, id, err)
 	}
-	if err := p.cli.qp.Flush(); err != nil {
-		t.Fatalf("Flush: %v", err)
+	cancel := "Flush"
+	if fq, ok := p.cli.qp.(transport.FlushQP); ok {
+		if err := fq.Flush(); err != nil {
+			t.Fatalf("Flush: %v", err)
+		}
+	} else {
+		cancel = "Disconnect (the provider's QP is not a transport.FlushQP)"
+		if err := p.cli.qp.Disconnect(); err != nil {
+			t.Fatalf("Disconnect: %v", err)
+		}
 	}
-	for _, c := range t.waitN(p.cli.icq, id, "deferred writes after Flush") {
+	for _, c := range t.waitN(p.cli.icq, id, "deferred writes after "+cancel) {
 		if !errors.Is(c.Status, transport.ErrCancelled) || c.QPContext != any(p.cli.tag) {
-			t.Fatalf("deferred write %v after Flush: status %v, QP context %v; want ErrCancelled, %v", c.RequestContext, c.Status, c.QPContext, p.cli.tag)
+			t.Fatalf("deferred write %v after %s: status %v, QP context %v; want ErrCancelled, %v", c.RequestContext, cancel, c.Status, c.QPContext, p.cli.tag)
 		}
 	}
-	for _, c := range t.waitN(p.cli.rcq, rd, "receives after Flush") {
+	for _, c := range t.waitN(p.cli.rcq, rd, "receives after "+cancel) {
 		if !errors.Is(c.Status, transport.ErrCancelled) {
-			t.Fatalf("receive %v after Flush: %v, want ErrCancelled", c.RequestContext, c.Status)
+			t.Fatalf("receive %v after %s: %v, want ErrCancelled", c.RequestContext, cancel, c.Status)
 		}
 	}
-	t.expectNoMore(p.cli.icq, "after Flush")
+	t.expectNoMore(p.cli.icq, "after "+cancel)
 }
 
 // Q5. Receives complete on the receive CQ, initiator requests (send,
@@ -338,7 +347,6 @@ func testQ4(t *T) {
 // with its type.
 func testQ5(t *T) {
 	p := t.newPair(pairOpts{})
-	info := p.cli.info
 	cmr := t.register(p.cli.pd, 4096, allAccess)
 	smr := t.register(p.srv.pd, 4096, allAccess)
 	if err := p.cli.qp.PostReceive("recv", []transport.SGE{cmr.SGE(0, 64)}); err != nil {
@@ -357,24 +365,27 @@ func testQ5(t *T) {
 	post("send", transport.OpSend, q.Send("send", []transport.SGE{cmr.SGE(64, 64)}, 0))
 	post("write", transport.OpWrite, q.Write("write", []transport.SGE{cmr.SGE(128, 64)}, smr.Addr()+1024, smr.RKey(), 0))
 	post("read", transport.OpRead, q.Read("read", []transport.SGE{cmr.SGE(256, 64)}, smr.Addr()+2048, smr.RKey(), 0))
-	if info.FRMRPageCount > 0 {
-		fr, err := p.cli.pd.AllocateMR(4096)
+	// The optional requests are posted where the provider has them (a
+	// provider without one must advertise none of it: checked here).
+	if t.hasFastRegister(p.cli) {
+		fr, err := p.cli.pd.(transport.FastRegisterPD).AllocateMR(4096)
 		if err != nil {
 			t.Fatalf("AllocateMR: %v", err)
 		}
 		t.Cleanup(func() { fr.Close() })
-		_, err = q.FastRegister("fastreg", fr, make([]byte, 512), allAccess, transport.FlagAllowRemoteRead|transport.FlagAllowRemoteWrite)
+		fq := q.(transport.FastRegisterQP)
+		_, err = fq.FastRegister("fastreg", fr, make([]byte, 512), allAccess, transport.FlagAllowRemoteRead|transport.FlagAllowRemoteWrite)
 		post("fastreg", transport.OpFastRegister, err)
-		post("invalidate", transport.OpInvalidate, q.Invalidate("invalidate", fr, 0))
+		post("invalidate", transport.OpInvalidate, fq.Invalidate("invalidate", fr, 0))
 	}
-	if info.Flags&transport.FlagMemoryWindowsSupported != 0 {
-		mw, err := p.cli.pd.CreateMemoryWindow()
+	if t.hasMemoryWindows(p.cli) {
+		mw, err := p.cli.pd.(transport.MemoryWindowPD).CreateMemoryWindow()
 		if err != nil {
 			t.Fatalf("CreateMemoryWindow: %v", err)
 		}
 		t.Cleanup(func() { mw.Close() })
 		bmr := t.register(p.cli.pd, 4096, allAccess|transport.AccessMWBind)
-		post("bind", transport.OpBind, q.Bind("bind", bmr, mw, bmr.Bytes()[:1024], transport.AccessRemoteRead, 0))
+		post("bind", transport.OpBind, q.(transport.BindQP).Bind("bind", bmr, mw, bmr.Bytes()[:1024], transport.AccessRemoteRead, 0))
 	}
 	if err := p.srv.qp.Send("peer", []transport.SGE{smr.SGE(3072, 64)}, 0); err != nil {
 		t.Fatalf("server Send: %v", err)
