@@ -12,6 +12,10 @@ func init() {
 		if o.Device != "" {
 			return nil, fmt.Errorf("providers: the soft provider drives no device (got %q): it speaks iWARP over the host's TCP stack: %w", o.Device, transport.ErrInvalidParameter)
 		}
-		return soft.New(soft.Config{})
+		a, err := soft.New(soft.Config{})
+		if err != nil {
+			return nil, err // not a typed nil in the interface
+		}
+		return a, nil
 	})
 }
