@@ -31,13 +31,13 @@ rxe_up() {
 	log "$(rdma link show | tr '\n' ' ')"
 }
 
-# siw_up: Soft-iWARP on eth0 (built out of tree for this kernel).
+# siw_up [NETDEV]: Soft-iWARP on NETDEV (eth0) as siw0 (built out of tree for this kernel).
 siw_up() {
 	modprobe crc32c_generic
 	modprobe libcrc32c
 	modprobe siw
 	modprobe rdma_ucm
-	rdma link add siw0 type siw netdev eth0 || fail "rdma link add siw0"
+	rdma link add siw0 type siw netdev "${1:-eth0}" || fail "rdma link add siw0 on ${1:-eth0}"
 	log "$(rdma link show | tr '\n' ' ')"
 }
 
