@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -64,11 +65,13 @@ const (
 	// rdma_cm carries IRD/ORD in 8 bits.
 	maxReadLimit = 255
 	// Private data. iWARP (MPA) carries its length; Linux's iWARP CM takes
-	// at most 256 bytes of which MPA v2 uses 4. InfiniBand and RoCE CM
+	// at most 256 bytes with its own MPA v2 words: siw (6.1) as the active
+	// side refuses 252 and takes 248 (found by connecting with each length
+	// in a guest). InfiniBand and RoCE CM
 	// messages have fixed private data fields — REQ 92 bytes less rdma_cm's
 	// 36-byte header, REP 196, REJ 148 — padded with zeros; the provider
 	// keeps the length in a 2-byte trailer (see framePD).
-	iwarpPrivateData = 252
+	iwarpPrivateData = 248
 	ibReqField       = 56
 	ibRepField       = 196
 	ibRejField       = 148
@@ -122,6 +125,7 @@ func New(cfg Config) (*Adapter, error) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = transport.DefaultConnectTimeout
 	}
+	debugOn = os.Getenv("BLK_VERBS_DEBUG") != ""
 	name := cfg.Device
 	if name == "" && cfg.Addr != "" {
 		n, err := deviceOfAddr(cfg.Addr)
@@ -411,6 +415,7 @@ func (a *Adapter) asyncLoop() {
 }
 
 func (a *Adapter) asyncEvent(typ, qpn uint32, srqp, cqp uintptr) {
+	debugf("%s: async event %s qp %d", a.name, C.GoString(C.ibv_event_type_str(C.enum_ibv_event_type(typ))), qpn)
 	switch typ {
 	case C.IBV_EVENT_QP_FATAL, C.IBV_EVENT_QP_REQ_ERR:
 		if q := (*a.qps.Load())[qpn]; q != nil {
@@ -517,5 +522,18 @@ func errnoErr(e C.int) error {
 	}
 	return fmt.Errorf("%w: %v", transport.ErrInsufficientResources, en)
 }
+
+// debugf logs provider events to stderr when BLK_VERBS_DEBUG is set.
+var debugOn bool
+
+func debugf(format string, args ...any) {
+	if debugOn {
+		fmt.Fprintf(os.Stderr, "verbs: "+format+"\n", args...)
+	}
+}
+
+// siwVendorID is Soft-iWARP's vendor ID ("bmt"): siw (6.1) never signals
+// a solicited-only arm for a receive, so NotifySolicited is refused there.
+const siwVendorID = 0x626d74
 
 var errWrongAdapter = errors.New("verbs: object of another adapter or provider")

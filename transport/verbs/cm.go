@@ -97,6 +97,7 @@ func (c *cmChannel) run() {
 }
 
 func (c *cmChannel) dispatch(ev cmEvent) {
+	debugf("%s: cm event %s status %d id %p", c.a.name, eventName(ev.typ), ev.status, ev.id)
 	key := ev.id
 	if ev.typ == C.RDMA_CM_EVENT_CONNECT_REQUEST {
 		key = ev.listenID
@@ -315,11 +316,6 @@ func (a *Adapter) Connect(ctx context.Context, tq transport.QP, addr string, p t
 	if _, err := expect(C.RDMA_CM_EVENT_ROUTE_RESOLVED); err != nil {
 		return nil, err
 	}
-	if !a.iwarp {
-		if rc := C.blk_modify_qp_cm(id, q.hw, C.IBV_QPS_INIT, -1, -1); rc != 0 {
-			return nil, fmt.Errorf("verbs: QP to INIT: %w", errnoErr(rc))
-		}
-	}
 	pd := a.framePD(p.PrivateData, ibReqField)
 	cpd := cBytes(pd)
 	defer C.free(cpd)
@@ -336,6 +332,13 @@ func (a *Adapter) Connect(ctx context.Context, tq transport.QP, addr string, p t
 	}
 	switch ev.typ {
 	case C.RDMA_CM_EVENT_CONNECT_RESPONSE:
+		// INIT again now that the CM knows the peer's answer: before it,
+		// rdma_cm grants an active QP no remote access (as librdmacm does
+		// for QPs it owns, just before RTR).
+		if rc := C.blk_modify_qp_cm(id, q.hw, C.IBV_QPS_INIT, -1, -1); rc != 0 {
+			C.rdma_reject(id, nil, 0)
+			return nil, fmt.Errorf("verbs: QP to INIT: %w", errnoErr(rc))
+		}
 		if rc := C.blk_modify_qp_cm(id, q.hw, C.IBV_QPS_RTR, -1, -1); rc != 0 {
 			C.rdma_reject(id, nil, 0)
 			return nil, fmt.Errorf("verbs: QP to RTR: %w", errnoErr(rc))

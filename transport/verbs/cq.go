@@ -72,22 +72,29 @@ type cq struct {
 
 	credits atomic.Int64
 
-	mu       sync.Mutex
-	wcs      []C.struct_ibv_wc // pollChunk, C memory
-	stage    []C.struct_ibv_wc // stageCap ring, C memory
-	sHead    int
-	sLen     int
-	sw       []transport.Completion // provider-made completions
-	swHead   int
-	armed    bool
-	armType  transport.ArmType
-	fireNow  bool
-	closed   bool
-	overflow bool
-	noted    bool // overflow reported to the callback
-	refs     int
-	freed    bool
-	qps      map[*qp]struct{}
+	mu      sync.Mutex
+	wcs     []C.struct_ibv_wc // pollChunk, C memory
+	stage   []C.struct_ibv_wc // stageCap ring, C memory
+	sHead   int
+	sLen    int
+	sw      []transport.Completion // provider-made completions
+	swHead  int
+	armed   bool
+	armType transport.ArmType
+	fireNow bool
+	// The device's arm: hwArmed until its event is taken; hwAny when it
+	// was for any completion. noWatch: the error watch is off (a solicited
+	// arm was seen); watchFull: it waits for room in the staging ring.
+	hwArmed   bool
+	hwAny     bool
+	noWatch   bool
+	watchFull bool
+	closed    bool
+	overflow  bool
+	noted     bool // overflow reported to the callback
+	refs      int
+	freed     bool
+	qps       map[*qp]struct{}
 
 	modMu sync.Mutex
 
@@ -201,7 +208,14 @@ func (c *cq) Poll(out []transport.Completion) int {
 	if c.swHead == len(c.sw) && c.swHead > 0 {
 		c.sw, c.swHead = c.sw[:0], 0
 	}
+	wake := c.watchFull && c.sLen < stageCap
+	if wake {
+		c.watchFull = false
+	}
 	c.mu.Unlock()
+	if wake {
+		c.wake.wake()
+	}
 	return n
 }
 
@@ -213,6 +227,9 @@ func (c *cq) convert(wc *C.struct_ibv_wc, out *transport.Completion) bool {
 	kind, gen, slot := id>>62, uint32(id>>32)&genMask, uint32(id)
 	q := (*c.a.qps.Load())[uint32(wc.qp_num)]
 	status := wcStatus(wc.status)
+	if status != nil && debugOn {
+		debugf("%s: wc qp %d kind %d status %s (vendor %d)", c.a.name, uint32(wc.qp_num), kind, C.GoString(C.ibv_wc_status_str(wc.status)), uint32(wc.vendor_err))
+	}
 	switch kind {
 	case kindSend:
 		if q == nil || q.gen != gen {
@@ -323,6 +340,13 @@ func (c *cq) stageLocked(max int) int {
 		if got <= 0 {
 			break
 		}
+		for i := tail; i < tail+got; i++ {
+			if st := c.stage[i].status; st != C.IBV_WC_SUCCESS && st != C.IBV_WC_WR_FLUSH_ERR {
+				if q := (*c.a.qps.Load())[uint32(c.stage[i].qp_num)]; q != nil {
+					q.failAsync(wcStatus(st))
+				}
+			}
+		}
 		c.sLen += got
 		took += got
 		if got < k {
@@ -366,12 +390,20 @@ func (c *cq) Arm(t transport.ArmType) error {
 	case c.overflow:
 		return transport.ErrCQOverflow
 	}
-	solicited := C.int(0)
 	if t == transport.NotifySolicited {
-		solicited = 1
-	}
-	if rc := C.blk_req_notify_cq(c.hw, solicited); rc != 0 {
-		return fmt.Errorf("verbs: ibv_req_notify_cq: %w", errnoErr(rc))
+		if c.a.info.VendorID == siwVendorID {
+			return fmt.Errorf("verbs: %s (siw) does not signal solicited-only arms for receives: %w", c.a.name, transport.ErrNotSupported)
+		}
+		c.noWatch = true
+		if rc := C.blk_req_notify_cq(c.hw, 1); rc != 0 {
+			return fmt.Errorf("verbs: ibv_req_notify_cq: %w", errnoErr(rc))
+		}
+		c.hwArmed = true
+	} else if !c.hwArmed || !c.hwAny {
+		if rc := C.blk_req_notify_cq(c.hw, 0); rc != 0 {
+			return fmt.Errorf("verbs: ibv_req_notify_cq: %w", errnoErr(rc))
+		}
+		c.hwArmed, c.hwAny = true, true
 	}
 	c.armed, c.armType = true, t
 	var now bool
@@ -389,12 +421,26 @@ func (c *cq) Arm(t transport.ArmType) error {
 }
 
 // run is the notification goroutine.
+//
+// Besides the consumer's arms it keeps the device CQ armed itself and
+// stages what arrives (as far as the staging ring holds), because a verbs
+// QP that fails a request (RNR retries exhausted, a remote access error)
+// moves to the error state without any event but the failed completion,
+// and Done must close when the connection ends, polled or not. The watch
+// stops for good on a CQ once its consumer arms it for solicited
+// completions: the device cannot arm for "any" and "solicited" at once,
+// and a notification for a solicited arm must not come from an
+// unsolicited completion. The first device event after that first
+// solicited arm may still be the watch's own; it is taken as such.
 func (c *cq) run() {
 	defer close(c.done)
 	if c.affinity >= 0 {
 		pinThread(c.affinity)
 	}
 	fds := []unix.PollFd{{Fd: int32(c.ch.fd), Events: unix.POLLIN}, {Fd: int32(c.wake.fd), Events: unix.POLLIN}}
+	c.mu.Lock()
+	c.rearmLocked()
+	c.mu.Unlock()
 	for {
 		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
 			return
@@ -414,6 +460,13 @@ func (c *cq) run() {
 			}
 			return
 		}
+		stale := false
+		if hw {
+			stale = c.hwAny && c.armed && c.armType == transport.NotifySolicited
+			c.hwAny = false
+			c.hwArmed = false
+			c.stageLocked(stageCap)
+		}
 		var status error
 		fire := false
 		switch {
@@ -421,31 +474,56 @@ func (c *cq) run() {
 			c.noted = true
 			status, fire = transport.ErrCQOverflow, true
 			c.armed = false
-		case c.armed && c.fireNow:
+		case !c.armed:
+		case c.fireNow:
 			fire = true
-		case c.armed && hw:
+		case c.armType == transport.NotifySolicited:
+			fire = hw && !stale && c.presentLocked()
+		default:
 			fire = c.satisfiedLocked()
-			if !fire {
-				// The event was for completions already polled: arm the
-				// device again and look once more (closing the race with
-				// a completion that landed in between).
-				solicited := C.int(0)
-				if c.armType == transport.NotifySolicited {
-					solicited = 1
-				}
-				C.blk_req_notify_cq(c.hw, solicited)
-				fire = c.satisfiedLocked()
-			}
 		}
 		if fire {
 			c.armed = false
 		}
 		c.fireNow = false
+		c.rearmLocked()
+		if !fire && c.armed && c.armType != transport.NotifySolicited && c.satisfiedLocked() {
+			fire = true
+			c.armed = false
+		}
 		c.mu.Unlock()
 		if fire && c.notify != nil {
 			c.notify(c.nctx, status)
 		}
 	}
+}
+
+// rearmLocked arms the device for the next completion: solicited only for
+// a pending solicited arm, any otherwise (the error watch), unless the
+// staging ring is full (Poll wakes the goroutine when it has room again).
+// Completions that landed before the arm raise no event, so it stages
+// once more after arming. c.mu is held.
+func (c *cq) rearmLocked() {
+	if c.closed || c.freed || c.overflow || c.hwArmed {
+		return
+	}
+	if c.armed && c.armType == transport.NotifySolicited {
+		if C.blk_req_notify_cq(c.hw, 1) == 0 {
+			c.hwArmed = true
+		}
+		return
+	}
+	if c.noWatch && !c.armed {
+		return
+	}
+	if c.sLen == stageCap {
+		c.watchFull = true
+		return
+	}
+	if C.blk_req_notify_cq(c.hw, 0) == 0 {
+		c.hwArmed, c.hwAny = true, true
+	}
+	c.stageLocked(stageCap)
 }
 
 func (c *cq) satisfiedLocked() bool {

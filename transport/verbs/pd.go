@@ -114,6 +114,25 @@ func (p *pd) register(m *mr, access transport.Access) error {
 // lookup finds the region of a local key (nil: none in this PD).
 func (p *pd) lookup(lkey uint32) *mr { return (*p.mrs.Load())[lkey] }
 
+// checkSGEs refuses, at post time, SGEs that name no registered memory of
+// the PD (unknown key, or out of the region's bounds) with
+// ErrAccessViolation: the request never reaches the device, and the QP is
+// unharmed (a device would fail the request and the connection with it).
+// The inline path relies on it: it copies from the memory the SGEs name.
+func (p *pd) checkSGEs(sges []transport.SGE) error {
+	if len(sges) == 0 {
+		return nil
+	}
+	mrs := *p.mrs.Load()
+	for _, s := range sges {
+		m := mrs[s.LKey]
+		if m == nil || s.Addr < m.addr || s.Addr-m.addr+uint64(s.Length) > uint64(len(m.buf)) {
+			return fmt.Errorf("verbs: SGE (key %#x, %#x+%d) names no registered memory of the PD: %w", s.LKey, s.Addr, s.Length, transport.ErrAccessViolation)
+		}
+	}
+	return nil
+}
+
 func (p *pd) ref() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -290,6 +290,9 @@ func (q *qp) PostReceive(requestContext any, sges []transport.SGE) error {
 	case qpClosed:
 		return transport.ErrClosed
 	}
+	if err := q.pd.checkSGEs(sges); err != nil {
+		return err
+	}
 	if !q.rcq.reserve() {
 		return transport.ErrInsufficientResources
 	}
@@ -402,14 +405,8 @@ func (q *qp) post(ctx any, sges []transport.SGE, op transport.OpType, opcode uin
 	default:
 		return transport.ErrInvalidDeviceState
 	}
-	if inline {
-		// FlagInline: the SGEs must name registered memory of this PD.
-		for _, s := range sges {
-			m := q.pd.lookup(s.LKey)
-			if m == nil || s.Addr < m.addr || s.Addr-m.addr+uint64(s.Length) > uint64(len(m.buf)) {
-				return fmt.Errorf("verbs: inline SGE (key %#x, %#x+%d) names no registered memory of the PD: %w", s.LKey, s.Addr, s.Length, transport.ErrAccessViolation)
-			}
-		}
+	if err := q.pd.checkSGEs(sges); err != nil {
+		return err
 	}
 	if !q.icq.reserve() {
 		return transport.ErrInsufficientResources
@@ -574,11 +571,10 @@ func (q *qp) fail(err error) {
 	C.blk_modify_qp_err(q.hw)
 	q.flushDeferred()
 	q.cmMu.Lock()
-	id := q.id
-	q.cmMu.Unlock()
-	if id != nil && prev == qpConnected {
-		C.rdma_disconnect(id)
+	if q.id != nil && prev == qpConnected {
+		C.rdma_disconnect(q.id)
 	}
+	q.cmMu.Unlock()
 	close(q.done)
 }
 
@@ -615,14 +611,18 @@ func (q *qp) cmEvent(ev cmEvent) {
 		q.cmMu.Unlock()
 		return
 	}
-	id := q.id
-	q.cmMu.Unlock()
 	switch ev.typ {
 	case C.RDMA_CM_EVENT_DISCONNECTED, C.RDMA_CM_EVENT_DEVICE_REMOVAL:
 		// Answer the peer's disconnect request (InfiniBand DREP) and end.
-		C.rdma_disconnect(id)
+		// The id is used under cmMu: Close destroys it under the same lock.
+		if q.id != nil {
+			C.rdma_disconnect(q.id)
+		}
+		q.cmMu.Unlock()
 		go q.fail(transport.ErrDisconnected)
+		return
 	}
+	q.cmMu.Unlock()
 }
 
 // connected publishes a finished setup; an end that arrived meanwhile is
@@ -678,6 +678,9 @@ func (q *qp) Close() error {
 		q.id = nil
 		q.cmMu.Unlock()
 		if id != nil {
+			// Unregistered first: no event reaches the QP after this, and
+			// one being handled holds cmMu, which the nil id above waited
+			// for.
 			q.a.cm.unregister(id)
 			C.rdma_destroy_id(id)
 		}

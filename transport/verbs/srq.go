@@ -19,13 +19,16 @@ import (
 // srq is a shared receive queue.
 //
 // Queued (S3) is counted by the provider: receives posted minus receives
-// whose completions were polled. The threshold notification (S4) fires
-// once per arm, from whichever sees the crossing first: the device's SRQ
-// limit event (IBV_EVENT_SRQ_LIMIT_REACHED, armed with ibv_modify_srq at
-// the threshold: it fires when the device's queue falls below it, polled
-// or not), or Poll taking a receive that leaves Queued below the
-// threshold. Modify fires at once when Queued is already below. The
-// callback runs on the SRQ's own goroutine, pinned to its affinity.
+// whose completions were polled. The threshold notification (S4) is the
+// device's SRQ limit event (IBV_EVENT_SRQ_LIMIT_REACHED, armed with
+// ibv_modify_srq at the threshold: one event when the device's queue falls
+// below it, polled or not), read by the adapter's asynchronous event
+// goroutine. Modify fires at once when Queued is already below (the
+// device only signals a fall). A device that refuses the limit gets the
+// check in Poll instead (a receive polled that leaves Queued below the
+// threshold). The callback runs on the SRQ's own goroutine, pinned to its
+// affinity. One source only: a device event that arrives after a
+// notification from the other source could fire a later arm.
 //
 // The device queue is created with room for twice the depth (at least 64,
 // at most the device's limit), so that Modify can raise the depth without
@@ -42,6 +45,8 @@ type srq struct {
 	queued    atomic.Int64
 	threshold atomic.Uint32
 	armed     atomic.Bool
+	// swLimit: the device refused the limit event; Poll checks instead.
+	swLimit atomic.Bool
 
 	mu     sync.Mutex
 	wrs    []C.struct_ibv_recv_wr
@@ -133,6 +138,9 @@ func (s *srq) PostReceive(requestContext any, sges []transport.SGE) error {
 	if uint32(len(sges)) > s.maxSge {
 		return fmt.Errorf("verbs: %d SGEs > the SRQ's MaxSge %d: %w", len(sges), s.maxSge, transport.ErrInvalidParameter)
 	}
+	if err := s.pd.checkSGEs(sges); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -177,7 +185,7 @@ func (s *srq) consume(slot uint32) (any, bool) {
 	s.ctx[slot] = nil
 	s.free = append(s.free, slot)
 	s.mu.Unlock()
-	if n := s.queued.Add(-1); s.armed.Load() && n < int64(s.threshold.Load()) {
+	if n := s.queued.Add(-1); s.swLimit.Load() && s.armed.Load() && n < int64(s.threshold.Load()) {
 		s.fire()
 	}
 	return ctx, true
@@ -248,7 +256,10 @@ func (s *srq) Modify(depth, notifyThreshold uint32) error {
 	}
 	// The device's limit event; a device that refuses it leaves the check
 	// at poll time alone.
-	C.blk_modify_srq(s.hw, 0, C.uint32_t(notifyThreshold), C.IBV_SRQ_LIMIT)
+	if C.blk_modify_srq(s.hw, 0, C.uint32_t(notifyThreshold), C.IBV_SRQ_LIMIT) != 0 {
+		s.swLimit.Store(true)
+		debugf("%s: SRQ limit refused by the device; checking at poll time", s.a.name)
+	}
 	return nil
 }
 
