@@ -218,12 +218,12 @@ func (a *association) newQueue(ctx context.Context, qid uint16, depth, bufSize, 
 
 // postAdminReceives gives the admin QP its own receive buffers.
 func (q *queue) postAdminReceives(pd transport.PD, n int) error {
-	mem := make([]byte, n*responseSize)
-	mr, err := pd.RegisterMemory(mem, transport.AccessLocalWrite)
+	mr, err := pd.AllocateMemory(n*responseSize, transport.AccessLocalWrite)
 	if err != nil {
 		return fmt.Errorf("initiator: register admin receives: %w", err)
 	}
 	q.recvMR = mr
+	mem := mr.Bytes()
 	q.recvs = make([]recvSlot, n)
 	for i := range q.recvs {
 		r := &q.recvs[i]

@@ -494,6 +494,37 @@ func (c *Controller) teardown(a *association) {
 		}
 	}
 	a.wg.Wait()
+	c.releaseMemory(qs)
+}
+
+// memoryIdleTimeout bounds how long teardown waits for the slots of a
+// dead association to be given back before it leaks their memory
+// instead: a slot is held only while a submitter fills it or a completion
+// finishes it, both short and non-blocking, so reaching it is a bug.
+const memoryIdleTimeout = 10 * time.Second
+
+// releaseMemory gives the dead association's queue memory back to the
+// provider. It is provider-owned (PD.AllocateMemory): after Close any
+// access faults, so it goes back only when nothing can touch it. Every
+// queue is dead (a.fail), so handler calls that start now find it dead
+// and touch nothing, and a slot taken now is put back unfilled (take);
+// what remains is handler calls already running (Quiesce on every core)
+// and slots still held: being filled by a submitter, in flight until
+// failAll or submit completes them, or being finished (idle).
+func (c *Controller) releaseMemory(qs []*queue) {
+	for _, core := range c.eng.Cores() {
+		core.Quiesce()
+	}
+	deadline := time.Now().Add(memoryIdleTimeout)
+	for _, q := range qs {
+		for !q.idle() {
+			if time.Now().After(deadline) {
+				c.logf("queue %d: slots still held %v after the association ended: its memory is leaked, not freed under them", q.qid, memoryIdleTimeout)
+				return
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
 	for _, q := range qs {
 		if q.mr != nil {
 			q.mr.Close()

@@ -138,19 +138,21 @@ func monoNow() int64 { return int64(time.Since(epoch)) }
 
 var epoch = time.Now()
 
-// newQueueMemory builds the queue's slots over one registered region laid
+// initMemory builds the queue's slots over one registered region laid
 // out as [depth × 64-byte SQEs, padded to 4 KiB][depth × bufSize data].
-// The region is registered with remote read (the controller RDMA-READs
-// write data) and remote write (it RDMA-WRITEs read data) once, for the
-// life of the queue.
+// The region is provider-owned memory (PD.AllocateMemory), registered
+// with remote read (the controller RDMA-READs write data) and remote
+// write (it RDMA-WRITEs read data) once, for the life of the queue; it
+// is given back only when no slot is held (see releaseMemory).
 func (q *queue) initMemory(pd transport.PD) error {
 	sqeArea := (q.depth*nvme.SQESize + 4095) &^ 4095
-	q.mem = make([]byte, sqeArea+q.depth*q.bufSize)
-	mr, err := pd.RegisterMemory(q.mem, transport.AccessLocalWrite|transport.AccessRemoteRead|transport.AccessRemoteWrite)
+	size := sqeArea + q.depth*q.bufSize
+	mr, err := pd.AllocateMemory(size, transport.AccessLocalWrite|transport.AccessRemoteRead|transport.AccessRemoteWrite)
 	if err != nil {
-		return fmt.Errorf("register queue %d buffers (%d bytes): %w", q.qid, len(q.mem), err)
+		return fmt.Errorf("register queue %d buffers (%d bytes): %w", q.qid, size, err)
 	}
 	q.mr = mr
+	q.mem = mr.Bytes()
 	base, lkey, rkey := mr.Addr(), mr.LKey(), mr.RKey()
 	q.slots = make([]slot, q.depth)
 	q.free = make(chan uint16, q.depth)
@@ -184,12 +186,12 @@ func (q *queue) tryAcquire() *slot {
 func (q *queue) acquire(ctx context.Context) (*slot, error) {
 	select {
 	case tag := <-q.free:
-		return q.take(tag), nil
+		return q.taken(q.take(tag))
 	default:
 	}
 	select {
 	case tag := <-q.free:
-		return q.take(tag), nil
+		return q.taken(q.take(tag))
 	case <-q.a.done:
 		return nil, q.a.lostErr()
 	case <-ctx.Done():
@@ -197,12 +199,41 @@ func (q *queue) acquire(ctx context.Context) (*slot, error) {
 	}
 }
 
+// take takes slot tag off the free list, or returns nil when the queue
+// is dead: the slot is then never filled. Taking it (the CAS) before
+// looking at dead pairs with teardown, which marks the queue dead before
+// it waits for every slot to be free (releaseMemory): either this sees
+// dead, or teardown sees the slot held and waits for its release.
+// taken is acquire's answer for a slot take returned.
+func (q *queue) taken(s *slot) (*slot, error) {
+	if s == nil {
+		return nil, q.a.lostErr()
+	}
+	return s, nil
+}
+
 func (q *queue) take(tag uint16) *slot {
 	s := &q.slots[tag]
 	if !s.state.CompareAndSwap(slotFree, slotFilling) {
 		panic(fmt.Sprintf("initiator: queue %d slot %d on the free list in state %#x", q.qid, tag, s.state.Load()))
 	}
+	if q.dead.Load() {
+		s.state.Store(slotFree)
+		return nil
+	}
 	return s
+}
+
+// idle says whether no slot is held: none is being filled, in flight, or
+// being finished. Only meaningful once the queue is dead (no new slot is
+// taken then).
+func (q *queue) idle() bool {
+	for i := range q.slots {
+		if q.slots[i].state.Load() != slotFree {
+			return false
+		}
+	}
+	return true
 }
 
 // release returns a completed slot to the free list.

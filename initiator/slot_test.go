@@ -1,6 +1,7 @@
 package initiator
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync"
@@ -224,7 +225,11 @@ func TestSlotFailAll(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	r.sent(slots[1]) // half done
+	r.sent(slots[1])         // half done
+	held := r.q.tryAcquire() // taken before the failure, submitted after
+	if held == nil {
+		t.Fatal("no slot free after a completion")
+	}
 	cause := errors.New("cable cut")
 	r.a.fail(cause)
 	for i := 0; i < 3; i++ {
@@ -238,14 +243,24 @@ func TestSlotFailAll(t *testing.T) {
 	if len(done) != 0 {
 		t.Fatalf("%d extra completions", len(done))
 	}
-	s := r.q.tryAcquire()
-	if s == nil {
-		t.Fatal("no slot left")
+	// A dead queue hands out no slot: teardown gives its memory back once
+	// every slot is free, so none may be filled after it died.
+	if s := r.q.tryAcquire(); s != nil {
+		t.Fatalf("tryAcquire on a dead queue returned slot %d", s.tag)
 	}
-	flushCmd(&s.cmd, 1)
-	s.cb = done
-	if err := r.q.submit(s, nvme.DirNone, 0, 0); !errors.Is(err, cause) {
+	if _, err := r.q.acquire(context.Background()); !errors.Is(err, cause) {
+		t.Fatalf("acquire on a dead queue: %v", err)
+	}
+	if r.q.idle() {
+		t.Fatal("queue idle while a slot is held")
+	}
+	flushCmd(&held.cmd, 1)
+	held.cb = done
+	if err := r.q.submit(held, nvme.DirNone, 0, 0); !errors.Is(err, cause) {
 		t.Fatalf("submit on a dead queue: %v", err)
+	}
+	if !r.q.idle() {
+		t.Fatal("dead queue not idle after the last held slot was refused")
 	}
 }
 

@@ -24,6 +24,12 @@
 // windows), FlushQP (flush). A provider without one advertises none of it
 // in AdapterInfo (FRMRPageCount 0, FlagMemoryWindowsSupported clear).
 //
+// Registered memory comes two ways: PD.AllocateMemory returns memory the
+// provider owns (outside the Go heap where the device needs it; gone at the
+// region's Close), which every consumer here uses for buffers it allocates
+// only to register; PD.RegisterMemory registers memory the caller owns,
+// for providers that can register Go memory.
+//
 // On top of the provider API sits the Engine (engine.go): one CQ per core,
 // one SRQ per core shared by the QPs placed there, a registered receive
 // buffer pool replenished from the SRQ threshold notification, QP placement

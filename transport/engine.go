@@ -361,6 +361,10 @@ type Core struct {
 
 	// gate counts callbacks in flight; gateClosed is set by Close.
 	gate atomic.Int64
+	// handling is odd while the CQ notification (the one callback that
+	// calls the Handler) runs, and advances by two per notification:
+	// Quiesce waits on it.
+	handling atomic.Uint64
 
 	// Guarded by e.mu.
 	qps  map[QP]struct{}
@@ -430,8 +434,9 @@ func newCore(e *Engine, index, cpu int, h Handler, eh ErrorHandler, moderate boo
 	if err != nil {
 		return c, fmt.Errorf("create SRQ: %w", err)
 	}
-	mem := make([]byte, int(cfg.Buffers)*int(cfg.BufferSize))
-	c.mr, err = e.pd.RegisterMemory(mem, AccessLocalWrite)
+	// Provider-owned: the buffers live as long as the core (closed in
+	// close, after the QPs and the callbacks that hand them out).
+	c.mr, err = e.pd.AllocateMemory(int(cfg.Buffers)*int(cfg.BufferSize), AccessLocalWrite)
 	if err != nil {
 		return c, fmt.Errorf("register receive buffers: %w", err)
 	}
@@ -498,6 +503,24 @@ func (c *Core) CloseQP(qp QP) error {
 	return qp.Close()
 }
 
+// Quiesce returns once the Handler calls of this core that were running
+// when it was called have returned. Handler calls that start later see
+// whatever the caller stored before calling it. A consumer that closed a
+// QP calls it, after marking the QP's state dead, before giving back
+// memory that a completion still on the CQ could have led a running
+// Handler call to touch (Completions of a closed QP are still handed to
+// the Handler: see CloseQP). It never calls into the provider; it must
+// not be called from a Handler (it would wait for itself).
+func (c *Core) Quiesce() {
+	s := c.handling.Load()
+	if s&1 == 0 {
+		return
+	}
+	for c.handling.Load() == s {
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
 // notifyCQ and notifySRQ are the NotifyFuncs of every core: static
 // functions, so that no closure is created per core or per call.
 func notifyCQ(ctx any, status error)  { ctx.(*Core).cqNotified(status) }
@@ -530,6 +553,8 @@ func (c *Core) cqNotified(status error) {
 		return
 	}
 	defer c.exit()
+	c.handling.Add(1)
+	defer c.handling.Add(1)
 	if status != nil {
 		if !errors.Is(status, ErrClosed) {
 			c.cqFailed(status)

@@ -81,6 +81,10 @@ func (p *fakePD) RegisterMemory(buf []byte, access Access) (MemoryRegion, error)
 	return m, nil
 }
 
+func (p *fakePD) AllocateMemory(length int, access Access) (MemoryRegion, error) {
+	return p.RegisterMemory(make([]byte, length), access)
+}
+
 func (p *fakePD) CreateQP(cfg QPConfig) (QP, error) {
 	if cfg.InitiatorQueueDepth > p.a.info.MaxInitiatorQueueDepth || cfg.InlineDataSize > p.a.info.MaxInlineDataSize {
 		return nil, ErrInvalidParameter

@@ -239,9 +239,30 @@ type Adapter interface {
 // It holds what every consumer needs; fast registration and memory windows
 // are the optional FastRegisterPD and MemoryWindowPD.
 type PD interface {
-	// RegisterMemory registers buf (NDK_MR) with the given access; local
-	// write is implied for remote write. The region's keys are valid
-	// until it is closed.
+	// AllocateMemory allocates length bytes of zeroed, provider-owned
+	// memory and registers it (NDK_MR) with the given access; local write
+	// is implied for remote write. It is how a consumer gets memory it
+	// allocates only to register: the provider picks memory its device
+	// may access for as long as the region lives (outside the Go heap,
+	// which a collector may move or free and which must not be handed to
+	// C to keep: the soft provider maps anonymous memory, a verbs
+	// provider memory it can pin), so the safe thing is the easy one.
+	//
+	// Bytes() is that memory. It belongs to the region: Close gives it
+	// back (the soft provider unmaps it), and neither Bytes() nor any
+	// slice of it may be used after Close (a fault, not a stale read).
+	// Close a region only after the requests that name it completed or
+	// their QP is closed. A length of 0 or above MaxRegistrationSize is
+	// ErrInvalidParameter; running out is ErrInsufficientResources.
+	AllocateMemory(length int, access Access) (MemoryRegion, error)
+	// RegisterMemory registers buf, memory the caller owns (NDK_MR), with
+	// the given access; local write is implied for remote write. The
+	// region's keys are valid until it is closed, and the caller keeps
+	// buf alive and in place until then. It is for providers that can
+	// register Go memory (the soft provider); a provider whose device
+	// reads and writes memory by DMA may pin buf or refuse
+	// (ErrNotSupported), so consumers that allocate a buffer only to
+	// register it use AllocateMemory instead.
 	RegisterMemory(buf []byte, access Access) (MemoryRegion, error)
 	CreateQP(cfg QPConfig) (QP, error)
 	CreateSRQ(cfg SRQConfig) (SRQ, error)
@@ -255,7 +276,9 @@ type MemoryRegion interface {
 	RKey() uint32
 	// Addr is the virtual address of Bytes()[0] (0 while unbound).
 	Addr() uint64
-	// Bytes is the registered memory (nil while unbound).
+	// Bytes is the registered memory (nil while unbound). For a region
+	// from PD.AllocateMemory it is provider-owned and must not be used
+	// after Close.
 	Bytes() []byte
 	// SGE returns the entry for Bytes()[off:off+n].
 	SGE(off, n uint32) SGE

@@ -52,8 +52,10 @@ func (p *Port) createAdminQP(c *conn) (transport.QP, *coreState, error) {
 	}
 	cs := p.cores[core.Index()]
 	size := p.size.AdminBufferSize
-	mem := make([]byte, AdminQueueEntries*int(size))
-	mr, err := p.engine.PD().RegisterMemory(mem, transport.AccessLocalWrite)
+	// Provider-owned: closed in teardown once the queue has drained (or
+	// in destroy, when no command ever ran), never while a command's
+	// response may still be built in it.
+	mr, err := p.engine.PD().AllocateMemory(AdminQueueEntries*int(size), transport.AccessLocalWrite)
 	if err != nil {
 		core.CloseQP(qp)
 		return nil, nil, fmt.Errorf("register admin buffers: %w", err)
@@ -134,9 +136,7 @@ func (c *conn) teardown() {
 		// give their buffers back. The admin queue's buffers are freed
 		// once the last of them has.
 		<-c.q.Drained()
-		if c.amr != nil {
-			c.amr.Close()
-		}
+		c.closeAdminBuffers()
 	})
 }
 
@@ -145,7 +145,18 @@ func (c *conn) destroy() {
 	if err := c.core.core.CloseQP(c.qp); err != nil && !errors.Is(err, transport.ErrClosed) {
 		c.port.logf("rdma: close QP of queue %d: %v", c.qid, err)
 	}
-	if c.amr != nil {
-		c.amr.Close()
+	c.closeAdminBuffers()
+}
+
+// closeAdminBuffers gives the admin queue's receive buffers back to the
+// provider (they are provider-owned: unmapped, not garbage). The conn is
+// dead and its queue drained, so a completion of the closed QP still on
+// the CQ is only reclaimed; a Handler call that looked at the conn before
+// it died may still be reading a capsule, and Quiesce waits for it.
+func (c *conn) closeAdminBuffers() {
+	if c.amr == nil {
+		return
 	}
+	c.core.core.Quiesce()
+	c.amr.Close()
 }

@@ -36,11 +36,12 @@ func newPool(pd transport.PD, n, size uint32) (*pool, error) {
 	if n == 0 {
 		return p, nil
 	}
-	mem := make([]byte, int(n)*int(size))
 	// Remote write: an iWARP RDMA READ response is a tagged write into
 	// the sink. Remote read is not needed: the target only reads from
-	// the host and writes to it.
-	mr, err := pd.RegisterMemory(mem, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+	// the host and writes to it. Provider-owned memory: the pool is
+	// closed with the port, after every queue drained (Port.Close waits
+	// for each connection's teardown, which waits for Queue.Drained).
+	mr, err := pd.AllocateMemory(int(n)*int(size), transport.AccessLocalWrite|transport.AccessRemoteWrite)
 	if err != nil {
 		return nil, fmt.Errorf("register %d data buffers of %d bytes: %w", n, size, err)
 	}

@@ -20,6 +20,11 @@
 //     write and read response) or into the consumed receive (send).
 //   - PD: the STag table; a region's STag is its table index (24 bits) and
 //     an 8-bit key that fast-register changes and invalidation retires.
+//     AllocateMemory maps anonymous memory (golang.org/x/sys/unix, outside
+//     the Go heap) and Close unmaps it; the sender and receiver pin a
+//     provider-owned region while they move data through it, so a Close
+//     that races with a transfer refuses the key at once and unmaps when
+//     the transfer lets go (never under it).
 //
 // What this package must never do: panic or hang on bad input from the wire
 // (every violation becomes a Terminate and error completions), block a post

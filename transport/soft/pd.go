@@ -52,6 +52,20 @@ type mr struct {
 	access  transport.Access
 	buf     []byte
 	base    uint64
+
+	// Provider-owned memory (AllocateMemory): mapping is the whole
+	// mapping (buf rounded up to pages). pins counts the provider's
+	// goroutines moving data through buf right now (see pin); the
+	// mapping goes back when the region is closed and pins is 0, so a
+	// Close racing with a transfer never unmaps memory still in use.
+	owned   bool
+	mapping []byte
+	pins    int32
+	closed  bool
+	// backing is the provider-owned region a fast-registered binding
+	// lies in, pinned while the binding lasts (nil for Go memory): a
+	// transfer through this region pins it instead.
+	backing *mr
 }
 
 func addrOf(b []byte) uint64 {
@@ -118,26 +132,98 @@ const (
 	faultAccess
 )
 
-// resolve returns the n bytes at addr of the region named by stag if the
-// STag is valid and grants need.
+// resolve checks that the STag is valid and grants need for the n bytes
+// at addr, and returns them. The bytes may only be looked at while
+// nothing can close the region: use pin to move data through them.
 func (p *pd) resolve(stag uint32, addr uint64, n uint32, need transport.Access) ([]byte, accessFault) {
+	b, _, f := p.access(stag, addr, n, need, false)
+	return b, f
+}
+
+// pin is resolve for a transfer: when the region is provider-owned memory
+// it stays mapped (even if closed meanwhile) until the caller calls
+// unpin on the returned region; for other regions the returned region is
+// nil and there is nothing to release.
+func (p *pd) pin(stag uint32, addr uint64, n uint32, need transport.Access) ([]byte, *mr, accessFault) {
+	return p.access(stag, addr, n, need, true)
+}
+
+func (p *pd) access(stag uint32, addr uint64, n uint32, need transport.Access, pin bool) ([]byte, *mr, accessFault) {
 	m := p.lookup(stag)
 	if m == nil {
-		return nil, faultInvalidSTag
+		return nil, nil, faultInvalidSTag
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.valid || m.key != uint8(stag) {
-		return nil, faultInvalidSTag
+		return nil, nil, faultInvalidSTag
 	}
 	if m.access&need != need {
-		return nil, faultAccess
+		return nil, nil, faultAccess
 	}
 	if addr < m.base || addr-m.base > uint64(len(m.buf)) || uint64(len(m.buf))-(addr-m.base) < uint64(n) {
-		return nil, faultBounds
+		return nil, nil, faultBounds
 	}
 	off := addr - m.base
-	return m.buf[off : off+uint64(n) : off+uint64(n)], faultNone
+	b := m.buf[off : off+uint64(n) : off+uint64(n)]
+	switch {
+	case !pin:
+		return b, nil, faultNone
+	case m.owned:
+		m.pins++
+		return b, m, faultNone
+	case m.backing != nil:
+		o := m.backing
+		o.mu.Lock()
+		o.pins++
+		o.mu.Unlock()
+		return b, o, faultNone
+	}
+	return b, nil, faultNone
+}
+
+// ownerOf returns the open provider-owned region of p that holds all of
+// buf, pinned, or nil. For fast registration only (it scans the table).
+func (p *pd) ownerOf(buf []byte) *mr {
+	if len(buf) == 0 {
+		return nil
+	}
+	lo := addrOf(buf)
+	hi := lo + uint64(len(buf))
+	for _, o := range *p.table.Load() {
+		if o == nil || !o.owned {
+			continue
+		}
+		o.mu.Lock()
+		if !o.closed && lo >= o.base && hi <= o.base+uint64(len(o.buf)) {
+			o.pins++
+			o.mu.Unlock()
+			return o
+		}
+		o.mu.Unlock()
+	}
+	return nil
+}
+
+// unpin releases a pin; the last one of a closed region unmaps it. m may
+// be nil (nothing was pinned).
+func (m *mr) unpin() { m.unpinN(1) }
+
+// unpinN releases n pins.
+func (m *mr) unpinN(n int32) {
+	if m == nil || n == 0 {
+		return
+	}
+	m.mu.Lock()
+	m.pins -= n
+	var unmap []byte
+	if m.closed && m.pins == 0 {
+		unmap, m.mapping = m.mapping, nil
+	}
+	m.mu.Unlock()
+	if unmap != nil {
+		unmapMemory(unmap)
+	}
 }
 
 func (f accessFault) err() error {
@@ -159,6 +245,31 @@ func (p *pd) RegisterMemory(buf []byte, access transport.Access) (transport.Memo
 	}
 	m := &mr{pd: p, valid: true, access: access, buf: buf, base: addrOf(buf), key: 1}
 	if err := p.add(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// AllocateMemory maps zeroed anonymous memory (outside the Go heap,
+// rounded up to whole pages) and registers it; Close unmaps it.
+func (p *pd) AllocateMemory(length int, access transport.Access) (transport.MemoryRegion, error) {
+	if length <= 0 || uint64(length) > p.a.info.MaxRegistrationSize {
+		return nil, fmt.Errorf("soft: allocate %d bytes (max %d): %w", length, p.a.info.MaxRegistrationSize, transport.ErrInvalidParameter)
+	}
+	if access&transport.AccessMWBind != 0 {
+		return nil, fmt.Errorf("soft: memory windows: %w", transport.ErrNotSupported)
+	}
+	if access&transport.AccessRemoteWrite != 0 {
+		access |= transport.AccessLocalWrite
+	}
+	mapping, err := mapMemory(length)
+	if err != nil {
+		return nil, err
+	}
+	buf := mapping[:length:length]
+	m := &mr{pd: p, valid: true, access: access, buf: buf, base: addrOf(buf), key: 1, owned: true, mapping: mapping}
+	if err := p.add(m); err != nil {
+		unmapMemory(mapping)
 		return nil, err
 	}
 	return m, nil
@@ -210,11 +321,31 @@ func (m *mr) SGE(off, n uint32) transport.SGE {
 	return transport.SGE{Addr: m.base + uint64(off), Length: n, LKey: m.stag()}
 }
 
+// Close invalidates the region's keys; provider-owned memory is unmapped
+// at once, or by the last transfer still moving data through it (unpin).
 func (m *mr) Close() error {
 	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
 	m.valid = false
+	backing := m.backing
+	m.backing = nil
+	var unmap []byte
+	if m.owned {
+		m.buf = nil
+		if m.pins == 0 {
+			unmap, m.mapping = m.mapping, nil
+		}
+	}
 	m.mu.Unlock()
 	m.pd.remove(m)
+	if unmap != nil {
+		unmapMemory(unmap)
+	}
+	backing.unpin()
 	return nil
 }
 
@@ -231,24 +362,32 @@ func (m *mr) fastRegister(key uint32, buf []byte, access transport.Access) {
 	if access&transport.AccessRemoteWrite != 0 {
 		access |= transport.AccessLocalWrite
 	}
+	owner := m.pd.ownerOf(buf)
 	m.mu.Lock()
 	m.key = uint8(key)
 	m.buf = buf
 	m.base = addrOf(buf)
 	m.access = access
 	m.valid = true
+	old := m.backing
+	m.backing = owner
 	m.mu.Unlock()
+	old.unpin()
 }
 
 // invalidate retires key; it fails when the key is not the current one or
 // the region is not fast-registered.
 func (m *mr) invalidate(key uint32) bool {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if !m.frmr || m.key != uint8(key) {
+		m.mu.Unlock()
 		return false
 	}
 	m.valid = false
+	old := m.backing
+	m.backing = nil
+	m.mu.Unlock()
+	old.unpin()
 	return true
 }
 
@@ -256,5 +395,8 @@ func (m *mr) invalidate(key uint32) bool {
 func (m *mr) invalidateAny() {
 	m.mu.Lock()
 	m.valid = false
+	old := m.backing
+	m.backing = nil
 	m.mu.Unlock()
+	old.unpin()
 }

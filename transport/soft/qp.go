@@ -246,13 +246,14 @@ func (q *qp) enqueue(op transport.OpType, ctx any, sges []transport.SGE, flags t
 	w.inline = w.inline[:0]
 	if flags&transport.FlagInline != 0 {
 		for i := range sges {
-			b, f := q.pd.resolve(sges[i].LKey, sges[i].Addr, sges[i].Length, 0)
+			b, pm, f := q.pd.pin(sges[i].LKey, sges[i].Addr, sges[i].Length, 0)
 			if f != faultNone {
 				q.sqMu.Unlock()
 				q.outstanding.Add(-1)
 				return fmt.Errorf("soft: inline SGE %d: %w", i, f.err())
 			}
 			w.inline = append(w.inline, b...)
+			pm.unpin()
 		}
 	}
 	if fill != nil {

@@ -47,6 +47,7 @@ type rxState struct {
 	cur       recvWR
 	curActive bool
 	curBufs   [maxSge][]byte
+	curPins   [maxSge]*mr // provider-owned regions of curBufs, pinned until the receive completes
 	curN      int
 	curCap    uint32
 	curLen    uint32
@@ -231,11 +232,22 @@ func (q *qp) drainAfterDisconnect() {
 	}
 }
 
+// endCurrent ends the receive being filled: its memory is no longer
+// touched, so its pins go back.
+func (r *rxState) endCurrent() {
+	r.curActive = false
+	for i := range r.curPins {
+		r.curPins[i].unpin()
+		r.curPins[i] = nil
+		r.curBufs[i] = nil
+	}
+}
+
 // flushCurrent cancels the receive being filled when the QP fails.
 func (q *qp) flushCurrent() {
 	r := &q.rx
 	if r.curActive {
-		r.curActive = false
+		r.endCurrent()
 		q.complete(q.rcq, &transport.Completion{Status: transport.ErrCancelled, QPContext: q.ctx, RequestContext: r.cur.ctx, Type: transport.OpReceive}, false, nil)
 	}
 }
@@ -360,7 +372,8 @@ func (q *qp) placeTagged(h *wire.Header, plen int, crc uint32, tm *wire.Terminat
 	if plen == 0 {
 		return crc, nil, nil
 	}
-	dst, f := q.pd.resolve(h.STag, h.TO, uint32(plen), transport.AccessRemoteWrite)
+	dst, pm, f := q.pd.pin(h.STag, h.TO, uint32(plen), transport.AccessRemoteWrite)
+	defer pm.unpin()
 	if f != faultNone {
 		code := uint8(wire.DDPTaggedInvalidSTag)
 		if f == faultBounds {
@@ -410,16 +423,17 @@ func (q *qp) placeSend(h *wire.Header, plen int, crc uint32, tm *wire.Terminate)
 		r.curN = int(r.cur.n)
 		for i := 0; i < r.curN; i++ {
 			s := &r.cur.sges[i]
-			b, f := q.pd.resolve(s.LKey, s.Addr, s.Length, transport.AccessLocalWrite)
+			b, pm, f := q.pd.pin(s.LKey, s.Addr, s.Length, transport.AccessLocalWrite)
 			if f != faultNone {
 				// A local protection error on the receive: it completes
 				// with the error and the connection ends.
-				r.curActive = false
+				r.endCurrent()
 				q.complete(q.rcq, &transport.Completion{Status: transport.ErrAccessViolation, QPContext: q.ctx, RequestContext: r.cur.ctx, Type: transport.OpReceive}, false, nil)
 				*tm = wire.Terminate{Layer: wire.LayerRDMAP, EType: wire.RDMAPLocalCatastrophic, Code: wire.RDMAPCatastrophicStream}
 				return crc, tm, nil
 			}
 			r.curBufs[i] = b
+			r.curPins[i] = pm
 			r.curCap += s.Length
 		}
 	}
@@ -482,7 +496,7 @@ func (q *qp) afterFPDU(h *wire.Header) error {
 		q.wake() // a read beyond ORD may be waiting
 	case !h.Tagged && h.QN == wire.QNSend:
 		r.sendMSN++
-		r.curActive = false
+		r.endCurrent()
 		comp := transport.Completion{QPContext: q.ctx, RequestContext: r.cur.ctx, Bytes: r.curLen, Type: transport.OpReceive}
 		r.cur.ctx = nil
 		if r.curLong {

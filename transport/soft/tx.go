@@ -23,6 +23,35 @@ const (
 	txMaxIov = 512
 )
 
+// txPin is n pins of one provider-owned region.
+type txPin struct {
+	m *mr
+	n int32
+}
+
+// hold records a pin taken for the batch; m may be nil (nothing pinned).
+func (t *txState) hold(m *mr) {
+	if m == nil {
+		return
+	}
+	for i := range t.pins {
+		if t.pins[i].m == m {
+			t.pins[i].n++
+			return
+		}
+	}
+	t.pins = append(t.pins, txPin{m: m, n: 1})
+}
+
+// release gives back every pin of the batch.
+func (t *txState) release() {
+	for i := range t.pins {
+		t.pins[i].m.unpinN(t.pins[i].n)
+		t.pins[i] = txPin{}
+	}
+	t.pins = t.pins[:0]
+}
+
 // txState is owned by the sender goroutine.
 type txState struct {
 	buf      []byte // batch buffer; never reallocated
@@ -34,9 +63,14 @@ type txState struct {
 	readMSN  uint32
 	segs     [maxSge][]byte
 	rreq     [wire.ReadRequestLen]byte
-	copied   atomic.Uint64 // payload bytes copied into the batch buffer
-	writes   atomic.Uint64 // writev calls
-	fpdus    atomic.Uint64
+	// pins are the provider-owned regions the batch's iovecs reference,
+	// with how many pins each holds; released once the batch is written
+	// (or failed), so that a region closed meanwhile is unmapped only
+	// after the writev.
+	pins   []txPin
+	copied atomic.Uint64 // payload bytes copied into the batch buffer
+	writes atomic.Uint64 // writev calls
+	fpdus  atomic.Uint64
 }
 
 func (t *txState) init(q *qp) {
@@ -44,12 +78,14 @@ func (t *txState) init(q *qp) {
 	t.iovBack = make([][]byte, 0, txMaxIov+8)
 	t.iov = t.iovBack[:0]
 	t.comps = make([]pendingComp, 0, len(q.sq))
+	t.pins = make([]txPin, 0, 8)
 	t.sendMSN, t.readMSN = 1, 1
 }
 
 // sender drains the send queue and the inbound read queue into FPDUs.
 func (q *qp) sender() {
 	defer q.flushSQ()
+	defer q.tx.release()
 	if q.delay > 0 {
 		select {
 		case <-time.After(q.delay):
@@ -128,6 +164,7 @@ func (q *qp) flushTx() bool {
 		t.iov = t.iovBack[:0]
 		t.buf = t.buf[:0]
 		t.segStart = 0
+		t.release()
 		if err != nil {
 			for _, c := range t.comps {
 				q.completeSQ(c.op, c.ctx, 0, transport.ErrCancelled, false)
@@ -137,6 +174,7 @@ func (q *qp) flushTx() bool {
 			return false
 		}
 	}
+	t.release()
 	for i := range t.comps {
 		c := &t.comps[i]
 		q.completeSQ(c.op, c.ctx, c.bytes, nil, c.silent)
@@ -240,10 +278,11 @@ func (q *qp) resolveLocal(w *sendWR, need transport.Access) ([][]byte, bool) {
 	t := &q.tx
 	for i := 0; i < int(w.n); i++ {
 		s := &w.sges[i]
-		b, f := q.pd.resolve(s.LKey, s.Addr, s.Length, need)
+		b, pm, f := q.pd.pin(s.LKey, s.Addr, s.Length, need)
 		if f != faultNone {
 			return nil, false
 		}
+		t.hold(pm)
 		t.segs[i] = b
 	}
 	return t.segs[:w.n], true
@@ -333,7 +372,8 @@ func (q *qp) serveRead() bool {
 	q.irqN--
 	q.irqMu.Unlock()
 	t := &q.tx
-	src, f := q.pd.resolve(rr.SrcSTag, rr.SrcTO, rr.Size, transport.AccessRemoteRead)
+	src, pm, f := q.pd.pin(rr.SrcSTag, rr.SrcTO, rr.Size, transport.AccessRemoteRead)
+	t.hold(pm)
 	if f != faultNone {
 		var hdr [wire.UntaggedHeaderLen]byte
 		h := wire.Header{Opcode: wire.OpReadRequest, QN: wire.QNReadRequest, Last: true}

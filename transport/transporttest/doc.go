@@ -8,7 +8,8 @@
 // transport promises on top of the rules: data integrity of send, write and
 // read, send-with-invalidate, fast registration, inline sends, full queues,
 // protocol and access errors, disconnects, many QPs on one SRQ, connection
-// rejection and private data limits, memory windows and SRQ refill.
+// rejection and private data limits, memory windows, SRQ refill and
+// provider-owned memory (PD.AllocateMemory).
 //
 // A provider calls it from one test:
 //

@@ -69,6 +69,7 @@ var cases = []testCase{
 	{"PrivateDataLimits", testPrivateDataLimits},
 	{"MemoryWindows", testMemoryWindows},
 	{"SRQThresholdRefill", testSRQThresholdRefill},
+	{"AllocateMemory", testAllocateMemory},
 }
 
 // Run runs the conformance suite against the provider h describes. Each
