@@ -248,10 +248,9 @@ func (a *Adapter) query() error {
 	if a.maxReadSge == 0 {
 		a.maxReadSge = capAt(d.max_sge, maxSge)
 	}
-	flags := transport.FlagLoopbackConnectionsSupported
-	if a.modCount > 0 && a.modPeriod > 0 {
-		flags |= transport.FlagCQInterruptModerationSupported
-	}
+	// Moderation: ibv_modify_cq where the device has it, in software on
+	// the notification path where not (cq.ControlInterruptModeration).
+	flags := transport.FlagLoopbackConnectionsSupported | transport.FlagCQInterruptModerationSupported
 	if a.ctx.num_comp_vectors > 1 {
 		flags |= transport.FlagMultiEngineSupported
 	}
@@ -298,6 +297,11 @@ func (a *Adapter) query() error {
 
 // Info reports the adapter's limits.
 func (a *Adapter) Info() transport.AdapterInfo { return a.info }
+
+// HardwareModeration says whether the device moderates CQ events itself
+// (ibv_modify_cq; moderation capabilities above 0/0). Without it the
+// provider moderates notifications in software.
+func (a *Adapter) HardwareModeration() bool { return a.modCount > 0 && a.modPeriod > 0 }
 
 // DeviceName is the name of the opened device.
 func (a *Adapter) DeviceName() string { return a.name }

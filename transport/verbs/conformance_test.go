@@ -55,15 +55,3 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestPrivateDataProbe (temporary) finds the longest private data the
-// device's connection manager carries on connect and accept.
-func TestPrivateDataProbe(t *testing.T) {
-	dev, addr := device(t)
-	for _, n := range []int{252, 248, 244, 240, 236, 232, 224, 196} {
-		srvA, cliA := open(t, dev), open(t, dev)
-		ok := probeOnce(t, srvA, cliA, addr, n)
-		t.Logf("private data %d bytes: %v", n, ok)
-		srvA.Close()
-		cliA.Close()
-	}
-}

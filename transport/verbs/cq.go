@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/blk-project/blk/transport"
@@ -85,7 +86,9 @@ type cq struct {
 	// The device's arm: hwArmed until its event is taken; hwAny when it
 	// was for any completion. noWatch: the error watch is off (a solicited
 	// arm was seen); watchFull: it waits for room in the staging ring.
-	hwArmed   bool
+	hwArmed bool
+	// deadline: when a moderated notification is due (zero: none).
+	deadline  time.Time
 	hwAny     bool
 	noWatch   bool
 	watchFull bool
@@ -97,6 +100,9 @@ type cq struct {
 	qps       map[*qp]struct{}
 
 	modMu sync.Mutex
+	// mod is the software moderation setting, interval<<32 | count, the
+	// newest one (M11), read by the notification goroutine.
+	mod atomic.Uint64
 
 	wake waker
 	done chan struct{}
@@ -406,6 +412,7 @@ func (c *cq) Arm(t transport.ArmType) error {
 		c.hwArmed, c.hwAny = true, true
 	}
 	c.armed, c.armType = true, t
+	c.deadline = time.Time{}
 	var now bool
 	switch t {
 	case transport.NotifyAny:
@@ -438,11 +445,20 @@ func (c *cq) run() {
 		pinThread(c.affinity)
 	}
 	fds := []unix.PollFd{{Fd: int32(c.ch.fd), Events: unix.POLLIN}, {Fd: int32(c.wake.fd), Events: unix.POLLIN}}
+	var ts unix.Timespec
 	c.mu.Lock()
 	c.rearmLocked()
+	var due time.Time
 	c.mu.Unlock()
 	for {
-		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+		var err error
+		if due.IsZero() {
+			_, err = unix.Ppoll(fds, nil, nil)
+		} else {
+			ts = unix.NsecToTimespec(int64(max(time.Until(due), 0)))
+			_, err = unix.Ppoll(fds, &ts, nil)
+		}
+		if err != nil && err != unix.EINTR {
 			return
 		}
 		hw := false
@@ -469,33 +485,72 @@ func (c *cq) run() {
 		}
 		var status error
 		fire := false
-		switch {
-		case c.overflow && !c.noted:
+		if c.overflow && !c.noted {
 			c.noted = true
 			status, fire = transport.ErrCQOverflow, true
-			c.armed = false
-		case !c.armed:
-		case c.fireNow:
-			fire = true
-		case c.armType == transport.NotifySolicited:
-			fire = hw && !stale && c.presentLocked()
-		default:
-			fire = c.satisfiedLocked()
-		}
-		if fire {
-			c.armed = false
+		} else {
+			fire = c.decideLocked(hw, stale)
 		}
 		c.fireNow = false
 		c.rearmLocked()
-		if !fire && c.armed && c.armType != transport.NotifySolicited && c.satisfiedLocked() {
-			fire = true
-			c.armed = false
+		if !fire && c.armed && c.armType != transport.NotifySolicited {
+			fire = c.decideLocked(false, false)
 		}
+		if fire {
+			c.armed = false
+			c.deadline = time.Time{}
+		}
+		due = c.deadline
 		c.mu.Unlock()
 		if fire && c.notify != nil {
 			c.notify(c.nctx, status)
 		}
 	}
+}
+
+// decideLocked says whether the pending arm is satisfied now, within the
+// moderation setting. c.mu is held.
+func (c *cq) decideLocked(hw, stale bool) bool {
+	if !c.armed {
+		return false
+	}
+	switch c.armType {
+	case transport.NotifySolicited:
+		return hw && !stale && c.presentLocked()
+	case transport.NotifyErrors:
+		return c.fireNow || c.errorPresentLocked()
+	}
+	if c.deadline.IsZero() && !c.fireNow && !c.presentLocked() {
+		return false
+	}
+	c.stageLocked(stageCap)
+	return c.moderateLocked(time.Now())
+}
+
+// moderateLocked applies software moderation to a satisfied NotifyAny arm
+// (M1–M7): notify when count completions are on the CQ (or the staging
+// ring, which is all the provider can count without polling for the
+// consumer, is full), or interval µs after the arm was first satisfied.
+// c.mu is held.
+func (c *cq) moderateLocked(now time.Time) bool {
+	m := c.mod.Load()
+	interval, count := uint32(m>>32), uint32(m)
+	if interval == 0 || count <= 1 {
+		return true // M2, M6: no moderation
+	}
+	if count != transport.MaxUint32 { // M7: count MAX leaves the interval alone
+		if n := c.sLen + len(c.sw) - c.swHead; n >= int(count) || c.sLen == stageCap {
+			return true
+		}
+	}
+	if interval == transport.MaxUint32 {
+		return false // M3: the count alone
+	}
+	if c.deadline.IsZero() {
+		c.deadline = now.Add(time.Duration(interval) * time.Microsecond)
+		return false
+	}
+	return !now.Before(c.deadline)
 }
 
 // rearmLocked arms the device for the next completion: solicited only for
@@ -552,20 +607,31 @@ func (c *cq) overrun() {
 	}
 }
 
-// ControlInterruptModeration sets moderation (M1–M13) through
-// ibv_modify_cq on devices that report moderation capabilities; the
-// others (rxe, siw: caps 0/0) do not set
-// FlagCQInterruptModerationSupported and answer ErrNotSupported (M9).
+// ControlInterruptModeration sets moderation (M1–M13). On a device that
+// reports CQ moderation capabilities it is ibv_modify_cq (the device
+// defers its completion events). rxe and siw report none (caps 0/0,
+// ibv_modify_cq answers EOPNOTSUPP), so the provider moderates in software
+// on the notification path: the notification goroutine defers the
+// callback of a satisfied NotifyAny arm until count completions are on
+// the CQ or interval µs passed (see moderateLocked); device events still
+// wake that goroutine per completion, the consumer is woken once per
+// batch. Either way FlagCQInterruptModerationSupported is set and the call
+// never answers ErrNotSupported (M9); HardwareModeration says which.
+// The setting is published atomically (M11: the newest wins, applied at
+// the goroutine's next decision, which the call triggers), never pends
+// (M12) and needs no lock (M13).
 func (c *cq) ControlInterruptModeration(interval, count uint32) error {
 	a := c.a
-	if a.modCount == 0 || a.modPeriod == 0 {
-		return fmt.Errorf("verbs: %s has no CQ moderation: %w", a.name, transport.ErrNotSupported)
-	}
 	if interval == transport.MaxUint32 && count == transport.MaxUint32 {
 		return fmt.Errorf("verbs: interval and count both MAX: %w", transport.ErrInvalidParameterMix)
 	}
 	if count != transport.MaxUint32 && count > c.depth {
 		return fmt.Errorf("verbs: moderation count %d > CQ depth %d: %w", count, c.depth, transport.ErrInvalidParameterMix)
+	}
+	if !a.HardwareModeration() {
+		c.mod.Store(uint64(interval)<<32 | uint64(count))
+		c.wake.wake()
+		return nil
 	}
 	c.modMu.Lock()
 	defer c.modMu.Unlock()
