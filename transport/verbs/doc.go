@@ -20,18 +20,47 @@
 //     reading the adapter's rdma_cm event channel.
 //   - CQ: an ibv_cq with its own completion channel and one notification
 //     goroutine that waits on the channel's fd (and an eventfd for the
-//     provider's own wake-ups) with poll(2), pinned to the CQ's affinity;
+//     provider's own wake-ups) with ppoll(2), pinned to the CQ's affinity;
 //     arming follows NDK (one-shot, completions already there satisfy it).
+//     Moderation is ibv_modify_cq where the device has it and software on
+//     the notification path where not (rxe, siw).
 //   - QP: an RC ibv_qp created in the caller's PD and moved to RTS by the
 //     provider with the attributes rdma_cm computes; request contexts live
 //     in per-queue slot tables indexed by the 64-bit wr_id, work requests
 //     in C memory preallocated per slot, so a post allocates nothing.
-//   - SRQ: an ibv_srq; its threshold notification (S4) is the hardware
-//     limit event (IBV_EVENT_SRQ_LIMIT_REACHED) plus an exact check when a
-//     receive it supplied is polled.
-//   - MemoryRegion: the caller's []byte, pinned with runtime.Pinner for the
-//     region's lifetime (so C and the device may keep its address) and
-//     registered in place: Bytes() is the caller's slice.
+//   - SRQ: an ibv_srq; its threshold notification (S4) is the device's
+//     limit event (IBV_EVENT_SRQ_LIMIT_REACHED).
+//   - MemoryRegion: from PD.AllocateMemory, anonymous memory the provider
+//     maps (outside the Go heap); from PD.RegisterMemory, the caller's
+//     []byte pinned with runtime.Pinner for the region's lifetime (so C
+//     and the device may keep its address) and registered in place.
+//
+// What the devices cannot do, and what the provider answers (the rest of
+// the conformance suite passes on rxe and siw):
+//
+//   - Fast registration: userspace verbs has no fast-register work
+//     request, so the provider does not implement transport.FastRegisterPD
+//     and FastRegisterQP and reports FRMRPageCount 0.
+//   - Memory windows: siw has none; the provider implements no
+//     MemoryWindowPD/BindQP on any device and leaves
+//     FlagMemoryWindowsSupported clear.
+//   - Interrupt moderation: rxe and siw report caps 0/0 (ibv_modify_cq is
+//     EOPNOTSUPP); the provider moderates in software, sets
+//     FlagCQInterruptModerationSupported and never answers ErrNotSupported
+//     (M9). Adapter.HardwareModeration tells the two apart.
+//   - Solicited-only arms on siw: siw (6.1) never signals one for a
+//     receive, so Arm(NotifySolicited) answers ErrNotSupported there.
+//   - A peer's Terminate on siw: the initiator of a request the peer
+//     refused (an RDMA read or write through a wrong key, out of bounds or
+//     without the right) is not told why: siw flushes the request
+//     (ErrCancelled) and the connection ends as a disconnect
+//     (ErrDisconnected); the peer gets the device's access-error event and
+//     ends with ErrAccessViolation. On rxe the initiator gets
+//     ErrAccessViolation as the API promises.
+//   - Private data on InfiniBand/RoCE travels in fixed-size CM fields: the
+//     provider keeps the length in a two-byte trailer (cm.go), which leaves
+//     54 bytes for a connect and 146 for an accept or reject; siw takes
+//     248 on either.
 //
 // What this package must never do: hand the device Go memory that is not
 // pinned, allocate per post or per completion, block in a post call, or
