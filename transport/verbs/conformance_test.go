@@ -54,4 +54,3 @@ func TestConformance(t *testing.T) {
 		ListenAddr: net.JoinHostPort(addr, "0"),
 	})
 }
-
