@@ -68,7 +68,11 @@ func (s *scenario) pair(bins string, kv ...string) {
 	s.script("storage.sh")
 	s.script("host.sh")
 	la, lb := s.newLink()
-	st := s.boot(vmConfig{name: "storage", script: "storage.sh", timeout: 12 * time.Minute, link: la})
+	// The storage guest's volumes live in its tmpfs /tmp (half its
+	// memory): 1.5 GiB leaves room for pebble's WAL and memtables beside
+	// 192 MiB of volumes. (At 1 GiB a run filled it: pebble panics on
+	// ENOSPC, issue 11.)
+	st := s.boot(vmConfig{name: "storage", script: "storage.sh", timeout: 12 * time.Minute, link: la, memMiB: 1536})
 	h := s.boot(vmConfig{name: "host", script: "host.sh", timeout: 12 * time.Minute, link: lb})
 	s.wait(h)
 	s.wait(st)

@@ -1,6 +1,6 @@
 # The storage guest of the verbs scenarios: on the link (192.168.77.1) it
 # brings up DEVKIND (rxe, siw, or none for the soft provider) and serves
-# with ROLE: blkd (PROVIDER soft|verbs; volumes v1 and v2 of 256 MiB for
+# with ROLE: blkd (PROVIDER soft|verbs; volumes v1 (128 MiB) and v2 (64 MiB) for
 # HOSTNQN and VERIFYNQN) or nvmet (the Linux target on a 64 MiB RAM disk,
 # subsystem NQN, for VERIFYNQN). Then it waits for the host guest.
 # env.sh: ROLE S_DEVKIND S_PROVIDER NQN HOSTNQN VERIFYNQN
@@ -28,8 +28,8 @@ blkd)
 		sleep 0.1
 	done
 	c="/share/blkctl --api http://127.0.0.1:7070"
-	$c volume create v1 --size 256MiB >/dev/null && $c host allow v1 "$HOSTNQN" >/dev/null || fail "v1"
-	$c volume create v2 --size 256MiB >/dev/null && $c host allow v2 "$VERIFYNQN" >/dev/null || fail "v2"
+	$c volume create v1 --size 128MiB >/dev/null && $c host allow v1 "$HOSTNQN" >/dev/null || fail "v1"
+	$c volume create v2 --size 64MiB >/dev/null && $c host allow v2 "$VERIFYNQN" >/dev/null || fail "v2"
 	log "blkd on $PROVIDER ${dev:-} serving v1 and v2"
 	;;
 nvmet)
