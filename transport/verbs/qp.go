@@ -61,6 +61,10 @@ type qp struct {
 	icq   *cq
 	srq   *srq
 	state atomic.Int32
+	// sendOK: the QP may take initiator requests while still connecting
+	// (accepted: InfiniBand/RoCE moved it to RTS, iWARP's CM does before
+	// the peer can send).
+	sendOK atomic.Bool
 
 	idepth, rdepth, isge, rsge, inline uint32
 
@@ -400,6 +404,12 @@ func (q *qp) post(ctx any, sges []transport.SGE, op transport.OpType, opcode uin
 	}
 	switch q.state.Load() {
 	case qpConnected:
+	case qpConnecting:
+		// The passive side's QP is ready to send once accepted: the peer
+		// may send (and the consumer answer) before ESTABLISHED arrives.
+		if !q.sendOK.Load() {
+			return transport.ErrInvalidDeviceState
+		}
 	case qpClosed:
 		return transport.ErrClosed
 	default:
