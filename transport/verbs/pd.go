@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"github.com/blk-project/blk/transport"
@@ -97,7 +98,15 @@ func (p *pd) register(m *mr, access transport.Access) error {
 	}
 	m.hw = C.blk_reg_mr(p.hw, unsafe.Pointer(&buf[0]), C.size_t(len(buf)), flags)
 	if m.hw == nil {
-		return fmt.Errorf("verbs: ibv_reg_mr(%d bytes): %w", len(buf), errnoErr(C.blk_errno()))
+		en := C.blk_errno()
+		if syscall.Errno(en) == unix.ENOMEM {
+			// Pinned pages count against RLIMIT_MEMLOCK (siw checks it even
+			// for root); say so, since the fix is outside the program.
+			var lim unix.Rlimit
+			unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim)
+			return fmt.Errorf("verbs: ibv_reg_mr(%d bytes): %w (RLIMIT_MEMLOCK is %d bytes: raise it, e.g. ulimit -l unlimited)", len(buf), errnoErr(en), lim.Cur)
+		}
+		return fmt.Errorf("verbs: ibv_reg_mr(%d bytes): %w", len(buf), errnoErr(en))
 	}
 	m.lkey, m.rkey = uint32(m.hw.lkey), uint32(m.hw.rkey)
 	old := *p.mrs.Load()

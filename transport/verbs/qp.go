@@ -671,6 +671,9 @@ func (q *qp) Close() error {
 		} else {
 			q.fail(transport.ErrClosed)
 		}
+		// A fail that another goroutine began first may still be using the
+		// QP and its id: it closes done when it is through.
+		<-q.done
 		q.state.Store(qpClosed)
 		q.a.removeQP(q)
 		q.smu.Lock()
