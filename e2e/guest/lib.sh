@@ -3,7 +3,17 @@
 . /share/env.sh
 
 log() { echo "blk-e2e[$(hostname) $(cut -d' ' -f1 /proc/uptime)s]: $*"; }
-fail() { log "FAIL: $*"; exit 1; }
+# fail: say why, tell the other guests (a /share/failed-NAME mark ends
+# their waits at once), exit.
+fail() {
+	log "FAIL: $*"
+	echo "$*" >"/share/failed-$(hostname)"
+	exit 1
+}
+
+# RDMA devices pin the memory they register: no cap on locked memory
+# (the default 8 MiB is less than one engine core's receive buffers).
+ulimit -l unlimited
 
 # net_user: eth0 on QEMU's user-mode network; the host's loopback is 10.0.2.2.
 net_user() {
@@ -46,6 +56,9 @@ siw_up() {
 wait_for() {
 	n=0
 	while [ ! "$1" "$2" ]; do
+		for f in /share/failed-*; do
+			[ -e "$f" ] && [ "$f" != "/share/failed-$(hostname)" ] && fail "gave up waiting for $2: ${f#/share/failed-} failed: $(cat "$f")"
+		done
 		n=$((n + 1))
 		[ $n -le $(($3 * 10)) ] || fail "timed out after $3 s waiting for $2"
 		sleep 0.1
