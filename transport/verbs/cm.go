@@ -561,17 +561,19 @@ func (r *connReq) Accept(ctx context.Context, tq transport.QP, p transport.ConnP
 	if q.srq != nil {
 		srq = 1
 	}
-	if rc := C.blk_accept(r.id, cpd, C.uint8_t(len(pd)), C.uint8_t(ird), C.uint8_t(ord), C.uint8_t(a.cfg.RNRRetry), srq, C.uint32_t(q.num)); rc != 0 {
-		return fmt.Errorf("verbs: rdma_accept: %v: %w", syscall.Errno(rc), transport.ErrConnectionReset)
-	}
-	// The peer may send as soon as it has the accept, before ESTABLISHED
-	// reaches this side, and the consumer may answer from the completion.
+	// The peer may send as soon as it has the accept — before rdma_accept
+	// returns here, and before ESTABLISHED reaches this side — and the
+	// consumer may answer from that receive's completion (a receive
+	// implies the QP is in RTS, on every transport).
 	q.sendOK.Store(true)
 	defer func() {
 		if !done {
 			q.sendOK.Store(false)
 		}
 	}()
+	if rc := C.blk_accept(r.id, cpd, C.uint8_t(len(pd)), C.uint8_t(ird), C.uint8_t(ord), C.uint8_t(a.cfg.RNRRetry), srq, C.uint32_t(q.num)); rc != 0 {
+		return fmt.Errorf("verbs: rdma_accept: %v: %w", syscall.Errno(rc), transport.ErrConnectionReset)
+	}
 	ev, err := waitEvent(ctx, q.evc)
 	if err != nil {
 		return err
