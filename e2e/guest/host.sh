@@ -7,12 +7,7 @@
 . /share/lib.sh
 DEVKIND=$H_DEVKIND PROVIDER=${H_PROVIDER:-soft}
 net_link
-case $DEVKIND in
-rxe) rxe_up eth1 ;;
-siw) siw_up eth1 ;;
-none) ;;
-*) fail "DEVKIND $DEVKIND" ;;
-esac
+rdma_up "$DEVKIND" eth1
 wait_file /share/storage-ready 300
 for task in $TASKS; do
 	case $task in

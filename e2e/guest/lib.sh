@@ -51,6 +51,48 @@ siw_up() {
 	log "$(rdma link show | tr '\n' ' ')"
 }
 
+# rdma_up KIND NETDEV: the RDMA device of KIND (rxe, siw, or none for the
+# soft provider, which needs none) on NETDEV.
+rdma_up() {
+	case $1 in
+	rxe) rxe_up "$2" ;;
+	siw) siw_up "$2" ;;
+	none) ;;
+	*) fail "unknown RDMA device kind $1" ;;
+	esac
+}
+
+# nvmet_serve TRADDR NQN [HOSTNQN]: the Linux NVMe/RDMA target serving a
+# 64 MiB RAM disk (/dev/ram0) as namespace 1 of NQN on TRADDR:4420, to
+# HOSTNQN only, or to any host.
+nvmet_serve() {
+	modprobe nvmet
+	modprobe nvmet-rdma
+	modprobe brd rd_nr=1 rd_size=65536
+	wait_dev /dev/ram0 10
+	(
+		cd /sys/kernel/config/nvmet
+		mkdir "subsystems/$2"
+		if [ -n "${3:-}" ]; then
+			mkdir "hosts/$3"
+			echo 0 >"subsystems/$2/attr_allow_any_host"
+			ln -s "/sys/kernel/config/nvmet/hosts/$3" "subsystems/$2/allowed_hosts/$3"
+		else
+			echo 1 >"subsystems/$2/attr_allow_any_host"
+		fi
+		mkdir "subsystems/$2/namespaces/1"
+		echo /dev/ram0 >"subsystems/$2/namespaces/1/device_path"
+		echo 1 >"subsystems/$2/namespaces/1/enable"
+		mkdir ports/1
+		echo rdma >ports/1/addr_trtype
+		echo ipv4 >ports/1/addr_adrfam
+		echo "$1" >ports/1/addr_traddr
+		echo 4420 >ports/1/addr_trsvcid
+		ln -s "/sys/kernel/config/nvmet/subsystems/$2" ports/1/subsystems/
+	) || fail "configuring nvmet"
+	log "nvmet-rdma serving $2 on $1:4420"
+}
+
 # wait_for TEST PATH SECONDS: wait until [ TEST PATH ] holds (-e a file the
 # host or another guest creates, -b a block device node).
 wait_for() {

@@ -4,27 +4,7 @@
 . /share/lib.sh
 net_user
 siw_up
-modprobe nvmet
-modprobe nvmet-rdma
-modprobe brd rd_nr=1 rd_size=65536
-wait_dev /dev/ram0 10
-
-cd /sys/kernel/config/nvmet
-mkdir "hosts/$HOSTNQN"
-mkdir "subsystems/$NQN"
-echo 0 >"subsystems/$NQN/attr_allow_any_host"
-ln -s "/sys/kernel/config/nvmet/hosts/$HOSTNQN" "subsystems/$NQN/allowed_hosts/$HOSTNQN"
-mkdir "subsystems/$NQN/namespaces/1"
-echo /dev/ram0 >"subsystems/$NQN/namespaces/1/device_path"
-echo 1 >"subsystems/$NQN/namespaces/1/enable"
-mkdir ports/1
-echo rdma >ports/1/addr_trtype
-echo ipv4 >ports/1/addr_adrfam
-echo 10.0.2.15 >ports/1/addr_traddr
-echo 4420 >ports/1/addr_trsvcid
-ln -s "/sys/kernel/config/nvmet/subsystems/$NQN" ports/1/subsystems/
-cd /tmp
-log "nvmet-rdma listening on 10.0.2.15:4420"
+nvmet_serve 10.0.2.15 "$NQN" "$HOSTNQN"
 mark target-ready
 
 wait_file /share/host-done 900

@@ -7,12 +7,7 @@
 . /share/lib.sh
 DEVKIND=$S_DEVKIND PROVIDER=${S_PROVIDER:-soft}
 net_link
-case $DEVKIND in
-rxe) rxe_up eth1 ;;
-siw) siw_up eth1 ;;
-none) ;;
-*) fail "DEVKIND $DEVKIND" ;;
-esac
+rdma_up "$DEVKIND" eth1
 case $ROLE in
 blkd)
 	dev=
@@ -33,24 +28,7 @@ blkd)
 	log "blkd on $PROVIDER ${dev:-} serving v1 and v2"
 	;;
 nvmet)
-	modprobe nvmet
-	modprobe nvmet-rdma
-	modprobe brd rd_nr=1 rd_size=65536
-	wait_dev /dev/ram0 10
-	cd /sys/kernel/config/nvmet
-	mkdir "subsystems/$NQN"
-	echo 1 >"subsystems/$NQN/attr_allow_any_host"
-	mkdir "subsystems/$NQN/namespaces/1"
-	echo /dev/ram0 >"subsystems/$NQN/namespaces/1/device_path"
-	echo 1 >"subsystems/$NQN/namespaces/1/enable"
-	mkdir ports/1
-	echo rdma >ports/1/addr_trtype
-	echo ipv4 >ports/1/addr_adrfam
-	echo 192.168.77.1 >ports/1/addr_traddr
-	echo 4420 >ports/1/addr_trsvcid
-	ln -s "/sys/kernel/config/nvmet/subsystems/$NQN" ports/1/subsystems/
-	cd /tmp
-	log "nvmet-rdma on $DEVKIND serving $NQN"
+	nvmet_serve 192.168.77.1 "$NQN"
 	;;
 *) fail "ROLE $ROLE" ;;
 esac
