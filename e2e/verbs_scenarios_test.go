@@ -14,8 +14,7 @@ import (
 
 // The verbs provider across two guests on a link (MTU 9000): a storage
 // guest (blkd, or the Linux target) and a host guest (the Linux host, or
-// blk's initiator in blkverify). Like TestVerbsConformance, they run with
-// BLK_E2E_VERBS=1 until the provider passes.
+// blk's initiator in blkverify).
 
 const (
 	verbsHostNQN   = "nqn.2026-11.io.blk:e2e-verbs-kernel"
@@ -35,9 +34,6 @@ func verbsBinaries(t *testing.T) string {
 	t.Helper()
 	if env.skip != "" {
 		t.Skip(env.skip)
-	}
-	if os.Getenv("BLK_E2E_VERBS") != "1" {
-		t.Skip("the verbs provider's VM tests run with BLK_E2E_VERBS=1")
 	}
 	aptInstall(t, "libibverbs-dev", "librdmacm-dev")
 	verbsBins.once.Do(func() {
