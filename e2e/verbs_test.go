@@ -18,7 +18,8 @@ import (
 // (rxe) and Soft-iWARP (siw), each on the guest's eth0, both ends of
 // every connection in the guest. The test binary is built on the host with
 // cgo against Debian's libibverbs and librdmacm (the same libraries the
-// guest has). BLK_E2E_VERBS_RUN narrows it (-test.run of the binary).
+// guest has). BLK_E2E_VERBS_RUN narrows it (-test.run of the binary);
+// BLK_E2E_VERBS_RACE=1 builds it with the race detector.
 //
 // On siw it runs only with BLK_E2E_VERBS_SIW=1: siw 6.1 cannot do two
 // things the suite asks (transport/verbs' doc): it never signals a
@@ -36,7 +37,11 @@ func TestVerbsConformance(t *testing.T) {
 	}
 	aptInstall(t, "libibverbs-dev", "librdmacm-dev", "pkg-config")
 	bin := filepath.Join(env.bin, "verbs.test")
-	build := exec.Command("go", "test", "-c", "-tags", "verbs", "-o", bin, "../transport/verbs/")
+	cargs := []string{"test", "-c", "-tags", "verbs", "-o", bin}
+	if os.Getenv("BLK_E2E_VERBS_RACE") == "1" {
+		cargs = append(cargs, "-race") // the race detector in the guest (slower)
+	}
+	build := exec.Command("go", append(cargs, "../transport/verbs/")...)
 	build.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the verbs provider's tests with cgo: %v\n%s", err, out)
