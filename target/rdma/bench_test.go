@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/initiator"
-	"github.com/blk-project/blk/transport/soft"
 )
 
 // End-to-end benchmarks: our initiator against our target serving a pebble
-// volume, over the soft transport on loopback, and in the same run the
+// volume, over the soft transport on loopback (or the provider and address
+// the environment names, benchenv_test.go), and in the same run the
 // bare transport baseline (bare_test.go) moving the same bytes with the
 // same messages, RDMA operations and queue depth:
 //
@@ -145,12 +145,8 @@ func (bc benchCase) lbas(n int) []uint64 {
 // benchBare runs the case against the bare baseline's server in a child
 // process.
 func benchBare(b *testing.B, bc benchCase) {
-	srv := startChildBare(b, "127.0.0.1:0")
-	a, err := soft.New(soft.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { a.Close() })
+	srv := startChild(b, append([]string{"BLK_TEST_BARE_SERVER=1", "BLK_TEST_TARGET_ADDR=" + benchListenAddr()}, benchChildEnv()...)...)
+	a := benchAdapter(b)
 	op := byte(bareRead)
 	if bc.write {
 		op = bareWrite
@@ -180,8 +176,8 @@ func (s *nvmeSlot) IODone(err error) { s.cur.Load().complete(s.slot, err) }
 // benchNVMe runs the case against the target in a child process, serving
 // a pebble volume on a temporary directory.
 func benchNVMe(b *testing.B, bc benchCase) {
-	srv := startChildTarget(b, b.TempDir(), "127.0.0.1:0")
-	c := connectHost(b, srv.addr, initiator.Config{Queues: 1, QueueDepth: benchQueueDepth(bc.depth)})
+	srv := startChild(b, append([]string{"BLK_TEST_TARGET_DIR=" + b.TempDir(), "BLK_TEST_TARGET_ADDR=" + benchListenAddr()}, benchChildEnv()...)...)
+	c := connectHost(b, srv.addr, initiator.Config{Adapter: benchAdapter(b), Queues: 1, QueueDepth: benchQueueDepth(bc.depth)})
 	ns := c.Namespace(1)
 	if ns == nil {
 		b.Fatal("namespace 1 not found")

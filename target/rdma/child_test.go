@@ -19,7 +19,6 @@ import (
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/volume"
-	"github.com/blk-project/blk/transport/soft"
 )
 
 // The test binary doubles as a server process, in one of two modes:
@@ -36,8 +35,11 @@ import (
 // end of file — the parent closed it, or exited however it died — shuts
 // it down cleanly, so a child never outlives the test binary that started
 // it. With BLK_TEST_CHILD_CPUPROFILE=<path> it writes a CPU profile of its
-// run to <path>.<pid> (see bench_test.go). Tests start it with
-// startChildTarget or startChildBare.
+// run to <path>.<pid> (see bench_test.go). It opens its adapter of the
+// provider BLK_TEST_CHILD_PROVIDER names on BLK_TEST_CHILD_DEVICE (soft
+// by default; benchenv_test.go). Tests start it with
+// startChildTarget or startChildBare; the benchmarks with startChild and
+// benchChildEnv.
 func TestMain(m *testing.M) {
 	addr := os.Getenv("BLK_TEST_TARGET_ADDR")
 	if os.Getenv("BLK_TEST_BARE_SERVER") != "" {
@@ -60,7 +62,7 @@ func TestMain(m *testing.M) {
 const childVolumeSize = 256 << 20
 
 func runChildTarget(dir, addr string) error {
-	a, err := soft.New(soft.Config{})
+	a, err := childAdapter()
 	if err != nil {
 		return err
 	}
@@ -124,7 +126,7 @@ func (quietLogger) Errorf(format string, args ...any) {
 }
 
 func runChildBare(addr string) error {
-	a, err := soft.New(soft.Config{})
+	a, err := childAdapter()
 	if err != nil {
 		return err
 	}
