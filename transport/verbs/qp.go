@@ -280,6 +280,19 @@ func (q *qp) freeC() {
 
 func (q *qp) Context() any { return q.ctx }
 
+// setRecvWR fills a preallocated receive work request and its SGE array
+// (C memory, one slot's worth) for sges, with the given wr_id: the same
+// for a QP's receive queue and an SRQ.
+func setRecvWR(wr *C.struct_ibv_recv_wr, sgl []C.struct_ibv_sge, sges []transport.SGE, id C.uint64_t) {
+	for i, s := range sges {
+		sgl[i].addr, sgl[i].length, sgl[i].lkey = C.uint64_t(s.Addr), C.uint32_t(s.Length), C.uint32_t(s.LKey)
+	}
+	wr.wr_id = id
+	wr.next = nil
+	wr.sg_list = &sgl[0]
+	wr.num_sge = C.int(len(sges))
+}
+
 // PostReceive posts a receive on the QP's own receive queue.
 func (q *qp) PostReceive(requestContext any, sges []transport.SGE) error {
 	if q.srq != nil {
@@ -309,14 +322,7 @@ func (q *qp) PostReceive(requestContext any, sges []transport.SGE) error {
 	slot := q.rfree[len(q.rfree)-1]
 	q.rfree = q.rfree[:len(q.rfree)-1]
 	wr := &q.rwrs[slot]
-	sgl := q.rsges[slot*q.rsge : (slot+1)*q.rsge]
-	for i, s := range sges {
-		sgl[i].addr, sgl[i].length, sgl[i].lkey = C.uint64_t(s.Addr), C.uint32_t(s.Length), C.uint32_t(s.LKey)
-	}
-	wr.wr_id = wrID(kindRecv, q.gen, slot)
-	wr.next = nil
-	wr.sg_list = &sgl[0]
-	wr.num_sge = C.int(len(sges))
+	setRecvWR(wr, q.rsges[slot*q.rsge:(slot+1)*q.rsge], sges, wrID(kindRecv, q.gen, slot))
 	q.rctx[slot] = requestContext
 	rc := C.blk_post_recv(q.hw, wr)
 	if rc != 0 {

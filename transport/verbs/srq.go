@@ -153,14 +153,7 @@ func (s *srq) PostReceive(requestContext any, sges []transport.SGE) error {
 	slot := s.free[len(s.free)-1]
 	s.free = s.free[:len(s.free)-1]
 	wr := &s.wrs[slot]
-	sgl := s.sges[slot*s.maxSge : (slot+1)*s.maxSge]
-	for i, g := range sges {
-		sgl[i].addr, sgl[i].length, sgl[i].lkey = C.uint64_t(g.Addr), C.uint32_t(g.Length), C.uint32_t(g.LKey)
-	}
-	wr.wr_id = wrID(kindSRQ, s.id, slot)
-	wr.next = nil
-	wr.sg_list = &sgl[0]
-	wr.num_sge = C.int(len(sges))
+	setRecvWR(wr, s.sges[slot*s.maxSge:(slot+1)*s.maxSge], sges, wrID(kindSRQ, s.id, slot))
 	s.ctx[slot] = requestContext
 	s.queued.Add(1)
 	if rc := C.blk_post_srq_recv(s.hw, wr); rc != 0 {
