@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -395,5 +394,3 @@ func (s *scenario) readShare(name string) []byte {
 	}
 	return b
 }
-
-var errNotReady = errors.New("not ready")
