@@ -25,6 +25,27 @@ const (
 	// FlagMultiEngineSupported says CQs are served by more than one engine
 	// (core), so per-core CQs really run in parallel.
 	FlagMultiEngineSupported
+	// FlagSolicitedNotifySupported says Arm(NotifySolicited) works: only a
+	// receive the peer sent with FlagSolicitedEvent (or an error)
+	// satisfies it. Following M9's pattern, an adapter without it still
+	// takes the call and answers ErrNotSupported, leaving the CQ unarmed.
+	// (No NDK_ADAPTER_FLAG names this; NDK assumes every adapter can. siw
+	// cannot: it never marks a receive completion solicited.)
+	FlagSolicitedNotifySupported
+	// FlagRemoteErrorsReported says the initiator of an RDMA read or
+	// write that the peer refused (wrong key, out of bounds, missing
+	// right) is told why: the request, or the QP's Err if the write
+	// completed first, is ErrAccessViolation. Without it the peer still
+	// refuses and fails with ErrAccessViolation, but the initiator only
+	// sees its connection end (ErrDisconnected; its outstanding requests
+	// ErrCancelled, a write possibly completed).
+	FlagRemoteErrorsReported
+	// FlagRemoteReadEnforced says a region registered without
+	// AccessRemoteRead refuses a peer's RDMA read. Without it (siw: it
+	// checks only keys and bounds for a read response) a peer holding
+	// the region's key can read it: a consumer must not count on the
+	// missing right to keep data from the peer.
+	FlagRemoteReadEnforced
 )
 
 // MaxUint32 is NDK's MAXULONG, the "no limit" value of interrupt moderation

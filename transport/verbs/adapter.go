@@ -254,6 +254,7 @@ func (a *Adapter) query() error {
 	if a.ctx.num_comp_vectors > 1 {
 		flags |= transport.FlagMultiEngineSupported
 	}
+	flags |= deviceSemantics(uint32(d.vendor_id))
 	priv := uint32(iwarpPrivateData)
 	callee := uint32(iwarpPrivateData)
 	if !a.iwarp {
@@ -536,8 +537,33 @@ func debugf(format string, args ...any) {
 	}
 }
 
-// siwVendorID is Soft-iWARP's vendor ID ("bmt"): siw (6.1) never signals
-// a solicited-only arm for a receive, so NotifySolicited is refused there.
+// siwVendorID is Soft-iWARP's vendor ID ("bmt").
 const siwVendorID = 0x626d74
+
+// deviceSemantics returns the capability flags whose truth the verbs
+// attributes do not carry, so they are known per device, from what the
+// conformance suite observed on it. siw (6.1) lacks all three:
+//
+//   - FlagSolicitedNotifySupported: siw completes every receive as
+//     "signalled", never "solicited" (siw_rqe_complete), so a
+//     solicited-only arm would never fire for a receive; Arm refuses it.
+//   - FlagRemoteErrorsReported: a Terminate from the peer is logged by
+//     siw and the connection dropped (siw_recv_terminate): the
+//     initiator's requests flush (ErrCancelled) and the QP ends
+//     ErrDisconnected; only the refusing peer sees the access error.
+//   - FlagRemoteReadEnforced: siw builds a read response checking the
+//     key, PD and bounds of the source but no access right
+//     (siw_check_sgl_tx with perms 0), so a region registered without
+//     AccessRemoteRead can still be read by a peer with its key.
+//
+// Every other device (rxe, which the suite runs on, and hardware, which it
+// has not met) keeps them: IB and RoCE NAK a refused access to the
+// requester with a remote access error, and check the rights.
+func deviceSemantics(vendorID uint32) transport.AdapterFlags {
+	if vendorID == siwVendorID {
+		return 0
+	}
+	return transport.FlagSolicitedNotifySupported | transport.FlagRemoteErrorsReported | transport.FlagRemoteReadEnforced
+}
 
 var errWrongAdapter = errors.New("verbs: object of another adapter or provider")

@@ -397,8 +397,8 @@ func (c *cq) Arm(t transport.ArmType) error {
 		return transport.ErrCQOverflow
 	}
 	if t == transport.NotifySolicited {
-		if c.a.info.VendorID == siwVendorID {
-			return fmt.Errorf("verbs: %s (siw) does not signal solicited-only arms for receives: %w", c.a.name, transport.ErrNotSupported)
+		if c.a.info.Flags&transport.FlagSolicitedNotifySupported == 0 {
+			return fmt.Errorf("verbs: %s does not signal solicited-only arms for receives (FlagSolicitedNotifySupported clear): %w", c.a.name, transport.ErrNotSupported)
 		}
 		c.noWatch = true
 		if rc := C.blk_req_notify_cq(c.hw, 1); rc != 0 {

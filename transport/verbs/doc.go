@@ -35,8 +35,8 @@
 //     []byte pinned with runtime.Pinner for the region's lifetime (so C
 //     and the device may keep its address) and registered in place.
 //
-// What the devices cannot do, and what the provider answers (the rest of
-// the conformance suite passes on rxe and siw):
+// What the devices cannot do, and what the provider answers (the
+// conformance suite passes on rxe and siw, taking these answers):
 //
 //   - Fast registration: userspace verbs has no fast-register work
 //     request, so the provider does not implement transport.FastRegisterPD
@@ -48,15 +48,34 @@
 //     EOPNOTSUPP); the provider moderates in software, sets
 //     FlagCQInterruptModerationSupported and never answers ErrNotSupported
 //     (M9). Adapter.HardwareModeration tells the two apart.
-//   - Solicited-only arms on siw: siw (6.1) never signals one for a
-//     receive, so Arm(NotifySolicited) answers ErrNotSupported there.
+//   - Solicited-only arms on siw: siw (6.1) never marks a receive
+//     completion solicited, so the adapter leaves
+//     FlagSolicitedNotifySupported clear and Arm(NotifySolicited)
+//     answers ErrNotSupported there (M9's pattern; no consumer in blk
+//     arms for solicited completions).
 //   - A peer's Terminate on siw: the initiator of a request the peer
 //     refused (an RDMA read or write through a wrong key, out of bounds or
 //     without the right) is not told why: siw flushes the request
-//     (ErrCancelled) and the connection ends as a disconnect
-//     (ErrDisconnected); the peer gets the device's access-error event and
-//     ends with ErrAccessViolation. On rxe the initiator gets
-//     ErrAccessViolation as the API promises.
+//     (ErrCancelled; a write may already have completed) and the
+//     connection ends as a disconnect (ErrDisconnected); the refusing
+//     peer ends with whichever of the device's access-error event
+//     (ErrAccessViolation), fatal-error event (ErrConnectionReset) or
+//     disconnect comes first. Neither side's memory is touched.
+//     The adapter leaves FlagRemoteErrorsReported clear. On rxe the
+//     initiator gets ErrAccessViolation as the flag promises.
+//   - Remote read rights on siw: siw serves a peer's RDMA read of a
+//     region registered without AccessRemoteRead (it checks the key, PD
+//     and bounds only), so FlagRemoteReadEnforced is clear there. It
+//     matters to blkd: on iWARP the sink of an RDMA READ must be remotely
+//     writable, so the target's buffer pool is registered
+//     AccessRemoteWrite and its key travels in every read request the
+//     target sends. On siw a host that keeps that key can read the pool,
+//     which holds other hosts' data in flight, through its own QP in the
+//     same PD. blkd on siw is for tests and single-tenant use; the
+//     provider cannot close this (the device answers the read without
+//     software), a fixed siw or an iWARP NIC does.
+//
+// deviceSemantics (adapter.go) is where those three flags are decided.
 //   - Private data on InfiniBand/RoCE travels in fixed-size CM fields: the
 //     provider keeps the length in a two-byte trailer (cm.go), which leaves
 //     54 bytes for a connect and 146 for an accept or reject; siw takes
