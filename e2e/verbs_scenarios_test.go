@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -88,6 +90,44 @@ func TestVerbsBlkdOnRxe(t *testing.T) {
 		"H_DEVKIND", "rxe", "H_PROVIDER", "verbs", "TASKS", "kernel verify",
 		"KERNELSUB", "nqn.2024-01.io.blk:volume:v1", "VERIFYSUB", "nqn.2024-01.io.blk:volume:v2")
 	s.fioResult("fio-kernel.json")
+	// The verbs provider's own counters reach /metrics as the soft
+	// provider's do (blkd scraped just before it stopped).
+	m := string(s.readShare("metrics.txt"))
+	for _, want := range []string{"blk_provider_cq_completions_total", "blk_provider_cq_device_events_total"} {
+		if v := sampleSum(m, want, `provider="verbs"`); v <= 0 {
+			t.Errorf("%s{provider=\"verbs\"}: %v, want > 0 after the I/O", want, v)
+		}
+	}
+	if v := sampleSum(m, "blk_provider_cq_hardware_moderation", `provider="verbs"`); v != 0 {
+		t.Errorf("blk_provider_cq_hardware_moderation on rxe: %v, want 0 (rxe has no ibv_modify_cq)", v)
+	}
+	if sampleSum(m, "blk_provider_async_events_total", `event="qp_fatal"`) < 0 {
+		t.Errorf("blk_provider_async_events_total missing from /metrics")
+	}
+}
+
+// sampleSum adds the values of the samples of metric name whose labels
+// contain label, in Prometheus text m (-1 if there are none).
+func sampleSum(m, name, label string) float64 {
+	sum, n := 0.0, 0
+	for _, line := range strings.Split(m, "\n") {
+		rest, ok := strings.CutPrefix(line, name+"{")
+		if !ok {
+			continue
+		}
+		labels, val, ok := strings.Cut(rest, "} ")
+		if !ok || !strings.Contains(labels, label) {
+			continue
+		}
+		if f, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
+			sum += f
+			n++
+		}
+	}
+	if n == 0 {
+		return -1
+	}
+	return sum
 }
 
 // TestVerbsInitiatorToLinuxTarget: blk's initiator on verbs over rxe

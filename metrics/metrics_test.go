@@ -301,7 +301,7 @@ func TestScrapeAfterIO(t *testing.T) {
 	e.atLeast(t, "blk_transport_completions_total", port, ios)
 	e.atLeast(t, "blk_transport_receives_total", port, ios)
 	e.atLeast(t, "blk_transport_notifications_total", port, 1)
-	e.atLeast(t, "blk_soft_cq_completions_total", port, ios)
+	e.atLeast(t, "blk_provider_cq_completions_total", port, ios)
 
 	// Binding: three connections (admin and two I/O queues), a command
 	// per I/O, an RDMA WRITE per read, and writes by RDMA READ or in the

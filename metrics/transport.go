@@ -4,18 +4,20 @@ import (
 	"strconv"
 
 	"github.com/blk-project/blk/transport"
-	"github.com/blk-project/blk/transport/soft"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // EngineCollector exports a transport engine's counters per core,
 // labelled {port, core}: what transport.Core.Stats returns, and, when the
-// core's CQ is the software provider's, its CQ counters
-// (soft.CQStatsOf).
+// core's CQ counts its provider's own work (transport.CQCounter: soft and
+// verbs do), those counters labelled {port, core, provider}; when the
+// adapter counts its device's asynchronous events (transport.AdapterCounter:
+// verbs), those labelled {port, provider, event}.
 type EngineCollector struct {
-	e    *transport.Engine
-	core table[transport.Stats]
-	soft table[soft.CQStats]
+	e     *transport.Engine
+	core  table[transport.Stats]
+	cq    table[transport.CQCounters]
+	async *prometheus.Desc
 }
 
 // NewEngineCollector returns a collector for e, whose metrics carry the
@@ -24,6 +26,7 @@ func NewEngineCollector(port string, e *transport.Engine) *EngineCollector {
 	cl := prometheus.Labels{"port": port}
 	vl := []string{"core"}
 	type S = transport.Stats
+	type P = transport.CQCounters
 	return &EngineCollector{
 		e: e,
 		core: newTable(cl, vl,
@@ -50,18 +53,22 @@ func NewEngineCollector(port string, e *transport.Engine) *EngineCollector {
 			gauge("transport_qps", "QPs placed on the core.", func(s *S) float64 { return float64(s.QPs) }),
 			gauge("transport_srq_queued", "Receives queued on the core's SRQ.", func(s *S) float64 { return float64(s.SRQQueued) }),
 		),
-		soft: newTable(cl, vl,
-			counter("soft_cq_completions_total", "Completions delivered by the software provider's CQ.", func(s *soft.CQStats) uint64 { return s.Completions }),
-			counter("soft_cq_notifications_total", "Notifications raised by the software provider's CQ.", func(s *soft.CQStats) uint64 { return s.Notifications }),
-			gauge("soft_cq_pinned", "1 if the software CQ's notification goroutine is pinned to its CPU.", func(s *soft.CQStats) float64 { return b2f(s.Pinned) }),
+		cq: newTable(cl, []string{"core", "provider"},
+			counter("provider_cq_completions_total", "Completions that went through the provider's CQ.", func(s *P) uint64 { return s.Completions }),
+			counter("provider_cq_notifications_total", "Notification callbacks the provider's CQ ran.", func(s *P) uint64 { return s.Notifications }),
+			counter("provider_cq_device_events_total", "Times the device woke the CQ's notification thread (verbs: completion-channel events).", func(s *P) uint64 { return s.DeviceEvents }),
+			gauge("provider_cq_pinned", "1 if the CQ's notification thread is pinned to its CPU.", func(s *P) float64 { return b2f(s.Pinned) }),
+			gauge("provider_cq_hardware_moderation", "1 if interrupt moderation is the device's, 0 if the provider's in software.", func(s *P) float64 { return b2f(s.HardwareModeration) }),
 		),
+		async: prometheus.NewDesc(namespace+"_provider_async_events_total", "Asynchronous events the RDMA device reported, by kind.", []string{"provider", "event"}, cl),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *EngineCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.core.describe(ch)
-	c.soft.describe(ch)
+	c.cq.describe(ch)
+	ch <- c.async
 }
 
 // Collect implements prometheus.Collector.
@@ -70,8 +77,18 @@ func (c *EngineCollector) Collect(ch chan<- prometheus.Metric) {
 		idx := strconv.Itoa(core.Index())
 		s := core.Stats()
 		c.core.collect(ch, &s, idx)
-		if cs, ok := soft.CQStatsOf(core.CQ()); ok {
-			c.soft.collect(ch, &cs, idx)
+		if pc, ok := core.CQ().(transport.CQCounter); ok {
+			cs := pc.CQCounters()
+			c.cq.collect(ch, &cs, idx, cs.Provider)
+		}
+	}
+	if ac, ok := c.e.Adapter().(transport.AdapterCounter); ok {
+		s := ac.AdapterCounters()
+		for _, ev := range []struct {
+			name string
+			n    uint64
+		}{{"qp_fatal", s.QPFatal}, {"qp_access", s.QPAccess}, {"srq_limit", s.SRQLimit}, {"cq_error", s.CQError}, {"device_fatal", s.DeviceFatal}, {"other", s.Other}} {
+			ch <- prometheus.MustNewConstMetric(c.async, prometheus.CounterValue, float64(ev.n), s.Provider, ev.name)
 		}
 	}
 }

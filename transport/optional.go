@@ -90,3 +90,48 @@ type FlushQP interface {
 	// Flush cancels every outstanding request (ErrCancelled).
 	Flush() error
 }
+
+// CQCounter is a CQ that counts its provider's own work, for metrics
+// (metrics.EngineCollector exports it per core with the provider's name).
+// The engine's Stats count what the consumer saw; these count what the
+// provider did underneath, so the two side by side show, for example,
+// device events that produced no notification.
+type CQCounter interface {
+	CQCounters() CQCounters
+}
+
+// CQCounters are a CQ's provider-level counts.
+type CQCounters struct {
+	// Provider names the provider ("soft", "verbs").
+	Provider string
+	// Completions is how many completions went through the CQ.
+	Completions uint64
+	// Notifications is how many notification callbacks ran (ErrClosed's
+	// included).
+	Notifications uint64
+	// DeviceEvents is how many times the device woke the notification
+	// goroutine (verbs: completion-channel events; soft: 0, it has none).
+	DeviceEvents uint64
+	// Pinned says the notification goroutine runs on a thread pinned to
+	// the CQ's affinity.
+	Pinned bool
+	// HardwareModeration says interrupt moderation is the device's
+	// (ibv_modify_cq) rather than the provider's, in software.
+	HardwareModeration bool
+}
+
+// AdapterCounter is an adapter that counts the asynchronous events its
+// device reported (verbs: ibv_get_async_event), for metrics.
+type AdapterCounter interface {
+	AdapterCounters() AdapterCounters
+}
+
+// AdapterCounters are an adapter's asynchronous event counts.
+type AdapterCounters struct {
+	Provider string
+	// QPFatal counts fatal QP errors (IBV_EVENT_QP_FATAL, QP_REQ_ERR),
+	// QPAccess access errors (IBV_EVENT_QP_ACCESS_ERR), SRQLimit SRQ
+	// limit events (S4), CQError CQ overruns (IBV_EVENT_CQ_ERR),
+	// DeviceFatal device failures, Other every other event.
+	QPFatal, QPAccess, SRQLimit, CQError, DeviceFatal, Other uint64
+}

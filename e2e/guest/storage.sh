@@ -35,6 +35,7 @@ esac
 mark storage-ready
 wait_file /share/host-done 900
 if [ "$ROLE" = blkd ]; then
+	wget -q -O /share/metrics.txt http://127.0.0.1:7070/metrics || fail "GET /metrics"
 	kill -TERM $blkd
 	wait $blkd || fail "blkd exited $? on SIGTERM: $(tail -5 /share/blkd.err)"
 fi

@@ -327,6 +327,11 @@ type CQStats struct {
 	Pinned bool
 }
 
+// CQCounters implements transport.CQCounter.
+func (c *cq) CQCounters() transport.CQCounters {
+	return transport.CQCounters{Provider: "soft", Completions: c.completions.Load(), Notifications: c.notifications.Load(), Pinned: c.pinned.Load()}
+}
+
 // CQStatsOf returns the counters of a CQ created by this provider.
 func CQStatsOf(c transport.CQ) (CQStats, bool) {
 	s, ok := c.(*cq)

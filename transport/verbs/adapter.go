@@ -106,6 +106,10 @@ type Adapter struct {
 
 	asyncWake waker
 	asyncDone chan struct{}
+	// events counts asynchronous events by kind (AdapterCounters).
+	events struct {
+		qpFatal, qpAccess, srqLimit, cqError, deviceFatal, other atomic.Uint64
+	}
 
 	closeMu sync.Mutex
 	closed  bool
@@ -419,8 +423,37 @@ func (a *Adapter) asyncLoop() {
 	}
 }
 
+// AdapterCounters implements transport.AdapterCounter.
+func (a *Adapter) AdapterCounters() transport.AdapterCounters {
+	return transport.AdapterCounters{
+		Provider:    "verbs",
+		QPFatal:     a.events.qpFatal.Load(),
+		QPAccess:    a.events.qpAccess.Load(),
+		SRQLimit:    a.events.srqLimit.Load(),
+		CQError:     a.events.cqError.Load(),
+		DeviceFatal: a.events.deviceFatal.Load(),
+		Other:       a.events.other.Load(),
+	}
+}
+
 func (a *Adapter) asyncEvent(typ, qpn uint32, srqp, cqp uintptr) {
 	debugf("%s: async event %s qp %d", a.name, C.GoString(C.ibv_event_type_str(C.enum_ibv_event_type(typ))), qpn)
+	switch typ {
+	case C.IBV_EVENT_QP_FATAL, C.IBV_EVENT_QP_REQ_ERR, C.IBV_EVENT_QP_ACCESS_ERR:
+		if typ == C.IBV_EVENT_QP_ACCESS_ERR {
+			a.events.qpAccess.Add(1)
+		} else {
+			a.events.qpFatal.Add(1)
+		}
+	case C.IBV_EVENT_SRQ_LIMIT_REACHED:
+		a.events.srqLimit.Add(1)
+	case C.IBV_EVENT_CQ_ERR:
+		a.events.cqError.Add(1)
+	case C.IBV_EVENT_DEVICE_FATAL:
+		a.events.deviceFatal.Add(1)
+	default:
+		a.events.other.Add(1)
+	}
 	switch typ {
 	case C.IBV_EVENT_QP_FATAL, C.IBV_EVENT_QP_REQ_ERR:
 		if q := (*a.qps.Load())[qpn]; q != nil {

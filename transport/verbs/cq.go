@@ -106,6 +106,23 @@ type cq struct {
 
 	wake waker
 	done chan struct{}
+
+	// Counters for CQCounters: completions handed out by Poll,
+	// notification callbacks run, completion-channel events taken.
+	completions, notifications, deviceEvents atomic.Uint64
+	pinned                                   atomic.Bool
+}
+
+// CQCounters implements transport.CQCounter.
+func (c *cq) CQCounters() transport.CQCounters {
+	return transport.CQCounters{
+		Provider:           "verbs",
+		Completions:        c.completions.Load(),
+		Notifications:      c.notifications.Load(),
+		DeviceEvents:       c.deviceEvents.Load(),
+		Pinned:             c.pinned.Load(),
+		HardwareModeration: c.a.HardwareModeration(),
+	}
 }
 
 // CreateCQ creates a completion queue (C1–C7).
@@ -221,6 +238,9 @@ func (c *cq) Poll(out []transport.Completion) int {
 	c.mu.Unlock()
 	if wake {
 		c.wake.wake()
+	}
+	if n > 0 {
+		c.completions.Add(uint64(n))
 	}
 	return n
 }
@@ -442,7 +462,7 @@ func (c *cq) Arm(t transport.ArmType) error {
 func (c *cq) run() {
 	defer close(c.done)
 	if c.affinity >= 0 {
-		pinThread(c.affinity)
+		c.pinned.Store(pinThread(c.affinity))
 	}
 	fds := []unix.PollFd{{Fd: int32(c.ch.fd), Events: unix.POLLIN}, {Fd: int32(c.wake.fd), Events: unix.POLLIN}}
 	var ts unix.Timespec
@@ -464,6 +484,7 @@ func (c *cq) run() {
 		hw := false
 		if fds[0].Revents != 0 && C.blk_get_cq_events(c.ch) > 0 {
 			hw = true
+			c.deviceEvents.Add(1)
 		}
 		if fds[1].Revents != 0 {
 			c.wake.drain()
@@ -472,6 +493,7 @@ func (c *cq) run() {
 		if c.closed {
 			c.mu.Unlock()
 			if c.notify != nil {
+				c.notifications.Add(1)
 				c.notify(c.nctx, transport.ErrClosed)
 			}
 			return
@@ -503,6 +525,7 @@ func (c *cq) run() {
 		due = c.deadline
 		c.mu.Unlock()
 		if fire && c.notify != nil {
+			c.notifications.Add(1)
 			c.notify(c.nctx, status)
 		}
 	}
