@@ -87,6 +87,8 @@ type CreateVolume struct {
 type SetVolumeState struct {
 	Name  string      `json:"name"`
 	State VolumeState `json:"state"`
+	// Reason is required with VolumeFailed and ignored otherwise.
+	Reason string `json:"reason,omitempty"`
 }
 
 // ResizeVolume grows a volume; shrinking is refused (ErrShrink).

@@ -67,6 +67,7 @@ const (
 	VolumeOnline   VolumeState = 2 // hosts may connect
 	VolumeOffline  VolumeState = 3 // exists, refuses new connections
 	VolumeDeleting VolumeState = 4 // being freed on its node; PurgeVolume forgets it
+	VolumeFailed   VolumeState = 5 // its node cannot serve it; Volume.Reason says why
 )
 
 func (s VolumeState) String() string {
@@ -79,6 +80,8 @@ func (s VolumeState) String() string {
 		return "offline"
 	case VolumeDeleting:
 		return "deleting"
+	case VolumeFailed:
+		return "failed"
 	}
 	return fmt.Sprintf("volume-state(%d)", uint8(s))
 }
@@ -88,7 +91,7 @@ func (s VolumeState) MarshalText() ([]byte, error) { return []byte(s.String()), 
 
 // UnmarshalText is MarshalText's inverse.
 func (s *VolumeState) UnmarshalText(b []byte) error {
-	for v := VolumeCreating; v <= VolumeDeleting; v++ {
+	for v := VolumeCreating; v <= VolumeFailed; v++ {
 		if v.String() == string(b) {
 			*s = v
 			return nil
@@ -99,15 +102,19 @@ func (s *VolumeState) UnmarshalText(b []byte) error {
 
 // validTransition says whether SetVolumeState may move from to to.
 // VolumeDeleting is entered only through DeleteVolume and left only through
-// PurgeVolume.
+// PurgeVolume. VolumeFailed is the owner's report that it cannot serve the
+// volume; a later successful reconcile moves it back to online (or
+// offline), and a failed volume may be failed again with a new reason.
 func validTransition(from, to VolumeState) bool {
 	switch from {
 	case VolumeCreating:
-		return to == VolumeOnline || to == VolumeOffline
+		return to == VolumeOnline || to == VolumeOffline || to == VolumeFailed
 	case VolumeOnline:
-		return to == VolumeOffline
+		return to == VolumeOffline || to == VolumeFailed
 	case VolumeOffline:
-		return to == VolumeOnline
+		return to == VolumeOnline || to == VolumeFailed
+	case VolumeFailed:
+		return to == VolumeOnline || to == VolumeOffline || to == VolumeFailed
 	}
 	return false
 }
@@ -134,6 +141,8 @@ type Volume struct {
 	AllowAny  bool        `json:"allow_any,omitempty"`
 	Hosts     []string    `json:"hosts,omitempty"`
 	CreatedAt int64       `json:"created_at"` // Unix nanoseconds, from the command
+	// Reason says why the volume is VolumeFailed (empty otherwise).
+	Reason string `json:"reason,omitempty"`
 }
 
 func (v *Volume) clone() Volume {
@@ -153,6 +162,9 @@ type Connection struct {
 type connKey struct{ host, volume, node string }
 
 func (c *Connection) key() connKey { return connKey{c.HostNQN, c.Volume, c.Node} }
+
+// maxReason bounds a failed volume's reason, in bytes.
+const maxReason = 1024
 
 // DefaultNQN is the subsystem NQN a volume created without one gets.
 func DefaultNQN(volume string) string { return "nqn.2024-01.io.blk:volume:" + volume }
@@ -386,7 +398,17 @@ func (s *State) setVolumeState(c SetVolumeState) Result {
 	if !validTransition(v.State, c.State) {
 		return Result{Err: fmt.Errorf("meta: volume %q: %v → %v: %w", c.Name, v.State, c.State, ErrBadTransition)}
 	}
+	if c.State == VolumeFailed && c.Reason == "" {
+		return Result{Err: fmt.Errorf("meta: volume %q: failed without a reason: %w", c.Name, ErrInvalid)}
+	}
+	if len(c.Reason) > maxReason {
+		return Result{Err: fmt.Errorf("meta: volume %q: reason of %d bytes, at most %d: %w", c.Name, len(c.Reason), maxReason, ErrInvalid)}
+	}
 	v.State = c.State
+	v.Reason = ""
+	if c.State == VolumeFailed {
+		v.Reason = c.Reason
+	}
 	cp := v.clone()
 	return Result{Volume: &cp}
 }

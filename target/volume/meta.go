@@ -97,6 +97,11 @@ func decodeMeta(id ID, v []byte) (Info, error) {
 	return info, nil
 }
 
+// CheckShape says whether Create would accept size and blockSize (and
+// Resize the size), so a caller can refuse a request before it records
+// any intent. It wraps ErrInvalid.
+func CheckShape(size uint64, blockSize uint32) error { return checkShape(size, blockSize) }
+
 // checkShape checks a block size and a size against each other.
 func checkShape(size uint64, blockSize uint32) error {
 	if blockSize != BlockSize4K && blockSize != BlockSize512 {

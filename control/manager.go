@@ -1,0 +1,298 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/target/volume"
+)
+
+// Errors of Manager's operations, besides the registry's own (meta.Err*).
+var (
+	// ErrInvalid: the request breaks a limit of the store or target; it
+	// was refused before anything was written to the registry.
+	ErrInvalid = errors.New("control: invalid request")
+	// ErrOwnerUnreachable: the registry holds the intent, but the
+	// volume's owner node did not answer; it converges when it can (its
+	// restart, or the leader's next settle round).
+	ErrOwnerUnreachable = errors.New("control: owner node unreachable")
+	// ErrOwnerFailed: the owner tried and could not; the reason follows.
+	ErrOwnerFailed = errors.New("control: owner node failed")
+)
+
+// Registry is what Manager needs of the replicated registry (meta.Node,
+// adapted in cmd/blkd; meta.State directly in tests). Manager runs on the
+// registry leader.
+type Registry interface {
+	// Apply commits a command and returns its result; Result.Err is
+	// returned as the error.
+	Apply(ctx context.Context, c meta.Command) (meta.Result, error)
+	// Volume reads one volume, linearizably; meta.ErrUnknownVolume if
+	// the registry has none of that name.
+	Volume(ctx context.Context, name string) (meta.Volume, error)
+	// Volumes reads every volume, linearizably.
+	Volumes(ctx context.Context) ([]meta.Volume, error)
+}
+
+// Owners reaches the reconciler of a volume's owner node: in process for
+// the local node, over the network for the others.
+type Owners interface {
+	// Reconcile asks node to reconcile the volume called name from its
+	// copy of the registry once that copy has applied index, and returns
+	// the volume's local status there (StateDeleted if the registry no
+	// longer has it). An error means the node did not answer.
+	Reconcile(ctx context.Context, node, name string, index uint64) (Status, error)
+}
+
+// Manager runs the management operations on the registry leader: each
+// is a short sequence of registry commands around one call to the
+// owner's Reconcile, so that a crash between any two steps leaves intent
+// in the registry that a later Reconcile (restart, retry, settle round)
+// completes. Requests are checked against every limit before anything is
+// written. Operations on the same volume are serialized; different
+// volumes proceed in parallel.
+type Manager struct {
+	reg    Registry
+	owners Owners
+
+	mu    sync.Mutex
+	locks map[string]*nameLock
+}
+
+type nameLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// NewManager returns a manager over reg and owners.
+func NewManager(reg Registry, owners Owners) *Manager {
+	return &Manager{reg: reg, owners: owners, locks: make(map[string]*nameLock)}
+}
+
+// lock serializes operations on one volume name.
+func (m *Manager) lock(name string) func() {
+	m.mu.Lock()
+	l := m.locks[name]
+	if l == nil {
+		l = &nameLock{}
+		m.locks[name] = l
+	}
+	l.refs++
+	m.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		m.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(m.locks, name)
+		}
+		m.mu.Unlock()
+	}
+}
+
+// CreateRequest asks for a new volume on a node.
+type CreateRequest struct {
+	Name      string
+	SizeBytes uint64
+	BlockSize uint32 // 0: volume.DefaultBlockSize
+	Node      string
+	NQN       string // "": meta.DefaultNQN(Name)
+}
+
+// Create registers a volume, has its owner create and serve it, and
+// marks it online. If the owner cannot, the volume is deleted again and
+// the error says why; if the owner does not answer, the volume stays
+// creating and is finished by the owner when it can.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (meta.Volume, error) {
+	if req.BlockSize == 0 {
+		req.BlockSize = volume.DefaultBlockSize
+	}
+	if err := volume.CheckShape(req.SizeBytes, req.BlockSize); err != nil {
+		return meta.Volume{}, fmt.Errorf("%w: volume %q: %v", ErrInvalid, req.Name, err)
+	}
+	defer m.lock(req.Name)()
+	res, err := m.reg.Apply(ctx, meta.CreateVolume{
+		Name: req.Name, SizeBytes: req.SizeBytes, BlockSize: req.BlockSize,
+		Node: req.Node, NQN: req.NQN, At: time.Now().UnixNano(),
+	})
+	if err != nil {
+		return meta.Volume{}, err
+	}
+	v := *res.Volume
+	st, err := m.owners.Reconcile(ctx, v.Node, v.Name, res.Index)
+	if err != nil {
+		return v, fmt.Errorf("%w: volume %q is registered (creating) but node %s did not create it yet: %v; it finishes when the node is reachable", ErrOwnerUnreachable, v.Name, v.Node, err)
+	}
+	if st.State != StateOnline {
+		// Leave nothing half-made: delete what the owner made, forget it.
+		ctx := context.WithoutCancel(ctx)
+		if r, err := m.reg.Apply(ctx, meta.DeleteVolume{Name: v.Name, Force: true}); err == nil {
+			if d, err := m.owners.Reconcile(ctx, v.Node, v.Name, r.Index); err == nil && d.State == StateDeleted {
+				_, _ = m.reg.Apply(ctx, meta.PurgeVolume{Name: v.Name})
+			}
+		}
+		return meta.Volume{}, fmt.Errorf("%w: create volume %q on node %s: %s", ErrOwnerFailed, v.Name, v.Node, st.Reason)
+	}
+	return m.settle(ctx, v, st)
+}
+
+// Delete moves a volume to deleting (refused while hosts are connected,
+// unless force), has its owner remove it, and forgets it. A volume left
+// deleting by an earlier failure is finished.
+func (m *Manager) Delete(ctx context.Context, name string, force bool) error {
+	defer m.lock(name)()
+	v, err := m.reg.Volume(ctx, name)
+	if err != nil {
+		return err
+	}
+	index := uint64(0)
+	if v.State != meta.VolumeDeleting {
+		res, err := m.reg.Apply(ctx, meta.DeleteVolume{Name: name, Force: force})
+		if err != nil {
+			return err
+		}
+		v, index = *res.Volume, res.Index
+	}
+	st, err := m.owners.Reconcile(ctx, v.Node, name, index)
+	if err != nil {
+		return fmt.Errorf("%w: volume %q is deleting, but node %s did not remove it yet: %v; delete again, or it finishes when the node restarts", ErrOwnerUnreachable, name, v.Node, err)
+	}
+	if st.State != StateDeleted {
+		return fmt.Errorf("%w: delete volume %q on node %s: %s", ErrOwnerFailed, name, v.Node, st.Reason)
+	}
+	_, err = m.reg.Apply(ctx, meta.PurgeVolume{Name: name})
+	return err
+}
+
+// Resize grows a volume to size bytes; the size is checked against the
+// store's limits before the registry changes.
+func (m *Manager) Resize(ctx context.Context, name string, size uint64) (meta.Volume, error) {
+	defer m.lock(name)()
+	v, err := m.reg.Volume(ctx, name)
+	if err != nil {
+		return v, err
+	}
+	if err := volume.CheckShape(size, v.BlockSize); err != nil {
+		return v, fmt.Errorf("%w: resize volume %q: %v", ErrInvalid, name, err)
+	}
+	res, err := m.reg.Apply(ctx, meta.ResizeVolume{Name: name, SizeBytes: size})
+	if err != nil {
+		return v, err
+	}
+	return m.converge(ctx, *res.Volume, res.Index)
+}
+
+// AllowHost adds host to a volume's allowed hosts.
+func (m *Manager) AllowHost(ctx context.Context, name, host string) (meta.Volume, error) {
+	defer m.lock(name)()
+	res, err := m.reg.Apply(ctx, meta.AllowHost{Volume: name, HostNQN: host})
+	if err != nil {
+		return meta.Volume{}, err
+	}
+	return m.converge(ctx, *res.Volume, res.Index)
+}
+
+// DisallowHost removes host from a volume's allowed hosts (refused while
+// it is connected, unless force).
+func (m *Manager) DisallowHost(ctx context.Context, name, host string, force bool) (meta.Volume, error) {
+	defer m.lock(name)()
+	res, err := m.reg.Apply(ctx, meta.DisallowHost{Volume: name, HostNQN: host, Force: force})
+	if err != nil {
+		return meta.Volume{}, err
+	}
+	return m.converge(ctx, *res.Volume, res.Index)
+}
+
+// converge has v's owner reconcile it as of index and records the outcome.
+func (m *Manager) converge(ctx context.Context, v meta.Volume, index uint64) (meta.Volume, error) {
+	st, err := m.owners.Reconcile(ctx, v.Node, v.Name, index)
+	if err != nil {
+		return v, fmt.Errorf("%w: volume %q: the registry is updated, but node %s did not apply it yet: %v; it does when it is reachable", ErrOwnerUnreachable, v.Name, v.Node, err)
+	}
+	v, err = m.settle(ctx, v, st)
+	if err != nil {
+		return v, err
+	}
+	if st.State == StateFailed {
+		return v, fmt.Errorf("%w: volume %q on node %s: %s", ErrOwnerFailed, v.Name, v.Node, st.Reason)
+	}
+	return v, nil
+}
+
+// settle records an owner's status in the registry: a volume it serves
+// becomes online (offline), one it cannot serve failed with the reason,
+// one it deleted is purged. It returns the registry's volume afterwards.
+func (m *Manager) settle(ctx context.Context, v meta.Volume, st Status) (meta.Volume, error) {
+	var c meta.Command
+	switch {
+	case v.State == meta.VolumeDeleting:
+		if st.State == StateDeleted {
+			c = meta.PurgeVolume{Name: v.Name}
+		}
+	case st.State == StateOnline && v.State != meta.VolumeOnline:
+		c = meta.SetVolumeState{Name: v.Name, State: meta.VolumeOnline}
+	case st.State == StateOffline && v.State != meta.VolumeOffline:
+		c = meta.SetVolumeState{Name: v.Name, State: meta.VolumeOffline}
+	case st.State == StateFailed:
+		reason := truncate(st.Reason, 1000)
+		if v.State != meta.VolumeFailed || v.Reason != reason {
+			c = meta.SetVolumeState{Name: v.Name, State: meta.VolumeFailed, Reason: reason}
+		}
+	}
+	if c == nil {
+		return v, nil
+	}
+	res, err := m.reg.Apply(ctx, c)
+	if err != nil {
+		return v, err
+	}
+	if res.Volume != nil {
+		return *res.Volume, nil
+	}
+	return v, nil
+}
+
+// Settle is one round of the leader's control loop: every volume's owner
+// reconciles it and the registry records the outcome (creating volumes
+// finished, failed ones marked with their reason or back online,
+// deleting ones purged). It returns the owners that did not answer; the
+// rest proceed regardless.
+func (m *Manager) Settle(ctx context.Context) (unreachable map[string]error, err error) {
+	vols, err := m.reg.Volumes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vols {
+		if _, bad := unreachable[v.Node]; bad {
+			continue
+		}
+		func() {
+			defer m.lock(v.Name)()
+			cur, err := m.reg.Volume(ctx, v.Name)
+			if err != nil {
+				return // purged meanwhile
+			}
+			st, err := m.owners.Reconcile(ctx, cur.Node, cur.Name, 0)
+			if err != nil {
+				if unreachable == nil {
+					unreachable = make(map[string]error)
+				}
+				unreachable[cur.Node] = err
+				return
+			}
+			_, _ = m.settle(ctx, cur, st)
+		}()
+	}
+	return unreachable, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,294 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+
+	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/target/volume"
+)
+
+// Store is what the reconciler needs of the node's block store
+// (target/volume's Store, adapted in cmd/blkd). Errors for an absent
+// volume wrap volume.ErrNotFound.
+type Store interface {
+	// Shape returns volume id's size and block size.
+	Shape(id uint64) (size uint64, blockSize uint32, err error)
+	// Create makes an empty volume.
+	Create(id uint64, size uint64, blockSize uint32) error
+	// Grow enlarges a volume to size bytes.
+	Grow(id uint64, size uint64) error
+	// Delete removes a volume and its data.
+	Delete(id uint64) error
+	// List returns the IDs of every volume in the store.
+	List() ([]uint64, error)
+}
+
+// Target is what the reconciler needs of the NVMe-oF target: one
+// subsystem per volume, keyed by the volume's NQN, with the volume as
+// namespace 1.
+type Target interface {
+	// Serve adds v's subsystem with its hosts and namespace 1.
+	Serve(v meta.Volume) error
+	// Served says whether a subsystem with this NQN exists.
+	Served(nqn string) bool
+	// SetHosts makes the subsystem's host list exactly hosts.
+	SetHosts(nqn string, allowAny bool, hosts []string) error
+	// Revalidate tells connected hosts namespace 1 changed (its size).
+	Revalidate(nqn string) error
+	// Unserve removes the subsystem (no error if it is not there),
+	// disconnecting its hosts.
+	Unserve(nqn string) error
+}
+
+// Status is a volume's local state on its owner, as the last reconcile
+// left it.
+type Status struct {
+	Name   string `json:"name"`
+	ID     uint64 `json:"id"`
+	NQN    string `json:"nqn"`
+	State  State  `json:"state"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Reconciler brings one node's store and target to what the registry
+// says about the volumes the node owns. Every path that changes a volume
+// on its node — the API (through Manager), the restart, the leader's call
+// to an owner — ends in Reconcile. It is idempotent: calling it again
+// with the same registry entry changes nothing.
+//
+// It never talks to the network or the registry; local steps are short,
+// so one mutex serializes them.
+type Reconciler struct {
+	node  string
+	store Store
+	tgt   Target
+	log   *slog.Logger
+
+	mu   sync.Mutex
+	vols map[uint64]*Status // by volume ID
+}
+
+// NewReconciler returns a reconciler for node's store and target. log
+// receives one record per state change.
+func NewReconciler(node string, store Store, tgt Target, log *slog.Logger) *Reconciler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Reconciler{node: node, store: store, tgt: tgt, log: log, vols: make(map[uint64]*Status)}
+}
+
+// Node is the ID of the node the reconciler serves.
+func (r *Reconciler) Node() string { return r.node }
+
+// Statuses returns every volume's local status, by name.
+func (r *Reconciler) Statuses() []Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Status, 0, len(r.vols))
+	for _, s := range r.vols {
+		out = append(out, *s)
+	}
+	slices.SortFunc(out, func(a, b Status) int { return int(a.ID) - int(b.ID) })
+	return out
+}
+
+// Status returns the local status of the volume called name.
+func (r *Reconciler) Status(name string) (Status, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.vols {
+		if s.Name == name {
+			return *s, true
+		}
+	}
+	return Status{}, false
+}
+
+// transition moves st to state to, with reason for StateFailed. It is the
+// one place a volume's local state changes, and logs every change.
+func (r *Reconciler) transition(st *Status, to State, reason string) {
+	from := st.State
+	if from == to && st.Reason == reason {
+		return
+	}
+	if !validTransition(from, to) {
+		// A bug in Reconcile, not an input: say so loudly and go on,
+		// since the new state is what the store and target now are.
+		r.log.Error("volume state: invalid transition", "volume", st.Name, "id", st.ID, "from", from.String(), "to", to.String())
+	}
+	st.State, st.Reason = to, reason
+	attrs := []any{"volume", st.Name, "id", st.ID, "from", stateName(from), "to", to.String()}
+	if reason != "" {
+		attrs = append(attrs, "reason", reason)
+	}
+	level := slog.LevelInfo
+	if to == StateFailed {
+		level = slog.LevelError
+	}
+	r.log.Log(context.Background(), level, "volume state", attrs...)
+}
+
+func stateName(s State) string {
+	if s == 0 {
+		return "unknown"
+	}
+	return s.String()
+}
+
+// Reconcile makes this node's store and target match v, the registry's
+// entry for a volume this node owns, and returns the volume's local
+// status. A volume that cannot be served is StateFailed with the reason;
+// nothing else on the node is affected.
+//
+// What it does, by the registry's state:
+//
+//   - deleting: the subsystem is removed, then the store volume; the
+//     status is StateDeleted (the registry may purge the volume).
+//   - creating: the store volume is created if absent; then as online.
+//   - online, failed: the store volume must exist with the registry's
+//     block size and at most its size (it is grown to it); the subsystem
+//     is served with exactly the registry's hosts.
+//   - offline: as online, but the subsystem is removed.
+//
+// An online volume missing from the store is failed, never recreated
+// empty: that would answer reads of acknowledged data with zeros.
+func (r *Reconciler) Reconcile(v meta.Volume) Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.vols[v.ID]
+	if st == nil {
+		st = &Status{Name: v.Name, ID: v.ID, NQN: v.NQN}
+		r.vols[v.ID] = st
+	}
+	if v.Node != r.node {
+		r.transition(st, StateFailed, fmt.Sprintf("owned by node %s, not %s", v.Node, r.node))
+		return *st
+	}
+	if err := r.reconcile(st, v); err != nil {
+		r.transition(st, StateFailed, err.Error())
+	}
+	out := *st
+	if st.State == StateDeleted {
+		delete(r.vols, v.ID)
+	}
+	return out
+}
+
+func (r *Reconciler) reconcile(st *Status, v meta.Volume) error {
+	if v.State == meta.VolumeDeleting {
+		if st.State != StateDeleted {
+			r.transition(st, StateDeleting, "")
+		}
+		if err := r.tgt.Unserve(v.NQN); err != nil {
+			return fmt.Errorf("remove subsystem %s: %w", v.NQN, err)
+		}
+		if err := r.store.Delete(v.ID); err != nil && !errors.Is(err, volume.ErrNotFound) {
+			return fmt.Errorf("delete store volume %d: %w", v.ID, err)
+		}
+		r.transition(st, StateDeleted, "")
+		return nil
+	}
+	size, bs, err := r.store.Shape(v.ID)
+	switch {
+	case errors.Is(err, volume.ErrNotFound) && v.State == meta.VolumeCreating:
+		r.transition(st, StateCreating, "")
+		if err := r.store.Create(v.ID, v.SizeBytes, v.BlockSize); err != nil {
+			return fmt.Errorf("create store volume %d: %w", v.ID, err)
+		}
+		size, bs = v.SizeBytes, v.BlockSize
+	case errors.Is(err, volume.ErrNotFound):
+		// Serving nothing under this NQN is the only safe thing.
+		_ = r.tgt.Unserve(v.NQN)
+		return fmt.Errorf("the store has no volume %d: its data is missing from this node's data directory", v.ID)
+	case err != nil:
+		return fmt.Errorf("store volume %d: %w", v.ID, err)
+	}
+	if bs != v.BlockSize {
+		_ = r.tgt.Unserve(v.NQN)
+		return fmt.Errorf("store volume %d has %d-byte blocks, the registry says %d", v.ID, bs, v.BlockSize)
+	}
+	grown := false
+	switch {
+	case size < v.SizeBytes:
+		if err := r.store.Grow(v.ID, v.SizeBytes); err != nil {
+			return fmt.Errorf("grow store volume %d from %d to the registry's %d bytes: %w", v.ID, size, v.SizeBytes, err)
+		}
+		grown = true
+	case size > v.SizeBytes:
+		// The registry never shrinks a volume: it lost a resize (restored
+		// from an older snapshot?). Serve nothing rather than guess.
+		_ = r.tgt.Unserve(v.NQN)
+		return fmt.Errorf("store volume %d is %d bytes, larger than the registry's %d: the registry lost a resize; resize the volume to at least %d bytes", v.ID, size, v.SizeBytes, size)
+	}
+	if v.State == meta.VolumeOffline {
+		if err := r.tgt.Unserve(v.NQN); err != nil {
+			return fmt.Errorf("remove subsystem %s: %w", v.NQN, err)
+		}
+		r.transition(st, StateOffline, "")
+		return nil
+	}
+	if !r.tgt.Served(v.NQN) {
+		if err := r.tgt.Serve(v); err != nil {
+			return fmt.Errorf("serve subsystem %s: %w", v.NQN, err)
+		}
+	} else {
+		if err := r.tgt.SetHosts(v.NQN, v.AllowAny, v.Hosts); err != nil {
+			return fmt.Errorf("subsystem %s hosts: %w", v.NQN, err)
+		}
+		if grown {
+			if err := r.tgt.Revalidate(v.NQN); err != nil {
+				return fmt.Errorf("subsystem %s: revalidate namespace 1: %w", v.NQN, err)
+			}
+		}
+	}
+	r.transition(st, StateOnline, "")
+	return nil
+}
+
+// Forget drops the local record of a volume the registry no longer has,
+// removing its subsystem if it is still served. Its store data is kept:
+// the registry purges a volume only after its owner deleted it, so data
+// here means the registry lost track, and an operator decides.
+func (r *Reconciler) Forget(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, s := range r.vols {
+		if s.Name == name {
+			_ = r.tgt.Unserve(s.NQN)
+			delete(r.vols, id)
+		}
+	}
+}
+
+// ReconcileAll reconciles every volume of vols this node owns (the
+// restart path) and returns their statuses, plus a StateFailed status for
+// each store volume the registry does not know (an orphan, kept for an
+// operator to look at). One volume's failure never stops the others.
+func (r *Reconciler) ReconcileAll(vols []meta.Volume) []Status {
+	var out []Status
+	known := make(map[uint64]bool)
+	for _, v := range vols {
+		if v.Node != r.node {
+			continue
+		}
+		known[v.ID] = true
+		out = append(out, r.Reconcile(v))
+	}
+	ids, err := r.store.List()
+	if err != nil {
+		r.log.Error("volume store: list", "err", err)
+		return out
+	}
+	for _, id := range ids {
+		if !known[id] {
+			r.log.Warn("store volume unknown to the registry: kept, not served", "id", id)
+			out = append(out, Status{ID: id, State: StateFailed, Reason: "in the store but not in the registry (orphan): kept, not served"})
+		}
+	}
+	return out
+}
