@@ -111,7 +111,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (meta.Volume, e
 	if req.BlockSize == 0 {
 		req.BlockSize = volume.DefaultBlockSize
 	}
-	if err := volume.CheckShape(req.SizeBytes, req.BlockSize); err != nil {
+	if err := checkShape(req.SizeBytes, req.BlockSize); err != nil {
 		return meta.Volume{}, fmt.Errorf("%w: volume %q: %v", ErrInvalid, req.Name, err)
 	}
 	defer m.lock(req.Name)()
@@ -176,7 +176,7 @@ func (m *Manager) Resize(ctx context.Context, name string, size uint64) (meta.Vo
 	if err != nil {
 		return v, err
 	}
-	if err := volume.CheckShape(size, v.BlockSize); err != nil {
+	if err := checkShape(size, v.BlockSize); err != nil {
 		return v, fmt.Errorf("%w: resize volume %q: %v", ErrInvalid, name, err)
 	}
 	res, err := m.reg.Apply(ctx, meta.ResizeVolume{Name: name, SizeBytes: size})
@@ -288,6 +288,22 @@ func (m *Manager) Settle(ctx context.Context) (unreachable map[string]error, err
 		}()
 	}
 	return unreachable, nil
+}
+
+// checkShape checks a size and block size against the store's limits,
+// with a message that says what to do.
+func checkShape(size uint64, bs uint32) error {
+	switch {
+	case bs != volume.BlockSize4K && bs != volume.BlockSize512:
+		return fmt.Errorf("block size %d: use %d or %d", bs, volume.BlockSize512, volume.BlockSize4K)
+	case size == 0:
+		return errors.New("size 0: give a positive size")
+	case size > volume.MaxSizeBytes:
+		return fmt.Errorf("size %d bytes is more than the largest volume the store holds, %d bytes (4 EiB)", size, uint64(volume.MaxSizeBytes))
+	case size%uint64(bs) != 0:
+		return fmt.Errorf("size %d is not a multiple of the block size %d: use %d or %d", size, bs, size/uint64(bs)*uint64(bs), (size/uint64(bs)+1)*uint64(bs))
+	}
+	return volume.CheckShape(size, bs)
 }
 
 func truncate(s string, n int) string {

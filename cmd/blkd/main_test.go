@@ -219,6 +219,7 @@ type volumeJSON struct {
 	State     string   `json:"state"`
 	NQN       string   `json:"nqn"`
 	Hosts     []string `json:"hosts"`
+	Reason    string   `json:"reason"`
 }
 
 type listJSON struct {

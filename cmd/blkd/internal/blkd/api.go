@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/blk-project/blk/control"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target/volume"
@@ -68,6 +69,12 @@ func metaError(err error, hint string) error {
 		status = http.StatusBadRequest
 	case errors.Is(err, meta.ErrNotLeader):
 		status, hint = http.StatusServiceUnavailable, "send the request to the registry leader"
+	case errors.Is(err, control.ErrInvalid):
+		status = http.StatusBadRequest
+	case errors.Is(err, control.ErrOwnerUnreachable):
+		status = http.StatusBadGateway
+	case errors.Is(err, control.ErrOwnerFailed):
+		status = http.StatusInternalServerError
 	}
 	// The registry's errors repeat its prefix ("meta: volume "x": meta:
 	// unknown volume"); once is enough for an operator.
@@ -112,8 +119,8 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("POST /v1/volumes/{name}/attach", w(d.attach))
 	m.Handle("POST /v1/volumes/{name}/detach", w(d.detach))
 	m.Handle("POST /v1/volumes/{name}/resize", w(d.resizeVolume))
-	// The leader asks a volume's owner to do its local part (owner.go).
-	m.Handle("POST /v1/internal/local", handler(d.internalLocal))
+	// The leader asks a volume's owner to reconcile it (owner.go).
+	m.Handle("POST /v1/internal/reconcile", handler(d.internalReconcile))
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
 	m.Handle("POST /v1/cluster/join", w(d.clusterJoin))
 	m.Handle("POST /v1/cluster/remove", w(d.clusterRemove))
@@ -211,38 +218,13 @@ func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if req.BlockSize == 0 {
 		req.BlockSize = volume.DefaultBlockSize
 	}
-	ctx := r.Context()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	res, err := d.node.Apply(ctx, meta.CreateVolume{
-		Name: req.Name, SizeBytes: uint64(*req.Size), BlockSize: req.BlockSize,
-		Node: d.cfg.NodeID, At: time.Now().UnixNano(),
+	v, err := d.mgr.Create(r.Context(), control.CreateRequest{
+		Name: req.Name, SizeBytes: uint64(*req.Size), BlockSize: req.BlockSize, Node: d.cfg.NodeID,
 	})
 	if err != nil {
 		return metaError(err, "")
 	}
-	v := *res.Volume
-	undo := func(cause error) error {
-		// Leave the registry as it was: delete, then forget, the volume.
-		if _, err := d.node.Apply(context.WithoutCancel(ctx), meta.DeleteVolume{Name: v.Name, Force: true}); err == nil {
-			_, _ = d.node.Apply(context.WithoutCancel(ctx), meta.PurgeVolume{Name: v.Name})
-		}
-		return fmt.Errorf("create volume %q: %w", v.Name, cause)
-	}
-	if _, err := d.store.Create(volume.ID(v.ID), volume.CreateOptions{SizeBytes: v.SizeBytes, BlockSize: v.BlockSize}); err != nil {
-		return undo(err)
-	}
-	if err := d.serve(v); err != nil {
-		_ = d.store.Delete(volume.ID(v.ID))
-		return undo(err)
-	}
-	res, err = d.node.Apply(ctx, meta.SetVolumeState{Name: v.Name, State: meta.VolumeOnline})
-	if err != nil {
-		_ = d.tgt.RemoveSubsystem(v.NQN)
-		_ = d.store.Delete(volume.ID(v.ID))
-		return undo(err)
-	}
-	writeJSON(w, http.StatusCreated, res.Volume)
+	writeJSON(w, http.StatusCreated, v)
 	return nil
 }
 
@@ -301,25 +283,9 @@ func (d *Daemon) deleteVolume(w http.ResponseWriter, r *http.Request) error {
 			return badRequest("force=%q: use force=true or force=false", f)
 		}
 	}
-	ctx := r.Context()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	v, err := d.readVolume(ctx, name)
-	if err != nil {
-		return err
-	}
 	// A volume already deleting (an earlier delete whose owner did not
-	// answer) is finished: the owner's part, then the purge.
-	if v.State != meta.VolumeDeleting {
-		if _, err := d.node.Apply(ctx, meta.DeleteVolume{Name: name, Force: force}); err != nil {
-			return metaError(err, "")
-		}
-	}
-	// From here the volume is VolumeDeleting: a restart finishes the job.
-	if err := d.onOwner(ctx, newLocalOp(opDelete, v, "")); err != nil {
-		return err
-	}
-	if _, err := d.node.Apply(ctx, meta.PurgeVolume{Name: name}); err != nil {
+	// answer) is finished.
+	if err := d.mgr.Delete(r.Context(), name, force); err != nil {
 		return metaError(err, "")
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -341,25 +307,11 @@ func (d *Daemon) resizeVolume(w http.ResponseWriter, r *http.Request) error {
 		return badRequest(`missing "size": give the new size in bytes or with a unit, e.g. {"size": "20GiB"}`)
 	}
 	size := uint64(*req.Size)
-	name := r.PathValue("name")
-	ctx := r.Context()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	v, err := d.readVolume(ctx, name)
-	if err != nil {
-		return err
-	}
-	if size < v.SizeBytes {
-		return badRequest("volume %q is %d bytes: shrinking to %d bytes is not supported; give a size of at least %d bytes", name, v.SizeBytes, size, v.SizeBytes)
-	}
-	res, err := d.node.Apply(ctx, meta.ResizeVolume{Name: name, SizeBytes: size})
+	v, err := d.mgr.Resize(r.Context(), r.PathValue("name"), size)
 	if err != nil {
 		return metaError(err, "")
 	}
-	if err := d.onOwner(ctx, newLocalOp(opResize, *res.Volume, "")); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, res.Volume)
+	writeJSON(w, http.StatusOK, v)
 	return nil
 }
 
@@ -386,41 +338,28 @@ func (d *Daemon) allowHost(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	name := r.PathValue("name")
-	ctx := r.Context()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, err := d.readVolume(ctx, name); err != nil {
-		return err
-	}
-	res, err := d.node.Apply(ctx, meta.AllowHost{Volume: name, HostNQN: host})
+	v, err := d.mgr.AllowHost(r.Context(), r.PathValue("name"), host)
 	if err != nil {
 		return metaError(err, "")
 	}
-	if err := d.onOwner(ctx, newLocalOp(opAllowHost, *res.Volume, host)); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, res.Volume)
+	writeJSON(w, http.StatusOK, v)
 	return nil
 }
 
 func (d *Daemon) disallowHost(w http.ResponseWriter, r *http.Request) error {
 	name, host := r.PathValue("name"), r.PathValue("nqn")
-	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
-	ctx := r.Context()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, err := d.readVolume(ctx, name); err != nil {
-		return err
+	force := false
+	if f := r.URL.Query().Get("force"); f != "" {
+		var err error
+		if force, err = strconv.ParseBool(f); err != nil {
+			return badRequest("force=%q: use force=true or force=false", f)
+		}
 	}
-	res, err := d.node.Apply(ctx, meta.DisallowHost{Volume: name, HostNQN: host, Force: force})
+	v, err := d.mgr.DisallowHost(r.Context(), name, host, force)
 	if err != nil {
 		return metaError(err, "")
 	}
-	if err := d.onOwner(ctx, newLocalOp(opDenyHost, *res.Volume, host)); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, res.Volume)
+	writeJSON(w, http.StatusOK, v)
 	return nil
 }
 

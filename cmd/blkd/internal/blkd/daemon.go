@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/blk-project/blk/control"
 	"github.com/blk-project/blk/internal/ratelog"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/metrics"
@@ -48,8 +49,17 @@ type Daemon struct {
 
 	served chan error // the HTTP server's exit
 
-	// mu serializes management operations: each is a sequence of
-	// registry commands and local changes that must not interleave.
+	// The control plane (owner.go): the reconciler of this node's
+	// volumes, the manager of operations (used while leader), the
+	// target's adapter, and the settle loop's state.
+	rec         *control.Reconciler
+	mgr         *control.Manager
+	tparts      *targetParts
+	settleMu    sync.Mutex
+	unreachable map[string]error
+	stop        chan struct{}
+
+	// mu serializes attach and detach, and shutdown waits on it.
 	mu sync.Mutex
 
 	closeOnce sync.Once
@@ -64,7 +74,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1)}
+	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1), stop: make(chan struct{})}
 	d.log, d.rl = newLogger(cfg)
 	defer func() {
 		if err != nil {
@@ -136,9 +146,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	// Serve the volumes this node owns before the port accepts hosts,
 	// from a copy of the registry that has caught up with the leader's.
 	d.catchUp(ctx)
-	if err := d.rebuild(ctx); err != nil {
-		return nil, err
-	}
+	d.startControl(ctx)
 
 	d.port, err = rdma.Listen(d.tgt, d.nic, rcfg)
 	if err != nil {
@@ -161,6 +169,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	}
 	d.srv = &http.Server{Handler: d.routes(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { d.served <- d.srv.Serve(d.ln) }()
+	go d.settleLoop(d.stop)
 	fmt.Fprintf(out, "api listening on http://%s (/v1, /metrics)\n", d.ln.Addr())
 	fmt.Fprintln(out, "ready")
 	return d, nil
@@ -210,6 +219,7 @@ func (d *Daemon) Close() error {
 
 func (d *Daemon) shutdown(ctx context.Context) error {
 	d.closeOnce.Do(func() {
+		close(d.stop)
 		var errs []error
 		if d.srv != nil {
 			errs = append(errs, d.srv.Shutdown(ctx))
@@ -238,85 +248,6 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		d.closeErr = errors.Join(errs...)
 	})
 	return d.closeErr
-}
-
-// rebuild serves the volumes the registry says this node owns: it
-// finishes deletions and creations that a crash interrupted, and adds a
-// subsystem for every other volume.
-//
-// On a follower the registry cannot be changed from here: volumes left
-// creating or deleting by a crash are served (creating) or removed
-// locally (deleting), and their registry state is left as it is.
-func (d *Daemon) rebuild(ctx context.Context) error {
-	leader := d.node.IsLeader()
-	if leader {
-		if err := d.node.Linearize(ctx); err != nil {
-			return fmt.Errorf("meta registry: %w", err)
-		}
-	}
-	var vols []meta.Volume
-	d.node.FSM().Read(func(s *meta.State) {
-		for _, v := range s.Export().Volumes {
-			if v.Node == d.cfg.NodeID {
-				vols = append(vols, v)
-			}
-		}
-	})
-	for _, v := range vols {
-		switch v.State {
-		case meta.VolumeDeleting:
-			if err := d.store.Delete(volume.ID(v.ID)); err != nil && !errors.Is(err, volume.ErrNotFound) {
-				return fmt.Errorf("finish deleting volume %q: %w", v.Name, err)
-			}
-			if !leader {
-				fmt.Fprintf(d.out, "volume %q: deleted locally; its registry entry stays deleting until purged on the leader\n", v.Name)
-				continue
-			}
-			if _, err := d.node.Apply(ctx, meta.PurgeVolume{Name: v.Name}); err != nil {
-				return fmt.Errorf("finish deleting volume %q: %w", v.Name, err)
-			}
-			continue
-		case meta.VolumeCreating:
-			if _, err := d.store.Volume(volume.ID(v.ID)); errors.Is(err, volume.ErrNotFound) {
-				if _, err := d.store.Create(volume.ID(v.ID), volume.CreateOptions{SizeBytes: v.SizeBytes, BlockSize: v.BlockSize}); err != nil {
-					return fmt.Errorf("finish creating volume %q: %w", v.Name, err)
-				}
-			}
-		}
-		// A resize the leader applied while this node was away.
-		if err := d.growStore(v); err != nil {
-			return err
-		}
-		if err := d.serve(v); err != nil {
-			return fmt.Errorf("serve volume %q: %w", v.Name, err)
-		}
-		if v.State == meta.VolumeCreating && !leader {
-			fmt.Fprintf(d.out, "volume %q: served, but its registry entry stays creating (this node is not the leader)\n", v.Name)
-		} else if v.State == meta.VolumeCreating {
-			if _, err := d.node.Apply(ctx, meta.SetVolumeState{Name: v.Name, State: meta.VolumeOnline}); err != nil {
-				return fmt.Errorf("finish creating volume %q: %w", v.Name, err)
-			}
-		}
-	}
-	return nil
-}
-
-// growStore grows v's store volume to the registry's size if it is smaller.
-func (d *Daemon) growStore(v meta.Volume) error {
-	vol, err := d.store.Volume(volume.ID(v.ID))
-	if err != nil {
-		return fmt.Errorf("serve volume %q: %w", v.Name, err)
-	}
-	info, err := vol.Info()
-	if err != nil {
-		return fmt.Errorf("serve volume %q: %w", v.Name, err)
-	}
-	if info.SizeBytes < v.SizeBytes {
-		if err := d.store.Resize(volume.ID(v.ID), v.SizeBytes, false); err != nil {
-			return fmt.Errorf("resize volume %q to the registry's %d bytes: %w", v.Name, v.SizeBytes, err)
-		}
-	}
-	return nil
 }
 
 // serve adds the subsystem of v, with v's store volume as namespace 1.

@@ -7,168 +7,331 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
+	"github.com/blk-project/blk/control"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/volume"
 )
 
-// The registry leader serves every management write: it applies the
-// registry commands, and the owner of the volume does the local part
-// (subsystem hosts, store resize, removal). When the owner is another
-// node, the leader asks it through POST /v1/internal/local: one hop, no
-// registry change on the owner, so a volume owned by a follower is
-// managed like any other after a leader change.
-
-// Local operations the owner performs.
-const (
-	opAllowHost = "allow-host"
-	opDenyHost  = "deny-host"
-	opResize    = "resize"
-	opDelete    = "delete"
-)
+// The control plane (package control) runs here on its real parts: the
+// raft registry, the pebble store and the NVMe target. The registry
+// leader runs every management operation (control.Manager); the owner of
+// the volume reconciles it from its own copy of the registry
+// (control.Reconciler). When the owner is another node, the leader asks
+// it through POST /v1/internal/reconcile with the volume's name and the
+// registry index to reach first: the owner then does only what its
+// registry copy says, so the route cannot make a node do anything the
+// registry does not hold.
 
 // ownerTimeout bounds one request from the leader to a volume's owner.
 const ownerTimeout = 15 * time.Second
 
-// localOp is the owner's part of a management operation, taken from the
-// registry entry after the leader applied its commands.
-type localOp struct {
-	Op        string `json:"op"`
-	Name      string `json:"name"`
-	ID        uint64 `json:"id"`
-	NQN       string `json:"nqn"`
-	Node      string `json:"node"`
-	SizeBytes uint64 `json:"size_bytes,omitempty"`
-	HostNQN   string `json:"host_nqn,omitempty"`
+// settleInterval is how often the leader runs a settle round (every
+// owner reconciles every volume; failures and recoveries are recorded).
+const settleInterval = 10 * time.Second
+
+// ownerCatchUp bounds how long an owner waits for its registry copy to
+// reach the index the leader names.
+const ownerCatchUp = 10 * time.Second
+
+// reconcileRequest is the body of POST /v1/internal/reconcile.
+type reconcileRequest struct {
+	Name  string `json:"name"`
+	Index uint64 `json:"index"`
 }
 
-func newLocalOp(op string, v meta.Volume, host string) localOp {
-	return localOp{Op: op, Name: v.Name, ID: v.ID, NQN: v.NQN, Node: v.Node, SizeBytes: v.SizeBytes, HostNQN: host}
+// storeParts adapts the volume store to control.Store.
+type storeParts struct{ s *volume.Store }
+
+func (p storeParts) Shape(id uint64) (uint64, uint32, error) {
+	v, err := p.s.Volume(volume.ID(id))
+	if err != nil {
+		return 0, 0, err
+	}
+	info, err := v.Info()
+	if err != nil {
+		return 0, 0, err
+	}
+	return info.SizeBytes, info.BlockSize, nil
 }
 
-// onOwner runs op on the volume's owner: here, or through the owner's
-// internal route. The caller holds d.mu.
-func (d *Daemon) onOwner(ctx context.Context, op localOp) error {
-	if op.Node == d.cfg.NodeID {
-		return d.local(op)
+func (p storeParts) Create(id, size uint64, bs uint32) error {
+	_, err := p.s.Create(volume.ID(id), volume.CreateOptions{SizeBytes: size, BlockSize: bs})
+	return err
+}
+
+func (p storeParts) Grow(id, size uint64) error { return p.s.Resize(volume.ID(id), size, false) }
+func (p storeParts) Delete(id uint64) error     { return p.s.Delete(volume.ID(id)) }
+
+func (p storeParts) List() ([]uint64, error) {
+	infos, err := p.s.List()
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]uint64, len(infos))
+	for i, in := range infos {
+		ids[i] = uint64(in.ID)
+	}
+	return ids, nil
+}
+
+// targetParts adapts the NVMe target to control.Target.
+type targetParts struct {
+	d   *Daemon
+	mu  sync.Mutex
+	ids map[string]uint64 // NQN -> volume ID, for the latency labels
+}
+
+func (p *targetParts) Serve(v meta.Volume) error {
+	if err := p.d.serve(v); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.ids[v.NQN] = v.ID
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *targetParts) Served(nqn string) bool {
+	_, ok := p.d.tgt.Subsystem(nqn)
+	return ok
+}
+
+func (p *targetParts) SetHosts(nqn string, allowAny bool, hosts []string) error {
+	sub, ok := p.d.tgt.Subsystem(nqn)
+	if !ok {
+		return fmt.Errorf("subsystem %s: %w", nqn, target.ErrNotFound)
+	}
+	if sub.AllowAnyHost() != allowAny {
+		sub.SetAllowAnyHost(allowAny)
+	}
+	have := sub.Hosts()
+	for _, h := range hosts {
+		if !slices.Contains(have, h) {
+			if err := sub.AllowHost(h); err != nil && !errors.Is(err, target.ErrExists) {
+				return err
+			}
+		}
+	}
+	for _, h := range have {
+		if !slices.Contains(hosts, h) {
+			if err := sub.DenyHost(h); err != nil && !errors.Is(err, target.ErrNotFound) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (p *targetParts) Revalidate(nqn string) error {
+	sub, ok := p.d.tgt.Subsystem(nqn)
+	if !ok {
+		return fmt.Errorf("subsystem %s: %w", nqn, target.ErrNotFound)
+	}
+	return sub.RevalidateNamespace(1)
+}
+
+func (p *targetParts) Unserve(nqn string) error {
+	if err := p.d.tgt.RemoveSubsystem(nqn); err != nil && !errors.Is(err, target.ErrNotFound) {
+		return err
+	}
+	p.mu.Lock()
+	if id, ok := p.ids[nqn]; ok {
+		p.d.lat.Forget(strconv.FormatUint(id, 10))
+		delete(p.ids, nqn)
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+// registryParts adapts the raft registry to control.Registry.
+type registryParts struct{ n *meta.Node }
+
+func (p registryParts) Apply(ctx context.Context, c meta.Command) (meta.Result, error) {
+	return p.n.Apply(ctx, c)
+}
+
+func (p registryParts) Volume(ctx context.Context, name string) (meta.Volume, error) {
+	return p.n.ReadVolume(ctx, name)
+}
+
+func (p registryParts) Volumes(ctx context.Context) ([]meta.Volume, error) {
+	if err := p.n.Linearize(ctx); err != nil {
+		return nil, err
+	}
+	return p.n.FSM().Export().Volumes, nil
+}
+
+// ownerParts reaches a volume's owner: this node in process, others
+// through their internal route.
+type ownerParts struct{ d *Daemon }
+
+func (p ownerParts) Reconcile(ctx context.Context, node, name string, index uint64) (control.Status, error) {
+	if node == p.d.cfg.NodeID {
+		return p.d.reconcileLocal(ctx, name, index)
 	}
 	var api string
-	d.node.FSM().Read(func(s *meta.State) {
-		if n, ok := s.Node(op.Node); ok {
+	p.d.node.FSM().Read(func(s *meta.State) {
+		if n, ok := s.Node(node); ok {
 			api = n.MgmtAddr
 		}
 	})
-	fail := func(format string, args ...any) error {
-		return &apiError{http.StatusBadGateway, fmt.Sprintf("volume %q: the registry is updated, but its owner node %s did not do its part (%s): "+
-			"it catches up from the registry when it restarts; retry when it is reachable", op.Name, op.Node, fmt.Sprintf(format, args...))}
-	}
 	if api == "" {
-		return fail("the registry knows no API address for it")
+		return control.Status{}, fmt.Errorf("the registry knows no API address for node %s", node)
 	}
-	body, _ := json.Marshal(op)
+	body, _ := json.Marshal(reconcileRequest{Name: name, Index: index})
 	ctx, cancel := context.WithTimeout(ctx, ownerTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+api+"/v1/internal/local", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+api+"/v1/internal/reconcile", bytes.NewReader(body))
 	if err != nil {
-		return fail("%v", err)
+		return control.Status{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fail("%v", err)
+		return control.Status{}, err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if resp.StatusCode/100 == 2 {
-		return nil
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(b, &e) != nil || e.Error == "" {
+			e.Error = string(b)
+		}
+		return control.Status{}, fmt.Errorf("node %s at %s answered %s: %s", node, api, resp.Status, e.Error)
 	}
-	var e struct {
-		Error string `json:"error"`
+	var st control.Status
+	if err := json.Unmarshal(b, &st); err != nil {
+		return control.Status{}, fmt.Errorf("node %s at %s: bad status %q: %v", node, api, b, err)
 	}
-	if json.Unmarshal(b, &e) != nil || e.Error == "" {
-		e.Error = string(b)
-	}
-	return fail("%s at %s answered %s: %s", op.Node, api, resp.Status, e.Error)
+	return st, nil
 }
 
-// internalLocal serves POST /v1/internal/local: the leader asks this node,
-// the volume's owner, to do its part of an operation.
-func (d *Daemon) internalLocal(w http.ResponseWriter, r *http.Request) error {
-	var op localOp
-	if err := decode(r, &op); err != nil {
+// reconcileLocal reconciles the volume called name on this node from its
+// registry copy, once that copy has applied index.
+func (d *Daemon) reconcileLocal(ctx context.Context, name string, index uint64) (control.Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, ownerCatchUp)
+	defer cancel()
+	for d.node.AppliedIndex() < index {
+		select {
+		case <-ctx.Done():
+			return control.Status{}, fmt.Errorf("node %s: registry copy at index %d, not yet %d", d.cfg.NodeID, d.node.AppliedIndex(), index)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	var v meta.Volume
+	var ok bool
+	d.node.FSM().Read(func(s *meta.State) { v, ok = s.Volume(name) })
+	if !ok {
+		d.rec.Forget(name)
+		return control.Status{Name: name, State: control.StateDeleted}, nil
+	}
+	if v.Node != d.cfg.NodeID {
+		return control.Status{}, &apiError{http.StatusConflict, fmt.Sprintf("volume %q is owned by node %s, not %s", name, v.Node, d.cfg.NodeID)}
+	}
+	return d.rec.Reconcile(v), nil
+}
+
+// internalReconcile serves POST /v1/internal/reconcile: the leader asks
+// this node, a volume's owner, to reconcile it.
+func (d *Daemon) internalReconcile(w http.ResponseWriter, r *http.Request) error {
+	var req reconcileRequest
+	if err := decode(r, &req); err != nil {
 		return err
 	}
-	if op.Node != d.cfg.NodeID {
-		return &apiError{http.StatusConflict, fmt.Sprintf("volume %q is owned by node %s, not %s", op.Name, op.Node, d.cfg.NodeID)}
+	if req.Name == "" {
+		return badRequest(`missing "name"`)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err := d.local(op); err != nil {
-		return err
+	st, err := d.reconcileLocal(r.Context(), req.Name, req.Index)
+	if err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) {
+			return err
+		}
+		return &apiError{http.StatusServiceUnavailable, err.Error()}
 	}
-	w.WriteHeader(http.StatusNoContent)
+	writeJSON(w, http.StatusOK, st)
 	return nil
 }
 
-// local does op on this node, the volume's owner. Each op is idempotent:
-// the leader may repeat it.
-func (d *Daemon) local(op localOp) error {
-	switch op.Op {
-	case opAllowHost:
-		sub, ok := d.tgt.Subsystem(op.NQN)
-		if !ok {
-			return fmt.Errorf("volume %q: subsystem %s is not served on %s", op.Name, op.NQN, d.cfg.NodeID)
-		}
-		if err := sub.AllowHost(op.HostNQN); err != nil && !errors.Is(err, target.ErrExists) {
-			return fmt.Errorf("volume %q: allow host %s: %w", op.Name, op.HostNQN, err)
-		}
-	case opDenyHost:
-		if sub, ok := d.tgt.Subsystem(op.NQN); ok {
-			if err := sub.DenyHost(op.HostNQN); err != nil && !errors.Is(err, target.ErrNotFound) {
-				return fmt.Errorf("volume %q: deny host %s: %w", op.Name, op.HostNQN, err)
+// startControl builds the reconciler and the manager and reconciles every
+// volume this node owns (the restart path). A volume that cannot be
+// served is reported and left failed; it never stops the node.
+func (d *Daemon) startControl(ctx context.Context) {
+	d.tparts = &targetParts{d: d, ids: make(map[string]uint64)}
+	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{d.store}, d.tparts, d.log)
+	d.mgr = control.NewManager(registryParts{d.node}, ownerParts{d})
+	var vols []meta.Volume
+	d.node.FSM().Read(func(s *meta.State) { vols = s.Export().Volumes })
+	for _, st := range d.rec.ReconcileAll(vols) {
+		if st.State == control.StateFailed {
+			name := st.Name
+			if name == "" {
+				name = "id " + strconv.FormatUint(st.ID, 10)
 			}
+			fmt.Fprintf(d.out, "volume %s failed: %s\n", name, st.Reason)
 		}
-	case opResize:
-		return d.resizeLocal(op.Name, op.ID, op.NQN, op.SizeBytes)
-	case opDelete:
-		if err := d.tgt.RemoveSubsystem(op.NQN); err != nil && !errors.Is(err, target.ErrNotFound) {
-			return fmt.Errorf("delete volume %q: remove subsystem: %w", op.Name, err)
-		}
-		if err := d.store.Delete(volume.ID(op.ID)); err != nil && !errors.Is(err, volume.ErrNotFound) {
-			return fmt.Errorf("delete volume %q: %w", op.Name, err)
-		}
-		d.lat.Forget(strconv.FormatUint(op.ID, 10))
-	default:
-		return badRequest("unknown local operation %q", op.Op)
 	}
-	return nil
+	if d.node.IsLeader() {
+		d.settle(ctx)
+	}
 }
 
-// resizeLocal grows the store volume to size (never shrinks it) and makes
-// the subsystem revalidate namespace 1, so connected hosts get a
-// namespace-changed event and see the new capacity.
-func (d *Daemon) resizeLocal(name string, id uint64, nqn string, size uint64) error {
-	vol, err := d.store.Volume(volume.ID(id))
-	if err != nil {
-		return fmt.Errorf("resize volume %q: %w", name, err)
+// settle runs one settle round if this node leads the registry, logging
+// owners that did not answer when that changes.
+func (d *Daemon) settle(ctx context.Context) {
+	if !d.node.IsLeader() {
+		return
 	}
-	info, err := vol.Info()
+	ctx, cancel := context.WithTimeout(ctx, 2*ownerTimeout)
+	defer cancel()
+	bad, err := d.mgr.Settle(ctx)
 	if err != nil {
-		return fmt.Errorf("resize volume %q: %w", name, err)
+		return // lost leadership or shutting down
 	}
-	if info.SizeBytes < size {
-		if err := d.store.Resize(volume.ID(id), size, false); err != nil {
-			return fmt.Errorf("resize volume %q: %w", name, err)
+	d.settleMu.Lock()
+	defer d.settleMu.Unlock()
+	for node, e := range bad {
+		if _, known := d.unreachable[node]; !known {
+			d.log.Warn("owner node unreachable: its volumes are not reconciled", slog.String("node", node), slog.String("err", e.Error()))
 		}
 	}
-	if sub, ok := d.tgt.Subsystem(nqn); ok {
-		if err := sub.RevalidateNamespace(1); err != nil && !errors.Is(err, target.ErrNotFound) {
-			return fmt.Errorf("resize volume %q: revalidate namespace: %w", name, err)
+	for node := range d.unreachable {
+		if _, still := bad[node]; !still {
+			d.log.Info("owner node reachable again", slog.String("node", node))
 		}
 	}
-	return nil
+	d.unreachable = bad
+}
+
+// settleLoop runs settle rounds until the daemon stops.
+func (d *Daemon) settleLoop(stop <-chan struct{}) {
+	t := time.NewTicker(settleInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				select {
+				case <-stop:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			d.settle(ctx)
+			cancel()
+		}
+	}
 }
