@@ -516,9 +516,11 @@ func (s *State) disallowHost(c DisallowHost) Result {
 		}
 		s.dropConns(c.Volume, c.HostNQN)
 	}
-	if i, found := slices.BinarySearch(v.Hosts, c.HostNQN); found {
-		v.Hosts = slices.Delete(v.Hosts, i, i+1)
+	i, found := slices.BinarySearch(v.Hosts, c.HostNQN)
+	if !found {
+		return Result{Err: fmt.Errorf("meta: volume %q: host %q: %w", c.Volume, c.HostNQN, ErrHostNotAllowed)}
 	}
+	v.Hosts = slices.Delete(v.Hosts, i, i+1)
 	cp := v.clone()
 	return Result{Volume: &cp}
 }

@@ -165,7 +165,7 @@ func TestApplyTable(t *testing.T) {
 		{"allow again", AllowHost{Volume: "on", HostNQN: h1}, nil, nil},
 		{"allow unknown volume", AllowHost{Volume: "vx", HostNQN: h1}, ErrUnknownVolume, nil},
 		{"allow bad nqn", AllowHost{Volume: "on", HostNQN: "host1"}, ErrInvalid, nil},
-		{"disallow", DisallowHost{Volume: "on", HostNQN: h2}, nil, nil},
+		{"disallow a host never allowed", DisallowHost{Volume: "on", HostNQN: h2}, ErrHostNotAllowed, nil},
 		{"disallow unknown volume", DisallowHost{Volume: "vx", HostNQN: h2}, ErrUnknownVolume, nil},
 		{"disallow connected", DisallowHost{Volume: "on", HostNQN: h1}, ErrHasConnections, nil},
 		{"disallow connected force", DisallowHost{Volume: "on", HostNQN: h1, Force: true}, nil, func(t *testing.T, s *State, r Result) {

@@ -83,3 +83,22 @@ func TestMissingVolumeFailsAlone(t *testing.T) {
 	d.must(t, "DELETE", "/v1/volumes/lost", "", 204, nil)
 	d.refuse(t, "GET", "/v1/volumes/lost", "", 404, "unknown volume")
 }
+
+// TestOperatorErrors: the answers the issue found wrong, each with the
+// status that names the problem: a second blkd on a data dir in use
+// (it blamed --raft-addr), deleting a host the volume never allowed (200),
+// removing an unknown node (200, blkctl exit 0), a wrong method (404).
+func TestOperatorErrors(t *testing.T) {
+	dir := t.TempDir()
+	d := startBlkd(t, dir)
+	out, code := runBlkd(t, "--data-dir", dir, "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", freeAddr(t))
+	if code == 0 || !strings.Contains(out, "is in use by another blkd (pid") {
+		t.Errorf("second blkd on the same data dir: exit %d, output:\n%s\nwant a non-zero exit naming the data dir in use", code, out)
+	}
+	d.must(t, "POST", "/v1/volumes", `{"name": "v", "size": "8MiB"}`, 201, nil)
+	d.refuse(t, "DELETE", "/v1/volumes/v/hosts/"+hostNQN, "", 404, `does not allow host`)
+	d.refuse(t, "POST", "/v1/cluster/remove", `{"node_id": "nobody"}`, 404, `no node "nobody"`)
+	d.refuse(t, "PUT", "/v1/volumes", `{}`, 405, `use GET, POST`)
+	d.refuse(t, "GET", "/v1/volumes/v/resize", "", 405, `use POST`)
+	d.refuse(t, "GET", "/v1/nothing", "", 404, `no route`)
+}

@@ -124,6 +124,20 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
 	m.Handle("POST /v1/cluster/join", w(d.clusterJoin))
 	m.Handle("POST /v1/cluster/remove", w(d.clusterRemove))
+	// A known path with a method it does not take: 405 naming the ones it
+	// does (a pattern without a method loses to the ones with).
+	for path, allow := range map[string]string{
+		"/metrics": "GET", "/v1/volumes": "GET, POST", "/v1/volumes/{name}": "GET, DELETE",
+		"/v1/volumes/{name}/hosts": "POST", "/v1/volumes/{name}/hosts/{nqn}": "DELETE",
+		"/v1/volumes/{name}/attach": "POST", "/v1/volumes/{name}/detach": "POST",
+		"/v1/volumes/{name}/resize": "POST", "/v1/internal/reconcile": "POST",
+		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
+	} {
+		m.Handle(path, handler(func(w http.ResponseWriter, r *http.Request) error {
+			w.Header().Set("Allow", allow)
+			return &apiError{http.StatusMethodNotAllowed, fmt.Sprintf("%s %s: method not allowed; use %s", r.Method, r.URL.Path, allow)}
+		}))
+	}
 	m.Handle("/", handler(func(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusNotFound, fmt.Sprintf("no route %s %s: the API is under /v1/volumes and /v1/cluster", r.Method, r.URL.Path)}
 	}))
@@ -356,6 +370,9 @@ func (d *Daemon) disallowHost(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	v, err := d.mgr.DisallowHost(r.Context(), name, host, force)
+	if errors.Is(err, meta.ErrHostNotAllowed) {
+		return &apiError{http.StatusNotFound, fmt.Sprintf("volume %q does not allow host %q: nothing to remove (GET /v1/volumes/%s lists its hosts)", name, host, name)}
+	}
 	if err != nil {
 		return metaError(err, "")
 	}

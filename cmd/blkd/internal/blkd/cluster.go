@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/blk-project/blk/meta"
@@ -127,6 +128,31 @@ func (d *Daemon) clusterRemove(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// Check before changing anything: an unknown node is 404, a node that
+	// still owns volumes or carries connections is refused while it is
+	// still a member (removing it from raft first would leave it half
+	// removed).
+	known := false
+	for _, m := range d.members() {
+		known = known || m.ID == req.NodeID
+	}
+	var owned []string
+	d.node.FSM().Read(func(s *meta.State) {
+		if _, ok := s.Node(req.NodeID); ok {
+			known = true
+		}
+		for _, v := range s.Export().Volumes {
+			if v.Node == req.NodeID {
+				owned = append(owned, v.Name)
+			}
+		}
+	})
+	if !known {
+		return &apiError{http.StatusNotFound, fmt.Sprintf("no node %q in the cluster: GET /v1/cluster lists the members", req.NodeID)}
+	}
+	if len(owned) > 0 {
+		return &apiError{http.StatusConflict, fmt.Sprintf("node %q owns volumes %s: delete them first", req.NodeID, strings.Join(owned, ", "))}
+	}
 	if err := d.node.RemoveServer(ctx, req.NodeID); err != nil {
 		return metaError(err, "")
 	}

@@ -48,6 +48,7 @@ type Daemon struct {
 	srv   *http.Server
 
 	served chan error // the HTTP server's exit
+	lock   *os.File   // the data directory's lock (lock.go)
 
 	// The control plane (owner.go): the reconciler of this node's
 	// volumes, the manager of operations (used while leader), the
@@ -82,6 +83,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		}
 	}()
 	if err := prepareDataDir(cfg.DataDir); err != nil {
+		return nil, err
+	}
+	if d.lock, err = lockDataDir(cfg.DataDir); err != nil {
 		return nil, err
 	}
 
@@ -242,6 +246,9 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		}
 		if d.store != nil {
 			errs = append(errs, d.store.Close())
+		}
+		if d.lock != nil {
+			errs = append(errs, d.lock.Close())
 		}
 		// Counts of events held back are written now, not lost.
 		d.rl.Flush()
