@@ -28,6 +28,7 @@ const (
 	OpSetAllowAny    Op = 11
 	OpConnect        Op = 12
 	OpDisconnect     Op = 13
+	OpSetClusterID   Op = 14
 )
 
 var opNames = map[Op]string{
@@ -37,6 +38,7 @@ var opNames = map[Op]string{
 	OpDeleteVolume: "delete-volume", OpPurgeVolume: "purge-volume",
 	OpAllowHost: "allow-host", OpDisallowHost: "disallow-host",
 	OpSetAllowAny: "set-allow-any", OpConnect: "connect", OpDisconnect: "disconnect",
+	OpSetClusterID: "set-cluster-id",
 }
 
 func (o Op) String() string {
@@ -158,6 +160,14 @@ func (DisallowHost) Op() Op   { return OpDisallowHost }
 func (SetAllowAny) Op() Op    { return OpSetAllowAny }
 func (Connect) Op() Op        { return OpConnect }
 func (Disconnect) Op() Op     { return OpDisconnect }
+func (SetClusterID) Op() Op   { return OpSetClusterID }
+
+// SetClusterID names the cluster the registry belongs to, once: the first
+// leader of a new cluster applies it. A node whose data directory belongs
+// to another cluster is refused when it asks to join.
+type SetClusterID struct {
+	ID string `json:"id"`
+}
 
 // MaxCommandBytes bounds an encoded command: the largest legal command is a
 // CreateVolume with a MaxNameLen name and a MaxNQNLen NQN, well under 1 KiB;
@@ -218,6 +228,8 @@ func DecodeCommand(b []byte) (Command, error) {
 		c = new(Connect)
 	case OpDisconnect:
 		c = new(Disconnect)
+	case OpSetClusterID:
+		c = new(SetClusterID)
 	default:
 		return nil, fmt.Errorf("meta: unknown op %d: %w", b[1], ErrBadCommand)
 	}
@@ -255,6 +267,8 @@ func deref(c Command) Command {
 	case *Connect:
 		return *c
 	case *Disconnect:
+		return *c
+	case *SetClusterID:
 		return *c
 	}
 	return c

@@ -189,6 +189,8 @@ type Node struct {
 	trans raft.Transport
 	owned io.Closer // the transport, if the Node created it
 	raft  *raft.Raft
+	// hadState: the data directory held raft state at start.
+	hadState bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -241,11 +243,12 @@ func NewNode(cfg Config) (_ *Node, err error) {
 		cleanup = append(cleanup, func() { _ = nt.Close() })
 	}
 	rc := cfg.raftConfig(logger)
+	has, err := raft.HasExistingState(n.store, n.store, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("meta: raft state: %w", err)
+	}
+	n.hadState = has
 	if cfg.Bootstrap {
-		has, err := raft.HasExistingState(n.store, n.store, snaps)
-		if err != nil {
-			return nil, fmt.Errorf("meta: raft state: %w", err)
-		}
 		if !has {
 			boot := raft.Configuration{Servers: []raft.Server{{
 				Suffrage: raft.Voter, ID: rc.LocalID, Address: n.trans.LocalAddr(),
@@ -390,6 +393,20 @@ func (n *Node) AddVoter(ctx context.Context, id, addr string) error {
 	}
 	return n.wait(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, n.timeout(ctx)))
 }
+
+// AddNonvoter adds a member that receives the log but does not vote, so
+// it cannot cost the cluster its quorum while it catches up (or if it
+// never answers). Leader only.
+func (n *Node) AddNonvoter(ctx context.Context, id, addr string) error {
+	if !n.IsLeader() {
+		return n.notLeader()
+	}
+	return n.wait(ctx, n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, n.timeout(ctx)))
+}
+
+// HasState says whether the node started on a data directory that already
+// held raft state (a log or a snapshot).
+func (n *Node) HasState() bool { return n.hadState }
 
 // RemoveServer removes a member. Leader only.
 func (n *Node) RemoveServer(ctx context.Context, id string) error {

@@ -173,6 +173,7 @@ func DefaultNQN(volume string) string { return "nqn.2024-01.io.blk:volume:" + vo
 // only on the state and the command. State is not safe for concurrent use;
 // FSM adds the locking raft needs.
 type State struct {
+	cluster string // the cluster's ID (SetClusterID); "" until set
 	index   uint64 // log index of the last applied command
 	nextVol uint64 // ID the next created volume gets; IDs are never reused
 	nodes   map[string]*NodeInfo
@@ -242,6 +243,8 @@ func (s *State) Apply(index uint64, c Command) Result {
 		r = s.connect(c)
 	case Disconnect:
 		r = s.disconnect(c)
+	case SetClusterID:
+		r = s.setClusterID(c)
 	default:
 		r = Result{Err: fmt.Errorf("meta: command %T: %w", c, ErrBadCommand)}
 	}
@@ -249,6 +252,22 @@ func (s *State) Apply(index uint64, c Command) Result {
 	r.Index = index
 	return r
 }
+
+// setClusterID names the cluster once; the same ID again is a no-op,
+// another one is refused.
+func (s *State) setClusterID(c SetClusterID) Result {
+	if err := checkName("cluster ID", c.ID); err != nil {
+		return Result{Err: err}
+	}
+	if s.cluster != "" && s.cluster != c.ID {
+		return Result{Err: fmt.Errorf("meta: the registry belongs to cluster %s, not %s: %w", s.cluster, c.ID, ErrInvalid)}
+	}
+	s.cluster = c.ID
+	return Result{}
+}
+
+// ClusterID is the cluster's ID, "" until SetClusterID.
+func (s *State) ClusterID() string { return s.cluster }
 
 func checkName(what, v string) error {
 	if v == "" || len(v) > MaxNameLen {
@@ -612,6 +631,7 @@ func (s *State) Node(id string) (NodeInfo, bool) {
 // It is both the snapshot encoding and what readers get.
 type Snapshot struct {
 	Version      int          `json:"version"`
+	ClusterID    string       `json:"cluster_id,omitempty"`
 	Index        uint64       `json:"index"`
 	NextVolumeID uint64       `json:"next_volume_id"`
 	Nodes        []NodeInfo   `json:"nodes"`
@@ -625,7 +645,7 @@ const SnapshotVersion = 1
 // Export returns a deep copy of the registry in canonical (sorted) form.
 func (s *State) Export() Snapshot {
 	out := Snapshot{
-		Version: SnapshotVersion, Index: s.index, NextVolumeID: s.nextVol,
+		Version: SnapshotVersion, ClusterID: s.cluster, Index: s.index, NextVolumeID: s.nextVol,
 		Nodes:       make([]NodeInfo, 0, len(s.nodes)),
 		Volumes:     make([]Volume, 0, len(s.vols)),
 		Connections: make([]Connection, 0, len(s.conns)),
@@ -668,7 +688,7 @@ func UnmarshalState(b []byte) (*State, error) {
 		return nil, fmt.Errorf("meta: snapshot version %d, want %d: %w", snap.Version, SnapshotVersion, ErrBadSnapshot)
 	}
 	s := NewState()
-	s.index, s.nextVol = snap.Index, snap.NextVolumeID
+	s.index, s.nextVol, s.cluster = snap.Index, snap.NextVolumeID, snap.ClusterID
 	bad := func(format string, a ...any) (*State, error) {
 		return nil, fmt.Errorf("meta: snapshot: "+format+": %w", append(a, ErrBadSnapshot)...)
 	}
@@ -684,7 +704,7 @@ func UnmarshalState(b []byte) (*State, error) {
 		_, dup := s.vols[v.Name]
 		_, dupNQN := s.nqns[v.NQN]
 		_, nodeOK := s.nodes[v.Node]
-		stateOK := v.State >= VolumeCreating && v.State <= VolumeDeleting
+		stateOK := v.State >= VolumeCreating && v.State <= VolumeFailed
 		sizeOK := (v.BlockSize == 512 || v.BlockSize == 4096) && checkSize(v.SizeBytes, v.BlockSize) == nil
 		if dup || dupNQN || !nodeOK || !stateOK || !sizeOK || v.ID == 0 || v.ID >= s.nextVol || !slices.IsSorted(v.Hosts) {
 			return bad("volume %q", v.Name)

@@ -433,3 +433,42 @@ func TestRestoreBad(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterIDAndFailedSnapshot: the cluster ID is set once (the same ID
+// again is a no-op, another is refused) and survives a snapshot, as does a
+// failed volume with its reason (a snapshot refusing VolumeFailed would
+// keep a node from restoring its registry).
+func TestClusterIDAndFailedSnapshot(t *testing.T) {
+	s := baseState(t)
+	if r := s.Apply(100, SetClusterID{ID: "c-1"}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if r := s.Apply(101, SetClusterID{ID: "c-1"}); r.Err != nil {
+		t.Fatalf("same cluster ID again: %v", r.Err)
+	}
+	if r := s.Apply(102, SetClusterID{ID: "c-2"}); !errors.Is(r.Err, ErrInvalid) {
+		t.Fatalf("another cluster ID: %v, want ErrInvalid", r.Err)
+	}
+	if r := s.Apply(103, SetClusterID{ID: ""}); !errors.Is(r.Err, ErrInvalid) {
+		t.Fatalf("empty cluster ID: %v, want ErrInvalid", r.Err)
+	}
+	if r := s.Apply(104, SetVolumeState{Name: "on", State: VolumeFailed}); !errors.Is(r.Err, ErrInvalid) {
+		t.Fatalf("failed without a reason: %v, want ErrInvalid", r.Err)
+	}
+	if r := s.Apply(105, SetVolumeState{Name: "on", State: VolumeFailed, Reason: "disk gone"}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	c, err := UnmarshalState(s.MarshalState())
+	if err != nil {
+		t.Fatalf("snapshot with a failed volume: %v", err)
+	}
+	if c.ClusterID() != "c-1" {
+		t.Fatalf("cluster ID after a snapshot: %q", c.ClusterID())
+	}
+	if v, _ := c.Volume("on"); v.State != VolumeFailed || v.Reason != "disk gone" {
+		t.Fatalf("failed volume after a snapshot: %+v", v)
+	}
+	if r := c.Apply(106, SetVolumeState{Name: "on", State: VolumeOnline}); r.Err != nil || r.Volume.Reason != "" {
+		t.Fatalf("failed -> online: %v, reason %q", r.Err, r.Volume.Reason)
+	}
+}

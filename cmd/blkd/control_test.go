@@ -102,3 +102,59 @@ func TestOperatorErrors(t *testing.T) {
 	d.refuse(t, "GET", "/v1/volumes/v/resize", "", 405, `use POST`)
 	d.refuse(t, "GET", "/v1/nothing", "", 404, `no route`)
 }
+
+// TestJoinFromAnotherCluster: a node started alone (its own registry, a
+// volume created), then restarted with --join to another cluster, said
+// "joined", became a voter, and the two registries disagreed forever. Now
+// the data directory's cluster ID is checked and the join refused, saying
+// what to do; the cluster is unchanged.
+func TestJoinFromAnotherCluster(t *testing.T) {
+	a := startBlkd(t, t.TempDir(), "--node-id", "a1")
+	a.must(t, "POST", "/v1/volumes", `{"name": "va", "size": "8MiB"}`, 201, nil)
+	bdir := t.TempDir()
+	b := startBlkd(t, bdir, "--node-id", "b1")
+	b.must(t, "POST", "/v1/volumes", `{"name": "vb", "size": "8MiB"}`, 201, nil)
+	b.stop(t)
+	out, code := runBlkd(t, "--data-dir", bdir, "--node-id", "b1", "--join", a.api,
+		"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", freeAddr(t))
+	if code == 0 || !strings.Contains(out, "belongs to cluster") || strings.Contains(out, "joined the cluster") {
+		t.Fatalf("join with another cluster's data dir: exit %d:\n%s\nwant a refusal naming the other cluster", code, out)
+	}
+	var c struct {
+		Members []struct {
+			ID string `json:"id"`
+		} `json:"members"`
+	}
+	a.must(t, "GET", "/v1/cluster", "", 200, &c)
+	if len(c.Members) != 1 || c.Members[0].ID != "a1" {
+		t.Fatalf("members after a refused join: %+v, want a1 alone", c.Members)
+	}
+}
+
+// TestJoinDeadAddress: POST /v1/cluster/join naming a raft address where
+// nothing listens made a one-node cluster lose its quorum for good. Now
+// the leader refuses an address that does not answer (502, cluster
+// unchanged), and a new member joins as a nonvoter, so even a live
+// address that never speaks raft cannot take the quorum; it can be
+// removed again.
+func TestJoinDeadAddress(t *testing.T) {
+	dir := t.TempDir()
+	d := startBlkd(t, dir, "--node-id", "n1")
+	dead := freeAddr(t)
+	d.refuse(t, "POST", "/v1/cluster/join", `{"node_id": "ghost", "raft_addr": "`+dead+`"}`, 502, `nothing answers on its raft address`)
+	d.must(t, "POST", "/v1/volumes", `{"name": "v1", "size": "8MiB"}`, 201, nil)
+
+	// Something answers, but it is no raft node (the API port).
+	var j struct {
+		Voter bool `json:"voter"`
+	}
+	d.must(t, "POST", "/v1/cluster/join", `{"node_id": "mute", "raft_addr": "`+d.api+`"}`, 200, &j)
+	if j.Voter {
+		t.Fatal("a new member votes at once; want nonvoter until it catches up")
+	}
+	d.must(t, "POST", "/v1/volumes", `{"name": "v2", "size": "8MiB"}`, 201, nil)
+	d.must(t, "POST", "/v1/cluster/remove", `{"node_id": "mute"}`, 200, nil)
+	d.stop(t)
+	d = startBlkd(t, dir, "--node-id", "n1")
+	d.must(t, "POST", "/v1/volumes", `{"name": "v3", "size": "8MiB"}`, 201, nil)
+}

@@ -3,11 +3,17 @@ package blkd
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -27,7 +33,30 @@ type JoinRequest struct {
 	// optional (a node re-sends them once its listeners are up).
 	APIAddr  string `json:"api_addr,omitempty"`
 	NVMeAddr string `json:"nvme_addr,omitempty"`
+	// ClusterID is the cluster the node's data directory belongs to (its
+	// cluster-id file), "" for a new one. The leader refuses another
+	// cluster's node.
+	ClusterID string `json:"cluster_id,omitempty"`
+	// HasState says the node's data directory holds raft state.
+	HasState bool `json:"has_state,omitempty"`
+	// Promote asks for a vote: the node, a nonvoter, has caught up to the
+	// CatchUpIndex the leader gave it.
+	Promote bool `json:"promote,omitempty"`
 }
+
+// JoinResponse answers POST /v1/cluster/join. A new node is added as a
+// nonvoter; it asks again with Promote once its registry copy reached
+// CatchUpIndex, and only then votes.
+type JoinResponse struct {
+	Members      []Member `json:"members"`
+	Voter        bool     `json:"voter"`
+	CatchUpIndex uint64   `json:"catch_up_index"`
+	ClusterID    string   `json:"cluster_id"`
+}
+
+// raftDialTimeout bounds the leader's check that a joining node's raft
+// address answers.
+const raftDialTimeout = 3 * time.Second
 
 // Member is one entry of GET /v1/cluster.
 type Member struct {
@@ -90,6 +119,11 @@ func (d *Daemon) leaderOnly(h http.Handler) http.Handler {
 	})
 }
 
+// clusterJoin adds a node, or records a member's new addresses. A node
+// of another cluster (its data directory says so) is refused; a new node
+// must answer on its raft address and joins as a nonvoter, so a join
+// naming a dead address cannot cost the cluster its quorum; it votes only
+// once it asks again with Promote, after catching up.
 func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 	var req JoinRequest
 	if err := decode(r, &req); err != nil {
@@ -101,7 +135,46 @@ func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := d.node.AddVoter(ctx, req.NodeID, req.RaftAddr); err != nil {
+	if err := d.node.Linearize(ctx); err != nil {
+		return metaError(err, "")
+	}
+	var own string
+	d.node.FSM().Read(func(s *meta.State) { own = s.ClusterID() })
+	var existing *raft.Server
+	if f := d.node.Raft().GetConfiguration(); f.Error() == nil {
+		for _, srv := range f.Configuration().Servers {
+			if string(srv.ID) == req.NodeID {
+				existing = &srv
+			}
+		}
+	}
+	switch {
+	case req.ClusterID != "" && own != "" && req.ClusterID != own:
+		return &apiError{http.StatusConflict, fmt.Sprintf("node %s's data directory belongs to cluster %s, this is cluster %s: start it with a new, empty --data-dir to join (the volumes in the old one are not this cluster's)", req.NodeID, req.ClusterID, own)}
+	case existing == nil && req.HasState && req.ClusterID == "":
+		return &apiError{http.StatusConflict, fmt.Sprintf("node %s's data directory holds a registry of an unknown cluster: start it with a new, empty --data-dir to join", req.NodeID)}
+	}
+	if existing == nil || string(existing.Address) != req.RaftAddr {
+		conn, err := net.DialTimeout("tcp", req.RaftAddr, raftDialTimeout)
+		if err != nil {
+			return &apiError{http.StatusBadGateway, fmt.Sprintf("node %s: nothing answers on its raft address %s from the leader (%v): the cluster is unchanged; check --raft-addr and the network", req.NodeID, req.RaftAddr, err)}
+		}
+		conn.Close()
+	}
+	voter := existing != nil && existing.Suffrage == raft.Voter
+	var err error
+	switch {
+	case voter || (existing != nil && req.Promote):
+		if existing == nil || string(existing.Address) != req.RaftAddr || !voter {
+			err = d.node.AddVoter(ctx, req.NodeID, req.RaftAddr)
+		}
+		voter = true
+	default:
+		if existing == nil || string(existing.Address) != req.RaftAddr {
+			err = d.node.AddNonvoter(ctx, req.NodeID, req.RaftAddr)
+		}
+	}
+	if err != nil {
 		return metaError(err, "")
 	}
 	if req.APIAddr != "" || req.NVMeAddr != "" {
@@ -109,7 +182,12 @@ func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 			return metaError(err, "")
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"members": d.members()})
+	if voter {
+		d.log.Info("cluster member votes", slog.String("node", req.NodeID), slog.String("raft_addr", req.RaftAddr))
+	} else {
+		d.log.Info("cluster member added as nonvoter until it catches up", slog.String("node", req.NodeID), slog.String("raft_addr", req.RaftAddr))
+	}
+	writeJSON(w, http.StatusOK, JoinResponse{Members: d.members(), Voter: voter, CatchUpIndex: d.node.AppliedIndex(), ClusterID: own})
 	return nil
 }
 
@@ -197,8 +275,10 @@ func (d *Daemon) getCluster(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	id, api := d.leaderAPI()
+	var clusterID string
+	d.node.FSM().Read(func(s *meta.State) { clusterID = s.ClusterID() })
 	writeJSON(w, http.StatusOK, map[string]any{
-		"node_id": d.cfg.NodeID, "leader_id": id, "leader_api": api, "members": d.members(),
+		"node_id": d.cfg.NodeID, "leader_id": id, "leader_api": api, "members": d.members(), "cluster_id": clusterID,
 		"applied_index": d.node.AppliedIndex(),
 	})
 	return nil
@@ -280,18 +360,21 @@ func leaderIndex(ctx context.Context, client *http.Client, api, id string) (uint
 // register makes the cluster know this node: on the leader it applies
 // RegisterNode; elsewhere it POSTs /v1/cluster/join to first (if set) or
 // to the leader, following 421 answers to the leader, with backoff, for
-// up to joinWait.
+// up to joinWait. Added as a nonvoter, it waits for its registry copy to
+// reach the leader's catch-up index and asks again to vote. While
+// joining (first set) it never applies locally: a data directory with a
+// one-node registry of its own would make it its own leader.
 func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr string) error {
 	ctx, cancel := context.WithTimeout(ctx, joinWait)
 	defer cancel()
-	req := JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr}
-	body, _ := json.Marshal(req)
+	req := JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr,
+		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState()}
 	client := &http.Client{Timeout: 15 * time.Second}
 	backoff := 100 * time.Millisecond
 	target := first
 	var last error
 	for {
-		if d.node.IsLeader() {
+		if first == "" && d.node.IsLeader() {
 			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: nvmeAddr, MgmtAddr: apiAddr})
 			if err == nil {
 				return nil
@@ -304,17 +387,34 @@ func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr string) 
 			if target == "" {
 				last = errors.New("no leader known yet")
 			} else {
-				next, err := postJoin(ctx, client, target, body)
+				body, _ := json.Marshal(req)
+				resp, next, err := postJoin(ctx, client, target, body)
 				switch {
-				case err == nil:
+				case err == nil && resp.Voter:
 					return nil
+				case err == nil:
+					// A nonvoter: catch up, then ask for a vote.
+					for d.node.AppliedIndex() < resp.CatchUpIndex && ctx.Err() == nil {
+						select {
+						case <-ctx.Done():
+						case <-time.After(10 * time.Millisecond):
+						}
+					}
+					last = fmt.Errorf("as a nonvoter, caught up to index %d of %d", d.node.AppliedIndex(), resp.CatchUpIndex)
+					if d.node.AppliedIndex() >= resp.CatchUpIndex {
+						req.Promote = true
+						continue
+					}
+				case errors.Is(err, errRefused):
+					return fmt.Errorf("join the cluster through %s: %w", target, err)
 				case next != "" && next != target:
 					target = next // redirected to the leader: go at once
 					last = err
 					continue
+				default:
+					last = fmt.Errorf("%s: %w", target, err)
+					target = first
 				}
-				last = fmt.Errorf("%s: %w", target, err)
-				target = first
 			}
 		}
 		select {
@@ -329,22 +429,30 @@ func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr string) 
 	}
 }
 
+// errRefused marks a join the cluster refused for good (409: another
+// cluster's data directory): retrying cannot help.
+var errRefused = errors.New("refused")
+
 // postJoin sends one join request; on 421 it returns the leader's API
 // address the answer names.
-func postJoin(ctx context.Context, client *http.Client, api string, body []byte) (leader string, err error) {
+func postJoin(ctx context.Context, client *http.Client, api string, body []byte) (_ JoinResponse, leader string, err error) {
+	var out JoinResponse
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+api+"/v1/cluster/join", bytes.NewReader(body))
 	if err != nil {
-		return "", err
+		return out, "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {
-		return "", err
+		return out, "", err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if resp.StatusCode == http.StatusOK {
-		return "", nil
+		if err := json.Unmarshal(b, &out); err != nil {
+			return out, "", fmt.Errorf("join answer %q: %v", b, err)
+		}
+		return out, "", nil
 	}
 	var e struct {
 		Error     string `json:"error"`
@@ -354,5 +462,45 @@ func postJoin(ctx context.Context, client *http.Client, api string, body []byte)
 	if e.Error == "" {
 		e.Error = string(b)
 	}
-	return e.LeaderAPI, fmt.Errorf("join answered %s: %s", resp.Status, e.Error)
+	if resp.StatusCode == http.StatusConflict {
+		return out, "", fmt.Errorf("%w: %s", errRefused, e.Error)
+	}
+	return out, e.LeaderAPI, fmt.Errorf("join answered %s: %s", resp.Status, e.Error)
+}
+
+// clusterIDFile holds, in the data directory, the ID of the cluster the
+// directory belongs to, written once the registry knows it.
+const clusterIDFile = "cluster-id"
+
+// readClusterID returns the data directory's cluster ID, "" if none.
+func readClusterID(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, clusterIDFile))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// settleClusterID names a new cluster (the first leader, or a cluster
+// made before cluster IDs) and records the ID in the data directory.
+func (d *Daemon) settleClusterID(ctx context.Context) error {
+	var id string
+	d.node.FSM().Read(func(s *meta.State) { id = s.ClusterID() })
+	if id == "" && d.node.IsLeader() {
+		var b [16]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return err
+		}
+		id = hex.EncodeToString(b[:])
+		if _, err := d.node.Apply(ctx, meta.SetClusterID{ID: id}); err != nil {
+			return fmt.Errorf("meta registry: set the cluster ID: %w", err)
+		}
+	}
+	if id == "" {
+		return nil // a follower that has not caught up: next start
+	}
+	if have := readClusterID(d.cfg.DataDir); have != "" && have != id {
+		return fmt.Errorf("data dir %s belongs to cluster %s (its %s file), but its registry is cluster %s: the directory was mixed up; restore the right one", d.cfg.DataDir, have, clusterIDFile, id)
+	}
+	return os.WriteFile(filepath.Join(d.cfg.DataDir, clusterIDFile), []byte(id+"\n"), 0o644)
 }

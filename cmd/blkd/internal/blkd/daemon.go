@@ -150,6 +150,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	// Serve the volumes this node owns before the port accepts hosts,
 	// from a copy of the registry that has caught up with the leader's.
 	d.catchUp(ctx)
+	if err := d.settleClusterID(ctx); err != nil {
+		return nil, err
+	}
 	d.startControl(ctx)
 
 	d.port, err = rdma.Listen(d.tgt, d.nic, rcfg)
