@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/blk-project/blk/api"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -152,7 +153,7 @@ func benchAction(c *cli.Context) error {
 	if !slices.Contains([]string{"randread", "randwrite", "read", "write"}, rw) {
 		return usageErrorf("--rw %q: use randread, randwrite, read or write", rw)
 	}
-	bs, err := parseSize(c.String("bs"))
+	bs, err := api.ParseSize(c.String("bs"))
 	if err != nil || bs == 0 {
 		return usageErrorf("--bs %q: use an I/O size like 4KiB or 128KiB", c.String("bs"))
 	}
@@ -193,7 +194,7 @@ func benchAction(c *cli.Context) error {
 	if e.json {
 		return e.printJSON(res)
 	}
-	fmt.Fprintf(e.stdout, "%s %s qd=%d on %s: %d I/Os in %.2f s\n", rw, humanSize(bs), qd, vol, res.IOs, res.Seconds)
+	fmt.Fprintf(e.stdout, "%s %s qd=%d on %s: %d I/Os in %.2f s\n", rw, api.HumanSize(bs), qd, vol, res.IOs, res.Seconds)
 	return e.keyValues([][2]string{
 		{"IOPS", fmt.Sprintf("%.0f", res.IOPS)},
 		{"Throughput", fmt.Sprintf("%.2f MB/s", res.MBps)},
@@ -215,13 +216,13 @@ func runBench(e *env, c *cli.Context, vol, host string, at attachment, rw string
 
 	lbs := uint64(ns.BlockSize())
 	if bs%lbs != 0 {
-		return benchResult{}, usageErrorf("--bs %s: not a multiple of the volume's block size %d", humanSize(bs), lbs)
+		return benchResult{}, usageErrorf("--bs %s: not a multiple of the volume's block size %d", api.HumanSize(bs), lbs)
 	}
 	if mt := ctrl.Info().MaxTransfer; mt > 0 && bs > uint64(mt) {
-		return benchResult{}, usageErrorf("--bs %s: above the largest transfer %s the controller takes", humanSize(bs), humanSize(uint64(mt)))
+		return benchResult{}, usageErrorf("--bs %s: above the largest transfer %s the controller takes", api.HumanSize(bs), api.HumanSize(uint64(mt)))
 	}
 	if bs > uint64(ns.Size()) {
-		return benchResult{}, usageErrorf("--bs %s: larger than the volume (%s)", humanSize(bs), humanSize(uint64(ns.Size())))
+		return benchResult{}, usageErrorf("--bs %s: larger than the volume (%s)", api.HumanSize(bs), api.HumanSize(uint64(ns.Size())))
 	}
 	b := &bench{
 		ns: ns, write: strings.HasSuffix(rw, "write"), random: strings.HasPrefix(rw, "rand"),

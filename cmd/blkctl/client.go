@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/blk-project/blk/api"
 	"io"
 	"net/http"
 	"net/url"
@@ -119,44 +120,12 @@ func (c *client) once(method, path string, body, out any) error {
 	return nil
 }
 
-// API shapes (docs/blkd.md).
-
-type volume struct {
-	Name      string   `json:"name"`
-	ID        uint64   `json:"id"`
-	SizeBytes uint64   `json:"size_bytes"`
-	BlockSize uint32   `json:"block_size"`
-	Node      string   `json:"node"`
-	State     string   `json:"state"`
-	NQN       string   `json:"nqn"`
-	AllowAny  bool     `json:"allow_any,omitempty"`
-	Hosts     []string `json:"hosts,omitempty"`
-	CreatedAt int64    `json:"created_at"`
-}
-
-type attachment struct {
-	Address      string `json:"address"`
-	Port         int    `json:"port"`
-	SubsystemNQN string `json:"subsystem_nqn"`
-	NSID         uint32 `json:"nsid"`
-	Transport    string `json:"transport"`
-}
-
-type member struct {
-	ID       string `json:"id"`
-	RaftAddr string `json:"raft_addr"`
-	APIAddr  string `json:"api_addr,omitempty"`
-	NVMeAddr string `json:"nvme_addr,omitempty"`
-	Leader   bool   `json:"leader"`
-	Suffrage string `json:"suffrage"`
-	State    string `json:"state"`
-}
-
-type clusterInfo struct {
-	NodeID    string   `json:"node_id"`
-	LeaderID  string   `json:"leader_id"`
-	LeaderAPI string   `json:"leader_api"`
-	Members   []member `json:"members"`
-}
+// API shapes (docs/blkd.md), shared with blkd.
+type (
+	volume      = api.Volume
+	attachment  = api.Connection
+	member      = api.Member
+	clusterInfo = api.Cluster
+)
 
 func volPath(name string) string { return "/v1/volumes/" + url.PathEscape(name) }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/blk-project/blk/api"
 	"io"
 	"net/http"
 	"net/url"
@@ -270,7 +271,7 @@ func volumeCommand() *cli.Command {
 			{
 				Name: "create", Usage: "create a volume on the registry leader", UsageText: "blkctl volume create NAME --size 10GiB [--block-size 4096]",
 				Flags: []cli.Flag{
-					&cli.StringFlag{Name: "size", Usage: "volume size: " + sizeHelp + "; a multiple of the block size"},
+					&cli.StringFlag{Name: "size", Usage: "volume size: " + api.SizeHelp + "; a multiple of the block size"},
 					&cli.StringFlag{Name: "block-size", Value: "4096", Usage: "logical block size: 512 or 4096"},
 				},
 				Action: volumeCreate,
@@ -279,7 +280,7 @@ func volumeCommand() *cli.Command {
 			{Name: "show", Usage: "show one volume", UsageText: "blkctl volume show NAME", Action: volumeShow},
 			{
 				Name: "resize", Usage: "grow a volume (needs a blkd with POST /v1/volumes/{name}/resize)", UsageText: "blkctl volume resize NAME --size 20GiB",
-				Flags:  []cli.Flag{&cli.StringFlag{Name: "size", Usage: "new size: " + sizeHelp}},
+				Flags:  []cli.Flag{&cli.StringFlag{Name: "size", Usage: "new size: " + api.SizeHelp}},
 				Action: volumeResize,
 			},
 			{
@@ -294,9 +295,9 @@ func volumeCommand() *cli.Command {
 func sizeFlag(c *cli.Context) (uint64, error) {
 	s := c.String("size")
 	if s == "" {
-		return 0, usageErrorf("%s: missing --size (%s)", c.Command.FullName(), sizeHelp)
+		return 0, usageErrorf("%s: missing --size (%s)", c.Command.FullName(), api.SizeHelp)
 	}
-	n, err := parseSize(s)
+	n, err := api.ParseSize(s)
 	if err != nil {
 		return 0, usageErrorf("--size: %v", err)
 	}
@@ -315,7 +316,7 @@ func volumeCreate(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	bs, err := parseSize(c.String("block-size"))
+	bs, err := api.ParseSize(c.String("block-size"))
 	if err != nil {
 		return usageErrorf("--block-size: %v", err)
 	}
@@ -336,7 +337,7 @@ func volumeCreate(c *cli.Context) error {
 	if e.json {
 		return e.printJSON(v)
 	}
-	fmt.Fprintf(e.stdout, "created volume %s (%s, block size %d) on node %s\n", v.Name, humanSize(v.SizeBytes), v.BlockSize, v.Node)
+	fmt.Fprintf(e.stdout, "created volume %s (%s, block size %d) on node %s\n", v.Name, api.HumanSize(v.SizeBytes), v.BlockSize, v.Node)
 	return e.showVolume(v)
 }
 
@@ -367,7 +368,7 @@ func volumeList(c *cli.Context) error {
 	tw := e.table()
 	fmt.Fprintln(tw, "NAME\tSIZE\tBLOCK\tSTATE\tNODE\tHOSTS\tNQN")
 	for _, v := range l.Volumes {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", v.Name, humanSize(v.SizeBytes), v.BlockSize, v.State, v.Node, hostsText(v), v.NQN)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", v.Name, api.HumanSize(v.SizeBytes), v.BlockSize, v.State, v.Node, hostsText(v), v.NQN)
 	}
 	return tw.Flush()
 }
@@ -409,7 +410,7 @@ func (e *env) showVolume(v volume) error {
 	return e.keyValues([][2]string{
 		{"Name", v.Name},
 		{"ID", fmt.Sprint(v.ID)},
-		{"Size", fmt.Sprintf("%s (%d bytes)", humanSize(v.SizeBytes), v.SizeBytes)},
+		{"Size", fmt.Sprintf("%s (%d bytes)", api.HumanSize(v.SizeBytes), v.SizeBytes)},
 		{"Block size", fmt.Sprint(v.BlockSize)},
 		{"State", v.State},
 		{"Node", v.Node},
@@ -449,7 +450,7 @@ func volumeResize(c *cli.Context) error {
 	if e.json {
 		return e.printJSON(v)
 	}
-	fmt.Fprintf(e.stdout, "resized volume %s to %s\n", v.Name, humanSize(v.SizeBytes))
+	fmt.Fprintf(e.stdout, "resized volume %s to %s\n", v.Name, api.HumanSize(v.SizeBytes))
 	return nil
 }
 

@@ -380,26 +380,6 @@ func TestFollowerRedirect(t *testing.T) {
 	}
 }
 
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]uint64{
-		"512": 512, "4KiB": 4096, "10GiB": 10 << 30, "1.5TiB": 3 << 39, "10GB": 10e9, "4k": 4096, "1 MiB": 1 << 20, "2MB": 2e6, "8B": 8,
-	} {
-		if got, err := parseSize(in); err != nil || got != want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "ten", "10XB", "1.5", "-4KiB", "1e3", "GiB", "99999999999PiB"} {
-		if _, err := parseSize(in); err == nil {
-			t.Errorf("parseSize(%q) accepted", in)
-		}
-	}
-	for n, want := range map[uint64]string{512: "512 B", 4096: "4 KiB", 10 << 30: "10 GiB", 3 << 39: "1.5 TiB"} {
-		if got := humanSize(n); got != want {
-			t.Errorf("humanSize(%d) = %q, want %q", n, got, want)
-		}
-	}
-}
-
 // TestResizeUnsupported: a blkd without the resize route (404 "no route"
 // or 405) gets a clear message; an unknown volume is still reported.
 func TestResizeUnsupported(t *testing.T) {

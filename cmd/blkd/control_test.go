@@ -1,9 +1,12 @@
 package main
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/blk-project/blk/target/volume"
 )
@@ -157,4 +160,100 @@ func TestJoinDeadAddress(t *testing.T) {
 	d.stop(t)
 	d = startBlkd(t, dir, "--node-id", "n1")
 	d.must(t, "POST", "/v1/volumes", `{"name": "v3", "size": "8MiB"}`, 201, nil)
+}
+
+// TestDeadNodeShowsDown: a dead node stayed "up" forever and its volumes
+// "online". Now the leader's probes mark it down within downAfter plus a
+// probe (about 8 s; the test allows 20), its volume shows unavailable with
+// the reason, attaching through it is refused, and when it is back it is
+// up and its volume online again.
+func TestDeadNodeShowsDown(t *testing.T) {
+	type addrs struct{ dir, raft, nvme, api string }
+	nodes := map[string]*addrs{}
+	procs := map[string]*daemon{}
+	for _, id := range []string{"node1", "node2", "node3"} {
+		nodes[id] = &addrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
+	}
+	start := func(id string, extra ...string) {
+		a := nodes[id]
+		procs[id] = startBlkdOn(t, a.dir, a.raft, a.nvme, a.api, append([]string{"--node-id", id}, extra...)...)
+	}
+	start("node1")
+	start("node2", "--join", nodes["node1"].api)
+	start("node3", "--join", nodes["node1"].api)
+	procs["node1"].must(t, "POST", "/v1/volumes", `{"name": "v1", "size": "8MiB"}`, 201, nil)
+	procs["node1"].must(t, "POST", "/v1/volumes/v1/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	// node1 leads and owns v1. Kill it: a new leader must find it down.
+	var other *daemon
+	view := func() (clusterJSON, error) {
+		for _, id := range []string{"node2", "node3"} {
+			var c clusterJSON
+			if code, msg := procs[id].call(t, "GET", "/v1/cluster", "", &c); code != 200 {
+				return c, fmt.Errorf("%s: %d %s", id, code, msg)
+			}
+			if c.LeaderID != "" && c.LeaderID != "node1" {
+				other = procs[c.LeaderID]
+				return c, nil
+			}
+		}
+		return clusterJSON{}, fmt.Errorf("no new leader yet")
+	}
+	stateOf := func(c clusterJSON, id string) string {
+		for _, m := range c.Members {
+			if m.ID == id {
+				return m.State
+			}
+		}
+		return "absent"
+	}
+	eventually(t, 30*time.Second, "three voters up", func() error {
+		var c clusterJSON
+		procs["node1"].must(t, "GET", "/v1/cluster", "", 200, &c)
+		up := 0
+		for _, m := range c.Members {
+			if m.State == "up" && m.Suffrage == "voter" {
+				up++
+			}
+		}
+		if up != 3 {
+			return fmt.Errorf("%+v", c.Members)
+		}
+		return nil
+	})
+	killed := time.Now()
+	procs["node1"].cmd.Process.Signal(syscall.SIGKILL)
+	<-procs["node1"].exited
+	eventually(t, 25*time.Second, "node1 down", func() error {
+		c, err := view()
+		if err != nil {
+			return err
+		}
+		if s := stateOf(c, "node1"); s != "down" {
+			return fmt.Errorf("node1 is %s", s)
+		}
+		return nil
+	})
+	t.Logf("node1 shown down %v after SIGKILL (with a leader election)", time.Since(killed).Round(100*time.Millisecond))
+	var v volumeJSON
+	other.must(t, "GET", "/v1/volumes/v1", "", 200, &v)
+	if v.State != "unavailable" || !strings.Contains(v.Reason, "node1 is down") {
+		t.Fatalf("v1 with its node down: %+v, want unavailable naming node1", v)
+	}
+	other.refuse(t, "POST", "/v1/volumes/v1/attach", `{"host_nqn": "`+hostNQN+`"}`, 409, `node1.*down`)
+
+	start("node1", "--join", nodes["node2"].api)
+	eventually(t, 25*time.Second, "node1 up again", func() error {
+		c, err := view()
+		if err != nil {
+			return err
+		}
+		if s := stateOf(c, "node1"); s != "up" {
+			return fmt.Errorf("node1 is %s", s)
+		}
+		return nil
+	})
+	other.must(t, "GET", "/v1/volumes/v1", "", 200, &v)
+	if v.State != "online" {
+		t.Fatalf("v1 with its node back: %+v", v)
+	}
 }

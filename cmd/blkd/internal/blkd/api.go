@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/control"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/nvme"
@@ -121,6 +122,7 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("POST /v1/volumes/{name}/resize", w(d.resizeVolume))
 	// The leader asks a volume's owner to reconcile it (owner.go).
 	m.Handle("POST /v1/internal/reconcile", handler(d.internalReconcile))
+	m.Handle("GET /v1/internal/health", handler(d.health))
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
 	m.Handle("POST /v1/cluster/join", w(d.clusterJoin))
 	m.Handle("POST /v1/cluster/remove", w(d.clusterRemove))
@@ -130,7 +132,7 @@ func (d *Daemon) routes() http.Handler {
 		"/metrics": "GET", "/v1/volumes": "GET, POST", "/v1/volumes/{name}": "GET, DELETE",
 		"/v1/volumes/{name}/hosts": "POST", "/v1/volumes/{name}/hosts/{nqn}": "DELETE",
 		"/v1/volumes/{name}/attach": "POST", "/v1/volumes/{name}/detach": "POST",
-		"/v1/volumes/{name}/resize": "POST", "/v1/internal/reconcile": "POST",
+		"/v1/volumes/{name}/resize": "POST", "/v1/internal/reconcile": "POST", "/v1/internal/health": "GET",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
 	} {
 		m.Handle(path, handler(func(w http.ResponseWriter, r *http.Request) error {
@@ -161,65 +163,8 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
-// Size is a byte count in JSON: a number of bytes, or a string with an
-// optional unit ("10GiB", "512MiB", "1G" meaning GiB, "4096").
-type Size uint64
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (s *Size) UnmarshalJSON(b []byte) error {
-	if len(b) > 0 && b[0] == '"' {
-		var str string
-		if err := json.Unmarshal(b, &str); err != nil {
-			return err
-		}
-		n, err := ParseSize(str)
-		*s = Size(n)
-		return err
-	}
-	var n uint64
-	if err := json.Unmarshal(b, &n); err != nil {
-		return fmt.Errorf("size %s: a whole number of bytes or a string like \"10GiB\"", b)
-	}
-	*s = Size(n)
-	return nil
-}
-
-var sizeUnits = []struct {
-	suffix string
-	mult   uint64
-}{
-	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40},
-	{"B", 1},
-}
-
-// ParseSize parses a byte count with an optional unit: KiB, MiB, GiB,
-// TiB (and K, M, G, T for the same), KB, MB, GB, TB (powers of 1000), B.
-func ParseSize(s string) (uint64, error) {
-	str := strings.TrimSpace(s)
-	mult := uint64(1)
-	for _, u := range sizeUnits {
-		if strings.HasSuffix(str, u.suffix) {
-			str, mult = strings.TrimSpace(strings.TrimSuffix(str, u.suffix)), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseUint(str, 10, 64)
-	if err != nil || (n != 0 && n*mult/mult != n) {
-		return 0, fmt.Errorf("size %q: a whole number with an optional unit, like \"10GiB\", \"512MiB\" or \"4096\"", s)
-	}
-	return n * mult, nil
-}
-
-type createRequest struct {
-	Name      string `json:"name"`
-	Size      *Size  `json:"size"`
-	BlockSize uint32 `json:"block_size"`
-}
-
 func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
-	var req createRequest
+	var req api.CreateVolumeRequest
 	if err := decode(r, &req); err != nil {
 		return err
 	}
@@ -238,7 +183,7 @@ func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return metaError(err, "")
 	}
-	writeJSON(w, http.StatusCreated, v)
+	writeJSON(w, http.StatusCreated, d.view(v))
 	return nil
 }
 
@@ -250,12 +195,9 @@ func (d *Daemon) listVolumes(w http.ResponseWriter, r *http.Request) error {
 			return metaError(err, "")
 		}
 	}
-	var vols []meta.Volume
-	d.node.FSM().Read(func(s *meta.State) { vols = s.Export().Volumes })
-	if vols == nil {
-		vols = []meta.Volume{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"volumes": vols})
+	var vols []api.Volume
+	d.node.FSM().Read(func(s *meta.State) { vols = views(s, s.Export().Volumes...) })
+	writeJSON(w, http.StatusOK, api.VolumeList{Volumes: vols})
 	return nil
 }
 
@@ -268,14 +210,14 @@ func (d *Daemon) getVolume(w http.ResponseWriter, r *http.Request) error {
 		if !ok {
 			return metaError(fmt.Errorf("meta: volume %q: %w", name, meta.ErrUnknownVolume), "")
 		}
-		writeJSON(w, http.StatusOK, v)
+		writeJSON(w, http.StatusOK, d.view(v))
 		return nil
 	}
 	v, err := d.node.ReadVolume(r.Context(), name)
 	if err != nil {
 		return metaError(err, "")
 	}
-	writeJSON(w, http.StatusOK, v)
+	writeJSON(w, http.StatusOK, d.view(v))
 	return nil
 }
 
@@ -306,14 +248,10 @@ func (d *Daemon) deleteVolume(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-type resizeRequest struct {
-	Size *Size `json:"size"`
-}
-
 // resizeVolume grows a volume: registry ResizeVolume, then the owner
 // grows its store volume and revalidates the namespace.
 func (d *Daemon) resizeVolume(w http.ResponseWriter, r *http.Request) error {
-	var req resizeRequest
+	var req api.ResizeRequest
 	if err := decode(r, &req); err != nil {
 		return err
 	}
@@ -325,16 +263,12 @@ func (d *Daemon) resizeVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return metaError(err, "")
 	}
-	writeJSON(w, http.StatusOK, v)
+	writeJSON(w, http.StatusOK, d.view(v))
 	return nil
 }
 
-type hostRequest struct {
-	HostNQN string `json:"host_nqn"`
-}
-
 func (d *Daemon) hostNQN(r *http.Request) (string, error) {
-	var req hostRequest
+	var req api.HostRequest
 	if err := decode(r, &req); err != nil {
 		return "", err
 	}
@@ -356,7 +290,7 @@ func (d *Daemon) allowHost(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return metaError(err, "")
 	}
-	writeJSON(w, http.StatusOK, v)
+	writeJSON(w, http.StatusOK, d.view(v))
 	return nil
 }
 
@@ -376,17 +310,8 @@ func (d *Daemon) disallowHost(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return metaError(err, "")
 	}
-	writeJSON(w, http.StatusOK, v)
+	writeJSON(w, http.StatusOK, d.view(v))
 	return nil
-}
-
-// Attachment is what a host needs to connect to a volume.
-type Attachment struct {
-	Address      string `json:"address"`
-	Port         int    `json:"port"`
-	SubsystemNQN string `json:"subsystem_nqn"`
-	NSID         uint32 `json:"nsid"`
-	Transport    string `json:"transport"`
 }
 
 func (d *Daemon) attach(w http.ResponseWriter, r *http.Request) error {
@@ -420,7 +345,7 @@ func (d *Daemon) attach(w http.ResponseWriter, r *http.Request) error {
 	}
 	h, p, _ := net.SplitHostPort(addr)
 	port, _ := strconv.Atoi(p)
-	writeJSON(w, http.StatusOK, Attachment{Address: h, Port: port, SubsystemNQN: v.NQN, NSID: 1, Transport: "rdma"})
+	writeJSON(w, http.StatusOK, api.Connection{Address: h, Port: port, SubsystemNQN: v.NQN, NSID: 1, Transport: "rdma"})
 	return nil
 }
 

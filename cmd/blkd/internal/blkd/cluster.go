@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/meta"
 	"github.com/hashicorp/raft"
 )
@@ -48,29 +49,15 @@ type JoinRequest struct {
 // nonvoter; it asks again with Promote once its registry copy reached
 // CatchUpIndex, and only then votes.
 type JoinResponse struct {
-	Members      []Member `json:"members"`
-	Voter        bool     `json:"voter"`
-	CatchUpIndex uint64   `json:"catch_up_index"`
-	ClusterID    string   `json:"cluster_id"`
+	Members      []api.Member `json:"members"`
+	Voter        bool         `json:"voter"`
+	CatchUpIndex uint64       `json:"catch_up_index"`
+	ClusterID    string       `json:"cluster_id"`
 }
 
 // raftDialTimeout bounds the leader's check that a joining node's raft
 // address answers.
 const raftDialTimeout = 3 * time.Second
-
-// Member is one entry of GET /v1/cluster.
-type Member struct {
-	ID       string `json:"id"`
-	RaftAddr string `json:"raft_addr"`
-	APIAddr  string `json:"api_addr,omitempty"`
-	NVMeAddr string `json:"nvme_addr,omitempty"`
-	Leader   bool   `json:"leader"`
-	// Suffrage is the raft role in the configuration: voter, nonvoter.
-	Suffrage string `json:"suffrage"`
-	// State is the registry's node state (up, draining, down), or
-	// "unregistered" for a raft member the registry does not know yet.
-	State string `json:"state"`
-}
 
 // notLeaderError is answered by leader-only routes on a follower: 421
 // Misdirected Request naming the leader's management API address.
@@ -242,16 +229,16 @@ func (d *Daemon) clusterRemove(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (d *Daemon) members() []Member {
+func (d *Daemon) members() []api.Member {
 	f := d.node.Raft().GetConfiguration()
 	if err := f.Error(); err != nil {
-		return []Member{}
+		return []api.Member{}
 	}
 	_, leader := d.node.Leader()
-	out := []Member{}
+	out := []api.Member{}
 	d.node.FSM().Read(func(s *meta.State) {
 		for _, srv := range f.Configuration().Servers {
-			m := Member{ID: string(srv.ID), RaftAddr: string(srv.Address), Leader: string(srv.ID) == leader,
+			m := api.Member{ID: string(srv.ID), RaftAddr: string(srv.Address), Leader: string(srv.ID) == leader,
 				Suffrage: "voter", State: "unregistered"}
 			if srv.Suffrage != raft.Voter {
 				m.Suffrage = "nonvoter"
@@ -274,12 +261,12 @@ func (d *Daemon) getCluster(w http.ResponseWriter, r *http.Request) error {
 			return &apiError{http.StatusServiceUnavailable, fmt.Sprintf("registry: %v: retry in a moment", err)}
 		}
 	}
-	id, api := d.leaderAPI()
+	id, leaderAPI := d.leaderAPI()
 	var clusterID string
 	d.node.FSM().Read(func(s *meta.State) { clusterID = s.ClusterID() })
-	writeJSON(w, http.StatusOK, map[string]any{
-		"node_id": d.cfg.NodeID, "leader_id": id, "leader_api": api, "members": d.members(), "cluster_id": clusterID,
-		"applied_index": d.node.AppliedIndex(),
+	writeJSON(w, http.StatusOK, api.Cluster{
+		NodeID: d.cfg.NodeID, ClusterID: clusterID, LeaderID: id, LeaderAPI: leaderAPI, Members: d.members(),
+		AppliedIndex: d.node.AppliedIndex(),
 	})
 	return nil
 }
@@ -484,6 +471,14 @@ func readClusterID(dir string) string {
 // settleClusterID names a new cluster (the first leader, or a cluster
 // made before cluster IDs) and records the ID in the data directory.
 func (d *Daemon) settleClusterID(ctx context.Context) error {
+	if d.node.IsLeader() {
+		// A barrier: a restarted leader's copy has applied every entry
+		// of its log (the ID is set already) before it is read here, and
+		// before the restart path reconciles from it.
+		if err := d.node.Linearize(ctx); err != nil && !errors.Is(err, meta.ErrNotLeader) {
+			return fmt.Errorf("meta registry: %w", err)
+		}
+	}
 	var id string
 	d.node.FSM().Read(func(s *meta.State) { id = s.ClusterID() })
 	if id == "" && d.node.IsLeader() {
@@ -492,7 +487,9 @@ func (d *Daemon) settleClusterID(ctx context.Context) error {
 			return err
 		}
 		id = hex.EncodeToString(b[:])
-		if _, err := d.node.Apply(ctx, meta.SetClusterID{ID: id}); err != nil {
+		if _, err := d.node.Apply(ctx, meta.SetClusterID{ID: id}); errors.Is(err, meta.ErrNotLeader) {
+			return nil // a new leader names it
+		} else if err != nil {
 			return fmt.Errorf("meta registry: set the cluster ID: %w", err)
 		}
 	}

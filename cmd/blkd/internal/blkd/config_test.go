@@ -10,32 +10,6 @@ import (
 	"testing"
 )
 
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]uint64{
-		"4096": 4096, "10GiB": 10 << 30, "512MiB": 512 << 20, "1G": 1 << 30, "3KiB": 3 << 10,
-		"1TB": 1e12, "2 MiB": 2 << 20, "100B": 100, "0": 0,
-	} {
-		if got, err := ParseSize(in); err != nil || got != want {
-			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "ten", "1.5GiB", "-1", "GiB", "99999999999TiB"} {
-		if _, err := ParseSize(in); err == nil {
-			t.Errorf("ParseSize(%q) succeeded", in)
-		}
-	}
-	var s struct{ Size Size }
-	if err := json.Unmarshal([]byte(`{"Size": "1KiB"}`), &s); err != nil || s.Size != 1024 {
-		t.Errorf("string size: %d, %v", s.Size, err)
-	}
-	if err := json.Unmarshal([]byte(`{"Size": 8192}`), &s); err != nil || s.Size != 8192 {
-		t.Errorf("number size: %d, %v", s.Size, err)
-	}
-	if err := json.Unmarshal([]byte(`{"Size": 1.5}`), &s); err == nil {
-		t.Error("fractional size accepted")
-	}
-}
-
 func TestConfig(t *testing.T) {
 	c := Config{}.WithDefaults()
 	if c.DataDir != DefaultDataDir || c.NodeID != "node1" || c.RaftAddr != "127.0.0.1:7000" ||

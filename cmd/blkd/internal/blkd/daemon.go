@@ -177,6 +177,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	d.srv = &http.Server{Handler: d.routes(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { d.served <- d.srv.Serve(d.ln) }()
 	go d.settleLoop(d.stop)
+	go d.livenessLoop(d.stop)
 	fmt.Fprintf(out, "api listening on http://%s (/v1, /metrics)\n", d.ln.Addr())
 	fmt.Fprintln(out, "ready")
 	return d, nil

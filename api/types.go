@@ -1,0 +1,107 @@
+package api
+
+// The request and response bodies of blkd's /v1 API (docs/blkd.md). blkd
+// writes them and blkctl reads them: one definition, so the two cannot
+// drift.
+
+// Volume states as the API shows them: the registry's (creating, online,
+// offline, deleting, failed) and "unavailable", an online volume whose
+// owner node is down.
+const (
+	StateCreating    = "creating"
+	StateOnline      = "online"
+	StateOffline     = "offline"
+	StateDeleting    = "deleting"
+	StateFailed      = "failed"
+	StateUnavailable = "unavailable"
+)
+
+// Volume is one volume (GET /v1/volumes/{name}, and the answer of every
+// change to it).
+type Volume struct {
+	Name      string   `json:"name"`
+	ID        uint64   `json:"id"`
+	SizeBytes uint64   `json:"size_bytes"`
+	BlockSize uint32   `json:"block_size"`
+	Node      string   `json:"node"`
+	State     string   `json:"state"`
+	Reason    string   `json:"reason,omitempty"` // why failed or unavailable
+	NQN       string   `json:"nqn"`
+	AllowAny  bool     `json:"allow_any,omitempty"`
+	Hosts     []string `json:"hosts,omitempty"`
+	CreatedAt int64    `json:"created_at"` // Unix nanoseconds
+	// Attachments are the hosts attached to the volume (blkctl attach,
+	// or a kernel host that connected).
+	Attachments []Attachment `json:"attachments,omitempty"`
+}
+
+// VolumeList is GET /v1/volumes.
+type VolumeList struct {
+	Volumes []Volume `json:"volumes"`
+}
+
+// CreateVolumeRequest is POST /v1/volumes.
+type CreateVolumeRequest struct {
+	Name      string `json:"name"`
+	Size      *Size  `json:"size"`
+	BlockSize uint32 `json:"block_size,omitempty"`
+}
+
+// ResizeRequest is POST /v1/volumes/{name}/resize.
+type ResizeRequest struct {
+	Size *Size `json:"size"`
+}
+
+// HostRequest is POST /v1/volumes/{name}/hosts, /attach and /detach.
+type HostRequest struct {
+	HostNQN string `json:"host_nqn"`
+}
+
+// Connection is what a host needs to connect to a volume (the answer of
+// POST /v1/volumes/{name}/attach).
+type Connection struct {
+	Address      string `json:"address"`
+	Port         int    `json:"port"`
+	SubsystemNQN string `json:"subsystem_nqn"`
+	NSID         uint32 `json:"nsid"`
+	Transport    string `json:"transport"`
+}
+
+// Attachment is one host attached to a volume through a node.
+type Attachment struct {
+	HostNQN string `json:"host_nqn"`
+	Node    string `json:"node"`
+	Since   int64  `json:"since"` // Unix nanoseconds
+}
+
+// Member is one entry of GET /v1/cluster.
+type Member struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	APIAddr  string `json:"api_addr,omitempty"`
+	NVMeAddr string `json:"nvme_addr,omitempty"`
+	Leader   bool   `json:"leader"`
+	// Suffrage is the raft role: voter, nonvoter.
+	Suffrage string `json:"suffrage"`
+	// State is the registry's node state (up, draining, down), or
+	// "unregistered" for a raft member the registry does not know yet.
+	State string `json:"state"`
+}
+
+// Cluster is GET /v1/cluster.
+type Cluster struct {
+	NodeID       string   `json:"node_id"`
+	ClusterID    string   `json:"cluster_id,omitempty"`
+	LeaderID     string   `json:"leader_id"`
+	LeaderAPI    string   `json:"leader_api"`
+	Members      []Member `json:"members"`
+	AppliedIndex uint64   `json:"applied_index"`
+}
+
+// Error is the body of every error answer. A follower answering a
+// leader-only route (421) names the leader.
+type Error struct {
+	Error     string `json:"error"`
+	LeaderID  string `json:"leader_id,omitempty"`
+	LeaderAPI string `json:"leader_api,omitempty"`
+}

@@ -1,0 +1,168 @@
+package blkd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/blk-project/blk/api"
+	"github.com/blk-project/blk/meta"
+)
+
+// Liveness: the registry leader probes every other registered node's API
+// (GET /v1/internal/health) every probeInterval. A node not heard from
+// for downAfter is set NodeDown in the registry (hosts can no longer be
+// attached through it, and its volumes show as unavailable); the first
+// answer after that sets it NodeUp again. A new leader gives every node
+// downAfter from its own start before judging it. Draining nodes are left
+// as they are.
+const (
+	probeInterval = 2 * time.Second
+	probeTimeout  = time.Second
+	downAfter     = 6 * time.Second
+)
+
+// healthResponse is the body of GET /v1/internal/health.
+type healthResponse struct {
+	NodeID string `json:"node_id"`
+}
+
+func (d *Daemon) health(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, healthResponse{NodeID: d.cfg.NodeID})
+	return nil
+}
+
+// livenessLoop runs the leader's probes until stop closes.
+func (d *Daemon) livenessLoop(stop <-chan struct{}) {
+	t := time.NewTicker(probeInterval)
+	defer t.Stop()
+	client := &http.Client{Timeout: probeTimeout}
+	var seen map[string]time.Time
+	var since time.Time // when this node last became leader
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if !d.node.IsLeader() {
+			seen = nil
+			continue
+		}
+		now := time.Now()
+		if seen == nil {
+			seen, since = make(map[string]time.Time), now
+		}
+		var nodes []meta.NodeInfo
+		d.node.FSM().Read(func(s *meta.State) { nodes = s.Export().Nodes })
+		alive := d.probeAll(client, nodes)
+		for _, n := range nodes {
+			if n.ID == d.cfg.NodeID {
+				continue
+			}
+			if alive[n.ID] {
+				seen[n.ID] = now
+			}
+			last, ok := seen[n.ID]
+			if !ok {
+				last = since
+			}
+			switch {
+			case alive[n.ID] && n.State == meta.NodeDown:
+				d.setNodeState(n.ID, meta.NodeUp, "node answers again")
+			case !alive[n.ID] && n.State == meta.NodeUp && now.Sub(last) >= downAfter:
+				d.setNodeState(n.ID, meta.NodeDown, fmt.Sprintf("not heard from for %v", now.Sub(last).Round(time.Second)))
+			}
+		}
+	}
+}
+
+// probeAll asks every other node's health route at once and says which
+// answered as themselves.
+func (d *Daemon) probeAll(client *http.Client, nodes []meta.NodeInfo) map[string]bool {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	alive := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		if n.ID == d.cfg.NodeID || n.MgmtAddr == "" {
+			continue
+		}
+		wg.Add(1)
+		go func(n meta.NodeInfo) {
+			defer wg.Done()
+			ok := probe(client, n)
+			mu.Lock()
+			alive[n.ID] = ok
+			mu.Unlock()
+		}(n)
+	}
+	wg.Wait()
+	return alive
+}
+
+func probe(client *http.Client, n meta.NodeInfo) bool {
+	resp, err := client.Get("http://" + n.MgmtAddr + "/v1/internal/health")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var h healthResponse
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&h) != nil {
+		return false
+	}
+	return h.NodeID == n.ID
+}
+
+func (d *Daemon) setNodeState(id string, st meta.NodeState, why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := d.node.Apply(ctx, meta.SetNodeState{ID: id, State: st}); err != nil {
+		d.log.Warn("node state not recorded", slog.String("node", id), slog.String("state", st.String()), slog.String("err", err.Error()))
+		return
+	}
+	level := slog.LevelInfo
+	if st == meta.NodeDown {
+		level = slog.LevelWarn
+	}
+	d.log.Log(ctx, level, "node state", slog.String("node", id), slog.String("state", st.String()), slog.String("reason", why))
+}
+
+// views turns registry volumes into the API's: an online volume whose
+// owner node is down shows as unavailable, with the reason; each carries
+// its attachments.
+func views(s *meta.State, vols ...meta.Volume) []api.Volume {
+	snap := s.Export()
+	nodes := make(map[string]meta.NodeInfo, len(snap.Nodes))
+	for _, n := range snap.Nodes {
+		nodes[n.ID] = n
+	}
+	att := make(map[string][]api.Attachment)
+	for _, c := range snap.Connections {
+		att[c.Volume] = append(att[c.Volume], api.Attachment{HostNQN: c.HostNQN, Node: c.Node, Since: c.Since})
+	}
+	out := make([]api.Volume, 0, len(vols))
+	for _, v := range vols {
+		a := api.Volume{
+			Name: v.Name, ID: v.ID, SizeBytes: v.SizeBytes, BlockSize: v.BlockSize, Node: v.Node,
+			State: v.State.String(), Reason: v.Reason, NQN: v.NQN, AllowAny: v.AllowAny, Hosts: v.Hosts,
+			CreatedAt: v.CreatedAt, Attachments: att[v.Name],
+		}
+		if n, ok := nodes[v.Node]; ok && n.State == meta.NodeDown && (v.State == meta.VolumeOnline || v.State == meta.VolumeCreating) {
+			a.State, a.Reason = api.StateUnavailable, fmt.Sprintf("its node %s is down (not heard from)", v.Node)
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// view is views for one volume.
+func (d *Daemon) view(v meta.Volume) api.Volume {
+	var out []api.Volume
+	d.node.FSM().Read(func(s *meta.State) { out = views(s, v) })
+	return out[0]
+}
