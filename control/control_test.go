@@ -107,10 +107,11 @@ func (s *fakeStore) List() ([]uint64, error) {
 }
 
 type sub struct {
-	allowAny bool
-	hosts    []string
-	size     uint64
-	revals   int
+	connected []string // hosts with a live controller
+	allowAny  bool
+	hosts     []string
+	size      uint64
+	revals    int
 }
 
 type fakeTarget struct {
@@ -162,6 +163,13 @@ func (t *fakeTarget) Revalidate(nqn string) error {
 	return nil
 }
 
+func (t *fakeTarget) Connected(nqn string) []string {
+	if s, ok := t.subs[nqn]; ok {
+		return slices.Clone(s.connected)
+	}
+	return nil
+}
+
 func (t *fakeTarget) Unserve(nqn string) error {
 	if _, ok := t.subs[nqn]; !ok {
 		return nil
@@ -195,6 +203,10 @@ func (r *fakeRegistry) Volume(_ context.Context, name string) (meta.Volume, erro
 
 func (r *fakeRegistry) Volumes(context.Context) ([]meta.Volume, error) {
 	return r.state.Export().Volumes, nil
+}
+
+func (r *fakeRegistry) Connections(context.Context) ([]meta.Connection, error) {
+	return r.state.Export().Connections, nil
 }
 
 // owners reaches the reconcilers in process, reading the one registry
@@ -601,5 +613,61 @@ func TestOwnerUnreachable(t *testing.T) {
 	}
 	if err := c.check(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLiveControllersAreUsers: a host connected without `attach` (no
+// registry attachment) still counts: a plain delete is refused naming it,
+// a forced one goes ahead. An attachment whose host stays disconnected is
+// removed by Settle after DetachAfter, and kept while the host is back.
+func TestLiveControllersAreUsers(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	v, err := c.mgr.Create(ctx, CreateRequest{Name: "v", SizeBytes: 1 << 20, Node: nodeID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const h1, h2 = "nqn.2014-08.org.nvmexpress:uuid:h1", "nqn.2014-08.org.nvmexpress:uuid:h2"
+	c.tgt.subs[v.NQN].connected = []string{h1}
+	if err := c.mgr.Delete(ctx, "v", false); !errors.Is(err, meta.ErrHasConnections) || !strings.Contains(err.Error(), h1) {
+		t.Fatalf("delete with a live controller: %v, want ErrHasConnections naming %s", err, h1)
+	}
+	if _, ok := c.reg.state.Volume("v"); !ok {
+		t.Fatal("volume gone after a refused delete")
+	}
+
+	// Attachments: h1 attached and connected, h2 attached and gone.
+	for _, h := range []string{h1, h2} {
+		if _, err := c.mgr.AllowHost(ctx, "v", h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.reg.Apply(ctx, meta.Connect{HostNQN: h, Volume: "v", Node: nodeID, At: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Unix(1000, 0)
+	c.mgr.Now = func() time.Time { return now }
+	c.mgr.DetachAfter = time.Minute
+	attached := func() []string {
+		var hs []string
+		for _, k := range c.reg.state.Export().Connections {
+			hs = append(hs, k.HostNQN)
+		}
+		return hs
+	}
+	for _, step := range []struct {
+		after time.Duration
+		want  []string
+	}{{0, []string{h1, h2}}, {30 * time.Second, []string{h1, h2}}, {31 * time.Second, []string{h1}}, {time.Hour, []string{h1}}} {
+		now = now.Add(step.after)
+		if _, err := c.mgr.Settle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := attached(); !slices.Equal(got, step.want) {
+			t.Fatalf("after %v more: attachments %v, want %v", step.after, got, step.want)
+		}
+	}
+	if err := c.mgr.Delete(ctx, "v", true); err != nil {
+		t.Fatalf("forced delete: %v", err)
 	}
 }

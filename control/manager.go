@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +38,8 @@ type Registry interface {
 	Volume(ctx context.Context, name string) (meta.Volume, error)
 	// Volumes reads every volume, linearizably.
 	Volumes(ctx context.Context) ([]meta.Volume, error)
+	// Connections reads every attachment.
+	Connections(ctx context.Context) ([]meta.Connection, error)
 }
 
 // Owners reaches the reconciler of a volume's owner node: in process for
@@ -59,6 +63,17 @@ type Manager struct {
 	reg    Registry
 	owners Owners
 
+	// DetachAfter is how long a registry attachment may have no live
+	// controller behind it before Settle removes it (the host
+	// disconnected for good). Zero keeps attachments forever. A host
+	// reconnecting within it (a blkd restart, a network blip) keeps it.
+	DetachAfter time.Duration
+	// Now is the clock (tests replace it).
+	Now func() time.Time
+	// missing: when each attachment was first seen without a controller.
+	mmu     sync.Mutex
+	missing map[attachKey]time.Time
+
 	mu    sync.Mutex
 	locks map[string]*nameLock
 }
@@ -70,8 +85,10 @@ type nameLock struct {
 
 // NewManager returns a manager over reg and owners.
 func NewManager(reg Registry, owners Owners) *Manager {
-	return &Manager{reg: reg, owners: owners, locks: make(map[string]*nameLock)}
+	return &Manager{reg: reg, owners: owners, locks: make(map[string]*nameLock), Now: time.Now, missing: make(map[attachKey]time.Time)}
 }
+
+type attachKey struct{ host, volume, node string }
 
 // lock serializes operations on one volume name.
 func (m *Manager) lock(name string) func() {
@@ -150,6 +167,17 @@ func (m *Manager) Delete(ctx context.Context, name string, force bool) error {
 		return err
 	}
 	index := uint64(0)
+	if v.State != meta.VolumeDeleting && !force {
+		// Live controllers count as users, attached through blk or not:
+		// ask the owner who is connected before deleting anything.
+		st, err := m.owners.Reconcile(ctx, v.Node, name, 0)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%w: volume %q: node %s did not answer, so whether hosts are connected to it is unknown: %v; delete with force to go ahead anyway", ErrOwnerUnreachable, name, v.Node, err)
+		case len(st.Connected) > 0:
+			return fmt.Errorf("meta: volume %q: hosts connected to it now: %s: %w", name, strings.Join(st.Connected, ", "), meta.ErrHasConnections)
+		}
+	}
 	if v.State != meta.VolumeDeleting {
 		res, err := m.reg.Apply(ctx, meta.DeleteVolume{Name: name, Force: force})
 		if err != nil {
@@ -266,6 +294,10 @@ func (m *Manager) Settle(ctx context.Context) (unreachable map[string]error, err
 	if err != nil {
 		return nil, err
 	}
+	conns, err := m.reg.Connections(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for _, v := range vols {
 		if _, bad := unreachable[v.Node]; bad {
 			continue
@@ -285,9 +317,41 @@ func (m *Manager) Settle(ctx context.Context) (unreachable map[string]error, err
 				return
 			}
 			_, _ = m.settle(ctx, cur, st)
+			m.expireAttachments(ctx, cur, st, conns)
 		}()
 	}
 	return unreachable, nil
+}
+
+// expireAttachments removes v's registry attachments on its owner that
+// have had no live controller for DetachAfter.
+func (m *Manager) expireAttachments(ctx context.Context, v meta.Volume, st Status, conns []meta.Connection) {
+	if m.DetachAfter <= 0 || st.State != StateOnline {
+		return
+	}
+	m.mmu.Lock()
+	defer m.mmu.Unlock()
+	now := m.Now()
+	for _, c := range conns {
+		if c.Volume != v.Name || c.Node != v.Node {
+			continue
+		}
+		k := attachKey{c.HostNQN, c.Volume, c.Node}
+		if slices.Contains(st.Connected, c.HostNQN) {
+			delete(m.missing, k)
+			continue
+		}
+		first, ok := m.missing[k]
+		if !ok {
+			m.missing[k] = now
+			continue
+		}
+		if now.Sub(first) >= m.DetachAfter {
+			if _, err := m.reg.Apply(ctx, meta.Disconnect{HostNQN: c.HostNQN, Volume: c.Volume, Node: c.Node}); err == nil {
+				delete(m.missing, k)
+			}
+		}
+	}
 }
 
 // checkShape checks a size and block size against the store's limits,

@@ -43,6 +43,9 @@ type Target interface {
 	// Unserve removes the subsystem (no error if it is not there),
 	// disconnecting its hosts.
 	Unserve(nqn string) error
+	// Connected returns the hosts with a live controller on the
+	// subsystem (none if it is not served).
+	Connected(nqn string) []string
 }
 
 // Status is a volume's local state on its owner, as the last reconcile
@@ -53,6 +56,9 @@ type Status struct {
 	NQN    string `json:"nqn"`
 	State  State  `json:"state"`
 	Reason string `json:"reason,omitempty"`
+	// Connected are the hosts with a live NVMe controller on the volume's
+	// subsystem when the reconcile ended: attached or not, they use it.
+	Connected []string `json:"connected,omitempty"`
 }
 
 // Reconciler brings one node's store and target to what the registry
@@ -173,6 +179,10 @@ func (r *Reconciler) Reconcile(v meta.Volume) Status {
 		r.transition(st, StateFailed, err.Error())
 	}
 	out := *st
+	out.Connected = nil
+	if st.State == StateOnline {
+		out.Connected = r.tgt.Connected(v.NQN)
+	}
 	if st.State == StateDeleted {
 		delete(r.vols, v.ID)
 	}

@@ -163,6 +163,19 @@ func (s *Subsystem) Hosts() []string {
 	return hs
 }
 
+// ConnectedHosts returns the NQNs of the hosts with a live controller on
+// the subsystem, sorted, each once.
+func (s *Subsystem) ConnectedHosts() []string {
+	var hs []string
+	for _, c := range s.controllers() {
+		if !slices.Contains(hs, c.hostNQN) {
+			hs = append(hs, c.hostNQN)
+		}
+	}
+	slices.Sort(hs)
+	return hs
+}
+
 // hostAllowed reports whether hostNQN may connect. The discovery
 // subsystem admits every host.
 func (s *Subsystem) hostAllowed(hostNQN string) bool {

@@ -407,7 +407,7 @@ func (e *env) showVolume(v volume) error {
 	if v.CreatedAt != 0 {
 		created = time.Unix(0, v.CreatedAt).Format(time.RFC3339)
 	}
-	return e.keyValues([][2]string{
+	kv := [][2]string{
 		{"Name", v.Name},
 		{"ID", fmt.Sprint(v.ID)},
 		{"Size", fmt.Sprintf("%s (%d bytes)", api.HumanSize(v.SizeBytes), v.SizeBytes)},
@@ -416,8 +416,25 @@ func (e *env) showVolume(v volume) error {
 		{"Node", v.Node},
 		{"NQN", v.NQN},
 		{"Hosts", hostsText(v)},
+		{"Attached", attachedText(v)},
 		{"Created", created},
-	})
+	}
+	if v.Reason != "" {
+		kv = append(kv, [2]string{"Reason", v.Reason})
+	}
+	return e.keyValues(kv)
+}
+
+// attachedText lists a volume's attachments: host (node, since).
+func attachedText(v volume) string {
+	if len(v.Attachments) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, a := range v.Attachments {
+		parts = append(parts, fmt.Sprintf("%s (on %s since %s)", a.HostNQN, a.Node, time.Unix(0, a.Since).Format(time.RFC3339)))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func volumeResize(c *cli.Context) error {

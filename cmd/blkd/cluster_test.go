@@ -234,7 +234,10 @@ func TestCluster(t *testing.T) {
 	// and the same delete, repeated, purges the volume.
 	procs[owner].cmd.Process.Signal(syscall.SIGKILL)
 	<-procs[owner].exited
-	procs[cur].refuse(t, "DELETE", "/v1/volumes/"+vol, "", 502, "is deleting.*"+owner+".*restarts")
+	// Without force it is refused: nobody can say whether hosts are
+	// connected to the volume on its owner.
+	procs[cur].refuse(t, "DELETE", "/v1/volumes/"+vol, "", 502, "whether hosts are connected to it is unknown.*force")
+	procs[cur].refuse(t, "DELETE", "/v1/volumes/"+vol+"?force=true", "", 502, "is deleting.*"+owner+".*restarts")
 	procs[cur].must(t, "GET", "/v1/volumes/"+vol, "", 200, &v)
 	if v.State != "deleting" {
 		t.Fatalf("%s after a delete with its owner down: %+v", vol, v)

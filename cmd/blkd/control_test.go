@@ -257,3 +257,31 @@ func TestDeadNodeShowsDown(t *testing.T) {
 		t.Fatalf("v1 with its node back: %+v", v)
 	}
 }
+
+// TestDeleteRefusedWhileConnected: a plain delete destroyed a volume that a
+// host connected to without `attach` was writing. Now the owner's live
+// controllers count: the delete is refused naming the host, and a forced
+// delete goes ahead (dropping the host).
+func TestDeleteRefusedWhileConnected(t *testing.T) {
+	d := startBlkd(t, t.TempDir())
+	d.must(t, "POST", "/v1/volumes", `{"name": "v", "size": "8MiB"}`, 201, nil)
+	d.must(t, "POST", "/v1/volumes/v/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	var a attachJSON
+	d.must(t, "POST", "/v1/volumes/v/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	// Forget the attachment: the host stays connected, as a kernel host
+	// that ran `nvme connect` without blkctl would be.
+	d.must(t, "POST", "/v1/volumes/v/detach", `{"host_nqn": "`+hostNQN+`"}`, 204, nil)
+	ctrl, ns := connect(t, a)
+	defer ctrl.Close()
+	if _, err := ns.WriteAt(make([]byte, 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	d.refuse(t, "DELETE", "/v1/volumes/v", "", 409, `hosts connected to it now: `+hostNQN)
+	var v volumeJSON
+	d.must(t, "GET", "/v1/volumes/v", "", 200, &v)
+	if v.State != "online" {
+		t.Fatalf("after a refused delete: %+v", v)
+	}
+	d.must(t, "DELETE", "/v1/volumes/v?force=true", "", 204, nil)
+	d.refuse(t, "GET", "/v1/volumes/v", "", 404, "unknown volume")
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/transport/providers"
@@ -70,7 +71,32 @@ type Config struct {
 	LogLevel string `json:"log_level"`
 	// LogOutput receives the event log. Nil: standard error.
 	LogOutput io.Writer `json:"-"`
+	// DetachAfter is how long an attachment may have no live controller
+	// before the leader removes it (the host disconnected for good), a Go
+	// duration in the config file ("5m"). Zero: DefaultDetachAfter;
+	// negative: never.
+	DetachAfter Duration `json:"detach_after,omitempty"`
 }
+
+// Duration is a time.Duration that reads "5m" or "90s" from JSON.
+type Duration time.Duration
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a duration like \"5m\": %v", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("a duration like \"5m\": %v", err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
 
 // Defaults.
 const (
@@ -81,6 +107,10 @@ const (
 	DefaultAPIAddr   = "127.0.0.1:7070"
 	DefaultLogFormat = "text"
 	DefaultLogLevel  = "info"
+	// DefaultDetachAfter outlasts a host's reconnect attempts across a
+	// blkd restart (the Linux host retries for 10 minutes by default,
+	// ctrl_loss_tmo 600 s) without keeping dead attachments for long.
+	DefaultDetachAfter = 15 * time.Minute
 )
 
 // ErrConfig is wrapped by every configuration error.
@@ -103,6 +133,9 @@ func (c Config) WithDefaults() Config {
 	if c.Bootstrap == nil {
 		t := true
 		c.Bootstrap = &t
+	}
+	if c.DetachAfter == 0 {
+		c.DetachAfter = Duration(DefaultDetachAfter)
 	}
 	return c
 }

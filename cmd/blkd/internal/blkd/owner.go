@@ -138,6 +138,13 @@ func (p *targetParts) Revalidate(nqn string) error {
 	return sub.RevalidateNamespace(1)
 }
 
+func (p *targetParts) Connected(nqn string) []string {
+	if sub, ok := p.d.tgt.Subsystem(nqn); ok {
+		return sub.ConnectedHosts()
+	}
+	return nil
+}
+
 func (p *targetParts) Unserve(nqn string) error {
 	if err := p.d.tgt.RemoveSubsystem(nqn); err != nil && !errors.Is(err, target.ErrNotFound) {
 		return err
@@ -167,6 +174,10 @@ func (p registryParts) Volumes(ctx context.Context) ([]meta.Volume, error) {
 		return nil, err
 	}
 	return p.n.FSM().Export().Volumes, nil
+}
+
+func (p registryParts) Connections(ctx context.Context) ([]meta.Connection, error) {
+	return p.n.FSM().Export().Connections, nil
 }
 
 // ownerParts reaches a volume's owner: this node in process, others
@@ -270,6 +281,9 @@ func (d *Daemon) startControl(ctx context.Context) {
 	d.tparts = &targetParts{d: d, ids: make(map[string]uint64)}
 	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{d.store}, d.tparts, d.log)
 	d.mgr = control.NewManager(registryParts{d.node}, ownerParts{d})
+	if d.cfg.DetachAfter > 0 {
+		d.mgr.DetachAfter = time.Duration(d.cfg.DetachAfter)
+	}
 	var vols []meta.Volume
 	d.node.FSM().Read(func(s *meta.State) { vols = s.Export().Volumes })
 	for _, st := range d.rec.ReconcileAll(vols) {
