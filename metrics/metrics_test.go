@@ -276,7 +276,9 @@ func TestScrapeAfterIO(t *testing.T) {
 		"blk_target_controllers":                    "gauge",
 		"blk_target_namespace_reads_total":          "counter",
 		"blk_volume_reads_total":                    "counter",
-		"blk_volume_allocated_bytes":                "gauge",
+		"blk_volume_disk_bytes":                     "gauge",
+		"blk_volume_store_l0_files":                 "gauge",
+		"blk_volume_store_write_stalls_total":       "counter",
 		"blk_volume_io_latency_seconds":             "histogram",
 		"blk_initiator_associations_total":          "counter",
 		"blk_initiator_state":                       "gauge",
@@ -335,7 +337,7 @@ func TestScrapeAfterIO(t *testing.T) {
 	e.atLeast(t, "blk_volume_fua_writes_total", vol, fuas)
 	e.atLeast(t, "blk_volume_read_bytes_total", vol, reads*bs)
 	e.atLeast(t, "blk_volume_write_bytes_total", vol, writes*4*bs+fuas*bs)
-	e.atLeast(t, "blk_volume_allocated_bytes", vol, writes*4*bs+fuas*bs)
+	e.atLeast(t, "blk_volume_store_memtable_bytes", nil, 1)
 	e.atLeast(t, "blk_volume_size_bytes", vol, 64<<20)
 	e.atLeast(t, "blk_volume_store_healthy", nil, 1)
 

@@ -3,7 +3,10 @@ package metrics
 import (
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"net/http"
+	"runtime"
+	"runtime/debug"
 	"sync"
 
 	"github.com/blk-project/blk/initiator"
@@ -62,9 +65,41 @@ func (r *Registry) RegisterPort(p *rdma.Port) error {
 	return r.register(p, NewPortCollector(p), NewEngineCollector(p.Addr().String(), p.Engine()))
 }
 
-// RegisterStore registers a StoreCollector for s.
-func (r *Registry) RegisterStore(s *volume.Store) error {
-	return r.register(s, NewStoreCollector(s))
+// RegisterStore registers a StoreCollector for s; names (optional)
+// labels blk_volume_info.
+func (r *Registry) RegisterStore(s *volume.Store, names ...func() map[uint64]VolumeLabel) error {
+	var f func() map[uint64]VolumeLabel
+	if len(names) > 0 {
+		f = names[0]
+	}
+	return r.register(s, NewStoreCollector(s, f))
+}
+
+// RegisterProcess registers the Go runtime and process collectors and
+// blk_build_info{version, revision, goversion}.
+func (r *Registry) RegisterProcess() error {
+	version, revision := "(devel)", "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			version = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				revision = s.Value
+			}
+		}
+	}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "blk_build_info", Help: "1, labelled with the running binary's version, VCS revision and Go version.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": runtime.Version()},
+	})
+	build.Set(1)
+	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), build} {
+		if err := r.reg.Register(c); err != nil {
+			return fmt.Errorf("metrics: register process collectors: %w", err)
+		}
+	}
+	return nil
 }
 
 // RegisterController registers a ControllerCollector for c, connected to

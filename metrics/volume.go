@@ -8,20 +8,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// StoreCollector exports a volume store's health and, per volume
-// labelled {volume} (its ID in decimal), volume.Volume.Stats and its
-// size. Volume.Stats walks the volume's keys to count allocated bytes, so
-// a scrape costs time in proportion to the blocks written: scrape every
-// few seconds, not faster.
+// StoreCollector exports a volume store's health (pebble's own: L0,
+// compaction debt, write stalls) and, per volume labelled {volume} (its ID
+// in decimal), its counters and size, plus a blk_volume_info{volume, name,
+// nqn} series naming it when a Names function is given. A scrape reads
+// counters and pebble's table metadata only: its cost does not grow with
+// the data the volumes hold. (The exact allocated bytes, which take a walk
+// of a volume's keys, are in Identify Namespace's NUSE and
+// volume.Volume.Stats, not here.)
 type StoreCollector struct {
 	s      *volume.Store
+	names  func() map[uint64]VolumeLabel
 	vol    table[volStats]
 	store  table[volume.Store]
+	engine table[volume.EngineStats]
+	info   *prometheus.Desc
 	errors *prometheus.Desc
-	// failed counts volumes whose Stats failed during a scrape (deleted
+	// failed counts volumes whose counters failed during a scrape (deleted
 	// in between, or the store failed): they are left out of that scrape.
 	failed atomic.Uint64
 }
+
+// VolumeLabel names a volume for blk_volume_info.
+type VolumeLabel struct{ Name, NQN string }
 
 // volStats is what is exported per volume.
 type volStats struct {
@@ -29,13 +38,16 @@ type volStats struct {
 	info volume.Info
 }
 
-// NewStoreCollector returns a collector for s.
-func NewStoreCollector(s *volume.Store) *StoreCollector {
+// NewStoreCollector returns a collector for s; names, if not nil, maps
+// volume IDs to their names for blk_volume_info.
+func NewStoreCollector(s *volume.Store, names func() map[uint64]VolumeLabel) *StoreCollector {
 	type V = volStats
 	type St = volume.Store
+	type E = volume.EngineStats
 	vl := []string{"volume"}
 	return &StoreCollector{
-		s: s,
+		s:     s,
+		names: names,
 		vol: newTable(nil, vl,
 			counter("volume_reads_total", "Reads that succeeded since the store was opened.", func(s *V) uint64 { return s.Reads }),
 			counter("volume_writes_total", "Writes that succeeded (FUA included).", func(s *V) uint64 { return s.Writes }),
@@ -48,7 +60,6 @@ func NewStoreCollector(s *volume.Store) *StoreCollector {
 			counter("volume_write_bytes_total", "Bytes written by successful requests.", func(s *V) uint64 { return s.WriteBytes }),
 			counter("volume_removed_blocks_total", "Blocks named by successful Write Zeroes and Deallocate requests.", func(s *V) uint64 { return s.RemovedBlocks }),
 			counter("volume_copied_bytes_total", "Bytes copied between callers' buffers and pebble.", func(s *V) uint64 { return s.CopiedBytes }),
-			gauge("volume_allocated_bytes", "Space the volume's data takes before compression: written blocks times block size.", func(s *V) float64 { return float64(s.AllocatedBytes) }),
 			gauge("volume_disk_bytes", "Pebble's estimate of the on-disk bytes of the volume's sstables.", func(s *V) float64 { return float64(s.DiskBytes) }),
 			gauge("volume_size_bytes", "The volume's capacity.", func(s *V) float64 { return float64(s.info.SizeBytes) }),
 		),
@@ -56,8 +67,20 @@ func NewStoreCollector(s *volume.Store) *StoreCollector {
 			counter("volume_store_background_errors_total", "Pebble background errors (failed flushes and compactions).", func(s *St) uint64 { return s.BackgroundErrors() }),
 			gauge("volume_store_healthy", "1 while the store has not failed.", func(s *St) float64 { return b2f(s.Health() == nil) }),
 		),
+		engine: newTable(nil, nil,
+			gauge("volume_store_l0_files", "Tables in pebble's level 0.", func(e *E) float64 { return float64(e.L0Files) }),
+			gauge("volume_store_l0_sublevels", "Sublevels in pebble's level 0 (read amplification there).", func(e *E) float64 { return float64(e.L0Sublevels) }),
+			gauge("volume_store_compaction_debt_bytes", "Pebble's estimate of the bytes compactions still have to rewrite.", func(e *E) float64 { return float64(e.CompactionDebtBytes) }),
+			counter("volume_store_compactions_total", "Pebble compactions completed.", func(e *E) uint64 { return uint64(e.Compactions) }),
+			counter("volume_store_flushes_total", "Pebble memtable flushes completed.", func(e *E) uint64 { return uint64(e.Flushes) }),
+			counter("volume_store_write_stalls_total", "Times pebble held writes back for flushes or compactions to catch up.", func(e *E) uint64 { return e.WriteStalls }),
+			gauge("volume_store_write_stall_seconds", "Total time writes were held back by pebble (a counter in seconds).", func(e *E) float64 { return e.WriteStallSeconds }),
+			gauge("volume_store_disk_bytes", "The store's total on-disk size.", func(e *E) float64 { return float64(e.DiskBytes) }),
+			gauge("volume_store_memtable_bytes", "Memory held by pebble's memtables.", func(e *E) float64 { return float64(e.MemtableBytes) }),
+		),
+		info: prometheus.NewDesc("blk_volume_info", "Names a volume ID: 1 for each volume the store holds.", []string{"volume", "name", "nqn"}, nil),
 		errors: prometheus.NewDesc("blk_volume_stats_errors_total",
-			"Volumes left out of a scrape because their Stats failed.", nil, nil),
+			"Volumes left out of a scrape because their counters failed.", nil, nil),
 	}
 }
 
@@ -65,12 +88,22 @@ func NewStoreCollector(s *volume.Store) *StoreCollector {
 func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.vol.describe(ch)
 	c.store.describe(ch)
+	c.engine.describe(ch)
+	ch <- c.info
 	ch <- c.errors
 }
 
 // Collect implements prometheus.Collector.
 func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	c.store.collect(ch, c.s)
+	if c.s.Health() == nil {
+		e := c.s.Engine()
+		c.engine.collect(ch, &e)
+	}
+	var names map[uint64]VolumeLabel
+	if c.names != nil {
+		names = c.names()
+	}
 	infos, err := c.s.List()
 	if err != nil {
 		c.failed.Add(1)
@@ -82,11 +115,15 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		st := volStats{info: info}
-		if st.Stats, err = v.Stats(); err != nil {
+		if st.Stats, err = v.Counters(); err != nil {
 			c.failed.Add(1)
 			continue
 		}
-		c.vol.collect(ch, &st, strconv.FormatUint(uint64(info.ID), 10))
+		id := strconv.FormatUint(uint64(info.ID), 10)
+		c.vol.collect(ch, &st, id)
+		if n, ok := names[uint64(info.ID)]; ok {
+			ch <- prometheus.MustNewConstMetric(c.info, prometheus.GaugeValue, 1, id, n.Name, n.NQN)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.errors, prometheus.CounterValue, float64(c.failed.Load()))
 }

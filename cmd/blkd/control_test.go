@@ -285,3 +285,25 @@ func TestDeleteRefusedWhileConnected(t *testing.T) {
 	d.must(t, "DELETE", "/v1/volumes/v?force=true", "", 204, nil)
 	d.refuse(t, "GET", "/v1/volumes/v", "", 404, "unknown volume")
 }
+
+// TestMetricsNameVolumes: volumes were labelled only by ID; now
+// blk_volume_info{volume, name, nqn} names them, and the build, Go runtime,
+// process and pebble health series are there.
+func TestMetricsNameVolumes(t *testing.T) {
+	d := startBlkd(t, t.TempDir())
+	var v volumeJSON
+	d.must(t, "POST", "/v1/volumes", `{"name": "named", "size": "8MiB"}`, 201, &v)
+	body := d.metricsText(t)
+	for _, want := range []string{
+		fmt.Sprintf(`blk_volume_info{name="named",nqn="%s",volume="%d"} 1`, v.NQN, v.ID),
+		"blk_build_info{", "go_goroutines ", "process_resident_memory_bytes ",
+		"blk_volume_store_l0_files ", "blk_volume_store_compaction_debt_bytes ", "blk_volume_store_write_stalls_total ",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "blk_volume_allocated_bytes") {
+		t.Error("/metrics still walks keys for blk_volume_allocated_bytes")
+	}
+}

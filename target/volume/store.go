@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -27,6 +28,10 @@ type Store struct {
 	// bgErrors counts pebble's background errors (failed flushes and
 	// compactions, which pebble retries).
 	bgErrors atomic.Uint64
+	// writeStalls counts pebble's write stalls (writes held back while
+	// flushes or compactions catch up); stallNanos their total time.
+	writeStalls, stallNanos atomic.Uint64
+	stallStart              atomic.Int64 // UnixNano of the stall in progress, 0 if none
 
 	// plainSeq counts plain (not FUA) mutations acknowledged; flushedSeq
 	// is the plainSeq value the last successful flush covered. Flush skips
@@ -92,6 +97,15 @@ func Open(cfg Config) (*Store, error) {
 			BackgroundError: func(err error) {
 				s.bgErrors.Add(1)
 				out.Errorf("volume: pebble background error: %v", err)
+			},
+			WriteStallBegin: func(pebble.WriteStallBeginInfo) {
+				s.writeStalls.Add(1)
+				s.stallStart.Store(time.Now().UnixNano())
+			},
+			WriteStallEnd: func() {
+				if t := s.stallStart.Swap(0); t != 0 {
+					s.stallNanos.Add(uint64(time.Now().UnixNano() - t))
+				}
 			},
 			DataCorruption: func(info pebble.DataCorruptionInfo) {
 				s.fail(fmt.Errorf("volume: pebble: %s: %w", info, ErrCorrupt))
@@ -198,6 +212,44 @@ func (s *Store) Config() Config { return s.cfg }
 // Health returns nil while the store is usable, and the error that failed
 // it (wrapping ErrIO or ErrCorrupt) once pebble reported a fatal error.
 func (s *Store) Health() error { return s.err() }
+
+// EngineStats is the health of the store's pebble instance, read from
+// its own metrics (no key is read): what an operator watches for a store
+// falling behind its writes.
+type EngineStats struct {
+	// L0Files and L0Sublevels: tables waiting in level 0; many sublevels
+	// slow reads and, past pebble's thresholds, stall writes.
+	L0Files     int64
+	L0Sublevels int32
+	// CompactionDebtBytes is pebble's estimate of the bytes compactions
+	// must rewrite to bring the levels back into shape.
+	CompactionDebtBytes uint64
+	// Compactions and Flushes completed since Open.
+	Compactions, Flushes int64
+	// WriteStalls counts stalls; WriteStallSeconds their total length.
+	WriteStalls       uint64
+	WriteStallSeconds float64
+	// DiskBytes is the store's total on-disk size (tables, WAL, ...).
+	DiskBytes uint64
+	// MemtableBytes is the memory the memtables hold.
+	MemtableBytes uint64
+}
+
+// Engine returns the pebble instance's health (cheap: pebble's counters).
+func (s *Store) Engine() EngineStats {
+	m := s.db.Metrics()
+	return EngineStats{
+		L0Files:             m.Levels[0].TablesCount,
+		L0Sublevels:         m.Levels[0].Sublevels,
+		CompactionDebtBytes: m.Compact.EstimatedDebt,
+		Compactions:         m.Compact.Count,
+		Flushes:             m.Flush.Count,
+		WriteStalls:         s.writeStalls.Load(),
+		WriteStallSeconds:   float64(s.stallNanos.Load()) / 1e9,
+		DiskBytes:           m.DiskSpaceUsage(),
+		MemtableBytes:       m.MemTable.Size,
+	}
+}
 
 // BackgroundErrors returns how many background errors (failed memtable
 // flushes or compactions, which pebble retries) pebble has reported since

@@ -124,7 +124,10 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err := d.reg.RegisterTarget(d.tgt); err != nil {
 		return nil, err
 	}
-	if err := d.reg.RegisterStore(d.store); err != nil {
+	if err := d.reg.RegisterStore(d.store, d.volumeLabels); err != nil {
+		return nil, err
+	}
+	if err := d.reg.RegisterProcess(); err != nil {
 		return nil, err
 	}
 	if err := d.reg.Prometheus().Register(NewRaftCollector(d.node)); err != nil {
@@ -259,6 +262,20 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		d.closeErr = errors.Join(errs...)
 	})
 	return d.closeErr
+}
+
+// volumeLabels names this node's volumes for blk_volume_info, from its
+// registry copy.
+func (d *Daemon) volumeLabels() map[uint64]metrics.VolumeLabel {
+	out := make(map[uint64]metrics.VolumeLabel)
+	d.node.FSM().Read(func(s *meta.State) {
+		for _, v := range s.Export().Volumes {
+			if v.Node == d.cfg.NodeID {
+				out[v.ID] = metrics.VolumeLabel{Name: v.Name, NQN: v.NQN}
+			}
+		}
+	})
+	return out
 }
 
 // serve adds the subsystem of v, with v's store volume as namespace 1.
