@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"sync"
 	"time"
 
@@ -50,7 +51,9 @@ type StoreOptions struct {
 // PebbleStore is a raft.LogStore and raft.StableStore on one pebble DB.
 // Every mutation is synced before it returns.
 type PebbleStore struct {
-	db *pebble.DB
+	db  *pebble.DB
+	fs  vfs.FS
+	dir string
 
 	mu     sync.Mutex // guards closed
 	closed bool
@@ -83,7 +86,7 @@ func OpenStore(o StoreOptions) (*PebbleStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("meta: open store %q: %w", o.Dir, err)
 	}
-	s := &PebbleStore{db: db}
+	s := &PebbleStore{db: db, fs: o.FS, dir: o.Dir}
 	if err := s.checkFormat(); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("meta: store %q: %w", o.Dir, err)
@@ -228,8 +231,22 @@ func (s *PebbleStore) GetLog(index uint64, l *raft.Log) error {
 // StoreLog implements raft.LogStore.
 func (s *PebbleStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
 
+// MinFreeBytes is the free space under which StoreLogs refuses new log
+// entries (ErrNoSpace): pebble treats a failed WAL write as fatal and
+// would end the process, while raft survives a refused StoreLogs (the
+// leader steps down and the entry is retried). 16 MiB is many thousand
+// registry commands and a memtable flush.
+const MinFreeBytes = 16 << 20
+
+// ErrNoSpace: the registry's filesystem is nearly full.
+var ErrNoSpace = errors.New("meta: no space left for the registry")
+
 // StoreLogs implements raft.LogStore: one batch, synced before returning.
+// It refuses (ErrNoSpace) when the filesystem has under MinFreeBytes free.
 func (s *PebbleStore) StoreLogs(logs []*raft.Log) error {
+	if du, err := s.fs.GetDiskUsage(s.dir); err == nil && du.AvailBytes < MinFreeBytes {
+		return fmt.Errorf("meta: store: %d logs: %d bytes free on %s: %w", len(logs), du.AvailBytes, s.dir, ErrNoSpace)
+	}
 	b := s.db.NewBatch()
 	defer b.Close()
 	for _, l := range logs {
@@ -306,5 +323,8 @@ func (quietLogger) Errorf(format string, args ...any) {
 	pebble.DefaultLogger.Errorf(format, args...)
 }
 func (quietLogger) Fatalf(format string, args ...any) {
+	// Pebble cannot go on after this (a failed WAL write or sync): say
+	// plainly what failed before it ends the process.
+	fmt.Fprintf(os.Stderr, "blkd: registry store: fatal pebble error (is the data dir's disk full or failing?): "+format+"\n", args...)
 	pebble.DefaultLogger.Fatalf(format, args...)
 }

@@ -245,3 +245,24 @@ func TestDecodeLogCorrupt(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreLogsRefusedWhenFull: with the filesystem under MinFreeBytes,
+// StoreLogs returns ErrNoSpace (raft survives it) instead of letting
+// pebble meet a full disk (fatal: the process would end); with space back
+// it stores again.
+func TestStoreLogsRefusedWhenFull(t *testing.T) {
+	fs := vfs.NewMem()
+	s, err := OpenStore(StoreOptions{Dir: "/meta", FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fs.TestingSetDiskUsage(vfs.DiskUsage{AvailBytes: MinFreeBytes - 1, TotalBytes: 1 << 30})
+	if err := s.StoreLog(&raft.Log{Index: 1, Term: 1, Data: []byte("x")}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("StoreLog on a full disk: %v, want ErrNoSpace", err)
+	}
+	fs.TestingSetDiskUsage(vfs.DiskUsage{AvailBytes: 1 << 30, TotalBytes: 1 << 30})
+	if err := s.StoreLog(&raft.Log{Index: 1, Term: 1, Data: []byte("x")}); err != nil {
+		t.Fatalf("StoreLog with space back: %v", err)
+	}
+}

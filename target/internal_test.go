@@ -67,6 +67,7 @@ func TestStatusOf(t *testing.T) {
 		{opWrite, wrap(volume.ErrExists), nvme.StatusInternalError.WithDNR()},
 		{opWrite, wrap(volume.ErrReadOnly), nvme.StatusNamespaceWriteProtect.WithDNR()},
 		{opRead, wrap(volume.ErrClosed), nvme.StatusNamespaceNotReady},
+		{opWrite, wrap(volume.ErrNoSpace), nvme.StatusCapacityExceeded.WithDNR()},
 		{opRead, wrap(volume.ErrIO), nvme.StatusUnrecoveredReadError.WithDNR()},
 		{opCompare, wrap(volume.ErrIO), nvme.StatusUnrecoveredReadError.WithDNR()},
 		{opWrite, wrap(volume.ErrIO), nvme.StatusWriteFault.WithDNR()},

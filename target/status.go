@@ -47,6 +47,7 @@ const (
 //	ErrInvalid,
 //	ErrWouldLoseData  Invalid Field in Command + DNR
 //	ErrCorrupt        Internal Error + DNR
+//	ErrNoSpace        Capacity Exceeded + DNR (the Linux host: ENOSPC)
 //	anything else     Internal Error + DNR
 //
 // It allocates nothing for a nil error.
@@ -71,6 +72,8 @@ func statusOf(op ioOp, err error) nvme.Status {
 		return nvme.StatusNamespaceWriteProtect.WithDNR()
 	case errors.Is(err, volume.ErrClosed):
 		return nvme.StatusNamespaceNotReady
+	case errors.Is(err, volume.ErrNoSpace):
+		return nvme.StatusCapacityExceeded.WithDNR()
 	case errors.Is(err, volume.ErrIO):
 		switch op {
 		case opRead, opCompare:

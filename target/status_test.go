@@ -249,6 +249,10 @@ var statusCases = []struct {
 		f.fault.set("read", fmt.Errorf("volume 1: %w", volume.ErrClosed))
 		return f.read(1, 4096)
 	}},
+	{"capacity exceeded: disk under the store's reserve", nvme.StatusCapacityExceeded.WithDNR(), func(t *testing.T, f *fixture) *call {
+		f.fault.set("write", fmt.Errorf("volume 1: %w", volume.ErrNoSpace))
+		return f.h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), f.data4k)
+	}},
 
 	// Command specific status.
 	{"AER limit exceeded", nvme.StatusAERLimitExceeded.WithDNR(), func(t *testing.T, f *fixture) *call {
@@ -350,6 +354,7 @@ var statusByName = map[string]nvme.Status{
 	"StatusNamespaceWriteProtect":     nvme.StatusNamespaceWriteProtect,
 	"StatusLBAOutOfRange":             nvme.StatusLBAOutOfRange,
 	"StatusNamespaceNotReady":         nvme.StatusNamespaceNotReady,
+	"StatusCapacityExceeded":          nvme.StatusCapacityExceeded,
 	"StatusAERLimitExceeded":          nvme.StatusAERLimitExceeded,
 	"StatusFeatureNotSaveable":        nvme.StatusFeatureNotSaveable,
 	"StatusFeatureNotChangable":       nvme.StatusFeatureNotChangable,

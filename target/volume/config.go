@@ -3,6 +3,7 @@ package volume
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
@@ -57,6 +58,19 @@ type Config struct {
 	// ReadOnly opens the store read-only: every write and every
 	// administrative change fails with ErrReadOnly.
 	ReadOnly bool `json:"read_only"`
+
+	// ReserveBytes is the free space the store keeps on its filesystem:
+	// below it, writes fail with ErrNoSpace (reads, write-zeroes and
+	// deallocates go on) until free space is back above 1.25 × it. It
+	// leaves pebble room to flush the memtables and compact, so the store
+	// never meets a full disk (where pebble's failure is fatal and every
+	// read would fail until a reopen). Default (0): 5% of the
+	// filesystem, at least 128 MiB and at most 4 GiB.
+	ReserveBytes uint64 `json:"reserve_bytes"`
+
+	// SpaceCheckInterval is how often free space is read (statfs). Default
+	// 100 ms: at 2 GB/s of writes the reserve must then cover 200 MB.
+	SpaceCheckInterval time.Duration `json:"space_check_interval"`
 }
 
 // Logger is the part of pebble's Logger that the store forwards to. The

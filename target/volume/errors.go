@@ -43,6 +43,11 @@ var (
 	// ErrWouldLoseData: shrinking a volume that holds data past the new
 	// size, without force. NVMe: Invalid Field in Command (0x02).
 	ErrWouldLoseData = errors.New("volume: shrink would discard written blocks")
+	// ErrNoSpace: the filesystem's free space is under the store's
+	// reserve (Config.ReserveBytes): writes are refused until space
+	// returns; reads go on. NVMe: Capacity Exceeded (0x81) + DNR, which
+	// the Linux host reports as ENOSPC.
+	ErrNoSpace = errors.New("volume: no space left for writes")
 	// ErrCorrupt: the store holds a key or value this package did not
 	// write. NVMe: Internal Error (0x06).
 	ErrCorrupt = errors.New("volume: store corrupt")

@@ -112,6 +112,9 @@ func (g *WriteGroup) Commit() error {
 	v := g.v
 	v.mu.RLock()
 	err := g.recheck()
+	if err == nil && v.s.noSpace.Load() {
+		err = fmt.Errorf("volume %d: write: %d bytes free, reserve %d: %w", v.id, v.s.freeBytes.Load(), v.s.reserve.Load(), ErrNoSpace)
+	}
 	if err == nil {
 		err = v.s.db.Apply(g.b, noSyncWrite)
 		if err != nil {

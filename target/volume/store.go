@@ -28,6 +28,15 @@ type Store struct {
 	// bgErrors counts pebble's background errors (failed flushes and
 	// compactions, which pebble retries).
 	bgErrors atomic.Uint64
+	// log receives the store's own messages (Config.Logger).
+	log Logger
+	// The space guard (space.go): noSpace while free space is under the
+	// reserve; the last free and total bytes read.
+	noSpace               atomic.Bool
+	freeBytes, totalBytes atomic.Uint64
+	reserve               atomic.Uint64
+	spaceMonitored        atomic.Bool
+	spaceStop, spaceDone  chan struct{}
 	// writeStalls counts pebble's write stalls (writes held back while
 	// flushes or compactions catch up); stallNanos their total time.
 	writeStalls, stallNanos atomic.Uint64
@@ -84,6 +93,7 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.Logger != nil {
 		out = cfg.Logger
 	}
+	s.log = out
 	cache := pebble.NewCache(cfg.CacheBytes)
 	defer cache.Unref() // the DB holds its own reference
 	opts := &pebble.Options{
@@ -140,6 +150,7 @@ func Open(cfg Config) (*Store, error) {
 		_ = db.Close()
 		return nil, err
 	}
+	s.startSpaceGuard()
 	return s, nil
 }
 
@@ -481,6 +492,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.stopSpaceGuard()
 	for _, v := range s.vols {
 		v.mu.Lock()
 		v.gone = ErrClosed

@@ -107,6 +107,9 @@ func (v *Volume) check(o op, lba uint64, length int, n uint64) (uint64, error) {
 	if o != opRead && v.s.cfg.ReadOnly && n > 0 {
 		return 0, v.fail(o, lba, fmt.Errorf("store opened read-only: %w", ErrReadOnly))
 	}
+	if o == opWrite && n > 0 && v.s.noSpace.Load() {
+		return 0, v.fail(o, lba, fmt.Errorf("%d bytes free, reserve %d: %w", v.s.freeBytes.Load(), v.s.reserve.Load(), ErrNoSpace))
+	}
 	return n, nil
 }
 
