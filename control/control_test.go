@@ -205,6 +205,14 @@ func (r *fakeRegistry) Volumes(context.Context) ([]meta.Volume, error) {
 	return r.state.Export().Volumes, nil
 }
 
+func (r *fakeRegistry) Node(_ context.Context, id string) (meta.NodeInfo, error) {
+	n, ok := r.state.Node(id)
+	if !ok {
+		return n, meta.ErrUnknownNode
+	}
+	return n, nil
+}
+
 func (r *fakeRegistry) Connections(context.Context) ([]meta.Connection, error) {
 	return r.state.Export().Connections, nil
 }
@@ -669,5 +677,38 @@ func TestLiveControllersAreUsers(t *testing.T) {
 	}
 	if err := c.mgr.Delete(ctx, "v", true); err != nil {
 		t.Fatalf("forced delete: %v", err)
+	}
+}
+
+// TestCapacity: a node that registered its capacity cannot be promised
+// more: a create or a growth past it is refused before the registry
+// changes; deleting a volume gives its bytes back.
+func TestCapacity(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	if _, err := c.reg.Apply(ctx, meta.RegisterNode{ID: nodeID, TargetAddr: "127.0.0.1:4420", MgmtAddr: "127.0.0.1:7070", CapacityBytes: 100 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "a", SizeBytes: 60 << 20, Node: nodeID}); err != nil {
+		t.Fatal(err)
+	}
+	before := c.reg.index
+	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "b", SizeBytes: 41 << 20, Node: nodeID}); !errors.Is(err, ErrCapacity) {
+		t.Fatalf("create past the capacity: %v, want ErrCapacity", err)
+	}
+	if _, err := c.mgr.Resize(ctx, "a", 101<<20); !errors.Is(err, ErrCapacity) {
+		t.Fatalf("grow past the capacity: %v, want ErrCapacity", err)
+	}
+	if c.reg.index != before {
+		t.Fatal("a refused request wrote to the registry")
+	}
+	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "b", SizeBytes: 40 << 20, Node: nodeID}); err != nil {
+		t.Fatalf("create up to the capacity: %v", err)
+	}
+	if err := c.mgr.Delete(ctx, "a", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.mgr.Resize(ctx, "b", 100<<20); err != nil {
+		t.Fatalf("grow into the space a deleted volume gave back: %v", err)
 	}
 }

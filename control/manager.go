@@ -24,6 +24,10 @@ var (
 	ErrOwnerUnreachable = errors.New("control: owner node unreachable")
 	// ErrOwnerFailed: the owner tried and could not; the reason follows.
 	ErrOwnerFailed = errors.New("control: owner node failed")
+	// ErrCapacity: the node cannot be promised more bytes of volumes (its
+	// disk times its overcommit ratio); refused before anything is
+	// written.
+	ErrCapacity = errors.New("control: not enough capacity on the node")
 )
 
 // Registry is what Manager needs of the replicated registry (meta.Node,
@@ -40,6 +44,8 @@ type Registry interface {
 	Volumes(ctx context.Context) ([]meta.Volume, error)
 	// Connections reads every attachment.
 	Connections(ctx context.Context) ([]meta.Connection, error)
+	// Node reads one node.
+	Node(ctx context.Context, id string) (meta.NodeInfo, error)
 }
 
 // Owners reaches the reconciler of a volume's owner node: in process for
@@ -132,6 +138,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (meta.Volume, e
 		return meta.Volume{}, fmt.Errorf("%w: volume %q: %v", ErrInvalid, req.Name, err)
 	}
 	defer m.lock(req.Name)()
+	if err := m.checkCapacity(ctx, req.Node, req.SizeBytes, ""); err != nil {
+		return meta.Volume{}, err
+	}
 	res, err := m.reg.Apply(ctx, meta.CreateVolume{
 		Name: req.Name, SizeBytes: req.SizeBytes, BlockSize: req.BlockSize,
 		Node: req.Node, NQN: req.NQN, At: time.Now().UnixNano(),
@@ -206,6 +215,11 @@ func (m *Manager) Resize(ctx context.Context, name string, size uint64) (meta.Vo
 	}
 	if err := checkShape(size, v.BlockSize); err != nil {
 		return v, fmt.Errorf("%w: resize volume %q: %v", ErrInvalid, name, err)
+	}
+	if size > v.SizeBytes {
+		if err := m.checkCapacity(ctx, v.Node, size-v.SizeBytes, name); err != nil {
+			return v, err
+		}
 	}
 	res, err := m.reg.Apply(ctx, meta.ResizeVolume{Name: name, SizeBytes: size})
 	if err != nil {
@@ -352,6 +366,35 @@ func (m *Manager) expireAttachments(ctx context.Context, v meta.Volume, st Statu
 			}
 		}
 	}
+}
+
+// checkCapacity refuses adding more bytes of volumes to node than its
+// registered capacity leaves (what its volumes are promised already, the
+// deleting ones excluded). A node that registered no capacity has no
+// limit.
+func (m *Manager) checkCapacity(ctx context.Context, node string, more uint64, volume string) error {
+	n, err := m.reg.Node(ctx, node)
+	if err != nil || n.CapacityBytes == 0 {
+		return nil // an unknown node is the registry's to refuse
+	}
+	vols, err := m.reg.Volumes(ctx)
+	if err != nil {
+		return err
+	}
+	var promised uint64
+	for _, v := range vols {
+		if v.Node == node && v.State != meta.VolumeDeleting {
+			promised += v.SizeBytes
+		}
+	}
+	if promised > n.CapacityBytes || more > n.CapacityBytes-promised {
+		what := "a new volume"
+		if volume != "" {
+			what = fmt.Sprintf("growing volume %q", volume)
+		}
+		return fmt.Errorf("%w: %s needs %d more bytes on node %s, which may be promised %d (its disk times its overcommit ratio) and has promised %d to its volumes: choose a smaller size, free space, or raise the node's --overcommit", ErrCapacity, what, more, node, n.CapacityBytes, promised)
+	}
+	return nil
 }
 
 // checkShape checks a size and block size against the store's limits,

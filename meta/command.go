@@ -60,6 +60,10 @@ type RegisterNode struct {
 	ID         string `json:"id"`
 	TargetAddr string `json:"target_addr"` // host:port hosts reach its NVMe-oF target port at (its advertised address)
 	MgmtAddr   string `json:"mgmt_addr"`   // host:port of its management API
+	// CapacityBytes is how many bytes of volumes the node may be promised
+	// (its store's filesystem times its overcommit ratio); 0: unknown,
+	// no limit. Updated on every registration.
+	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
 }
 
 // SetNodeState moves a node to State.

@@ -127,6 +127,8 @@ type NodeInfo struct {
 	TargetAddr string    `json:"target_addr"`
 	MgmtAddr   string    `json:"mgmt_addr"`
 	State      NodeState `json:"state"`
+	// CapacityBytes: see RegisterNode.
+	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
 }
 
 // Volume is one registered volume. Hosts is sorted.
@@ -307,6 +309,9 @@ func (s *State) registerNode(c RegisterNode) Result {
 		s.nodes[c.ID] = n
 	}
 	n.TargetAddr, n.MgmtAddr = c.TargetAddr, c.MgmtAddr
+	if c.CapacityBytes != 0 {
+		n.CapacityBytes = c.CapacityBytes
+	}
 	cp := *n
 	return Result{Node: &cp}
 }

@@ -307,3 +307,26 @@ func TestMetricsNameVolumes(t *testing.T) {
 		t.Error("/metrics still walks keys for blk_volume_allocated_bytes")
 	}
 }
+
+// TestThinVolumesBounded: a 4 EiB volume on an 80 GB disk was accepted.
+// Now a node promises at most its disk times --overcommit (default 1):
+// 507 naming the capacity, nothing registered; with --overcommit 3 a
+// volume of twice the disk is accepted.
+func TestThinVolumesBounded(t *testing.T) {
+	dir := t.TempDir()
+	d := startBlkd(t, dir)
+	fs := d.metric(t, "blk_volume_store_fs_bytes")
+	if fs <= 0 {
+		t.Fatalf("blk_volume_store_fs_bytes %v", fs)
+	}
+	d.refuse(t, "POST", "/v1/volumes", `{"name": "huge", "size": "4096PiB"}`, 507, `may be promised.*overcommit`)
+	twice := uint64(2*fs) / 4096 * 4096
+	body := fmt.Sprintf(`{"name": "twice", "size": %d}`, twice)
+	d.refuse(t, "POST", "/v1/volumes", body, 507, `may be promised`)
+	if vs := d.volumes(t); len(vs) != 0 {
+		t.Fatalf("volumes after refusals: %+v", vs)
+	}
+	d.stop(t)
+	d = startBlkd(t, dir, "--overcommit", "3")
+	d.must(t, "POST", "/v1/volumes", body, 201, nil)
+}

@@ -76,6 +76,8 @@ func metaError(err error, hint string) error {
 		status = http.StatusBadGateway
 	case errors.Is(err, control.ErrOwnerFailed):
 		status = http.StatusInternalServerError
+	case errors.Is(err, control.ErrCapacity):
+		status = http.StatusInsufficientStorage
 	}
 	// The registry's errors repeat its prefix ("meta: volume "x": meta:
 	// unknown volume"); once is enough for an operator.

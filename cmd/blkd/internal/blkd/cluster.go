@@ -43,6 +43,9 @@ type JoinRequest struct {
 	// Promote asks for a vote: the node, a nonvoter, has caught up to the
 	// CatchUpIndex the leader gave it.
 	Promote bool `json:"promote,omitempty"`
+	// CapacityBytes: how many bytes of volumes the node may be promised
+	// (meta.RegisterNode).
+	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
 }
 
 // JoinResponse answers POST /v1/cluster/join. A new node is added as a
@@ -165,7 +168,7 @@ func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 		return metaError(err, "")
 	}
 	if req.APIAddr != "" || req.NVMeAddr != "" {
-		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, MgmtAddr: req.APIAddr}); err != nil {
+		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes}); err != nil {
 			return metaError(err, "")
 		}
 	}
@@ -355,14 +358,14 @@ func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr string) 
 	ctx, cancel := context.WithTimeout(ctx, joinWait)
 	defer cancel()
 	req := JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr,
-		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState()}
+		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity()}
 	client := &http.Client{Timeout: 15 * time.Second}
 	backoff := 100 * time.Millisecond
 	target := first
 	var last error
 	for {
 		if first == "" && d.node.IsLeader() {
-			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: nvmeAddr, MgmtAddr: apiAddr})
+			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: nvmeAddr, MgmtAddr: apiAddr, CapacityBytes: req.CapacityBytes})
 			if err == nil {
 				return nil
 			}
@@ -500,4 +503,19 @@ func (d *Daemon) settleClusterID(ctx context.Context) error {
 		return fmt.Errorf("data dir %s belongs to cluster %s (its %s file), but its registry is cluster %s: the directory was mixed up; restore the right one", d.cfg.DataDir, have, clusterIDFile, id)
 	}
 	return os.WriteFile(filepath.Join(d.cfg.DataDir, clusterIDFile), []byte(id+"\n"), 0o644)
+}
+
+// capacity is how many bytes of volumes this node may be promised: its
+// store's filesystem times --overcommit; 0 (no limit) if the filesystem
+// cannot say.
+func (d *Daemon) capacity() uint64 {
+	sp := d.store.Space()
+	if !sp.Monitored || sp.TotalBytes == 0 {
+		return 0
+	}
+	c := float64(sp.TotalBytes) * d.cfg.Overcommit
+	if c >= float64(^uint64(0)) {
+		return ^uint64(0)
+	}
+	return uint64(c)
 }

@@ -76,6 +76,11 @@ type Config struct {
 	// duration in the config file ("5m"). Zero: DefaultDetachAfter;
 	// negative: never.
 	DetachAfter Duration `json:"detach_after,omitempty"`
+	// Overcommit is how many bytes of (thin) volumes this node may be
+	// promised per byte of its store's filesystem. Default 1: never more
+	// than the disk holds. Above 1, writes may one day meet a full disk
+	// (they then fail with ENOSPC; reads go on).
+	Overcommit float64 `json:"overcommit,omitempty"`
 }
 
 // Duration is a time.Duration that reads "5m" or "90s" from JSON.
@@ -137,6 +142,9 @@ func (c Config) WithDefaults() Config {
 	if c.DetachAfter == 0 {
 		c.DetachAfter = Duration(DefaultDetachAfter)
 	}
+	if c.Overcommit == 0 {
+		c.Overcommit = 1
+	}
 	return c
 }
 
@@ -164,6 +172,9 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.Join); err != nil {
 			return fmt.Errorf("%w: --join %q is not the host:port of a member's API (for example 127.0.0.1:7070): %v", ErrConfig, c.Join, err)
 		}
+	}
+	if c.Overcommit < 0.1 || c.Overcommit > 1000 {
+		return fmt.Errorf("%w: --overcommit %v: use a ratio between 0.1 and 1000 (1: promise no more than the disk holds)", ErrConfig, c.Overcommit)
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("%w: --log-format %q: use text or json", ErrConfig, c.LogFormat)

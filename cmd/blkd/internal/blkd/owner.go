@@ -176,6 +176,16 @@ func (p registryParts) Volumes(ctx context.Context) ([]meta.Volume, error) {
 	return p.n.FSM().Export().Volumes, nil
 }
 
+func (p registryParts) Node(ctx context.Context, id string) (meta.NodeInfo, error) {
+	var n meta.NodeInfo
+	var ok bool
+	p.n.FSM().Read(func(s *meta.State) { n, ok = s.Node(id) })
+	if !ok {
+		return n, meta.ErrUnknownNode
+	}
+	return n, nil
+}
+
 func (p registryParts) Connections(ctx context.Context) ([]meta.Connection, error) {
 	return p.n.FSM().Export().Connections, nil
 }
