@@ -8,7 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"bytes"
+	"errors"
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target/volume"
+	"os"
+	"os/exec"
 )
 
 // TestHugeResizeRefused: `resize --size 4194305TiB` wrote 4 EiB into the
@@ -329,4 +335,86 @@ func TestThinVolumesBounded(t *testing.T) {
 	d.stop(t)
 	d = startBlkd(t, dir, "--overcommit", "3")
 	d.must(t, "POST", "/v1/volumes", body, 201, nil)
+}
+
+// TestDiskFull: on a real filesystem that fills (a 600 MiB tmpfs; the
+// test needs root to mount it), writes fail with Capacity Exceeded while
+// reads go on, the store stays healthy, and writes resume by themselves
+// once space is freed — no restart. Before, pebble's fatal error failed
+// every read as well until a restart.
+func TestDiskFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=600m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+	data := filepath.Join(dir, "blk")
+	d := startBlkd(t, data)
+	d.must(t, "POST", "/v1/volumes", `{"name": "v", "size": "128MiB"}`, 201, nil)
+	d.must(t, "POST", "/v1/volumes/v/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	var a attachJSON
+	d.must(t, "POST", "/v1/volumes/v/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	ctrl, ns := connect(t, a)
+	defer ctrl.Close()
+	block := bytes.Repeat([]byte{0x5a}, 4096)
+	if _, err := ns.WriteAt(block, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Fill the filesystem to ~64 MiB free: under the 128 MiB reserve.
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := st.Bavail * uint64(st.Bsize)
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 1<<20)
+	for left := int64(free) - 64<<20; left > 0; left -= int64(len(chunk)) {
+		if _, err := f.Write(chunk); err != nil {
+			t.Fatalf("fill: %v", err)
+		}
+	}
+	f.Close()
+	eventually(t, 10*time.Second, "store full", func() error {
+		if v := d.metric(t, "blk_volume_store_full"); v != 1 {
+			return fmt.Errorf("blk_volume_store_full %v", v)
+		}
+		return nil
+	})
+	_, err = ns.WriteAt(block, 4096)
+	var se *initiator.StatusError
+	if !errors.As(err, &se) || se.Status.Code() != nvme.StatusCapacityExceeded {
+		t.Fatalf("write on a full disk: %v, want Capacity Exceeded", err)
+	}
+	got := make([]byte, 4096)
+	if _, err := ns.ReadAt(got, 0); err != nil || !bytes.Equal(got, block) {
+		t.Fatalf("read on a full disk: %v (equal %v)", err, bytes.Equal(got, block))
+	}
+	if v := d.metric(t, "blk_volume_store_healthy"); v != 1 {
+		t.Fatalf("store unhealthy on a full disk: %v", v)
+	}
+
+	os.Remove(filler)
+	eventually(t, 10*time.Second, "store writable again", func() error {
+		if v := d.metric(t, "blk_volume_store_full"); v != 0 {
+			return fmt.Errorf("blk_volume_store_full %v", v)
+		}
+		return nil
+	})
+	if _, err := ns.WriteAt(block, 4096); err != nil {
+		t.Fatalf("write once space is back: %v", err)
+	}
+	if _, err := ns.ReadAt(got, 4096); err != nil || !bytes.Equal(got, block) {
+		t.Fatalf("read back: %v", err)
+	}
 }
