@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # local-cluster.sh: build blkd and run a 3-node blk cluster on loopback.
 #
-#   ./local-cluster.sh        build, start node1 (bootstrap), node2 and node3
-#                             (--join node1), print GET /v1/cluster, then wait;
-#                             Ctrl-C stops all three.
-#   ./local-cluster.sh stop   stop a cluster started earlier (from any shell).
+#   ./local-cluster.sh            build, start node1 (bootstrap), node2 and node3
+#                                 (--join node1), print GET /v1/cluster, then
+#                                 watch them; Ctrl-C stops all three. A node that
+#                                 dies is reported and the others keep running
+#                                 (the cluster shows it down within ~8 s).
+#   ./local-cluster.sh restart N  start node N again (after it died or was killed)
+#   ./local-cluster.sh stop       stop a cluster started earlier (from any shell).
+#
+# The management API of every node answers (writes follow the leader):
+#   blkctl --api http://127.0.0.1:7071 cluster status
 #
 # Ports: raft 7001-7003, NVMe/RDMA 4421-4423, API 7071-7073. Data, logs and
 # pid files live under ./blk-cluster (relative to the current directory;
@@ -36,20 +42,25 @@ stop_all() {
 	done
 }
 
-if [[ ${1:-} == stop ]]; then
+case ${1:-} in
+stop)
+	touch "$base/stopping"
 	stop_all
 	exit 0
-elif [[ $# -gt 0 ]]; then
-	echo "usage: $0 [stop]" >&2
+	;;
+restart) ;;
+"") ;;
+*)
+	echo "usage: $0 [stop | restart N]" >&2
 	exit 2
-fi
+	;;
+esac
 
 mkdir -p "$base/bin"
-echo "building blkd into $bin"
-(cd "$repo" && go build -o "$bin" ./cmd/blkd)
-
-trap 'echo; stop_all; exit 0' INT TERM
-trap 'stop_all' ERR
+if [[ ${1:-} != restart || ! -x $bin ]]; then
+	echo "building blkd into $bin"
+	(cd "$repo" && go build -o "$bin" ./cmd/blkd)
+fi
 
 launch() { # n [extra flags...]
 	local n=$1
@@ -76,16 +87,38 @@ wait_ready() { # n
 		if ! kill -0 "$pid" 2>/dev/null; then
 			echo "node$n exited; its log:" >&2
 			cat "$base/node$n.log" >&2
-			stop_all
-			exit 1
+			return 1
 		fi
 		sleep 0.1
 	done
 	echo "node$n not ready within 90 s; its log:" >&2
 	cat "$base/node$n.log" >&2
-	stop_all
-	exit 1
+	return 1
 }
+
+if [[ ${1:-} == restart ]]; then
+	n=${2:-}
+	if [[ ! $n =~ ^[123]$ ]]; then
+		echo "usage: $0 restart N (N: 1, 2 or 3)" >&2
+		exit 2
+	fi
+	# Its data dir holds its raft state: --join only re-sends its addresses,
+	# through any node that is up.
+	join=()
+	for m in 1 2 3; do
+		if [[ $m != "$n" && -f $base/node$m.pid ]] && kill -0 "$(<"$base/node$m.pid")" 2>/dev/null; then
+			join=(--join "127.0.0.1:707$m")
+			break
+		fi
+	done
+	rm -f "$base/node$n.pid"
+	launch "$n" "${join[@]}"
+	wait_ready "$n"
+	exit 0
+fi
+
+rm -f "$base/stopping"
+trap 'echo; touch "$base/stopping"; stop_all; exit 0' INT TERM
 
 # All three start at once: on a restart none can finish starting before a
 # quorum of them runs. node2 and node3 retry their join until node1 is up;
@@ -94,27 +127,38 @@ wait_ready() { # n
 launch 1
 launch 2 --join 127.0.0.1:7071
 launch 3 --join 127.0.0.1:7071
-wait_ready 1
-wait_ready 2
-wait_ready 3
+for n in 1 2 3; do
+	wait_ready $n || {
+		stop_all
+		exit 1
+	}
+done
 
 echo "GET http://127.0.0.1:7071/v1/cluster"
 if command -v curl >/dev/null; then
 	curl -fsS http://127.0.0.1:7071/v1/cluster
 	echo
 fi
-echo "cluster running; Ctrl-C (or '$0 stop' from another shell) stops it"
+echo "cluster running; the API of any node answers, e.g. blkctl --api http://127.0.0.1:7071 cluster status"
+echo "Ctrl-C (or '$0 stop' from another shell) stops it; '$0 restart N' starts a node that died"
+declare -A reported=()
 while true; do
+	if [[ -f $base/stopping ]]; then
+		echo "stopped ('$0 stop')"
+		exit 0
+	fi
 	for n in 1 2 3; do
-		if [[ ! -f $base/node$n.pid ]]; then
-			echo "node$n was stopped ('$0 stop'); stopping the rest"
-			stop_all
-			exit 0
-		fi
-		if ! kill -0 "$(<"$base/node$n.pid")" 2>/dev/null; then
-			echo "node$n is gone (see $base/node$n.log); stopping the cluster" >&2
-			stop_all
-			exit 1
+		pid=
+		[[ -f $base/node$n.pid ]] && pid=$(<"$base/node$n.pid")
+		if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+			if [[ -n ${reported[$n]:-} ]]; then
+				echo "node$n is running again (pid $pid)"
+				unset "reported[$n]"
+			fi
+		elif [[ -z ${reported[$n]:-} ]]; then
+			echo "node$n is gone (see $base/node$n.log); the other nodes keep running and show it down within ~8 s." >&2
+			echo "  restart it with: $0 restart $n" >&2
+			reported[$n]=1
 		fi
 	done
 	sleep 1 &
