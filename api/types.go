@@ -5,14 +5,16 @@ package api
 // drift.
 
 // Volume states as the API shows them: the registry's (creating, online,
-// offline, deleting, failed) and "unavailable", an online volume whose
-// owner node is down.
+// offline, deleting, failed, degraded: served but writes refused, its
+// node's disk is full) and "unavailable", an online volume whose owner
+// node is down.
 const (
 	StateCreating    = "creating"
 	StateOnline      = "online"
 	StateOffline     = "offline"
 	StateDeleting    = "deleting"
 	StateFailed      = "failed"
+	StateDegraded    = "degraded"
 	StateUnavailable = "unavailable"
 )
 

@@ -49,7 +49,11 @@ type fakeStore struct {
 	vols map[uint64]shape
 	// failCreate makes Create fail (a store error, not a crash).
 	failCreate error
+	// full is what Full says.
+	full string
 }
+
+func (s *fakeStore) Full() string { return s.full }
 
 func (s *fakeStore) Shape(id uint64) (uint64, uint32, error) {
 	v, ok := s.vols[id]
@@ -710,5 +714,40 @@ func TestCapacity(t *testing.T) {
 	}
 	if _, err := c.mgr.Resize(ctx, "b", 100<<20); err != nil {
 		t.Fatalf("grow into the space a deleted volume gave back: %v", err)
+	}
+}
+
+// TestFullDiskDegrades: a store that refuses writes (disk under its
+// reserve) makes its served volumes degraded with the reason, recorded by
+// the settle round; hosts may still attach (reads work); when space
+// returns, online again.
+func TestFullDiskDegrades(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "v", SizeBytes: 1 << 20, Node: nodeID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.mgr.AllowHost(ctx, "v", "nqn.2014-08.org.nvmexpress:uuid:h1"); err != nil {
+		t.Fatal(err)
+	}
+	c.store.full = "disk full: 1 bytes free, reserve 2"
+	if _, err := c.mgr.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := c.reg.state.Volume("v"); v.State != meta.VolumeDegraded || v.Reason != c.store.full {
+		t.Fatalf("on a full disk: %v %q, want degraded with the reason", v.State, v.Reason)
+	}
+	if !c.tgt.Served(meta.DefaultNQN("v")) {
+		t.Fatal("a degraded volume is not served")
+	}
+	if _, err := c.reg.Apply(ctx, meta.Connect{HostNQN: "nqn.2014-08.org.nvmexpress:uuid:h1", Volume: "v", Node: nodeID, At: 1}); err != nil {
+		t.Fatalf("attach to a degraded volume: %v", err)
+	}
+	c.store.full = ""
+	if _, err := c.mgr.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := c.reg.state.Volume("v"); v.State != meta.VolumeOnline || v.Reason != "" {
+		t.Fatalf("with space back: %v %q, want online", v.State, v.Reason)
 	}
 }

@@ -284,6 +284,11 @@ func (m *Manager) settle(ctx context.Context, v meta.Volume, st Status) (meta.Vo
 		if v.State != meta.VolumeFailed || v.Reason != reason {
 			c = meta.SetVolumeState{Name: v.Name, State: meta.VolumeFailed, Reason: reason}
 		}
+	case st.State == StateDegraded:
+		reason := truncate(st.Reason, 1000)
+		if v.State != meta.VolumeDegraded || v.Reason != reason {
+			c = meta.SetVolumeState{Name: v.Name, State: meta.VolumeDegraded, Reason: reason}
+		}
 	}
 	if c == nil {
 		return v, nil
@@ -340,7 +345,7 @@ func (m *Manager) Settle(ctx context.Context) (unreachable map[string]error, err
 // expireAttachments removes v's registry attachments on its owner that
 // have had no live controller for DetachAfter.
 func (m *Manager) expireAttachments(ctx context.Context, v meta.Volume, st Status, conns []meta.Connection) {
-	if m.DetachAfter <= 0 || st.State != StateOnline {
+	if m.DetachAfter <= 0 || (st.State != StateOnline && st.State != StateDegraded) {
 		return
 	}
 	m.mmu.Lock()

@@ -26,6 +26,9 @@ type Store interface {
 	Delete(id uint64) error
 	// List returns the IDs of every volume in the store.
 	List() ([]uint64, error)
+	// Full says why the store refuses writes now ("" if it does not):
+	// its volumes are then degraded.
+	Full() string
 }
 
 // Target is what the reconciler needs of the NVMe-oF target: one
@@ -180,7 +183,7 @@ func (r *Reconciler) Reconcile(v meta.Volume) Status {
 	}
 	out := *st
 	out.Connected = nil
-	if st.State == StateOnline {
+	if st.State == StateOnline || st.State == StateDegraded {
 		out.Connected = r.tgt.Connected(v.NQN)
 	}
 	if st.State == StateDeleted {
@@ -255,6 +258,10 @@ func (r *Reconciler) reconcile(st *Status, v meta.Volume) error {
 				return fmt.Errorf("subsystem %s: revalidate namespace 1: %w", v.NQN, err)
 			}
 		}
+	}
+	if why := r.store.Full(); why != "" {
+		r.transition(st, StateDegraded, why)
+		return nil
 	}
 	r.transition(st, StateOnline, "")
 	return nil

@@ -24,11 +24,15 @@ const (
 	StateDeleting
 	// StateDeleted: gone from this node; the registry may forget it.
 	StateDeleted
+	// StateDegraded: served, but not fully: the store refuses writes (its
+	// disk is under the reserve); reads go on. Status.Reason says why.
+	StateDegraded
 )
 
 var stateNames = [...]string{
 	StateCreating: "creating", StateOnline: "online", StateOffline: "offline",
 	StateFailed: "failed", StateDeleting: "deleting", StateDeleted: "deleted",
+	StateDegraded: "degraded",
 }
 
 func (s State) String() string {
@@ -48,7 +52,7 @@ func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // UnmarshalText is MarshalText's inverse.
 func (s *State) UnmarshalText(b []byte) error {
-	for v := StateCreating; v <= StateDeleted; v++ {
+	for v := StateCreating; v <= StateDegraded; v++ {
 		if v.String() == string(b) {
 			*s = v
 			return nil
@@ -61,11 +65,12 @@ func (s *State) UnmarshalText(b []byte) error {
 // has not seen yet (state 0) may enter any state, StateDeleted included
 // (a deleting volume whose data is already gone).
 var next = map[State][]State{
-	0:             {StateCreating, StateOnline, StateOffline, StateFailed, StateDeleting, StateDeleted},
-	StateCreating: {StateOnline, StateOffline, StateFailed, StateDeleting},
-	StateOnline:   {StateOnline, StateOffline, StateFailed, StateDeleting},
+	0:             {StateCreating, StateOnline, StateOffline, StateFailed, StateDeleting, StateDeleted, StateDegraded},
+	StateCreating: {StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded},
+	StateOnline:   {StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded},
 	StateOffline:  {StateOnline, StateOffline, StateFailed, StateDeleting},
-	StateFailed:   {StateCreating, StateOnline, StateOffline, StateFailed, StateDeleting},
+	StateFailed:   {StateCreating, StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded},
+	StateDegraded: {StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded},
 	StateDeleting: {StateDeleted, StateFailed},
 	StateDeleted:  {StateCreating},
 }

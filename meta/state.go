@@ -68,6 +68,7 @@ const (
 	VolumeOffline  VolumeState = 3 // exists, refuses new connections
 	VolumeDeleting VolumeState = 4 // being freed on its node; PurgeVolume forgets it
 	VolumeFailed   VolumeState = 5 // its node cannot serve it; Volume.Reason says why
+	VolumeDegraded VolumeState = 6 // served, but not fully (its node's disk is full: writes refused); Reason says why
 )
 
 func (s VolumeState) String() string {
@@ -82,6 +83,8 @@ func (s VolumeState) String() string {
 		return "deleting"
 	case VolumeFailed:
 		return "failed"
+	case VolumeDegraded:
+		return "degraded"
 	}
 	return fmt.Sprintf("volume-state(%d)", uint8(s))
 }
@@ -91,7 +94,7 @@ func (s VolumeState) MarshalText() ([]byte, error) { return []byte(s.String()), 
 
 // UnmarshalText is MarshalText's inverse.
 func (s *VolumeState) UnmarshalText(b []byte) error {
-	for v := VolumeCreating; v <= VolumeFailed; v++ {
+	for v := VolumeCreating; v <= VolumeDegraded; v++ {
 		if v.String() == string(b) {
 			*s = v
 			return nil
@@ -108,13 +111,13 @@ func (s *VolumeState) UnmarshalText(b []byte) error {
 func validTransition(from, to VolumeState) bool {
 	switch from {
 	case VolumeCreating:
-		return to == VolumeOnline || to == VolumeOffline || to == VolumeFailed
+		return to == VolumeOnline || to == VolumeOffline || to == VolumeFailed || to == VolumeDegraded
 	case VolumeOnline:
-		return to == VolumeOffline || to == VolumeFailed
+		return to == VolumeOffline || to == VolumeFailed || to == VolumeDegraded
 	case VolumeOffline:
 		return to == VolumeOnline || to == VolumeFailed
-	case VolumeFailed:
-		return to == VolumeOnline || to == VolumeOffline || to == VolumeFailed
+	case VolumeFailed, VolumeDegraded:
+		return to == VolumeOnline || to == VolumeOffline || to == VolumeFailed || to == VolumeDegraded
 	}
 	return false
 }
@@ -422,7 +425,7 @@ func (s *State) setVolumeState(c SetVolumeState) Result {
 	if !validTransition(v.State, c.State) {
 		return Result{Err: fmt.Errorf("meta: volume %q: %v → %v: %w", c.Name, v.State, c.State, ErrBadTransition)}
 	}
-	if c.State == VolumeFailed && c.Reason == "" {
+	if (c.State == VolumeFailed || c.State == VolumeDegraded) && c.Reason == "" {
 		return Result{Err: fmt.Errorf("meta: volume %q: failed without a reason: %w", c.Name, ErrInvalid)}
 	}
 	if len(c.Reason) > maxReason {
@@ -430,7 +433,7 @@ func (s *State) setVolumeState(c SetVolumeState) Result {
 	}
 	v.State = c.State
 	v.Reason = ""
-	if c.State == VolumeFailed {
+	if c.State == VolumeFailed || c.State == VolumeDegraded {
 		v.Reason = c.Reason
 	}
 	cp := v.clone()
@@ -584,7 +587,7 @@ func (s *State) connect(c Connect) Result {
 	if n.State != NodeUp {
 		return Result{Err: fmt.Errorf("meta: node %q is %v: %w", n.ID, n.State, ErrNodeNotUp)}
 	}
-	if v.State != VolumeOnline {
+	if v.State != VolumeOnline && v.State != VolumeDegraded {
 		return Result{Err: fmt.Errorf("meta: volume %q is %v: %w", v.Name, v.State, ErrVolumeNotOnline)}
 	}
 	if _, ok := slices.BinarySearch(v.Hosts, c.HostNQN); !ok && !v.AllowAny {
@@ -709,7 +712,7 @@ func UnmarshalState(b []byte) (*State, error) {
 		_, dup := s.vols[v.Name]
 		_, dupNQN := s.nqns[v.NQN]
 		_, nodeOK := s.nodes[v.Node]
-		stateOK := v.State >= VolumeCreating && v.State <= VolumeFailed
+		stateOK := v.State >= VolumeCreating && v.State <= VolumeDegraded
 		sizeOK := (v.BlockSize == 512 || v.BlockSize == 4096) && checkSize(v.SizeBytes, v.BlockSize) == nil
 		if dup || dupNQN || !nodeOK || !stateOK || !sizeOK || v.ID == 0 || v.ID >= s.nextVol || !slices.IsSorted(v.Hosts) {
 			return bad("volume %q", v.Name)

@@ -403,6 +403,15 @@ func TestDiskFull(t *testing.T) {
 	if v := d.metric(t, "blk_volume_store_healthy"); v != 1 {
 		t.Fatalf("store unhealthy on a full disk: %v", v)
 	}
+	// The leader's settle round (every 10 s) records it.
+	var vj volumeJSON
+	eventually(t, 25*time.Second, "volume degraded", func() error {
+		d.must(t, "GET", "/v1/volumes/v", "", 200, &vj)
+		if vj.State != "degraded" || !strings.Contains(vj.Reason, "disk is full") {
+			return fmt.Errorf("%s %q", vj.State, vj.Reason)
+		}
+		return nil
+	})
 
 	os.Remove(filler)
 	eventually(t, 10*time.Second, "store writable again", func() error {
@@ -417,4 +426,11 @@ func TestDiskFull(t *testing.T) {
 	if _, err := ns.ReadAt(got, 4096); err != nil || !bytes.Equal(got, block) {
 		t.Fatalf("read back: %v", err)
 	}
+	eventually(t, 25*time.Second, "volume online again", func() error {
+		d.must(t, "GET", "/v1/volumes/v", "", 200, &vj)
+		if vj.State != "online" {
+			return fmt.Errorf("%s %q", vj.State, vj.Reason)
+		}
+		return nil
+	})
 }

@@ -152,7 +152,7 @@ func views(s *meta.State, vols ...meta.Volume) []api.Volume {
 			State: v.State.String(), Reason: v.Reason, NQN: v.NQN, AllowAny: v.AllowAny, Hosts: v.Hosts,
 			CreatedAt: v.CreatedAt, Attachments: att[v.Name],
 		}
-		if n, ok := nodes[v.Node]; ok && n.State == meta.NodeDown && (v.State == meta.VolumeOnline || v.State == meta.VolumeCreating) {
+		if n, ok := nodes[v.Node]; ok && n.State == meta.NodeDown && (v.State == meta.VolumeOnline || v.State == meta.VolumeCreating || v.State == meta.VolumeDegraded) {
 			a.State, a.Reason = api.StateUnavailable, fmt.Sprintf("its node %s is down (not heard from)", v.Node)
 		}
 		out = append(out, a)

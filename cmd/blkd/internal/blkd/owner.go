@@ -70,6 +70,15 @@ func (p storeParts) Create(id, size uint64, bs uint32) error {
 func (p storeParts) Grow(id, size uint64) error { return p.s.Resize(volume.ID(id), size, false) }
 func (p storeParts) Delete(id uint64) error     { return p.s.Delete(volume.ID(id)) }
 
+func (p storeParts) Full() string {
+	if sp := p.s.Space(); sp.Full {
+		// No free-byte count: the reason must not change while the disk
+		// stays full, or each settle round would rewrite it.
+		return fmt.Sprintf("the node's disk is full (free space under its %d-byte reserve): writes are refused, reads go on", sp.ReserveBytes)
+	}
+	return ""
+}
+
 func (p storeParts) List() ([]uint64, error) {
 	infos, err := p.s.List()
 	if err != nil {
