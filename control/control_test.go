@@ -571,6 +571,13 @@ func TestValidationBeforeIntent(t *testing.T) {
 			_, err := c.mgr.Create(ctx, CreateRequest{Name: "w", SizeBytes: 8 << 60, Node: nodeID})
 			return err
 		}},
+		{"create with a name of spaces", func() error {
+			_, err := c.mgr.Create(ctx, CreateRequest{Name: "a b", SizeBytes: 1 << 20, Node: nodeID})
+			if errors.Is(err, meta.ErrInvalid) {
+				return fmt.Errorf("%w: %v", ErrInvalid, err) // the registry's check, run before proposing
+			}
+			return err
+		}},
 		{"create with block size 1000", func() error {
 			_, err := c.mgr.Create(ctx, CreateRequest{Name: "w", SizeBytes: 1 << 20, BlockSize: 1000, Node: nodeID})
 			return err

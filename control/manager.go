@@ -137,14 +137,18 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (meta.Volume, e
 	if err := checkShape(req.SizeBytes, req.BlockSize); err != nil {
 		return meta.Volume{}, fmt.Errorf("%w: volume %q: %v", ErrInvalid, req.Name, err)
 	}
+	cmd := meta.CreateVolume{
+		Name: req.Name, SizeBytes: req.SizeBytes, BlockSize: req.BlockSize,
+		Node: req.Node, NQN: req.NQN, At: m.Now().UnixNano(),
+	}
+	if err := cmd.Check(); err != nil {
+		return meta.Volume{}, err // the registry's own error: 400 with its hint
+	}
 	defer m.lock(req.Name)()
 	if err := m.checkCapacity(ctx, req.Node, req.SizeBytes, ""); err != nil {
 		return meta.Volume{}, err
 	}
-	res, err := m.reg.Apply(ctx, meta.CreateVolume{
-		Name: req.Name, SizeBytes: req.SizeBytes, BlockSize: req.BlockSize,
-		Node: req.Node, NQN: req.NQN, At: time.Now().UnixNano(),
-	})
+	res, err := m.reg.Apply(ctx, cmd)
 	if err != nil {
 		return meta.Volume{}, err
 	}

@@ -373,22 +373,33 @@ func checkSize(size uint64, bs uint32) error {
 	return nil
 }
 
-func (s *State) createVolume(c CreateVolume) Result {
+// Check is what CreateVolume requires of its own fields, whatever the
+// registry holds: a caller checks it before proposing the command, so a
+// bad request never reaches the log.
+func (c CreateVolume) Check() error {
 	if err := checkName("volume name", c.Name); err != nil {
-		return Result{Err: err}
+		return err
 	}
 	if c.BlockSize != 512 && c.BlockSize != 4096 {
-		return Result{Err: fmt.Errorf("meta: volume %q: block size %d: %w", c.Name, c.BlockSize, ErrBadBlockSize)}
+		return fmt.Errorf("meta: volume %q: block size %d: %w", c.Name, c.BlockSize, ErrBadBlockSize)
 	}
 	if err := checkSize(c.SizeBytes, c.BlockSize); err != nil {
-		return Result{Err: err}
+		return err
 	}
 	nqn := c.NQN
 	if nqn == "" {
 		nqn = DefaultNQN(c.Name)
 	}
-	if err := checkNQN(nqn); err != nil {
+	return checkNQN(nqn)
+}
+
+func (s *State) createVolume(c CreateVolume) Result {
+	if err := c.Check(); err != nil {
 		return Result{Err: err}
+	}
+	nqn := c.NQN
+	if nqn == "" {
+		nqn = DefaultNQN(c.Name)
 	}
 	if _, ok := s.vols[c.Name]; ok {
 		return Result{Err: fmt.Errorf("meta: volume %q: %w", c.Name, ErrVolumeExists)}

@@ -343,6 +343,11 @@ func TestClusterStatus(t *testing.T) {
 		t.Fatalf("cluster join:\n%s", out)
 	}
 	fails(t, api, 2, `missing NODEID`, "cluster", "remove")
+	// Removing a node the cluster does not have exited 0.
+	fails(t, api, 1, `no node "nobody" in the cluster`, "cluster", "remove", "nobody")
+	// So did denying a host the volume never allowed.
+	ok(t, api, "volume", "create", "v", "--size", "8MiB")
+	fails(t, api, 1, `does not allow host`, "host", "deny", "v", "nqn.2014-08.org.nvmexpress:uuid:nobody")
 }
 
 // TestUnreachable: a network error names the URL and the --api flag.

@@ -274,6 +274,11 @@ func TestDeleteRefusedWhileConnected(t *testing.T) {
 	d.must(t, "POST", "/v1/volumes/v/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
 	var a attachJSON
 	d.must(t, "POST", "/v1/volumes/v/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	var listed volumeJSON
+	d.must(t, "GET", "/v1/volumes/v", "", 200, &listed)
+	if len(listed.Attachments) != 1 || listed.Attachments[0].HostNQN != hostNQN {
+		t.Fatalf("attachments of v: %+v, want %s", listed.Attachments, hostNQN)
+	}
 	// Forget the attachment: the host stays connected, as a kernel host
 	// that ran `nvme connect` without blkctl would be.
 	d.must(t, "POST", "/v1/volumes/v/detach", `{"host_nqn": "`+hostNQN+`"}`, 204, nil)
@@ -433,4 +438,32 @@ func TestDiskFull(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestStaleAttachmentRemoved: attachments were never cleaned up. Now one
+// whose host never connects (or left for good) is removed by the leader's
+// settle round after --detach-after; one whose host is connected stays.
+func TestStaleAttachmentRemoved(t *testing.T) {
+	d := startBlkd(t, t.TempDir(), "--detach-after", "1s")
+	d.must(t, "POST", "/v1/volumes", `{"name": "v", "size": "8MiB"}`, 201, nil)
+	const other = "nqn.2014-08.org.nvmexpress:uuid:gone"
+	for _, h := range []string{hostNQN, other} {
+		d.must(t, "POST", "/v1/volumes/v/hosts", `{"host_nqn": "`+h+`"}`, 200, nil)
+	}
+	var a attachJSON
+	d.must(t, "POST", "/v1/volumes/v/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	d.must(t, "POST", "/v1/volumes/v/attach", `{"host_nqn": "`+other+`"}`, 200, nil)
+	ctrl, _ := connect(t, a)
+	defer ctrl.Close()
+	var v volumeJSON
+	eventually(t, 40*time.Second, "the stale attachment removed", func() error {
+		d.must(t, "GET", "/v1/volumes/v", "", 200, &v)
+		if len(v.Attachments) != 1 {
+			return fmt.Errorf("attachments %+v", v.Attachments)
+		}
+		return nil
+	})
+	if v.Attachments[0].HostNQN != hostNQN {
+		t.Fatalf("kept %+v, want the connected host %s", v.Attachments, hostNQN)
+	}
 }

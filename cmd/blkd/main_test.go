@@ -220,6 +220,11 @@ type volumeJSON struct {
 	NQN       string   `json:"nqn"`
 	Hosts     []string `json:"hosts"`
 	Reason    string   `json:"reason"`
+	// Attachments are the registry's attachments of the volume.
+	Attachments []struct {
+		HostNQN string `json:"host_nqn"`
+		Node    string `json:"node"`
+	} `json:"attachments"`
 }
 
 type listJSON struct {
