@@ -433,6 +433,8 @@ func TestCrashBetweenSteps(t *testing.T) {
 			t.Fatalf("seed %d round %d: without a crash: %v\nops: %s", base, round, err, strings.Join(desc, "; "))
 		}
 		total := c.w.steps
+		worlds := 0
+		defer func() { t.Logf("round %d: %d steps, %d crash-and-recover worlds checked", round, total, worlds) }()
 		for k := 1; k <= total; k++ {
 			c := newCluster(t)
 			c.w.steps, c.w.crashAt = 0, k
@@ -462,6 +464,7 @@ func TestCrashBetweenSteps(t *testing.T) {
 				c2.w.crashAt = 0
 				c2.restart()
 				c2.recover(t)
+				worlds++
 				if err := c2.check(); err != nil {
 					t.Fatalf("seed %d round %d: crash at step %d (%s), recovery crash at %d: %v\nops: %s\nsteps: %s",
 						base, round, k, at, j, err, strings.Join(desc, "; "), strings.Join(c.w.trace, " "))
