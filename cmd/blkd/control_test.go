@@ -174,6 +174,7 @@ func TestJoinDeadAddress(t *testing.T) {
 // the reason, attaching through it is refused, and when it is back it is
 // up and its volume online again.
 func TestDeadNodeShowsDown(t *testing.T) {
+	t.Parallel() // mostly waits for settle rounds and probes
 	type addrs struct{ dir, raft, nvme, api string }
 	nodes := map[string]*addrs{}
 	procs := map[string]*daemon{}
@@ -348,6 +349,7 @@ func TestThinVolumesBounded(t *testing.T) {
 // once space is freed — no restart. Before, pebble's fatal error failed
 // every read as well until a restart.
 func TestDiskFull(t *testing.T) {
+	t.Parallel() // mostly waits for settle rounds and probes
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a small tmpfs")
 	}
@@ -444,6 +446,7 @@ func TestDiskFull(t *testing.T) {
 // whose host never connects (or left for good) is removed by the leader's
 // settle round after --detach-after; one whose host is connected stays.
 func TestStaleAttachmentRemoved(t *testing.T) {
+	t.Parallel() // mostly waits for settle rounds and probes
 	d := startBlkd(t, t.TempDir(), "--detach-after", "1s")
 	d.must(t, "POST", "/v1/volumes", `{"name": "v", "size": "8MiB"}`, 201, nil)
 	const other = "nqn.2014-08.org.nvmexpress:uuid:gone"

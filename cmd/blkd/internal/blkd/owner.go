@@ -315,7 +315,13 @@ func (d *Daemon) startControl(ctx context.Context) {
 		}
 	}
 	if d.node.IsLeader() {
+		// Record the outcome at once (failed volumes, creations and
+		// deletions a crash interrupted), bounded: an owner that does not
+		// answer must not hold up this node's start; the settle loop
+		// finishes the rest.
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		d.settle(ctx)
+		cancel()
 	}
 }
 
