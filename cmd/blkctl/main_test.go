@@ -409,3 +409,31 @@ func TestResizeUnsupported(t *testing.T) {
 		}
 	}
 }
+
+// TestCert: blkctl creates a CA and issues node and operator certificates
+// with the right roles and file modes, shows them, refuses to overwrite,
+// and refuses an unknown role with a usage error.
+func TestCert(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tls")
+	api := freeAddr(t) // no blkd is needed
+	if out := ok(t, api, "cert", "ca", "--dir", dir, "--name", "blk cluster test"); !strings.Contains(out, "written to") {
+		t.Fatalf("cert ca: %s", out)
+	}
+	fails(t, api, 1, `file exists`, "cert", "ca", "--dir", dir)
+	ok(t, api, "cert", "issue", "node1", "--role", "node", "--ca-dir", dir, "--host", "127.0.0.1", "--host", "node1.example")
+	ok(t, api, "cert", "issue", "alice", "--role", "reader", "--ca-dir", dir, "--out", filepath.Join(dir, "ops"))
+	fails(t, api, 2, `bad role`, "cert", "issue", "bob", "--role", "root", "--ca-dir", dir)
+	fails(t, api, 1, `file exists`, "cert", "issue", "node1", "--role", "node", "--ca-dir", dir)
+	out := ok(t, api, "cert", "show", filepath.Join(dir, "node1.crt"))
+	for _, want := range []string{`certificate "node1" issued by "blk cluster test"`, "role: node", "127.0.0.1", "node1.example", "server", "client", "(valid)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("cert show node1 lacks %q:\n%s", want, out)
+		}
+	}
+	if out := ok(t, api, "cert", "show", filepath.Join(dir, "ops", "alice.crt")); !strings.Contains(out, "role: reader") || strings.Contains(out, "server") {
+		t.Errorf("cert show alice:\n%s", out)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "ops", "alice.key")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("alice.key: %v %v", err, fi.Mode().Perm())
+	}
+}
