@@ -761,3 +761,42 @@ func TestFullDiskDegrades(t *testing.T) {
 		t.Fatalf("with space back: %v %q, want online", v.State, v.Reason)
 	}
 }
+
+// TestForcedDeleteOnDeadNode: a volume whose node is down (and stays
+// down) is forgotten by a forced delete, so the node can be removed; a
+// plain delete, or a forced one while the node is merely unreachable (not
+// marked down), leaves it deleting.
+func TestForcedDeleteOnDeadNode(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "v", SizeBytes: 1 << 20, Node: nodeID}); err != nil {
+		t.Fatal(err)
+	}
+	c.owners.down[nodeID] = true
+	if err := c.mgr.Delete(ctx, "v", false); !errors.Is(err, ErrOwnerUnreachable) {
+		t.Fatalf("plain delete, owner unreachable: %v", err)
+	}
+	if err := c.mgr.Delete(ctx, "v", true); !errors.Is(err, ErrOwnerUnreachable) {
+		t.Fatalf("forced delete, owner unreachable but not down: %v", err)
+	}
+	if v, _ := c.reg.state.Volume("v"); v.State != meta.VolumeDeleting {
+		t.Fatalf("after it: %v, want deleting", v.State)
+	}
+	if _, err := c.reg.Apply(ctx, meta.SetNodeState{ID: nodeID, State: meta.NodeDown}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.mgr.Delete(ctx, "v", true); err != nil {
+		t.Fatalf("forced delete, node down: %v", err)
+	}
+	if _, ok := c.reg.state.Volume("v"); ok {
+		t.Fatal("still registered")
+	}
+	// The node comes back: its data is an orphan, kept and reported.
+	c.owners.down[nodeID] = false
+	c.restart()
+	vols, _ := c.reg.Volumes(ctx)
+	sts := c.rec.ReconcileAll(vols)
+	if len(sts) != 1 || sts[0].State != StateFailed || !strings.Contains(sts[0].Reason, "orphan") {
+		t.Fatalf("after the node returned: %+v, want one orphan", sts)
+	}
+}

@@ -199,8 +199,19 @@ func (m *Manager) Delete(ctx context.Context, name string, force bool) error {
 		v, index = *res.Volume, res.Index
 	}
 	st, err := m.owners.Reconcile(ctx, v.Node, name, index)
+	if err != nil && force {
+		// A forced delete of a volume whose node the cluster has marked
+		// down forgets it without the node: otherwise a dead node's
+		// volumes could never be purged, nor the node removed. If the
+		// node comes back, its reconcile finds the data unknown to the
+		// registry and reports it as an orphan (kept, not served).
+		if n, nerr := m.reg.Node(ctx, v.Node); nerr == nil && n.State == meta.NodeDown {
+			_, err = m.reg.Apply(ctx, meta.PurgeVolume{Name: name})
+			return err
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("%w: volume %q is deleting, but node %s did not remove it yet: %v; delete again, or it finishes when the node restarts", ErrOwnerUnreachable, name, v.Node, err)
+		return fmt.Errorf("%w: volume %q is deleting, but node %s did not remove it yet: %v; delete again, or it finishes when the node restarts (or, once the cluster shows the node down, delete with force to forget it)", ErrOwnerUnreachable, name, v.Node, err)
 	}
 	if st.State != StateDeleted {
 		return fmt.Errorf("%w: delete volume %q on node %s: %s", ErrOwnerFailed, name, v.Node, st.Reason)
