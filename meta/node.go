@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +37,10 @@ type Config struct {
 	// Transport, if set, replaces the TCP transport (tests use
 	// raft.NewInmemTransport). The Node does not close it.
 	Transport raft.Transport
+	// TLSServer and TLSClient, if set, run raft over mutual TLS
+	// (NewTLSStreamLayer): peers without a certificate the server
+	// configuration accepts cannot append, vote or send snapshots.
+	TLSServer, TLSClient *tls.Config
 
 	// Bootstrap makes this node the single voter of a new cluster if its
 	// DataDir holds no raft state yet. Ignored otherwise, so it is safe to
@@ -235,9 +240,18 @@ func NewNode(cfg Config) (_ *Node, err error) {
 				return nil, fmt.Errorf("meta: advertise address: %w", err)
 			}
 		}
-		nt, err := raft.NewTCPTransportWithLogger(cfg.BindAddr, adv, cfg.TCPMaxPool, cfg.TCPTimeout, logger)
-		if err != nil {
-			return nil, fmt.Errorf("meta: raft transport: %w", err)
+		var nt *raft.NetworkTransport
+		if cfg.TLSServer != nil {
+			layer, lerr := NewTLSStreamLayer(cfg.BindAddr, adv, cfg.TLSServer, cfg.TLSClient)
+			if lerr != nil {
+				return nil, fmt.Errorf("meta: raft transport: %w", lerr)
+			}
+			nt = raft.NewNetworkTransportWithLogger(layer, cfg.TCPMaxPool, cfg.TCPTimeout, logger)
+		} else {
+			nt, err = raft.NewTCPTransportWithLogger(cfg.BindAddr, adv, cfg.TCPMaxPool, cfg.TCPTimeout, logger)
+			if err != nil {
+				return nil, fmt.Errorf("meta: raft transport: %w", err)
+			}
 		}
 		n.trans, n.owned = nt, nt
 		cleanup = append(cleanup, func() { _ = nt.Close() })

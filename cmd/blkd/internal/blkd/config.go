@@ -81,6 +81,11 @@ type Config struct {
 	// than the disk holds. Above 1, writes may one day meet a full disk
 	// (they then fail with ENOSPC; reads go on).
 	Overcommit float64 `json:"overcommit,omitempty"`
+	// TLSDir, if set, holds the cluster CA's certificate (ca.crt) and
+	// this node's certificate and key (NODEID.crt, NODEID.key; blkctl cert
+	// issue NODEID --role node): raft then runs over mutual TLS and
+	// accepts only peers with node certificates of that CA.
+	TLSDir string `json:"tls_dir,omitempty"`
 }
 
 // Duration is a time.Duration that reads "5m" or "90s" from JSON.

@@ -18,6 +18,7 @@ import (
 	"github.com/blk-project/blk/internal/ratelog"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/metrics"
+	"github.com/blk-project/blk/pki"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/volume"
@@ -89,14 +90,28 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, err
 	}
 
-	d.node, err = meta.NewNode(meta.Config{
+	mcfg := meta.Config{
 		ID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "meta"), BindAddr: cfg.RaftAddr,
 		Bootstrap: *cfg.Bootstrap && cfg.Join == "", LogOutput: os.Stderr, LogLevel: "error",
-	})
+	}
+	if cfg.TLSDir != "" {
+		caPEM, certPEM, keyPEM, err := pki.NodeFiles(cfg.TLSDir, cfg.NodeID)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-dir %s: %w (it needs ca.crt, %s.crt and %s.key: blkctl cert issue %s --role node)", cfg.TLSDir, err, cfg.NodeID, cfg.NodeID, cfg.NodeID)
+		}
+		if mcfg.TLSServer, mcfg.TLSClient, err = pki.MutualTLS(caPEM, certPEM, keyPEM, pki.RoleNode); err != nil {
+			return nil, fmt.Errorf("--tls-dir %s: %w", cfg.TLSDir, err)
+		}
+	}
+	d.node, err = meta.NewNode(mcfg)
 	if err != nil {
 		return nil, fmt.Errorf("meta registry on raft address %s (--raft-addr): %w", cfg.RaftAddr, err)
 	}
-	fmt.Fprintf(out, "raft listening on %s (node %s)\n", d.node.Addr(), cfg.NodeID)
+	if cfg.TLSDir != "" {
+		fmt.Fprintf(out, "raft listening on %s (node %s, mutual TLS, CA from %s)\n", d.node.Addr(), cfg.NodeID, cfg.TLSDir)
+	} else {
+		fmt.Fprintf(out, "raft listening on %s (node %s)\n", d.node.Addr(), cfg.NodeID)
+	}
 
 	d.store, err = volume.Open(volume.Config{Dir: filepath.Join(cfg.DataDir, "volumes"), Logger: quietLogger{}})
 	if err != nil {
