@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"github.com/blk-project/blk/api"
+	"github.com/blk-project/blk/pki"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -30,6 +33,36 @@ func newClient(api string, stderr io.Writer) (*client, error) {
 		return nil, usageErrorf("--api %q is not a URL like http://127.0.0.1:7070", api)
 	}
 	return &client{base: base, hc: &http.Client{Timeout: 60 * time.Second}, stderr: stderr}, nil
+}
+
+// useTLS makes c present an operator certificate and accept only a node
+// certificate of the cluster CA (pki.MutualTLS). Empty paths default to
+// ~/.config/blk/ca.crt, operator.crt and operator.key.
+func (c *client) useTLS(ca, cert, key string) error {
+	def := func(p *string, name string) {
+		if *p == "" {
+			if home, err := os.UserHomeDir(); err == nil {
+				*p = filepath.Join(home, ".config", "blk", name)
+			}
+		}
+	}
+	def(&ca, "ca.crt")
+	def(&cert, "operator.crt")
+	def(&key, "operator.key")
+	var files [3][]byte
+	for i, p := range []string{ca, cert, key} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return usageErrorf("--api %s is https: blkctl needs the cluster CA, an operator certificate and its key (--ca, --cert, --key; blkctl cert issue NAME --role admin): %v", c.base, err)
+		}
+		files[i] = b
+	}
+	_, cfg, err := pki.MutualTLS(files[0], files[1], files[2], pki.RoleNode)
+	if err != nil {
+		return usageErrorf("TLS credentials: %v", err)
+	}
+	c.hc.Transport = &http.Transport{TLSClientConfig: cfg}
+	return nil
 }
 
 // apiError is an error answered by blkd: its message says what was wrong.

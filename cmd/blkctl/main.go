@@ -61,6 +61,9 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "api", EnvVars: []string{"BLK_API"}, Value: "http://127.0.0.1:7070", Usage: "blkd management API `URL` (any node; writes follow the leader)"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "output format: table or json"},
+			&cli.StringFlag{Name: "ca", EnvVars: []string{"BLK_CA"}, Usage: "with an https --api: the cluster CA `FILE` (default ~/.config/blk/ca.crt)"},
+			&cli.StringFlag{Name: "cert", EnvVars: []string{"BLK_CERT"}, Usage: "with an https --api: your operator certificate `FILE` (default ~/.config/blk/operator.crt)"},
+			&cli.StringFlag{Name: "key", EnvVars: []string{"BLK_KEY"}, Usage: "with an https --api: its key `FILE` (default ~/.config/blk/operator.key)"},
 		},
 		Before: func(c *cli.Context) error {
 			if o := c.String("output"); o != "table" && o != "json" {
@@ -110,7 +113,10 @@ func setUsage(cmd *cli.Command) {
 		// The global flags work after the verb too (hidden; see global).
 		cmd.Flags = append(cmd.Flags,
 			&cli.StringFlag{Name: "api", Hidden: true},
-			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Hidden: true})
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Hidden: true},
+			&cli.StringFlag{Name: "ca", Hidden: true},
+			&cli.StringFlag{Name: "cert", Hidden: true},
+			&cli.StringFlag{Name: "key", Hidden: true})
 	}
 	if len(cmd.Subcommands) > 0 {
 		cmd.HideHelpCommand = true
@@ -161,6 +167,11 @@ func newEnv(c *cli.Context) (*env, error) {
 	api, err := newClient(global(c, "api"), c.App.ErrWriter)
 	if err != nil {
 		return nil, err
+	}
+	if strings.HasPrefix(api.base, "https://") {
+		if err := api.useTLS(global(c, "ca"), global(c, "cert"), global(c, "key")); err != nil {
+			return nil, err
+		}
 	}
 	return &env{c: c, api: api, json: out == "json", stdout: c.App.Writer, stderr: c.App.ErrWriter}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/blk-project/blk/internal/testport"
+	"github.com/blk-project/blk/pki"
 	"github.com/blk-project/blk/transport/providers"
 	"net/http"
 	"net/http/httptest"
@@ -435,5 +436,63 @@ func TestCert(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(dir, "ops", "alice.key")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("alice.key: %v %v", err, fi.Mode().Perm())
+	}
+}
+
+// TestTLS: against a blkd with --tls-dir, blkctl talks HTTPS with an
+// operator certificate given by flags, or found in ~/.config/blk without
+// flags; a reader's change is refused; without credentials it says what it
+// needs.
+func TestTLS(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tls")
+	ca, err := pki.NewCA("blk test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []pki.Request{{Name: "node1", Role: pki.RoleNode, Hosts: []string{"127.0.0.1"}}, {Name: "alice", Role: pki.RoleAdmin}, {Name: "bob", Role: pki.RoleReader}} {
+		c, k, err := ca.Issue(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pki.WritePair(dir, r.Name, c, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	api := startBlkd(t, "--tls-dir", dir)
+	https := "https://" + api
+	as := func(name string) []string {
+		return []string{"--api", https, "--ca", filepath.Join(dir, "ca.crt"), "--cert", filepath.Join(dir, name+".crt"), "--key", filepath.Join(dir, name+".key")}
+	}
+	ok(t, api, append([]string{"volume", "create", "v", "--size", "8MiB"}, as("alice")...)...)
+	if out := ok(t, api, append([]string{"volume", "list"}, as("bob")...)...); !strings.Contains(out, "v ") {
+		t.Fatalf("reader's list:\n%s", out)
+	}
+	fails(t, api, 1, `reader:bob may not DELETE`, append([]string{"volume", "delete", "v"}, as("bob")...)...)
+
+	home := t.TempDir()
+	run := func(args ...string) (string, int) {
+		cmd := exec.Command(blkctlBin, args...)
+		cmd.Env = append(os.Environ(), "HOME="+home)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		}
+		return string(out), 0
+	}
+	if out, code := run("--api", https, "volume", "list"); code != 2 || !strings.Contains(out, "--ca, --cert, --key") {
+		t.Fatalf("no credentials: exit %d:\n%s", code, out)
+	}
+	cfg := filepath.Join(home, ".config", "blk")
+	os.MkdirAll(cfg, 0o700)
+	for from, to := range map[string]string{"ca.crt": "ca.crt", "alice.crt": "operator.crt", "alice.key": "operator.key"} {
+		b, _ := os.ReadFile(filepath.Join(dir, from))
+		os.WriteFile(filepath.Join(cfg, to), b, 0o600)
+	}
+	if out, code := run("--api", https, "volume", "list"); code != 0 || !strings.Contains(out, "v ") {
+		t.Fatalf("credentials in ~/.config/blk: exit %d:\n%s", code, out)
 	}
 }

@@ -32,7 +32,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, node_id, raft_addr, nvme_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, overcommit, tls_dir); flags and BLK_* variables override it"},
+			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, node_id, raft_addr, nvme_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, overcommit, tls_dir, insecure); flags and BLK_* variables override it"},
 			&cli.StringFlag{Name: "data-dir", EnvVars: []string{"BLK_DATA_DIR"}, Value: blkd.DefaultDataDir, Usage: "directory for the registry (meta/) and the volumes (volumes/)"},
 			&cli.StringFlag{Name: "node-id", EnvVars: []string{"BLK_NODE_ID"}, Value: blkd.DefaultNodeID, Usage: "this node's ID in the cluster, stable across restarts"},
 			&cli.StringFlag{Name: "raft-addr", EnvVars: []string{"BLK_RAFT_ADDR"}, Value: blkd.DefaultRaftAddr, Usage: "registry raft address, host:port"},
@@ -47,6 +47,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.StringFlag{Name: "log-format", EnvVars: []string{"BLK_LOG_FORMAT"}, Value: blkd.DefaultLogFormat, Usage: "event log on stderr (controllers, refused connects, connections): text or json"},
 			&cli.StringFlag{Name: "log-level", EnvVars: []string{"BLK_LOG_LEVEL"}, Value: blkd.DefaultLogLevel, Usage: "lowest event log level: debug, info, warn or error"},
 			&cli.StringFlag{Name: "tls-dir", EnvVars: []string{"BLK_TLS_DIR"}, Usage: "directory with ca.crt and NODEID.crt/.key (blkctl cert): raft over mutual TLS with node certificates of that CA"},
+			&cli.BoolFlag{Name: "insecure", EnvVars: []string{"BLK_INSECURE"}, Usage: "allow an API or raft address beyond loopback without --tls-dir (anyone who reaches it can manage the cluster)"},
 			&cli.Float64Flag{Name: "overcommit", EnvVars: []string{"BLK_OVERCOMMIT"}, Value: 1, Usage: "bytes of thin volumes this node may promise per byte of its disk (1: no more than the disk holds)"},
 			&cli.DurationFlag{Name: "detach-after", EnvVars: []string{"BLK_DETACH_AFTER"}, Value: blkd.DefaultDetachAfter, Usage: "remove an attachment whose host has had no live controller this long (negative: never)"},
 		},
@@ -102,6 +103,9 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 	}
 	if c.IsSet("tls-dir") {
 		cfg.TLSDir = c.String("tls-dir")
+	}
+	if c.IsSet("insecure") {
+		cfg.Insecure = c.Bool("insecure")
 	}
 	if c.IsSet("overcommit") {
 		cfg.Overcommit = c.Float64("overcommit")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,12 +57,35 @@ func freeAddr(t *testing.T) string {
 }
 
 type daemon struct {
-	cmd    *exec.Cmd
-	api    string
+	cmd *exec.Cmd
+	api string
+	// hc and scheme reach the API: plain HTTP by default, HTTPS with a
+	// client certificate for --tls-dir nodes (useTLS).
+	hc     *http.Client
+	scheme string
 	mu     sync.Mutex
 	out    bytes.Buffer // stdout and stderr
 	exited chan struct{}
 	err    error
+}
+
+func (d *daemon) url(path string) string {
+	if d.scheme == "" {
+		return "http://" + d.api + path
+	}
+	return d.scheme + "://" + d.api + path
+}
+
+func (d *daemon) client() *http.Client {
+	if d.hc == nil {
+		return http.DefaultClient
+	}
+	return d.hc
+}
+
+// useTLS makes the test talk HTTPS to d with the client configuration c.
+func (d *daemon) useTLS(c *tls.Config) {
+	d.scheme, d.hc = "https", &http.Client{Transport: &http.Transport{TLSClientConfig: c}, Timeout: 30 * time.Second}
 }
 
 func (d *daemon) output() string {
@@ -167,11 +191,11 @@ func (d *daemon) call(t *testing.T, method, path, body string, out any) (int, st
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	req, err := http.NewRequest(method, "http://"+d.api+path, rd)
+	req, err := http.NewRequest(method, d.url(path), rd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := d.client().Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -262,7 +286,7 @@ func connect(t *testing.T, a attachJSON) (*initiator.Controller, *initiator.Name
 // metric returns the sum of the samples of name in d's /metrics.
 func (d *daemon) metric(t *testing.T, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + d.api + "/metrics")
+	resp, err := d.client().Get(d.url("/metrics"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +316,7 @@ func (d *daemon) metric(t *testing.T, name string) float64 {
 // metricsText returns d's /metrics page.
 func (d *daemon) metricsText(t *testing.T) string {
 	t.Helper()
-	resp, err := http.Get("http://" + d.api + "/metrics")
+	resp, err := d.client().Get(d.url("/metrics"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -286,7 +286,7 @@ func (d *Daemon) getCluster(w http.ResponseWriter, r *http.Request) error {
 func (d *Daemon) catchUp(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, catchUpWait)
 	defer cancel()
-	client := &http.Client{Timeout: 5 * time.Second}
+	client := d.peerClient(5 * time.Second)
 	var last error
 	for {
 		if d.node.IsLeader() {
@@ -296,7 +296,7 @@ func (d *Daemon) catchUp(ctx context.Context) {
 		var idx uint64
 		if api == "" {
 			last = errors.New("no leader known")
-		} else if idx, last = leaderIndex(ctx, client, api, id); last == nil {
+		} else if idx, last = leaderIndex(ctx, client, d.peerURL(api, "/v1/cluster"), id); last == nil {
 			for d.node.AppliedIndex() < idx {
 				select {
 				case <-ctx.Done():
@@ -320,8 +320,8 @@ func (d *Daemon) catchUp(ctx context.Context) {
 const catchUpWait = 15 * time.Second
 
 // leaderIndex asks api for its applied_index, if it is still leader id.
-func leaderIndex(ctx context.Context, client *http.Client, api, id string) (uint64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+api+"/v1/cluster", nil)
+func leaderIndex(ctx context.Context, client *http.Client, url, id string) (uint64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -336,13 +336,13 @@ func leaderIndex(ctx context.Context, client *http.Client, api, id string) (uint
 		AppliedIndex uint64 `json:"applied_index"`
 	}
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s/v1/cluster: %s", api, resp.Status)
+		return 0, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&c); err != nil {
-		return 0, fmt.Errorf("GET %s/v1/cluster: %v", api, err)
+		return 0, fmt.Errorf("GET %s: %v", url, err)
 	}
 	if c.NodeID != id || c.LeaderID != id {
-		return 0, fmt.Errorf("%s is no longer the leader", api)
+		return 0, fmt.Errorf("%s: no longer the leader", url)
 	}
 	return c.AppliedIndex, nil
 }
@@ -359,7 +359,7 @@ func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr string) 
 	defer cancel()
 	req := JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr,
 		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity()}
-	client := &http.Client{Timeout: 15 * time.Second}
+	client := d.peerClient(15 * time.Second)
 	backoff := 100 * time.Millisecond
 	target := first
 	var last error
@@ -378,7 +378,7 @@ func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr string) 
 				last = errors.New("no leader known yet")
 			} else {
 				body, _ := json.Marshal(req)
-				resp, next, err := postJoin(ctx, client, target, body)
+				resp, next, err := postJoin(ctx, client, d.peerURL(target, "/v1/cluster/join"), body)
 				switch {
 				case err == nil && resp.Voter:
 					return nil
@@ -425,9 +425,9 @@ var errRefused = errors.New("refused")
 
 // postJoin sends one join request; on 421 it returns the leader's API
 // address the answer names.
-func postJoin(ctx context.Context, client *http.Client, api string, body []byte) (_ JoinResponse, leader string, err error) {
+func postJoin(ctx context.Context, client *http.Client, url string, body []byte) (_ JoinResponse, leader string, err error) {
 	var out JoinResponse
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+api+"/v1/cluster/join", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return out, "", err
 	}

@@ -86,6 +86,9 @@ type Config struct {
 	// issue NODEID --role node): raft then runs over mutual TLS and
 	// accepts only peers with node certificates of that CA.
 	TLSDir string `json:"tls_dir,omitempty"`
+	// Insecure allows an API or raft address beyond loopback without
+	// TLSDir: anyone who reaches it can then manage the cluster.
+	Insecure bool `json:"insecure,omitempty"`
 }
 
 // Duration is a time.Duration that reads "5m" or "90s" from JSON.
@@ -176,6 +179,14 @@ func (c Config) Validate() error {
 	if c.Join != "" {
 		if _, _, err := net.SplitHostPort(c.Join); err != nil {
 			return fmt.Errorf("%w: --join %q is not the host:port of a member's API (for example 127.0.0.1:7070): %v", ErrConfig, c.Join, err)
+		}
+	}
+	if c.TLSDir == "" && !c.Insecure {
+		for _, a := range []struct{ name, v string }{{"api-addr", c.APIAddr}, {"raft-addr", c.RaftAddr}} {
+			if !isLoopback(a.v) {
+				return fmt.Errorf("%w: --%s %s is reachable beyond this machine, and without --tls-dir anyone who reaches it could manage the cluster (or vote in it): "+
+					"set --tls-dir to the node's certificates (blkctl cert; docs/security.md), or --insecure to accept that", ErrConfig, a.name, a.v)
+			}
 		}
 	}
 	if c.Overcommit < 0.1 || c.Overcommit > 1000 {

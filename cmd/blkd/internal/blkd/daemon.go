@@ -2,6 +2,7 @@ package blkd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,7 +19,6 @@ import (
 	"github.com/blk-project/blk/internal/ratelog"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/metrics"
-	"github.com/blk-project/blk/pki"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/volume"
@@ -49,7 +49,13 @@ type Daemon struct {
 	srv   *http.Server
 
 	served chan error // the HTTP server's exit
-	lock   *os.File   // the data directory's lock (lock.go)
+	// Mutual TLS (auth.go), nil without --tls-dir: the API's server
+	// configuration, raft's server and the node-to-node client one.
+	apiTLS, raftTLS, peerTLS *tls.Config
+	// peers is the client of the leader's calls to owners (its
+	// connections are reused; each call's context bounds it).
+	peers *http.Client
+	lock  *os.File // the data directory's lock (lock.go)
 
 	// The control plane (owner.go): the reconciler of this node's
 	// volumes, the manager of operations (used while leader), the
@@ -90,20 +96,15 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, err
 	}
 
-	mcfg := meta.Config{
+	if err := d.tlsSetup(); err != nil {
+		return nil, err
+	}
+	d.peers = d.peerClient(0)
+	d.node, err = meta.NewNode(meta.Config{
 		ID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "meta"), BindAddr: cfg.RaftAddr,
 		Bootstrap: *cfg.Bootstrap && cfg.Join == "", LogOutput: os.Stderr, LogLevel: "error",
-	}
-	if cfg.TLSDir != "" {
-		caPEM, certPEM, keyPEM, err := pki.NodeFiles(cfg.TLSDir, cfg.NodeID)
-		if err != nil {
-			return nil, fmt.Errorf("--tls-dir %s: %w (it needs ca.crt, %s.crt and %s.key: blkctl cert issue %s --role node)", cfg.TLSDir, err, cfg.NodeID, cfg.NodeID, cfg.NodeID)
-		}
-		if mcfg.TLSServer, mcfg.TLSClient, err = pki.MutualTLS(caPEM, certPEM, keyPEM, pki.RoleNode); err != nil {
-			return nil, fmt.Errorf("--tls-dir %s: %w", cfg.TLSDir, err)
-		}
-	}
-	d.node, err = meta.NewNode(mcfg)
+		TLSServer: d.raftTLS, TLSClient: d.peerTLS,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("meta registry on raft address %s (--raft-addr): %w", cfg.RaftAddr, err)
 	}
@@ -192,11 +193,11 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err := d.register(ctx, "", d.ln.Addr().String(), d.port.AdvertisedAddr()); err != nil {
 		return nil, err
 	}
-	d.srv = &http.Server{Handler: d.routes(), ReadHeaderTimeout: 10 * time.Second}
-	go func() { d.served <- d.srv.Serve(d.ln) }()
+	d.srv = &http.Server{Handler: d.guard(d.routes()), ReadHeaderTimeout: 10 * time.Second}
+	go func() { d.served <- d.serveAPI(d.ln) }()
 	go d.settleLoop(d.stop)
 	go d.livenessLoop(d.stop)
-	fmt.Fprintf(out, "api listening on http://%s (/v1, /metrics)\n", d.ln.Addr())
+	fmt.Fprintf(out, "api listening on %s (/v1, /metrics)\n", d.peerURL(d.ln.Addr().String(), ""))
 	fmt.Fprintln(out, "ready")
 	return d, nil
 }

@@ -41,7 +41,7 @@ func (d *Daemon) health(w http.ResponseWriter, r *http.Request) error {
 func (d *Daemon) livenessLoop(stop <-chan struct{}) {
 	t := time.NewTicker(probeInterval)
 	defer t.Stop()
-	client := &http.Client{Timeout: probeTimeout}
+	client := d.peerClient(probeTimeout)
 	var seen map[string]time.Time
 	var since time.Time // when this node last became leader
 	for {
@@ -95,7 +95,7 @@ func (d *Daemon) probeAll(client *http.Client, nodes []meta.NodeInfo) map[string
 		wg.Add(1)
 		go func(n meta.NodeInfo) {
 			defer wg.Done()
-			ok := probe(client, n)
+			ok := probe(client, d.peerURL(n.MgmtAddr, "/v1/internal/health"), n)
 			mu.Lock()
 			alive[n.ID] = ok
 			mu.Unlock()
@@ -105,8 +105,8 @@ func (d *Daemon) probeAll(client *http.Client, nodes []meta.NodeInfo) map[string
 	return alive
 }
 
-func probe(client *http.Client, n meta.NodeInfo) bool {
-	resp, err := client.Get("http://" + n.MgmtAddr + "/v1/internal/health")
+func probe(client *http.Client, url string, n meta.NodeInfo) bool {
+	resp, err := client.Get(url)
 	if err != nil {
 		return false
 	}

@@ -219,12 +219,12 @@ func (p ownerParts) Reconcile(ctx context.Context, node, name string, index uint
 	body, _ := json.Marshal(reconcileRequest{Name: name, Index: index})
 	ctx, cancel := context.WithTimeout(ctx, ownerTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+api+"/v1/internal/reconcile", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.d.peerURL(api, "/v1/internal/reconcile"), bytes.NewReader(body))
 	if err != nil {
 		return control.Status{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := p.d.peers.Do(req)
 	if err != nil {
 		return control.Status{}, err
 	}

@@ -1,0 +1,139 @@
+package blkd
+
+import (
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/blk-project/blk/pki"
+)
+
+// Authentication and authorization of the management API. With --tls-dir
+// the API is HTTPS with mutual TLS: every caller presents a certificate of
+// the cluster CA (package pki), and its role decides what it may do:
+//
+//	reader  GET routes and /metrics
+//	admin   everything an operator does (not the node-to-node routes)
+//	node    the node-to-node routes (/v1/internal/*, join) and reads
+//
+// Without --tls-dir the API is plain HTTP without authentication, which
+// Config.Validate allows only on loopback addresses (or with --insecure).
+// Every mutating call is logged with who made it either way.
+
+// tlsSetup loads the node's credentials and builds the API's server and
+// the node-to-node client configurations. Nil without --tls-dir.
+func (d *Daemon) tlsSetup() error {
+	if d.cfg.TLSDir == "" {
+		return nil
+	}
+	caPEM, certPEM, keyPEM, err := pki.NodeFiles(d.cfg.TLSDir, d.cfg.NodeID)
+	if err != nil {
+		return fmt.Errorf("--tls-dir %s: %w (it needs ca.crt, %s.crt and %s.key: blkctl cert issue %s --role node)", d.cfg.TLSDir, err, d.cfg.NodeID, d.cfg.NodeID, d.cfg.NodeID)
+	}
+	if d.apiTLS, _, err = pki.MutualTLS(caPEM, certPEM, keyPEM, pki.RoleNode, pki.RoleAdmin, pki.RoleReader); err != nil {
+		return fmt.Errorf("--tls-dir %s: %w", d.cfg.TLSDir, err)
+	}
+	if d.raftTLS, d.peerTLS, err = pki.MutualTLS(caPEM, certPEM, keyPEM, pki.RoleNode); err != nil {
+		return fmt.Errorf("--tls-dir %s: %w", d.cfg.TLSDir, err)
+	}
+	return nil
+}
+
+// peerURL is the URL of path on another node's API.
+func (d *Daemon) peerURL(api, path string) string {
+	if d.peerTLS != nil {
+		return "https://" + api + path
+	}
+	return "http://" + api + path
+}
+
+// peerClient is an HTTP client for another node's API (mutual TLS with
+// this node's certificate when configured).
+func (d *Daemon) peerClient(timeout time.Duration) *http.Client {
+	if d.peerTLS == nil {
+		return &http.Client{Timeout: timeout}
+	}
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{TLSClientConfig: d.peerTLS, ForceAttemptHTTP2: true}}
+}
+
+// caller names who made a request: the certificate's role and name with
+// TLS, else the remote address.
+func caller(r *http.Request) (who string, role string) {
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		if id, err := pki.IdentityOf(r.TLS.PeerCertificates[0]); err == nil {
+			return id.String(), id.Role
+		}
+	}
+	return "unauthenticated " + r.RemoteAddr, ""
+}
+
+// allowed says whether role may call method on path.
+func allowed(role, method, path string) bool {
+	internal := strings.HasPrefix(path, "/v1/internal/") || path == "/v1/cluster/join"
+	read := method == http.MethodGet || method == http.MethodHead
+	switch role {
+	case pki.RoleNode:
+		return internal || read
+	case pki.RoleAdmin:
+		return !strings.HasPrefix(path, "/v1/internal/")
+	case pki.RoleReader:
+		return read && !internal
+	}
+	return false
+}
+
+// statusRecorder keeps the status a handler wrote, for the audit log.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// guard authorizes every request (with TLS) and logs every mutating one
+// with its caller and outcome.
+func (d *Daemon) guard(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		who, role := caller(r)
+		if d.apiTLS != nil && !allowed(role, r.Method, r.URL.Path) {
+			d.log.Warn("api call refused", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path))
+			writeJSON(w, http.StatusForbidden, map[string]string{"error": fmt.Sprintf("%s may not %s %s: that needs an admin certificate (reads: reader; node-to-node routes: node)", who, r.Method, r.URL.Path)})
+			return
+		}
+		if r.Method == http.MethodGet || r.Method == http.MethodHead || r.URL.Path == "/v1/internal/reconcile" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		h.ServeHTTP(rec, r)
+		d.log.Info("api call", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", rec.status))
+	})
+}
+
+// serveAPI serves the API on ln: HTTPS with mutual TLS when configured.
+func (d *Daemon) serveAPI(ln net.Listener) error {
+	if d.apiTLS != nil {
+		return d.srv.Serve(tls.NewListener(ln, d.apiTLS))
+	}
+	return d.srv.Serve(ln)
+}
+
+// isLoopback says whether a host:port names only this machine.
+func isLoopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
