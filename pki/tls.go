@@ -18,6 +18,10 @@ import (
 // at, which spares operators a certificate per address change. TLS 1.3
 // only.
 
+// ErrPeer wraps every refusal of a peer's certificate by this package's
+// configurations (chain, usage, role): a refusal no retry can mend.
+var ErrPeer = errors.New("pki: peer certificate refused")
+
 // NodeFiles loads a node's credentials from dir: ca.crt and NAME.crt /
 // NAME.key.
 func NodeFiles(dir, name string) (caPEM, certPEM, keyPEM []byte, err error) {
@@ -48,7 +52,7 @@ func MutualTLS(caPEM, certPEM, keyPEM []byte, roles ...string) (server, client *
 	check := func(usage x509.ExtKeyUsage) func([][]byte, [][]*x509.Certificate) error {
 		return func(raw [][]byte, _ [][]*x509.Certificate) error {
 			if len(raw) == 0 {
-				return errors.New("pki: the peer presented no certificate")
+				return fmt.Errorf("%w: the peer presented none", ErrPeer)
 			}
 			leaf, err := x509.ParseCertificate(raw[0])
 			if err != nil {
@@ -61,14 +65,14 @@ func MutualTLS(caPEM, certPEM, keyPEM []byte, roles ...string) (server, client *
 				}
 			}
 			if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}, CurrentTime: time.Now()}); err != nil {
-				return fmt.Errorf("pki: peer certificate %q: %w", leaf.Subject.CommonName, err)
+				return fmt.Errorf("%w: %q: %w", ErrPeer, leaf.Subject.CommonName, err)
 			}
 			id, err := IdentityOf(leaf)
 			if err != nil {
-				return err
+				return fmt.Errorf("%w: %w", ErrPeer, err)
 			}
 			if !slices.Contains(roles, id.Role) {
-				return fmt.Errorf("%w: peer %s may not connect here (want %v)", ErrRole, id, roles)
+				return fmt.Errorf("%w: %w: %s may not connect here (want %v)", ErrPeer, ErrRole, id, roles)
 			}
 			return nil
 		}

@@ -531,7 +531,33 @@ func TestRaftOverMutualTLS(t *testing.T) {
 		return nil
 	})
 
-	out, code := runBlkd(t, "--data-dir", t.TempDir(), "--node-id", "node9", "--tls-dir", tlsDir,
+	// A node with a node certificate of another CA (and that CA's ca.crt)
+	// cannot join: the handshake fails and it exits at once, saying why.
+	other, _ := pki.NewCA("blk other", 0)
+	otherDir := filepath.Join(t.TempDir(), "other")
+	if err := other.Save(otherDir); err != nil {
+		t.Fatal(err)
+	}
+	oc, ok, _ := other.Issue(pki.Request{Name: "node4", Role: pki.RoleNode, Hosts: []string{"127.0.0.1"}})
+	if err := pki.WritePair(otherDir, "node4", oc, ok); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	out, code := runBlkd(t, "--data-dir", t.TempDir(), "--node-id", "node4", "--tls-dir", otherDir, "--join", nodes["node2"].api,
+		"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", freeAddr(t))
+	if code == 0 || !strings.Contains(out, "TLS handshake failed on a certificate") {
+		t.Fatalf("a node of another CA joining: exit %d:\n%s", code, out)
+	}
+	t.Logf("a node of another CA refused in %v", time.Since(began).Round(100*time.Millisecond))
+	var cl clusterJSON
+	procs["node2"].must(t, "GET", "/v1/cluster", "", 200, &cl)
+	for _, m := range cl.Members {
+		if m.ID == "node4" {
+			t.Fatalf("node4 became a member: %+v", cl.Members)
+		}
+	}
+
+	out, code = runBlkd(t, "--data-dir", t.TempDir(), "--node-id", "node9", "--tls-dir", tlsDir,
 		"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", freeAddr(t))
 	if code == 0 || !strings.Contains(out, "blkctl cert issue node9 --role node") {
 		t.Fatalf("a node without its certificate: exit %d:\n%s", code, out)
@@ -584,11 +610,18 @@ func TestAPIMutualTLS(t *testing.T) {
 		return nil
 	})
 
-	d.useTLS(operatorTLS(t, ca, "bob", pki.RoleReader))
+	d.must(t, "POST", "/v1/volumes/v/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
 	var vs listJSON
 	d.must(t, "GET", "/v1/volumes", "", 200, &vs)
-	if len(vs.Volumes) != 1 {
-		t.Fatalf("reader's list: %+v", vs)
+	if len(vs.Volumes) != 1 || len(vs.Volumes[0].Hosts) != 1 {
+		t.Fatalf("admin's list: %+v", vs)
+	}
+
+	d.useTLS(operatorTLS(t, ca, "bob", pki.RoleReader))
+	var rs listJSON
+	d.must(t, "GET", "/v1/volumes", "", 200, &rs)
+	if len(rs.Volumes) != 1 || len(rs.Volumes[0].Hosts) != 0 {
+		t.Fatalf("reader's list: %+v, want the volume without its host NQNs", rs)
 	}
 	d.refuse(t, "DELETE", "/v1/volumes/v", "", 403, `reader:bob may not DELETE /v1/volumes/v`)
 	if d.metric(t, "blk_volume_size_bytes") <= 0 {

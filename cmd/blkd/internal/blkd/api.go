@@ -199,6 +199,9 @@ func (d *Daemon) listVolumes(w http.ResponseWriter, r *http.Request) error {
 	}
 	var vols []api.Volume
 	d.node.FSM().Read(func(s *meta.State) { vols = views(s, s.Export().Volumes...) })
+	for i := range vols {
+		vols[i] = d.redact(r, vols[i])
+	}
 	writeJSON(w, http.StatusOK, api.VolumeList{Volumes: vols})
 	return nil
 }
@@ -212,14 +215,14 @@ func (d *Daemon) getVolume(w http.ResponseWriter, r *http.Request) error {
 		if !ok {
 			return metaError(fmt.Errorf("meta: volume %q: %w", name, meta.ErrUnknownVolume), "")
 		}
-		writeJSON(w, http.StatusOK, d.view(v))
+		writeJSON(w, http.StatusOK, d.redact(r, d.view(v)))
 		return nil
 	}
 	v, err := d.node.ReadVolume(r.Context(), name)
 	if err != nil {
 		return metaError(err, "")
 	}
-	writeJSON(w, http.StatusOK, d.view(v))
+	writeJSON(w, http.StatusOK, d.redact(r, d.view(v)))
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/pki"
 )
 
@@ -136,4 +137,17 @@ func isLoopback(hostport string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// redact hides the host NQNs of a volume (allowed hosts, attachments) from
+// a reader: who may connect is an admin's business. Without TLS there are
+// no roles and nothing is hidden.
+func (d *Daemon) redact(r *http.Request, v api.Volume) api.Volume {
+	if d.apiTLS == nil {
+		return v
+	}
+	if _, role := caller(r); role == pki.RoleReader {
+		v.Hosts, v.Attachments = nil, nil
+	}
+	return v
 }

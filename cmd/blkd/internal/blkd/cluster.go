@@ -17,8 +17,10 @@ import (
 	"strings"
 	"time"
 
+	"crypto/tls"
 	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/pki"
 	"github.com/hashicorp/raft"
 )
 
@@ -397,6 +399,8 @@ func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr string) 
 					}
 				case errors.Is(err, errRefused):
 					return fmt.Errorf("join the cluster through %s: %w", target, err)
+				case certRefused(err):
+					return fmt.Errorf("join the cluster through %s: the TLS handshake failed on a certificate (%v): this node's --tls-dir must hold the cluster's ca.crt and a node certificate that CA signed (blkctl cert issue %s --role node)", target, err, d.cfg.NodeID)
 				case next != "" && next != target:
 					target = next // redirected to the leader: go at once
 					last = err
@@ -518,4 +522,11 @@ func (d *Daemon) capacity() uint64 {
 		return ^uint64(0)
 	}
 	return uint64(c)
+}
+
+// certRefused says whether err is a TLS handshake that failed on a
+// certificate, ours refused by the peer or the peer's by us: permanent.
+func certRefused(err error) bool {
+	var alert tls.AlertError
+	return errors.Is(err, pki.ErrPeer) || errors.As(err, &alert)
 }
