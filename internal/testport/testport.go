@@ -10,15 +10,23 @@
 // (Linux's default starts at 32768), which the kernel never hands out by
 // itself, starting at a point derived from the process ID so that test
 // processes running at once use different ports, and checks each is free
-// before handing it out.
+// before handing it out. Each port handed out is also claimed with a lock
+// file (flock, held until the process exits) that other test processes
+// respect, so two processes whose walks overlap never hand out the same
+// port while a child has yet to bind it (seen in CI once the cmd/blkd and
+// cmd/blkctl suites grew).
 package testport
 
 import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -27,9 +35,28 @@ const (
 )
 
 var (
-	mu   sync.Mutex
-	next = lowest + (os.Getpid()*331)%(highest-lowest)
+	mu     sync.Mutex
+	next   = lowest + (os.Getpid()*331)%(highest-lowest)
+	claims []*os.File // lock files held for the process's lifetime
 )
+
+// claim takes port's lock file; false if another process holds it.
+func claim(port int) bool {
+	dir := filepath.Join(os.TempDir(), "blk-testport")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return true // no locks possible: fall back to the free check alone
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return true
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return false
+	}
+	claims = append(claims, f)
+	return true
+}
 
 // Addr returns "127.0.0.1:PORT" for a port that was free when checked and
 // is not handed out again by this process.
@@ -44,6 +71,9 @@ func Addr(tb testing.TB) string {
 			next = lowest
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", p)
+		if !claim(p) {
+			continue
+		}
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue
