@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 )
 
 // TestHugeResizeRefused: `resize --size 4194305TiB` wrote 4 EiB into the
@@ -630,9 +631,22 @@ func TestAPIMutualTLS(t *testing.T) {
 	d.useTLS(operatorTLS(t, ca, "node7", pki.RoleNode))
 	d.refuse(t, "POST", "/v1/volumes", `{"name": "w", "size": "8MiB"}`, 403, `node:node7 may not POST`)
 
+	// mallory trusts the cluster's CA but presents another CA's admin
+	// certificate: the server must refuse it (and count it).
+	mc, mk, _ := other.Issue(pki.Request{Name: "mallory", Role: pki.RoleAdmin})
+	_, foreign, err := pki.MutualTLS(ca.CertPEM(), mc, mk, pki.RoleNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec, ek, _ := ca.Issue(pki.Request{Name: "old", Role: pki.RoleAdmin, NotBefore: time.Now().Add(-48 * time.Hour), Validity: 24 * time.Hour})
+	_, expired, err := pki.MutualTLS(ca.CertPEM(), ec, ek, pki.RoleNode)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for what, cfg := range map[string]*tls.Config{
 		"no certificate":     {InsecureSkipVerify: true, MinVersion: tls.VersionTLS13},
-		"another CA's admin": operatorTLS(t, other, "mallory", pki.RoleAdmin),
+		"another CA's admin": foreign,
+		"an expired admin":   expired,
 	} {
 		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
 		resp, err := hc.Get("https://" + d.api + "/v1/volumes")
@@ -640,6 +654,16 @@ func TestAPIMutualTLS(t *testing.T) {
 			resp.Body.Close()
 			t.Errorf("%s: GET /v1/volumes answered %s, want a failed handshake", what, resp.Status)
 		}
+	}
+	d.useTLS(operatorTLS(t, ca, "carol", pki.RoleReader))
+	if n := sampleOf(d.metricsText(t), `blk_api_refused_total{reason="certificate"}`); n < 3 {
+		t.Errorf("refused handshakes counted %v, want at least 3 (no certificate, another CA, expired)", n)
+	}
+	if n := sampleOf(d.metricsText(t), `blk_api_refused_total{reason="role"}`); n < 2 {
+		t.Errorf("role refusals counted %v, want at least 2", n)
+	}
+	if !strings.Contains(d.output(), `msg="api handshake refused"`) {
+		t.Errorf("refused handshakes are not logged:\n%s", d.output())
 	}
 	if resp, err := http.Get("http://" + d.api + "/v1/volumes"); err == nil {
 		resp.Body.Close()
@@ -653,4 +677,18 @@ func TestAPIMutualTLS(t *testing.T) {
 	if code == 0 || !strings.Contains(out, "reachable beyond this machine") || !strings.Contains(out, "--insecure") {
 		t.Fatalf("an API on 0.0.0.0 without TLS: exit %d:\n%s", code, out)
 	}
+}
+
+// sampleOf returns the value of the sample line starting with series in
+// Prometheus text m (-1 if absent).
+func sampleOf(m, series string) float64 {
+	for _, l := range strings.Split(m, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }

@@ -9,8 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"crypto/x509"
 	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/pki"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Authentication and authorization of the management API. With --tls-dir
@@ -37,6 +39,20 @@ func (d *Daemon) tlsSetup() error {
 	}
 	if d.apiTLS, _, err = pki.MutualTLS(caPEM, certPEM, keyPEM, pki.RoleNode, pki.RoleAdmin, pki.RoleReader); err != nil {
 		return fmt.Errorf("--tls-dir %s: %w", d.cfg.TLSDir, err)
+	}
+	// Every refused handshake is counted and logged (rate-limited): the
+	// certificate check is pki's (chain, usage, role, and "none
+	// presented"), so the API asks for a certificate without letting the
+	// TLS stack refuse a missing one before that check can see it.
+	verify := d.apiTLS.VerifyPeerCertificate
+	d.apiTLS.ClientAuth = tls.RequestClientCert
+	d.apiTLS.VerifyPeerCertificate = func(raw [][]byte, chains [][]*x509.Certificate) error {
+		err := verify(raw, chains)
+		if err != nil {
+			d.refusedTLS.Add(1)
+			d.log.Warn("api handshake refused", slog.String("err", err.Error()))
+		}
+		return err
 	}
 	if d.raftTLS, d.peerTLS, err = pki.MutualTLS(caPEM, certPEM, keyPEM, pki.RoleNode); err != nil {
 		return fmt.Errorf("--tls-dir %s: %w", d.cfg.TLSDir, err)
@@ -104,6 +120,7 @@ func (d *Daemon) guard(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		who, role := caller(r)
 		if d.apiTLS != nil && !allowed(role, r.Method, r.URL.Path) {
+			d.refusedRole.Add(1)
 			d.log.Warn("api call refused", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path))
 			writeJSON(w, http.StatusForbidden, map[string]string{"error": fmt.Sprintf("%s may not %s %s: that needs an admin certificate (reads: reader; node-to-node routes: node)", who, r.Method, r.URL.Path)})
 			return
@@ -150,4 +167,22 @@ func (d *Daemon) redact(r *http.Request, v api.Volume) api.Volume {
 		v.Hosts, v.Attachments = nil, nil
 	}
 	return v
+}
+
+// authCollector exports the API's refusals.
+type authCollector struct {
+	d    *Daemon
+	desc *prometheus.Desc
+}
+
+func (c authCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c authCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.d.refusedTLS.Load()), "certificate")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.d.refusedRole.Load()), "role")
+}
+
+func newAuthCollector(d *Daemon) authCollector {
+	return authCollector{d: d, desc: prometheus.NewDesc("blk_api_refused_total",
+		"Management API callers refused: reason=certificate (TLS handshake: none, another CA's, expired, wrong usage or role) or role (a call the role may not make).", []string{"reason"}, nil)}
 }

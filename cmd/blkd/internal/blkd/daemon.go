@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/blk-project/blk/control"
@@ -52,6 +53,8 @@ type Daemon struct {
 	// Mutual TLS (auth.go), nil without --tls-dir: the API's server
 	// configuration, raft's server and the node-to-node client one.
 	apiTLS, raftTLS, peerTLS *tls.Config
+	// refusedTLS and refusedRole count the API's refusals (auth.go).
+	refusedTLS, refusedRole atomic.Uint64
 	// peers is the client of the leader's calls to owners (its
 	// connections are reused; each call's context bounds it).
 	peers *http.Client
@@ -145,6 +148,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	}
 	if err := d.reg.RegisterProcess(); err != nil {
 		return nil, err
+	}
+	if err := d.reg.Prometheus().Register(newAuthCollector(d)); err != nil {
+		return nil, fmt.Errorf("metrics: register the API's refusals: %w", err)
 	}
 	if err := d.reg.Prometheus().Register(NewRaftCollector(d.node)); err != nil {
 		return nil, fmt.Errorf("metrics: register raft collector: %w", err)
