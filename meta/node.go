@@ -314,6 +314,19 @@ func (n *Node) AppliedIndex() uint64 {
 	return i
 }
 
+// WaitApplied waits until this node's registry copy has applied index,
+// or ctx ends (its error then).
+func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
+	for n.AppliedIndex() < index {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
 // IsLeader says whether this node currently believes it is the leader.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
 

@@ -299,13 +299,8 @@ func (d *Daemon) catchUp(ctx context.Context) {
 		if api == "" {
 			last = errors.New("no leader known")
 		} else if idx, last = leaderIndex(ctx, client, d.peerURL(api, "/v1/cluster"), id); last == nil {
-			for d.node.AppliedIndex() < idx {
-				select {
-				case <-ctx.Done():
-					fmt.Fprintf(d.out, "registry: this copy reached index %d of the leader's %d within %v; serving from it\n", d.node.AppliedIndex(), idx, catchUpWait)
-					return
-				case <-time.After(10 * time.Millisecond):
-				}
+			if d.node.WaitApplied(ctx, idx) != nil {
+				fmt.Fprintf(d.out, "registry: this copy reached index %d of the leader's %d within %v; serving from it\n", d.node.AppliedIndex(), idx, catchUpWait)
 			}
 			return
 		}
@@ -386,17 +381,11 @@ func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr string) 
 					return nil
 				case err == nil:
 					// A nonvoter: catch up, then ask for a vote.
-					for d.node.AppliedIndex() < resp.CatchUpIndex && ctx.Err() == nil {
-						select {
-						case <-ctx.Done():
-						case <-time.After(10 * time.Millisecond):
-						}
-					}
-					last = fmt.Errorf("as a nonvoter, caught up to index %d of %d", d.node.AppliedIndex(), resp.CatchUpIndex)
-					if d.node.AppliedIndex() >= resp.CatchUpIndex {
+					if d.node.WaitApplied(ctx, resp.CatchUpIndex) == nil {
 						req.Promote = true
 						continue
 					}
+					last = fmt.Errorf("as a nonvoter, caught up to index %d of %d", d.node.AppliedIndex(), resp.CatchUpIndex)
 				case errors.Is(err, errRefused):
 					return fmt.Errorf("join the cluster through %s: %w", target, err)
 				case certRefused(err):

@@ -251,12 +251,8 @@ func (p ownerParts) Reconcile(ctx context.Context, node, name string, index uint
 func (d *Daemon) reconcileLocal(ctx context.Context, name string, index uint64) (control.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, ownerCatchUp)
 	defer cancel()
-	for d.node.AppliedIndex() < index {
-		select {
-		case <-ctx.Done():
-			return control.Status{}, fmt.Errorf("node %s: registry copy at index %d, not yet %d", d.cfg.NodeID, d.node.AppliedIndex(), index)
-		case <-time.After(5 * time.Millisecond):
-		}
+	if d.node.WaitApplied(ctx, index) != nil {
+		return control.Status{}, fmt.Errorf("node %s: registry copy at index %d, not yet %d", d.cfg.NodeID, d.node.AppliedIndex(), index)
 	}
 	var v meta.Volume
 	var ok bool
