@@ -416,7 +416,14 @@ var keysWalked atomic.Uint64
 // Counters returns the volume's counters and DiskBytes without walking
 // its keys (AllocatedBytes is left 0): cheap enough for every metrics
 // scrape, whatever the volume holds.
-func (v *Volume) Counters() (Stats, error) {
+func (v *Volume) Counters() (Stats, error) { return v.stats(false) }
+
+// Stats returns the volume's counters and walks its keys for its space use.
+func (v *Volume) Stats() (Stats, error) { return v.stats(true) }
+
+// stats is Counters, and with walk the AllocatedBytes that need a walk of
+// the volume's keys.
+func (v *Volume) stats(walk bool) (Stats, error) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	if v.gone != nil {
@@ -425,19 +432,7 @@ func (v *Volume) Counters() (Stats, error) {
 	if err := v.s.err(); err != nil {
 		return Stats{}, fmt.Errorf("volume %d: stats: %w", v.id, err)
 	}
-	st := v.counters()
-	var lo, hi [dataKeyLen]byte
-	putDataKey(lo[:], v.id, 0)
-	putDataEnd(hi[:], v.id)
-	var err error
-	if st.DiskBytes, err = v.s.db.EstimateDiskUsage(lo[:], hi[:]); err != nil {
-		return Stats{}, fmt.Errorf("volume %d: stats: %w: %w", v.id, ErrIO, err)
-	}
-	return st, nil
-}
-
-func (v *Volume) counters() Stats {
-	return Stats{
+	st := Stats{
 		Reads:         v.c.reads.Load(),
 		Writes:        v.c.writes.Load(),
 		FUAWrites:     v.c.fua.Load(),
@@ -450,35 +445,25 @@ func (v *Volume) counters() Stats {
 		RemovedBlocks: v.c.removedBlocks.Load(),
 		CopiedBytes:   v.c.copiedBytes.Load(),
 	}
-}
-
-// Stats returns the volume's counters and walks its keys for its space use.
-func (v *Volume) Stats() (Stats, error) {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	if v.gone != nil {
-		return Stats{}, fmt.Errorf("volume %d: stats: %w", v.id, v.gone)
-	}
-	if err := v.s.err(); err != nil {
-		return Stats{}, fmt.Errorf("volume %d: stats: %w", v.id, err)
-	}
-	st := v.counters()
 	var lo, hi [dataKeyLen]byte
 	putDataKey(lo[:], v.id, 0)
 	putDataEnd(hi[:], v.id)
-	it, err := v.s.db.NewIter(&pebble.IterOptions{LowerBound: lo[:], UpperBound: hi[:]})
-	if err != nil {
-		return Stats{}, fmt.Errorf("volume %d: stats: %w: %w", v.id, ErrIO, err)
+	if walk {
+		it, err := v.s.db.NewIter(&pebble.IterOptions{LowerBound: lo[:], UpperBound: hi[:]})
+		if err != nil {
+			return Stats{}, fmt.Errorf("volume %d: stats: %w: %w", v.id, ErrIO, err)
+		}
+		var blocks uint64
+		for valid := it.First(); valid; valid = it.Next() {
+			blocks++
+		}
+		keysWalked.Add(blocks)
+		if err := it.Close(); err != nil {
+			return Stats{}, fmt.Errorf("volume %d: stats: %w: %w", v.id, ErrIO, err)
+		}
+		st.AllocatedBytes = blocks * uint64(v.info.BlockSize)
 	}
-	var blocks uint64
-	for valid := it.First(); valid; valid = it.Next() {
-		blocks++
-	}
-	keysWalked.Add(blocks)
-	if err := it.Close(); err != nil {
-		return Stats{}, fmt.Errorf("volume %d: stats: %w: %w", v.id, ErrIO, err)
-	}
-	st.AllocatedBytes = blocks * uint64(v.info.BlockSize)
+	var err error
 	if st.DiskBytes, err = v.s.db.EstimateDiskUsage(lo[:], hi[:]); err != nil {
 		return Stats{}, fmt.Errorf("volume %d: stats: %w: %w", v.id, ErrIO, err)
 	}
