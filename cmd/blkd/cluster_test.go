@@ -59,19 +59,8 @@ func volumeNames(vs []volumeJSON) []string {
 // over and serves writes, and the killed node restarts on its data dir
 // and catches up; finally the node that owns no volume is removed.
 func TestCluster(t *testing.T) {
-	type addrs struct{ dir, raft, nvme, api string }
-	nodes := map[string]*addrs{}
-	procs := map[string]*daemon{}
-	for _, id := range []string{"node1", "node2", "node3"} {
-		nodes[id] = &addrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
-	}
-	start := func(id string, extra ...string) {
-		a := nodes[id]
-		procs[id] = startBlkdOn(t, a.dir, a.raft, a.nvme, a.api, append([]string{"--node-id", id}, extra...)...)
-	}
-	start("node1")
-	start("node2", "--join", nodes["node1"].api)
-	start("node3", "--join", nodes["node1"].api)
+	c := startCluster(t)
+	nodes, procs, start := c.nodes, c.procs, c.start
 
 	// Every node eventually shows three registered members and the same leader.
 	leaderOf := func(ids ...string) string {
@@ -283,4 +272,35 @@ func TestCluster(t *testing.T) {
 	for _, p := range procs {
 		p.stop(t)
 	}
+}
+
+// cluster is three blkd processes, node1 to node3, each with its own data
+// dir and addresses; every node gets the flags in common.
+type cluster struct {
+	t      *testing.T
+	nodes  map[string]*nodeAddrs
+	procs  map[string]*daemon
+	common []string
+}
+
+type nodeAddrs struct{ dir, raft, nvme, api string }
+
+// startCluster starts node1 (bootstrapping) and node2 and node3 joining
+// through it, each with common's flags.
+func startCluster(t *testing.T, common ...string) *cluster {
+	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}, common: common}
+	for _, id := range []string{"node1", "node2", "node3"} {
+		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
+	}
+	c.start("node1")
+	c.start("node2", "--join", c.nodes["node1"].api)
+	c.start("node3", "--join", c.nodes["node1"].api)
+	return c
+}
+
+// start (re)starts node id on its data dir and addresses.
+func (c *cluster) start(id string, extra ...string) {
+	a := c.nodes[id]
+	args := append(append([]string{"--node-id", id}, c.common...), extra...)
+	c.procs[id] = startBlkdOn(c.t, a.dir, a.raft, a.nvme, a.api, args...)
 }

@@ -179,19 +179,8 @@ func TestJoinDeadAddress(t *testing.T) {
 // up and its volume online again.
 func TestDeadNodeShowsDown(t *testing.T) {
 	t.Parallel() // mostly waits for settle rounds and probes
-	type addrs struct{ dir, raft, nvme, api string }
-	nodes := map[string]*addrs{}
-	procs := map[string]*daemon{}
-	for _, id := range []string{"node1", "node2", "node3"} {
-		nodes[id] = &addrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
-	}
-	start := func(id string, extra ...string) {
-		a := nodes[id]
-		procs[id] = startBlkdOn(t, a.dir, a.raft, a.nvme, a.api, append([]string{"--node-id", id}, extra...)...)
-	}
-	start("node1")
-	start("node2", "--join", nodes["node1"].api)
-	start("node3", "--join", nodes["node1"].api)
+	c := startCluster(t)
+	nodes, procs, start := c.nodes, c.procs, c.start
 	procs["node1"].must(t, "POST", "/v1/volumes", `{"name": "v1", "size": "8MiB"}`, 201, nil)
 	procs["node1"].must(t, "POST", "/v1/volumes/v1/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
 	// node1 leads and owns v1. Kill it: a new leader must find it down.
@@ -231,19 +220,24 @@ func TestDeadNodeShowsDown(t *testing.T) {
 		}
 		return nil
 	})
+	// waitNode1 waits until the new leader shows node1 in state want.
+	waitNode1 := func(want string) {
+		t.Helper()
+		eventually(t, 25*time.Second, "node1 "+want, func() error {
+			c, err := view()
+			if err != nil {
+				return err
+			}
+			if s := stateOf(c, "node1"); s != want {
+				return fmt.Errorf("node1 is %s", s)
+			}
+			return nil
+		})
+	}
 	killed := time.Now()
 	procs["node1"].cmd.Process.Signal(syscall.SIGKILL)
 	<-procs["node1"].exited
-	eventually(t, 25*time.Second, "node1 down", func() error {
-		c, err := view()
-		if err != nil {
-			return err
-		}
-		if s := stateOf(c, "node1"); s != "down" {
-			return fmt.Errorf("node1 is %s", s)
-		}
-		return nil
-	})
+	waitNode1("down")
 	t.Logf("node1 shown down %v after SIGKILL (with a leader election)", time.Since(killed).Round(100*time.Millisecond))
 	var v volumeJSON
 	other.must(t, "GET", "/v1/volumes/v1", "", 200, &v)
@@ -253,16 +247,7 @@ func TestDeadNodeShowsDown(t *testing.T) {
 	other.refuse(t, "POST", "/v1/volumes/v1/attach", `{"host_nqn": "`+hostNQN+`"}`, 409, `node1.*down`)
 
 	start("node1", "--join", nodes["node2"].api)
-	eventually(t, 25*time.Second, "node1 up again", func() error {
-		c, err := view()
-		if err != nil {
-			return err
-		}
-		if s := stateOf(c, "node1"); s != "up" {
-			return fmt.Errorf("node1 is %s", s)
-		}
-		return nil
-	})
+	waitNode1("up")
 	other.must(t, "GET", "/v1/volumes/v1", "", 200, &v)
 	if v.State != "online" {
 		t.Fatalf("v1 with its node back: %+v", v)
@@ -498,19 +483,8 @@ func TestRaftOverMutualTLS(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	type addrs struct{ dir, raft, nvme, api string }
-	nodes := map[string]*addrs{}
-	procs := map[string]*daemon{}
-	for _, id := range []string{"node1", "node2", "node3"} {
-		nodes[id] = &addrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
-	}
-	start := func(id string, extra ...string) {
-		a := nodes[id]
-		procs[id] = startBlkdOn(t, a.dir, a.raft, a.nvme, a.api, append([]string{"--node-id", id, "--tls-dir", tlsDir}, extra...)...)
-	}
-	start("node1")
-	start("node2", "--join", nodes["node1"].api)
-	start("node3", "--join", nodes["node1"].api)
+	c := startCluster(t, "--tls-dir", tlsDir)
+	nodes, procs := c.nodes, c.procs
 	admin := operatorTLS(t, ca, "alice", pki.RoleAdmin)
 	for _, p := range procs {
 		p.useTLS(admin)
