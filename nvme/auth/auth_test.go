@@ -28,11 +28,11 @@ func TestKeyFormat(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		back, err := ParseKey(k.String())
+		back, err := ParseKey(k.Encode())
 		if err != nil || back.Transform != k.Transform || !bytes.Equal(back.Secret, k.Secret) {
 			t.Fatalf("round trip of %s: %+v, %v", k, back, err)
 		}
-		if _, err := ParseKey(k.String()[:len(k.String())-1]); err != nil {
+		if _, err := ParseKey(k.Encode()[:len(k.Encode())-1]); err != nil {
 			t.Fatalf("without the trailing colon: %v", err)
 		}
 	}
@@ -40,7 +40,7 @@ func TestKeyFormat(t *testing.T) {
 		t.Fatal("a 64-byte key with a SHA-256 transformation")
 	}
 	good, _ := GenerateKey(0, 32)
-	s := good.String()
+	s := good.Encode()
 	flip := []byte(s)
 	flip[12] ^= 0x01 // a base64 character of the secret: the CRC no longer matches
 	for in, want := range map[string]error{

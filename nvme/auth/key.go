@@ -136,9 +136,15 @@ func ParseKey(s string) (Key, error) {
 	return Key{Transform: t, Secret: raw[:n]}, nil
 }
 
-// String formats k as ParseKey reads it. It is the secret itself: never
-// log it.
+// String names the key without revealing it ("DHHC-1:01:<secret>"), so
+// that a key printed by mistake leaks nothing.
 func (k Key) String() string {
+	return fmt.Sprintf("DHHC-1:%02x:<secret>", uint8(k.Transform))
+}
+
+// Encode formats k as ParseKey reads it. It is the secret itself: it goes
+// to the registry and to the operator who asked for it, never to a log.
+func (k Key) Encode() string {
 	raw := make([]byte, len(k.Secret)+4)
 	copy(raw, k.Secret)
 	binary.LittleEndian.PutUint32(raw[len(k.Secret):], crc32.ChecksumIEEE(k.Secret))
