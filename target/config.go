@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/nvme/auth"
 )
 
 // Config configures a Target. The zero value of every field except
@@ -74,6 +75,18 @@ type Config struct {
 	// 8 bytes. Default "blk-1".
 	FirmwareRevision string `json:"firmware_revision"`
 
+	// AuthTimeout is how long a queue that must authenticate (a host
+	// with secrets, see HostKeys) may take to do it before it is ended.
+	// Default 30 s: a Linux host authenticates right after its Connect;
+	// ffdhe8192 takes it milliseconds.
+	AuthTimeout time.Duration `json:"auth_timeout"`
+	// AuthHashes and AuthDHGroups are the DH-HMAC-CHAP hashes and groups
+	// the target accepts, in its order of preference (nil:
+	// auth.DefaultHashes, auth.DefaultDHGroups: SHA-256 first, any DH
+	// group before none).
+	AuthHashes   []auth.HashID  `json:"auth_hashes"`
+	AuthDHGroups []auth.DHGroup `json:"auth_dhgroups"`
+
 	// DiscoverySerial is the serial number of the discovery controller:
 	// printable ASCII, at most 20 bytes. Default "blk-discovery".
 	DiscoverySerial string `json:"discovery_serial"`
@@ -89,6 +102,7 @@ const (
 	DefaultDiscoveryKATO    = 120 * time.Second
 	DefaultFirmwareRevision = "blk-1"
 	DefaultDiscoverySerial  = "blk-discovery"
+	DefaultAuthTimeout      = 30 * time.Second
 )
 
 // WithDefaults returns c with every zero field set to its default.
@@ -116,6 +130,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.DiscoverySerial == "" {
 		c.DiscoverySerial = DefaultDiscoverySerial
+	}
+	if c.AuthTimeout == 0 {
+		c.AuthTimeout = DefaultAuthTimeout
 	}
 	return c
 }
@@ -148,6 +165,25 @@ func (c Config) Validate() error {
 	}
 	if c.DiscoveryKATO < time.Second {
 		bad("DiscoveryKATO %v is below 1s", c.DiscoveryKATO)
+	}
+	if c.AuthTimeout < 0 {
+		bad("AuthTimeout %v is negative", c.AuthTimeout)
+	}
+	if c.AuthHashes != nil && len(c.AuthHashes) == 0 {
+		bad("AuthHashes is empty")
+	}
+	for _, h := range c.AuthHashes {
+		if h.Size() == 0 {
+			bad("AuthHashes: unknown hash %v", h)
+		}
+	}
+	if c.AuthDHGroups != nil && len(c.AuthDHGroups) == 0 {
+		bad("AuthDHGroups is empty")
+	}
+	for _, g := range c.AuthDHGroups {
+		if !g.Known() {
+			bad("AuthDHGroups: unknown group %v", g)
+		}
 	}
 	var fr [8]byte
 	if err := nvme.SetASCII(fr[:], c.FirmwareRevision); err != nil {

@@ -108,6 +108,9 @@ func (q *Queue) connectAdmin(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme
 		return st, dw0
 	}
 	c := newCtrl(t, s, cntlid, q, d)
+	if !c.disc {
+		q.auth = q.authFor(s, c.hostNQN)
+	}
 	kato := cc.KATO
 	if c.disc && kato == 0 {
 		kato = uint32(t.cfg.DiscoveryKATO.Milliseconds())
@@ -138,7 +141,7 @@ func (q *Queue) connectAdmin(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme
 		return nvme.StatusAbortSQDeleted, 0
 	}
 	q.logCreated(c)
-	return nvme.StatusSuccess, nvme.ConnectResponseDW0(cntlid, 0)
+	return nvme.StatusSuccess, nvme.ConnectResponseDW0(cntlid, q.authReq())
 }
 
 // connectIO adds an I/O queue to a live controller.
@@ -182,6 +185,7 @@ func (q *Queue) connectIO(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme.St
 		c.mu.Unlock()
 		return nvme.StatusCommandSequenceError.WithDNR(), 0
 	}
+	q.auth = q.authFor(s, c.hostNQN)
 	c.queues[cc.QID] = q
 	c.nioq++
 	q.depth = int(cc.SQSize) + 1
@@ -192,13 +196,13 @@ func (q *Queue) connectIO(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme.St
 		c.removeQueue(q)
 		return nvme.StatusAbortSQDeleted, 0
 	}
-	return nvme.StatusSuccess, nvme.ConnectResponseDW0(c.cntlid, 0)
+	return nvme.StatusSuccess, nvme.ConnectResponseDW0(c.cntlid, q.authReq())
 }
 
 // execFabrics serves a fabrics command on a connected queue: Property
 // Get/Set on the admin queue; a second Connect is refused; everything
-// else (authentication, Disconnect, unknown types) is Invalid Opcode, as
-// nvmet without authentication.
+// AUTH_SEND/AUTH_RECEIVE run the queue's authentication (auth.go);
+// everything else (Disconnect, unknown types) is Invalid Opcode, as nvmet.
 func (q *Queue) execFabrics(c *ctrl, r *Request) {
 	st := nvme.StatusInvalidOpcode.WithDNR()
 	switch nvme.FabricsType(uint8(r.Cmd.NSID)) {
@@ -212,6 +216,9 @@ func (q *Queue) execFabrics(c *ctrl, r *Request) {
 		if q.qid == 0 {
 			st = c.propertySet(r)
 		}
+	case nvme.FabricsAuthSend, nvme.FabricsAuthRecv:
+		q.execAuth(r)
+		return
 	}
 	q.complete(r, st)
 }
@@ -261,4 +268,14 @@ func (c *ctrl) propertySet(r *Request) nvme.Status {
 	c.setCC(nvme.CC(r.Cmd.CDW12))
 	c.mu.Unlock()
 	return nvme.StatusSuccess
+}
+
+// authReq is the AUTHREQ of a successful Connect: ATR when the host must
+// authenticate the queue, whose deadline then starts.
+func (q *Queue) authReq() uint32 {
+	if q.auth == nil {
+		return 0
+	}
+	q.startAuth()
+	return nvme.ConnectAuthReqATR
 }

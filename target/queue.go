@@ -32,6 +32,10 @@ type Queue struct {
 	qid       uint16
 	depth     int
 	sqFlowOff bool
+	// auth is set when the host must authenticate the queue; authed
+	// says it has (see auth.go).
+	auth   *queueAuth
+	authed atomic.Bool
 
 	// inflight counts requests between Execute and Complete; drained is
 	// closed once the queue is closed and it is zero.
@@ -123,6 +127,11 @@ func (q *Queue) Execute(r *Request) {
 	q.inflight.Add(1)
 	switch q.state.Load() {
 	case queueConnected:
+		if q.auth != nil && !q.authed.Load() && !authCommand(&r.Cmd) {
+			q.t.stats.authRequired.Add(1)
+			q.complete(r, nvme.StatusAuthenticationRequired.WithDNR())
+			return
+		}
 		if q.qid != 0 {
 			q.execIO(r)
 		} else {

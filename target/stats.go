@@ -40,6 +40,10 @@ type counters struct {
 	ctrlTornDown     atomic.Uint64
 	connectRefused   atomic.Uint64
 	eventsDropped    atomic.Uint64
+	authSucceeded    atomic.Uint64
+	authFailed       atomic.Uint64
+	authTimedOut     atomic.Uint64
+	authRequired     atomic.Uint64
 }
 
 // enter moves r into state s and counts it. It is the only place a
@@ -87,6 +91,11 @@ type Stats struct {
 	Controllers                             int
 	// ConnectsRefused counts Connect commands that failed.
 	ConnectsRefused uint64
+	// AuthSucceeded counts queues authenticated (DH-HMAC-CHAP), AuthFailed
+	// queues ended by a failed or timed-out authentication (AuthTimedOut
+	// of them by the deadline), AuthRequired commands refused on a queue
+	// not yet authenticated.
+	AuthSucceeded, AuthFailed, AuthTimedOut, AuthRequired uint64
 	// EventsDropped counts asynchronous events lost because too many were
 	// pending with no Asynchronous Event Request to take them.
 	EventsDropped uint64
@@ -146,6 +155,10 @@ func (t *Target) Stats() Stats {
 		ControllersTornDown: t.stats.ctrlTornDown.Load(),
 		ConnectsRefused:     t.stats.connectRefused.Load(),
 		EventsDropped:       t.stats.eventsDropped.Load(),
+		AuthSucceeded:       t.stats.authSucceeded.Load(),
+		AuthFailed:          t.stats.authFailed.Load(),
+		AuthTimedOut:        t.stats.authTimedOut.Load(),
+		AuthRequired:        t.stats.authRequired.Load(),
 	}
 	for i := range t.stats.status {
 		if n := t.stats.status[i].Load(); n != 0 {

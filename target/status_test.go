@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/nvme/auth"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/volume"
 )
@@ -234,6 +235,15 @@ var statusCases = []struct {
 		f.fault.set("read", fmt.Errorf("%w", volume.ErrMisaligned))
 		return f.read(1, 4096)
 	}},
+	{"authentication required: a host with secrets before it authenticated", nvme.StatusAuthenticationRequired.WithDNR(), func(t *testing.T, f *fixture) *call {
+		hk, _ := auth.GenerateKey(0, 32)
+		if err := f.sub.SetHostKeys(hostA, &target.HostKeys{Host: hk}); err != nil {
+			t.Fatal(err)
+		}
+		q := f.h.queue("auth-io", target.QueueParams{QID: 2, SQSize: 127})
+		mustOK(t, f.h.exec(q, connectCmd(2, 127, 0), connectData(hostA, subA, f.cntlid, hostIDA)), "io connect")
+		return f.h.exec(q, ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096))
+	}},
 	{"keep alive timeout invalid", nvme.StatusKeepAliveInvalid.WithDNR(), func(t *testing.T, f *fixture) *call {
 		mustOK(t, f.h.exec(f.admin, setFeatCmd(nvme.FeatureKeepAliveTimer, 0), nil), "KATO 0")
 		return f.h.exec(f.admin, adminCmd(nvme.AdminKeepAlive), nil)
@@ -349,6 +359,7 @@ var statusByName = map[string]nvme.Status{
 	"StatusAbortSQDeleted":            nvme.StatusAbortSQDeleted,
 	"StatusInvalidNamespace":          nvme.StatusInvalidNamespace,
 	"StatusCommandSequenceError":      nvme.StatusCommandSequenceError,
+	"StatusAuthenticationRequired":    nvme.StatusAuthenticationRequired,
 	"StatusSGLInvalidDataLength":      nvme.StatusSGLInvalidDataLength,
 	"StatusKeepAliveInvalid":          nvme.StatusKeepAliveInvalid,
 	"StatusNamespaceWriteProtect":     nvme.StatusNamespaceWriteProtect,

@@ -1,6 +1,7 @@
 package target
 
 import (
+	"bytes"
 	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/nvme/auth"
 )
 
 // SubsystemConfig describes an NVM subsystem.
@@ -27,6 +29,9 @@ type SubsystemConfig struct {
 	AllowAnyHost bool
 	// Hosts are the host NQNs allowed to connect.
 	Hosts []string
+	// HostKeys are the DH-HMAC-CHAP secrets of hosts that must
+	// authenticate, by host NQN (see SetHostKeys).
+	HostKeys map[string]HostKeys
 }
 
 // NamespaceConfig describes a namespace.
@@ -61,6 +66,7 @@ type Subsystem struct {
 	mu       sync.Mutex // guards below; ordered after Target.mu, before ctrl.mu
 	allowAny bool
 	hosts    map[string]bool
+	keys     map[string]HostKeys
 	ctrls    map[uint16]*ctrl
 	removed  bool
 }
@@ -72,6 +78,11 @@ func newSubsystem(t *Target, c SubsystemConfig, discovery bool) *Subsystem {
 	_ = nvme.SetASCII(s.model[:], c.Model)
 	for _, h := range c.Hosts {
 		s.hosts[h] = true
+	}
+	if !discovery {
+		for h, k := range c.HostKeys {
+			s.setKeys(h, &k)
+		}
 	}
 	s.ns.Store(&nsTable{})
 	return s
@@ -85,6 +96,64 @@ func (s *Subsystem) Serial() string { return nvme.TrimASCII(s.serial[:]) }
 
 // Model returns the subsystem's model number.
 func (s *Subsystem) Model() string { return nvme.TrimASCII(s.model[:]) }
+
+// SetHostKeys makes hostNQN authenticate every queue it connects with
+// DH-HMAC-CHAP, with the secrets k (nil: no authentication). Live
+// controllers keep their sessions; new queues and re-authentications use
+// the new secrets. The discovery subsystem authenticates nobody, as
+// nvmet.
+func (s *Subsystem) SetHostKeys(hostNQN string, k *HostKeys) error {
+	if err := nvme.ValidateNQN(hostNQN); err != nil {
+		return fmt.Errorf("target: subsystem %s: host NQN %q: %w", s.nqn, hostNQN, ErrInvalid)
+	}
+	if s.discovery {
+		return fmt.Errorf("target: the discovery subsystem authenticates no host: %w", ErrInvalid)
+	}
+	if k != nil && (len(k.Host.Secret) == 0 || (k.Ctrl != nil && len(k.Ctrl.Secret) == 0)) {
+		return fmt.Errorf("target: subsystem %s: host %s: empty secret: %w", s.nqn, hostNQN, ErrInvalid)
+	}
+	s.mu.Lock()
+	s.setKeys(hostNQN, k)
+	s.mu.Unlock()
+	return nil
+}
+
+// setKeys stores a copy of k. Requires s.mu (or a subsystem not yet
+// published).
+func (s *Subsystem) setKeys(hostNQN string, k *HostKeys) {
+	if k == nil {
+		delete(s.keys, hostNQN)
+		return
+	}
+	if s.keys == nil {
+		s.keys = make(map[string]HostKeys)
+	}
+	c := HostKeys{Host: auth.Key{Transform: k.Host.Transform, Secret: bytes.Clone(k.Host.Secret)}}
+	if k.Ctrl != nil {
+		c.Ctrl = &auth.Key{Transform: k.Ctrl.Transform, Secret: bytes.Clone(k.Ctrl.Secret)}
+	}
+	s.keys[hostNQN] = c
+}
+
+// hostKeys returns hostNQN's secrets, if it must authenticate.
+func (s *Subsystem) hostKeys(hostNQN string) (HostKeys, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k, ok := s.keys[hostNQN]
+	return k, ok
+}
+
+// AuthenticatedHosts returns the hosts that must authenticate, sorted.
+func (s *Subsystem) AuthenticatedHosts() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	hs := make([]string, 0, len(s.keys))
+	for h := range s.keys {
+		hs = append(hs, h)
+	}
+	slices.Sort(hs)
+	return hs
+}
 
 // AllowHost lets a host NQN connect.
 func (s *Subsystem) AllowHost(hostNQN string) error {

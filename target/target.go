@@ -20,8 +20,10 @@ import (
 type Target struct {
 	cfg   Config
 	clock Clock
-	start time.Time
-	cap   nvme.CAP
+	// authSem bounds the authentication exchanges computing at once.
+	authSem chan struct{}
+	start   time.Time
+	cap     nvme.CAP
 
 	pool *syncPool
 	bg   sync.WaitGroup // shutdown flushes in flight
@@ -92,6 +94,7 @@ func New(cfg Config) (*Target, error) {
 		ports:      make(map[uint16]Port),
 		subsystems: make(map[string]*Subsystem),
 		nguids:     make(map[[16]byte]string),
+		authSem:    make(chan struct{}, authWorkers),
 	}
 	if t.clock == nil {
 		t.clock = realClock{}
