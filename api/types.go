@@ -31,7 +31,12 @@ type Volume struct {
 	NQN       string   `json:"nqn"`
 	AllowAny  bool     `json:"allow_any,omitempty"`
 	Hosts     []string `json:"hosts,omitempty"`
-	CreatedAt int64    `json:"created_at"` // Unix nanoseconds
+	// Authentication names the hosts that must authenticate with
+	// DH-HMAC-CHAP and how: AuthHost (they prove their secret) or
+	// AuthBidirectional (the controller proves its own too, when the host
+	// asks). The secrets themselves are never shown.
+	Authentication map[string]string `json:"authentication,omitempty"`
+	CreatedAt      int64             `json:"created_at"` // Unix nanoseconds
 	// Attachments are the hosts attached to the volume (blkctl attach,
 	// or a kernel host that connected).
 	Attachments []Attachment `json:"attachments,omitempty"`
@@ -57,7 +62,20 @@ type ResizeRequest struct {
 // HostRequest is POST /v1/volumes/{name}/hosts, /attach and /detach.
 type HostRequest struct {
 	HostNQN string `json:"host_nqn"`
+	// DHCHAPSecret (POST .../hosts only) makes the host authenticate
+	// with this DH-HMAC-CHAP secret ("DHHC-1:..."); DHCHAPCtrlSecret is the
+	// controller's secret for bidirectional authentication. Without
+	// them a host keeps the secrets it had.
+	DHCHAPSecret     string `json:"dhchap_secret,omitempty"`
+	DHCHAPCtrlSecret string `json:"dhchap_ctrl_secret,omitempty"`
 }
+
+// Authentication modes of Volume.Authentication and
+// Connection.Authentication.
+const (
+	AuthHost          = "dhchap"
+	AuthBidirectional = "dhchap-bidirectional"
+)
 
 // Connection is what a host needs to connect to a volume (the answer of
 // POST /v1/volumes/{name}/attach).
@@ -67,6 +85,9 @@ type Connection struct {
 	SubsystemNQN string `json:"subsystem_nqn"`
 	NSID         uint32 `json:"nsid"`
 	Transport    string `json:"transport"`
+	// Authentication is AuthHost or AuthBidirectional when the host must
+	// authenticate (it holds the secrets; the API never returns them).
+	Authentication string `json:"authentication,omitempty"`
 }
 
 // Attachment is one host attached to a volume through a node.

@@ -140,7 +140,8 @@ func (t *fakeTarget) Serve(v meta.Volume) error {
 
 func (t *fakeTarget) Served(nqn string) bool { _, ok := t.subs[nqn]; return ok }
 
-func (t *fakeTarget) SetHosts(nqn string, allowAny bool, hosts []string) error {
+func (t *fakeTarget) SetHosts(v meta.Volume) error {
+	nqn, allowAny, hosts := v.NQN, v.AllowAny, v.Hosts
 	s, ok := t.subs[nqn]
 	if !ok {
 		return fmt.Errorf("subsystem %s not served", nqn)
@@ -361,7 +362,7 @@ func randomOps(rng *rand.Rand, n int) ([]op, []string) {
 			host := fmt.Sprintf("nqn.2014-08.org.nvmexpress:uuid:host-%d", rng.IntN(3))
 			desc = append(desc, "allow "+name+" "+host)
 			ops = append(ops, func(ctx context.Context, m *Manager) error {
-				_, err := m.AllowHost(ctx, name, host)
+				_, err := m.AllowHost(ctx, name, host, meta.HostSecret{})
 				return err
 			})
 		case 4:
@@ -660,7 +661,7 @@ func TestLiveControllersAreUsers(t *testing.T) {
 
 	// Attachments: h1 attached and connected, h2 attached and gone.
 	for _, h := range []string{h1, h2} {
-		if _, err := c.mgr.AllowHost(ctx, "v", h); err != nil {
+		if _, err := c.mgr.AllowHost(ctx, "v", h, meta.HostSecret{}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := c.reg.Apply(ctx, meta.Connect{HostNQN: h, Volume: "v", Node: nodeID, At: 1}); err != nil {
@@ -737,7 +738,7 @@ func TestFullDiskDegrades(t *testing.T) {
 	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "v", SizeBytes: 1 << 20, Node: nodeID}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.mgr.AllowHost(ctx, "v", "nqn.2014-08.org.nvmexpress:uuid:h1"); err != nil {
+	if _, err := c.mgr.AllowHost(ctx, "v", "nqn.2014-08.org.nvmexpress:uuid:h1", meta.HostSecret{}); err != nil {
 		t.Fatal(err)
 	}
 	c.store.full = "disk full: 1 bytes free, reserve 2"

@@ -243,10 +243,15 @@ func (m *Manager) Resize(ctx context.Context, name string, size uint64) (meta.Vo
 	return m.converge(ctx, *res.Volume, res.Index)
 }
 
-// AllowHost adds host to a volume's allowed hosts.
-func (m *Manager) AllowHost(ctx context.Context, name, host string) (meta.Volume, error) {
+// AllowHost adds host to a volume's allowed hosts; with secrets (Host
+// set), the host must authenticate with them.
+func (m *Manager) AllowHost(ctx context.Context, name, host string, secrets meta.HostSecret) (meta.Volume, error) {
+	cmd := meta.AllowHost{Volume: name, HostNQN: host, Secret: secrets.Host, CtrlSecret: secrets.Ctrl}
+	if err := cmd.Check(); err != nil {
+		return meta.Volume{}, err
+	}
 	defer m.lock(name)()
-	res, err := m.reg.Apply(ctx, meta.AllowHost{Volume: name, HostNQN: host})
+	res, err := m.reg.Apply(ctx, cmd)
 	if err != nil {
 		return meta.Volume{}, err
 	}

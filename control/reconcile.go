@@ -39,8 +39,10 @@ type Target interface {
 	Serve(v meta.Volume) error
 	// Served says whether a subsystem with this NQN exists.
 	Served(nqn string) bool
-	// SetHosts makes the subsystem's host list exactly hosts.
-	SetHosts(nqn string, allowAny bool, hosts []string) error
+	// SetHosts makes the subsystem's host list exactly v's (AllowAny,
+	// Hosts) and the secrets of the hosts that must authenticate exactly
+	// v.Secrets.
+	SetHosts(v meta.Volume) error
 	// Revalidate tells connected hosts namespace 1 changed (its size).
 	Revalidate(nqn string) error
 	// Unserve removes the subsystem (no error if it is not there),
@@ -250,7 +252,7 @@ func (r *Reconciler) reconcile(st *Status, v meta.Volume) error {
 			return fmt.Errorf("serve subsystem %s: %w", v.NQN, err)
 		}
 	} else {
-		if err := r.tgt.SetHosts(v.NQN, v.AllowAny, v.Hosts); err != nil {
+		if err := r.tgt.SetHosts(v); err != nil {
 			return fmt.Errorf("subsystem %s hosts: %w", v.NQN, err)
 		}
 		if grown {

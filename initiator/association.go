@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/nvme/auth"
 	"github.com/blk-project/blk/transport"
 )
 
@@ -205,15 +206,69 @@ func (a *association) newQueue(ctx context.Context, qid uint16, depth, bufSize, 
 		return nil, fmt.Errorf("initiator: connect queue %d to %s: %w", qid, c.subNQN, err)
 	}
 	if qid == 0 {
-		if cqe.DW0&(nvme.ConnectAuthReqATR|nvme.ConnectAuthReqASCR) != 0 {
-			return nil, fmt.Errorf("%w: controller requires authentication (AUTHREQ %#x)", ErrNotSupported, cqe.DW0>>16)
-		}
 		a.cntlid = nvme.ConnectResponseCNTLID(cqe.DW0)
 		if a.cntlid < nvme.CNTLIDMin || a.cntlid > nvme.CNTLIDMax {
 			return nil, fmt.Errorf("%w: Connect returned CNTLID %#x", ErrProtocol, a.cntlid)
 		}
 	}
+	if cqe.DW0&nvme.ConnectAuthReqASCR != 0 {
+		return nil, fmt.Errorf("%w: controller requires a secure channel (AUTHREQ %#x)", ErrNotSupported, cqe.DW0>>16)
+	}
+	if cqe.DW0&nvme.ConnectAuthReqATR != 0 {
+		if err := q.authenticate(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return q, nil
+}
+
+// authenticate runs DH-HMAC-CHAP on a queue whose Connect asked for it
+// (ATR): the queue is usable only once it succeeds.
+func (q *queue) authenticate(ctx context.Context) error {
+	c := q.a.c
+	hc, err := c.cfg.authConfig(c.subNQN)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	if hc == nil {
+		return fmt.Errorf("%w: controller requires DH-HMAC-CHAP authentication of host %s (queue %d): set Config.DHCHAPSecret (blkctl attach --dhchap-secret)", ErrAuthRequired, c.cfg.HostNQN, q.qid)
+	}
+	tid := uint16(c.authTID.Add(1))
+	hash, group, err := auth.Authenticate(*hc, tid, authQueue{q: q, ctx: ctx})
+	if err != nil {
+		return fmt.Errorf("%w: queue %d: %w", ErrAuthRequired, q.qid, err)
+	}
+	if q.qid == 0 {
+		c.logf("authenticated to %s (%v, %v, bidirectional %v)", c.subNQN, hash, group, hc.CtrlKey != nil)
+	}
+	return nil
+}
+
+// authQueue carries AUTH_SEND / AUTH_RECEIVE on one queue.
+type authQueue struct {
+	q   *queue
+	ctx context.Context
+}
+
+func authCmd(ft nvme.FabricsType, length uint32) nvme.Command {
+	c := nvme.Command{Opcode: nvme.OpcodeFabrics, Flags: cmdFlags, NSID: uint32(ft)}
+	c.CDW10 = uint32(auth.SECP)<<24 | uint32(auth.SPSP1)<<16 | uint32(auth.SPSP0)<<8
+	c.CDW11 = length
+	return c
+}
+
+func (t authQueue) AuthSend(b []byte) error {
+	cmd := authCmd(nvme.FabricsAuthSend, uint32(len(b)))
+	_, err := t.q.exec(t.ctx, &cmd, b, nil, t.q.a.c.cfg.AdminTimeout)
+	return err
+}
+
+func (t authQueue) AuthReceive(al int) ([]byte, error) {
+	al = min(al, t.q.bufSize)
+	buf := make([]byte, al)
+	cmd := authCmd(nvme.FabricsAuthRecv, uint32(al))
+	_, err := t.q.exec(t.ctx, &cmd, nil, buf, t.q.a.c.cfg.AdminTimeout)
+	return buf, err
 }
 
 // postAdminReceives gives the admin QP its own receive buffers.

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/nvme/auth"
 	"github.com/blk-project/blk/transport"
 )
 
@@ -112,6 +114,14 @@ type Config struct {
 	// Logf receives diagnostic messages (connects, failures, reconnects).
 	// Default: discard.
 	Logf func(format string, args ...any)
+	// DHCHAPSecret is this host's DH-HMAC-CHAP secret ("DHHC-1:..."), for
+	// a controller that requires in-band authentication (ATR in the
+	// Connect response): every queue then authenticates before use.
+	// DHCHAPCtrlSecret, when set, is the controller's secret: the host
+	// then also challenges the controller and refuses one that does not
+	// prove it (bidirectional). Neither is ever logged.
+	DHCHAPSecret     string
+	DHCHAPCtrlSecret string
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -191,7 +201,34 @@ func (c Config) Validate() error {
 	if err := nvme.ValidateNQN(c.HostNQN); err != nil {
 		return bad("HostNQN %q: %v", c.HostNQN, err)
 	}
+	if _, err := c.authConfig(""); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
 	return nil
+}
+
+// authConfig is the host side of DH-HMAC-CHAP for subNQN (nil without a
+// secret).
+func (c *Config) authConfig(subNQN string) (*auth.HostConfig, error) {
+	if c.DHCHAPSecret == "" {
+		if c.DHCHAPCtrlSecret != "" {
+			return nil, errors.New("DHCHAPCtrlSecret needs DHCHAPSecret")
+		}
+		return nil, nil
+	}
+	hk, err := auth.ParseKey(c.DHCHAPSecret)
+	if err != nil {
+		return nil, fmt.Errorf("DHCHAPSecret: %v", err)
+	}
+	hc := &auth.HostConfig{HostNQN: c.HostNQN, SubNQN: subNQN, HostKey: hk}
+	if c.DHCHAPCtrlSecret != "" {
+		ck, err := auth.ParseKey(c.DHCHAPCtrlSecret)
+		if err != nil {
+			return nil, fmt.Errorf("DHCHAPCtrlSecret: %v", err)
+		}
+		hc.CtrlKey = &ck
+	}
+	return hc, nil
 }
 
 // katoMillis is the KATO field of the admin Connect.

@@ -57,6 +57,8 @@ type Controller struct {
 	sz        sizing
 	pd        transport.PD
 	eng       *transport.Engine
+	// authTID numbers the DH-HMAC-CHAP transactions of the controller.
+	authTID atomic.Uint32
 
 	// assoc is the installed association (live, or failed and about to
 	// be replaced). The I/O path reads it without a lock.

@@ -44,6 +44,10 @@ var (
 	// field missing). During Connect it fails the connect; later it fails
 	// the association.
 	ErrProtocol = errors.New("initiator: protocol error")
+	// ErrAuthRequired: the controller requires in-band authentication
+	// and the host has no secret, or the exchange failed (wrong secret,
+	// a controller that failed to prove its own).
+	ErrAuthRequired = errors.New("initiator: authentication failed")
 	// ErrInvalidConfig: a Config field or relationship is invalid.
 	ErrInvalidConfig = errors.New("initiator: invalid configuration")
 )

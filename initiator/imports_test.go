@@ -6,12 +6,13 @@ import (
 	"testing"
 )
 
-// TestImportGraph: the initiator stands on the wire codec and the
+// TestImportGraph: the initiator stands on the wire codec (with in-band
+// authentication) and the
 // transport API only; it never sees the target (nothing may depend on
 // blk's target being the peer) nor a particular provider.
 func TestImportGraph(t *testing.T) {
 	const mod = "github.com/blk-project/blk/"
-	allowed := map[string]bool{mod + "nvme": true, mod + "transport": true}
+	allowed := map[string]bool{mod + "nvme": true, mod + "nvme/auth": true, mod + "transport": true}
 	pkg, err := build.ImportDir(".", 0)
 	if err != nil {
 		t.Fatal(err)

@@ -115,10 +115,25 @@ type PurgeVolume struct {
 	Name string `json:"name"`
 }
 
-// AllowHost adds a host NQN to a volume's allow list (idempotent).
+// AllowHost adds a host NQN to a volume's allow list (idempotent). With
+// Secret the host must also authenticate with DH-HMAC-CHAP (a DHHC-1
+// secret), and with CtrlSecret it may ask the volume's controller to prove
+// itself too; they replace the host's secrets if it had some. Without
+// Secret an allowed host keeps the secrets it has: allowing it again never
+// drops its authentication (DisallowHost does).
 type AllowHost struct {
-	Volume  string `json:"volume"`
-	HostNQN string `json:"host_nqn"`
+	Volume     string `json:"volume"`
+	HostNQN    string `json:"host_nqn"`
+	Secret     string `json:"dhchap_secret,omitempty"`
+	CtrlSecret string `json:"dhchap_ctrl_secret,omitempty"`
+}
+
+// Check validates the command's fields.
+func (c AllowHost) Check() error {
+	if err := checkNQN(c.HostNQN); err != nil {
+		return err
+	}
+	return checkSecrets(c.Secret, c.CtrlSecret)
 }
 
 // DisallowHost removes a host NQN from a volume's allow list (idempotent).

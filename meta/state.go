@@ -1,11 +1,15 @@
 package meta
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+
+	"github.com/blk-project/blk/nvme/auth"
 )
 
 // Limits. The registry is small and lives in memory on every replica; these
@@ -145,7 +149,11 @@ type Volume struct {
 	NQN       string      `json:"nqn"`
 	AllowAny  bool        `json:"allow_any,omitempty"`
 	Hosts     []string    `json:"hosts,omitempty"`
-	CreatedAt int64       `json:"created_at"` // Unix nanoseconds, from the command
+	// Secrets are the DH-HMAC-CHAP secrets of the hosts that must
+	// authenticate, by host NQN. They are secrets: the API never shows
+	// them.
+	Secrets   map[string]HostSecret `json:"secrets,omitempty"`
+	CreatedAt int64                 `json:"created_at"` // Unix nanoseconds, from the command
 	// Reason says why the volume is VolumeFailed (empty otherwise).
 	Reason string `json:"reason,omitempty"`
 }
@@ -153,7 +161,43 @@ type Volume struct {
 func (v *Volume) clone() Volume {
 	c := *v
 	c.Hosts = slices.Clone(v.Hosts)
+	c.Secrets = maps.Clone(v.Secrets)
 	return c
+}
+
+// HostSecret is a host's DH-HMAC-CHAP secrets on one volume, in the DHHC-1
+// format: Host, which the host proves it holds, and Ctrl (optional), which
+// the volume's controller proves it holds when the host asks.
+type HostSecret struct {
+	Host string `json:"host"`
+	Ctrl string `json:"ctrl,omitempty"`
+}
+
+// checkSecrets validates a host's secrets: DHHC-1 (nvme gen-dhchap-key),
+// a controller secret only with a host secret, and not the same one (a
+// controller must not be able to answer with the host's own response).
+func checkSecrets(host, ctrl string) error {
+	if host == "" {
+		if ctrl != "" {
+			return fmt.Errorf("meta: a controller secret needs a host secret: %w", ErrInvalid)
+		}
+		return nil
+	}
+	hk, err := auth.ParseKey(host)
+	if err != nil {
+		return fmt.Errorf("meta: host secret: %v: %w", err, ErrInvalid)
+	}
+	if ctrl == "" {
+		return nil
+	}
+	ck, err := auth.ParseKey(ctrl)
+	if err != nil {
+		return fmt.Errorf("meta: controller secret: %v: %w", err, ErrInvalid)
+	}
+	if bytes.Equal(hk.Secret, ck.Secret) {
+		return fmt.Errorf("meta: the controller secret must differ from the host secret: %w", ErrInvalid)
+	}
+	return nil
 }
 
 // Connection is a host attached to a volume through a node.
@@ -529,7 +573,7 @@ func (s *State) allowHost(c AllowHost) Result {
 	if err != nil {
 		return Result{Err: err}
 	}
-	if err := checkNQN(c.HostNQN); err != nil {
+	if err := c.Check(); err != nil {
 		return Result{Err: err}
 	}
 	i, found := slices.BinarySearch(v.Hosts, c.HostNQN)
@@ -538,6 +582,12 @@ func (s *State) allowHost(c AllowHost) Result {
 			return Result{Err: fmt.Errorf("meta: volume %q: %d hosts: %w", c.Volume, MaxHostsPerVolume, ErrLimit)}
 		}
 		v.Hosts = slices.Insert(v.Hosts, i, c.HostNQN)
+	}
+	if c.Secret != "" {
+		if v.Secrets == nil {
+			v.Secrets = make(map[string]HostSecret)
+		}
+		v.Secrets[c.HostNQN] = HostSecret{Host: c.Secret, Ctrl: c.CtrlSecret}
 	}
 	cp := v.clone()
 	return Result{Volume: &cp}
@@ -559,6 +609,10 @@ func (s *State) disallowHost(c DisallowHost) Result {
 		return Result{Err: fmt.Errorf("meta: volume %q: host %q: %w", c.Volume, c.HostNQN, ErrHostNotAllowed)}
 	}
 	v.Hosts = slices.Delete(v.Hosts, i, i+1)
+	delete(v.Secrets, c.HostNQN)
+	if len(v.Secrets) == 0 {
+		v.Secrets = nil
+	}
 	cp := v.clone()
 	return Result{Volume: &cp}
 }
@@ -727,6 +781,11 @@ func UnmarshalState(b []byte) (*State, error) {
 		sizeOK := (v.BlockSize == 512 || v.BlockSize == 4096) && checkSize(v.SizeBytes, v.BlockSize) == nil
 		if dup || dupNQN || !nodeOK || !stateOK || !sizeOK || v.ID == 0 || v.ID >= s.nextVol || !slices.IsSorted(v.Hosts) {
 			return bad("volume %q", v.Name)
+		}
+		for h, sec := range v.Secrets {
+			if _, ok := slices.BinarySearch(v.Hosts, h); !ok || checkSecrets(sec.Host, sec.Ctrl) != nil || sec.Host == "" {
+				return bad("volume %q: secrets of host %q", v.Name, h)
+			}
 		}
 		s.vols[v.Name] = &v
 		s.nqns[v.NQN] = v.Name

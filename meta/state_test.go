@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/blk-project/blk/nvme/auth"
 )
 
 var seedFlag = flag.Uint64("meta.seed", 0, "seed for randomized meta tests (0: from the clock)")
@@ -470,5 +472,54 @@ func TestClusterIDAndFailedSnapshot(t *testing.T) {
 	}
 	if r := c.Apply(106, SetVolumeState{Name: "on", State: VolumeOnline}); r.Err != nil || r.Volume.Reason != "" {
 		t.Fatalf("failed -> online: %v, reason %q", r.Err, r.Volume.Reason)
+	}
+}
+
+// Host secrets: validated, kept by a plain re-allow, replaced by a new
+// one, dropped with the host, carried by snapshots.
+func TestHostSecrets(t *testing.T) {
+	s := NewState()
+	mustApply := func(t *testing.T, s *State, c Command) {
+		t.Helper()
+		if r := s.Apply(1, c); r.Err != nil {
+			t.Fatalf("%#v: %v", c, r.Err)
+		}
+	}
+	mustApply(t, s, RegisterNode{ID: "n1", TargetAddr: "10.0.0.1:4420", MgmtAddr: "10.0.0.1:9000"})
+	mustApply(t, s, CreateVolume{Name: "v", SizeBytes: 1 << 20, BlockSize: 4096, Node: "n1"})
+	const host = "nqn.2014-08.org.nvmexpress:uuid:1"
+	k1, _ := auth.GenerateKey(auth.SHA256, 32)
+	k2, _ := auth.GenerateKey(0, 48)
+	for _, bad := range []AllowHost{
+		{Volume: "v", HostNQN: host, Secret: "DHHC-1:00:bogus:"},
+		{Volume: "v", HostNQN: host, CtrlSecret: k1.Encode()},
+		{Volume: "v", HostNQN: host, Secret: k1.Encode(), CtrlSecret: k1.Encode()},
+		{Volume: "v", HostNQN: host, Secret: k1.Encode(), CtrlSecret: "DHHC-1:01:x:"},
+	} {
+		if r := s.Apply(1, bad); !errors.Is(r.Err, ErrInvalid) {
+			t.Fatalf("%+v: %v", bad, r.Err)
+		}
+	}
+	mustApply(t, s, AllowHost{Volume: "v", HostNQN: host, Secret: k1.Encode(), CtrlSecret: k2.Encode()})
+	mustApply(t, s, AllowHost{Volume: "v", HostNQN: host}) // keeps them
+	v, _ := s.Volume("v")
+	if got := v.Secrets[host]; got.Host != k1.Encode() || got.Ctrl != k2.Encode() {
+		t.Fatalf("secrets after a plain re-allow: %+v", got)
+	}
+	back, err := UnmarshalState(s.MarshalState())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bv, _ := back.Volume("v"); bv.Secrets[host] != v.Secrets[host] {
+		t.Fatal("the snapshot lost the secrets")
+	}
+	mustApply(t, s, AllowHost{Volume: "v", HostNQN: host, Secret: k2.Encode()})
+	v, _ = s.Volume("v")
+	if got := v.Secrets[host]; got.Host != k2.Encode() || got.Ctrl != "" {
+		t.Fatalf("secrets after a new one: %+v", got)
+	}
+	mustApply(t, s, DisallowHost{Volume: "v", HostNQN: host})
+	if v, _ = s.Volume("v"); v.Secrets != nil {
+		t.Fatalf("secrets of a disallowed host: %+v", v.Secrets)
 	}
 }

@@ -273,25 +273,33 @@ func (d *Daemon) resizeVolume(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) hostNQN(r *http.Request) (string, error) {
+	req, err := d.hostRequest(r)
+	if err == nil && (req.DHCHAPSecret != "" || req.DHCHAPCtrlSecret != "") {
+		err = badRequest("DH-HMAC-CHAP secrets are set with POST /v1/volumes/{name}/hosts, not here")
+	}
+	return req.HostNQN, err
+}
+
+func (d *Daemon) hostRequest(r *http.Request) (api.HostRequest, error) {
 	var req api.HostRequest
 	if err := decode(r, &req); err != nil {
-		return "", err
+		return req, err
 	}
 	if req.HostNQN == "" {
-		return "", badRequest(`missing "host_nqn": give the host's NQN, e.g. {"host_nqn": "nqn.2014-08.org.nvmexpress:uuid:…"}`)
+		return req, badRequest(`missing "host_nqn": give the host's NQN, e.g. {"host_nqn": "nqn.2014-08.org.nvmexpress:uuid:…"}`)
 	}
 	if err := nvme.ValidateNQN(req.HostNQN); err != nil {
-		return "", badRequest("host_nqn %q is not a valid NQN (%v): use the host's /etc/nvme/hostnqn", req.HostNQN, err)
+		return req, badRequest("host_nqn %q is not a valid NQN (%v): use the host's /etc/nvme/hostnqn", req.HostNQN, err)
 	}
-	return req.HostNQN, nil
+	return req, nil
 }
 
 func (d *Daemon) allowHost(w http.ResponseWriter, r *http.Request) error {
-	host, err := d.hostNQN(r)
+	req, err := d.hostRequest(r)
 	if err != nil {
 		return err
 	}
-	v, err := d.mgr.AllowHost(r.Context(), r.PathValue("name"), host)
+	v, err := d.mgr.AllowHost(r.Context(), r.PathValue("name"), req.HostNQN, meta.HostSecret{Host: req.DHCHAPSecret, Ctrl: req.DHCHAPCtrlSecret})
 	if err != nil {
 		return metaError(err, "")
 	}
@@ -350,7 +358,8 @@ func (d *Daemon) attach(w http.ResponseWriter, r *http.Request) error {
 	}
 	h, p, _ := net.SplitHostPort(addr)
 	port, _ := strconv.Atoi(p)
-	writeJSON(w, http.StatusOK, api.Connection{Address: h, Port: port, SubsystemNQN: v.NQN, NSID: 1, Transport: "rdma"})
+	writeJSON(w, http.StatusOK, api.Connection{Address: h, Port: port, SubsystemNQN: v.NQN, NSID: 1, Transport: "rdma",
+		Authentication: authMode(v.Secrets[host])})
 	return nil
 }
 

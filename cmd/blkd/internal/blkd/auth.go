@@ -164,7 +164,7 @@ func (d *Daemon) redact(r *http.Request, v api.Volume) api.Volume {
 		return v
 	}
 	if _, role := caller(r); role == pki.RoleReader {
-		v.Hosts, v.Attachments = nil, nil
+		v.Hosts, v.Attachments, v.Authentication = nil, nil, nil
 	}
 	return v
 }

@@ -306,9 +306,13 @@ func (d *Daemon) serve(v meta.Volume) error {
 	if err != nil {
 		return err
 	}
+	keys, err := hostKeys(v)
+	if err != nil {
+		return err
+	}
 	sub, err := d.tgt.AddSubsystem(target.SubsystemConfig{
 		NQN: v.NQN, Serial: fmt.Sprintf("blk-%d", v.ID), Model: "blk",
-		AllowAnyHost: v.AllowAny, Hosts: v.Hosts,
+		AllowAnyHost: v.AllowAny, Hosts: v.Hosts, HostKeys: keys,
 	})
 	if err != nil {
 		return err

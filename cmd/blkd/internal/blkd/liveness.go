@@ -150,7 +150,7 @@ func views(s *meta.State, vols ...meta.Volume) []api.Volume {
 		a := api.Volume{
 			Name: v.Name, ID: v.ID, SizeBytes: v.SizeBytes, BlockSize: v.BlockSize, Node: v.Node,
 			State: v.State.String(), Reason: v.Reason, NQN: v.NQN, AllowAny: v.AllowAny, Hosts: v.Hosts,
-			CreatedAt: v.CreatedAt, Attachments: att[v.Name],
+			CreatedAt: v.CreatedAt, Attachments: att[v.Name], Authentication: authModes(v),
 		}
 		if n, ok := nodes[v.Node]; ok && n.State == meta.NodeDown && (v.State == meta.VolumeOnline || v.State == meta.VolumeCreating || v.State == meta.VolumeDegraded) {
 			a.State, a.Reason = api.StateUnavailable, fmt.Sprintf("its node %s is down (not heard from)", v.Node)
@@ -158,6 +158,29 @@ func views(s *meta.State, vols ...meta.Volume) []api.Volume {
 		out = append(out, a)
 	}
 	return out
+}
+
+// authModes says which hosts of v authenticate and how, without the
+// secrets.
+func authModes(v meta.Volume) map[string]string {
+	if len(v.Secrets) == 0 {
+		return nil
+	}
+	m := make(map[string]string, len(v.Secrets))
+	for h, s := range v.Secrets {
+		m[h] = authMode(s)
+	}
+	return m
+}
+
+func authMode(s meta.HostSecret) string {
+	switch {
+	case s.Host == "":
+		return ""
+	case s.Ctrl != "":
+		return api.AuthBidirectional
+	}
+	return api.AuthHost
 }
 
 // view is views for one volume.

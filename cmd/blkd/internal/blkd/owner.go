@@ -16,6 +16,7 @@ import (
 
 	"github.com/blk-project/blk/control"
 	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/nvme/auth"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/volume"
 )
@@ -113,7 +114,12 @@ func (p *targetParts) Served(nqn string) bool {
 	return ok
 }
 
-func (p *targetParts) SetHosts(nqn string, allowAny bool, hosts []string) error {
+func (p *targetParts) SetHosts(v meta.Volume) error {
+	nqn, allowAny, hosts := v.NQN, v.AllowAny, v.Hosts
+	keys, err := hostKeys(v)
+	if err != nil {
+		return err
+	}
 	sub, ok := p.d.tgt.Subsystem(nqn)
 	if !ok {
 		return fmt.Errorf("subsystem %s: %w", nqn, target.ErrNotFound)
@@ -136,7 +142,44 @@ func (p *targetParts) SetHosts(nqn string, allowAny bool, hosts []string) error 
 			}
 		}
 	}
+	for h, k := range keys {
+		if err := sub.SetHostKeys(h, &k); err != nil {
+			return err
+		}
+	}
+	for _, h := range sub.AuthenticatedHosts() {
+		if _, ok := keys[h]; !ok {
+			if err := sub.SetHostKeys(h, nil); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
+}
+
+// hostKeys parses a volume's host secrets for the target. The registry
+// checked them; an error here names the host, never the secret.
+func hostKeys(v meta.Volume) (map[string]target.HostKeys, error) {
+	if len(v.Secrets) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]target.HostKeys, len(v.Secrets))
+	for h, s := range v.Secrets {
+		hk, err := auth.ParseKey(s.Host)
+		if err != nil {
+			return nil, fmt.Errorf("host %s: DH-HMAC-CHAP secret: %w", h, err)
+		}
+		k := target.HostKeys{Host: hk}
+		if s.Ctrl != "" {
+			ck, err := auth.ParseKey(s.Ctrl)
+			if err != nil {
+				return nil, fmt.Errorf("host %s: DH-HMAC-CHAP controller secret: %w", h, err)
+			}
+			k.Ctrl = &ck
+		}
+		out[h] = k
+	}
+	return out, nil
 }
 
 func (p *targetParts) Revalidate(nqn string) error {
