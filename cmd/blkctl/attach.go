@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/blk-project/blk/api"
 	"net"
 	"net/http"
 	"os"
@@ -31,7 +32,7 @@ func attachCommand() *cli.Command {
 			"namespace as a local block device through NBD; this needs the nbd kernel module (modprobe nbd)\n" +
 			"and root. It stays in the foreground until SIGINT/SIGTERM, then removes the device and the\n" +
 			"attachment. If the device cannot be set up, the attachment is undone.",
-		Flags: append(providerFlags(),
+		Flags: append(append(providerFlags(), authFlags()...),
 			&cli.StringFlag{Name: "host-nqn", Usage: "NQN of the host that attaches"},
 			&cli.StringFlag{Name: "nbd", Usage: "also expose the volume as this NBD `DEVICE` (needs the nbd kernel module)"},
 		),
@@ -61,7 +62,25 @@ type attachOut struct {
 // nvmeConnectLine is the nvme-cli command line that connects a Linux
 // kernel host, as host, to a.
 func nvmeConnectLine(a attachment, host string) string {
-	return fmt.Sprintf("nvme connect -t %s -a %s -s %d -n %s --hostnqn %s", a.Transport, a.Address, a.Port, a.SubsystemNQN, host)
+	line := fmt.Sprintf("nvme connect -t %s -a %s -s %d -n %s --hostnqn %s", a.Transport, a.Address, a.Port, a.SubsystemNQN, host)
+	// The host holds its secrets; the line names them by variable, so
+	// that it can be run as printed without a secret in it.
+	switch a.Authentication {
+	case api.AuthHost:
+		line += ` --dhchap-secret "$BLK_DHCHAP_SECRET"`
+	case api.AuthBidirectional:
+		line += ` --dhchap-secret "$BLK_DHCHAP_SECRET" --dhchap-ctrl-secret "$BLK_DHCHAP_CTRL_SECRET"`
+	}
+	return line
+}
+
+// authFlags are the host's DH-HMAC-CHAP secrets, for a volume that
+// requires them (blkctl host allow --dhchap-secret).
+func authFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "dhchap-secret", EnvVars: []string{"BLK_DHCHAP_SECRET"}, Usage: "the host's DH-HMAC-CHAP `SECRET` (DHHC-1), for a volume that requires it; the environment variable keeps it out of ps"},
+		&cli.StringFlag{Name: "dhchap-ctrl-secret", EnvVars: []string{"BLK_DHCHAP_CTRL_SECRET"}, Usage: "the controller's DH-HMAC-CHAP `SECRET`: the host then accepts only a controller that proves it"},
+	}
 }
 
 func (e *env) attach(vol, host string) (attachment, error) {
@@ -116,6 +135,7 @@ func connect(c *cli.Context, a attachment, host string, cfg initiator.Config) (t
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg.Adapter, cfg.HostNQN = nic, host
+	cfg.DHCHAPSecret, cfg.DHCHAPCtrlSecret = c.String("dhchap-secret"), c.String("dhchap-ctrl-secret")
 	ctrl, err := initiator.Connect(ctx, cfg, addr, a.SubsystemNQN)
 	if err != nil {
 		nic.Close()

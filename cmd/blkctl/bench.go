@@ -30,7 +30,7 @@ func benchCommand() *cli.Command {
 		UsageText: "blkctl bench VOLUME --host-nqn NQN [--rw randread|randwrite|read|write] [--bs 4KiB] [--qd 32] [--time 10s | --ios N]\n\n" +
 			"Attaches the host (if it is not attached), connects over NVMe-oF (--rdma-provider, soft-iWARP by default), keeps --qd I/Os\n" +
 			"in flight, and detaches at the end if it attached. Writes overwrite the volume's data.",
-		Flags: append(providerFlags(),
+		Flags: append(append(providerFlags(), authFlags()...),
 			&cli.StringFlag{Name: "host-nqn", Usage: "NQN of the host to connect as (must be allowed on the volume)"},
 			&cli.StringFlag{Name: "rw", Value: "randread", Usage: "pattern: randread, randwrite, read or write"},
 			&cli.StringFlag{Name: "bs", Value: "4KiB", Usage: "I/O size, a multiple of the volume's block size"},

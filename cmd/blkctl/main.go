@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"github.com/blk-project/blk/api"
+	"github.com/blk-project/blk/nvme/auth"
 	"io"
 	"net/http"
 	"net/url"
@@ -517,7 +518,20 @@ func hostCommand() *cli.Command {
 		Name:  "host",
 		Usage: "allow or deny a host (by NQN) access to a volume",
 		Subcommands: []*cli.Command{
-			{Name: "allow", Usage: "allow a host to attach a volume", UsageText: "blkctl host allow VOLUME HOSTNQN", Action: hostAllow},
+			{
+				Name: "allow", Usage: "allow a host to attach a volume, optionally only with DH-HMAC-CHAP authentication",
+				UsageText: "blkctl host allow VOLUME HOSTNQN [--dhchap-secret SECRET|generate [--dhchap-ctrl-secret SECRET|generate]]",
+				Description: "With --dhchap-secret the host must prove on every queue it connects that it holds this secret\n" +
+					"(DHHC-1 format, as nvme gen-dhchap-key writes it; 'generate' makes one and prints it once).\n" +
+					"With --dhchap-ctrl-secret the volume's controller proves its own secret to a host that asks\n" +
+					"(nvme connect --dhchap-ctrl-secret). New secrets replace the host's old ones; allowing a host\n" +
+					"again without them keeps them; host deny drops them. The API never shows a secret again.",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "dhchap-secret", EnvVars: []string{"BLK_DHCHAP_SECRET"}, Usage: "the host's DH-HMAC-CHAP `SECRET`, or 'generate'"},
+					&cli.StringFlag{Name: "dhchap-ctrl-secret", EnvVars: []string{"BLK_DHCHAP_CTRL_SECRET"}, Usage: "the controller's DH-HMAC-CHAP `SECRET` (bidirectional), or 'generate'"},
+				},
+				Action: hostAllow,
+			},
 			{
 				Name: "deny", Usage: "take a host's access away (its live controllers are torn down)", UsageText: "blkctl host deny VOLUME HOSTNQN [--force]",
 				Flags:  []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "deny even while the host is attached"}},
@@ -536,14 +550,47 @@ func hostAllow(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	req := api.HostRequest{HostNQN: a[1]}
+	var generated [][2]string
+	for _, f := range []struct {
+		flag, what string
+		dst        *string
+	}{{"dhchap-secret", "host secret", &req.DHCHAPSecret}, {"dhchap-ctrl-secret", "controller secret", &req.DHCHAPCtrlSecret}} {
+		switch v := c.String(f.flag); v {
+		case "":
+		case "generate":
+			// Transformed with SHA-256 (DHHC-1:01): the secret as used is
+			// bound to the host's NQN, as nvme gen-dhchap-key --hmac=1.
+			k, err := auth.GenerateKey(auth.SHA256, 32)
+			if err != nil {
+				return err
+			}
+			*f.dst = k.Encode()
+			generated = append(generated, [2]string{f.what, *f.dst})
+		default:
+			if _, err := auth.ParseKey(v); err != nil {
+				return usageErrorf("--%s: %v (give a DHHC-1 secret from nvme gen-dhchap-key, or 'generate')", f.flag, err)
+			}
+			*f.dst = v
+		}
+	}
+	if req.DHCHAPCtrlSecret != "" && req.DHCHAPSecret == "" {
+		return usageErrorf("--dhchap-ctrl-secret needs --dhchap-secret: the host authenticates first")
+	}
 	var v volume
-	if err := e.api.do("POST", volPath(a[0])+"/hosts", map[string]string{"host_nqn": a[1]}, &v); err != nil {
+	if err := e.api.do("POST", volPath(a[0])+"/hosts", req, &v); err != nil {
 		return hint(err, a[0], "")
 	}
 	if e.json {
 		return e.printJSON(v)
 	}
 	fmt.Fprintf(e.stdout, "host %s may attach volume %s (hosts: %s)\n", a[1], a[0], hostsText(v))
+	if m := v.Authentication[a[1]]; m != "" {
+		fmt.Fprintf(e.stdout, "host %s must authenticate (%s)\n", a[1], m)
+	}
+	for _, g := range generated {
+		fmt.Fprintf(e.stdout, "generated %s of host %s (give it to the host; it is not shown again): %s\n", g[0], a[1], g[1])
+	}
 	return nil
 }
 

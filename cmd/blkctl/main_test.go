@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/blk-project/blk/internal/testport"
+	"github.com/blk-project/blk/nvme/auth"
 	"github.com/blk-project/blk/pki"
 	"github.com/blk-project/blk/transport/providers"
 	"net/http"
@@ -495,4 +496,58 @@ func TestTLS(t *testing.T) {
 	if out, code := run("--api", https, "volume", "list"); code != 0 || !strings.Contains(out, "v ") {
 		t.Fatalf("credentials in ~/.config/blk: exit %d:\n%s", code, out)
 	}
+}
+
+// TestDHCHAP: a volume whose host must authenticate, across real
+// processes (blkd, blkctl bench over the soft provider): the right
+// secrets work (bidirectional too); no secret, a wrong one, or a wrong
+// controller secret are refused and counted; no secret is ever shown.
+func TestDHCHAP(t *testing.T) {
+	api := startBlkd(t)
+	ok(t, api, "volume", "create", "v", "--size", "16MiB")
+	out := ok(t, api, "host", "allow", "v", host, "--dhchap-secret", "generate", "--dhchap-ctrl-secret", "generate")
+	secrets := regexp.MustCompile(`generated (host|controller) secret of host \S+ \(give it to the host; it is not shown again\): (DHHC-1:01:\S+)`).FindAllStringSubmatch(out, -1)
+	if len(secrets) != 2 || !strings.Contains(out, "must authenticate (dhchap-bidirectional)") {
+		t.Fatalf("host allow:\n%s", out)
+	}
+	hostSecret, ctrlSecret := secrets[0][2], secrets[1][2]
+	// Never shown again: not in the volume, not in the listing, not in metrics.
+	for _, args := range [][]string{{"-o", "json", "volume", "show", "v"}, {"-o", "json", "volume", "list"}, {"volume", "show", "v"}} {
+		if o := ok(t, api, args...); strings.Contains(o, "DHHC-1") {
+			t.Fatalf("%v shows a secret:\n%s", args, o)
+		}
+	}
+	if o := ok(t, api, "-o", "json", "volume", "show", "v"); !strings.Contains(o, `"authentication": {`) || !strings.Contains(o, `"dhchap-bidirectional"`) {
+		t.Fatalf("volume show does not say the host authenticates:\n%s", o)
+	}
+	if o := ok(t, api, "attach", "v", "--host-nqn", host); !strings.Contains(o, `--dhchap-secret "$BLK_DHCHAP_SECRET" --dhchap-ctrl-secret "$BLK_DHCHAP_CTRL_SECRET"`) {
+		t.Fatalf("attach's nvme connect line lacks the secrets' variables:\n%s", o)
+	}
+	bench := []string{"bench", "v", "--host-nqn", host, "--ios", "200", "--qd", "4", "--rw", "write"}
+	ok(t, api, append(bench, "--dhchap-secret", hostSecret)...)
+	ok(t, api, append(bench, "--dhchap-secret", hostSecret, "--dhchap-ctrl-secret", ctrlSecret)...)
+	if n := metric(t, api, "blk_target_auth_succeeded_total"); n < 4 {
+		t.Fatalf("blk_target_auth_succeeded_total %v after two authenticated associations", n)
+	}
+	fails(t, api, 1, `requires DH-HMAC-CHAP authentication`, bench...)
+	other, _ := auth.GenerateKey(auth.SHA256, 32)
+	fails(t, api, 1, `refused the host: authentication failed`, append(bench, "--dhchap-secret", other.Encode())...)
+	fails(t, api, 1, `controller failed to authenticate`, append(bench, "--dhchap-secret", hostSecret, "--dhchap-ctrl-secret", other.Encode())...)
+	fails(t, api, 1, `DHCHAPSecret`, append(bench, "--dhchap-secret", "DHHC-1:00:garbage:")...)
+	// Each refused association ended on the target (the one without a
+	// secret by the deadline, later): refused and counted.
+	deadline := time.Now().Add(10 * time.Second)
+	for metric(t, api, "blk_target_auth_failed_total") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("blk_target_auth_failed_total %v", metric(t, api, "blk_target_auth_failed_total"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if o := ok(t, api, "-o", "json", "volume", "show", "v"); strings.Contains(o, "DHHC-1") {
+		t.Fatal("a secret appeared")
+	}
+	// Bad input to host allow.
+	fails(t, api, 2, `--dhchap-secret`, "host", "allow", "v", host, "--dhchap-secret", "DHHC-1:00:short:")
+	fails(t, api, 2, `needs --dhchap-secret`, "host", "allow", "v", host, "--dhchap-ctrl-secret", "generate")
+	fails(t, api, 1, `must differ`, "host", "allow", "v", host, "--dhchap-secret", hostSecret, "--dhchap-ctrl-secret", hostSecret)
 }
