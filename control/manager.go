@@ -1,6 +1,7 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/nvme/auth"
 	"github.com/blk-project/blk/target/volume"
 )
 
@@ -250,6 +252,9 @@ func (m *Manager) AllowHost(ctx context.Context, name, host string, secrets meta
 	if err := cmd.Check(); err != nil {
 		return meta.Volume{}, err
 	}
+	if err := checkSecrets(secrets); err != nil {
+		return meta.Volume{}, err
+	}
 	defer m.lock(name)()
 	res, err := m.reg.Apply(ctx, cmd)
 	if err != nil {
@@ -443,4 +448,24 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// checkSecrets decodes a host's DH-HMAC-CHAP secrets (format, length,
+// CRC) before they reach the registry; the errors never quote a secret.
+func checkSecrets(s meta.HostSecret) error {
+	var keys [][]byte
+	for what, v := range map[string]string{"host secret": s.Host, "controller secret": s.Ctrl} {
+		if v == "" {
+			continue
+		}
+		k, err := auth.ParseKey(v)
+		if err != nil {
+			return fmt.Errorf("%s: %v: %w", what, err, meta.ErrInvalid)
+		}
+		keys = append(keys, k.Secret)
+	}
+	if len(keys) == 2 && bytes.Equal(keys[0], keys[1]) {
+		return fmt.Errorf("the controller secret must differ from the host secret: %w", meta.ErrInvalid)
+	}
+	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/blk-project/blk/nvme/auth"
 )
 
 // TestKernelHostToBlkd is scenario 1: the Linux nvme-rdma host over siw
@@ -34,7 +36,19 @@ func TestKernelHostToBlkd(t *testing.T) {
 	}
 	seed := time.Now().UnixNano() % 1000000
 	t.Logf("fio seed %d", seed)
-	s.setEnv("PORT", strconv.Itoa(nvmePort), "NQN", at.SubsystemNQN, "HOSTNQN", hostNQN, "SEED", fmt.Sprint(seed))
+	// A second volume only for this host authenticated with DH-HMAC-CHAP,
+	// which the guest's kernel cannot do (CONFIG_NVME_AUTH is not set in
+	// Debian's 6.1): it must be refused.
+	s.blkctl(api, nil, "volume", "create", "secured", "--size", "16MiB")
+	secret, err := auth.GenerateKey(auth.SHA256, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.blkctl(api, nil, "host", "allow", "secured", hostNQN, "--dhchap-secret", secret.Encode())
+	var sec attachInfo
+	s.blkctl(api, &sec, "attach", "secured", "--host-nqn", hostNQN)
+	s.setEnv("PORT", strconv.Itoa(nvmePort), "NQN", at.SubsystemNQN, "HOSTNQN", hostNQN, "SEED", fmt.Sprint(seed),
+		"AUTHNQN", sec.SubsystemNQN, "AUTHSECRET", secret.Encode())
 	s.script("kernel_host.sh")
 
 	g := s.boot(vmConfig{name: "host1", script: "kernel_host.sh", timeout: 10 * time.Minute})
@@ -124,6 +138,26 @@ func TestKernelHostToBlkd(t *testing.T) {
 
 	for _, job := range []string{"fio-rand4k.json", "fio-seq128k.json", "fio-after.json"} {
 		s.fioResult(job)
+	}
+
+	// The refused DH-HMAC-CHAP attach: what the kernel said, and blkd
+	// counted the queue that left without authenticating and logged it,
+	// without the secret.
+	t.Logf("guest kernel config: %s", strings.TrimSpace(string(s.readShare("auth-config.txt"))))
+	t.Logf("nvme connect --dhchap-secret: %s", strings.TrimSpace(string(s.readShare("auth-connect.txt"))))
+	t.Logf("guest dmesg: %s", strings.TrimSpace(string(s.readShare("auth-dmesg.txt"))))
+	if n := s.metric(api, "blk_target_auth_failed_total"); n < 1 {
+		t.Errorf("blk_target_auth_failed_total %v after the refused host", n)
+	}
+	if n := s.metric(api, "blk_target_auth_succeeded_total"); n != 0 {
+		t.Errorf("blk_target_auth_succeeded_total %v: a host that cannot authenticate did", n)
+	}
+	log2 := string(s.readShare("blkd.log.2"))
+	if !strings.Contains(log2, "authentication failed") && !strings.Contains(log2, "without authenticating") {
+		t.Errorf("blkd.log.2 does not log the refused authentication")
+	}
+	if strings.Contains(log2, secret.Encode()[10:30]) {
+		t.Errorf("blkd logged the secret")
 	}
 }
 

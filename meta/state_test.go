@@ -491,10 +491,10 @@ func TestHostSecrets(t *testing.T) {
 	k1, _ := auth.GenerateKey(auth.SHA256, 32)
 	k2, _ := auth.GenerateKey(0, 48)
 	for _, bad := range []AllowHost{
-		{Volume: "v", HostNQN: host, Secret: "DHHC-1:00:bogus:"},
+		{Volume: "v", HostNQN: host, Secret: "DHHC-2:00:bogus:"},
 		{Volume: "v", HostNQN: host, CtrlSecret: k1.Encode()},
 		{Volume: "v", HostNQN: host, Secret: k1.Encode(), CtrlSecret: k1.Encode()},
-		{Volume: "v", HostNQN: host, Secret: k1.Encode(), CtrlSecret: "DHHC-1:01:x:"},
+		{Volume: "v", HostNQN: host, Secret: k1.Encode(), CtrlSecret: "x"},
 	} {
 		if r := s.Apply(1, bad); !errors.Is(r.Err, ErrInvalid) {
 			t.Fatalf("%+v: %v", bad, r.Err)

@@ -93,7 +93,7 @@ func (q *Queue) startAuth() {
 		a.mu.Unlock()
 		if late {
 			q.t.stats.authTimedOut.Add(1)
-			q.authFailed(fmt.Sprintf("not authenticated within %v", q.t.cfg.AuthTimeout))
+			q.authFailed(fmt.Sprintf("not authenticated within %v", q.t.cfg.AuthTimeout), true)
 		}
 	})
 }
@@ -178,15 +178,26 @@ func (q *Queue) runAuth(a *queueAuth, r *Request, send bool) {
 			q.t.textf("target: host %s authenticated on %s (%v, %v, bidirectional %v)", c.hostNQN, c.s.nqn, hash, group, bidi)
 		}
 	}
-	q.complete(r, st)
 	if failed {
-		q.authFailed(reason)
+		// Before the completion: the grace starts before the host
+		// hears of the failure.
+		q.authFailed(reason, true)
+	}
+	q.complete(r, st)
+}
+
+// authClosed is Close's part: a queue whose host left before
+// authenticating (a host without DH-HMAC-CHAP gives up at ATR) is a
+// failure too, and its deadline goes.
+func (q *Queue) authClosed() {
+	if q.auth != nil && !q.authed.Load() {
+		q.authFailed("the host closed the queue without authenticating", false)
 	}
 }
 
-// authFailed ends a queue whose authentication failed, after
-// authFailGrace; it logs and counts once per queue.
-func (q *Queue) authFailed(reason string) {
+// authFailed ends a queue whose authentication failed (after
+// authFailGrace, when end), and logs and counts it, once per queue.
+func (q *Queue) authFailed(reason string, end bool) {
 	a := q.auth
 	a.mu.Lock()
 	if a.ending {
@@ -210,6 +221,9 @@ func (q *Queue) authFailed(reason string) {
 		t.event(slog.LevelWarn, EventAuthFailed, slog.String("subsystem", c.s.nqn), slog.String("host_nqn", c.hostNQN),
 			slog.Int("cntlid", int(c.cntlid)), slog.Int("qid", int(q.qid)), slog.String("remote_addr", q.params.RemoteAddr),
 			slog.String("reason", reason))
+	}
+	if !end {
+		return
 	}
 	err := fmt.Errorf("%w: %s", ErrAuthFailed, reason)
 	t.clock.AfterFunc(authFailGrace, func() {

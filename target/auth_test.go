@@ -207,3 +207,17 @@ func TestAuthCommandChecks(t *testing.T) {
 	}
 	h.finish()
 }
+
+// A host that cannot authenticate (Linux without CONFIG_NVME_AUTH) drops
+// its queue at ATR: counted as a failure once, and its deadline goes.
+func TestAuthHostLeaves(t *testing.T) {
+	h, _ := authHarness(t, false)
+	q := h.connectATR("admin", 0, 0xFFFF)
+	q.q.Close()
+	h.clock.Advance(time.Minute)
+	st := h.tgt.Stats()
+	if st.AuthFailed != 1 || st.AuthTimedOut != 0 || st.Controllers != 0 {
+		t.Fatalf("failed %d timed out %d controllers %d", st.AuthFailed, st.AuthTimedOut, st.Controllers)
+	}
+	h.finish()
+}

@@ -100,8 +100,12 @@ func (q *Queue) Drained() <-chan struct{} { return q.drained }
 // SQ Deleted; requests still running complete as usual (see Drained).
 // Close may be called more than once.
 func (q *Queue) Close() {
-	if q.state.Swap(queueClosed) == queueClosed {
+	prev := q.state.Swap(queueClosed)
+	if prev == queueClosed {
 		return
+	}
+	if prev == queueConnected {
+		q.authClosed()
 	}
 	if c := q.ctrl.Load(); c != nil {
 		if c.admin == q {

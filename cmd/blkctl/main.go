@@ -582,7 +582,20 @@ func hostAllow(c *cli.Context) error {
 		return hint(err, a[0], "")
 	}
 	if e.json {
-		return e.printJSON(v)
+		// The only time a generated secret is shown.
+		out := struct {
+			volume
+			GeneratedSecret     string `json:"generated_dhchap_secret,omitempty"`
+			GeneratedCtrlSecret string `json:"generated_dhchap_ctrl_secret,omitempty"`
+		}{volume: v}
+		for _, g := range generated {
+			if g[0] == "host secret" {
+				out.GeneratedSecret = g[1]
+			} else {
+				out.GeneratedCtrlSecret = g[1]
+			}
+		}
+		return e.printJSON(out)
 	}
 	fmt.Fprintf(e.stdout, "host %s may attach volume %s (hosts: %s)\n", a[1], a[0], hostsText(v))
 	if m := v.Authentication[a[1]]; m != "" {

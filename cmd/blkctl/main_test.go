@@ -511,6 +511,13 @@ func TestDHCHAP(t *testing.T) {
 		t.Fatalf("host allow:\n%s", out)
 	}
 	hostSecret, ctrlSecret := secrets[0][2], secrets[1][2]
+	var js struct {
+		Name            string `json:"name"`
+		GeneratedSecret string `json:"generated_dhchap_secret"`
+	}
+	if o := ok(t, api, "-o", "json", "host", "allow", "v", "nqn.2026-11.io.blk:other", "--dhchap-secret", "generate"); json.Unmarshal([]byte(o), &js) != nil || js.Name != "v" || !strings.HasPrefix(js.GeneratedSecret, "DHHC-1:01:") {
+		t.Fatalf("host allow -o json with a generated secret:\n%s", o)
+	}
 	// Never shown again: not in the volume, not in the listing, not in metrics.
 	for _, args := range [][]string{{"-o", "json", "volume", "show", "v"}, {"-o", "json", "volume", "list"}, {"volume", "show", "v"}} {
 		if o := ok(t, api, args...); strings.Contains(o, "DHHC-1") {

@@ -79,4 +79,21 @@ fio --name=after --filename=$dev --ioengine=libaio --direct=1 --rw=randwrite --b
 	--output-format=json --output=/share/fio-after.json || fail "fio after restart"
 no_io_errors
 nvme disconnect -n "$NQN" || fail "nvme disconnect"
+
+# A second volume requires DH-HMAC-CHAP of this host. Debian 6.1's kernel
+# is built without CONFIG_NVME_AUTH: it cannot authenticate, so blkd must
+# refuse it (ATR in the Connect response, nothing served before
+# authentication) and it must give up cleanly.
+log "connect to a volume that requires DH-HMAC-CHAP, with --dhchap-secret"
+grep -E '^CONFIG_NVME_AUTH|NVME_AUTH is not set' /boot/config-* 2>/dev/null >/share/auth-config.txt || true
+if nvme connect -t rdma -a 10.0.2.2 -s "$PORT" -n "$AUTHNQN" --hostnqn "$HOSTNQN" \
+	--dhchap-secret "$AUTHSECRET" >/share/auth-connect.txt 2>&1; then
+	fail "the host attached a volume that requires authentication it cannot do"
+fi
+dmesg | grep -iE 'authentication|dhchap|dh-hmac' >/share/auth-dmesg.txt || true
+log "refused: $(tr '\n' ' ' </share/auth-connect.txt) / dmesg: $(tail -2 /share/auth-dmesg.txt | tr '\n' ' ')"
+for c in /sys/class/nvme/nvme*; do
+	[ -e "$c" ] || continue
+	! grep -qx "$AUTHNQN" "$c/subsysnqn" || fail "a controller of the refused volume remains: $c"
+done
 log "passed"
