@@ -49,6 +49,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.StringFlag{Name: "tls-dir", EnvVars: []string{"BLK_TLS_DIR"}, Usage: "directory with ca.crt and NODEID.crt/.key (blkctl cert): raft over mutual TLS with node certificates of that CA"},
 			&cli.BoolFlag{Name: "insecure", EnvVars: []string{"BLK_INSECURE"}, Usage: "allow an API or raft address beyond loopback without --tls-dir (anyone who reaches it can manage the cluster)"},
 			&cli.Float64Flag{Name: "overcommit", EnvVars: []string{"BLK_OVERCOMMIT"}, Value: 1, Usage: "bytes of thin volumes this node may promise per byte of its disk (1: no more than the disk holds)"},
+			&cli.StringSliceFlag{Name: "dhchap-dhgroups", EnvVars: []string{"BLK_DHCHAP_DHGROUPS"}, Usage: "DH-HMAC-CHAP groups accepted from authenticating hosts, preferred first (ffdhe2048,...,ffdhe8192,null; default all, any group before none)"},
 			&cli.DurationFlag{Name: "detach-after", EnvVars: []string{"BLK_DETACH_AFTER"}, Value: blkd.DefaultDetachAfter, Usage: "remove an attachment whose host has had no live controller this long (negative: never)"},
 		},
 		Action: func(c *cli.Context) error {
@@ -109,6 +110,9 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 	}
 	if c.IsSet("overcommit") {
 		cfg.Overcommit = c.Float64("overcommit")
+	}
+	if c.IsSet("dhchap-dhgroups") {
+		cfg.DHCHAPDHGroups = c.StringSlice("dhchap-dhgroups")
 	}
 	if c.IsSet("detach-after") {
 		cfg.DetachAfter = blkd.Duration(c.Duration("detach-after"))

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/blk-project/blk/nvme/auth"
 	"io"
 	"log/slog"
 	"net"
@@ -76,6 +77,11 @@ type Config struct {
 	// duration in the config file ("5m"). Zero: DefaultDetachAfter;
 	// negative: never.
 	DetachAfter Duration `json:"detach_after,omitempty"`
+	// DHCHAPDHGroups are the DH-HMAC-CHAP groups the target accepts from
+	// hosts that must authenticate, in its order of preference ("ffdhe2048",
+	// ..., "null"). Empty: every group, any before none. A Linux host
+	// kernel without CONFIG_CRYPTO_DH_RFC7919_GROUPS needs "null" first.
+	DHCHAPDHGroups []string `json:"dhchap_dhgroups,omitempty"`
 	// Overcommit is how many bytes of (thin) volumes this node may be
 	// promised per byte of its store's filesystem. Default 1: never more
 	// than the disk holds. Above 1, writes may one day meet a full disk
@@ -160,6 +166,9 @@ func (c Config) WithDefaults() Config {
 // say what would be accepted.
 func (c Config) Validate() error {
 	c = c.WithDefaults()
+	if _, err := c.dhGroups(); err != nil {
+		return err
+	}
 	for _, a := range []struct{ name, v string }{
 		{"raft-addr", c.RaftAddr}, {"nvme-addr", c.NVMeAddr}, {"api-addr", c.APIAddr},
 	} {
@@ -265,4 +274,17 @@ func prepareDataDir(dir string) error {
 		return fmt.Errorf("data dir %s is not writable (set --data-dir to a writable directory): %w", dir, err)
 	}
 	return os.Remove(probe)
+}
+
+// dhGroups parses DHCHAPDHGroups (nil: the target's default).
+func (c Config) dhGroups() ([]auth.DHGroup, error) {
+	var gs []auth.DHGroup
+	for _, s := range c.DHCHAPDHGroups {
+		g, err := auth.ParseDHGroup(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("dhchap-dhgroups: %v", err)
+		}
+		gs = append(gs, g)
+	}
+	return gs, nil
 }

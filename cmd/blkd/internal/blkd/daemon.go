@@ -131,7 +131,11 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err != nil {
 		return nil, fmt.Errorf("nvme port limits: %w", err)
 	}
-	d.tgt, err = target.New(target.Config{Limits: limits, Logger: d.log})
+	groups, err := cfg.dhGroups()
+	if err != nil {
+		return nil, err
+	}
+	d.tgt, err = target.New(target.Config{Limits: limits, Logger: d.log, AuthDHGroups: groups})
 	if err != nil {
 		return nil, fmt.Errorf("target: %w", err)
 	}
