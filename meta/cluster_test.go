@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -317,7 +318,7 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 	d := good.WithDefaults()
-	if d.WithDefaults() != d {
+	if !reflect.DeepEqual(d.WithDefaults(), d) {
 		t.Error("WithDefaults is not idempotent")
 	}
 	if d.HeartbeatTimeout != time.Second || d.SnapshotRetain != 2 || d.ApplyTimeout != 10*time.Second {

@@ -41,6 +41,9 @@ type Config struct {
 	// (NewTLSStreamLayer): peers without a certificate the server
 	// configuration accepts cannot append, vote or send snapshots.
 	TLSServer, TLSClient *tls.Config
+	// TLSRefused, if set, is told of every raft connection refused in
+	// its TLS handshake (for the node's metrics and log).
+	TLSRefused func(remote net.Addr, err error)
 
 	// Bootstrap makes this node the single voter of a new cluster if its
 	// DataDir holds no raft state yet. Ignored otherwise, so it is safe to
@@ -242,7 +245,7 @@ func NewNode(cfg Config) (_ *Node, err error) {
 		}
 		var nt *raft.NetworkTransport
 		if cfg.TLSServer != nil {
-			layer, lerr := NewTLSStreamLayer(cfg.BindAddr, adv, cfg.TLSServer, cfg.TLSClient)
+			layer, lerr := NewTLSStreamLayer(cfg.BindAddr, adv, cfg.TLSServer, cfg.TLSClient, cfg.TLSRefused)
 			if lerr != nil {
 				return nil, fmt.Errorf("meta: raft transport: %w", lerr)
 			}

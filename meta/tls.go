@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -19,18 +20,36 @@ import (
 // tls.Config: package pki builds it (VerifyPeerCertificate checks the
 // role; ClientAuth is RequireAndVerifyClientCert).
 
+// Handshakes run on goroutines of their own, at most maxHandshakes at
+// once: a peer that connects and sends nothing holds one slot for
+// handshakeTimeout, never the listener (a serial handshake would let one
+// silent connection stop every peer's for that long).
+const (
+	maxHandshakes    = 64
+	handshakeTimeout = 10 * time.Second
+)
+
 // tlsStreamLayer implements raft.StreamLayer on a TLS listener.
 type tlsStreamLayer struct {
 	ln        net.Listener // the TLS listener
 	advertise net.Addr
 	client    *tls.Config
+	refused   func(remote net.Addr, err error)
+
+	conns chan net.Conn // handshaken connections for Accept
+	slots chan struct{} // handshakes in progress
+	done  chan struct{} // closed by Close
+	once  sync.Once
+	mu    sync.Mutex
+	err   error // the listener's, once it fails (guarded by mu)
 }
 
 // NewTLSStreamLayer listens on bind with server and dials peers with
 // client. server must require and verify client certificates; client
 // must verify the server's. advertise (optional) is the address peers
-// dial.
-func NewTLSStreamLayer(bind string, advertise net.Addr, server, client *tls.Config) (raft.StreamLayer, error) {
+// dial. refused (optional) is told of every connection whose handshake
+// failed (no certificate, another CA's, an expired one, a wrong role).
+func NewTLSStreamLayer(bind string, advertise net.Addr, server, client *tls.Config, refused func(remote net.Addr, err error)) (raft.StreamLayer, error) {
 	if server == nil || client == nil {
 		return nil, errors.New("meta: raft TLS: server and client configurations are required")
 	}
@@ -48,29 +67,78 @@ func NewTLSStreamLayer(bind string, advertise net.Addr, server, client *tls.Conf
 		inner.Close()
 		return nil, fmt.Errorf("meta: raft TLS: %v is not an address peers can dial: set AdvertiseAddr", advertise)
 	}
-	return &tlsStreamLayer{ln: tls.NewListener(inner, server), advertise: advertise, client: client}, nil
+	if refused == nil {
+		refused = func(net.Addr, error) {}
+	}
+	l := &tlsStreamLayer{ln: tls.NewListener(inner, server), advertise: advertise, client: client, refused: refused,
+		conns: make(chan net.Conn), slots: make(chan struct{}, maxHandshakes), done: make(chan struct{})}
+	go l.acceptLoop()
+	return l, nil
 }
 
-// Accept returns a connection whose TLS handshake has completed: a peer
-// that fails it is dropped here and never reaches raft.
-func (l *tlsStreamLayer) Accept() (net.Conn, error) {
+// acceptLoop accepts connections and hands each to a handshake goroutine.
+func (l *tlsStreamLayer) acceptLoop() {
 	for {
 		c, err := l.ln.Accept()
 		if err != nil {
-			return nil, err
+			l.mu.Lock()
+			l.err = err
+			l.mu.Unlock()
+			l.Close()
+			return
 		}
-		tc := c.(*tls.Conn)
-		_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
-		if err := tc.Handshake(); err != nil {
-			tc.Close()
-			continue
+		select {
+		case l.slots <- struct{}{}:
+		case <-l.done:
+			c.Close()
+			return
 		}
-		_ = tc.SetDeadline(time.Time{})
-		return tc, nil
+		go l.handshake(c.(*tls.Conn))
 	}
 }
 
-func (l *tlsStreamLayer) Close() error   { return l.ln.Close() }
+// handshake completes a connection's TLS handshake and passes it to
+// Accept: a peer that fails it is dropped here and never reaches raft.
+func (l *tlsStreamLayer) handshake(tc *tls.Conn) {
+	defer func() { <-l.slots }()
+	_ = tc.SetDeadline(time.Now().Add(handshakeTimeout))
+	if err := tc.Handshake(); err != nil {
+		tc.Close()
+		l.refused(tc.RemoteAddr(), err)
+		return
+	}
+	_ = tc.SetDeadline(time.Time{})
+	select {
+	case l.conns <- tc:
+	case <-l.done:
+		tc.Close()
+	}
+}
+
+// Accept returns a connection whose TLS handshake has completed.
+func (l *tlsStreamLayer) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.err != nil {
+			return nil, l.err
+		}
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *tlsStreamLayer) Close() error {
+	var err error
+	l.once.Do(func() {
+		close(l.done)
+		err = l.ln.Close()
+	})
+	return err
+}
+
 func (l *tlsStreamLayer) Addr() net.Addr { return l.advertise }
 
 // Dial connects to a peer and completes the handshake (the peer's

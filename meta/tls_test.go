@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,7 @@ func TestClusterMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	root := t.TempDir()
+	var refused atomic.Int64 // n0's refused raft handshakes
 	start := func(name string, issuer *pki.CA, role string, bootstrap bool) *Node {
 		t.Helper()
 		certPEM, keyPEM, err := issuer.Issue(pki.Request{Name: name, Role: role, Hosts: []string{"127.0.0.1"}})
@@ -46,6 +48,9 @@ func TestClusterMutualTLS(t *testing.T) {
 		}
 		cfg := testConfig(t, name, filepath.Join(root, name))
 		cfg.BindAddr, cfg.Bootstrap, cfg.TLSServer, cfg.TLSClient = "127.0.0.1:0", bootstrap, srv, cli
+		if name == "n0" {
+			cfg.TLSRefused = func(net.Addr, error) { refused.Add(1) }
+		}
 		n, err := NewNode(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -117,9 +122,26 @@ func TestClusterMutualTLS(t *testing.T) {
 	if err := dialAs(pki.RoleAdmin); err == nil || (errors.As(err, &ne) && ne.Timeout()) {
 		t.Errorf("an admin certificate on the raft port: %v, want the server's refusal", err)
 	}
+	// A connection that never starts its handshake holds no one up.
+	silent, err := net.Dial("tcp", n0.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	began := time.Now()
 	if err := dialAs(pki.RoleNode); !errors.As(err, &ne) || !ne.Timeout() {
 		t.Errorf("a node certificate on the raft port: %v, want an open connection (read timeout)", err)
 	}
+	if d := time.Since(began); d > 3*time.Second {
+		t.Errorf("a node's handshake took %v behind a silent connection", d)
+	}
+	// Refusals are reported: the plain TCP peer, the admin certificate.
+	eventually(t, "refused handshakes counted", func() error {
+		if n := refused.Load(); n < 2 {
+			return fmt.Errorf("%d refused", n)
+		}
+		return nil
+	})
 	time.Sleep(500 * time.Millisecond) // ample time for a replication that should not happen
 	for _, n := range []*Node{rogue, operator} {
 		if got := len(n.FSM().Export().Nodes); got != 0 || n.AppliedIndex() != 0 {

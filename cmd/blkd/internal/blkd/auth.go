@@ -60,6 +60,13 @@ func (d *Daemon) tlsSetup() error {
 	return nil
 }
 
+// raftRefused counts and logs (rate-limited) a raft connection refused in
+// its TLS handshake: a peer without a node certificate of the cluster CA.
+func (d *Daemon) raftRefused(remote net.Addr, err error) {
+	d.refusedRaft.Add(1)
+	d.log.Warn("raft handshake refused", slog.String("remote_addr", remote.String()), slog.String("err", err.Error()))
+}
+
 // peerURL is the URL of path on another node's API.
 func (d *Daemon) peerURL(api, path string) string {
 	if d.peerTLS != nil {
@@ -173,16 +180,20 @@ func (d *Daemon) redact(r *http.Request, v api.Volume) api.Volume {
 type authCollector struct {
 	d    *Daemon
 	desc *prometheus.Desc
+	raft *prometheus.Desc
 }
 
-func (c authCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c authCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc; ch <- c.raft }
 
 func (c authCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.d.refusedTLS.Load()), "certificate")
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.d.refusedRole.Load()), "role")
+	ch <- prometheus.MustNewConstMetric(c.raft, prometheus.CounterValue, float64(c.d.refusedRaft.Load()))
 }
 
 func newAuthCollector(d *Daemon) authCollector {
 	return authCollector{d: d, desc: prometheus.NewDesc("blk_api_refused_total",
-		"Management API callers refused: reason=certificate (TLS handshake: none, another CA's, expired, wrong usage or role) or role (a call the role may not make).", []string{"reason"}, nil)}
+		"Management API callers refused: reason=certificate (TLS handshake: none, another CA's, expired, wrong usage or role) or role (a call the role may not make).", []string{"reason"}, nil),
+		raft: prometheus.NewDesc("blk_raft_refused_total",
+			"Raft connections refused in their TLS handshake (no node certificate of the cluster CA).", nil, nil)}
 }

@@ -55,6 +55,8 @@ type Daemon struct {
 	apiTLS, raftTLS, peerTLS *tls.Config
 	// refusedTLS and refusedRole count the API's refusals (auth.go).
 	refusedTLS, refusedRole atomic.Uint64
+	// refusedRaft counts raft connections refused in their handshake.
+	refusedRaft atomic.Uint64
 	// peers is the client of the leader's calls to owners (its
 	// connections are reused; each call's context bounds it).
 	peers *http.Client
@@ -106,7 +108,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	d.node, err = meta.NewNode(meta.Config{
 		ID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "meta"), BindAddr: cfg.RaftAddr,
 		Bootstrap: *cfg.Bootstrap && cfg.Join == "", LogOutput: os.Stderr, LogLevel: "error",
-		TLSServer: d.raftTLS, TLSClient: d.peerTLS,
+		TLSServer: d.raftTLS, TLSClient: d.peerTLS, TLSRefused: d.raftRefused,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("meta registry on raft address %s (--raft-addr): %w", cfg.RaftAddr, err)
