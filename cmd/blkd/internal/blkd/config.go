@@ -262,11 +262,17 @@ func LoadConfigFile(path string) (Config, error) {
 }
 
 // prepareDataDir creates dir/meta and dir/volumes and checks that files
-// can be written there.
+// can be written there. Both are the daemon's alone (0700, also made so
+// if they exist): the registry holds hosts' DH-HMAC-CHAP secrets, the
+// store every volume's data.
 func prepareDataDir(dir string) error {
 	for _, sub := range []string{"meta", "volumes"} {
-		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+		p := filepath.Join(dir, sub)
+		if err := os.MkdirAll(p, 0o700); err != nil {
 			return fmt.Errorf("data dir %s is not usable (set --data-dir to a writable directory): %w", dir, err)
+		}
+		if err := os.Chmod(p, 0o700); err != nil {
+			return fmt.Errorf("data dir %s: make %s private (mode 0700): %w", dir, sub, err)
 		}
 	}
 	probe := filepath.Join(dir, ".blkd-write-probe")

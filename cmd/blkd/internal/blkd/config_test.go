@@ -81,3 +81,21 @@ func TestAdvertisedNVMe(t *testing.T) {
 		t.Fatalf("advertise_addr from a file: %+v, %v", c, err)
 	}
 }
+
+// The registry (host secrets) and the store (volume data) are the
+// daemon's alone, even in a data dir made before with looser modes.
+func TestDataDirPrivate(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "meta"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := prepareDataDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, sub := range []string{"meta", "volumes"} {
+		fi, err := os.Stat(filepath.Join(dir, sub))
+		if err != nil || fi.Mode().Perm() != 0o700 {
+			t.Fatalf("%s: %v, %v", sub, fi.Mode(), err)
+		}
+	}
+}
