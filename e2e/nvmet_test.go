@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/nvme/auth"
 	"github.com/blk-project/blk/transport/soft"
 )
 
@@ -35,7 +37,18 @@ func TestInitiatorToLinuxTarget(t *testing.T) {
 		rounds   = 6
 	)
 	fwd := 24201
-	s.setEnv("NQN", nqn, "HOSTNQN", hostNQN, "IMAGE_MIB", strconv.Itoa(imageMiB))
+	// nvmet (rebuilt with CONFIG_NVME_TARGET_AUTH) makes this host
+	// authenticate with DH-HMAC-CHAP: every association does, the odd ones
+	// bidirectionally.
+	var keys [3]auth.Key
+	for i := range keys {
+		var err error
+		if keys[i], err = auth.GenerateKey(auth.SHA256, 32); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secret, ctrlSecret, wrong := keys[0].Encode(), keys[1].Encode(), keys[2].Encode()
+	s.setEnv("NQN", nqn, "HOSTNQN", hostNQN, "IMAGE_MIB", strconv.Itoa(imageMiB), "AUTHSECRET", secret, "AUTHCTRLSECRET", ctrlSecret)
 	s.script("nvmet.sh")
 	g := s.boot(vmConfig{name: "target1", script: "nvmet.sh", timeout: 12 * time.Minute,
 		hostFwd: []string{"127.0.0.1:" + strconv.Itoa(fwd) + "-:4420"}})
@@ -61,7 +74,29 @@ func TestInitiatorToLinuxTarget(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := initiator.Config{Adapter: nic, HostNQN: hostNQN, Queues: 1, QueueDepth: 32,
-			ConnectTimeout: 30 * time.Second, Logf: t.Logf}
+			ConnectTimeout: 30 * time.Second, Logf: t.Logf, DHCHAPSecret: secret}
+		if round%2 == 1 {
+			cfg.DHCHAPCtrlSecret = ctrlSecret
+		}
+		if round == 1 {
+			// Refused first: no secret, a wrong one, a controller that
+			// does not hold the controller secret.
+			for _, bad := range []struct{ name, host, ctrl string }{{"no secret", "", ""}, {"a wrong secret", wrong, ""}, {"a wrong controller secret", secret, wrong}} {
+				c := cfg
+				c.DHCHAPSecret, c.DHCHAPCtrlSecret = bad.host, bad.ctrl
+				bctx, bcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				ctrl, err := initiator.Connect(bctx, c, target, nqn)
+				bcancel()
+				if err == nil {
+					ctrl.Close()
+					t.Fatalf("Linux nvmet accepted %s", bad.name)
+				}
+				if !errors.Is(err, initiator.ErrAuthRequired) {
+					t.Fatalf("%s: %v, want ErrAuthRequired", bad.name, err)
+				}
+				t.Logf("refused with %s: %v", bad.name, err)
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 
 		start := time.Now()

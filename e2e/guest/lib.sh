@@ -75,6 +75,13 @@ nvmet_serve() {
 		mkdir "subsystems/$2"
 		if [ -n "${3:-}" ]; then
 			mkdir "hosts/$3"
+			# DH-HMAC-CHAP (nvmet rebuilt with CONFIG_NVME_TARGET_AUTH):
+			# the host's secret, and the controller's for a host that asks.
+			if [ -n "${AUTHSECRET:-}" ]; then
+				echo "$AUTHSECRET" >"hosts/$3/dhchap_key"
+				echo "$AUTHCTRLSECRET" >"hosts/$3/dhchap_ctrl_key"
+				log "host $3 must authenticate: $(cat "hosts/$3/dhchap_hash") dhgroup $(cat "hosts/$3/dhchap_dhgroup")"
+			fi
 			echo 0 >"subsystems/$2/attr_allow_any_host"
 			ln -s "/sys/kernel/config/nvmet/hosts/$3" "subsystems/$2/allowed_hosts/$3"
 		else

@@ -2,7 +2,8 @@
 # Builds what the e2e VMs boot, into the directory named by $1 (the cache):
 #   vmlinuz        the stock Debian bookworm kernel (linux-image-amd64)
 #   initrd.cpio    an uncompressed initramfs: busybox, the modules the tests
-#                  need (plus siw built out of tree for exactly that kernel),
+#                  need (plus siw built out of tree for exactly that kernel,
+#                  and its NVMe modules rebuilt with DH-HMAC-CHAP),
 #                  the Debian userland the tests run (nvme-cli, fio,
 #                  e2fsprogs, rdma-core, iproute2, kmod) and /init
 #   key            what it was built from; prepare.sh is a no-op when the
@@ -104,12 +105,30 @@ sed -i "s#/usr/src/#$h/usr/src/#" "$h/usr/src/linux-headers-$KREL/Makefile"
 src="$out/src"
 rm -rf "$src" && mkdir -p "$src"
 dpkg-deb --fsys-tarfile "$debs"/linux-source-6.1_*.deb | tar -x -C "$src" ./usr/src/linux-source-6.1.tar.xz
-tar -xJf "$src/usr/src/linux-source-6.1.tar.xz" -C "$src" linux-source-6.1/drivers/infiniband/sw/siw
+tar -xJf "$src/usr/src/linux-source-6.1.tar.xz" -C "$src" linux-source-6.1/drivers/infiniband/sw/siw linux-source-6.1/drivers/nvme
 rm -f "$src/usr/src/linux-source-6.1.tar.xz"
 make -s -C "$h/usr/src/linux-headers-$KREL" M="$src/linux-source-6.1/drivers/infiniband/sw/siw" \
 	CONFIG_RDMA_SIW=m modules 2>&1 | grep -v 'Skipping BTF' >&2 || true
 siwko="$src/linux-source-6.1/drivers/infiniband/sw/siw/siw.ko"
 [ -f "$siwko" ] || { echo "e2e prepare: siw.ko was not built" >&2; exit 1; }
+
+# The NVMe host and target modules again, from the same source, with
+# in-band authentication (DH-HMAC-CHAP): Debian builds 6.1 without
+# CONFIG_NVME_AUTH and CONFIG_NVME_TARGET_AUTH. The C code tests the
+# options with #ifdef, the Makefiles with the make variables. What cannot
+# be rebuilt: CONFIG_CRYPTO_DH_RFC7919_GROUPS is off in the built-in
+# crypto/dh.c, so these modules authenticate with the null DH group only.
+step "building nvme host and target modules with DH-HMAC-CHAP for $KREL"
+nv="$src/linux-source-6.1/drivers/nvme"
+make -s -j"$(nproc)" -C "$h/usr/src/linux-headers-$KREL" M="$nv" \
+	CONFIG_NVME_COMMON=m CONFIG_NVME_AUTH=y CONFIG_NVME_TARGET_AUTH=y \
+	CONFIG_BLK_DEV_NVME= CONFIG_NVME_FC= CONFIG_NVME_TARGET_FC= CONFIG_NVME_TARGET_FCLOOP= CONFIG_NVME_APPLE= \
+	KCFLAGS="-DCONFIG_NVME_AUTH=1 -DCONFIG_NVME_TARGET_AUTH=1 -DCONFIG_NVME_COMMON_MODULE=1" \
+	modules 2>&1 | grep -v 'Skipping BTF' >&2 || true
+nvmekos="common/nvme-common host/nvme-core host/nvme-fabrics host/nvme-rdma host/nvme-tcp target/nvmet target/nvmet-rdma target/nvmet-tcp"
+for m in $nvmekos; do
+	[ -f "$nv/$m.ko" ] || { echo "e2e prepare: $m.ko was not built" >&2; exit 1; }
+done
 
 # The initramfs tree.
 step "assembling the initramfs"
@@ -163,6 +182,10 @@ for f in "${!want[@]}"; do
 done
 cp "$mdir"/modules.{order,builtin,builtin.modinfo} "$r/usr/lib/modules/$KREL/"
 strip --strip-debug -o "$r/usr/lib/modules/$KREL/extra/siw.ko" "$siwko"
+for m in $nvmekos; do
+	mkdir -p "$r/usr/lib/modules/$KREL/kernel/drivers/nvme/$(dirname "$m")"
+	strip --strip-debug -o "$r/usr/lib/modules/$KREL/kernel/drivers/nvme/$m.ko" "$nv/$m.ko"
+done
 depmod -b "$r" "$KREL"
 
 cp "$here/init" "$r/init"
