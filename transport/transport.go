@@ -46,6 +46,15 @@ const (
 	// the region's key can read it: a consumer must not count on the
 	// missing right to keep data from the peer.
 	FlagRemoteReadEnforced
+	// FlagReadSinkLocal is NDK_ADAPTER_FLAG_RDMA_READ_SINK_NOT_REQUIRED:
+	// the sink of an RDMA read needs only AccessLocalWrite (InfiniBand,
+	// RoCE: the response is matched to the request, not addressed). Clear
+	// on iWARP, where a read response is a tagged write into the sink's
+	// STag: the sink must be remotely writable, and the peer learns its
+	// key from the read request. A consumer that lends a peer no other
+	// right then registers each read's sink for that read alone
+	// (fast-register, then invalidate), as Linux nvmet does on iWARP.
+	FlagReadSinkLocal
 )
 
 // MaxUint32 is NDK's MAXULONG, the "no limit" value of interrupt moderation

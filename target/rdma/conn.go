@@ -46,7 +46,7 @@ type conn struct {
 // data queues for the core's SRQ (a connecting host always gets its
 // Connect through), and posts the buffers.
 func (p *Port) createAdminQP(c *conn) (transport.QP, *coreState, error) {
-	qp, core, err := p.engine.CreateQPWithReceiveQueue(c, sendSlotsPerEntry*AdminQueueEntries, nvme.CQESize, AdminQueueEntries)
+	qp, core, err := p.engine.CreateQPWithReceiveQueue(c, p.size.SendSlots*AdminQueueEntries, nvme.CQESize, AdminQueueEntries)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -52,7 +52,7 @@ func newCoreState(p *Port, c *transport.Core) (cs *coreState, err error) {
 	for i, c := range [len(cs.pools)]struct{ n, size uint32 }{
 		{z.SmallBuffers, smallBufferSize}, {z.MidBuffers, z.MidBufferSize}, {z.LargeBuffers, z.Limits.MaxTransfer},
 	} {
-		if cs.pools[i], err = newPool(p.engine.PD(), c.n, c.size); err != nil {
+		if cs.pools[i], err = newPool(p.engine.PD(), c.n, c.size, z.ReadSink); err != nil {
 			cs.close()
 			return nil, err
 		}
@@ -134,10 +134,23 @@ func (h *handler) HandleCompletion(core *transport.Core, c *transport.Completion
 			r.recycle()
 			break
 		}
+		if d := r.data; d.frmr != nil {
+			// The data is in: the host's key to the sink dies before
+			// the command runs. The response SEND comes after it in
+			// send-queue order, so its completion says it has run.
+			if err := r.conn.qp.(transport.FastRegisterQP).Invalidate(nil, d.frmr, transport.FlagSilentSuccess); err != nil {
+				r.conn.fail(fmt.Errorf("post invalidate of a READ sink: %w", err))
+				r.recycle()
+				break
+			}
+		}
 		r.conn.q.Execute(&r.Request)
 	case transport.OpSend:
 		if d, ok := c.RequestContext.(*dataBuf); ok && d != nil {
-			d.pool.put(d)
+			if c.Status == nil {
+				d.lent = false // the invalidate before this SEND has run
+			}
+			d.pool.release(d)
 		}
 		if c.Status != nil {
 			if cn, _ := c.QPContext.(*conn); cn != nil && !cn.dead.Load() {
@@ -256,6 +269,19 @@ func (cs *coreState) start(r *req) {
 		cs.st.reads.Add(1)
 		r.tmp[0] = r.data.sge
 		r.tmp[0].Length = r.Len
+		if d := r.data; d.frmr != nil {
+			// ReadSinkPerRead: the sink is this READ's alone; the
+			// fast-register runs before it (send-queue order).
+			d.lent = true
+			key, err := r.conn.qp.(transport.FastRegisterQP).FastRegister(nil, d.frmr, d.data[:r.Len],
+				transport.AccessLocalWrite|transport.AccessRemoteWrite, transport.FlagSilentSuccess|transport.FlagDefer)
+			if err != nil {
+				r.conn.fail(fmt.Errorf("post fast-register of a READ sink: %w", err))
+				r.recycle()
+				return
+			}
+			r.tmp[0].LKey = key
+		}
 		if err := r.conn.qp.Read(r, r.tmp[:], r.raddr, r.rkey, 0); err != nil {
 			r.conn.fail(fmt.Errorf("post RDMA READ: %w", err))
 			r.recycle()
@@ -342,7 +368,7 @@ func (r *req) complete() {
 	}
 	if err != nil {
 		if r.data != nil {
-			r.data.pool.put(r.data)
+			r.data.pool.release(r.data)
 		}
 		if !c.dead.Load() {
 			c.fail(fmt.Errorf("post response: %w", err))
@@ -355,7 +381,7 @@ func (r *req) complete() {
 // recycle gives back everything r holds without answering.
 func (r *req) recycle() {
 	if r.data != nil {
-		r.data.pool.put(r.data)
+		r.data.pool.release(r.data)
 		r.data = nil
 	}
 	r.repost()

@@ -15,6 +15,15 @@ type dataBuf struct {
 	held  atomic.Bool
 	data  []byte
 	sge   transport.SGE
+	// frmr is the buffer's fast-register region (ReadSinkPerRead): each
+	// READ into the buffer registers it there, for that READ alone. lent
+	// says a registration may still be live: set when the fast-register
+	// is posted, cleared once the invalidate after it is known to have
+	// run (the response SEND behind it completed); a buffer given back
+	// while lent gets a fresh region instead (renew), so that no key a
+	// host saw outlives its command.
+	frmr transport.MemoryRegion
+	lent bool
 }
 
 // pool is a fixed set of equal data buffers in one registered region. Its
@@ -24,28 +33,41 @@ type dataBuf struct {
 // be popped and pushed back by anyone else while get looks at it).
 type pool struct {
 	mr   transport.MemoryRegion
+	pd   transport.PD
 	size uint32 // of every buffer
 	bufs []dataBuf
 	next []int32
 	head atomic.Int32
 	free atomic.Int32
+	lost atomic.Int32 // buffers dropped: their region could not be renewed
 }
 
-func newPool(pd transport.PD, n, size uint32) (*pool, error) {
-	p := &pool{size: size, bufs: make([]dataBuf, n), next: make([]int32, n)}
+func newPool(pd transport.PD, n, size uint32, sink ReadSink) (*pool, error) {
+	p := &pool{pd: pd, size: size, bufs: make([]dataBuf, n), next: make([]int32, n)}
 	if n == 0 {
 		return p, nil
 	}
-	// Remote write: an iWARP RDMA READ response is a tagged write into
-	// the sink. Remote read is not needed: the target only reads from
-	// the host and writes to it. Provider-owned memory: the pool is
-	// closed with the port, after every queue drained (Port.Close waits
-	// for each connection's teardown, which waits for Queue.Drained).
-	mr, err := pd.AllocateMemory(int(n)*int(size), transport.AccessLocalWrite|transport.AccessRemoteWrite)
+	// Local write only, unless the adapter is iWARP without fast
+	// registration (ReadSinkShared): there an RDMA READ response, a
+	// tagged write into the sink, needs the sink remotely writable.
+	// Remote read is never needed: the target only reads from the host
+	// and writes to it. Provider-owned memory: the pool is closed with
+	// the port, after every queue drained (Port.Close waits for each
+	// connection's teardown, which waits for Queue.Drained).
+	access := transport.AccessLocalWrite
+	if sink == ReadSinkShared {
+		access |= transport.AccessRemoteWrite
+	}
+	mr, err := pd.AllocateMemory(int(n)*int(size), access)
 	if err != nil {
 		return nil, fmt.Errorf("register %d data buffers of %d bytes: %w", n, size, err)
 	}
 	p.mr = mr
+	if sink == ReadSinkPerRead {
+		if _, ok := pd.(transport.FastRegisterPD); !ok {
+			return nil, fmt.Errorf("register %d data buffers: the adapter reports fast registration, but its PD cannot fast-register", n)
+		}
+	}
 	reg := mr.Bytes()
 	for i := range p.bufs {
 		off := uint32(i) * size
@@ -54,9 +76,46 @@ func newPool(pd transport.PD, n, size uint32) (*pool, error) {
 		b.index = int32(i)
 		b.data = reg[off : off+size : off+size]
 		b.sge = mr.SGE(off, size)
+		if sink == ReadSinkPerRead {
+			if b.frmr, err = pd.(transport.FastRegisterPD).AllocateMR(size); err != nil {
+				p.close()
+				return nil, fmt.Errorf("fast-register region %d of %d bytes: %w", i, size, err)
+			}
+		}
 		p.push(b)
 	}
 	return p, nil
+}
+
+// renew replaces the fast-register region of a buffer whose last
+// registration may still be live (its command failed between the
+// fast-register and the invalidate): closing the region retires every
+// key it had. It reports whether the buffer may be used again.
+func (p *pool) renew(b *dataBuf) bool {
+	_ = b.frmr.Close()
+	var err error
+	b.frmr, err = p.pd.(transport.FastRegisterPD).AllocateMR(p.size)
+	if err != nil {
+		b.frmr = nil
+		return false
+	}
+	b.lent = false
+	return true
+}
+
+// release gives a buffer back after its command, renewing its
+// fast-register region first if a registration may be live (lent). A
+// buffer whose region cannot be renewed is dropped from the pool
+// (counted in lost) rather than lent again with a live key.
+func (p *pool) release(b *dataBuf) {
+	if b.lent && !p.renew(b) {
+		p.lost.Add(1)
+		if !b.held.CompareAndSwap(true, false) {
+			panic(fmt.Sprintf("rdma: data buffer %d given back twice", b.index))
+		}
+		return
+	}
+	p.put(b)
 }
 
 // get takes a free buffer or returns nil. Owning core only.
@@ -98,6 +157,11 @@ func (p *pool) push(b *dataBuf) {
 func (p *pool) close() error {
 	if p.mr == nil {
 		return nil
+	}
+	for i := range p.bufs {
+		if m := p.bufs[i].frmr; m != nil {
+			_ = m.Close()
+		}
 	}
 	return p.mr.Close()
 }

@@ -108,6 +108,9 @@ func Listen(t *target.Target, a transport.Adapter, cfg Config) (p *Port, err err
 		return nil, fmt.Errorf("rdma: register port: %w", err)
 	}
 	p.wg.Add(1)
+	if size.ReadSink == ReadSinkShared {
+		p.logf("rdma: port %s: this iWARP adapter cannot fast-register: the data buffers are remotely writable and every RDMA READ request shows a host their key, so a host could write into other hosts' data in flight; use the soft provider or an adapter with fast registration where hosts are not trusted", p.ln.Addr())
+	}
 	go p.acceptLoop()
 	return p, nil
 }
@@ -262,7 +265,7 @@ func (p *Port) setup(req transport.ConnRequest) {
 		c.qp, c.core, err = p.createAdminQP(c)
 	} else {
 		var core *transport.Core
-		c.qp, core, err = p.engine.CreateQP(c, sendSlotsPerEntry*entries, nvme.CQESize)
+		c.qp, core, err = p.engine.CreateQP(c, p.size.SendSlots*entries, nvme.CQESize)
 		if err == nil {
 			c.core = p.cores[core.Index()]
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/volume"
+	"github.com/blk-project/blk/transport"
 	"github.com/blk-project/blk/transport/soft"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
@@ -33,7 +34,14 @@ type testTarget struct {
 // blocks) on a soft adapter on loopback.
 func newTestTarget(t testing.TB, cfg rdma.Config) *testTarget {
 	t.Helper()
-	a, err := soft.New(soft.Config{})
+	return newTestTargetOn(t, cfg, soft.Config{})
+}
+
+// newTestTargetOn is newTestTarget on a soft adapter of the given
+// configuration.
+func newTestTargetOn(t testing.TB, cfg rdma.Config, sc soft.Config) *testTarget {
+	t.Helper()
+	a, err := soft.New(sc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,5 +394,123 @@ func TestRandomCapsules(t *testing.T) {
 	buf := make([]byte, 4096)
 	if _, err := c.Namespace(1).ReadAt(buf, 0); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReadSinkKeyDies: on iWARP a host sees the key of the target's sink
+// in every RDMA READ request (the read response is a tagged write into
+// it). A host that keeps that key and writes to it after its command
+// finished is refused, its connection terminated, and the target serves
+// the next host's data intact. Both ways the soft provider can run: read
+// sinks that need only local write (the default, as siw: the data buffers
+// lend no remote right at all) and strict sinks (each READ's sink
+// fast-registered for that READ alone, ReadSinkPerRead). Before either,
+// the buffer pool was remotely writable and this write landed.
+func TestReadSinkKeyDies(t *testing.T) {
+	for _, tc := range []struct {
+		strict bool
+		want   rdma.ReadSink
+	}{{false, rdma.ReadSinkLocal}, {true, rdma.ReadSinkPerRead}} {
+		t.Run(tc.want.String(), func(t *testing.T) { testReadSinkKeyDies(t, tc.strict, tc.want) })
+	}
+}
+
+func testReadSinkKeyDies(t *testing.T, strict bool, want rdma.ReadSink) {
+	tt := newTestTargetOn(t, rdma.Config{}, soft.Config{StrictReadSink: strict})
+	if got := tt.port.Sizing().ReadSink; got != want {
+		t.Fatalf("soft provider (strict %v): read sink %v, want %v", strict, got, want)
+	}
+	type sink struct {
+		stag uint32
+		to   uint64
+		n    uint32
+	}
+	seen := make(chan sink, 16)
+	observe := soft.Config{StrictReadSink: strict, ObserveReadRequest: func(stag uint32, to uint64, n uint32) {
+		select {
+		case seen <- sink{stag, to, n}:
+		default:
+		}
+	}}
+	ioQueue := func(host string, cfg soft.Config) *rawHost {
+		adm, err := dialRaw(t, tt.addr, nvme.RDMACMRequest{HRQSize: 32, HSQSize: 31})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rsp := adm.connect(0, 31, 0, 0xFFFF, testSubNQN, host)
+		if rsp.Status != nvme.StatusSuccess {
+			t.Fatalf("admin connect: %v", rsp.Status)
+		}
+		cntlid := nvme.ConnectResponseCNTLID(rsp.DW0)
+		var cmd nvme.Command
+		(&nvme.PropertyCommand{Set: true, Offset: nvme.PropCC, Value: 0x00460001}).Encode(&cmd)
+		cmd.DPTR = nvme.KeyedSGL(0, 0, 0, false)
+		if r, _ := adm.exchange(cmd, nil); r.Status != 0 {
+			t.Fatalf("enable: %v", r.Status)
+		}
+		nq := nvme.Command{Opcode: uint8(nvme.AdminSetFeatures), Flags: 0x40, CDW10: 0x07}
+		nq.DPTR = nvme.KeyedSGL(0, 0, 0, false)
+		if r, _ := adm.exchange(nq, nil); r.Status != 0 {
+			t.Fatalf("number of queues: %v", r.Status)
+		}
+		io, err := dialRawWith(t, tt.addr, nvme.RDMACMRequest{QID: 1, HRQSize: 32, HSQSize: 31, CNTLID: cntlid}, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := io.connect(1, 31, 0, cntlid, testSubNQN, host); r.Status != 0 {
+			t.Fatalf("I/O connect: %v", r.Status)
+		}
+		return io
+	}
+	write := func(h *rawHost, lba uint32, fill byte) {
+		t.Helper()
+		d := h.data.Bytes()[65536 : 65536+8192]
+		for i := range d {
+			d[i] = fill
+		}
+		w := nvme.Command{Opcode: uint8(nvme.IOWrite), Flags: 0x40, NSID: 1, CDW10: lba, CDW12: 1}
+		w.DPTR = h.keyed(65536, 8192)
+		if r, _ := h.exchange(w, nil); r.Status != 0 {
+			t.Fatalf("write: %v", r.Status)
+		}
+	}
+	attacker := ioQueue(testHostNQN, observe)
+	write(attacker, 0, 0xaa)
+	var s sink
+	select {
+	case s = <-seen:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no READ request seen")
+	}
+	t.Logf("the target's READ request named sink STag %#x offset %#x (%d bytes)", s.stag, s.to, s.n)
+	// The attacker writes to the sink it saw, now that its command is done.
+	if err := attacker.qp.Write("attack", []transport.SGE{attacker.data.SGE(0, s.n)}, s.to, s.stag, 0); err != nil {
+		t.Fatalf("post the attacker's write: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for attacker.qp.Err() == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if attacker.qp.Err() == nil {
+		t.Fatal("a write to a finished command's READ sink was accepted: the host kept a key into the target's buffers")
+	}
+	t.Logf("the attacker's connection ended: %v", attacker.qp.Err())
+	// Another host's writes through the same buffers land intact.
+	victim := ioQueue(testHostNQN, soft.Config{StrictReadSink: strict})
+	for i := uint32(0); i < 8; i++ {
+		write(victim, 16+2*i, byte(i+1))
+	}
+	rd := nvme.Command{Opcode: uint8(nvme.IORead), Flags: 0x40, NSID: 1, CDW10: 16, CDW12: 15}
+	rd.DPTR = victim.keyed(262144, 16*4096)
+	if r, _ := victim.exchange(rd, nil); r.Status != 0 {
+		t.Fatalf("read: %v", r.Status)
+	}
+	got := victim.data.Bytes()[262144 : 262144+16*4096]
+	for i := range 8 {
+		for j, b := range got[i*8192 : (i+1)*8192] {
+			if b != byte(i+1) {
+				t.Fatalf("block %d byte %d is %#x, want %#x", 16+2*i, j, b, i+1)
+			}
+		}
 	}
 }

@@ -32,7 +32,13 @@ const rawRespOff = 8192
 
 func dialRaw(t testing.TB, addr string, cm nvme.RDMACMRequest) (*rawHost, error) {
 	t.Helper()
-	a, err := soft.New(soft.Config{})
+	return dialRawWith(t, addr, cm, soft.Config{})
+}
+
+// dialRawWith is dialRaw on an adapter of the given configuration.
+func dialRawWith(t testing.TB, addr string, cm nvme.RDMACMRequest, cfg soft.Config) (*rawHost, error) {
+	t.Helper()
+	a, err := soft.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

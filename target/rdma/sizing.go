@@ -81,7 +81,46 @@ const (
 	// with the target in its own process: at 2 per entry a queue kept at
 	// full depth ran out of send slots within a few hundred I/Os.)
 	sendSlotsPerEntry = 4
+	// perReadSlots are the two more a command takes when its READ's sink
+	// is registered for that READ alone (ReadSinkPerRead): the
+	// fast-register before the READ and the invalidate after it.
+	perReadSlots = 2
 )
+
+// ReadSink is how the sink of an RDMA READ (a host's write data) is lent
+// to the host.
+type ReadSink uint8
+
+const (
+	// ReadSinkLocal: the adapter needs no remote right on a read's sink
+	// (InfiniBand, RoCE: transport.FlagReadSinkLocal). The data buffers
+	// are registered for local write only: no host can touch them.
+	ReadSinkLocal ReadSink = iota
+	// ReadSinkPerRead: iWARP, where a read response is a tagged write
+	// into the sink and the READ request shows the host the sink's key.
+	// Each READ's sink is fast-registered for that READ alone and
+	// invalidated when it completes, as Linux nvmet does on iWARP; the
+	// buffers themselves are local-write only. A host that keeps the key
+	// cannot write into a buffer once its command's data is in, nor into
+	// another host's.
+	ReadSinkPerRead
+	// ReadSinkShared: iWARP without fast registration (userspace verbs on
+	// siw): the data buffers are registered remotely writable and their
+	// key travels in every READ request, so a host that keeps it can write
+	// into any buffer of the pool, other hosts' data in flight included.
+	// The port logs it when it starts.
+	ReadSinkShared
+)
+
+func (r ReadSink) String() string {
+	switch r {
+	case ReadSinkLocal:
+		return "local"
+	case ReadSinkPerRead:
+		return "per-read"
+	}
+	return "shared"
+}
 
 // Sizing is every size of a port, derived from the adapter's limits and
 // the Config by one function (Size).
@@ -104,6 +143,11 @@ type Sizing struct {
 	// AdminBufferSize is the size of an admin queue's private receive
 	// buffers (AdminQueueEntries of them per admin connection).
 	AdminBufferSize uint32
+	// ReadSink is how a READ's sink is lent to the host; SendSlots the
+	// send queue entries per queue entry it implies (sendSlotsPerEntry,
+	// plus perReadSlots with ReadSinkPerRead).
+	ReadSink  ReadSink
+	SendSlots uint32
 	// IRD and ORD are offered at connect: the target serves no RDMA
 	// reads (IRD 1, the least MPA allows) and issues as many as the
 	// adapter allows (ORD, clamped by the host's IRD at accept).
@@ -121,7 +165,8 @@ type Sizing struct {
 //     8 MiB, the largest power of two a keyed SGL's 24-bit length holds.
 //   - Receive buffer (engine BufferSize) = 64-byte SQE + InCapsule: the
 //     largest capsule a host may SEND on an I/O queue (IOCCSZ × 16).
-//   - Engine InitiatorDepth = 4 × QueueEntries (sendSlotsPerEntry): per
+//   - Engine InitiatorDepth = 4 × QueueEntries (sendSlotsPerEntry; 6 when
+//     each READ's sink is fast-registered and invalidated, ReadSinkPerRead): per
 //     queue entry one command in progress (a data transfer and a response
 //     SEND) and one whose response the host has already seen but whose
 //     SEND completion is not yet polled, so the QP's send queue can never
@@ -195,7 +240,20 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 			AdminQueueEntries, info.MaxReceiveQueueDepth)
 	}
 	recvSize := capsuleSize + cfg.InCapsule
-	initiatorDepth := sendSlotsPerEntry * max(cfg.QueueEntries, AdminQueueEntries+AdminQueueEntries/sendSlotsPerEntry)
+	switch {
+	case info.Flags&transport.FlagReadSinkLocal != 0:
+		s.ReadSink = ReadSinkLocal
+	case uint64(info.FRMRPageCount)*4096 >= uint64(mt):
+		s.ReadSink = ReadSinkPerRead
+	default:
+		s.ReadSink = ReadSinkShared
+	}
+	s.SendSlots = sendSlotsPerEntry
+	if s.ReadSink == ReadSinkPerRead {
+		s.SendSlots += perReadSlots
+	}
+	slots := s.SendSlots
+	initiatorDepth := slots * max(cfg.QueueEntries, AdminQueueEntries+AdminQueueEntries/slots)
 	buffers := cfg.QPsPerCore * cfg.QueueEntries
 	s.Engine = transport.EngineConfig{
 		Cores:          cfg.Cores,
@@ -217,7 +275,7 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 	}
 	// The admin QP's requests plus its private receives share one QP's
 	// CQ reservation (CreateQPWithReceiveQueue).
-	if AdminQueueEntries*sendSlotsPerEntry+AdminQueueEntries > s.Engine.InitiatorDepth {
+	if AdminQueueEntries*slots+AdminQueueEntries > s.Engine.InitiatorDepth {
 		return bad("InitiatorDepth %d cannot hold an admin queue", s.Engine.InitiatorDepth)
 	}
 	s.SmallBuffers = cfg.SmallBuffers

@@ -41,6 +41,8 @@ func TestSizeDefaults(t *testing.T) {
 		t.Errorf("MaxIOQueues %d", l.MaxIOQueues)
 	case e.QPsPerCore != 16 || e.Buffers != 16*256 || e.SRQDepth != e.Buffers || e.BufferSize != 64+4096:
 		t.Errorf("SRQ: %d QPs per core, %d buffers of %d bytes, depth %d", e.QPsPerCore, e.Buffers, e.BufferSize, e.SRQDepth)
+	case s.ReadSink != rdma.ReadSinkLocal || s.SendSlots != 4:
+		t.Errorf("read sink %v with %d send slots per entry: the soft provider's sinks need only local write", s.ReadSink, s.SendSlots)
 	case e.InitiatorDepth != 4*256:
 		t.Errorf("InitiatorDepth %d", e.InitiatorDepth)
 	case e.CQDepth() != 16*256+16*4*256:
@@ -120,5 +122,33 @@ func TestSizeRefusals(t *testing.T) {
 				t.Fatalf("error %v, want one naming %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestSizeReadSink: how a READ's sink is lent follows the adapter: local
+// write only where the adapter says a sink needs no remote right (IB,
+// RoCE), registered per READ on iWARP with fast registration, shared (the
+// pools remotely writable) on iWARP without it.
+func TestSizeReadSink(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		mod   func(*transport.AdapterInfo)
+		want  rdma.ReadSink
+		slots uint32
+	}{
+		{"sinks need local write only (IB, RoCE, siw, soft)", func(*transport.AdapterInfo) {}, rdma.ReadSinkLocal, 4},
+		{"iWARP with fast registration", func(i *transport.AdapterInfo) { i.Flags &^= transport.FlagReadSinkLocal }, rdma.ReadSinkPerRead, 6},
+		{"iWARP without fast registration", func(i *transport.AdapterInfo) { i.Flags &^= transport.FlagReadSinkLocal; i.FRMRPageCount = 0 }, rdma.ReadSinkShared, 4},
+		{"fast registration too small for MaxTransfer", func(i *transport.AdapterInfo) { i.Flags &^= transport.FlagReadSinkLocal; i.FRMRPageCount = 16 }, rdma.ReadSinkShared, 4},
+	} {
+		info := softInfo(t)
+		tc.mod(&info)
+		s, err := rdma.Size(info, rdma.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.ReadSink != tc.want || s.SendSlots != tc.slots || s.Engine.InitiatorDepth != tc.slots*256 {
+			t.Errorf("%s: %v, %d slots, initiator depth %d; want %v, %d", tc.name, s.ReadSink, s.SendSlots, s.Engine.InitiatorDepth, tc.want, tc.slots)
+		}
 	}
 }

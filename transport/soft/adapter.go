@@ -31,6 +31,19 @@ type Config struct {
 	// ConnectTimeout bounds the MPA exchange when the caller's context has
 	// no deadline. 0 means transport.DefaultConnectTimeout.
 	ConnectTimeout time.Duration
+	// ObserveReadRequest, if set, sees every RDMA READ request a peer
+	// sends to this adapter's QPs, on the receiving goroutine, before it
+	// is served: the peer's sink STag and offset are on the wire, and a
+	// test of what a peer can do with them (keep the key, write to it)
+	// needs them, as a packet capture would show them.
+	ObserveReadRequest func(sinkSTag uint32, sinkTO uint64, size uint32)
+	// StrictReadSink makes an RDMA read's sink need remote write, as the
+	// tagged model of RFC 5040 and iWARP hardware have it: the adapter
+	// then clears transport.FlagReadSinkLocal. By default, as Linux siw,
+	// a read response may land only in the sink of the read it answers
+	// (the oldest outstanding one: its STag, within its range), which
+	// needs only local write, so a read's sink lends the peer nothing.
+	StrictReadSink bool
 }
 
 // DefaultFirstFPDUDelay is the default Config.FirstFPDUDelay.
@@ -102,6 +115,9 @@ func New(cfg Config) (*Adapter, error) {
 		transport.FlagSolicitedNotifySupported | transport.FlagRemoteErrorsReported | transport.FlagRemoteReadEnforced
 	if runtime.NumCPU() > 1 {
 		flags |= transport.FlagMultiEngineSupported
+	}
+	if !cfg.StrictReadSink {
+		flags |= transport.FlagReadSinkLocal
 	}
 	a.info = transport.AdapterInfo{
 		VendorID:               0x626c6b, // "blk"

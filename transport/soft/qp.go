@@ -43,6 +43,9 @@ type readWR struct {
 	ctx    any
 	length uint32
 	silent bool
+	// The sink: the only place a response to this read may land.
+	stag uint32
+	addr uint64
 }
 
 // pendingComp is a send-queue completion waiting for its bytes to be
@@ -533,4 +536,12 @@ func QPStatsOf(tq transport.QP) (QPStats, bool) {
 		FPDUs:         q.tx.fpdus.Load(),
 		DirectReads:   q.rx.direct.Load(),
 	}, true
+}
+
+// sinkAccess is what an RDMA read's sink must grant (Config.StrictReadSink).
+func (q *qp) sinkAccess() transport.Access {
+	if q.a.cfg.StrictReadSink {
+		return transport.AccessLocalWrite | transport.AccessRemoteWrite
+	}
+	return transport.AccessLocalWrite
 }

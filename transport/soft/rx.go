@@ -360,19 +360,32 @@ func isSend(op uint8) bool {
 // placeTagged places an RDMA Write or Read Response segment directly into
 // the region its STag names.
 func (q *qp) placeTagged(h *wire.Header, plen int, crc uint32, tm *wire.Terminate) (uint32, *wire.Terminate, error) {
+	need := transport.AccessRemoteWrite
 	if h.Opcode == wire.OpReadResponse {
 		q.orqMu.Lock()
 		n := q.orqN
+		head := q.orq[q.orqHead]
 		q.orqMu.Unlock()
 		if n == 0 {
 			*tm = wire.Terminate{Layer: wire.LayerRDMAP, EType: wire.RDMAPRemoteOperation, Code: wire.RDMAPUnexpectedOpcode}
 			return crc, tm, nil
 		}
+		// Only into the sink of the read it answers, within its range:
+		// a peer answering a read reaches no other buffer.
+		if h.STag != head.stag {
+			*tm = wire.Terminate{Layer: wire.LayerDDP, EType: wire.DDPTaggedBuffer, Code: wire.DDPTaggedInvalidSTag}
+			return crc, tm, nil
+		}
+		if h.TO < head.addr || h.TO-head.addr > uint64(head.length) || uint64(head.length)-(h.TO-head.addr) < uint64(plen) {
+			*tm = wire.Terminate{Layer: wire.LayerDDP, EType: wire.DDPTaggedBuffer, Code: wire.DDPTaggedBaseBounds}
+			return crc, tm, nil
+		}
+		need = q.sinkAccess()
 	}
 	if plen == 0 {
 		return crc, nil, nil
 	}
-	dst, pm, f := q.pd.pin(h.STag, h.TO, uint32(plen), transport.AccessRemoteWrite)
+	dst, pm, f := q.pd.pin(h.STag, h.TO, uint32(plen), need)
 	defer pm.unpin()
 	if f != faultNone {
 		code := uint8(wire.DDPTaggedInvalidSTag)
@@ -533,6 +546,9 @@ func (q *qp) queueReadRequest(h *wire.Header, body []byte, tm *wire.Terminate) *
 	}
 	r.readMSN++
 	rr, _ := wire.ParseReadRequest(body)
+	if f := q.a.cfg.ObserveReadRequest; f != nil {
+		f(rr.SinkSTag, rr.SinkTO, rr.Size)
+	}
 	q.irqMu.Lock()
 	if q.irqN == uint32(len(q.irq)) {
 		q.irqMu.Unlock()

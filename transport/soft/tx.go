@@ -319,10 +319,12 @@ func (q *qp) emit(w *sendWR) bool {
 		}
 		t.comps = append(t.comps, pendingComp{ctx: w.ctx, op: w.op, bytes: w.length, silent: silent})
 	case transport.OpRead:
-		// iWARP: the read response is a tagged write into the sink, so the
-		// sink's STag must grant remote write.
+		// The read response is a tagged write into the sink. It is
+		// placed only if it names this read's sink (placeTagged), so the
+		// sink needs local write alone, unless StrictReadSink asks for
+		// the remote write of the tagged model.
 		s := &w.sges[0]
-		if _, f := q.pd.resolve(s.LKey, s.Addr, s.Length, transport.AccessLocalWrite|transport.AccessRemoteWrite); f != faultNone {
+		if _, f := q.pd.resolve(s.LKey, s.Addr, s.Length, q.sinkAccess()); f != faultNone {
 			return q.localFault(w)
 		}
 		q.orqMu.Lock()
@@ -332,7 +334,7 @@ func (q *qp) emit(w *sendWR) bool {
 			return true
 		}
 		i := (q.orqHead + q.orqN) % uint32(len(q.orq))
-		q.orq[i] = readWR{ctx: w.ctx, length: w.length, silent: silent}
+		q.orq[i] = readWR{ctx: w.ctx, length: w.length, silent: silent, stag: s.LKey, addr: s.Addr}
 		q.orqN++
 		q.orqMu.Unlock()
 		h := wire.Header{Opcode: wire.OpReadRequest, QN: wire.QNReadRequest, MSN: t.readMSN, Last: true}

@@ -424,3 +424,41 @@ func (t *T) writeReadVia(p *pair, fr fastRegistered, sink transport.MemoryRegion
 		t.Fatalf("read through the fast-registered key: %s", firstDiff(sink.Bytes()[:n], fr.buf))
 	}
 }
+
+// ReadSinkLocal: FlagReadSinkLocal tells the truth. With it, an RDMA read
+// into a sink registered without AccessRemoteWrite delivers the data.
+// Without it (iWARP: the read response is a tagged write into the sink),
+// the same read fails and the connection ends, the sink untouched: a
+// consumer must lend each read's sink remote write, and should do it per
+// read (fast registration), since the read request shows the peer its key.
+func testReadSinkLocal(t *T) {
+	p := t.newPair(pairOpts{})
+	const n = 8192
+	src := t.register(p.srv.pd, n, allAccess)
+	for i := range src.Bytes() {
+		src.Bytes()[i] = byte(i*7 + 1)
+	}
+	sink := t.register(p.cli.pd, n, transport.AccessLocalWrite)
+	before := slices.Clone(sink.Bytes())
+	if err := p.cli.qp.Read("sink", []transport.SGE{sink.SGE(0, n)}, src.Addr(), src.RKey(), 0); err != nil {
+		t.Fatalf("Read: %v", err)
+	}
+	c := t.waitN(p.cli.icq, 1, "read into a local-write sink")[0]
+	if t.info().Flags&transport.FlagReadSinkLocal != 0 {
+		if c.Status != nil {
+			t.Fatalf("FlagReadSinkLocal, but the read into a sink without remote write failed: %v", c.Status)
+		}
+		if !bytes.Equal(sink.Bytes(), src.Bytes()) {
+			t.Fatalf("read data: %s", firstDiff(sink.Bytes(), src.Bytes()))
+		}
+		return
+	}
+	if c.Status == nil {
+		t.Fatal("FlagReadSinkLocal clear, but a read into a sink without remote write succeeded: set the flag")
+	}
+	t.waitDone(p.cli.qp, "initiator after its sink refused the read response")
+	if !bytes.Equal(sink.Bytes(), before) {
+		t.Fatalf("a refused read response changed the sink: %s", firstDiff(sink.Bytes(), before))
+	}
+	t.Logf("iWARP: the read into a local-write sink failed (%v), as it must", c.Status)
+}

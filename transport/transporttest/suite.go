@@ -56,6 +56,7 @@ var cases = []testCase{
 	{"SendReceiveIntegrity", testSendReceiveIntegrity},
 	{"WriteIntegrity", testWriteIntegrity},
 	{"ReadIntegrity", testReadIntegrity},
+	{"ReadSinkLocal", testReadSinkLocal},
 	{"SendInvalidate", testSendInvalidate},
 	{"FastRegisterAndInvalidate", testFastRegisterAndInvalidate},
 	{"InlineSend", testInlineSend},

@@ -259,6 +259,14 @@ func (a *Adapter) query() error {
 		flags |= transport.FlagMultiEngineSupported
 	}
 	flags |= deviceSemantics(uint32(d.vendor_id))
+	if !a.iwarp || uint32(d.vendor_id) == siwVendorID {
+		// IB and RoCE match a read response to its request. siw
+		// places one only into the sink of the read it answers (its
+		// STag checked against the ORQ's, siw_rresp_check_ntoh) and
+		// asks that sink for local write alone. iWARP hardware keeps
+		// RFC 5040's tagged model: the sink needs remote write.
+		flags |= transport.FlagReadSinkLocal
+	}
 	priv := uint32(iwarpPrivateData)
 	callee := uint32(iwarpPrivateData)
 	if !a.iwarp {
