@@ -209,7 +209,7 @@ func (c Config) Validate() error {
 
 // authConfig is the host side of DH-HMAC-CHAP for subNQN (nil without a
 // secret).
-func (c *Config) authConfig(subNQN string) (*auth.HostConfig, error) {
+func (c *Config) authConfig(subNQN string) (*auth.Config, error) {
 	if c.DHCHAPSecret == "" {
 		if c.DHCHAPCtrlSecret != "" {
 			return nil, errors.New("DHCHAPCtrlSecret needs DHCHAPSecret")
@@ -220,7 +220,7 @@ func (c *Config) authConfig(subNQN string) (*auth.HostConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("DHCHAPSecret: %v", err)
 	}
-	hc := &auth.HostConfig{HostNQN: c.HostNQN, SubNQN: subNQN, HostKey: hk}
+	hc := &auth.Config{HostNQN: c.HostNQN, SubNQN: subNQN, HostKey: hk}
 	if c.DHCHAPCtrlSecret != "" {
 		ck, err := auth.ParseKey(c.DHCHAPCtrlSecret)
 		if err != nil {

@@ -75,7 +75,7 @@ func (q *Queue) authFor(s *Subsystem, hostNQN string) *queueAuth {
 		return nil
 	}
 	t := q.t
-	return &queueAuth{s: auth.NewCtrlSession(auth.CtrlConfig{
+	return &queueAuth{s: auth.NewCtrlSession(auth.Config{
 		HostNQN: hostNQN, SubNQN: s.nqn, HostKey: keys.Host, CtrlKey: keys.Ctrl,
 		Hashes: t.cfg.AuthHashes, DHGroups: t.cfg.AuthDHGroups,
 	})}

@@ -75,7 +75,7 @@ func (h *harness) connectATR(name string, qid uint16, cntlid uint16) *tq {
 func TestAuthenticatedHost(t *testing.T) {
 	for _, bidi := range []bool{false, true} {
 		h, keys := authHarness(t, bidi)
-		hc := auth.HostConfig{HostNQN: hostA, SubNQN: subA, HostKey: keys.Host, CtrlKey: keys.Ctrl}
+		hc := auth.Config{HostNQN: hostA, SubNQN: subA, HostKey: keys.Host, CtrlKey: keys.Ctrl}
 		admin := h.connectATR("admin", 0, 0xFFFF)
 		cntlid := admin.q.CNTLID()
 		// Nothing but authentication before it succeeds.
@@ -118,15 +118,15 @@ func TestAuthRefusals(t *testing.T) {
 		reason string
 	}{
 		{"wrong secret", false, func(h *harness, keys target.HostKeys, q *tq) error {
-			_, _, err := auth.Authenticate(auth.HostConfig{HostNQN: hostA, SubNQN: subA, HostKey: other}, 1, authPipe{h, q})
+			_, _, err := auth.Authenticate(auth.Config{HostNQN: hostA, SubNQN: subA, HostKey: other}, 1, authPipe{h, q})
 			return err
 		}, auth.ErrRefused, "wrong response"},
 		{"controller secret wanted, none held", false, func(h *harness, keys target.HostKeys, q *tq) error {
-			_, _, err := auth.Authenticate(auth.HostConfig{HostNQN: hostA, SubNQN: subA, HostKey: keys.Host, CtrlKey: &other}, 1, authPipe{h, q})
+			_, _, err := auth.Authenticate(auth.Config{HostNQN: hostA, SubNQN: subA, HostKey: keys.Host, CtrlKey: &other}, 1, authPipe{h, q})
 			return err
 		}, auth.ErrRefused, "no controller secret"},
 		{"host rejects the controller", true, func(h *harness, keys target.HostKeys, q *tq) error {
-			_, _, err := auth.Authenticate(auth.HostConfig{HostNQN: hostA, SubNQN: subA, HostKey: keys.Host, CtrlKey: &other}, 1, authPipe{h, q})
+			_, _, err := auth.Authenticate(auth.Config{HostNQN: hostA, SubNQN: subA, HostKey: keys.Host, CtrlKey: &other}, 1, authPipe{h, q})
 			return err
 		}, auth.ErrCtrlNotAuthenticated, "failure2"},
 		{"skipped", false, func(h *harness, keys target.HostKeys, q *tq) error {

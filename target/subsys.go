@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math/bits"
 	"slices"
 	"sync"
@@ -147,12 +148,7 @@ func (s *Subsystem) hostKeys(hostNQN string) (HostKeys, bool) {
 func (s *Subsystem) AuthenticatedHosts() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	hs := make([]string, 0, len(s.keys))
-	for h := range s.keys {
-		hs = append(hs, h)
-	}
-	slices.Sort(hs)
-	return hs
+	return slices.Sorted(maps.Keys(s.keys))
 }
 
 // AllowHost lets a host NQN connect.
@@ -224,12 +220,7 @@ func (s *Subsystem) AllowAnyHost() bool {
 func (s *Subsystem) Hosts() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	hs := make([]string, 0, len(s.hosts))
-	for h := range s.hosts {
-		hs = append(hs, h)
-	}
-	slices.Sort(hs)
-	return hs
+	return slices.Sorted(maps.Keys(s.hosts))
 }
 
 // ConnectedHosts returns the NQNs of the hosts with a live controller on

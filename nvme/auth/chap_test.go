@@ -49,9 +49,9 @@ func TestExchange(t *testing.T) {
 		for _, g := range []DHGroup{DHNull, FFDHE2048, FFDHE3072, FFDHE4096} {
 			for _, bidi := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%v/%v/bidi=%v", h, g, bidi), func(t *testing.T) {
-					s := NewCtrlSession(CtrlConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, CtrlKey: &ck,
+					s := NewCtrlSession(Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, CtrlKey: &ck,
 						Hashes: []HashID{h}, DHGroups: []DHGroup{g}})
-					hc := HostConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk}
+					hc := Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk}
 					if bidi {
 						hc.CtrlKey = &ck
 					}
@@ -75,28 +75,28 @@ func TestExchange(t *testing.T) {
 func TestExchangeRefusals(t *testing.T) {
 	hk, ck := keys(t)
 	other, _ := GenerateKey(SHA256, 32)
-	ctrl := func(mod func(*CtrlConfig)) *CtrlSession {
-		c := CtrlConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, CtrlKey: &ck}
+	ctrl := func(mod func(*Config)) *CtrlSession {
+		c := Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, CtrlKey: &ck}
 		if mod != nil {
 			mod(&c)
 		}
 		return NewCtrlSession(c)
 	}
-	host := HostConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk}
+	host := Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk}
 	for _, tc := range []struct {
 		name   string
 		s      *CtrlSession
-		h      HostConfig
+		h      Config
 		tamper func([]byte) []byte
 		want   error
 		why    string
 	}{
-		{"wrong host secret", ctrl(nil), HostConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: other}, nil, ErrRefused, "wrong response"},
-		{"host NQN not the key's", ctrl(func(c *CtrlConfig) { c.HostNQN = "nqn.2014-08.org.nvmexpress:uuid:other" }), host, nil, ErrRefused, "wrong response"},
-		{"controller with the wrong secret", ctrl(func(c *CtrlConfig) { c.CtrlKey = &other }), HostConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, CtrlKey: &ck}, nil, ErrCtrlNotAuthenticated, "failure2"},
-		{"bidirectional without a controller secret", ctrl(func(c *CtrlConfig) { c.CtrlKey = nil }), HostConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, CtrlKey: &ck}, nil, ErrRefused, "no controller secret"},
-		{"no common hash", ctrl(func(c *CtrlConfig) { c.Hashes = []HashID{SHA512} }), HostConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, Hashes: []HashID{SHA256}}, nil, ErrRefused, "no common hash"},
-		{"no common group", ctrl(func(c *CtrlConfig) { c.DHGroups = []DHGroup{FFDHE2048} }), HostConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, DHGroups: []DHGroup{DHNull}}, nil, ErrRefused, "no common DH group"},
+		{"wrong host secret", ctrl(nil), Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: other}, nil, ErrRefused, "wrong response"},
+		{"host NQN not the key's", ctrl(func(c *Config) { c.HostNQN = "nqn.2014-08.org.nvmexpress:uuid:other" }), host, nil, ErrRefused, "wrong response"},
+		{"controller with the wrong secret", ctrl(func(c *Config) { c.CtrlKey = &other }), Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, CtrlKey: &ck}, nil, ErrCtrlNotAuthenticated, "failure2"},
+		{"bidirectional without a controller secret", ctrl(func(c *Config) { c.CtrlKey = nil }), Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, CtrlKey: &ck}, nil, ErrRefused, "no controller secret"},
+		{"no common hash", ctrl(func(c *Config) { c.Hashes = []HashID{SHA512} }), Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, Hashes: []HashID{SHA256}}, nil, ErrRefused, "no common hash"},
+		{"no common group", ctrl(func(c *Config) { c.DHGroups = []DHGroup{FFDHE2048} }), Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, DHGroups: []DHGroup{DHNull}}, nil, ErrRefused, "no common DH group"},
 		{"truncated reply", ctrl(nil), host, func(b []byte) []byte {
 			if b[1] == idReply {
 				return b[:20]
@@ -110,7 +110,7 @@ func TestExchangeRefusals(t *testing.T) {
 			}
 			return b
 		}, ErrRefused, "transaction"},
-		{"tampered DH value", ctrl(func(c *CtrlConfig) { c.DHGroups = []DHGroup{FFDHE2048} }), host, func(b []byte) []byte {
+		{"tampered DH value", ctrl(func(c *Config) { c.DHGroups = []DHGroup{FFDHE2048} }), host, func(b []byte) []byte {
 			if b[1] == idReply {
 				b = clone(b)
 				b[len(b)-1] ^= 1
@@ -147,9 +147,9 @@ func containsStr(s, sub string) bool {
 func TestReplayRefused(t *testing.T) {
 	hk, _ := keys(t)
 	for _, g := range []DHGroup{DHNull, FFDHE2048} {
-		cfg := CtrlConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, DHGroups: []DHGroup{g}}
+		cfg := Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, DHGroups: []DHGroup{g}}
 		p := &pipe{s: NewCtrlSession(cfg)}
-		if _, _, err := Authenticate(HostConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk}, 1, p); err != nil {
+		if _, _, err := Authenticate(Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk}, 1, p); err != nil {
 			t.Fatal(err)
 		}
 		// An eavesdropper replays the negotiate and the reply on a new queue.
@@ -174,7 +174,7 @@ func TestReplayRefused(t *testing.T) {
 // start over on the same queue.
 func TestOutOfOrder(t *testing.T) {
 	hk, _ := keys(t)
-	cfg := CtrlConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk}
+	cfg := Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk}
 	neg, _ := Negotiate{TID: 1, Hashes: []HashID{SHA256}, DHGroups: []DHGroup{DHNull}}.Marshal()
 	reply, _ := Reply{TID: 1, Response: make([]byte, 32)}.Marshal()
 	for name, steps := range map[string]func(s *CtrlSession) error{
@@ -233,7 +233,7 @@ func FuzzCtrlSession(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, a, b []byte, al uint16) {
-		s := NewCtrlSession(CtrlConfig{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, CtrlKey: &hk})
+		s := NewCtrlSession(Config{HostNQN: hostNQN, SubNQN: subNQN, HostKey: hk, CtrlKey: &hk})
 		for _, m := range [][]byte{a, b, a, b} {
 			_ = s.Send(m)
 			_, _ = s.Receive(int(al))

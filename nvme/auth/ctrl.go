@@ -51,15 +51,19 @@ var (
 	DefaultDHGroups = []DHGroup{FFDHE2048, FFDHE3072, FFDHE4096, FFDHE6144, FFDHE8192, DHNull}
 )
 
-// CtrlConfig is what a controller knows about the host it authenticates.
-type CtrlConfig struct {
+// Config is one side's view of an association: the two NQNs, the
+// secrets, and the hashes and DH groups it accepts.
+type Config struct {
 	HostNQN, SubNQN string
-	// HostKey is the host's secret; CtrlKey the controller's, nil when
-	// the host may not ask to authenticate the controller.
+	// HostKey is the host's secret. CtrlKey is the controller's: on a
+	// controller, nil refuses a host that asks to authenticate the
+	// controller; on a host, set means the host challenges the
+	// controller too (bidirectional) and accepts only one that holds it.
 	HostKey Key
 	CtrlKey *Key
-	// Hashes and DHGroups are the controller's preferences (nil:
-	// DefaultHashes, DefaultDHGroups).
+	// Hashes and DHGroups: on a controller its preferences, first
+	// match wins (nil: DefaultHashes, DefaultDHGroups); on a host what it
+	// offers (nil: all this package implements, as Linux offers).
 	Hashes   []HashID
 	DHGroups []DHGroup
 	// Rand is the source of challenges and DH keys (nil: crypto/rand).
@@ -77,7 +81,7 @@ var ErrAllocLength = errors.New("auth: AUTH_RECEIVE allocation length too short"
 // CtrlSession is the controller's state for one queue. It is not safe for
 // concurrent use.
 type CtrlSession struct {
-	cfg  CtrlConfig
+	cfg  Config
 	step ctrlStep
 
 	authenticated bool
@@ -95,7 +99,7 @@ type CtrlSession struct {
 }
 
 // NewCtrlSession starts a queue's session: nothing is authenticated yet.
-func NewCtrlSession(cfg CtrlConfig) *CtrlSession {
+func NewCtrlSession(cfg Config) *CtrlSession {
 	if cfg.Hashes == nil {
 		cfg.Hashes = DefaultHashes
 	}

@@ -4,25 +4,7 @@ import (
 	"crypto/hmac"
 	"errors"
 	"fmt"
-	"io"
 )
-
-// HostConfig is what a host needs to authenticate to a controller.
-type HostConfig struct {
-	HostNQN, SubNQN string
-	// HostKey is the host's secret. CtrlKey, when set, is the
-	// controller's: the host then challenges the controller too
-	// (bidirectional authentication) and accepts only a controller that
-	// holds it.
-	HostKey Key
-	CtrlKey *Key
-	// Hashes and DHGroups are offered in the negotiation (nil: all this
-	// package implements, as Linux offers).
-	Hashes   []HashID
-	DHGroups []DHGroup
-	// Rand is the source of challenges and DH keys (nil: crypto/rand).
-	Rand io.Reader
-}
 
 // Errors of Authenticate (besides the transport's own).
 var (
@@ -47,7 +29,7 @@ type Transport interface {
 // Authenticate runs one DH-HMAC-CHAP transaction as the host on a queue.
 // On an error after the challenge it tells the controller with Failure2
 // (best effort) before returning.
-func Authenticate(cfg HostConfig, tid uint16, t Transport) (hash HashID, group DHGroup, err error) {
+func Authenticate(cfg Config, tid uint16, t Transport) (hash HashID, group DHGroup, err error) {
 	hashes, groups := cfg.Hashes, cfg.DHGroups
 	if hashes == nil {
 		hashes = []HashID{SHA256, SHA384, SHA512}
