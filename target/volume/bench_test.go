@@ -191,7 +191,7 @@ func readCounters(b *testing.B, t benchTarget) volumeCounters {
 	m := vt.s.db.Metrics()
 	w := m.WAL.BytesWritten
 	for _, l := range m.Levels {
-		w += l.TableBytesFlushed + l.TableBytesCompacted
+		w += l.TableBytesFlushed + l.TableBytesCompacted + l.BlobBytesFlushed + l.BlobBytesCompacted
 	}
 	return volumeCounters{st.CopiedBytes, w}
 }
