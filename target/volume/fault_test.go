@@ -27,7 +27,7 @@ type faultFS struct {
 func newFaultFS(suffix string, kinds ...errorfs.OpKind) *faultFS {
 	f := &faultFS{mem: vfs.NewCrashableMem(), suffix: suffix, kinds: kinds}
 	f.fs = errorfs.Wrap(f.mem, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if !f.on.Load() || !strings.HasSuffix(op.Path, f.suffix) {
+		if !f.on.Load() || !matchSuffix(op.Path, f.suffix) {
 			return nil
 		}
 		for _, k := range f.kinds {
@@ -39,6 +39,17 @@ func newFaultFS(suffix string, kinds ...errorfs.OpKind) *faultFS {
 		return nil
 	}))
 	return f
+}
+
+// matchSuffix reports whether path ends with one of the |-separated
+// suffixes.
+func matchSuffix(path, suffixes string) bool {
+	for _, s := range strings.Split(suffixes, "|") {
+		if strings.HasSuffix(path, s) {
+			return true
+		}
+	}
+	return false
 }
 
 var walWrites = []errorfs.OpKind{errorfs.OpFileWrite, errorfs.OpFileWriteAt}
@@ -230,10 +241,11 @@ func TestFaultSSTableWrite(t *testing.T) {
 	check(v2, 2)
 }
 
-// TestFaultSSTableRead: a read that pebble cannot serve because an
-// sstable read fails returns ErrIO: never zeros, never stale data.
+// TestFaultSSTableRead: a read that pebble cannot serve because a table
+// read fails (an sstable, or the blob file holding the block data) returns
+// ErrIO: never zeros, never stale data.
 func TestFaultSSTableRead(t *testing.T) {
-	f := newFaultFS(".sst", errorfs.OpFileReadAt, errorfs.OpFileRead)
+	f := newFaultFS(".sst|.blob", errorfs.OpFileReadAt, errorfs.OpFileRead)
 	cfg := memConfig(f.fs)
 	s, err := Open(cfg)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/sstable"
 )
 
 // Store is one storage node's pebble instance and every volume in it.
@@ -138,6 +139,29 @@ func Open(cfg Config) (*Store, error) {
 	// speed while flushes catch up. Measured: sustained 4 KiB random writes
 	// ~20% faster.
 	opts.MemTableStopWritesThreshold = 4
+	// Block data in blob files (value separation): every value of at
+	// least 1 KiB (each 4 KiB block; 512-byte blocks stay inline) is
+	// written once by the memtable flush into a blob file, and the
+	// sstables, which compactions rewrite, hold only keys and references.
+	// No compression: block data is rarely compressible, and what pebble
+	// still compresses (keys, references) is small. Blob files with more
+	// than 20% overwritten values are rewritten once 5 s old, which bounds
+	// the space overwrites leave behind. Measured (BenchmarkOptions, 20 s
+	// of sustained writes over a 256 MiB volume, against pebble's
+	// defaults in the same run): 4 KiB random writes 137 → 166 MB/s, 128
+	// KiB sequential 150 → 168 MB/s, disk used 4.6 → 3.0 and 7.6 → 3.9
+	// times the volume, bytes allocated per write halved; cached 4 KiB
+	// random reads 3.4 → 3.9 µs (one more lookup, in the blob file).
+	opts.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
+		return pebble.ValueSeparationPolicy{Enabled: true, MinimumSize: 1024, MaxBlobReferenceDepth: 10,
+			RewriteMinimumAge: 5 * time.Second, TargetGarbageRatio: 0.2}
+	}
+	for i := range opts.Levels {
+		opts.Levels[i].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
+	}
+	if tuneOptions != nil {
+		tuneOptions(opts)
+	}
 	db, err := pebble.Open(cfg.Dir, opts)
 	if err != nil {
 		return nil, fmt.Errorf("volume: open %q: %w: %w", cfg.Dir, ErrIO, err)
@@ -650,3 +674,7 @@ func deleteBatchBytes(n int) int {
 
 // rangeDeleteBatchBytes bounds a batch of one range deletion.
 const rangeDeleteBatchBytes = batchHeader + 1 + 2*5 + 2*dataKeyLen
+
+// tuneOptions, when set, adjusts pebble's options last: BenchmarkOptions
+// compares the store's options with pebble's defaults through it.
+var tuneOptions func(*pebble.Options)
