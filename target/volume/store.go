@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/sstable"
 )
 
 // Store is one storage node's pebble instance and every volume in it.
@@ -139,28 +138,15 @@ func Open(cfg Config) (*Store, error) {
 	// speed while flushes catch up. Measured: sustained 4 KiB random writes
 	// ~20% faster.
 	opts.MemTableStopWritesThreshold = 4
-	// Block data in blob files (value separation): every value of at
-	// least 1 KiB (each 4 KiB block; 512-byte blocks stay inline) is
-	// written once by the memtable flush into a blob file, and the
-	// sstables, which compactions rewrite, hold only keys and references.
-	// No compression: block data is rarely compressible, and what pebble
-	// still compresses (keys, references) is small. Blob files with more
-	// than 20% overwritten values are rewritten once 5 s old, which bounds
-	// the space overwrites leave behind. Measured (BenchmarkOptions, 20 s
-	// of sustained writes over a 256 MiB volume, against pebble's
-	// defaults in the same run; two runs): 4 KiB random writes 102-137 →
-	// 166-177 MB/s, 128 KiB sequential 129-150 → 168-177 MB/s, disk used
-	// 4.6-4.7 → 3.0-3.2 and 7.3-7.6 → 3.9-4.0 times the volume, bytes
-	// allocated per write halved; cached 4 KiB random reads 3.4 µs either
-	// way in one run, 3.4 → 3.9 µs in the other (one more lookup, in the
-	// blob file).
-	opts.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
-		return pebble.ValueSeparationPolicy{Enabled: true, MinimumSize: 1024, MaxBlobReferenceDepth: 10,
-			RewriteMinimumAge: 5 * time.Second, TargetGarbageRatio: 0.2}
-	}
-	for i := range opts.Levels {
-		opts.Levels[i].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
-	}
+	// Not value separation (block data in blob files), although it makes
+	// sustained writes 1.2-1.7x faster in BenchmarkOptions: through blkd,
+	// a 1 GiB volume overwritten by 20 s of 4 KiB random writes used
+	// 2994 MiB of disk with it against 1999 without, 2180 against 1800
+	// once idle (blob files keep overwritten blocks until a rewrite, 1898
+	// with rewrites at 5% garbage after 1 s), and random writes were no
+	// faster there (docs/volume.md). Compression stays pebble's default
+	// (Snappy): on random data it costs nothing measurable, and a volume's
+	// zero or text blocks compress.
 	if tuneOptions != nil {
 		tuneOptions(opts)
 	}
@@ -678,5 +664,5 @@ func deleteBatchBytes(n int) int {
 const rangeDeleteBatchBytes = batchHeader + 1 + 2*5 + 2*dataKeyLen
 
 // tuneOptions, when set, adjusts pebble's options last: BenchmarkOptions
-// compares the store's options with pebble's defaults through it.
+// compares the store's options with value separation through it.
 var tuneOptions func(*pebble.Options)
