@@ -34,7 +34,9 @@ import (
 // reads commands on stdin: "stats" prints one line "STATS k=v ...", and
 // end of file — the parent closed it, or exited however it died — shuts
 // it down cleanly, so a child never outlives the test binary that started
-// it. With BLK_TEST_CHILD_CPUPROFILE=<path> it writes a CPU profile of its
+// it. With BLK_TEST_CHILD_MEMPROFILE=<path> it writes an allocation
+// profile of every allocation (MemProfileRate 1) to <path>.<pid> at exit.
+// With BLK_TEST_CHILD_CPUPROFILE=<path> it writes a CPU profile of its
 // run to <path>.<pid> (see bench_test.go). It opens its adapter of the
 // provider BLK_TEST_CHILD_PROVIDER names on BLK_TEST_CHILD_DEVICE (soft
 // by default; benchenv_test.go). Tests start it with
@@ -144,6 +146,21 @@ func runChildBare(addr string) error {
 // BLK_TEST_CHILD_CONTROL) until its stdin ends, answering "stats" on stdin
 // with "STATS " + stats() + the process's allocation count.
 func childServe(stats func() string) {
+	if path := os.Getenv("BLK_TEST_CHILD_MEMPROFILE"); path != "" {
+		// Every allocation, written at exit: where the server's
+		// tgt-allocs/op come from.
+		runtime.MemProfileRate = 1
+		defer func() {
+			f, err := os.Create(fmt.Sprintf("%s.%d", path, os.Getpid()))
+			if err == nil {
+				err = pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "child: memory profile:", err)
+			}
+		}()
+	}
 	if path := os.Getenv("BLK_TEST_CHILD_CPUPROFILE"); path != "" {
 		f, err := os.Create(fmt.Sprintf("%s.%d", path, os.Getpid()))
 		if err == nil {
