@@ -166,6 +166,9 @@ func (q *Queue) connectIO(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme.St
 	if c.hostID != d.HostID {
 		return invalidParam(ipoHostID, true)
 	}
+	// The host's secrets, read before c.mu: Subsystem.mu comes first in
+	// the lock order.
+	qa := q.authFor(s, c.hostNQN)
 	c.mu.Lock()
 	if c.state != ctrlLive {
 		c.mu.Unlock()
@@ -185,7 +188,7 @@ func (q *Queue) connectIO(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme.St
 		c.mu.Unlock()
 		return nvme.StatusCommandSequenceError.WithDNR(), 0
 	}
-	q.auth = q.authFor(s, c.hostNQN)
+	q.auth = qa
 	c.queues[cc.QID] = q
 	c.nioq++
 	q.depth = int(cc.SQSize) + 1
