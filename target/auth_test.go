@@ -221,3 +221,32 @@ func TestAuthHostLeaves(t *testing.T) {
 	}
 	h.finish()
 }
+
+// Secrets set for a host that is connected without having authenticated
+// end its controller: it must now prove itself, on a new Connect.
+func TestAuthSecretsSetWhileConnected(t *testing.T) {
+	h := newHarness(t)
+	s, _ := h.mustSubsystem(subA, 64)
+	admin, _ := h.adminConnect("admin", hostA, subA, 0)
+	hk, _ := auth.GenerateKey(0, 32)
+	if err := s.SetHostKeys(hostA, &target.HostKeys{Host: hk}); err != nil {
+		t.Fatal(err)
+	}
+	if admin.disconnected() != 1 || h.tgt.Stats().Controllers != 0 {
+		t.Fatalf("%d disconnects, %d controllers", admin.disconnected(), h.tgt.Stats().Controllers)
+	}
+	q := h.connectATR("admin2", 0, 0xFFFF)
+	if _, _, err := auth.Authenticate(auth.Config{HostNQN: hostA, SubNQN: subA, HostKey: hk}, 1, authPipe{h, q}); err != nil {
+		t.Fatal(err)
+	}
+	// Rotation: an authenticated controller keeps its session.
+	hk2, _ := auth.GenerateKey(0, 32)
+	if err := s.SetHostKeys(hostA, &target.HostKeys{Host: hk2}); err != nil {
+		t.Fatal(err)
+	}
+	if q.disconnected() != 0 {
+		t.Fatal("an authenticated controller was torn down by a rotation")
+	}
+	mustOK(t, h.exec(q, propSet(nvme.PropCC, ccEnable), nil), "enable")
+	h.finish()
+}

@@ -34,6 +34,7 @@ var (
 // Responder.Disconnect, each wrapping ErrControllerRemoved.
 var (
 	errHostRevoked      = fmt.Errorf("%w: host access revoked", ErrControllerRemoved)
+	errAuthNowRequired  = fmt.Errorf("%w: the host must now authenticate (DH-HMAC-CHAP secrets set)", ErrControllerRemoved)
 	errSubsystemRemoved = fmt.Errorf("%w: subsystem removed", ErrControllerRemoved)
 	errTargetClosed     = fmt.Errorf("%w: target closed", ErrControllerRemoved)
 )

@@ -99,10 +99,12 @@ func (s *Subsystem) Serial() string { return nvme.TrimASCII(s.serial[:]) }
 func (s *Subsystem) Model() string { return nvme.TrimASCII(s.model[:]) }
 
 // SetHostKeys makes hostNQN authenticate every queue it connects with
-// DH-HMAC-CHAP, with the secrets k (nil: no authentication). Live
-// controllers keep their sessions; new queues and re-authentications use
-// the new secrets. The discovery subsystem authenticates nobody, as
-// nvmet.
+// DH-HMAC-CHAP, with the secrets k (nil: no authentication). A live
+// controller of the host that did not authenticate (it connected before
+// the host had secrets) is torn down: from now on the host must prove
+// itself, and its next Connect asks it to. Authenticated controllers keep
+// their sessions; new queues and re-authentications use the new secrets
+// (rotation). The discovery subsystem authenticates nobody, as nvmet.
 func (s *Subsystem) SetHostKeys(hostNQN string, k *HostKeys) error {
 	if err := nvme.ValidateNQN(hostNQN); err != nil {
 		return fmt.Errorf("target: subsystem %s: host NQN %q: %w", s.nqn, hostNQN, ErrInvalid)
@@ -116,6 +118,13 @@ func (s *Subsystem) SetHostKeys(hostNQN string, k *HostKeys) error {
 	s.mu.Lock()
 	s.setKeys(hostNQN, k)
 	s.mu.Unlock()
+	if k != nil {
+		for _, c := range s.controllers() {
+			if c.hostNQN == hostNQN && c.admin.auth == nil {
+				c.teardown(errAuthNowRequired)
+			}
+		}
+	}
 	return nil
 }
 
