@@ -240,9 +240,11 @@ var statusCases = []struct {
 		if err := f.sub.SetHostKeys(hostA, &target.HostKeys{Host: hk}); err != nil {
 			t.Fatal(err)
 		}
-		q := f.h.queue("auth-io", target.QueueParams{QID: 2, SQSize: 127})
-		mustOK(t, f.h.exec(q, connectCmd(2, 127, 0), connectData(hostA, subA, f.cntlid, hostIDA)), "io connect")
-		return f.h.exec(q, ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096))
+		// The fixture's controller, unauthenticated, is gone; a new
+		// one must authenticate before anything else.
+		q := f.h.queue("auth-admin", target.QueueParams{QID: 0, SQSize: 31})
+		mustOK(t, f.h.exec(q, connectCmd(0, 31, 0), connectData(hostA, subA, 0xFFFF, hostIDA)), "admin connect")
+		return f.h.exec(q, propGet(nvme.PropCSTS, false), nil)
 	}},
 	{"keep alive timeout invalid", nvme.StatusKeepAliveInvalid.WithDNR(), func(t *testing.T, f *fixture) *call {
 		mustOK(t, f.h.exec(f.admin, setFeatCmd(nvme.FeatureKeepAliveTimer, 0), nil), "KATO 0")
