@@ -44,6 +44,11 @@ type Config struct {
 	// TLSRefused, if set, is told of every raft connection refused in
 	// its TLS handshake (for the node's metrics and log).
 	TLSRefused func(remote net.Addr, err error)
+	// AcceptPeer, if set (and TLSServer not), checks each raft connection
+	// a peer opens before raft reads from it: an error closes it and is
+	// reported to TLSRefused. blkd sets it on a node that serves raft on
+	// loopback without TLS, to let in only its own user's processes.
+	AcceptPeer func(net.Conn) error
 
 	// Bootstrap makes this node the single voter of a new cluster if its
 	// DataDir holds no raft state yet. Ignored otherwise, so it is safe to
@@ -246,6 +251,12 @@ func NewNode(cfg Config) (_ *Node, err error) {
 		var nt *raft.NetworkTransport
 		if cfg.TLSServer != nil {
 			layer, lerr := NewTLSStreamLayer(cfg.BindAddr, adv, cfg.TLSServer, cfg.TLSClient, cfg.TLSRefused)
+			if lerr != nil {
+				return nil, fmt.Errorf("meta: raft transport: %w", lerr)
+			}
+			nt = raft.NewNetworkTransportWithLogger(layer, cfg.TCPMaxPool, cfg.TCPTimeout, logger)
+		} else if cfg.AcceptPeer != nil {
+			layer, lerr := newCheckedStreamLayer(cfg.BindAddr, adv, cfg.AcceptPeer, cfg.TLSRefused)
 			if lerr != nil {
 				return nil, fmt.Errorf("meta: raft transport: %w", lerr)
 			}

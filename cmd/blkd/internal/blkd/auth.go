@@ -1,16 +1,19 @@
 package blkd
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
 	"crypto/x509"
 	"github.com/blk-project/blk/api"
+	"github.com/blk-project/blk/internal/peercred"
 	"github.com/blk-project/blk/pki"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -23,9 +26,14 @@ import (
 //	admin   everything an operator does (not the node-to-node routes)
 //	node    the node-to-node routes (/v1/internal/*, join) and reads
 //
-// Without --tls-dir the API is plain HTTP without authentication, which
-// Config.Validate allows only on loopback addresses (or with --insecure).
-// Every mutating call is logged with who made it either way.
+// Without --tls-dir the API and raft are plain TCP, which Config.Validate
+// allows only on loopback addresses (or with --insecure). There the kernel
+// says who the caller is: the owner of the peer socket (package peercred).
+// The user who runs blkd and root may do everything (they could read the
+// data dir anyway; the other nodes of a local cluster run as that user);
+// any other user of the machine is refused, on the API (403) and on raft
+// (the connection is closed). With --insecure nobody is checked.
+// Every mutating call is logged with who made it.
 
 // tlsSetup loads the node's credentials and builds the API's server and
 // the node-to-node client configurations. Nil without --tls-dir.
@@ -64,7 +72,7 @@ func (d *Daemon) tlsSetup() error {
 // its TLS handshake: a peer without a node certificate of the cluster CA.
 func (d *Daemon) raftRefused(remote net.Addr, err error) {
 	d.refusedRaft.Add(1)
-	d.log.Warn("raft handshake refused", slog.String("remote_addr", remote.String()), slog.String("err", err.Error()))
+	d.log.Warn("raft connection refused", slog.String("remote_addr", remote.String()), slog.String("err", err.Error()))
 }
 
 // peerURL is the URL of path on another node's API.
@@ -84,13 +92,61 @@ func (d *Daemon) peerClient(timeout time.Duration) *http.Client {
 	return &http.Client{Timeout: timeout, Transport: &http.Transport{TLSClientConfig: d.peerTLS, ForceAttemptHTTP2: true}}
 }
 
+// localAuth says whether callers are authenticated as local users: no
+// certificates, and no --insecure.
+func (d *Daemon) localAuth() bool { return d.cfg.TLSDir == "" && !d.cfg.Insecure }
+
+// localPeer is the caller of a connection to a node with localAuth: the
+// local user owning the peer socket, and whether it may manage the node.
+type localPeer struct {
+	who string
+	err error // why it may not; nil: it may
+}
+
+type localPeerKey struct{}
+
+// checkLocalPeer finds who holds the other end of c (a loopback
+// connection) and refuses any user but root and the one running blkd.
+func checkLocalPeer(c net.Conn) localPeer {
+	uid, err := peercred.UID(c)
+	if err != nil {
+		return localPeer{who: "unknown local user at " + c.RemoteAddr().String(),
+			err: fmt.Errorf("cannot tell which local user connected from %s: %w", c.RemoteAddr(), err)}
+	}
+	p := localPeer{who: "local " + peercred.Name(uid)}
+	if self := uint32(os.Getuid()); uid != 0 && uid != self {
+		p.err = fmt.Errorf("%s is neither root nor the user running blkd (%s)", p.who, peercred.Name(self))
+	}
+	return p
+}
+
+// connContext records a connection's local peer (with localAuth).
+func (d *Daemon) connContext(ctx context.Context, c net.Conn) context.Context {
+	if !d.localAuth() {
+		return ctx
+	}
+	return context.WithValue(ctx, localPeerKey{}, checkLocalPeer(c))
+}
+
+// raftAcceptPeer is the check of raft connections: with localAuth, only
+// root's and blkd's own user's get in.
+func (d *Daemon) raftAcceptPeer() func(net.Conn) error {
+	if !d.localAuth() {
+		return nil
+	}
+	return func(c net.Conn) error { return checkLocalPeer(c).err }
+}
+
 // caller names who made a request: the certificate's role and name with
-// TLS, else the remote address.
+// TLS, the local user with localAuth, else the remote address.
 func caller(r *http.Request) (who string, role string) {
 	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
 		if id, err := pki.IdentityOf(r.TLS.PeerCertificates[0]); err == nil {
 			return id.String(), id.Role
 		}
+	}
+	if p, ok := r.Context().Value(localPeerKey{}).(localPeer); ok {
+		return p.who, ""
 	}
 	return "unauthenticated " + r.RemoteAddr, ""
 }
@@ -126,6 +182,16 @@ func (s *statusRecorder) WriteHeader(code int) {
 func (d *Daemon) guard(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		who, role := caller(r)
+		if p, ok := r.Context().Value(localPeerKey{}).(localPeer); d.localAuth() && (!ok || p.err != nil) {
+			if !ok {
+				p.err = fmt.Errorf("the connection's local user is unknown")
+			}
+			d.refusedLocal.Add(1)
+			d.log.Warn("api call refused", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("err", p.err.Error()))
+			writeJSON(w, http.StatusForbidden, map[string]string{"error": p.err.Error() +
+				": without --tls-dir only they may use this node's API (run blkctl as that user or with sudo, or give the cluster certificates: docs/security.md)"})
+			return
+		}
 		if d.apiTLS != nil && !allowed(role, r.Method, r.URL.Path) {
 			d.refusedRole.Add(1)
 			d.log.Warn("api call refused", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path))
@@ -188,12 +254,13 @@ func (c authCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc; ch <
 func (c authCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.d.refusedTLS.Load()), "certificate")
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.d.refusedRole.Load()), "role")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.d.refusedLocal.Load()), "local-user")
 	ch <- prometheus.MustNewConstMetric(c.raft, prometheus.CounterValue, float64(c.d.refusedRaft.Load()))
 }
 
 func newAuthCollector(d *Daemon) authCollector {
 	return authCollector{d: d, desc: prometheus.NewDesc("blk_api_refused_total",
-		"Management API callers refused: reason=certificate (TLS handshake: none, another CA's, expired, wrong usage or role) or role (a call the role may not make).", []string{"reason"}, nil),
+		"Management API callers refused: reason=certificate (TLS handshake: none, another CA's, expired, wrong usage or role), role (a call the role may not make) or local-user (without --tls-dir: a local user other than root and the one running blkd).", []string{"reason"}, nil),
 		raft: prometheus.NewDesc("blk_raft_refused_total",
-			"Raft connections refused in their TLS handshake (no node certificate of the cluster CA).", nil, nil)}
+			"Raft connections refused: in their TLS handshake (no node certificate of the cluster CA), or without --tls-dir, opened by a local user other than root and the one running blkd.", nil, nil)}
 }

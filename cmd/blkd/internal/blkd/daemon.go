@@ -55,6 +55,8 @@ type Daemon struct {
 	apiTLS, raftTLS, peerTLS *tls.Config
 	// refusedTLS and refusedRole count the API's refusals (auth.go).
 	refusedTLS, refusedRole atomic.Uint64
+	// refusedLocal counts API calls of local users refused (localAuth).
+	refusedLocal atomic.Uint64
 	// refusedRaft counts raft connections refused in their handshake.
 	refusedRaft atomic.Uint64
 	// peers is the client of the leader's calls to owners (its
@@ -109,6 +111,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		ID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "meta"), BindAddr: cfg.RaftAddr,
 		Bootstrap: *cfg.Bootstrap && cfg.Join == "", LogOutput: os.Stderr, LogLevel: "error",
 		TLSServer: d.raftTLS, TLSClient: d.peerTLS, TLSRefused: d.raftRefused,
+		AcceptPeer: d.raftAcceptPeer(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("meta registry on raft address %s (--raft-addr): %w", cfg.RaftAddr, err)
@@ -205,7 +208,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err := d.register(ctx, "", d.ln.Addr().String(), d.port.AdvertisedAddr()); err != nil {
 		return nil, err
 	}
-	d.srv = &http.Server{Handler: d.guard(d.routes()), ReadHeaderTimeout: 10 * time.Second}
+	d.srv = &http.Server{Handler: d.guard(d.routes()), ReadHeaderTimeout: 10 * time.Second, ConnContext: d.connContext}
 	go func() { d.served <- d.serveAPI(d.ln) }()
 	go d.settleLoop(d.stop)
 	go d.livenessLoop(d.stop)
