@@ -66,6 +66,10 @@ type Store struct {
 type scratch struct {
 	lo, hi [dataKeyLen]byte
 	iter   pebble.IterOptions
+	// filters backs iter.PointKeyFilters (empty, one slot free): pebble
+	// appends a filter of its own there when an sstable may hold
+	// obsolete points, and with no room it would allocate on every read.
+	filters [1]pebble.BlockPropertyFilter
 }
 
 var (
