@@ -22,21 +22,31 @@ type checkedStreamLayer struct {
 }
 
 func newCheckedStreamLayer(bind string, advertise net.Addr, accept func(net.Conn) error, refused func(net.Addr, error)) (raft.StreamLayer, error) {
-	ln, err := net.Listen("tcp", bind)
+	ln, advertise, err := listenRaft(bind, advertise)
 	if err != nil {
 		return nil, err
+	}
+	if refused == nil {
+		refused = func(net.Addr, error) {}
+	}
+	return &checkedStreamLayer{ln: ln, advertise: advertise, accept: accept, refused: refused}, nil
+}
+
+// listenRaft listens on bind and returns the address peers are to dial:
+// advertise, or the listener's own, which must then name a host.
+func listenRaft(bind string, advertise net.Addr) (net.Listener, net.Addr, error) {
+	ln, err := net.Listen("tcp", bind)
+	if err != nil {
+		return nil, nil, err
 	}
 	if advertise == nil {
 		advertise = ln.Addr()
 	}
 	if ta, ok := advertise.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
 		ln.Close()
-		return nil, fmt.Errorf("meta: raft: %v is not an address peers can dial: set AdvertiseAddr", advertise)
+		return nil, nil, fmt.Errorf("meta: raft: %v is not an address peers can dial: set AdvertiseAddr", advertise)
 	}
-	if refused == nil {
-		refused = func(net.Addr, error) {}
-	}
-	return &checkedStreamLayer{ln: ln, advertise: advertise, accept: accept, refused: refused}, nil
+	return ln, advertise, nil
 }
 
 // Accept returns the next connection the check lets in. The check is

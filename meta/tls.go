@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"net"
 	"sync"
 	"time"
@@ -56,16 +55,9 @@ func NewTLSStreamLayer(bind string, advertise net.Addr, server, client *tls.Conf
 	if server.ClientAuth != tls.RequireAndVerifyClientCert {
 		return nil, errors.New("meta: raft TLS: the server configuration must require and verify client certificates")
 	}
-	inner, err := net.Listen("tcp", bind)
+	inner, advertise, err := listenRaft(bind, advertise)
 	if err != nil {
 		return nil, err
-	}
-	if advertise == nil {
-		advertise = inner.Addr()
-	}
-	if ta, ok := advertise.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
-		inner.Close()
-		return nil, fmt.Errorf("meta: raft TLS: %v is not an address peers can dial: set AdvertiseAddr", advertise)
 	}
 	if refused == nil {
 		refused = func(net.Addr, error) {}
