@@ -55,6 +55,18 @@ const (
 	// right then registers each read's sink for that read alone
 	// (fast-register, then invalidate), as Linux nvmet does on iWARP.
 	FlagReadSinkLocal
+	// FlagSRQReceiverWait says a send that arrives at a QP whose SRQ has
+	// no receive queued waits until one is posted, instead of ending the
+	// connection: InfiniBand and RoCE retry "receiver not ready" (with an
+	// unbounded RNR retry count), the soft provider stops reading that
+	// connection, so TCP holds the peer back. Its QP's later traffic
+	// waits behind it; other QPs of the SRQ are not held up. A consumer
+	// may then give an SRQ fewer receives than its QPs' peers may send at
+	// once (a core's buffers sized for its throughput, not for every
+	// queue full). Without it (iWARP hardware, siw) an empty SRQ ends the
+	// connection that finds it so, as an empty receive queue always does
+	// (SendWithoutReceive).
+	FlagSRQReceiverWait
 )
 
 // MaxUint32 is NDK's MAXULONG, the "no limit" value of interrupt moderation

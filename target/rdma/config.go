@@ -29,8 +29,13 @@ type Config struct {
 	PortID uint16
 	// Cores is the engine's per-core groups (default: the adapter's cores).
 	Cores int
-	// QPsPerCore bounds the queues one core serves (DefaultQPsPerCore).
+	// QPsPerCore bounds the queues one core serves (DefaultQPsPerCore, or
+	// DefaultQPsPerCoreShared on an adapter with FlagSRQReceiverWait).
 	QPsPerCore uint32
+	// SharedReceives bounds a core's receive buffers (its SRQ) on an
+	// adapter with FlagSRQReceiverWait (DefaultSharedReceives); elsewhere
+	// the SRQ holds every queue of the core full.
+	SharedReceives uint32
 	// QueueEntries is the largest I/O queue, MQES + 1 (DefaultQueueEntries).
 	QueueEntries uint32
 	// InCapsule is the in-capsule data size of I/O queues
@@ -73,8 +78,8 @@ func (c Config) withDefaults() Config {
 	if c.PortID == 0 {
 		c.PortID = 1
 	}
-	if c.QPsPerCore == 0 {
-		c.QPsPerCore = DefaultQPsPerCore
+	if c.SharedReceives == 0 {
+		c.SharedReceives = DefaultSharedReceives
 	}
 	if c.QueueEntries == 0 {
 		c.QueueEntries = DefaultQueueEntries

@@ -373,3 +373,56 @@ func TestDeepQueueLargeIO(t *testing.T) {
 		t.Logf("%d commands waited for a data buffer", st.DataWaits)
 	}
 }
+
+// TestSharedReceivesOversubscribed: a core with 8 receive buffers serves
+// 4 queues of 32 commands (128 in flight, each holding a buffer while it
+// runs): the transport holds hosts back while the SRQ is empty
+// (FlagSRQReceiverWait), so every write lands, reads back equal, and no
+// association fails.
+func TestSharedReceivesOversubscribed(t *testing.T) {
+	tt := newTestTarget(t, rdma.Config{Cores: 1, SharedReceives: 8, QueueEntries: 64})
+	if got := tt.port.Sizing().Engine.Buffers; got != 8 {
+		t.Fatalf("%d receive buffers, want 8", got)
+	}
+	c := connectHost(t, tt.addr, initiator.Config{Queues: 4, QueueDepth: 32})
+	ns := c.Namespace(1)
+	rng := rand.New(rand.NewSource(testSeed(t)))
+	const writers, rounds = 128, 4
+	data := make([][]byte, writers)
+	for i := range data {
+		data[i] = make([]byte, 4096)
+	}
+	for r := range rounds {
+		for i := range data {
+			rng.Read(data[i])
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, writers)
+		for i := range writers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := ns.WriteAt(data[i], int64(i)*4096); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: write: %v", r, err)
+		}
+	}
+	got := make([]byte, 4096)
+	for i := range writers {
+		if _, err := ns.ReadAt(got, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data[i]) {
+			t.Fatalf("block %d reads back other data", i)
+		}
+	}
+	if st := c.Stats(); st.Associations != 1 || st.Failures != 0 {
+		t.Fatalf("the association failed while the SRQ was short: %+v", st)
+	}
+}

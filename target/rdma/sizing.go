@@ -42,6 +42,23 @@ const (
 	// engine's default; with 2 cores that is 32 queues, e.g. 2 hosts of 15
 	// I/O queues plus their admin queues.
 	DefaultQPsPerCore = 16
+	// DefaultQPsPerCoreShared is DefaultQPsPerCore where a core's receive
+	// buffers need not cover every queue full (FlagSRQReceiverWait): 64,
+	// 128 queues on 2 cores, e.g. 14 hosts of 8 I/O queues. What a queue
+	// costs then is its CQ reservation (4 × QueueEntries completions,
+	// ~80 KiB in the soft provider) and its send queue, not receive
+	// buffers; the CQ of 1024 + 64 × 1024 entries is 5.3 MiB per core.
+	DefaultQPsPerCoreShared = 64
+	// DefaultSharedReceives is a core's receive buffers where they are
+	// shared without covering every queue full: 1024, the SRQ size of
+	// Linux's nvmet-rdma per completion vector (srq_size). Each in-flight
+	// command holds one until its response is posted, so it is the
+	// commands a core has in progress at once: at the target's ~5-10 µs
+	// of CPU per 4 KiB command, 5-10 ms of work queued, far more than
+	// keeps a core busy. A host that sends past it is held back by the
+	// transport (RNR retry, TCP flow control), not disconnected. 4.06 MiB
+	// of 4160-byte buffers per core.
+	DefaultSharedReceives = 1024
 	// DefaultLargeBuffers is the data buffers of MaxTransfer bytes per
 	// core, for commands larger than midBufferSize: 16 (16 MiB per core
 	// at 1 MiB), 16 MiB in flight per core, which keeps a link of tens of
@@ -179,7 +196,12 @@ type Sizing struct {
 //     (the buffer is reposted when the response SEND is posted: it is sent
 //     inline, so the buffer is free at once). So the SRQ of a core with at
 //     most QPsPerCore queues can never run dry, which on iWARP would kill
-//     the connection that found it empty. Admin queues use private
+//     the connection that found it empty. On an adapter with
+//     transport.FlagSRQReceiverWait an empty SRQ only holds senders back,
+//     so Buffers = min(that, SharedReceives): memory for the commands a
+//     core works on at once, not for every queue full (1,000 queues of
+//     256 entries would need 1 GiB of receive buffers; shared, 4 MiB per
+//     core). Admin queues use private
 //     receive queues and never draw from it (a connecting admin queue
 //     always has a buffer, however busy the data queues are).
 //   - CQ depth: the engine's CQDepth, Buffers + QPsPerCore × InitiatorDepth.
@@ -229,8 +251,9 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 	if cfg.QueueEntries < 2 || cfg.QueueEntries > 65536 {
 		return bad("QueueEntries %d outside [2, 65536]", cfg.QueueEntries)
 	}
-	if cfg.QPsPerCore < 1 {
-		return bad("QPsPerCore %d < 1", cfg.QPsPerCore)
+	shared := info.Flags&transport.FlagSRQReceiverWait != 0
+	if cfg.SharedReceives < 1 {
+		return bad("SharedReceives %d < 1", cfg.SharedReceives)
 	}
 	if mt > nvme.MaxKeyedSGLLength {
 		return bad("MaxTransfer %d exceeds what a keyed SGL's 24-bit length describes (%d)", mt, nvme.MaxKeyedSGLLength)
@@ -254,7 +277,22 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 	}
 	slots := s.SendSlots
 	initiatorDepth := slots * max(cfg.QueueEntries, AdminQueueEntries+AdminQueueEntries/slots)
+	if cfg.QPsPerCore == 0 {
+		cfg.QPsPerCore = DefaultQPsPerCore
+		if shared {
+			// As many as the adapter's CQ holds, up to the default
+			// (deep queues on a small CQ: fewer queues, not a refusal
+			// of a value nobody chose).
+			cfg.QPsPerCore = DefaultQPsPerCoreShared
+			if m := uint64(info.MaxCqDepth); m > uint64(cfg.SharedReceives) {
+				cfg.QPsPerCore = uint32(min(uint64(cfg.QPsPerCore), max((m-uint64(cfg.SharedReceives))/uint64(initiatorDepth), 1)))
+			}
+		}
+	}
 	buffers := cfg.QPsPerCore * cfg.QueueEntries
+	if shared {
+		buffers = min(buffers, cfg.SharedReceives)
+	}
 	s.Engine = transport.EngineConfig{
 		Cores:          cfg.Cores,
 		QPsPerCore:     cfg.QPsPerCore,

@@ -24,10 +24,43 @@ func softInfo(t *testing.T) transport.AdapterInfo {
 	return info
 }
 
-// TestSizeDefaults pins the default sizes on the soft provider and the
-// per-core memory budget they cost (Size's doc comment states both).
+// unshared is info without FlagSRQReceiverWait: an adapter whose empty
+// SRQ ends the connection that finds it so (iWARP hardware, siw).
+func unshared(info transport.AdapterInfo) transport.AdapterInfo {
+	info.Flags &^= transport.FlagSRQReceiverWait
+	return info
+}
+
+// TestSizeDefaults pins the default sizes on the soft provider, whose
+// SRQ holds senders back when empty (FlagSRQReceiverWait): a core's
+// receive buffers are DefaultSharedReceives, not one per queue entry of
+// every queue, and a core takes 64 queues.
 func TestSizeDefaults(t *testing.T) {
 	s, err := rdma.Size(softInfo(t), rdma.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, e := s.Limits, s.Engine
+	switch {
+	case l.MaxIOQueues != 2*64-1:
+		t.Errorf("MaxIOQueues %d", l.MaxIOQueues)
+	case e.QPsPerCore != 64 || e.Buffers != 1024 || e.SRQDepth != e.Buffers || e.BufferSize != 64+4096:
+		t.Errorf("SRQ: %d QPs per core, %d buffers of %d bytes, depth %d", e.QPsPerCore, e.Buffers, e.BufferSize, e.SRQDepth)
+	case e.CQDepth() != 1024+64*4*256:
+		t.Errorf("CQ depth %d", e.CQDepth())
+	}
+	// 4.06 MiB of receive buffers + 4 + 8 + 16 MiB of data buffers.
+	const want = 1024*(64+4096) + (1024*4+64*128+16*1024)<<10
+	if got := s.BufferBytesPerCore(); got != want {
+		t.Errorf("%d bytes registered per core, want %d", got, want)
+	}
+}
+
+// TestSizeUnshared pins the default sizes on an adapter whose empty SRQ
+// ends the connection (the soft provider's limits otherwise) and the
+// per-core memory budget they cost (Size's doc comment states both).
+func TestSizeUnshared(t *testing.T) {
+	s, err := rdma.Size(unshared(softInfo(t)), rdma.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +98,7 @@ func TestSizeDefaults(t *testing.T) {
 // TestSizeSmallTransfer: with MaxTransfer at most 128 KiB the mid-sized
 // class would be the large one, and its buffers join the large ones.
 func TestSizeSmallTransfer(t *testing.T) {
-	s, err := rdma.Size(softInfo(t), rdma.Config{MaxTransfer: 128 << 10})
+	s, err := rdma.Size(unshared(softInfo(t)), rdma.Config{MaxTransfer: 128 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,14 +112,48 @@ func TestSizeSmallTransfer(t *testing.T) {
 
 // TestSizeDeepQueues: the configuration for hosts that ask for 1024
 // entries (nvmet's NVMET_QUEUE_SIZE) fits the soft provider, at four
-// times the receive buffers.
+// times the receive buffers where they cover every queue full; shared,
+// the receive buffers stay 1024 and the default queues per core are as
+// many as the CQ holds.
 func TestSizeDeepQueues(t *testing.T) {
-	s, err := rdma.Size(softInfo(t), rdma.Config{QueueEntries: 1024})
+	s, err := rdma.Size(unshared(softInfo(t)), rdma.Config{QueueEntries: 1024})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.Limits.MaxQueueEntries != 1024 || s.Engine.Buffers != 16*1024 || s.Engine.CQDepth() != 16*1024+16*4*1024 {
 		t.Errorf("entries %d, buffers %d, CQ %d", s.Limits.MaxQueueEntries, s.Engine.Buffers, s.Engine.CQDepth())
+	}
+	info := softInfo(t)
+	s, err = rdma.Size(info, rdma.Config{QueueEntries: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fit := (uint64(info.MaxCqDepth) - 1024) / (4 * 1024); s.Engine.Buffers != 1024 || uint64(s.Engine.QPsPerCore) != fit || s.Engine.CQDepth() > uint64(info.MaxCqDepth) {
+		t.Errorf("shared: buffers %d, %d QPs per core (want %d), CQ %d", s.Engine.Buffers, s.Engine.QPsPerCore, fit, s.Engine.CQDepth())
+	}
+	// Chosen explicitly, a number of queues the CQ cannot hold is refused.
+	if _, err := rdma.Size(info, rdma.Config{QueueEntries: 1024, QPsPerCore: 64}); err == nil || !strings.Contains(err.Error(), "MaxCqDepth") {
+		t.Errorf("64 queues of 1024 entries per core: %v, want a refusal naming MaxCqDepth", err)
+	}
+}
+
+// TestSizeThousandQueues: 1,000 queues of 256 entries (4 engine cores of
+// 250) need 256,000 receive buffers (1 GiB) when each queue's are
+// reserved, more than an SRQ holds; shared, 4 × 1024 (16 MiB), under a
+// tenth of it (issue 13's goal).
+func TestSizeThousandQueues(t *testing.T) {
+	cfg := rdma.Config{Cores: 4, QPsPerCore: 250}
+	if per, err := rdma.Size(unshared(softInfo(t)), cfg); err == nil {
+		t.Fatalf("250 reserved queues of 256 per core fit (%d buffers): the CQ cannot hold their reservations", per.Engine.Buffers)
+	}
+	s, err := rdma.Size(softInfo(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserved := uint64(4*250) * 256 * uint64(s.Engine.BufferSize)
+	got := uint64(4*s.Engine.Buffers) * uint64(s.Engine.BufferSize)
+	if s.Limits.MaxIOQueues != 999 || got*10 > reserved {
+		t.Errorf("%d I/O queues; receive buffers %d bytes against %d reserved (%.3fx)", s.Limits.MaxIOQueues, got, reserved, float64(got)/float64(reserved))
 	}
 }
 
@@ -94,7 +161,7 @@ func TestSizeDeepQueues(t *testing.T) {
 // protocol cannot express, is refused with the limit named, never
 // clamped.
 func TestSizeRefusals(t *testing.T) {
-	base := softInfo(t)
+	base := unshared(softInfo(t))
 	for _, tc := range []struct {
 		name string
 		info func(*transport.AdapterInfo)

@@ -111,7 +111,7 @@ func New(cfg Config) (*Adapter, error) {
 		qps:       make(map[*qp]struct{}),
 		cqs:       make(map[*cq]struct{}),
 	}
-	flags := transport.FlagCQInterruptModerationSupported | transport.FlagLoopbackConnectionsSupported |
+	flags := transport.FlagCQInterruptModerationSupported | transport.FlagLoopbackConnectionsSupported | transport.FlagSRQReceiverWait |
 		transport.FlagSolicitedNotifySupported | transport.FlagRemoteErrorsReported | transport.FlagRemoteReadEnforced
 	if runtime.NumCPU() > 1 {
 		flags |= transport.FlagMultiEngineSupported

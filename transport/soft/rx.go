@@ -421,13 +421,18 @@ func (q *qp) placeSend(h *wire.Header, plen int, crc uint32, tm *wire.Terminate)
 		}
 		var ok bool
 		if q.srq != nil {
-			ok = q.srq.q.take(&r.cur)
+			// An empty SRQ holds the message (and this connection, which
+			// is not read meanwhile) until a receive is posted
+			// (FlagSRQReceiverWait), as InfiniBand's RNR retry would.
+			if ok = q.srq.q.takeWait(&r.cur, q.done); !ok && q.Err() != nil {
+				return crc, nil, q.Err()
+			}
 		} else {
 			ok = q.rq.take(&r.cur)
 		}
 		if !ok {
 			// iWARP has no receiver-not-ready retry: a Send with no
-			// posted receive terminates the connection.
+			// posted receive (or a closed SRQ) terminates the connection.
 			*tm = wire.Terminate{Layer: wire.LayerDDP, EType: wire.DDPUntaggedBuffer, Code: wire.DDPUntaggedNoBuffer}
 			return crc, tm, nil
 		}

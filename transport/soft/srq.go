@@ -29,6 +29,11 @@ type recvQueue struct {
 	threshold uint32
 	armed     bool
 	onLow     func() // called (without mu) when the level falls below threshold
+	// posted, when not nil, is closed by the next post (or close): the
+	// receivers waiting for a receive (takeWait) sleep on it. Made only
+	// when one must wait, so it costs nothing while receives are queued.
+	posted chan struct{}
+	waits  atomic.Uint64 // takes that found the queue empty and waited
 }
 
 func newRecvQueue(depth, maxSge uint32) *recvQueue {
@@ -56,8 +61,48 @@ func (q *recvQueue) post(ctx any, sges []transport.SGE) error {
 	w.ctx = ctx
 	w.n = uint8(copy(w.sges[:], sges))
 	q.n++
+	q.wakeWaiters()
 	q.mu.Unlock()
 	return nil
+}
+
+// wakeWaiters wakes the receivers waiting for a receive. Requires q.mu.
+func (q *recvQueue) wakeWaiters() {
+	if q.posted != nil {
+		close(q.posted)
+		q.posted = nil
+	}
+}
+
+// takeWait is take for a QP on an SRQ (transport.FlagSRQReceiverWait):
+// with no receive queued it waits until one is posted, or until done
+// closes or the queue is closed (false).
+func (q *recvQueue) takeWait(out *recvWR, done <-chan struct{}) bool {
+	for {
+		if q.take(out) {
+			return true
+		}
+		q.mu.Lock()
+		if q.closed {
+			q.mu.Unlock()
+			return false
+		}
+		if q.n > 0 { // posted between take and here
+			q.mu.Unlock()
+			continue
+		}
+		if q.posted == nil {
+			q.posted = make(chan struct{})
+		}
+		posted := q.posted
+		q.mu.Unlock()
+		q.waits.Add(1)
+		select {
+		case <-posted:
+		case <-done:
+			return false
+		}
+	}
 }
 
 // take removes the oldest receive into out; false when none is queued.
@@ -91,6 +136,7 @@ func (q *recvQueue) drain() []recvWR {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.closed = true
+	q.wakeWaiters()
 	out := make([]recvWR, 0, q.n)
 	for q.n > 0 {
 		out = append(out, q.ring[q.head])
@@ -235,6 +281,7 @@ func (s *srq) Close() error {
 	}
 	s.q.mu.Lock()
 	s.q.closed = true
+	s.q.wakeWaiters()
 	s.q.mu.Unlock()
 	close(s.stop)
 	return nil

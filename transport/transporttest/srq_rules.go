@@ -457,3 +457,49 @@ func testSRQThresholdRefill(t *T) {
 		t.Errorf("%d SRQ notifications carried another context", w)
 	}
 }
+
+// SRQReceiverWait: with FlagSRQReceiverWait, sends that reach a QP whose
+// SRQ is empty wait for receives instead of ending the connection: none
+// completes while the SRQ stays empty, both QPs stay up, and receives
+// posted afterwards take the held messages in order, whole, one each.
+// Without the flag the suite does not test it (SendWithoutReceive shows
+// what an empty receive queue does).
+func testSRQReceiverWait(t *T) {
+	const held = 6
+	p, s := t.srqPair(2 * held)
+	t.skipUnless(p.srv.qp != nil && t.adapter().Info().Flags&transport.FlagSRQReceiverWait != 0,
+		"the adapter does not set FlagSRQReceiverWait: an empty SRQ ends the connection that finds it so")
+	src := t.register(p.cli.pd, 8*held, allAccess)
+	for i := range held {
+		binary.LittleEndian.PutUint64(src.Bytes()[8*i:], uint64(1000+i))
+		if err := p.cli.qp.Send(i, []transport.SGE{src.SGE(uint32(8*i), 8)}, 0); err != nil {
+			t.Fatalf("Send %d: %v", i, err)
+		}
+	}
+	t.expectNoMore(p.srv.rcq, "receives while the SRQ is empty")
+	if err := p.srv.qp.Err(); err != nil {
+		t.Fatalf("the server QP failed while its SRQ was empty: %v", err)
+	}
+	if err := p.cli.qp.Err(); err != nil {
+		t.Fatalf("the client QP failed while the peer's SRQ was empty: %v", err)
+	}
+	dst := t.register(p.srv.pd, 16*held, allAccess)
+	for i := range held {
+		// One receive at a time: each takes exactly the next message.
+		if err := s.PostReceive(i, []transport.SGE{dst.SGE(uint32(16*i), 16)}); err != nil {
+			t.Fatalf("SRQ PostReceive %d: %v", i, err)
+		}
+		c := t.waitN(p.srv.rcq, 1, "a held message")[0]
+		if c.Status != nil || c.Bytes != 8 || c.RequestContext != any(i) {
+			t.Fatalf("receive %d: ctx %v, status %v, %d bytes", i, c.RequestContext, c.Status, c.Bytes)
+		}
+		if got := binary.LittleEndian.Uint64(dst.Bytes()[16*i:]); got != uint64(1000+i) {
+			t.Fatalf("receive %d holds message %d, want %d", i, got, 1000+i)
+		}
+	}
+	t.waitN(p.cli.icq, held, "the held sends' completions")
+	t.expectNoMore(p.srv.rcq, "after every held message was taken")
+	if p.srv.qp.Err() != nil || p.cli.qp.Err() != nil {
+		t.Fatalf("a QP failed: server %v, client %v", p.srv.qp.Err(), p.cli.qp.Err())
+	}
+}

@@ -70,6 +70,7 @@ var cases = []testCase{
 	{"PrivateDataLimits", testPrivateDataLimits},
 	{"MemoryWindows", testMemoryWindows},
 	{"SRQThresholdRefill", testSRQThresholdRefill},
+	{"SRQReceiverWait", testSRQReceiverWait},
 	{"AllocateMemory", testAllocateMemory},
 }
 
