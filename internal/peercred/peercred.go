@@ -35,3 +35,6 @@ func Name(uid uint32) string {
 	}
 	return "uid " + s
 }
+
+// Supported says whether UID can work on this system.
+func Supported() bool { return supported }

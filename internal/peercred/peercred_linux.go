@@ -11,6 +11,8 @@ import (
 	"strconv"
 )
 
+const supported = true
+
 // The tables the kernel prints TCP sockets in (one line each:
 // "sl local_address rem_address st ... uid timeout inode").
 var (

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/control"
+	"github.com/blk-project/blk/internal/peercred"
 	"github.com/blk-project/blk/internal/ratelog"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/metrics"
@@ -120,6 +121,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		fmt.Fprintf(out, "raft listening on %s (node %s, mutual TLS, CA from %s)\n", d.node.Addr(), cfg.NodeID, cfg.TLSDir)
 	} else {
 		fmt.Fprintf(out, "raft listening on %s (node %s)\n", d.node.Addr(), cfg.NodeID)
+		if !cfg.Insecure && !peercred.Supported() {
+			d.log.Warn("this system cannot tell which local user calls the API or raft: any local user may manage this node; use --tls-dir to require certificates")
+		}
 	}
 
 	d.store, err = volume.Open(volume.Config{Dir: filepath.Join(cfg.DataDir, "volumes"), Logger: quietLogger{}})
