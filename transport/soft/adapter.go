@@ -44,6 +44,14 @@ type Config struct {
 	// (the oldest outstanding one: its STag, within its range), which
 	// needs only local write, so a read's sink lends the peer nothing.
 	StrictReadSink bool
+	// PollGroup runs each CQ as a poll group: the CQ's goroutine, locked
+	// to its OS thread (pinned when the CQ has an affinity), does the
+	// socket I/O of the QPs whose receive CQ it is, so a completion is
+	// received, notified, handled and answered on one thread (see
+	// poll_linux.go). The default, false, runs a sender and a receiver
+	// goroutine per QP and a notification goroutine per CQ. Linux only:
+	// elsewhere New refuses it with ErrNotSupported.
+	PollGroup bool
 }
 
 // DefaultFirstFPDUDelay is the default Config.FirstFPDUDelay.
@@ -98,6 +106,9 @@ var _ transport.Adapter = (*Adapter)(nil)
 func New(cfg Config) (*Adapter, error) {
 	if cfg.FPDUSize != 0 && (cfg.FPDUSize < 64 || cfg.FPDUSize > wire.FPDULen(wire.MaxULPDU)) {
 		return nil, fmt.Errorf("soft: FPDUSize %d outside [64, %d]: %w", cfg.FPDUSize, wire.FPDULen(wire.MaxULPDU), transport.ErrInvalidParameter)
+	}
+	if cfg.PollGroup && !pollSupported {
+		return nil, fmt.Errorf("soft: poll groups need Linux (epoll): %w", transport.ErrNotSupported)
 	}
 	if cfg.FirstFPDUDelay == 0 {
 		cfg.FirstFPDUDelay = DefaultFirstFPDUDelay
