@@ -52,7 +52,17 @@ type Config struct {
 	// goroutine per QP and a notification goroutine per CQ. Linux only:
 	// elsewhere New refuses it with ErrNotSupported.
 	PollGroup bool
+	// PollSpin is the longest a poll group keeps polling (epoll_wait
+	// without blocking) after it found work, before it sleeps; the window
+	// adapts between 2 µs and PollSpin to the gaps between messages. 0
+	// means DefaultPollSpin; negative means never spin.
+	PollSpin time.Duration
 }
+
+// DefaultPollSpin is the default Config.PollSpin: a few loopback round
+// trips, so that queue-depth-1 traffic finds the group awake, while an
+// idle group spins at most once after its last message.
+const DefaultPollSpin = 50 * time.Microsecond
 
 // DefaultFirstFPDUDelay is the default Config.FirstFPDUDelay.
 const DefaultFirstFPDUDelay = 5 * time.Millisecond
@@ -109,6 +119,11 @@ func New(cfg Config) (*Adapter, error) {
 	}
 	if cfg.PollGroup && !pollSupported {
 		return nil, fmt.Errorf("soft: poll groups need Linux (epoll): %w", transport.ErrNotSupported)
+	}
+	if cfg.PollSpin == 0 {
+		cfg.PollSpin = DefaultPollSpin
+	} else if cfg.PollSpin < 0 {
+		cfg.PollSpin = 0
 	}
 	if cfg.FirstFPDUDelay == 0 {
 		cfg.FirstFPDUDelay = DefaultFirstFPDUDelay

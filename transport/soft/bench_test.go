@@ -72,6 +72,23 @@ func (w *waiter) next() []transport.Completion {
 	}
 }
 
+// benchPollGroup makes newBenchPair's adapters run their CQs as poll
+// groups (Config.PollGroup); set for one sub-benchmark by pollMode.
+var benchPollGroup bool
+
+// pollMode runs the rest of b in poll-group mode.
+func pollMode(b *testing.B) {
+	benchPollGroup = true
+	b.Cleanup(func() { benchPollGroup = false })
+}
+
+// softModes runs f as the goroutine-mode ("soft") and poll-group-mode
+// ("soft-poll") sub-benchmarks.
+func softModes(b *testing.B, f func(b *testing.B)) {
+	b.Run("soft", f)
+	b.Run("soft-poll", func(b *testing.B) { pollMode(b); f(b) })
+}
+
 type benchPair struct {
 	a, b   *Adapter
 	pa, pb transport.PD
@@ -86,8 +103,8 @@ func newBenchPair(b *testing.B, depth uint32, cpus ...int) *benchPair {
 		cpus = []int{-1, -1}
 	}
 	p := &benchPair{}
-	p.a, _ = New(Config{FirstFPDUDelay: -1})
-	p.b, _ = New(Config{FirstFPDUDelay: -1})
+	p.a, _ = New(Config{FirstFPDUDelay: -1, PollGroup: benchPollGroup})
+	p.b, _ = New(Config{FirstFPDUDelay: -1, PollGroup: benchPollGroup})
 	b.Cleanup(func() { p.a.Close(); p.b.Close() })
 	p.pa, _ = p.a.CreatePD()
 	p.pb, _ = p.b.CreatePD()
@@ -141,6 +158,12 @@ func (p *benchPair) report(b *testing.B, ops, size int) {
 	qb, _ := QPStatsOf(p.qb)
 	copied := qa.TxCopiedBytes + qa.RxCopiedBytes + qb.TxCopiedBytes + qb.RxCopiedBytes
 	b.ReportMetric(float64(copied)/float64(ops)/float64(size), "copies/op")
+	if benchPollGroup {
+		// Thread wake-ups the poll groups paid: eventfd writes by posters
+		// that found a group asleep, and blocking epoll_waits.
+		b.ReportMetric(float64(sa.PollWakes+sb.PollWakes)/float64(ops), "wakes/op")
+		b.ReportMetric(float64(sa.PollSleeps+sb.PollSleeps)/float64(ops), "sleeps/op")
+	}
 }
 
 // benchSoftSend streams size-byte sends from a to b with depth in flight.
@@ -270,12 +293,12 @@ func benchTCPStream(b *testing.B, size int) {
 }
 
 func BenchmarkSend64B(b *testing.B) {
-	b.Run("soft", func(b *testing.B) { benchSoftSend(b, 64, 64) })
+	softModes(b, func(b *testing.B) { benchSoftSend(b, 64, 64) })
 	b.Run("tcp", func(b *testing.B) { benchTCPStream(b, 64) })
 }
 
 func BenchmarkSend4KiB(b *testing.B) {
-	b.Run("soft", func(b *testing.B) { benchSoftSend(b, 4096, 64) })
+	softModes(b, func(b *testing.B) { benchSoftSend(b, 4096, 64) })
 	b.Run("tcp", func(b *testing.B) { benchTCPStream(b, 4096) })
 }
 
@@ -325,12 +348,12 @@ func benchSoftRDMA(b *testing.B, size int, depth uint32, read bool) {
 }
 
 func BenchmarkWrite128KiB(b *testing.B) {
-	b.Run("soft", func(b *testing.B) { benchSoftRDMA(b, 128<<10, 8, false) })
+	softModes(b, func(b *testing.B) { benchSoftRDMA(b, 128<<10, 8, false) })
 	b.Run("tcp", func(b *testing.B) { benchTCPStream(b, 128<<10) })
 }
 
 func BenchmarkRead128KiB(b *testing.B) {
-	b.Run("soft", func(b *testing.B) { benchSoftRDMA(b, 128<<10, 8, true) })
+	softModes(b, func(b *testing.B) { benchSoftRDMA(b, 128<<10, 8, true) })
 	b.Run("tcp", func(b *testing.B) { benchTCPStream(b, 128<<10) })
 }
 
@@ -344,6 +367,10 @@ func BenchmarkPingPong64B(b *testing.B) {
 	// the engine pins them: waking a goroutine locked to its OS thread
 	// costs a thread hand-off in Go's scheduler each way.
 	b.Run("soft-pinned", func(b *testing.B) { benchPingPong(b, 0, 1) })
+	// soft-poll: each CQ a poll group (Config.PollGroup): the responder's
+	// thread reads the ping, runs the callback and writes the pong.
+	b.Run("soft-poll", func(b *testing.B) { pollMode(b); benchPingPong(b) })
+	b.Run("soft-poll-pinned", func(b *testing.B) { pollMode(b); benchPingPong(b, 0, 1) })
 	b.Run("tcp", func(b *testing.B) { benchTCPPingPong(b) })
 }
 

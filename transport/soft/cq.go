@@ -358,6 +358,10 @@ type CQStats struct {
 	// Pinned says the notification goroutine runs on a thread pinned to
 	// the CQ's affinity.
 	Pinned bool
+	// Poll-group mode (Config.PollGroup): PollWakes counts eventfd writes
+	// (a post or completion from another thread found the group asleep),
+	// PollSleeps the group's blocking epoll_waits.
+	PollWakes, PollSleeps uint64
 }
 
 // CQCounters implements transport.CQCounter.
@@ -371,5 +375,9 @@ func CQStatsOf(c transport.CQ) (CQStats, bool) {
 	if !ok {
 		return CQStats{}, false
 	}
-	return CQStats{Completions: s.completions.Load(), Notifications: s.notifications.Load(), Pinned: s.pinned.Load()}, true
+	st := CQStats{Completions: s.completions.Load(), Notifications: s.notifications.Load(), Pinned: s.pinned.Load()}
+	if s.group != nil {
+		st.PollWakes, st.PollSleeps = s.group.counters()
+	}
+	return st, true
 }

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -61,12 +63,10 @@ const (
 	// pollReadBudget: reads of one QP per wake-up before the group turns
 	// to the others (level-triggered epoll reports the rest next time).
 	pollReadBudget = 4
-	// pollSpinMin and pollSpinMax bound the adaptive busy-poll window:
-	// it doubles when polling found work and halves when it expired idle.
-	// 50 µs is a few loopback round trips; an idle group spins at most
-	// one window after its last work, then sleeps.
+	// pollSpinMin is the shortest busy-poll window; the window doubles
+	// (up to Config.PollSpin) when the group slept less than that and
+	// found work, and halves when it expired idle.
 	pollSpinMin = 2 * time.Microsecond
-	pollSpinMax = 50 * time.Microsecond
 )
 
 // epoll user data tags that are not QP slots.
@@ -82,6 +82,15 @@ type pollGroup struct {
 	epfd int
 	evfd int
 	tfd  int
+	// epf is the epoll fd seen by Go's netpoller: the group sleeps by
+	// parking on it (readable when the set has events), so that its
+	// processor goes to other goroutines at once. A blocking epoll_wait
+	// would keep the processor until the runtime's monitor takes it back,
+	// which may be milliseconds.
+	epf    *os.File
+	epc    syscall.RawConn
+	waitN  int
+	waitFn func(fd uintptr) bool // g.waitFD, bound once
 
 	// dirty is a lock-free stack of QPs (linked by qp.pollNext) with work
 	// for the group; qp.pollQueued keeps each QP on it at most once.
@@ -104,7 +113,8 @@ type pollGroup struct {
 	work    []*qp // QPs taken off dirty, to send for
 	delayed []*qp // QPs waiting out FirstFPDUDelay
 	evbuf   [8]byte
-	spin    time.Duration
+	spin    time.Duration // the busy-poll window, adapted
+	spinMax time.Duration // Config.PollSpin
 
 	// Counters.
 	wakes  atomic.Uint64 // eventfd writes
@@ -112,7 +122,7 @@ type pollGroup struct {
 }
 
 func newPollGroup(c *cq) (*pollGroup, error) {
-	g := &pollGroup{c: c, epfd: -1, evfd: -1, tfd: -1, spin: pollSpinMin}
+	g := &pollGroup{c: c, epfd: -1, evfd: -1, tfd: -1, spin: pollSpinMin, spinMax: c.a.cfg.PollSpin}
 	var err error
 	fail := func(what string, err error) (*pollGroup, error) {
 		g.closeFDs()
@@ -121,6 +131,14 @@ func newPollGroup(c *cq) (*pollGroup, error) {
 	if g.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return fail("epoll", err)
 	}
+	if err = unix.SetNonblock(g.epfd, true); err != nil {
+		return fail("epoll", err)
+	}
+	g.epf = os.NewFile(uintptr(g.epfd), "soft-poll-group")
+	if g.epc, err = g.epf.SyscallConn(); err != nil {
+		return fail("epoll", err)
+	}
+	g.waitFn = g.waitFD
 	if g.evfd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
 		return fail("eventfd", err)
 	}
@@ -139,6 +157,10 @@ func newPollGroup(c *cq) (*pollGroup, error) {
 }
 
 func (g *pollGroup) closeFDs() {
+	if g.epf != nil {
+		g.epf.Close() // closes epfd
+		g.epf, g.epfd = nil, -1
+	}
 	for _, fd := range []*int{&g.epfd, &g.evfd, &g.tfd} {
 		if *fd >= 0 {
 			unix.Close(*fd)
@@ -295,7 +317,9 @@ func (c *cq) runPoll(started chan<- struct{}) {
 	stopped := false
 	spinUntil := time.Time{}
 	timeout := 0 // first pass: look at once
+	var sleptAt time.Time
 	for {
+		slept := timeout != 0
 		n := g.wait(timeout)
 		g.kicked.Store(false)
 		worked := false
@@ -369,12 +393,15 @@ func (c *cq) runPoll(started chan<- struct{}) {
 		now := time.Now()
 		switch {
 		case worked:
-			if now.Before(spinUntil) && g.spin < pollSpinMax {
-				g.spin *= 2 // polling paid off
+			if slept && now.Sub(sleptAt) < g.spinMax && g.spin < g.spinMax {
+				g.spin *= 2 // the sleep was short: a longer window would have caught it
 			}
-			spinUntil = now.Add(g.spin)
+			spinUntil = now.Add(min(g.spin, g.spinMax))
 			timeout = 0
 		case g.kicked.Load() || g.dirty.Load() != nil || now.Before(spinUntil):
+			if !g.c.pinned.Load() {
+				runtime.Gosched() // let the goroutines of this processor run
+			}
 			timeout = 0
 		default:
 			if !spinUntil.IsZero() {
@@ -384,6 +411,7 @@ func (c *cq) runPoll(started chan<- struct{}) {
 				}
 			}
 			timeout = -1
+			sleptAt = now
 			wait := modWait
 			if d := g.delayWait(now); d > 0 && (wait == 0 || d < wait) {
 				wait = d
@@ -407,16 +435,37 @@ func (g *pollGroup) wait(timeout int) int {
 			g.sleeps.Add(1)
 		}
 	}
+	if timeout == 0 {
+		for {
+			n, err := unix.EpollWait(g.epfd, g.events[:], 0)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return 0
+			}
+			return n
+		}
+	}
+	g.waitN = 0
+	g.epc.Read(g.waitFn) // parks in Go's netpoller until the set has events
+	g.sleeping.Store(false)
+	return g.waitN
+}
+
+// waitFD looks at the epoll set without blocking; false (nothing yet)
+// makes RawConn.Read park until the epoll fd is readable.
+func (g *pollGroup) waitFD(fd uintptr) bool {
 	for {
-		n, err := unix.EpollWait(g.epfd, g.events[:], timeout)
+		n, err := unix.EpollWait(int(fd), g.events[:], 0)
 		if err == unix.EINTR {
 			continue
 		}
-		g.sleeping.Store(false)
 		if err != nil {
-			return 0
+			return true
 		}
-		return n
+		g.waitN = n
+		return n > 0
 	}
 }
 
@@ -772,3 +821,5 @@ func (c *cq) startPoll(started chan struct{}) error {
 }
 
 var errPollShort = errors.New("soft: poll group: FPDU not whole in the buffer")
+
+func (g *pollGroup) counters() (wakes, sleeps uint64) { return g.wakes.Load(), g.sleeps.Load() }

@@ -26,3 +26,5 @@ func (r *rxState) readNBFD(fd uintptr) bool { return true }
 func (c *cq) startPoll(started chan struct{}) error { return transport.ErrNotSupported }
 
 var errPollShort = errors.New("soft: poll group: FPDU not whole in the buffer")
+
+func (g *pollGroup) counters() (wakes, sleeps uint64) { return 0, 0 }
