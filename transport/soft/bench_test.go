@@ -2,6 +2,7 @@ package soft
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -72,12 +73,15 @@ func (w *waiter) next() []transport.Completion {
 	}
 }
 
+// raceEnabled is set under the race detector (race_test.go).
+var raceEnabled bool
+
 // benchPollGroup makes newBenchPair's adapters run their CQs as poll
 // groups (Config.PollGroup); set for one sub-benchmark by pollMode.
 var benchPollGroup bool
 
 // pollMode runs the rest of b in poll-group mode.
-func pollMode(b *testing.B) {
+func pollMode(b testing.TB) {
 	benchPollGroup = true
 	b.Cleanup(func() { benchPollGroup = false })
 }
@@ -98,7 +102,7 @@ type benchPair struct {
 
 // newBenchPair connects two adapters; cpus are the CQs' affinities (none
 // when not given).
-func newBenchPair(b *testing.B, depth uint32, cpus ...int) *benchPair {
+func newBenchPair(b testing.TB, depth uint32, cpus ...int) *benchPair {
 	if len(cpus) < 2 {
 		cpus = []int{-1, -1}
 	}
@@ -375,62 +379,73 @@ func BenchmarkPingPong64B(b *testing.B) {
 }
 
 func benchPingPong(b *testing.B, cpus ...int) {
-	{
-		p := newBenchPair(b, 4, cpus...)
-		abuf := make([]byte, 128)
-		amr, _ := p.pa.RegisterMemory(abuf, transport.AccessLocalWrite)
-		bbuf := make([]byte, 128)
-		bmr, _ := p.pb.RegisterMemory(bbuf, transport.AccessLocalWrite)
-		aRecv := []transport.SGE{amr.SGE(64, 64)}
-		bRecv := []transport.SGE{bmr.SGE(64, 64)}
-		bSend := []transport.SGE{bmr.SGE(0, 64)}
-		p.qa.PostReceive(nil, aRecv)
-		p.qb.PostReceive(nil, bRecv)
-		// Replace b's waiter with a responder running in the callback.
-		var comps [16]transport.Completion
-		respond := func() {
-			for {
-				n := p.wb.cq.Poll(comps[:])
-				if n == 0 {
-					p.wb.cq.Arm(transport.NotifyAny)
-					if n = p.wb.cq.Poll(comps[:]); n == 0 {
-						return
-					}
-				}
-				for _, c := range comps[:n] {
-					if c.Type == transport.OpReceive && c.Status == nil {
-						p.qb.PostReceive(nil, bRecv)
-						p.qb.Send(nil, bSend, transport.FlagInline|transport.FlagSilentSuccess)
-					}
-				}
-			}
+	p, round := newPingPong(b, cpus...)
+	n := b.N
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < n; i++ {
+		if err := round(); err != nil {
+			b.Fatal(err)
 		}
-		p.wb.handler.Store(&respond)
-		p.wb.cq.Arm(transport.NotifyAny)
-		send := []transport.SGE{amr.SGE(0, 64)}
-		n := b.N
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; i < n; i++ {
-			if err := p.qa.Send(nil, send, transport.FlagInline|transport.FlagSilentSuccess); err != nil {
-				b.Fatal(err)
-			}
-			for got := false; !got; {
-				cs := p.wa.next()
-				if cs == nil {
-					b.Fatal("QP failed:", p.qa.Err(), p.qb.Err())
-				}
-				for _, c := range cs {
-					if c.Type == transport.OpReceive {
-						got = true
-						p.qa.PostReceive(nil, aRecv)
-					}
-				}
-			}
-		}
-		b.StopTimer()
-		p.report(b, 2*n, 64)
 	}
+	b.StopTimer()
+	p.report(b, 2*n, 64)
+}
+
+// newPingPong connects a pair whose b side answers every 64 B send with
+// one in its CQ callback; round is one round trip driven from a.
+func newPingPong(tb testing.TB, cpus ...int) (*benchPair, func() error) {
+	p := newBenchPair(tb, 4, cpus...)
+	abuf := make([]byte, 128)
+	amr, _ := p.pa.RegisterMemory(abuf, transport.AccessLocalWrite)
+	bbuf := make([]byte, 128)
+	bmr, _ := p.pb.RegisterMemory(bbuf, transport.AccessLocalWrite)
+	aRecv := []transport.SGE{amr.SGE(64, 64)}
+	bRecv := []transport.SGE{bmr.SGE(64, 64)}
+	bSend := []transport.SGE{bmr.SGE(0, 64)}
+	p.qa.PostReceive(nil, aRecv)
+	p.qb.PostReceive(nil, bRecv)
+	// Replace b's waiter with a responder running in the callback.
+	var comps [16]transport.Completion
+	respond := func() {
+		for {
+			n := p.wb.cq.Poll(comps[:])
+			if n == 0 {
+				p.wb.cq.Arm(transport.NotifyAny)
+				if n = p.wb.cq.Poll(comps[:]); n == 0 {
+					return
+				}
+			}
+			for _, c := range comps[:n] {
+				if c.Type == transport.OpReceive && c.Status == nil {
+					p.qb.PostReceive(nil, bRecv)
+					p.qb.Send(nil, bSend, transport.FlagInline|transport.FlagSilentSuccess)
+				}
+			}
+		}
+	}
+	p.wb.handler.Store(&respond)
+	p.wb.cq.Arm(transport.NotifyAny)
+	send := []transport.SGE{amr.SGE(0, 64)}
+	round := func() error {
+		if err := p.qa.Send(nil, send, transport.FlagInline|transport.FlagSilentSuccess); err != nil {
+			return err
+		}
+		for got := false; !got; {
+			cs := p.wa.next()
+			if cs == nil {
+				return fmt.Errorf("QP failed: %v, %v", p.qa.Err(), p.qb.Err())
+			}
+			for _, c := range cs {
+				if c.Type == transport.OpReceive {
+					got = true
+					p.qa.PostReceive(nil, aRecv)
+				}
+			}
+		}
+		return nil
+	}
+	return p, round
 }
 
 func benchTCPPingPong(b *testing.B) {
