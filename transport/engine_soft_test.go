@@ -148,7 +148,7 @@ func (r *echoRig) serve(core *transport.Core, c *transport.Completion) {
 		sge := &r.srvSGE[core.Index()][b.Index()]
 		sge[0] = b.SGE(c.Bytes)
 		if err := c.QPContext.(*srvConn).qp.Send(b, sge[:], 0); err != nil {
-			r.fail("server: echo send: %v", err)
+			r.fail("server: echo send: %v (QP error: %v)", err, c.QPContext.(*srvConn).qp.Err())
 			b.Release()
 		}
 	case transport.OpSend:
@@ -225,7 +225,7 @@ func (c *cliConn) advance(s *cliSlot) {
 func (c *cliConn) issue(s *cliSlot) {
 	c.prepare(s)
 	if err := c.qp.Send(s, s.sge[:], 0); err != nil {
-		c.r.fail("client: send on QP %d: %v", c.id, err)
+		c.r.fail("client: send on QP %d: %v (QP error: %v)", c.id, err, c.qp.Err())
 	}
 }
 

@@ -714,7 +714,7 @@ func (q *qp) writePending() bool {
 			return false
 		}
 		n := t.wrN
-		for n > 0 && len(t.iov) > 0 {
+		for len(t.iov) > 0 && (n > 0 || len(t.iov[0]) == 0) {
 			if n >= len(t.iov[0]) {
 				n -= len(t.iov[0])
 				t.iov[0] = nil
@@ -735,6 +735,9 @@ func (q *qp) writePending() bool {
 func (t *txState) writevFD(fd uintptr) bool {
 	n := 0
 	for _, b := range t.iov {
+		if n == len(t.wiov) {
+			break // one message can make more iovecs than a writev takes: the rest goes next
+		}
 		if len(b) == 0 {
 			continue
 		}
@@ -743,6 +746,7 @@ func (t *txState) writevFD(fd uintptr) bool {
 		n++
 	}
 	if n == 0 {
+		t.wrErr = errEmptyWrite
 		return true
 	}
 	for {
@@ -819,6 +823,8 @@ func (c *cq) startPoll(started chan struct{}) error {
 	go c.runPoll(started)
 	return nil
 }
+
+var errEmptyWrite = errors.New("soft: poll group: nothing left to write in a pending batch")
 
 var errPollShort = errors.New("soft: poll group: FPDU not whole in the buffer")
 
