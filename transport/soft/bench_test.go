@@ -80,6 +80,9 @@ var raceEnabled bool
 // groups (Config.PollGroup); set for one sub-benchmark by pollMode.
 var benchPollGroup bool
 
+// benchFPDUSize is newBenchPair's Config.FPDUSize (0: the default).
+var benchFPDUSize int
+
 // pollMode runs the rest of b in poll-group mode.
 func pollMode(b testing.TB) {
 	benchPollGroup = true
@@ -107,8 +110,8 @@ func newBenchPair(b testing.TB, depth uint32, cpus ...int) *benchPair {
 		cpus = []int{-1, -1}
 	}
 	p := &benchPair{}
-	p.a, _ = New(Config{FirstFPDUDelay: -1, PollGroup: benchPollGroup})
-	p.b, _ = New(Config{FirstFPDUDelay: -1, PollGroup: benchPollGroup})
+	p.a, _ = New(Config{FirstFPDUDelay: -1, PollGroup: benchPollGroup, FPDUSize: benchFPDUSize})
+	p.b, _ = New(Config{FirstFPDUDelay: -1, PollGroup: benchPollGroup, FPDUSize: benchFPDUSize})
 	b.Cleanup(func() { p.a.Close(); p.b.Close() })
 	p.pa, _ = p.a.CreatePD()
 	p.pb, _ = p.b.CreatePD()

@@ -360,8 +360,9 @@ type CQStats struct {
 	Pinned bool
 	// Poll-group mode (Config.PollGroup): PollWakes counts eventfd writes
 	// (a post or completion from another thread found the group asleep),
-	// PollSleeps the group's blocking epoll_waits.
-	PollWakes, PollSleeps uint64
+	// PollSleeps the group's blocking epoll_waits, PollFull the writes
+	// that found a socket full and waited for EPOLLOUT.
+	PollWakes, PollSleeps, PollFull uint64
 }
 
 // CQCounters implements transport.CQCounter.
@@ -377,7 +378,7 @@ func CQStatsOf(c transport.CQ) (CQStats, bool) {
 	}
 	st := CQStats{Completions: s.completions.Load(), Notifications: s.notifications.Load(), Pinned: s.pinned.Load()}
 	if s.group != nil {
-		st.PollWakes, st.PollSleeps = s.group.counters()
+		st.PollWakes, st.PollSleeps, st.PollFull = s.group.counters()
 	}
 	return st, true
 }

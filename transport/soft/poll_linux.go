@@ -119,6 +119,7 @@ type pollGroup struct {
 	// Counters.
 	wakes  atomic.Uint64 // eventfd writes
 	sleeps atomic.Uint64 // blocking epoll_waits
+	full   atomic.Uint64 // writes that found the socket full (then EPOLLOUT)
 }
 
 func newPollGroup(c *cq) (*pollGroup, error) {
@@ -271,6 +272,9 @@ func (g *pollGroup) setOut(q *qp, on bool) {
 		return
 	}
 	q.pollOut = on
+	if on {
+		g.full.Add(1)
+	}
 	events := uint32(unix.EPOLLIN | unix.EPOLLRDHUP)
 	if on {
 		events |= unix.EPOLLOUT
@@ -828,4 +832,6 @@ var errEmptyWrite = errors.New("soft: poll group: nothing left to write in a pen
 
 var errPollShort = errors.New("soft: poll group: FPDU not whole in the buffer")
 
-func (g *pollGroup) counters() (wakes, sleeps uint64) { return g.wakes.Load(), g.sleeps.Load() }
+func (g *pollGroup) counters() (wakes, sleeps, full uint64) {
+	return g.wakes.Load(), g.sleeps.Load(), g.full.Load()
+}

@@ -27,4 +27,4 @@ func (c *cq) startPoll(started chan struct{}) error { return transport.ErrNotSup
 
 var errPollShort = errors.New("soft: poll group: FPDU not whole in the buffer")
 
-func (g *pollGroup) counters() (wakes, sleeps uint64) { return 0, 0 }
+func (g *pollGroup) counters() (wakes, sleeps, full uint64) { return 0, 0, 0 }
