@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/blk-project/blk/transport"
@@ -80,13 +81,16 @@ var raceEnabled bool
 // groups (Config.PollGroup); set for one sub-benchmark by pollMode.
 var benchPollGroup bool
 
+// benchPollSpin is newBenchPair's Config.PollSpin (0: the default).
+var benchPollSpin time.Duration
+
 // benchFPDUSize is newBenchPair's Config.FPDUSize (0: the default).
 var benchFPDUSize int
 
 // pollMode runs the rest of b in poll-group mode.
 func pollMode(b testing.TB) {
 	benchPollGroup = true
-	b.Cleanup(func() { benchPollGroup = false })
+	b.Cleanup(func() { benchPollGroup, benchPollSpin = false, 0 })
 }
 
 // softModes runs f as the goroutine-mode ("soft") and poll-group-mode
@@ -110,8 +114,9 @@ func newBenchPair(b testing.TB, depth uint32, cpus ...int) *benchPair {
 		cpus = []int{-1, -1}
 	}
 	p := &benchPair{}
-	p.a, _ = New(Config{FirstFPDUDelay: -1, PollGroup: benchPollGroup, FPDUSize: benchFPDUSize})
-	p.b, _ = New(Config{FirstFPDUDelay: -1, PollGroup: benchPollGroup, FPDUSize: benchFPDUSize})
+	acfg := Config{FirstFPDUDelay: -1, PollGroup: benchPollGroup, PollSpin: benchPollSpin, FPDUSize: benchFPDUSize}
+	p.a, _ = New(acfg)
+	p.b, _ = New(acfg)
 	b.Cleanup(func() { p.a.Close(); p.b.Close() })
 	p.pa, _ = p.a.CreatePD()
 	p.pb, _ = p.b.CreatePD()
@@ -378,6 +383,9 @@ func BenchmarkPingPong64B(b *testing.B) {
 	// thread reads the ping, runs the callback and writes the pong.
 	b.Run("soft-poll", func(b *testing.B) { pollMode(b); benchPingPong(b) })
 	b.Run("soft-poll-pinned", func(b *testing.B) { pollMode(b); benchPingPong(b, 0, 1) })
+	// soft-poll-nospin: poll groups that sleep as soon as they are idle
+	// (Config.PollSpin < 0), for the busy-poll window's effect.
+	b.Run("soft-poll-nospin", func(b *testing.B) { pollMode(b); benchPollSpin = -1; benchPingPong(b) })
 	b.Run("tcp", func(b *testing.B) { benchTCPPingPong(b) })
 }
 

@@ -392,37 +392,37 @@ func (c *cq) runPoll(started chan<- struct{}) {
 				return
 			}
 		}
-		// What next: look again at once while there is work or the
-		// spin window is open, else sleep until an event or a timer.
+		// What next: look again at once while the spin window is open,
+		// else sleep until an event or a timer (wait looks once more, and
+		// does not sleep if work was handed over meanwhile).
 		now := time.Now()
-		switch {
-		case worked:
+		if worked && g.spinMax > 0 {
 			if slept && now.Sub(sleptAt) < g.spinMax && g.spin < g.spinMax {
 				g.spin *= 2 // the sleep was short: a longer window would have caught it
 			}
 			spinUntil = now.Add(min(g.spin, g.spinMax))
-			timeout = 0
-		case g.kicked.Load() || g.dirty.Load() != nil || now.Before(spinUntil):
-			if !g.c.pinned.Load() {
+		}
+		if now.Before(spinUntil) {
+			if !worked && !g.c.pinned.Load() {
 				runtime.Gosched() // let the goroutines of this processor run
 			}
 			timeout = 0
-		default:
-			if !spinUntil.IsZero() {
-				spinUntil = time.Time{}
-				if g.spin > pollSpinMin {
-					g.spin /= 2 // the window expired idle
-				}
+			continue
+		}
+		if !spinUntil.IsZero() {
+			spinUntil = time.Time{}
+			if !worked && g.spin > pollSpinMin {
+				g.spin /= 2 // the window expired idle
 			}
-			timeout = -1
-			sleptAt = now
-			wait := modWait
-			if d := g.delayWait(now); d > 0 && (wait == 0 || d < wait) {
-				wait = d
-			}
-			if wait > 0 {
-				g.setTimer(wait)
-			}
+		}
+		timeout = -1
+		sleptAt = now
+		wait := modWait
+		if d := g.delayWait(now); d > 0 && (wait == 0 || d < wait) {
+			wait = d
+		}
+		if wait > 0 {
+			g.setTimer(wait)
 		}
 	}
 }
