@@ -134,7 +134,10 @@ func TestPollGroupLargeMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait(p.wa, transport.OpRead)
-	if !bytes.Equal(back, local) || !bytes.Equal(remote, local) {
+	// Only what came back is compared: remote was written by b's group,
+	// and the test's only synchronisation with b's side (for the race
+	// detector, TCP is none) is b's CQ, which an RDMA write does not use.
+	if !bytes.Equal(back, local) {
 		t.Fatal("RDMA write then read back: data differs")
 	}
 	clear(remote)
