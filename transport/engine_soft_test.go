@@ -602,26 +602,33 @@ func TestEngineSoftErrors(t *testing.T) {
 	}
 }
 
+// BenchmarkEngineSoftEcho echoes over the soft provider at QD1 and QD32,
+// with per-QP goroutines or poll-group CQs ("-poll"), the cores' CQ
+// threads pinned (the engine's default) or not ("-nopin").
 func BenchmarkEngineSoftEcho(b *testing.B) {
 	for _, mode := range []string{"", "-poll"} {
-		for _, depth := range []int{1, 32} {
-			b.Run(fmt.Sprintf("QD%d%s", depth, mode), func(b *testing.B) {
-				if mode != "" {
-					withPollGroup(b)
-				}
-				r := newEchoRig(b, 2, depth)
-				r.run(b, 200)
-				c0, s0 := r.cli.Stats(), r.srv.Stats()
-				b.ReportAllocs()
-				b.ResetTimer()
-				r.run(b, max(b.N/2, 1))
-				b.StopTimer()
-				c1, s1 := r.cli.Stats(), r.srv.Stats()
-				dn := float64(c1.Notifications - c0.Notifications)
-				dc := float64(c1.Completions - c0.Completions)
-				b.ReportMetric(dc/dn, "cli-completions/notification")
-				b.ReportMetric(float64(s1.Completions-s0.Completions)/float64(s1.Notifications-s0.Notifications), "srv-completions/notification")
-			})
+		for _, pin := range []string{"", "-nopin"} {
+			for _, depth := range []int{1, 32} {
+				b.Run(fmt.Sprintf("QD%d%s%s", depth, mode, pin), func(b *testing.B) {
+					if mode != "" {
+						withPollGroup(b)
+					}
+					cfg := echoConfig(depth)
+					cfg.NoPin = pin != ""
+					r := newEchoRigConfig(b, 2, depth, cfg)
+					r.run(b, 200)
+					c0, s0 := r.cli.Stats(), r.srv.Stats()
+					b.ReportAllocs()
+					b.ResetTimer()
+					r.run(b, max(b.N/2, 1))
+					b.StopTimer()
+					c1, s1 := r.cli.Stats(), r.srv.Stats()
+					dn := float64(c1.Notifications - c0.Notifications)
+					dc := float64(c1.Completions - c0.Completions)
+					b.ReportMetric(dc/dn, "cli-completions/notification")
+					b.ReportMetric(float64(s1.Completions-s0.Completions)/float64(s1.Notifications-s0.Notifications), "srv-completions/notification")
+				})
+			}
 		}
 	}
 }

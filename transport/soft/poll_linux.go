@@ -67,6 +67,9 @@ const (
 	// (up to Config.PollSpin) when the group slept less than that and
 	// found work, and halves when it expired idle.
 	pollSpinMin = 2 * time.Microsecond
+	// pollYieldPinned: a pinned group that has been busy this long yields
+	// its processor once (see runPoll).
+	pollYieldPinned = 100 * time.Microsecond
 )
 
 // epoll user data tags that are not QP slots.
@@ -115,6 +118,7 @@ type pollGroup struct {
 	evbuf   [8]byte
 	spin    time.Duration // the busy-poll window, adapted
 	spinMax time.Duration // Config.PollSpin
+	yieldAt time.Time     // a pinned group's last sleep or yield
 
 	// Counters.
 	wakes  atomic.Uint64 // eventfd writes
@@ -396,6 +400,20 @@ func (c *cq) runPoll(started chan<- struct{}) {
 		// else sleep until an event or a timer (wait looks once more, and
 		// does not sleep if work was handed over meanwhile).
 		now := time.Now()
+		if worked {
+			// A busy group never blocks, so other goroutines of its
+			// processor (an SRQ's refill notification, a consumer woken by
+			// the callback) would wait for the runtime's preemption, 10 ms:
+			// long enough to run an SRQ dry. Unpinned, yield after every
+			// busy pass (cheap when nothing waits); pinned, where a yield
+			// is two thread hand-offs, at most every pollYieldPinned.
+			if !g.c.pinned.Load() {
+				runtime.Gosched()
+			} else if now.Sub(g.yieldAt) > pollYieldPinned {
+				g.yieldAt = now
+				runtime.Gosched()
+			}
+		}
 		if worked && g.spinMax > 0 {
 			if slept && now.Sub(sleptAt) < g.spinMax && g.spin < g.spinMax {
 				g.spin *= 2 // the sleep was short: a longer window would have caught it
@@ -417,6 +435,7 @@ func (c *cq) runPoll(started chan<- struct{}) {
 		}
 		timeout = -1
 		sleptAt = now
+		g.yieldAt = now
 		wait := modWait
 		if d := g.delayWait(now); d > 0 && (wait == 0 || d < wait) {
 			wait = d
