@@ -542,7 +542,11 @@ func (g *pollGroup) readQP(q *qp) {
 		}
 		if r.r == r.w {
 			r.r, r.w = 0, 0
-		} else if len(r.buf)-r.r < maxFPDULen {
+		} else if len(r.buf)-r.r < maxFPDULen || r.w == len(r.buf) {
+			// Room for the largest FPDU from its start (the second test
+			// cannot hold while the first fails: a full buffer from r.r
+			// would hold a whole FPDU, placed above; it keeps a read
+			// into no room from looking like EOF).
 			r.w = copy(r.buf, r.buf[r.r:r.w])
 			r.r = 0
 		}
