@@ -383,9 +383,9 @@ func BenchmarkPingPong64B(b *testing.B) {
 	// thread reads the ping, runs the callback and writes the pong.
 	b.Run("soft-poll", func(b *testing.B) { pollMode(b); benchPingPong(b) })
 	b.Run("soft-poll-pinned", func(b *testing.B) { pollMode(b); benchPingPong(b, 0, 1) })
-	// soft-poll-nospin: poll groups that sleep as soon as they are idle
-	// (Config.PollSpin < 0), for the busy-poll window's effect.
-	b.Run("soft-poll-nospin", func(b *testing.B) { pollMode(b); benchPollSpin = -1; benchPingPong(b) })
+	// soft-poll-spin: poll groups that keep polling up to 50 µs after
+	// work before they sleep (Config.PollSpin), for the window's effect.
+	b.Run("soft-poll-spin", func(b *testing.B) { pollMode(b); benchPollSpin = SuggestedPollSpin; benchPingPong(b) })
 	b.Run("tcp", func(b *testing.B) { benchTCPPingPong(b) })
 }
 

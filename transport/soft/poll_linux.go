@@ -43,10 +43,11 @@ import (
 // A post from another thread wakes a sleeping group with one eventfd
 // write (coalesced: only the poster that finds the group asleep writes).
 // Moderation intervals and FirstFPDUDelay use a timerfd (microsecond
-// grain, M4). Before sleeping, a group that just found work keeps polling
-// (epoll_wait with timeout 0) for an adaptive window of pollSpinMin to
-// pollSpinMax, so queue-depth-1 traffic does not pay a thread wake-up per
-// message; an idle group sleeps in epoll_wait.
+// grain, M4). The group sleeps by parking on its epoll fd in Go's
+// netpoller. With Config.PollSpin, a group that just found work first
+// keeps polling (epoll_wait with timeout 0) for an adaptive window of
+// pollSpinMin to PollSpin, so that queue-depth-1 traffic need not pay a
+// wake-up per message; an idle group sleeps.
 //
 // Error paths (Terminates, flush on failure) keep the goroutine mode's
 // semantics; the drain after an orderly Disconnect runs on a goroutine of
