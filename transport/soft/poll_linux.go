@@ -519,10 +519,11 @@ func (g *pollGroup) startDelayed() {
 	k := 0
 	for _, q := range g.delayed {
 		if q.pollRetired {
+			q.pollDelayed = false
 			continue
 		}
 		if !now.Before(q.txAt) {
-			q.txDelayed = false
+			q.txDelayed, q.pollDelayed = false, false
 			g.mark(q)
 			continue
 		}
@@ -642,7 +643,10 @@ func (g *pollGroup) sendQP(q *qp) {
 		return
 	}
 	if q.txDelayed {
-		g.delayed = append(g.delayed, q)
+		if !q.pollDelayed { // once, however many posts come meanwhile
+			q.pollDelayed = true
+			g.delayed = append(g.delayed, q)
+		}
 		return
 	}
 	for {

@@ -125,6 +125,7 @@ type qp struct {
 	pollRetired bool  // the group let go of the QP
 	pollOut     bool  // EPOLLOUT interest: a write waits for room
 	txDelayed   bool  // FirstFPDUDelay: no FPDU before txAt
+	pollDelayed bool  // on the group's list of delayed QPs
 	txAt        time.Time
 }
 
