@@ -154,3 +154,24 @@ func TestPollGroupLargeMessages(t *testing.T) {
 	st, _ := CQStatsOf(p.wa.cq)
 	t.Logf("sender's group: %d writes found the socket full", st.PollFull)
 }
+
+// TestPollGroupWire runs the provider's wire tests with poll-group CQs:
+// a peer's garbage and refused reads (Terminates and error paths on the
+// group's thread), the replayed Linux host capture and our active side's
+// bytes (FirstFPDUDelay, with and without CRC).
+func TestPollGroupWire(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"GarbageFromPeer", TestGarbageFromPeer},
+		{"ReadResponseOnlyIntoItsSink", TestReadResponseOnlyIntoItsSink},
+		{"ReplayLinuxHostCapture", TestReplayLinuxHostCapture},
+		{"ActiveSideWire", TestActiveSideWire},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pollMode(t)
+			tc.f(t)
+		})
+	}
+}
