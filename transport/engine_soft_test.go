@@ -612,9 +612,13 @@ func BenchmarkEngineSoftEcho(b *testing.B) {
 				if pin != "" && depth > 1 {
 					// Unpinned at QD32 the rig's SRQ runs dry (a DDP 'no
 					// buffer' Terminate) within seconds in most runs, in
-					// both modes, even with a refill threshold of half
-					// the buffers: an engine or SRQ refill problem to
-					// find, not measured here until it is.
+					// both modes and on the commit before poll groups.
+					// The cores' counters 100 ms after the failure show
+					// 336-496 receives queued and SRQStarved 0: the SRQ
+					// emptied for a moment because its threshold
+					// notification (the soft SRQ's own goroutine) ran
+					// late under load, not because buffers leaked. Not
+					// measured here until that is fixed.
 					continue
 				}
 				b.Run(fmt.Sprintf("QD%d%s%s", depth, mode, pin), func(b *testing.B) {
