@@ -148,7 +148,7 @@ func (r *echoRig) serve(core *transport.Core, c *transport.Completion) {
 		sge := &r.srvSGE[core.Index()][b.Index()]
 		sge[0] = b.SGE(c.Bytes)
 		if err := c.QPContext.(*srvConn).qp.Send(b, sge[:], 0); err != nil {
-			r.fail("server: echo send: %v", err)
+			r.fail("server: echo send: %v (QP error: %v)", err, c.QPContext.(*srvConn).qp.Err())
 			b.Release()
 		}
 	case transport.OpSend:
@@ -225,7 +225,7 @@ func (c *cliConn) advance(s *cliSlot) {
 func (c *cliConn) issue(s *cliSlot) {
 	c.prepare(s)
 	if err := c.qp.Send(s, s.sge[:], 0); err != nil {
-		c.r.fail("client: send on QP %d: %v", c.id, err)
+		c.r.fail("client: send on QP %d: %v (QP error: %v)", c.id, err, c.qp.Err())
 	}
 }
 
@@ -256,10 +256,10 @@ func newEchoRigConfig(t testing.TB, qps, depth int, cfg transport.EngineConfig) 
 	t.Helper()
 	r := &echoRig{depth: depth}
 	var err error
-	if r.srvA, err = soft.New(soft.Config{FirstFPDUDelay: -1}); err != nil {
+	if r.srvA, err = soft.New(soft.Config{FirstFPDUDelay: -1, PollGroup: echoPollGroup}); err != nil {
 		t.Fatal(err)
 	}
-	if r.cliA, err = soft.New(soft.Config{FirstFPDUDelay: -1}); err != nil {
+	if r.cliA, err = soft.New(soft.Config{FirstFPDUDelay: -1, PollGroup: echoPollGroup}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.cliA.Close(); r.srvA.Close() })
@@ -375,7 +375,25 @@ func (r *echoRig) run(t testing.TB, perQP int) {
 	}
 }
 
-func TestEngineSoftEcho(t *testing.T) {
+// echoPollGroup makes the echo rigs' adapters run their CQs as poll
+// groups (soft.Config.PollGroup); set for one test by withPollGroup.
+var echoPollGroup bool
+
+func withPollGroup(t testing.TB) {
+	echoPollGroup = true
+	t.Cleanup(func() { echoPollGroup = false })
+}
+
+func TestEngineSoftEcho(t *testing.T) { testEngineSoftEcho(t) }
+
+// TestEngineSoftEchoPollGroup is TestEngineSoftEcho with every CQ a poll
+// group: the core's pinned thread does its QPs' socket I/O.
+func TestEngineSoftEchoPollGroup(t *testing.T) {
+	withPollGroup(t)
+	testEngineSoftEcho(t)
+}
+
+func testEngineSoftEcho(t *testing.T) {
 	const qps, depth, perQP = 8, 8, 500
 	r := newEchoRig(t, qps, depth)
 
@@ -466,7 +484,16 @@ func echoCPNConfig(t *testing.T, qps, depth, perQP int, cfg transport.EngineConf
 	return settle(r.cli, want), settle(r.srv, want)
 }
 
-func TestEngineSoftModeration(t *testing.T) {
+func TestEngineSoftModeration(t *testing.T) { testEngineSoftModeration(t) }
+
+// TestEngineSoftModerationPollGroup is the same load with every CQ a poll
+// group (moderation timers on the group's timerfd).
+func TestEngineSoftModerationPollGroup(t *testing.T) {
+	withPollGroup(t)
+	testEngineSoftModeration(t)
+}
+
+func testEngineSoftModeration(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing-dependent load test")
 	}
@@ -505,7 +532,16 @@ func TestEngineSoftModeration(t *testing.T) {
 // message once the QPs are warm: the engine's share is zero (guarded
 // exactly by TestEngineSteadyStateAllocs with the fake provider); this
 // reports what the whole path, soft provider included, costs.
-func TestEngineSoftSteadyStateAllocs(t *testing.T) {
+func TestEngineSoftSteadyStateAllocs(t *testing.T) { testEngineSoftSteadyStateAllocs(t) }
+
+// TestEngineSoftSteadyStateAllocsPollGroup is the same count with every
+// CQ a poll group.
+func TestEngineSoftSteadyStateAllocsPollGroup(t *testing.T) {
+	withPollGroup(t)
+	testEngineSoftSteadyStateAllocs(t)
+}
+
+func testEngineSoftSteadyStateAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
@@ -566,21 +602,45 @@ func TestEngineSoftErrors(t *testing.T) {
 	}
 }
 
+// BenchmarkEngineSoftEcho echoes over the soft provider at QD1 and QD32,
+// with per-QP goroutines or poll-group CQs ("-poll"), the cores' CQ
+// threads pinned (the engine's default) or, at QD1, not ("-nopin").
 func BenchmarkEngineSoftEcho(b *testing.B) {
-	for _, depth := range []int{1, 32} {
-		b.Run(fmt.Sprintf("QD%d", depth), func(b *testing.B) {
-			r := newEchoRig(b, 2, depth)
-			r.run(b, 200)
-			c0, s0 := r.cli.Stats(), r.srv.Stats()
-			b.ReportAllocs()
-			b.ResetTimer()
-			r.run(b, max(b.N/2, 1))
-			b.StopTimer()
-			c1, s1 := r.cli.Stats(), r.srv.Stats()
-			dn := float64(c1.Notifications - c0.Notifications)
-			dc := float64(c1.Completions - c0.Completions)
-			b.ReportMetric(dc/dn, "cli-completions/notification")
-			b.ReportMetric(float64(s1.Completions-s0.Completions)/float64(s1.Notifications-s0.Notifications), "srv-completions/notification")
-		})
+	for _, mode := range []string{"", "-poll"} {
+		for _, pin := range []string{"", "-nopin"} {
+			for _, depth := range []int{1, 32} {
+				if pin != "" && depth > 1 {
+					// Unpinned at QD32 the rig's SRQ runs dry (a DDP 'no
+					// buffer' Terminate) within seconds in most runs, in
+					// both modes and on the commit before poll groups.
+					// The cores' counters 100 ms after the failure show
+					// 336-496 receives queued and SRQStarved 0: the SRQ
+					// emptied for a moment because its threshold
+					// notification (the soft SRQ's own goroutine) ran
+					// late under load, not because buffers leaked. Not
+					// measured here until that is fixed.
+					continue
+				}
+				b.Run(fmt.Sprintf("QD%d%s%s", depth, mode, pin), func(b *testing.B) {
+					if mode != "" {
+						withPollGroup(b)
+					}
+					cfg := echoConfig(depth)
+					cfg.NoPin = pin != ""
+					r := newEchoRigConfig(b, 2, depth, cfg)
+					r.run(b, 200)
+					c0, s0 := r.cli.Stats(), r.srv.Stats()
+					b.ReportAllocs()
+					b.ResetTimer()
+					r.run(b, max(b.N/2, 1))
+					b.StopTimer()
+					c1, s1 := r.cli.Stats(), r.srv.Stats()
+					dn := float64(c1.Notifications - c0.Notifications)
+					dc := float64(c1.Completions - c0.Completions)
+					b.ReportMetric(dc/dn, "cli-completions/notification")
+					b.ReportMetric(float64(s1.Completions-s0.Completions)/float64(s1.Notifications-s0.Notifications), "srv-completions/notification")
+				})
+			}
+		}
 	}
 }

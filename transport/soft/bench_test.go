@@ -2,11 +2,12 @@ package soft
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
-	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/blk-project/blk/transport"
@@ -72,6 +73,32 @@ func (w *waiter) next() []transport.Completion {
 	}
 }
 
+// raceEnabled is set under the race detector (race_test.go).
+var raceEnabled bool
+
+// benchPollGroup makes newBenchPair's adapters run their CQs as poll
+// groups (Config.PollGroup); set for one sub-benchmark by pollMode.
+var benchPollGroup bool
+
+// benchPollSpin is newBenchPair's Config.PollSpin (0: the default).
+var benchPollSpin time.Duration
+
+// benchFPDUSize is newBenchPair's Config.FPDUSize (0: the default).
+var benchFPDUSize int
+
+// pollMode runs the rest of b in poll-group mode.
+func pollMode(b testing.TB) {
+	benchPollGroup = true
+	b.Cleanup(func() { benchPollGroup, benchPollSpin = false, 0 })
+}
+
+// softModes runs f as the goroutine-mode ("soft") and poll-group-mode
+// ("soft-poll") sub-benchmarks.
+func softModes(b *testing.B, f func(b *testing.B)) {
+	b.Run("soft", f)
+	b.Run("soft-poll", func(b *testing.B) { pollMode(b); f(b) })
+}
+
 type benchPair struct {
 	a, b   *Adapter
 	pa, pb transport.PD
@@ -81,13 +108,14 @@ type benchPair struct {
 
 // newBenchPair connects two adapters; cpus are the CQs' affinities (none
 // when not given).
-func newBenchPair(b *testing.B, depth uint32, cpus ...int) *benchPair {
+func newBenchPair(b testing.TB, depth uint32, cpus ...int) *benchPair {
 	if len(cpus) < 2 {
 		cpus = []int{-1, -1}
 	}
 	p := &benchPair{}
-	p.a, _ = New(Config{FirstFPDUDelay: -1})
-	p.b, _ = New(Config{FirstFPDUDelay: -1})
+	acfg := Config{FirstFPDUDelay: -1, PollGroup: benchPollGroup, PollSpin: benchPollSpin, FPDUSize: benchFPDUSize}
+	p.a, _ = New(acfg)
+	p.b, _ = New(acfg)
 	b.Cleanup(func() { p.a.Close(); p.b.Close() })
 	p.pa, _ = p.a.CreatePD()
 	p.pb, _ = p.b.CreatePD()
@@ -141,6 +169,12 @@ func (p *benchPair) report(b *testing.B, ops, size int) {
 	qb, _ := QPStatsOf(p.qb)
 	copied := qa.TxCopiedBytes + qa.RxCopiedBytes + qb.TxCopiedBytes + qb.RxCopiedBytes
 	b.ReportMetric(float64(copied)/float64(ops)/float64(size), "copies/op")
+	if benchPollGroup {
+		// Thread wake-ups the poll groups paid: eventfd writes by posters
+		// that found a group asleep, and blocking epoll_waits.
+		b.ReportMetric(float64(sa.PollWakes+sb.PollWakes)/float64(ops), "wakes/op")
+		b.ReportMetric(float64(sa.PollSleeps+sb.PollSleeps)/float64(ops), "sleeps/op")
+	}
 }
 
 // benchSoftSend streams size-byte sends from a to b with depth in flight.
@@ -163,6 +197,10 @@ func benchSoftSend(b *testing.B, size int, depth uint32) {
 	// receiver-not-ready retry, so the sender may only have as many sends
 	// outstanding as the peer has receives posted (as NVMe's SQ head does).
 	var received atomic.Int64
+	// credit wakes a sender that waits for credit only (all its sends
+	// completed): a Gosched loop there took 90% of the CPU in a profile,
+	// starving the receiver it waited for on a 2-core machine.
+	credit := make(chan struct{}, 1)
 	go func() { // receiver: repost every buffer it gets
 		defer close(done)
 		for got := 0; got < n; {
@@ -181,6 +219,10 @@ func benchSoftSend(b *testing.B, size int, depth uint32) {
 				p.qb.PostReceive(s, s1(s))
 				received.Add(1)
 			}
+			select {
+			case credit <- struct{}{}:
+			default:
+			}
 		}
 	}()
 	sge := []transport.SGE{smr.SGE(0, uint32(size))}
@@ -197,7 +239,7 @@ func benchSoftSend(b *testing.B, size int, depth uint32) {
 			posted++
 		}
 		if inflight == 0 {
-			runtime.Gosched() // waiting for credit only
+			<-credit // waiting for credit only
 			continue
 		}
 		cs := p.wa.next()
@@ -270,12 +312,12 @@ func benchTCPStream(b *testing.B, size int) {
 }
 
 func BenchmarkSend64B(b *testing.B) {
-	b.Run("soft", func(b *testing.B) { benchSoftSend(b, 64, 64) })
+	softModes(b, func(b *testing.B) { benchSoftSend(b, 64, 64) })
 	b.Run("tcp", func(b *testing.B) { benchTCPStream(b, 64) })
 }
 
 func BenchmarkSend4KiB(b *testing.B) {
-	b.Run("soft", func(b *testing.B) { benchSoftSend(b, 4096, 64) })
+	softModes(b, func(b *testing.B) { benchSoftSend(b, 4096, 64) })
 	b.Run("tcp", func(b *testing.B) { benchTCPStream(b, 4096) })
 }
 
@@ -325,12 +367,12 @@ func benchSoftRDMA(b *testing.B, size int, depth uint32, read bool) {
 }
 
 func BenchmarkWrite128KiB(b *testing.B) {
-	b.Run("soft", func(b *testing.B) { benchSoftRDMA(b, 128<<10, 8, false) })
+	softModes(b, func(b *testing.B) { benchSoftRDMA(b, 128<<10, 8, false) })
 	b.Run("tcp", func(b *testing.B) { benchTCPStream(b, 128<<10) })
 }
 
 func BenchmarkRead128KiB(b *testing.B) {
-	b.Run("soft", func(b *testing.B) { benchSoftRDMA(b, 128<<10, 8, true) })
+	softModes(b, func(b *testing.B) { benchSoftRDMA(b, 128<<10, 8, true) })
 	b.Run("tcp", func(b *testing.B) { benchTCPStream(b, 128<<10) })
 }
 
@@ -344,66 +386,84 @@ func BenchmarkPingPong64B(b *testing.B) {
 	// the engine pins them: waking a goroutine locked to its OS thread
 	// costs a thread hand-off in Go's scheduler each way.
 	b.Run("soft-pinned", func(b *testing.B) { benchPingPong(b, 0, 1) })
+	// soft-poll: each CQ a poll group (Config.PollGroup): the responder's
+	// thread reads the ping, runs the callback and writes the pong.
+	b.Run("soft-poll", func(b *testing.B) { pollMode(b); benchPingPong(b) })
+	b.Run("soft-poll-pinned", func(b *testing.B) { pollMode(b); benchPingPong(b, 0, 1) })
+	// soft-poll-spin: poll groups that keep polling up to 50 µs after
+	// work before they sleep (Config.PollSpin), for the window's effect.
+	b.Run("soft-poll-spin", func(b *testing.B) { pollMode(b); benchPollSpin = SuggestedPollSpin; benchPingPong(b) })
 	b.Run("tcp", func(b *testing.B) { benchTCPPingPong(b) })
 }
 
 func benchPingPong(b *testing.B, cpus ...int) {
-	{
-		p := newBenchPair(b, 4, cpus...)
-		abuf := make([]byte, 128)
-		amr, _ := p.pa.RegisterMemory(abuf, transport.AccessLocalWrite)
-		bbuf := make([]byte, 128)
-		bmr, _ := p.pb.RegisterMemory(bbuf, transport.AccessLocalWrite)
-		aRecv := []transport.SGE{amr.SGE(64, 64)}
-		bRecv := []transport.SGE{bmr.SGE(64, 64)}
-		bSend := []transport.SGE{bmr.SGE(0, 64)}
-		p.qa.PostReceive(nil, aRecv)
-		p.qb.PostReceive(nil, bRecv)
-		// Replace b's waiter with a responder running in the callback.
-		var comps [16]transport.Completion
-		respond := func() {
-			for {
-				n := p.wb.cq.Poll(comps[:])
-				if n == 0 {
-					p.wb.cq.Arm(transport.NotifyAny)
-					if n = p.wb.cq.Poll(comps[:]); n == 0 {
-						return
-					}
-				}
-				for _, c := range comps[:n] {
-					if c.Type == transport.OpReceive && c.Status == nil {
-						p.qb.PostReceive(nil, bRecv)
-						p.qb.Send(nil, bSend, transport.FlagInline|transport.FlagSilentSuccess)
-					}
-				}
-			}
+	p, round := newPingPong(b, cpus...)
+	n := b.N
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < n; i++ {
+		if err := round(); err != nil {
+			b.Fatal(err)
 		}
-		p.wb.handler.Store(&respond)
-		p.wb.cq.Arm(transport.NotifyAny)
-		send := []transport.SGE{amr.SGE(0, 64)}
-		n := b.N
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; i < n; i++ {
-			if err := p.qa.Send(nil, send, transport.FlagInline|transport.FlagSilentSuccess); err != nil {
-				b.Fatal(err)
-			}
-			for got := false; !got; {
-				cs := p.wa.next()
-				if cs == nil {
-					b.Fatal("QP failed:", p.qa.Err(), p.qb.Err())
-				}
-				for _, c := range cs {
-					if c.Type == transport.OpReceive {
-						got = true
-						p.qa.PostReceive(nil, aRecv)
-					}
-				}
-			}
-		}
-		b.StopTimer()
-		p.report(b, 2*n, 64)
 	}
+	b.StopTimer()
+	p.report(b, 2*n, 64)
+}
+
+// newPingPong connects a pair whose b side answers every 64 B send with
+// one in its CQ callback; round is one round trip driven from a.
+func newPingPong(tb testing.TB, cpus ...int) (*benchPair, func() error) {
+	p := newBenchPair(tb, 4, cpus...)
+	abuf := make([]byte, 128)
+	amr, _ := p.pa.RegisterMemory(abuf, transport.AccessLocalWrite)
+	bbuf := make([]byte, 128)
+	bmr, _ := p.pb.RegisterMemory(bbuf, transport.AccessLocalWrite)
+	aRecv := []transport.SGE{amr.SGE(64, 64)}
+	bRecv := []transport.SGE{bmr.SGE(64, 64)}
+	bSend := []transport.SGE{bmr.SGE(0, 64)}
+	p.qa.PostReceive(nil, aRecv)
+	p.qb.PostReceive(nil, bRecv)
+	// Replace b's waiter with a responder running in the callback.
+	var comps [16]transport.Completion
+	respond := func() {
+		for {
+			n := p.wb.cq.Poll(comps[:])
+			if n == 0 {
+				p.wb.cq.Arm(transport.NotifyAny)
+				if n = p.wb.cq.Poll(comps[:]); n == 0 {
+					return
+				}
+			}
+			for _, c := range comps[:n] {
+				if c.Type == transport.OpReceive && c.Status == nil {
+					p.qb.PostReceive(nil, bRecv)
+					p.qb.Send(nil, bSend, transport.FlagInline|transport.FlagSilentSuccess)
+				}
+			}
+		}
+	}
+	p.wb.handler.Store(&respond)
+	p.wb.cq.Arm(transport.NotifyAny)
+	send := []transport.SGE{amr.SGE(0, 64)}
+	round := func() error {
+		if err := p.qa.Send(nil, send, transport.FlagInline|transport.FlagSilentSuccess); err != nil {
+			return err
+		}
+		for got := false; !got; {
+			cs := p.wa.next()
+			if cs == nil {
+				return fmt.Errorf("QP failed: %v, %v", p.qa.Err(), p.qb.Err())
+			}
+			for _, c := range cs {
+				if c.Type == transport.OpReceive {
+					got = true
+					p.qa.PostReceive(nil, aRecv)
+				}
+			}
+		}
+		return nil
+	}
+	return p, round
 }
 
 func benchTCPPingPong(b *testing.B) {

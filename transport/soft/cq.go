@@ -21,6 +21,7 @@ type cq struct {
 	pinned atomic.Bool
 	kick   chan struct{}
 	stop   chan struct{}
+	group  *pollGroup // Config.PollGroup: the loop that replaces run
 
 	mu       sync.Mutex
 	ring     []transport.Completion
@@ -64,10 +65,16 @@ func (a *Adapter) CreateCQ(cfg transport.CQConfig) (transport.CQ, error) {
 		kick:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
-	a.track(c, true)
 	started := make(chan struct{})
-	go c.run(started)
+	if a.cfg.PollGroup {
+		if err := c.startPoll(started); err != nil {
+			return nil, err
+		}
+	} else {
+		go c.run(started)
+	}
 	<-started
+	a.track(c, true)
 	return c, nil
 }
 
@@ -129,6 +136,10 @@ func (c *cq) satisfies(comp *transport.Completion, solicited bool) bool {
 }
 
 func (c *cq) wake() {
+	if c.group != nil {
+		c.group.kick()
+		return
+	}
 	select {
 	case c.kick <- struct{}{}:
 	default:
@@ -233,7 +244,8 @@ func moderation(setting uint64) (on bool, count uint32, interval time.Duration) 
 	return true, count, interval
 }
 
-// run is the notification goroutine.
+// run is the notification goroutine (goroutine-per-QP mode; the poll
+// group's loop, runPoll, does the same with its own timer).
 func (c *cq) run(started chan<- struct{}) {
 	c.pinned.Store(pinThread(c.cpu))
 	close(started)
@@ -253,48 +265,66 @@ func (c *cq) run(started chan<- struct{}) {
 			}
 			return
 		}
-		setting := c.mod.Load()
-		on, count, interval := moderation(setting)
-		c.mu.Lock()
-		if setting != applied {
-			applied = setting
-			c.modOn, c.modCount = on, count
-			if !on || count == 0 {
-				c.modCount = transport.MaxUint32
-			}
-		}
-		if c.overflow && !c.overRep {
-			c.overRep = true
-			c.armed = false
-			c.mu.Unlock()
-			c.fire(transport.ErrCQOverflow)
-			continue
-		}
-		if !c.armed || c.pending == 0 {
-			c.mu.Unlock()
-			continue
-		}
-		now := time.Now()
-		due := !on || (count != 0 && c.pending >= count) ||
-			(interval != 0 && now.Sub(c.firstAt) >= interval)
-		if due {
-			c.armed = false
-			c.pending = 0
-			c.mu.Unlock()
-			if timerOn {
+		fire, status, wait := c.decide(&applied)
+		if fire {
+			if timerOn && status == nil {
 				timer.Stop()
 				timerOn = false
 			}
-			c.fire(nil)
+			c.fire(status)
 			continue
 		}
-		if interval != 0 {
+		if wait > 0 {
 			// M1: never later than interval after the first completion.
-			timer.Reset(interval - now.Sub(c.firstAt))
+			timer.Reset(wait)
 			timerOn = true
 		}
-		c.mu.Unlock()
 	}
+}
+
+// decide takes the newest moderation setting (M11; applied is the one in
+// force, updated) and says what the notifier does now: fire a notification
+// with status (nil, or ErrCQOverflow once), or, when an armed notification
+// waits for its moderation interval, wait at most that long (0: no timer).
+func (c *cq) decide(applied *uint64) (fire bool, status error, wait time.Duration) {
+	setting := c.mod.Load()
+	on, count, interval := moderation(setting)
+	c.mu.Lock()
+	if setting != *applied {
+		*applied = setting
+		c.modOn, c.modCount = on, count
+		if !on || count == 0 {
+			c.modCount = transport.MaxUint32
+		}
+	}
+	if c.overflow && !c.overRep {
+		c.overRep = true
+		c.armed = false
+		c.mu.Unlock()
+		return true, transport.ErrCQOverflow, 0
+	}
+	if !c.armed || c.pending == 0 {
+		c.mu.Unlock()
+		return false, nil, 0
+	}
+	if !on || (count != 0 && c.pending >= count) {
+		c.armed = false
+		c.pending = 0
+		c.mu.Unlock()
+		return true, nil, 0
+	}
+	if interval != 0 {
+		since := time.Since(c.firstAt)
+		if since >= interval {
+			c.armed = false
+			c.pending = 0
+			c.mu.Unlock()
+			return true, nil, 0
+		}
+		wait = interval - since
+	}
+	c.mu.Unlock()
+	return false, nil, wait
 }
 
 func (c *cq) fire(status error) {
@@ -315,6 +345,9 @@ func (c *cq) Close() error {
 	// Not waiting for the goroutine: Close may be called from the
 	// notification callback itself.
 	close(c.stop)
+	if c.group != nil {
+		c.group.kick()
+	}
 	c.a.track(c, false)
 	return nil
 }
@@ -325,6 +358,11 @@ type CQStats struct {
 	// Pinned says the notification goroutine runs on a thread pinned to
 	// the CQ's affinity.
 	Pinned bool
+	// Poll-group mode (Config.PollGroup): PollWakes counts eventfd writes
+	// (a post or completion from another thread found the group asleep),
+	// PollSleeps the group's blocking epoll_waits, PollFull the writes
+	// that found a socket full and waited for EPOLLOUT.
+	PollWakes, PollSleeps, PollFull uint64
 }
 
 // CQCounters implements transport.CQCounter.
@@ -338,5 +376,9 @@ func CQStatsOf(c transport.CQ) (CQStats, bool) {
 	if !ok {
 		return CQStats{}, false
 	}
-	return CQStats{Completions: s.completions.Load(), Notifications: s.notifications.Load(), Pinned: s.pinned.Load()}, true
+	st := CQStats{Completions: s.completions.Load(), Notifications: s.notifications.Load(), Pinned: s.pinned.Load()}
+	if s.group != nil {
+		st.PollWakes, st.PollSleeps, st.PollFull = s.group.counters()
+	}
+	return st, true
 }

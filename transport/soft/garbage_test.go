@@ -26,7 +26,7 @@ func TestGarbageFromPeer(t *testing.T) {
 	}
 	t.Logf("seed %d (replay with BLK_SEED=%d)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 0x9a4b))
-	a, err := New(Config{})
+	a, err := New(Config{PollGroup: benchPollGroup})
 	if err != nil {
 		t.Fatal(err)
 	}

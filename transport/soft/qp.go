@@ -113,6 +113,20 @@ type qp struct {
 
 	tx txState
 	rx rxState
+
+	// Poll-group mode: poll is the receive CQ's group, which then does
+	// this QP's socket I/O in place of the two goroutines. pollNext and
+	// pollQueued link it on the group's dirty stack; the rest is owned by
+	// the group's thread.
+	poll        *pollGroup
+	pollNext    *qp
+	pollQueued  atomic.Bool
+	pollSlot    int32 // epoll slot, -1 until registered
+	pollRetired bool  // the group let go of the QP
+	pollOut     bool  // EPOLLOUT interest: a write waits for room
+	txDelayed   bool  // FirstFPDUDelay: no FPDU before txAt
+	pollDelayed bool  // on the group's list of delayed QPs
+	txAt        time.Time
 }
 
 func (p *pd) CreateQP(cfg transport.QPConfig) (transport.QP, error) {
@@ -148,18 +162,20 @@ func (p *pd) CreateQP(cfg transport.QPConfig) (transport.QP, error) {
 		return nil, err
 	}
 	q := &qp{
-		a:     p.a,
-		pd:    p,
-		ctx:   cfg.Context,
-		rcq:   rcq,
-		icq:   icq,
-		srq:   s,
-		depth: cfg.InitiatorQueueDepth,
-		inl:   cfg.InlineDataSize,
-		sgeS:  max(cfg.MaxInitiatorRequestSge, 1),
-		sq:    make([]sendWR, cfg.InitiatorQueueDepth),
-		kick:  make(chan struct{}, 1),
-		done:  make(chan struct{}),
+		a:        p.a,
+		pd:       p,
+		ctx:      cfg.Context,
+		rcq:      rcq,
+		icq:      icq,
+		srq:      s,
+		depth:    cfg.InitiatorQueueDepth,
+		inl:      cfg.InlineDataSize,
+		sgeS:     max(cfg.MaxInitiatorRequestSge, 1),
+		sq:       make([]sendWR, cfg.InitiatorQueueDepth),
+		kick:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		poll:     rcq.group,
+		pollSlot: -1,
 	}
 	if s == nil {
 		q.rq = newRecvQueue(cfg.ReceiveQueueDepth, max(cfg.MaxReceiveRequestSge, 1))
@@ -277,6 +293,10 @@ func (q *qp) enqueue(op transport.OpType, ctx any, sges []transport.SGE, flags t
 }
 
 func (q *qp) wake() {
+	if q.poll != nil {
+		q.poll.mark(q)
+		return
+	}
 	select {
 	case q.kick <- struct{}{}:
 	default:
@@ -423,6 +443,9 @@ func (q *qp) fail(err error) {
 		}
 	}
 	q.flushORQ(nil)
+	if q.poll != nil && prev >= stateConnected {
+		q.poll.mark(q) // the group flushes what it owns and lets go
+	}
 }
 
 // complete pushes a completion; a CQ overrun fails the QP (C3). owner is
@@ -501,10 +524,17 @@ func (q *qp) start(conn *net.TCPConn, crc bool, ird, ord uint32, delay time.Dura
 	q.orq = make([]readWR, q.ord)
 	q.irq = make([]wire.ReadRequest, q.ird)
 	q.tx.init(q)
-	q.rx.init(conn)
+	q.rx.init(conn, q.poll != nil)
 	if !q.state.CompareAndSwap(stateConnecting, stateConnected) {
 		conn.Close()
 		q.flushSQ()
+		return
+	}
+	if q.poll != nil {
+		if !q.poll.adopt(q) {
+			q.fail(fmt.Errorf("soft: the receive CQ is closed: %w", transport.ErrClosed))
+			q.flushSQ()
+		}
 		return
 	}
 	go q.sender()

@@ -34,7 +34,7 @@ func TestReadResponseOnlyIntoItsSink(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := New(Config{})
+			a, err := New(Config{PollGroup: benchPollGroup})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -64,13 +64,22 @@ type rxState struct {
 	rdN     int
 	rdErr   error
 	readvFn func(fd uintptr) bool // r.readv, bound once (no allocation per read)
+
+	// Poll-group mode: non-blocking reads into nb.
+	nb       []byte
+	readNBFn func(fd uintptr) bool // r.readNBFD, bound once
 }
 
-func (r *rxState) init(c *net.TCPConn) {
-	r.buf = make([]byte, rxBufSize)
+func (r *rxState) init(c *net.TCPConn, poll bool) {
+	if poll {
+		r.buf = make([]byte, rxPollBufSize)
+	} else {
+		r.buf = make([]byte, rxBufSize)
+	}
 	r.sendMSN, r.readMSN = 1, 1
 	r.rc, _ = c.SyscallConn()
 	r.readvFn = r.readv
+	r.readNBFn = r.readNBFD
 }
 
 // readv is the body of one direct read (run by RawConn.Read).
@@ -120,6 +129,10 @@ func (q *qp) fill(n int) error {
 	if r.w-r.r >= n {
 		return nil
 	}
+	if q.poll != nil {
+		// The group hands over whole FPDUs only; never read here.
+		return errPollShort
+	}
 	if r.r > 0 {
 		r.w = copy(r.buf, r.buf[r.r:r.w])
 		r.r = 0
@@ -145,7 +158,7 @@ func (q *qp) readInto(dst []byte) error {
 	if len(dst) == 0 {
 		return nil
 	}
-	if len(dst) >= rxDirectMin {
+	if len(dst) >= rxDirectMin && q.poll == nil {
 		r.direct.Add(1)
 		return q.readDirect(dst)
 	}

@@ -46,7 +46,7 @@ func capturedFPDU(t testing.TB) ([]byte, []byte) {
 }
 
 func TestReplayLinuxHostCapture(t *testing.T) {
-	a, err := New(Config{})
+	a, err := New(Config{PollGroup: benchPollGroup})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestActiveSideWire(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer raw.Close()
-		a, _ := New(Config{CRC: crc, FirstFPDUDelay: -1})
+		a, _ := New(Config{CRC: crc, FirstFPDUDelay: -1, PollGroup: benchPollGroup})
 		defer a.Close()
 		pd, _ := a.CreatePD()
 		cq, _ := a.CreateCQ(transport.CQConfig{Depth: 16, Affinity: -1})

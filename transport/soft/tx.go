@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/blk-project/blk/transport"
@@ -67,7 +68,14 @@ type txState struct {
 	// with how many pins each holds; released once the batch is written
 	// (or failed), so that a region closed meanwhile is unmapped only
 	// after the writev.
-	pins   []txPin
+	pins []txPin
+	// Poll-group mode: a batch being written without blocking.
+	wpending bool
+	wiov     []syscall.Iovec
+	wrN      int
+	wrErr    error
+	writevFn func(fd uintptr) bool // t.writevFD, bound once
+
 	copied atomic.Uint64 // payload bytes copied into the batch buffer
 	writes atomic.Uint64 // writev calls
 	fpdus  atomic.Uint64
@@ -80,6 +88,10 @@ func (t *txState) init(q *qp) {
 	t.comps = make([]pendingComp, 0, len(q.sq))
 	t.pins = make([]txPin, 0, 8)
 	t.sendMSN, t.readMSN = 1, 1
+	if q.poll != nil {
+		t.wiov = make([]syscall.Iovec, txMaxIov+8)
+		t.writevFn = t.writevFD
+	}
 }
 
 // sender drains the send queue and the inbound read queue into FPDUs.
@@ -431,6 +443,9 @@ func (q *qp) terminate(tm wire.Terminate, ddpHdr, rdmapHdr []byte) {
 	n += wire.CRCLen
 	q.conn.SetWriteDeadline(time.Now().Add(time.Second))
 	q.wmu.Lock()
+	if q.poll != nil {
+		q.finishPending() // the Terminate follows whole FPDUs
+	}
 	q.conn.Write(frame[:n])
 	q.wmu.Unlock()
 	q.fail(terminateError(tm, true))

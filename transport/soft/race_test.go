@@ -1,0 +1,5 @@
+//go:build race
+
+package soft
+
+func init() { raceEnabled = true }
