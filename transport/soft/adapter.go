@@ -139,8 +139,14 @@ func New(cfg Config) (*Adapter, error) {
 		qps:       make(map[*qp]struct{}),
 		cqs:       make(map[*cq]struct{}),
 	}
-	flags := transport.FlagCQInterruptModerationSupported | transport.FlagLoopbackConnectionsSupported | transport.FlagSRQReceiverWait |
+	flags := transport.FlagCQInterruptModerationSupported | transport.FlagLoopbackConnectionsSupported |
 		transport.FlagSolicitedNotifySupported | transport.FlagRemoteErrorsReported | transport.FlagRemoteReadEnforced
+	if !cfg.PollGroup {
+		// A poll group's thread must not sleep on one QP's empty SRQ
+		// (the buffers it waits for may be given back on that thread):
+		// in that mode an empty SRQ still ends the connection.
+		flags |= transport.FlagSRQReceiverWait
+	}
 	if runtime.NumCPU() > 1 {
 		flags |= transport.FlagMultiEngineSupported
 	}

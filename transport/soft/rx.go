@@ -437,7 +437,9 @@ func (q *qp) placeSend(h *wire.Header, plen int, crc uint32, tm *wire.Terminate)
 			// An empty SRQ holds the message (and this connection, which
 			// is not read meanwhile) until a receive is posted
 			// (FlagSRQReceiverWait), as InfiniBand's RNR retry would.
-			if ok = q.srq.q.takeWait(&r.cur, q.done); !ok && q.Err() != nil {
+			if q.poll != nil {
+				ok = q.srq.q.take(&r.cur) // no FlagSRQReceiverWait: see New
+			} else if ok = q.srq.q.takeWait(&r.cur, q.done); !ok && q.Err() != nil {
 				return crc, nil, q.Err()
 			}
 		} else {
