@@ -3,6 +3,8 @@
 //
 //   - "soft": the pure-Go iWARP provider over TCP (transport/soft), in
 //     every build; the default.
+//   - "soft-poll": the same with poll-group CQs (soft.Config.PollGroup):
+//     each CQ's thread does its QPs' socket I/O.
 //   - "verbs": the rdma-core provider (transport/verbs) on an RDMA device —
 //     Soft-RoCE, siw or a NIC — in builds with the verbs tag (cgo,
 //     libibverbs and librdmacm): go build -tags verbs ./cmd/blkd.
@@ -49,8 +51,9 @@ var (
 
 // known are the providers blk has, with the build that has them.
 var known = map[string]string{
-	"soft":  "every build",
-	"verbs": "builds with -tags verbs (cgo with rdma-core's libibverbs-dev and librdmacm-dev)",
+	"soft":      "every build",
+	"soft-poll": "every build (poll groups: Linux only)",
+	"verbs":     "builds with -tags verbs (cgo with rdma-core's libibverbs-dev and librdmacm-dev)",
 }
 
 // Register makes a provider available under name; providers call it from
