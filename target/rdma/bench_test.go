@@ -1,6 +1,7 @@
 package rdma_test
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -63,6 +64,8 @@ import (
 //	                 must show the same mix (a 4 KiB write goes in the
 //	                 capsule, a 128 KiB write is fetched by RDMA READ, a
 //	                 read is placed by RDMA WRITE)
+//	full-retries/op  (nvme) submissions the initiator refused as queue
+//	                 full although a slot was free, retried (retryFull)
 //	vol-copies/op    (nvme) bytes the volume copied between the target's
 //	                 buffers and pebble, per byte moved (1: one full copy)
 //	x-bare           (nvme) IOPS of nvme ÷ IOPS of this benchmark's bare
@@ -307,16 +310,20 @@ func benchNVMe(b *testing.B, bc benchCase) {
 	for i := range slots {
 		slots[i] = nvmeSlot{cur: &cur, slot: i}
 	}
+	var retries atomic.Uint64
 	submit := func(slot int, lba uint64) error {
-		if bc.write {
-			return ns.WriteAsync(lba, buf(slot), 0, &slots[slot])
-		}
-		return ns.ReadAsync(lba, buf(slot), &slots[slot])
+		return retryFull(&retries, func() error {
+			if bc.write {
+				return ns.WriteAsync(lba, buf(slot), 0, &slots[slot])
+			}
+			return ns.ReadAsync(lba, buf(slot), &slots[slot])
+		})
 	}
 	r := measure(b, bc, srv, &cur, submit)
-	if st := c.Stats(); st.Failures != 0 || st.QueueFull != 0 {
-		b.Fatalf("initiator: %d association failures, %d submissions refused as queue full", st.Failures, st.QueueFull)
+	if st := c.Stats(); st.Failures != 0 || st.QueueFull != retries.Load() {
+		b.Fatalf("initiator: %d association failures, %d submissions refused as queue full (%d retried)", st.Failures, st.QueueFull, retries.Load())
 	}
+	b.ReportMetric(float64(retries.Load())/float64(b.N), "full-retries/op")
 	verifyNVMe(b, bc, ns, cur.Load(), bufs)
 	if n, ok := r.counters["volbytes"]; ok && n > 0 {
 		b.ReportMetric(float64(r.counters["volcopied"])/float64(n), "vol-copies/op")
@@ -360,6 +367,30 @@ func verifyNVMe(b *testing.B, bc benchCase, ns *initiator.Namespace, l *ioLoop, 
 	}
 }
 
+// retryFull submits with submit, again while the initiator refuses it with
+// ErrQueueFull, at most maxFullRetries times, counting the retries. The
+// benchmarks never have more I/Os in flight than the host's queues hold,
+// and a completion frees its slot before its callback resubmits, so a
+// slot is always free when the loop submits; but the initiator's
+// non-blocking submission (acquireIO) looks at the queues one after the
+// other, and when two host cores complete at once each can take the slot
+// the other freed after having looked at its queue: both then see every
+// queue full. With several shallow queues (16 × 2) that happened once in
+// ~30,000 I/Os. A second look finds the free slot.
+func retryFull(retries *atomic.Uint64, submit func() error) error {
+	for try := 0; ; try++ {
+		err := submit()
+		if try == maxFullRetries || !errors.Is(err, initiator.ErrQueueFull) {
+			return err
+		}
+		retries.Add(1)
+	}
+}
+
+// maxFullRetries bounds retryFull: a queue that stays full this long is
+// really full, a bug of the benchmark's accounting.
+const maxFullRetries = 1000
+
 // benchQueueDepth is the I/O queue the initiator asks for to run depth
 // I/Os at once: exactly depth (at least the minimum queue). At full depth
 // the target's send queue once overflowed (sizing.go, sendSlotsPerEntry
@@ -373,7 +404,7 @@ const prefillChunk = 1 << 20
 
 // prefill writes random data over the benchmark region and flushes it, so
 // that reads hit stored blocks, then checks one block reads back.
-func prefill(b *testing.B, ns *initiator.Namespace) {
+func prefill(b testing.TB, ns *initiator.Namespace) {
 	chunk := make([]byte, prefillChunk)
 	var first []byte
 	for off := 0; off < benchRegion; off += len(chunk) {
