@@ -20,10 +20,20 @@ import (
 // BenchmarkConnectedQPs is what connected queues cost the target: 1 and
 // 1,000 connected I/O QPs on one target (in a child process, as the other
 // end-to-end benchmarks), each case with the target sized for exactly the
-// QPs it serves. Reported, besides the common metrics of measure (4 KiB
-// random reads at a total depth of 32 spread over every host, so over a
-// sample of the queues):
+// QPs it serves. The first I/O queue belongs to a "probe" host of that one
+// queue, the others to hosts of scaleQueuesPerHost queues. Two patterns,
+// 4 KiB random reads at a total depth of 32 (measure's metrics):
 //
+//	probe    every I/O on the probe host's one queue: what the other QPs
+//	         cost by being connected (the same I/O in both cases)
+//	spread   slot i on host i mod the hosts, each host's commands round
+//	         robin over its queues: 32 I/Os over ~32 of the 1,000 QPs, what
+//	         spreading the same work over many queues costs (1,000 QPs
+//	         only: with one QP it is probe)
+//
+// and for each
+//
+//	x-1qp              IOPS ÷ the IOPS of probe with 1 QP in this run
 //	connected-qps      I/O QPs the target accepted and holds (its
 //	                   accepts, less the admin queues)
 //	queue-entries      the per-QP depth the target promises (MQES+1), the
@@ -44,35 +54,36 @@ import (
 //	                   both schemes, counted in neither)
 //	tgt-rss-MiB        the target process's resident memory after setup
 //
-// Before the timed part every I/O queue of every host writes one seeded
+// Before the timed parts every I/O queue of every host writes one seeded
 // random 4 KiB block and reads it back (the initiator's round robin puts
 // consecutive blocking commands on consecutive queues), and the data
-// read must equal the data written.
+// read must equal the data written; after each, the reads are checked
+// against the prefill (verifyNVMe).
 //
 // Each connection is a TCP connection on loopback with both ends in this
 // machine: 1,000 QPs take about 1,000 descriptors in each process. The
 // soft limit is raised towards the hard one if it is lower
 // (raiseFileLimit); if the hard limit is too low the case is scaled down,
-// and says so. The setup (connecting every queue) is done once per case
-// and kept across the framework's runs of it.
+// and says so. The setup (connecting every queue) is done once per case,
+// for both patterns and every run the framework makes of them.
 func BenchmarkConnectedQPs(b *testing.B) {
 	for _, n := range []int{1, 1000} {
-		var f *scaleFixture
-		b.Run(fmt.Sprintf("qps=%d", n), func(sub *testing.B) {
-			if f == nil {
-				// Kept until the parent benchmark ends.
-				f = newScaleFixture(outliving{TB: sub, owner: b}, n)
+		b.Run(fmt.Sprintf("qps=%d", n), func(b *testing.B) {
+			// This level runs once; the fixture ends with it.
+			f := newScaleFixture(b, n)
+			b.Run("probe", func(b *testing.B) { f.run(b, false) })
+			if len(f.ctrls) > 1 {
+				b.Run("spread", func(b *testing.B) { f.run(b, true) })
 			}
-			f.run(sub)
 		})
 	}
 }
 
 const (
-	// scaleQueuesPerHost is the I/O queues of each host (controller):
-	// 1,000 QPs are 10 hosts connecting at once, each with its admin
-	// queue, so the setup takes a tenth of connecting one host's 1,000
-	// queues one after the other.
+	// scaleQueuesPerHost is the I/O queues of each host (controller) but
+	// the probe: 1,000 QPs are 11 hosts connecting at once, each with its
+	// admin queue, so the setup takes about a tenth of connecting one
+	// host's 1,000 queues one after the other.
 	scaleQueuesPerHost = 100
 	// scaleCores is the target's engine cores, fixed so that the figures
 	// do not depend on the machine's processors.
@@ -81,14 +92,8 @@ const (
 	scaleDepth = 32
 )
 
-// outliving is a TB whose cleanups run when owner ends: the fixture of a
-// sub-benchmark outlives each run of it. Everything else is the run's.
-type outliving struct {
-	testing.TB
-	owner testing.TB
-}
-
-func (o outliving) Cleanup(f func()) { o.owner.Cleanup(f) }
+// scaleResults keeps the probe runs with one QP, for x-1qp.
+var scaleResults = &bareBook{m: make(map[string][]bareRun)}
 
 type scaleFixture struct {
 	n        int // I/O QPs asked for
@@ -107,7 +112,12 @@ type scaleFixture struct {
 func newScaleFixture(tb testing.TB, n int) *scaleFixture {
 	tb.Helper()
 	n = raiseFileLimit(tb, n)
-	hosts := (n + scaleQueuesPerHost - 1) / scaleQueuesPerHost
+	// The probe host's one queue, then hosts of scaleQueuesPerHost.
+	queues := []int{1}
+	for left := n - 1; left > 0; left -= scaleQueuesPerHost {
+		queues = append(queues, min(left, scaleQueuesPerHost))
+	}
+	hosts := len(queues)
 	total := n + hosts // with the admin queues
 	qpsPerCore := uint32((total + scaleCores - 1) / scaleCores)
 	a := benchAdapter(tb)
@@ -124,12 +134,11 @@ func newScaleFixture(tb testing.TB, n int) *scaleFixture {
 	f.ctrls = make([]*initiator.Controller, hosts)
 	errs := make([]error, hosts)
 	var wg sync.WaitGroup
-	for h := range hosts {
-		queues := min(scaleQueuesPerHost, n-h*scaleQueuesPerHost)
+	for h, q := range queues {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f.ctrls[h], errs[h] = connectScaleHost(tb, a, f.srv.addr, queues, int(entries))
+			f.ctrls[h], errs[h] = connectScaleHost(tb, a, f.srv.addr, q, int(entries))
 		}()
 	}
 	wg.Wait()
@@ -170,7 +179,7 @@ func newScaleFixture(tb testing.TB, n int) *scaleFixture {
 }
 
 // connectScaleHost connects one host of queues I/O queues of entries
-// entries each, closed when tb's owner ends.
+// entries each, closed when tb ends.
 func connectScaleHost(tb testing.TB, a transport.Adapter, addr string, queues, entries int) (*initiator.Controller, error) {
 	c, err := connectHostErr(addr, initiator.Config{Adapter: a, HostNQN: testHostNQN,
 		Queues: queues, QueueDepth: entries, MaxTransfer: benchBlock})
@@ -232,9 +241,10 @@ func (f *scaleFixture) checkEveryQueue(tb testing.TB) {
 	}
 }
 
-// run is one run of the framework: the memory figures, then 4 KiB random
-// reads at a total depth of scaleDepth, slot i on host i mod the hosts.
-func (f *scaleFixture) run(b *testing.B) {
+// run is one run of the framework: 4 KiB random reads at a total depth of
+// scaleDepth, all through the probe host, or (spread) slot i through host
+// i mod the hosts; then the memory figures.
+func (f *scaleFixture) run(b *testing.B, spread bool) {
 	sz := func(k string) uint64 {
 		v, ok := f.sizes[k]
 		if !ok {
@@ -249,13 +259,29 @@ func (f *scaleFixture) run(b *testing.B) {
 		b.Fatalf("the target promises %d entries per queue, the fixture sized %d", sz("queueentries"), f.entries)
 	}
 
-	bc := benchCase{name: fmt.Sprintf("randread-4k-qd%d-%dqps", scaleDepth, f.n), size: benchBlock, depth: scaleDepth}
+	pattern := "probe"
+	if spread {
+		pattern = "spread"
+	}
+	bc := benchCase{name: fmt.Sprintf("randread-4k-qd%d-%dqps-%s", scaleDepth, f.n, pattern), size: benchBlock, depth: scaleDepth}
 	buf := func(slot int) []byte { return f.bufs[slot*benchBlock : (slot+1)*benchBlock] }
 	submit := func(slot int, lba uint64) error {
-		return f.nss[slot%len(f.nss)].ReadAsync(lba, buf(slot), &f.slots[slot])
+		ns := f.nss[0]
+		if spread {
+			ns = f.nss[slot%len(f.nss)]
+		}
+		return ns.ReadAsync(lba, buf(slot), &f.slots[slot])
 	}
-	measure(b, bc, f.srv, &f.cur, submit)
+	r := measure(b, bc, f.srv, &f.cur, submit)
 	// After measure: its ResetTimer drops metrics reported before.
+	if f.n == 1 && !spread {
+		scaleResults.record("probe", b.N, r.iops)
+	}
+	if one, ok := scaleResults.get("probe"); ok {
+		b.ReportMetric(r.iops/one, "x-1qp")
+	} else {
+		b.Logf("no probe run with 1 QP in this process: x-1qp not reported")
+	}
 	b.ReportMetric(float64(f.ioQPs), "connected-qps")
 	b.ReportMetric(float64(f.entries), "queue-entries")
 	b.ReportMetric(float64(srq), "srq-recv-bytes")
@@ -274,7 +300,7 @@ func (f *scaleFixture) run(b *testing.B) {
 // scaleQueueEntries is the deepest queue, a power of two from the target's
 // default down, that a port of scaleCores cores and qpsPerCore QPs per core
 // can hold on an adapter reporting info (rdma.Size: every QP's receives
-// must fit the SRQ and every completion the CQ). At 505 QPs per core on
+// must fit the SRQ and every completion the CQ). At 506 QPs per core on
 // the soft provider that is 64: the CQ of Buffers + QPsPerCore × 4 ×
 // entries must stay within its 2^18 entries.
 func scaleQueueEntries(tb testing.TB, info transport.AdapterInfo, qpsPerCore uint32) uint32 {
