@@ -46,6 +46,8 @@ import (
 //	                       overwrites included), after the pattern
 //	space-live-x           the same ÷ the volume's data (its size: every
 //	                       block is written), what issue 13 aims at ≤ 1.3
+//	settled-live-x         (writes) the same once the compactions the writes
+//	                       started are done (settle)
 //	du-x                   the same from the filesystem's allocated blocks
 //	lsm-levels             pebble levels holding tables; l0-sublevels
 //	copies/op, w-amp       as the other volume benchmarks (report)
@@ -277,6 +279,10 @@ func (d *deepVolume) randWrite(b *testing.B, base map[string]float64) {
 			b.Fatalf("block %d does not hold its last write (write %d of %d)", lba, last[lba], len(lbas))
 		}
 	}
+	// The space once the compactions the writes started are done: the
+	// garbage the overwrites left that pebble keeps.
+	d.settle(b)
+	b.ReportMetric(float64(d.s.db.Metrics().DiskSpaceUsage())/float64(d.size), "settled-live-x")
 }
 
 // report reports a pattern's metrics; base collects the baseline's IOPS.
