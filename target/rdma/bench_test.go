@@ -375,8 +375,9 @@ func verifyNVMe(b *testing.B, bc benchCase, ns *initiator.Namespace, l *ioLoop, 
 // non-blocking submission (acquireIO) looks at the queues one after the
 // other, and when two host cores complete at once each can take the slot
 // the other freed after having looked at its queue: both then see every
-// queue full. With several shallow queues (16 × 2) that happened once in
-// ~30,000 I/Os. A second look finds the free slot.
+// queue full. With 4 queues of 8 or 16 of 2 entries at exactly their
+// depth that happened about once in 30,000 I/Os (never on one queue: both
+// freed slots are then on the one list). A second look finds a free slot.
 func retryFull(retries *atomic.Uint64, submit func() error) error {
 	for try := 0; ; try++ {
 		err := submit()
