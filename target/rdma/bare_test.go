@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -269,13 +270,16 @@ func (s *bareServer) respond(bc *bareConn, b *transport.RecvBuf, rsp *[1]transpo
 	b.Repost()
 }
 
-// bareClient is the baseline's host: one QP on a one-core engine, a
-// capsule and a data buffer per slot, each slot one request in flight.
+// bareClient is the baseline's host: its I/O QPs on an engine of one
+// core per QP up to the processors (as the initiator sizes its engine), a
+// capsule and a data buffer per slot, each slot one request in flight,
+// slot i on QP i mod the QPs (depth/QPs slots each, as the initiator
+// keeps depth/queues commands on each of its queues).
 type bareClient struct {
 	engine  *transport.Engine
 	pd      transport.PD
-	idle    transport.QP // the admin queue's stand-in
-	qp      transport.QP
+	idle    transport.QP           // the admin queue's stand-in
+	qps     []transport.QP         // the I/O queues' stand-ins
 	data    transport.MemoryRegion // depth × size
 	capsule transport.MemoryRegion // depth × bareCapsule
 	op      byte
@@ -288,24 +292,28 @@ type bareClient struct {
 	done atomic.Pointer[func(slot int, err error)]
 }
 
-func newBareClient(tb testing.TB, a transport.Adapter, addr string, op byte, size uint32, depth int) *bareClient {
+func newBareClient(tb testing.TB, a transport.Adapter, addr string, op byte, size uint32, depth, queues int) *bareClient {
 	tb.Helper()
-	if size > bareMaxLen || depth > bareSlots {
-		tb.Fatalf("bare client: size %d, depth %d beyond %d, %d", size, depth, bareMaxLen, bareSlots)
+	if size > bareMaxLen || depth > bareSlots || queues < 1 || depth%queues != 0 {
+		tb.Fatalf("bare client: size %d, depth %d beyond %d, %d, or not spread evenly over %d queues", size, depth, bareMaxLen, bareSlots, queues)
 	}
 	c := &bareClient{op: op, size: size, depth: depth}
 	var err error
 	if c.pd, err = a.CreatePD(); err != nil {
 		tb.Fatal(err)
 	}
-	// One receive buffer (a response) per slot, as the initiator sizes
-	// one queue (plus its admin queue). Initiator depth: one SEND per
-	// slot, doubled because the SENDs are unsignaled: the provider frees
-	// an unsignaled SEND's entry once it is on the wire, which may be
-	// after its response has arrived and the slot has been reused, so
-	// up to one more SEND per slot may still hold an entry.
-	cfg := transport.EngineConfig{Cores: 1, QPsPerCore: 2, BufferSize: bareResponse,
-		SRQDepth: uint32(max(depth, 2)), Buffers: uint32(max(depth, 2)), InitiatorDepth: uint32(2 * max(depth, 2)), InitiatorSGE: 2,
+	// Cores and QPs per core as the initiator's engineSizing: one core
+	// per I/O queue up to the processors, the admin QP's stand-in
+	// counted. One receive buffer (a response) per slot: at most depth
+	// responses are in flight, towards whichever cores. Initiator depth:
+	// one SEND per slot of the QP, doubled because the SENDs are
+	// unsignaled: the provider frees an unsignaled SEND's entry once it
+	// is on the wire, which may be after its response has arrived and the
+	// slot has been reused, so up to one more SEND per slot may still hold
+	// an entry.
+	cores := min(queues, max(runtime.NumCPU(), 1))
+	cfg := transport.EngineConfig{Cores: cores, QPsPerCore: uint32((queues + 1 + cores - 1) / cores), BufferSize: bareResponse,
+		SRQDepth: uint32(max(depth, 2)), Buffers: uint32(max(depth, 2)), InitiatorDepth: uint32(2 * max(depth/queues, 2)), InitiatorSGE: 2,
 		NoPin: true} // as the initiator's engine
 	if c.engine, err = transport.NewEngine(a, c.pd, cfg, transport.HandlerFunc(c.handle)); err != nil {
 		tb.Fatal(err)
@@ -335,25 +343,29 @@ func newBareClient(tb testing.TB, a transport.Adapter, addr string, op byte, siz
 	if _, err := a.Connect(ctx, c.idle, addr, transport.ConnParams{}); err != nil {
 		tb.Fatal(err)
 	}
-	if c.qp, _, err = c.engine.CreateQP(c, 0, bareCapsule); err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := a.Connect(ctx, c.qp, addr, transport.ConnParams{}); err != nil {
-		tb.Fatal(err)
-	}
-	// A connection that ends while requests are in flight fails them.
-	go func() {
-		<-c.qp.Done()
-		if f := c.done.Load(); f != nil {
-			(*f)(-1, fmt.Errorf("bare client: connection ended: %v", c.qp.Err()))
+	for range queues {
+		qp, _, err := c.engine.CreateQP(c, 0, bareCapsule)
+		if err != nil {
+			tb.Fatal(err)
 		}
-	}()
+		c.qps = append(c.qps, qp)
+		if _, err := a.Connect(ctx, qp, addr, transport.ConnParams{}); err != nil {
+			tb.Fatal(err)
+		}
+		// A connection that ends while requests are in flight fails them.
+		go func() {
+			<-qp.Done()
+			if f := c.done.Load(); f != nil {
+				(*f)(-1, fmt.Errorf("bare client: connection ended: %v", qp.Err()))
+			}
+		}()
+	}
 	return c
 }
 
 func (c *bareClient) close() {
 	c.done.Store(nil)
-	for _, qp := range []transport.QP{c.qp, c.idle} {
+	for _, qp := range append(c.qps, c.idle) {
 		if qp != nil {
 			qp.Disconnect()
 		}
@@ -379,10 +391,11 @@ func (c *bareClient) submit(slot int, lba uint64) error {
 	m := c.capsule.Bytes()[slot*bareCapsule:]
 	binary.LittleEndian.PutUint64(m[32:], lba)
 	sges := &c.sges[slot]
+	qp := c.qps[slot%len(c.qps)]
 	if c.op == bareWrite && c.size <= bareInCapsule {
-		return c.qp.Send(nil, sges[:], transport.FlagSilentSuccess)
+		return qp.Send(nil, sges[:], transport.FlagSilentSuccess)
 	}
-	return c.qp.Send(nil, sges[:1], transport.FlagInline|transport.FlagSilentSuccess)
+	return qp.Send(nil, sges[:1], transport.FlagInline|transport.FlagSilentSuccess)
 }
 
 func (c *bareClient) handle(core *transport.Core, comp *transport.Completion) {
@@ -447,7 +460,7 @@ func TestBareBaseline(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const depth = 2
-			c := newBareClient(t, ca, s.ln.Addr().String(), tc.op, tc.size, depth)
+			c := newBareClient(t, ca, s.ln.Addr().String(), tc.op, tc.size, depth, 1)
 			results := make(chan error, depth)
 			f := func(slot int, err error) {
 				if err == nil && slot != tc.slot {

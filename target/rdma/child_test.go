@@ -25,7 +25,9 @@ import (
 //
 //   - with BLK_TEST_TARGET_DIR set it serves a pebble store in that
 //     directory (volume 1, 256 MiB, as namespace 1 of testSubNQN, any host
-//     allowed) on BLK_TEST_TARGET_ADDR;
+//     allowed) on BLK_TEST_TARGET_ADDR, with the port's Cores, QPsPerCore
+//     and QueueEntries from BLK_TEST_TARGET_CORES, _QPS_PER_CORE and
+//     _QUEUE_ENTRIES where set (the defaults otherwise);
 //   - with BLK_TEST_BARE_SERVER=1 it runs the bare transport baseline's
 //     server (bare_test.go) on BLK_TEST_TARGET_ADDR.
 //
@@ -63,6 +65,13 @@ func TestMain(m *testing.M) {
 
 const childVolumeSize = 256 << 20
 
+// The child target's port sizes (runChildTarget).
+const (
+	childCoresEnv        = "BLK_TEST_TARGET_CORES"
+	childQPsPerCoreEnv   = "BLK_TEST_TARGET_QPS_PER_CORE"
+	childQueueEntriesEnv = "BLK_TEST_TARGET_QUEUE_ENTRIES"
+)
+
 func runChildTarget(dir, addr string) error {
 	a, err := childAdapter()
 	if err != nil {
@@ -70,6 +79,22 @@ func runChildTarget(dir, addr string) error {
 	}
 	defer a.Close()
 	cfg := rdma.Config{Addr: addr}
+	for _, f := range []struct {
+		env string
+		set func(uint32)
+	}{
+		{childCoresEnv, func(v uint32) { cfg.Cores = int(v) }},
+		{childQPsPerCoreEnv, func(v uint32) { cfg.QPsPerCore = v }},
+		{childQueueEntriesEnv, func(v uint32) { cfg.QueueEntries = v }},
+	} {
+		if s := os.Getenv(f.env); s != "" {
+			v, err := strconv.ParseUint(s, 10, 32)
+			if err != nil {
+				return fmt.Errorf("%s=%q: %w", f.env, s, err)
+			}
+			f.set(uint32(v))
+		}
+	}
 	if os.Getenv("BLK_TEST_TARGET_LOG") != "" {
 		cfg.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "child target: "+format+"\n", args...) }
 	}
@@ -106,10 +131,16 @@ func runChildTarget(dir, addr string) error {
 		return err
 	}
 	fmt.Printf("LISTEN %s\n", port.Addr())
+	// The port's sizes, as it computed them (Port.Sizing): what the
+	// scale benchmark's memory figures come from.
+	sz := port.Sizing()
+	sizes := fmt.Sprintf(" cores=%d srqbuffers=%d recvbufsize=%d queueentries=%d adminentries=%d adminbufsize=%d",
+		len(port.Engine().Cores()), sz.Engine.Buffers, sz.Engine.BufferSize, sz.Limits.MaxQueueEntries, sz.Limits.AdminQueueEntries, sz.AdminBufferSize)
 	childServe(func() string {
 		s := port.Stats()
-		line := fmt.Sprintf("commands=%d incapsule=%d rdmareads=%d rdmawrites=%d waits=%d completions=%d notifications=%d groupedwrites=%d groupcommits=%d",
-			s.Commands, s.InCapsuleWrites, s.RDMAReads, s.RDMAWrites, s.DataWaits, s.Engine.Completions, s.Engine.Notifications, s.GroupedWrites, s.GroupCommits)
+		line := fmt.Sprintf("commands=%d incapsule=%d rdmareads=%d rdmawrites=%d waits=%d completions=%d notifications=%d groupedwrites=%d groupcommits=%d accepts=%d rejects=%d",
+			s.Commands, s.InCapsuleWrites, s.RDMAReads, s.RDMAWrites, s.DataWaits, s.Engine.Completions, s.Engine.Notifications, s.GroupedWrites, s.GroupCommits, s.Accepts, s.Rejects)
+		line += sizes
 		if vs, err := vol.Stats(); err == nil {
 			line += fmt.Sprintf(" volcopied=%d volbytes=%d", vs.CopiedBytes, vs.ReadBytes+vs.WriteBytes)
 		}

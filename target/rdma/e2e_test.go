@@ -48,17 +48,24 @@ func connectHost(t testing.TB, addr string, cfg initiator.Config) *initiator.Con
 	if cfg.Adapter == nil {
 		cfg.Adapter = hostAdapter(t)
 	}
-	if cfg.HostNQN == "" {
-		cfg.HostNQN = testHostNQN
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := initiator.Connect(ctx, cfg, addr, testSubNQN)
+	c, err := connectHostErr(addr, cfg)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// connectHostErr connects to testSubNQN at addr as testHostNQN unless cfg
+// names a host, within 30 s; the caller closes the controller. Any
+// goroutine may call it.
+func connectHostErr(addr string, cfg initiator.Config) (*initiator.Controller, error) {
+	if cfg.HostNQN == "" {
+		cfg.HostNQN = testHostNQN
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return initiator.Connect(ctx, cfg, addr, testSubNQN)
 }
 
 // TestEndToEndData writes seeded random extents (one block to several
