@@ -387,11 +387,24 @@ func TestDeepQueueLargeIO(t *testing.T) {
 // (FlagSRQReceiverWait), so every write lands, reads back equal, and no
 // association fails.
 func TestSharedReceivesOversubscribed(t *testing.T) {
-	tt := newTestTarget(t, rdma.Config{Cores: 1, SharedReceives: 8, QueueEntries: 64})
+	for _, poll := range []bool{false, true} {
+		t.Run(map[bool]string{false: "goroutines", true: "poll-groups"}[poll], func(t *testing.T) {
+			testSharedReceivesOversubscribed(t, soft.Config{PollGroup: poll})
+		})
+	}
+}
+
+func testSharedReceivesOversubscribed(t *testing.T, sc soft.Config) {
+	tt := newTestTargetOn(t, rdma.Config{Cores: 1, SharedReceives: 8, QueueEntries: 64}, sc)
 	if got := tt.port.Sizing().Engine.Buffers; got != 8 {
 		t.Fatalf("%d receive buffers, want 8", got)
 	}
-	c := connectHost(t, tt.addr, initiator.Config{Queues: 4, QueueDepth: 32})
+	host, err := soft.New(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Close() })
+	c := connectHost(t, tt.addr, initiator.Config{Queues: 4, QueueDepth: 32, Adapter: host})
 	ns := c.Namespace(1)
 	rng := rand.New(rand.NewSource(testSeed(t)))
 	const writers, rounds = 128, 4

@@ -139,14 +139,12 @@ func New(cfg Config) (*Adapter, error) {
 		qps:       make(map[*qp]struct{}),
 		cqs:       make(map[*cq]struct{}),
 	}
-	flags := transport.FlagCQInterruptModerationSupported | transport.FlagLoopbackConnectionsSupported |
+	// FlagSRQReceiverWait: a receiver goroutine sleeps until the SRQ's
+	// next post; a poll group leaves the message unread in its buffer and
+	// stops reading that socket until then (it must not sleep: the buffers
+	// may be given back on its own thread).
+	flags := transport.FlagCQInterruptModerationSupported | transport.FlagLoopbackConnectionsSupported | transport.FlagSRQReceiverWait |
 		transport.FlagSolicitedNotifySupported | transport.FlagRemoteErrorsReported | transport.FlagRemoteReadEnforced
-	if !cfg.PollGroup {
-		// A poll group's thread must not sleep on one QP's empty SRQ
-		// (the buffers it waits for may be given back on that thread):
-		// in that mode an empty SRQ still ends the connection.
-		flags |= transport.FlagSRQReceiverWait
-	}
 	if runtime.NumCPU() > 1 {
 		flags |= transport.FlagMultiEngineSupported
 	}

@@ -280,8 +280,21 @@ func (g *pollGroup) setOut(q *qp, on bool) {
 	if on {
 		g.full.Add(1)
 	}
-	events := uint32(unix.EPOLLIN | unix.EPOLLRDHUP)
-	if on {
+	g.setEvents(q)
+}
+
+// setEvents sets q's epoll interest: input unless its next message waits
+// for a receive (pollRecvWait; the socket's data stays in the kernel and
+// TCP holds the peer back), output while a write waits for room.
+func (g *pollGroup) setEvents(q *qp) {
+	if q.pollRetired || q.pollSlot < 0 {
+		return
+	}
+	var events uint32
+	if !q.pollRecvWait {
+		events = unix.EPOLLIN | unix.EPOLLRDHUP
+	}
+	if q.pollOut {
 		events |= unix.EPOLLOUT
 	}
 	ev := unix.EpollEvent{Events: events, Fd: q.pollSlot, Pad: int32(g.gens[q.pollSlot])}
@@ -352,6 +365,15 @@ func (c *cq) runPoll(started chan<- struct{}) {
 					g.mark(q)
 				}
 				if ev.Events&^uint32(unix.EPOLLOUT) != 0 {
+					if q.pollRecvWait && ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+						// Reported whatever the interest: the connection
+						// ended while a message waited for a receive.
+						if q.Err() == nil {
+							q.fail(errConnection(io.ErrUnexpectedEOF))
+						}
+						g.retire(q)
+						continue
+					}
 					g.readQP(q)
 				}
 			}
@@ -381,6 +403,9 @@ func (c *cq) runPoll(started chan<- struct{}) {
 		}
 		g.takeDirty()
 		for i, q := range g.work {
+			if q.pollRecvWait && !q.pollRetired && q.recvPosted.Swap(false) {
+				g.resume(q)
+			}
 			g.sendQP(q)
 			g.work[i] = nil
 			worked = true
@@ -534,9 +559,48 @@ func (g *pollGroup) startDelayed() {
 	g.delayed = g.delayed[:k]
 }
 
+// placeWhole places every whole FPDU in q's receive buffer; false when
+// the QP was let go of or its next message waits for a receive (its
+// socket is then not read until the SRQ's next post: resume).
+func (g *pollGroup) placeWhole(q *qp) bool {
+	r := &q.rx
+	for r.whole() {
+		if err := q.receiveFPDU(); err != nil {
+			if err == errWaitRecv {
+				q.pollRecvWait = true
+				g.setEvents(q)
+				if q.recvPosted.Swap(false) { // posted since it parked
+					return g.resume(q)
+				}
+				return false
+			}
+			if q.Err() == nil {
+				q.fail(errConnection(err))
+			}
+			g.retire(q)
+			return false
+		}
+		if q.state.Load() != stateConnected {
+			g.retire(q)
+			return false
+		}
+	}
+	return true
+}
+
+// resume places what waited for a receive and reads the socket again.
+func (g *pollGroup) resume(q *qp) bool {
+	q.pollRecvWait = false
+	g.setEvents(q)
+	return g.placeWhole(q)
+}
+
 // readQP reads what q's socket has and places every whole FPDU.
 func (g *pollGroup) readQP(q *qp) {
 	r := &q.rx
+	if q.pollRecvWait || q.pollRetired {
+		return
+	}
 	for i := 0; i < pollReadBudget; i++ {
 		if q.state.Load() != stateConnected {
 			g.retire(q)
@@ -568,18 +632,8 @@ func (g *pollGroup) readQP(q *qp) {
 			return
 		}
 		r.w += k
-		for r.whole() {
-			if err := q.receiveFPDU(); err != nil {
-				if q.Err() == nil {
-					q.fail(errConnection(err))
-				}
-				g.retire(q)
-				return
-			}
-			if q.state.Load() != stateConnected {
-				g.retire(q)
-				return
-			}
+		if !g.placeWhole(q) {
+			return
 		}
 		if k < space {
 			return // the socket is drained

@@ -123,10 +123,16 @@ type qp struct {
 	pollQueued  atomic.Bool
 	pollSlot    int32 // epoll slot, -1 until registered
 	pollRetired bool  // the group let go of the QP
-	pollOut     bool  // EPOLLOUT interest: a write waits for room
-	txDelayed   bool  // FirstFPDUDelay: no FPDU before txAt
-	pollDelayed bool  // on the group's list of delayed QPs
-	txAt        time.Time
+	// pollRecvWait: the next FPDU, a Send's first segment, waits in the
+	// receive buffer for a receive on the empty SRQ; the socket is not
+	// read meanwhile (EPOLLIN off). recvPosted is set by the SRQ's next
+	// post, which marks the QP so its group looks again.
+	pollRecvWait bool
+	recvPosted   atomic.Bool
+	pollOut      bool // EPOLLOUT interest: a write waits for room
+	txDelayed    bool // FirstFPDUDelay: no FPDU before txAt
+	pollDelayed  bool // on the group's list of delayed QPs
+	txAt         time.Time
 }
 
 func (p *pd) CreateQP(cfg transport.QPConfig) (transport.QP, error) {

@@ -52,6 +52,9 @@ type rxState struct {
 	curCap    uint32
 	curLen    uint32
 	curLong   bool
+	// preTaken: (poll groups) cur holds the receive receiveFPDU took
+	// for the Send whose first segment comes next.
+	preTaken bool
 
 	hdr    [wire.UntaggedHeaderLen]byte // the current FPDU's header, for a Terminate
 	rreq   [wire.ReadRequestLen]byte    // the current Read Request
@@ -268,6 +271,10 @@ func (q *qp) flushCurrent() {
 // errTerminated stops the receiver after it sent a Terminate.
 var errTerminated = errors.New("soft: terminated")
 
+// errWaitRecv: (poll groups) the FPDU at the head of the receive buffer
+// waits for a receive on the QP's empty SRQ; nothing was consumed.
+var errWaitRecv = errors.New("soft: waiting for a receive")
+
 // receiveFPDU reads and handles one FPDU.
 func (q *qp) receiveFPDU() error {
 	r := &q.rx
@@ -302,6 +309,16 @@ func (q *qp) receiveFPDU() error {
 		}
 		q.terminate(tm, hdr, nil)
 		return errTerminated
+	}
+	if q.poll != nil && q.srq != nil && !r.curActive && !r.preTaken && !h.Tagged && h.QN == wire.QNSend &&
+		isSend(h.Opcode) && h.MO == 0 && h.MSN == r.sendMSN {
+		// A poll group cannot sleep on an empty SRQ: take the receive
+		// now, or leave the FPDU unread until one is posted.
+		if q.srq.q.takeOrPark(&r.cur, q) {
+			r.preTaken = true
+		} else if !q.srq.q.isClosed() {
+			return errWaitRecv
+		} // closed: placeSend terminates, as for an empty queue
 	}
 	copy(r.hdr[:], b[wire.MPAHeaderLen:])
 	hdr := r.hdr[:hl]
@@ -438,7 +455,7 @@ func (q *qp) placeSend(h *wire.Header, plen int, crc uint32, tm *wire.Terminate)
 			// is not read meanwhile) until a receive is posted
 			// (FlagSRQReceiverWait), as InfiniBand's RNR retry would.
 			if q.poll != nil {
-				ok = q.srq.q.take(&r.cur) // no FlagSRQReceiverWait: see New
+				ok, r.preTaken = r.preTaken, false // taken in receiveFPDU
 			} else if ok = q.srq.q.takeWait(&r.cur, q.done); !ok && q.Err() != nil {
 				return crc, nil, q.Err()
 			}

@@ -34,6 +34,10 @@ type recvQueue struct {
 	// when one must wait, so it costs nothing while receives are queued.
 	posted chan struct{}
 	waits  atomic.Uint64 // takes that found the queue empty and waited
+	// pollWaiters are poll-group QPs whose next message waits for a
+	// receive (takeOrPark); the next post marks them. Grown only when
+	// the queue runs empty, which is when it may allocate.
+	pollWaiters []*qp
 }
 
 func newRecvQueue(depth, maxSge uint32) *recvQueue {
@@ -62,8 +66,34 @@ func (q *recvQueue) post(ctx any, sges []transport.SGE) error {
 	w.n = uint8(copy(w.sges[:], sges))
 	q.n++
 	q.wakeWaiters()
+	parked := q.pollWaiters
+	q.pollWaiters = nil
 	q.mu.Unlock()
+	for _, w := range parked {
+		w.recvPosted.Store(true)
+		w.poll.mark(w)
+	}
 	return nil
+}
+
+func (q *recvQueue) isClosed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
+}
+
+// takeOrPark is take for a poll-group QP: with no receive queued it
+// parks w, whose group looks again after the next post; false then.
+func (q *recvQueue) takeOrPark(out *recvWR, w *qp) bool {
+	q.mu.Lock()
+	if q.n == 0 && !q.closed {
+		q.pollWaiters = append(q.pollWaiters, w)
+		q.mu.Unlock()
+		q.waits.Add(1)
+		return false
+	}
+	q.mu.Unlock()
+	return q.take(out)
 }
 
 // wakeWaiters wakes the receivers waiting for a receive. Requires q.mu.
@@ -137,6 +167,11 @@ func (q *recvQueue) drain() []recvWR {
 	defer q.mu.Unlock()
 	q.closed = true
 	q.wakeWaiters()
+	for _, w := range q.pollWaiters {
+		w.recvPosted.Store(true)
+		w.poll.mark(w)
+	}
+	q.pollWaiters = nil
 	out := make([]recvWR, 0, q.n)
 	for q.n > 0 {
 		out = append(out, q.ring[q.head])
@@ -282,7 +317,13 @@ func (s *srq) Close() error {
 	s.q.mu.Lock()
 	s.q.closed = true
 	s.q.wakeWaiters()
+	parked := s.q.pollWaiters
+	s.q.pollWaiters = nil
 	s.q.mu.Unlock()
+	for _, w := range parked {
+		w.recvPosted.Store(true)
+		w.poll.mark(w)
+	}
 	close(s.stop)
 	return nil
 }
