@@ -42,7 +42,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.BoolFlag{Name: "bootstrap", EnvVars: []string{"BLK_BOOTSTRAP"}, Value: true, Usage: "start a new single-node cluster if the data dir has no registry state"},
 			&cli.StringFlag{Name: "join", EnvVars: []string{"BLK_JOIN"}, Usage: "API address (host:port) of any cluster member: start without bootstrapping and ask the cluster to add this node"},
 			&cli.IntFlag{Name: "cores", EnvVars: []string{"BLK_CORES"}, Usage: "RDMA engine cores (0: all CPUs)"},
-			&cli.StringFlag{Name: "rdma-provider", EnvVars: []string{"BLK_RDMA_PROVIDER"}, Usage: "transport provider of the NVMe/RDMA port: soft (iWARP over TCP, the default), soft-poll (the same with poll-group CQs) or verbs (an RDMA device through rdma-core; needs a blkd built with -tags verbs)"},
+			&cli.StringFlag{Name: "rdma-provider", EnvVars: []string{"BLK_RDMA_PROVIDER"}, Usage: "transport provider of the NVMe/RDMA port: soft (iWARP over TCP, the default; poll-group CQs on Linux), soft-goroutines (the same with goroutines per connection) or verbs (an RDMA device through rdma-core; needs a blkd built with -tags verbs)"},
 			&cli.StringFlag{Name: "rdma-device", EnvVars: []string{"BLK_RDMA_DEVICE"}, Usage: "RDMA device of the verbs provider, e.g. rxe0 or mlx5_0 (default: the first)"},
 			&cli.StringFlag{Name: "log-format", EnvVars: []string{"BLK_LOG_FORMAT"}, Value: blkd.DefaultLogFormat, Usage: "event log on stderr (controllers, refused connects, connections): text or json"},
 			&cli.StringFlag{Name: "log-level", EnvVars: []string{"BLK_LOG_LEVEL"}, Value: blkd.DefaultLogLevel, Usage: "lowest event log level: debug, info, warn or error"},

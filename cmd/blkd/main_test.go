@@ -521,7 +521,7 @@ func TestStartRefusals(t *testing.T) {
 		{"unknown flag", []string{"--nope"}, `flag provided but not defined: -nope`},
 		{"argument", []string{"serve"}, `unexpected argument "serve"`},
 		{"negative cores", []string{"--cores", "-1"}, `--cores -1`},
-		{"unknown provider", []string{"--rdma-provider", "udp"}, `--rdma-provider: providers: no such provider: "udp" \(blk has \[soft soft-poll verbs\]\)`},
+		{"unknown provider", []string{"--rdma-provider", "udp"}, `--rdma-provider: providers: no such provider: "udp" \(blk has \[soft soft-goroutines verbs\]\)`},
 		{"soft with a device", append(ports(), "--data-dir", t.TempDir(), "--rdma-device", "rxe0"), `--rdma-device "rxe0".*the soft provider drives no device`},
 		{"bad address", []string{"--api-addr", "localhost"}, `--api-addr "localhost" is not host:port`},
 		{"join not host:port", []string{"--join", "10.0.0.1"}, `--join "10.0.0.1" is not the host:port`},

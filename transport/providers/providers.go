@@ -2,9 +2,10 @@
 // or a tool chooses its RDMA provider by configuration:
 //
 //   - "soft": the pure-Go iWARP provider over TCP (transport/soft), in
-//     every build; the default.
-//   - "soft-poll": the same with poll-group CQs (soft.Config.PollGroup):
-//     each CQ's thread does its QPs' socket I/O.
+//     every build; the default. On Linux its CQs are poll groups
+//     (soft.Config.PollGroup): each CQ's thread does its QPs' socket I/O.
+//   - "soft-goroutines": the same with a sender and a receiver goroutine
+//     per QP (the design before poll groups).
 //   - "verbs": the rdma-core provider (transport/verbs) on an RDMA device —
 //     Soft-RoCE, siw or a NIC — in builds with the verbs tag (cgo,
 //     libibverbs and librdmacm): go build -tags verbs ./cmd/blkd.
@@ -51,9 +52,9 @@ var (
 
 // known are the providers blk has, with the build that has them.
 var known = map[string]string{
-	"soft":      "every build",
-	"soft-poll": "every build (poll groups: Linux only)",
-	"verbs":     "builds with -tags verbs (cgo with rdma-core's libibverbs-dev and librdmacm-dev)",
+	"soft":            "every build",
+	"soft-goroutines": "every build",
+	"verbs":           "builds with -tags verbs (cgo with rdma-core's libibverbs-dev and librdmacm-dev)",
 }
 
 // Register makes a provider available under name; providers call it from

@@ -8,10 +8,13 @@ import (
 )
 
 func init() {
-	Register("soft", openSoft(soft.Config{}))
-	// soft-poll: the same with poll-group CQs (each CQ's thread does its
-	// QPs' socket I/O; Linux only), to measure against the default.
-	Register("soft-poll", openSoft(soft.Config{PollGroup: true}))
+	// soft runs poll-group CQs where the system has them (Linux): each
+	// CQ's thread does its QPs' socket I/O, which measured faster for the
+	// NVMe target (docs/transport.md); elsewhere a goroutine per QP.
+	Register("soft", openSoft(soft.Config{PollGroup: soft.PollGroupsSupported()}))
+	// soft-goroutines: the goroutine-per-QP design, to measure against it
+	// (or to fall back on).
+	Register("soft-goroutines", openSoft(soft.Config{}))
 }
 
 func openSoft(cfg soft.Config) Opener {

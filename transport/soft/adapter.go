@@ -68,6 +68,10 @@ type Config struct {
 // awake, while an idle group spins at most once after its last message.
 const SuggestedPollSpin = 50 * time.Microsecond
 
+// PollGroupsSupported says whether Config.PollGroup works on this
+// system (Linux: epoll).
+func PollGroupsSupported() bool { return pollSupported }
+
 // DefaultFirstFPDUDelay is the default Config.FirstFPDUDelay.
 const DefaultFirstFPDUDelay = 5 * time.Millisecond
 
