@@ -707,7 +707,7 @@ func (g *pollGroup) sendQP(q *qp) {
 		progressed := false
 		for q.serveRead() {
 			progressed = true
-			if len(t.iov) >= txMaxIov || len(t.buf) > txBufSize-txBufSize/4 {
+			if t.full() {
 				if !q.writeBatch() {
 					g.afterWrite(q)
 					return
@@ -718,28 +718,16 @@ func (g *pollGroup) sendQP(q *qp) {
 			g.retire(q)
 			return
 		}
-		head, tail := q.sqHead.Load(), q.sqBell.Load()
-		for head < tail {
-			w := &q.sq[head%uint64(len(q.sq))]
-			if q.stalled(w) {
-				break
-			}
-			if !q.emit(w) {
-				g.retire(q)
-				return
-			}
-			w.ctx = nil
-			head++
-			q.sqHead.Store(head)
-			progressed = true
-			if len(t.iov) >= txMaxIov || len(t.buf) > txBufSize-txBufSize/4 {
-				if !q.writeBatch() {
-					g.afterWrite(q)
-					return
-				}
-			}
+		p, r := q.drainSQ(true)
+		switch r {
+		case drainEmitFailed:
+			g.retire(q)
+			return
+		case drainWriteFailed:
+			g.afterWrite(q)
+			return
 		}
-		if !progressed {
+		if !progressed && !p {
 			break
 		}
 	}

@@ -105,7 +105,6 @@ func (q *qp) sender() {
 			return
 		}
 	}
-	t := &q.tx
 	for {
 		select {
 		case <-q.kick:
@@ -117,26 +116,11 @@ func (q *qp) sender() {
 			for q.serveRead() {
 				progressed = true
 			}
-			head, tail := q.sqHead.Load(), q.sqBell.Load()
-			for head < tail {
-				w := &q.sq[head%uint64(len(q.sq))]
-				if q.stalled(w) {
-					break
-				}
-				if !q.emit(w) {
-					return
-				}
-				w.ctx = nil
-				head++
-				q.sqHead.Store(head)
-				progressed = true
-				if len(t.iov) >= txMaxIov || len(t.buf) > txBufSize-txBufSize/4 {
-					if !q.flushTx() {
-						return
-					}
-				}
+			p, r := q.drainSQ(false)
+			if r != drainDone {
+				return
 			}
-			if !progressed {
+			if !progressed && !p {
 				break
 			}
 		}
@@ -144,6 +128,54 @@ func (q *qp) sender() {
 			return
 		}
 	}
+}
+
+// drainResult is how drainSQ stopped.
+type drainResult uint8
+
+const (
+	drainDone        drainResult = iota // nothing more to emit now
+	drainEmitFailed                     // a request could not be emitted: the QP failed
+	drainWriteFailed                    // a full batch could not be written (see the caller's write)
+)
+
+// full says the batch should be written before more is added to it.
+func (t *txState) full() bool {
+	return len(t.iov) >= txMaxIov || len(t.buf) > txBufSize-txBufSize/4
+}
+
+// drainSQ emits the send queue's requests into the batch, in order, until
+// it is empty or its head must wait (stalled), writing the batch whenever
+// it is full: with writeBatch on a poll group's thread (poll), else with
+// flushTx. progressed says a request was emitted.
+func (q *qp) drainSQ(poll bool) (progressed bool, r drainResult) {
+	t := &q.tx
+	head, tail := q.sqHead.Load(), q.sqBell.Load()
+	for head < tail {
+		w := &q.sq[head%uint64(len(q.sq))]
+		if q.stalled(w) {
+			break
+		}
+		if !q.emit(w) {
+			return progressed, drainEmitFailed
+		}
+		w.ctx = nil
+		head++
+		q.sqHead.Store(head)
+		progressed = true
+		if t.full() {
+			var ok bool
+			if poll {
+				ok = q.writeBatch()
+			} else {
+				ok = q.flushTx()
+			}
+			if !ok {
+				return progressed, drainWriteFailed
+			}
+		}
+	}
+	return progressed, drainDone
 }
 
 // stalled says the request must wait: a read beyond ORD, or a fenced
