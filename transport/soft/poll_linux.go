@@ -763,6 +763,7 @@ func (q *qp) writeBatch() bool {
 		return true
 	}
 	t.wpending = true
+	t.writes.Add(1)
 	return q.writePending()
 }
 
@@ -836,32 +837,6 @@ func (t *txState) writevFD(fd uintptr) bool {
 		clear(t.wiov[:n])
 		return true // never wait in Go's netpoller: the group polls
 	}
-}
-
-// txDone ends the batch: its pins go back and its requests complete,
-// successfully once their bytes were handed to TCP, with ErrCancelled
-// when the write failed.
-func (q *qp) txDone(err error) {
-	t := &q.tx
-	if t.wpending || len(t.iov) > 0 {
-		t.writes.Add(1)
-	}
-	t.wpending = false
-	clear(t.iovBack[:cap(t.iovBack)])
-	t.iov = t.iovBack[:0]
-	t.buf = t.buf[:0]
-	t.segStart = 0
-	t.release()
-	for i := range t.comps {
-		c := &t.comps[i]
-		if err != nil {
-			q.completeSQ(c.op, c.ctx, 0, transport.ErrCancelled, false)
-		} else {
-			q.completeSQ(c.op, c.ctx, c.bytes, nil, c.silent)
-		}
-		c.ctx = nil
-	}
-	t.comps = t.comps[:0]
 }
 
 // txAbort drops a batch that will not be written (the QP failed).

@@ -20,6 +20,7 @@ func (g *pollGroup) kick()                  {}
 func (g *pollGroup) mark(q *qp)             {}
 func (g *pollGroup) adopt(q *qp) bool       { return false }
 func (q *qp) finishPending()                {}
+func (q *qp) writeBatch() bool              { return false }
 func (t *txState) writevFD(fd uintptr) bool { return true }
 func (r *rxState) readNBFD(fd uintptr) bool { return true }
 

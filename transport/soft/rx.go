@@ -314,11 +314,11 @@ func (q *qp) receiveFPDU() error {
 		isSend(h.Opcode) && h.MO == 0 && h.MSN == r.sendMSN {
 		// A poll group cannot sleep on an empty SRQ: take the receive
 		// now, or leave the FPDU unread until one is posted.
-		if q.srq.q.takeOrPark(&r.cur, q) {
-			r.preTaken = true
-		} else if !q.srq.q.isClosed() {
+		taken, parked := q.srq.q.takeOrPark(&r.cur, q)
+		if parked {
 			return errWaitRecv
-		} // closed: placeSend terminates, as for an empty queue
+		}
+		r.preTaken = taken // not taken: the SRQ is closed, and placeSend terminates
 	}
 	copy(r.hdr[:], b[wire.MPAHeaderLen:])
 	hdr := r.hdr[:hl]

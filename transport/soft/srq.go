@@ -33,7 +33,6 @@ type recvQueue struct {
 	// receivers waiting for a receive (takeWait) sleep on it. Made only
 	// when one must wait, so it costs nothing while receives are queued.
 	posted chan struct{}
-	waits  atomic.Uint64 // takes that found the queue empty and waited
 	// pollWaiters are poll-group QPs whose next message waits for a
 	// receive (takeOrPark); the next post marks them. Grown only when
 	// the queue runs empty, which is when it may allocate.
@@ -65,42 +64,53 @@ func (q *recvQueue) post(ctx any, sges []transport.SGE) error {
 	w.ctx = ctx
 	w.n = uint8(copy(w.sges[:], sges))
 	q.n++
-	q.wakeWaiters()
-	parked := q.pollWaiters
-	q.pollWaiters = nil
+	parked := q.wakeWaiters()
 	q.mu.Unlock()
-	for _, w := range parked {
-		w.recvPosted.Store(true)
-		w.poll.mark(w)
-	}
+	markParked(parked)
 	return nil
 }
 
-func (q *recvQueue) isClosed() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.closed
-}
-
 // takeOrPark is take for a poll-group QP: with no receive queued it
-// parks w, whose group looks again after the next post; false then.
-func (q *recvQueue) takeOrPark(out *recvWR, w *qp) bool {
-	q.mu.Lock()
-	if q.n == 0 && !q.closed {
+// parks w, whose group looks again after the next post (parked). Neither
+// taken nor parked: the queue is closed.
+func (q *recvQueue) takeOrPark(out *recvWR, w *qp) (taken, parked bool) {
+	for {
+		if q.take(out) {
+			return true, false
+		}
+		q.mu.Lock()
+		if q.closed {
+			q.mu.Unlock()
+			return false, false
+		}
+		if q.n > 0 { // posted between take and here
+			q.mu.Unlock()
+			continue
+		}
 		q.pollWaiters = append(q.pollWaiters, w)
 		q.mu.Unlock()
-		q.waits.Add(1)
-		return false
+		return false, true
 	}
-	q.mu.Unlock()
-	return q.take(out)
 }
 
-// wakeWaiters wakes the receivers waiting for a receive. Requires q.mu.
-func (q *recvQueue) wakeWaiters() {
+// wakeWaiters wakes the receiver goroutines waiting for a receive
+// (takeWait) and hands back the parked poll-group QPs (takeOrPark), for
+// markParked once q.mu is released. Requires q.mu.
+func (q *recvQueue) wakeWaiters() []*qp {
 	if q.posted != nil {
 		close(q.posted)
 		q.posted = nil
+	}
+	parked := q.pollWaiters
+	q.pollWaiters = nil
+	return parked
+}
+
+// markParked tells each parked QP's group to look again.
+func markParked(parked []*qp) {
+	for _, w := range parked {
+		w.recvPosted.Store(true)
+		w.poll.mark(w)
 	}
 }
 
@@ -126,7 +136,6 @@ func (q *recvQueue) takeWait(out *recvWR, done <-chan struct{}) bool {
 		}
 		posted := q.posted
 		q.mu.Unlock()
-		q.waits.Add(1)
 		select {
 		case <-posted:
 		case <-done:
@@ -166,12 +175,7 @@ func (q *recvQueue) drain() []recvWR {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.closed = true
-	q.wakeWaiters()
-	for _, w := range q.pollWaiters {
-		w.recvPosted.Store(true)
-		w.poll.mark(w)
-	}
-	q.pollWaiters = nil
+	defer markParked(q.wakeWaiters()) // runs after the unlock
 	out := make([]recvWR, 0, q.n)
 	for q.n > 0 {
 		out = append(out, q.ring[q.head])
@@ -316,14 +320,9 @@ func (s *srq) Close() error {
 	}
 	s.q.mu.Lock()
 	s.q.closed = true
-	s.q.wakeWaiters()
-	parked := s.q.pollWaiters
-	s.q.pollWaiters = nil
+	parked := s.q.wakeWaiters()
 	s.q.mu.Unlock()
-	for _, w := range parked {
-		w.recvPosted.Store(true)
-		w.poll.mark(w)
-	}
+	markParked(parked)
 	close(s.stop)
 	return nil
 }

@@ -199,33 +199,42 @@ func (q *qp) flushTx() bool {
 	if len(t.buf) > t.segStart {
 		t.iov = append(t.iov, t.buf[t.segStart:])
 	}
+	var err error
 	if len(t.iov) > 0 {
 		q.wmu.Lock()
-		_, err := t.iov.WriteTo(q.conn)
+		_, err = t.iov.WriteTo(q.conn)
 		q.wmu.Unlock()
 		t.writes.Add(1)
-		clear(t.iovBack[:cap(t.iovBack)])
-		t.iov = t.iovBack[:0]
-		t.buf = t.buf[:0]
-		t.segStart = 0
-		t.release()
-		if err != nil {
-			for _, c := range t.comps {
-				q.completeSQ(c.op, c.ctx, 0, transport.ErrCancelled, false)
-			}
-			t.comps = t.comps[:0]
-			q.fail(errConnection(err))
-			return false
-		}
 	}
+	q.txDone(err)
+	if err != nil {
+		q.fail(errConnection(err))
+		return false
+	}
+	return true
+}
+
+// txDone ends the batch (written, or given up): the buffer and iovecs are
+// emptied, its pins go back and its requests complete, successfully once
+// their bytes were handed to TCP, with ErrCancelled when the write failed.
+func (q *qp) txDone(err error) {
+	t := &q.tx
+	t.wpending = false
+	clear(t.iovBack[:cap(t.iovBack)])
+	t.iov = t.iovBack[:0]
+	t.buf = t.buf[:0]
+	t.segStart = 0
 	t.release()
 	for i := range t.comps {
 		c := &t.comps[i]
-		q.completeSQ(c.op, c.ctx, c.bytes, nil, c.silent)
+		if err != nil {
+			q.completeSQ(c.op, c.ctx, 0, transport.ErrCancelled, false)
+		} else {
+			q.completeSQ(c.op, c.ctx, c.bytes, nil, c.silent)
+		}
 		c.ctx = nil
 	}
 	t.comps = t.comps[:0]
-	return true
 }
 
 // reserve returns n bytes at the end of the batch buffer.
