@@ -77,14 +77,30 @@ const (
 	AuthBidirectional = "dhchap-bidirectional"
 )
 
+// Transports of Connection and Endpoint.
+const (
+	TransportTCP  = "tcp"
+	TransportRDMA = "rdma"
+)
+
+// Endpoint is one transport port a volume is served on.
+type Endpoint struct {
+	Transport string `json:"transport"` // TransportTCP or TransportRDMA
+	Address   string `json:"address"`
+	Port      int    `json:"port"`
+}
+
 // Connection is what a host needs to connect to a volume (the answer of
-// POST /v1/volumes/{name}/attach).
+// POST /v1/volumes/{name}/attach). Address, Port and Transport are the
+// preferred endpoint (NVMe/TCP when the node serves it: every host has
+// it); Endpoints lists every transport the node serves the volume on.
 type Connection struct {
-	Address      string `json:"address"`
-	Port         int    `json:"port"`
-	SubsystemNQN string `json:"subsystem_nqn"`
-	NSID         uint32 `json:"nsid"`
-	Transport    string `json:"transport"`
+	Address      string     `json:"address"`
+	Port         int        `json:"port"`
+	SubsystemNQN string     `json:"subsystem_nqn"`
+	NSID         uint32     `json:"nsid"`
+	Transport    string     `json:"transport"`
+	Endpoints    []Endpoint `json:"endpoints,omitempty"`
 	// Authentication is AuthHost or AuthBidirectional when the host must
 	// authenticate (it holds the secrets; the API never returns them).
 	Authentication string `json:"authentication,omitempty"`
@@ -102,7 +118,8 @@ type Member struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft_addr"`
 	APIAddr  string `json:"api_addr,omitempty"`
-	NVMeAddr string `json:"nvme_addr,omitempty"`
+	NVMeAddr string `json:"nvme_addr,omitempty"` // NVMe/RDMA
+	TCPAddr  string `json:"tcp_addr,omitempty"`  // NVMe/TCP
 	Leader   bool   `json:"leader"`
 	// Suffrage is the raft role: voter, nonvoter.
 	Suffrage string `json:"suffrage"`

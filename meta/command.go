@@ -58,8 +58,11 @@ type Command interface {
 // (a node re-registers after a restart). A new node starts NodeUp.
 type RegisterNode struct {
 	ID         string `json:"id"`
-	TargetAddr string `json:"target_addr"` // host:port hosts reach its NVMe-oF target port at (its advertised address)
-	MgmtAddr   string `json:"mgmt_addr"`   // host:port of its management API
+	TargetAddr string `json:"target_addr"` // host:port hosts reach its NVMe/RDMA port at (its advertised address); "": none
+	// TCPAddr is the host:port hosts reach its NVMe/TCP port at (its
+	// advertised address); "": none. A node has at least one of the two.
+	TCPAddr  string `json:"tcp_addr,omitempty"`
+	MgmtAddr string `json:"mgmt_addr"` // host:port of its management API
 	// CapacityBytes is how many bytes of volumes the node may be promised
 	// (its store's filesystem times its overcommit ratio); 0: unknown,
 	// no limit. Updated on every registration.

@@ -123,12 +123,16 @@ func validTransition(from, to VolumeState) bool {
 	return false
 }
 
-// NodeInfo is one registered storage node. TargetAddr is the host:port
-// hosts connect to for its volumes: its advertised NVMe-oF address, which
-// is not always the one it listens on (NAT, a wildcard listen address).
+// NodeInfo is one registered storage node. TargetAddr (NVMe/RDMA) and
+// TCPAddr (NVMe/TCP) are the host:port hosts connect to for its volumes:
+// its advertised NVMe-oF addresses, which are not always the ones it
+// listens on (NAT, a wildcard listen address). Either may be empty (the
+// node does not serve that transport); nodes registered before NVMe/TCP
+// have no TCPAddr until they register again.
 type NodeInfo struct {
 	ID         string    `json:"id"`
 	TargetAddr string    `json:"target_addr"`
+	TCPAddr    string    `json:"tcp_addr,omitempty"`
 	MgmtAddr   string    `json:"mgmt_addr"`
 	State      NodeState `json:"state"`
 	// CapacityBytes: see RegisterNode.
@@ -338,8 +342,18 @@ func (s *State) registerNode(c RegisterNode) Result {
 	if err := checkName("node ID", c.ID); err != nil {
 		return Result{Err: err}
 	}
-	if err := checkName("target address", c.TargetAddr); err != nil {
-		return Result{Err: err}
+	if c.TargetAddr == "" && c.TCPAddr == "" {
+		return Result{Err: fmt.Errorf("meta: node %q registers no NVMe address (RDMA or TCP): %w", c.ID, ErrInvalid)}
+	}
+	if c.TargetAddr != "" {
+		if err := checkName("target address", c.TargetAddr); err != nil {
+			return Result{Err: err}
+		}
+	}
+	if c.TCPAddr != "" {
+		if err := checkName("TCP target address", c.TCPAddr); err != nil {
+			return Result{Err: err}
+		}
 	}
 	if err := checkName("management address", c.MgmtAddr); err != nil {
 		return Result{Err: err}
@@ -352,7 +366,7 @@ func (s *State) registerNode(c RegisterNode) Result {
 		n = &NodeInfo{ID: c.ID, State: NodeUp}
 		s.nodes[c.ID] = n
 	}
-	n.TargetAddr, n.MgmtAddr = c.TargetAddr, c.MgmtAddr
+	n.TargetAddr, n.TCPAddr, n.MgmtAddr = c.TargetAddr, c.TCPAddr, c.MgmtAddr
 	if c.CapacityBytes != 0 {
 		n.CapacityBytes = c.CapacityBytes
 	}

@@ -91,6 +91,17 @@ func TestApplyTable(t *testing.T) {
 		{"register empty id", RegisterNode{TargetAddr: "a:1", MgmtAddr: "a:2"}, ErrInvalid, nil},
 		{"register long id", RegisterNode{ID: long, TargetAddr: "a:1", MgmtAddr: "a:2"}, ErrInvalid, nil},
 		{"register no target", RegisterNode{ID: "n3", MgmtAddr: "a:2"}, ErrInvalid, nil},
+		{"register TCP only", RegisterNode{ID: "n4", TCPAddr: "a:3", MgmtAddr: "a:2"}, nil, func(t *testing.T, s *State, r Result) {
+			if n, _ := s.Node("n4"); n.TCPAddr != "a:3" || n.TargetAddr != "" {
+				t.Errorf("node %+v", n)
+			}
+		}},
+		{"register both", RegisterNode{ID: "n1", TargetAddr: "b:1", TCPAddr: "b:3", MgmtAddr: "b:2"}, nil, func(t *testing.T, s *State, r Result) {
+			if n, _ := s.Node("n1"); n.TargetAddr != "b:1" || n.TCPAddr != "b:3" {
+				t.Errorf("node %+v", n)
+			}
+		}},
+		{"register TCP space", RegisterNode{ID: "n3", TCPAddr: "a 3", MgmtAddr: "a:2"}, ErrInvalid, nil},
 		{"register no mgmt", RegisterNode{ID: "n3", TargetAddr: "a:1"}, ErrInvalid, nil},
 		{"register space", RegisterNode{ID: "n 3", TargetAddr: "a:1", MgmtAddr: "a:2"}, ErrInvalid, nil},
 		{"node state", SetNodeState{ID: "n1", State: NodeDraining}, nil, nil},
