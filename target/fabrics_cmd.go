@@ -167,10 +167,10 @@ func (q *Queue) connectIO(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme.St
 	if c.hostID != d.HostID {
 		return invalidParam(ipoHostID, true)
 	}
-	// Every queue of a controller comes through ports with the limits of
-	// its admin queue's (nvmet goes further and wants the same port): a
-	// controller reports one MDTS, IOCCSZ and MQES, and the binding sizes
-	// the queue's buffers by its own port's. As seen from a port with
+	// Every queue of a controller comes through a port with the same
+	// limits as its admin queue's (nvmet goes further and wants the same
+	// port): a controller reports one MDTS, IOCCSZ and MQES, and each
+	// binding sizes a queue's buffers by its own port's limits. As seen from a port with
 	// other limits the controller does not exist, so the status is the
 	// one for an unknown controller: Invalid Parameters at CNTLID.
 	if q.lim != c.lim {
