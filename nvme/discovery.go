@@ -57,6 +57,13 @@ const (
 	RDMACMSRDMACM          uint8 = 1
 )
 
+// TCP TSAS SECTYPE values: the security the port requires before ICReq.
+const (
+	TCPSecTypeNone  uint8 = 0 // no security
+	TCPSecTypeTLS12 uint8 = 1 // TLS 1.2
+	TCPSecTypeTLS13 uint8 = 2 // TLS 1.3
+)
+
 // DiscoveryLogHeader is the header of the discovery log page (LID 0x70).
 //
 //	bytes 0-7   GENCTR  changes whenever the log changes
@@ -98,6 +105,13 @@ type RDMATSAS struct {
 	PKey   uint16
 }
 
+// TCPTSAS is the TCP form of the transport specific address subtype.
+//
+//	byte 0 SECTYPE (TCPSecTypeNone, TCPSecTypeTLS12, TCPSecTypeTLS13)
+type TCPTSAS struct {
+	SecType uint8
+}
+
 // DiscoveryLogEntry is one 1024-byte discovery log page entry.
 //
 //	byte  0        TRTYPE
@@ -111,7 +125,8 @@ type RDMATSAS struct {
 //	bytes 32-63    TRSVCID  ASCII, NUL padded
 //	bytes 256-511  SUBNQN
 //	bytes 512-767  TRADDR   ASCII, NUL padded
-//	bytes 768-1023 TSAS     transport specific (RDMATSAS for RDMA)
+//	bytes 768-1023 TSAS     transport specific (RDMATSAS for RDMA,
+//	                        TCPTSAS for TCP)
 type DiscoveryLogEntry struct {
 	TrType  uint8
 	AdrFam  uint8
@@ -144,6 +159,17 @@ func (e *DiscoveryLogEntry) RDMATSAS() RDMATSAS {
 		CMS:    e.TSAS[2],
 		PKey:   binary.LittleEndian.Uint16(e.TSAS[8:10]),
 	}
+}
+
+// SetTCPTSAS encodes t into the entry's TSAS field.
+func (e *DiscoveryLogEntry) SetTCPTSAS(t TCPTSAS) {
+	e.TSAS = [256]byte{}
+	e.TSAS[0] = t.SecType
+}
+
+// TCPTSAS decodes the entry's TSAS field in its TCP form.
+func (e *DiscoveryLogEntry) TCPTSAS() TCPTSAS {
+	return TCPTSAS{SecType: e.TSAS[0]}
 }
 
 // SetTrSvcID stores s, NUL padded. It fails if s does not fit with a NUL.

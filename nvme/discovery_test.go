@@ -74,3 +74,33 @@ func TestDiscoveryLogEntryRDMA(t *testing.T) {
 		t.Fatalf("long traddr: %v", err)
 	}
 }
+
+func TestDiscoveryLogEntryTCP(t *testing.T) {
+	e := DiscoveryLogEntry{
+		TrType: TrTypeTCP, AdrFam: AdrFamIPv6, SubType: SubTypeNVM,
+		TReq: TReqSecureRequired, PortID: 7, CNTLID: CNTLIDDynamic, ASQSZ: 32,
+	}
+	_ = e.SetTrSvcID("4420")
+	_ = e.SetTrAddr("fd00::1")
+	e.SubNQN, _ = MakeNQNField("nqn.2026-01.io.blk:vol1")
+	// A stale RDMA TSAS must not survive: SetTCPTSAS clears the field.
+	e.SetRDMATSAS(RDMATSAS{QPType: 1, PrType: 4, CMS: 1, PKey: 0xFFFF})
+	e.SetTCPTSAS(TCPTSAS{SecType: TCPSecTypeTLS13})
+
+	var b [DiscoveryLogEntrySize]byte
+	e.Marshal(&b)
+	// nvme.h struct nvmf_disc_rsp_page_entry, tsas.tcp: sectype at 768,
+	// the rest reserved.
+	equalBytes(t, "fixed", b[:12], hexBytes(t, "03 02 02 01 | 07 00 | ff ff | 20 00 | 00 00"))
+	equalBytes(t, "tsas", b[768:], append([]byte{2}, make([]byte, 255)...))
+	var back DiscoveryLogEntry
+	if err := back.Unmarshal(b[:]); err != nil || back != e {
+		t.Fatalf("round trip %v", err)
+	}
+	if back.TCPTSAS() != (TCPTSAS{SecType: TCPSecTypeTLS13}) {
+		t.Fatalf("tsas: %+v", back.TCPTSAS())
+	}
+	if TCPSecTypeNone != 0 || TCPSecTypeTLS12 != 1 || TCPSecTypeTLS13 != 2 || TrTypeTCP != 3 {
+		t.Fatal("TCP values are not the spec's")
+	}
+}

@@ -177,10 +177,11 @@ func identifyControllerNVM(csi uint8, buf *[nvme.IdentifySize]byte) nvme.Status 
 }
 
 // identifyController fills Identify Controller: the profile of
-// shared/docs/nvmeof-wire.md §9 with the transport's limits.
+// shared/docs/nvmeof-wire.md §9 with the limits of the controller's
+// transport port.
 func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 	t := c.t
-	l := t.cfg.Limits
+	l := &c.lim
 	id := nvme.IdentifyController{
 		SN:     c.s.serial,
 		MN:     c.s.model,

@@ -11,14 +11,17 @@ import (
 	"github.com/blk-project/blk/nvme/auth"
 )
 
-// Config configures a Target. The zero value of every field except
-// Limits means its default; WithDefaults fills them in and Validate checks
-// the relationships. A Config round-trips through encoding/json unchanged
+// Config configures a Target. The zero value of every field means its
+// default (for Limits: none); WithDefaults fills them in and Validate
+// checks the relationships. A Config round-trips through encoding/json unchanged
 // except for Logf, Logger and Clock, which are not data.
 type Config struct {
-	// Limits are what the transport binding can do (its sizing function
-	// computes them). Required: MaxTransfer, MaxQueueEntries,
-	// AdminQueueEntries and MaxIOQueues must be set.
+	// Limits are the limits of a queue whose binding gives none
+	// (QueueParams.Limits nil). The zero Limits means none: every queue
+	// must then bring its own, which is what a target serving ports of
+	// different transports wants. When set, they must pass
+	// Limits.Validate (MaxTransfer, MaxQueueEntries, AdminQueueEntries
+	// and MaxIOQueues set).
 	Limits Limits `json:"limits"`
 
 	// Logf receives the target's log lines (controller creation and
@@ -145,8 +148,10 @@ func (c Config) Validate() error {
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("target: config: "+format+": %w", append(args, ErrInvalid)...))
 	}
-	if err := c.Limits.Validate(); err != nil {
-		errs = append(errs, err)
+	if c.Limits != (Limits{}) {
+		if err := c.Limits.Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.SyncWorkers < 1 {
 		bad("SyncWorkers %d is below 1", c.SyncWorkers)

@@ -43,7 +43,7 @@ func TestConfigValidate(t *testing.T) {
 		mod  func(*target.Config)
 		want string
 	}{
-		{"no limits", func(c *target.Config) { c.Limits = target.Limits{} }, "MaxTransfer"},
+		{"partial limits", func(c *target.Config) { c.Limits = target.Limits{KeyedSGL: true} }, "MaxTransfer"},
 		{"transfer not a power of two", func(c *target.Config) { c.Limits.MaxTransfer = 3 * 4096 }, "MaxTransfer"},
 		{"in-capsule not 16-aligned", func(c *target.Config) { c.Limits.InCapsule = 100 }, "InCapsule"},
 		{"queue too small", func(c *target.Config) { c.Limits.MaxQueueEntries = 1 }, "MaxQueueEntries"},
@@ -69,6 +69,38 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatal("New accepted it")
 			}
 		})
+	}
+}
+
+// TestConfigNoLimits: the zero Limits is no limits, which Validate
+// accepts; every queue must then bring its own.
+func TestConfigNoLimits(t *testing.T) {
+	if err := (target.Config{}).Validate(); err != nil {
+		t.Fatalf("zero Limits: %v", err)
+	}
+	tgt, err := target.New(target.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tgt.Close()
+	var r countResponder
+	if _, err := tgt.NewQueue(&r, target.QueueParams{QID: 0, SQSize: 31}); !errors.Is(err, target.ErrInvalid) {
+		t.Fatalf("NewQueue with no limits anywhere: %v", err)
+	}
+	bad := testLimits()
+	bad.MaxTransfer = 3 * 4096
+	if _, err := tgt.NewQueue(&r, target.QueueParams{QID: 0, SQSize: 31, Limits: &bad}); !errors.Is(err, target.ErrInvalid) ||
+		!strings.Contains(err.Error(), "MaxTransfer") {
+		t.Fatalf("NewQueue with invalid limits: %v", err)
+	}
+	l := testLimits()
+	if _, err := tgt.NewQueue(&r, target.QueueParams{QID: 0, SQSize: 31, Limits: &l}); err != nil {
+		t.Fatalf("NewQueue with its own limits: %v", err)
+	}
+	// Invalid queue limits are refused even where Config.Limits are set.
+	h := newHarness(t)
+	if _, err := h.tgt.NewQueue(&r, target.QueueParams{QID: 0, SQSize: 31, Limits: &bad}); !errors.Is(err, target.ErrInvalid) {
+		t.Fatalf("NewQueue with invalid limits over Config.Limits: %v", err)
 	}
 }
 
@@ -174,6 +206,12 @@ func TestAdministration(t *testing.T) {
 	}
 	if ps := tg.Ports(); len(ps) != 1 || ps[0].RDMA.QPType != nvme.RDMAQPTypeConnected {
 		t.Fatalf("ports %+v", ps)
+	}
+	if err := tg.AddPort(target.Port{ID: 2, TrType: nvme.TrTypeTCP, TCP: nvme.TCPTSAS{SecType: 3}}); !errors.Is(err, target.ErrInvalid) {
+		t.Fatalf("unknown TCP SECTYPE: %v", err)
+	}
+	if err := tg.AddPort(target.Port{ID: 2, TrType: nvme.TrTypeTCP, Limits: &target.Limits{MaxTransfer: 4096}}); !errors.Is(err, target.ErrInvalid) {
+		t.Fatalf("invalid port limits: %v", err)
 	}
 	if err := tg.RemovePort(2); !errors.Is(err, target.ErrNotFound) {
 		t.Fatalf("remove unknown port: %v", err)

@@ -41,6 +41,11 @@ type ctrl struct {
 	created time.Time
 	disc    bool
 	admin   *Queue
+	// lim are the limits of the port the admin queue came through, and
+	// cap the CAP property they make (MQES). Set at the admin Connect
+	// and never changed: the I/O path reads them without a lock.
+	lim Limits
+	cap nvme.CAP
 
 	// ready mirrors CSTS.RDY and dead the dead state, for the I/O path.
 	ready atomic.Bool
@@ -87,10 +92,12 @@ type ctrl struct {
 }
 
 func newCtrl(t *Target, s *Subsystem, cntlid uint16, admin *Queue, d *nvme.ConnectData) *ctrl {
+	lim := admin.lim
 	c := &ctrl{t: t, s: s, cntlid: cntlid, hostNQN: d.HostNQN.String(), hostID: d.HostID,
-		created: t.clock.Now(), disc: s.discovery, admin: admin,
-		queues: make([]*Queue, int(t.cfg.Limits.MaxIOQueues)+1),
-		nsqa:   uint32(t.cfg.Limits.MaxIOQueues), ncqa: uint32(t.cfg.Limits.MaxIOQueues),
+		created: t.clock.Now(), disc: s.discovery, admin: admin, lim: lim, cap: makeCAP(&lim),
+		// The admin queue and every I/O queue the port allows, by QID.
+		queues: make([]*Queue, int(lim.MaxIOQueues)+1),
+		nsqa:   uint32(lim.MaxIOQueues), ncqa: uint32(lim.MaxIOQueues),
 		errs: make([]nvme.ErrorLogEntry, t.cfg.ErrorLogEntries),
 	}
 	if c.disc {

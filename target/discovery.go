@@ -110,6 +110,19 @@ func wildcardAddr(a string) bool {
 	return a == "" || a == "0.0.0.0" || a == "::" || a == "[::]"
 }
 
+// asqsz is the ASQSZ the discovery log reports for a port: the admin
+// queue size of the port's limits, else of Config.Limits, else 32.
+func (t *Target) asqsz(p *Port) uint16 {
+	n := uint32(defaultASQSZ)
+	switch {
+	case p.Limits != nil:
+		n = p.Limits.AdminQueueEntries
+	case t.cfg.Limits != (Limits{}):
+		n = t.cfg.Limits.AdminQueueEntries
+	}
+	return uint16(min(n, 0xFFFF))
+}
+
 // discoveryLog builds the discovery log a host sees through the port its
 // connection came in on: the discovery subsystem itself (SUBTYPE 3),
 // then every NVM subsystem the host may connect to, by NQN. A connection
@@ -141,12 +154,15 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 	}
 	e := nvme.DiscoveryLogEntry{
 		TrType: port.TrType, AdrFam: port.AdrFam, TReq: port.TReq, PortID: port.ID,
-		CNTLID: nvme.CNTLIDDynamic, ASQSZ: uint16(min(t.cfg.Limits.AdminQueueEntries, 0xFFFF)),
+		CNTLID: nvme.CNTLIDDynamic, ASQSZ: t.asqsz(&port),
 	}
 	_ = e.SetTrSvcID(trsvcid)
 	_ = e.SetTrAddr(traddr)
-	if port.TrType == nvme.TrTypeRDMA {
+	switch port.TrType {
+	case nvme.TrTypeRDMA:
 		e.SetRDMATSAS(port.RDMA)
+	case nvme.TrTypeTCP:
+		e.SetTCPTSAS(port.TCP)
 	}
 	off := nvme.DiscoveryLogHeaderSize
 	put := func(subtype uint8, nqn string, eflags uint16) {

@@ -5,11 +5,24 @@
 // turns capsules into Requests and hands them to Queue.Execute; the core
 // answers through the binding's Responder. request.go is that contract.
 //
+// # Transports and their limits
+//
+// One target may serve ports of several transports at once (RDMA, TCP),
+// and what a port can move differs: the largest transfer, the in-capsule
+// data, the queue sizes, keyed SGLs. Like nvmet, which asks its
+// transport per controller, the core takes these Limits from the binding
+// with each queue (QueueParams.Limits; Config.Limits only where a
+// binding gives none). A controller adopts its admin queue's limits at
+// Connect — CAP.MQES, Identify MDTS, IOCCSZ, SGLS and MAXCMD, Number of
+// Queues, the I/O queue checks and the transfer check all come from
+// them — and accepts I/O queues only from ports with the same limits.
+// The discovery log describes each port with its own transport's fields.
+//
 // # Layout
 //
 // Files are named for what they do, as in Linux's drivers/nvme/target:
 //
-//	target.go       Target, ports, subsystem registry, CNTLID allocation
+//	target.go       Target, ports, subsystem registry, CNTLID allocation, NewQueue
 //	subsys.go       Subsystem, hosts, namespaces (copy-on-write table)
 //	ctrl.go         controllers: CC/CSTS, teardown, asynchronous events, error log
 //	queue.go        Queue: Execute, Close, request completion

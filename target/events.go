@@ -122,7 +122,7 @@ func (q *Queue) logCreated(c *ctrl) {
 		slog.String("kind", c.kind()), slog.Int("cntlid", int(c.cntlid)), slog.String("subsystem", c.s.nqn),
 		slog.String("host_nqn", c.hostNQN), slog.String("host_id", hostIDString(c.hostID)),
 		slog.String("remote_addr", q.params.RemoteAddr), slog.Duration("kato", c.kato),
-		slog.Int("sqsize", q.depth), slog.Int("max_io_queues", int(t.cfg.Limits.MaxIOQueues)),
+		slog.Int("sqsize", q.depth), slog.Int("max_io_queues", int(c.lim.MaxIOQueues)),
 	}
 	if !c.disc {
 		if prev, state, downFor, ok := t.previousCtrl(c); ok {

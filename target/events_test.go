@@ -51,12 +51,18 @@ func TestEvents(t *testing.T) {
 	h.exec(q, connectCmd(0, 31, 0), connectData(hostB, subB, 0xFFFF, hostIDA))
 	q = h.queue("bad3", target.QueueParams{QID: 2, SQSize: 127, RemoteAddr: "192.0.2.2:3"})
 	h.exec(q, connectCmd(2, 127, 0), connectData(hostB, subA, 77, hostIDA))
+	other := testLimits()
+	other.MaxTransfer *= 2
+	q = h.queue("bad4", target.QueueParams{QID: 2, SQSize: 127, RemoteAddr: "192.0.2.2:4", Limits: &other})
+	h.exec(q, connectCmd(2, 127, 0), connectData(hostA, subA, uint16(c.dw0()), hostIDA))
 	logrec.Expect(t, "refusals", lr.Take(),
 		logrec.Rec(slog.LevelWarn, target.EventConnectRefused, "qid", "0", "subsystem", "nqn.2026-01.io.blk:nope", "host_nqn", hostB,
 			"remote_addr", "192.0.2.2:1", "reason", "unknown subsystem"),
 		logrec.Rec(slog.LevelWarn, target.EventConnectRefused, "subsystem", subB, "host_nqn", hostB,
 			"reason", "host not allowed on the subsystem", "status", nvme.StatusConnectInvalidHost.WithDNR().String()),
-		logrec.Rec(slog.LevelWarn, target.EventConnectRefused, "qid", "2", "cntlid", "77", "reason", "no such live controller of this host"))
+		logrec.Rec(slog.LevelWarn, target.EventConnectRefused, "qid", "2", "cntlid", "77", "reason", "no such live controller of this host"),
+		logrec.Rec(slog.LevelWarn, target.EventConnectRefused, "qid", "2", "cntlid", cntlid,
+			"reason", "the controller's admin queue came through a port with other limits (another transport?)"))
 
 	// Keep-alive expiry, then the host comes back: a reconnect.
 	h.clock.Advance(3 * time.Second)

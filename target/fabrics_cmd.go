@@ -23,11 +23,12 @@ func (q *Queue) connect(r *Request) {
 		q.complete(r, nvme.StatusConnectControllerBusy.WithDNR())
 		return
 	}
+	q.refusal = ""
 	s, dw0 := q.doConnect(r)
 	if s != nvme.StatusSuccess {
 		q.t.stats.connectRefused.Add(1)
 		q.state.CompareAndSwap(queueConnecting, queueNew)
-		q.logRefused(r, s, dw0, "")
+		q.logRefused(r, s, dw0, q.refusal)
 	}
 	r.Rsp.DW0 = dw0
 	q.complete(r, s)
@@ -103,7 +104,7 @@ func (q *Queue) connectAdmin(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme
 		return nvme.StatusConnectControllerBusy.WithDNR(), 0
 	}
 	// 7, 8. SQSIZE.
-	if st, dw0, ok := q.checkSQSize(cc, t.cfg.Limits.AdminQueueEntries); !ok {
+	if st, dw0, ok := q.checkSQSize(cc, q.lim.AdminQueueEntries); !ok {
 		t.freeCNTLID(cntlid, true)
 		return st, dw0
 	}
@@ -166,6 +167,16 @@ func (q *Queue) connectIO(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme.St
 	if c.hostID != d.HostID {
 		return invalidParam(ipoHostID, true)
 	}
+	// Every queue of a controller comes through a port with the same
+	// limits as its admin queue's (nvmet goes further and wants the same
+	// port): a controller reports one MDTS, IOCCSZ and MQES, and each
+	// binding sizes a queue's buffers by its own port's limits. As seen from a port with
+	// other limits the controller does not exist, so the status is the
+	// one for an unknown controller: Invalid Parameters at CNTLID.
+	if q.lim != c.lim {
+		q.refusal = "the controller's admin queue came through a port with other limits (another transport?)"
+		return invalidParam(ipoCNTLID, true)
+	}
 	// The host's secrets, read before c.mu: Subsystem.mu comes first in
 	// the lock order.
 	qa := q.authFor(s, c.hostNQN)
@@ -180,7 +191,7 @@ func (q *Queue) connectIO(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme.St
 		c.mu.Unlock()
 		return invalidParam(ipoQID, false)
 	}
-	if st, dw0, ok := q.checkSQSize(cc, t.cfg.Limits.MaxQueueEntries); !ok {
+	if st, dw0, ok := q.checkSQSize(cc, c.lim.MaxQueueEntries); !ok {
 		c.mu.Unlock()
 		return st, dw0
 	}
@@ -240,7 +251,7 @@ func (c *ctrl) propertyGet(r *Request) nvme.Status {
 	defer c.mu.Unlock()
 	switch off := r.Cmd.CDW11; {
 	case size == 8 && off == nvme.PropCAP:
-		r.Rsp.SetResult64(uint64(c.t.cap))
+		r.Rsp.SetResult64(uint64(c.cap))
 	case size == 4 && off == nvme.PropVS:
 		r.Rsp.DW0 = uint32(targetVersion)
 	case size == 4 && off == nvme.PropCC:

@@ -7,7 +7,8 @@ import (
 // Features a controller serves. Any other FID is Invalid Field, as nvmet.
 //
 //	0x06 Volatile Write Cache    get: 1 (enabled); not changeable
-//	0x07 Number of Queues        min(asked, Limits.MaxIOQueues) each
+//	0x07 Number of Queues        min(asked, the controller's
+//	                             Limits.MaxIOQueues) each
 //	0x08 Interrupt Coalescing    stored; applied through the admin
 //	                             queue's QueueParams.Coalescing
 //	0x0B Async Event Config      the OAES bits
@@ -59,8 +60,8 @@ func (c *ctrl) featureServed(fid uint8) bool {
 	return false
 }
 
-// setNumQueues grants I/O queues: as many as asked, up to the transport's
-// MaxIOQueues, for submission and completion queues separately. The DW0
+// setNumQueues grants I/O queues: as many as asked, up to the MaxIOQueues
+// of the controller's transport port, for submission and completion queues separately. The DW0
 // of the completion is the grant. Once an I/O queue is connected the
 // grant cannot change.
 func (c *ctrl) setNumQueues(r *Request, v uint32) nvme.Status {
@@ -68,7 +69,7 @@ func (c *ctrl) setNumQueues(r *Request, v uint32) nvme.Status {
 		return nvme.StatusInvalidField.WithDNR()
 	}
 	nsq, ncq := nvme.SplitNumQueues(v)
-	limit := uint32(c.t.cfg.Limits.MaxIOQueues)
+	limit := uint32(c.lim.MaxIOQueues)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.nioq > 0 {
@@ -120,7 +121,7 @@ func (c *ctrl) getFeatures(r *Request) nvme.Status {
 		return nvme.StatusSuccess
 	}
 	def := f.SEL != nvme.FeatureSelCurrent
-	l := c.t.cfg.Limits
+	l := &c.lim
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch f.FID {

@@ -244,16 +244,26 @@ func (h *harness) takeEvents() []string {
 // queue creates a queue for a new connection.
 func (h *harness) queue(name string, p target.QueueParams) *tq {
 	h.tb.Helper()
+	q, err := h.newQueue(name, p)
+	if err != nil {
+		h.tb.Fatalf("NewQueue %s: %v", name, err)
+	}
+	return q
+}
+
+// newQueue creates a queue for a new connection, or says why the target
+// refused it.
+func (h *harness) newQueue(name string, p target.QueueParams) (*tq, error) {
 	q := &tq{h: h, name: name}
 	tgq, err := h.tgt.NewQueue(q, p)
 	if err != nil {
-		h.tb.Fatalf("NewQueue %s: %v", name, err)
+		return nil, err
 	}
 	q.q = tgq
 	h.mu.Lock()
 	h.queues[name] = q
 	h.mu.Unlock()
-	return q
+	return q, nil
 }
 
 // submit executes cmd with data (written to the target for

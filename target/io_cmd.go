@@ -74,12 +74,12 @@ func (ns *namespace) checkRange(slba, blocks uint64) nvme.Status {
 	return nvme.StatusSuccess
 }
 
-// checkData checks a Read, Write or Compare: the transfer within
-// MaxTransfer (MDTS), the SGL length exactly (NLB+1) blocks, the range
-// within the namespace. It returns the data buffer.
-func (q *Queue) checkData(ns *namespace, r *Request) ([]byte, nvme.Status) {
+// checkData checks a Read, Write or Compare: the transfer within the
+// controller's MaxTransfer (MDTS), the SGL length exactly (NLB+1)
+// blocks, the range within the namespace. It returns the data buffer.
+func (c *ctrl) checkData(ns *namespace, r *Request) ([]byte, nvme.Status) {
 	n := uint64(r.Cmd.Blocks()) << ns.shift
-	if n > uint64(q.t.cfg.Limits.MaxTransfer) {
+	if n > uint64(c.lim.MaxTransfer) {
 		return nil, nvme.StatusInvalidField.WithDNR()
 	}
 	data := r.data()
@@ -95,7 +95,7 @@ func (q *Queue) read(c *ctrl, r *Request) {
 		q.complete(r, nvme.StatusInvalidNamespace.WithDNR())
 		return
 	}
-	data, st := q.checkData(ns, r)
+	data, st := c.checkData(ns, r)
 	if st == nvme.StatusSuccess {
 		st = statusOf(opRead, ns.backend.Read(r.Cmd.SLBA(), data))
 		if st == nvme.StatusSuccess {
@@ -112,7 +112,7 @@ func (q *Queue) write(c *ctrl, r *Request) {
 		q.complete(r, nvme.StatusInvalidNamespace.WithDNR())
 		return
 	}
-	data, st := q.checkData(ns, r)
+	data, st := c.checkData(ns, r)
 	if st == nvme.StatusSuccess && ns.readOnly.Load() {
 		st = nvme.StatusNamespaceWriteProtect.WithDNR()
 	}
@@ -249,7 +249,7 @@ func (q *Queue) compare(c *ctrl, r *Request) {
 		q.complete(r, nvme.StatusInvalidNamespace.WithDNR())
 		return
 	}
-	data, st := q.checkData(ns, r)
+	data, st := c.checkData(ns, r)
 	if st == nvme.StatusSuccess {
 		st = ns.compare(r.Cmd.SLBA(), data)
 		if st == nvme.StatusSuccess {

@@ -23,6 +23,10 @@ type Queue struct {
 	t      *Target
 	resp   Responder
 	params QueueParams
+	// lim are the limits of the port the queue came through
+	// (QueueParams.Limits or Config.Limits), validated by NewQueue and
+	// never changed.
+	lim Limits
 
 	state atomic.Uint32
 	ctrl  atomic.Pointer[ctrl] // set before state becomes connected
@@ -32,6 +36,10 @@ type Queue struct {
 	qid       uint16
 	depth     int
 	sqFlowOff bool
+	// refusal says why the Connect being executed was refused, where its
+	// status alone does not (for logRefused); written and read by that
+	// Connect only.
+	refusal string
 	// auth is set when the host must authenticate the queue; authed
 	// says it has (see auth.go).
 	auth   *queueAuth
@@ -44,8 +52,8 @@ type Queue struct {
 	drainOnce sync.Once
 }
 
-func newQueue(t *Target, r Responder, p QueueParams) *Queue {
-	return &Queue{t: t, resp: r, params: p, qid: p.QID, drained: make(chan struct{})}
+func newQueue(t *Target, r Responder, p QueueParams, lim Limits) *Queue {
+	return &Queue{t: t, resp: r, params: p, lim: lim, qid: p.QID, drained: make(chan struct{})}
 }
 
 // QID returns the queue's ID (the one QueueParams announced until a

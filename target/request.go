@@ -12,9 +12,10 @@ import "github.com/blk-project/blk/nvme"
 //
 //  1. The binding receives a command capsule, decodes the SQE into
 //     Request.Cmd, checks SGL1 against what the transport can move
-//     (descriptor type, length ≤ MaxTransfer, in-capsule length ≤ the
-//     queue's in-capsule size) and, if that fails, completes the request
-//     itself with the status from the nvme package (never calling the core).
+//     (descriptor type, length ≤ its port's Limits.MaxTransfer, in-capsule
+//     length ≤ the queue's in-capsule size) and, if that fails, completes
+//     the request itself with the status from the nvme package (never
+//     calling the core).
 //  2. For host-to-controller data the binding first brings the data into
 //     Request.Data: in place from the capsule (zero copy) or by an RDMA
 //     READ into a registered buffer. For controller-to-host data it sets
@@ -101,14 +102,27 @@ type QueueParams struct {
 	LocalAddr, LocalPort string
 	// RemoteAddr is the host's address, for logs.
 	RemoteAddr string
+	// Limits are the limits of the transport port the queue arrived on;
+	// nil means Config.Limits. NewQueue copies and validates them, so the
+	// binding may reuse the pointer. A controller takes its limits from
+	// its admin queue at Connect and keeps them; an I/O queue whose
+	// limits differ from its controller's came through another port and
+	// is refused at Connect.
+	Limits *Limits
 	// Coalescing, when not nil, applies Set Features Interrupt
 	// Coalescing to the transport (aggregation threshold in completions,
 	// time in 100 µs units, both as the feature encodes them).
 	Coalescing func(threshold, time100us uint8) error
 }
 
-// Limits are what the binding's transport can do; the core reports them
-// to the host (MDTS, IOCCSZ, MQES, SGLS) and enforces them.
+// Limits are what one transport port can do. A binding sizes them for
+// each port (target/rdma's Size) and hands them over with every queue
+// (QueueParams.Limits), as nvmet asks its transport per controller
+// (get_mdts, get_max_queue_size): an RDMA port and a TCP port of one
+// target may differ. Each controller reports its admin queue's limits to
+// the host (CAP.MQES, Identify MDTS, IOCCSZ, SGLS, MAXCMD, Number of
+// Queues) and enforces them on all its queues. The zero Limits means
+// none (Config.Limits unset).
 type Limits struct {
 	// MaxTransfer is the largest data transfer of one command, in bytes
 	// (a power of two times 4096; MDTS = log2(MaxTransfer/4096)).

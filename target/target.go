@@ -23,7 +23,6 @@ type Target struct {
 	// authSem bounds the authentication exchanges computing at once.
 	authSem chan struct{}
 	start   time.Time
-	cap     nvme.CAP
 
 	pool *syncPool
 	bg   sync.WaitGroup // shutdown flushes in flight
@@ -50,7 +49,9 @@ type Target struct {
 }
 
 // Port is a listening address the discovery log lists: the transport's
-// address a host connects to. Subsystems are reachable on every port.
+// address a host connects to. Subsystems are reachable on every port. A
+// discovery controller lists the port its own connection came in on
+// (matchPort), as nvmet does.
 type Port struct {
 	// ID is the discovery log PORTID, unique within the target.
 	ID uint16
@@ -77,10 +78,22 @@ type Port struct {
 	// TReq is the discovery log TREQ (secure channel, SQ flow control
 	// disable).
 	TReq uint8
-	// RDMA is the RDMA TSAS. Zero for an RDMA port means reliable
-	// connected QPs, no provider type specified, RDMA CM.
+	// RDMA is the RDMA TSAS, reported for an RDMA port. Zero means
+	// reliable connected QPs, no provider type specified, RDMA CM.
 	RDMA nvme.RDMATSAS
+	// TCP is the TCP TSAS, reported for a TCP port. Zero means no
+	// security (SECTYPE none).
+	TCP nvme.TCPTSAS
+	// Limits, if set, are the port's limits (the ones its binding passes
+	// in QueueParams.Limits); the discovery log reports their
+	// AdminQueueEntries as ASQSZ. Nil: Config.Limits', or 32 (what a
+	// Linux host uses, and nvmet reports) when Config.Limits is zero.
+	// AddPort copies them.
+	Limits *Limits
 }
+
+// defaultASQSZ is the discovery log ASQSZ of a port with no limits.
+const defaultASQSZ = 32
 
 // New starts a target: it validates cfg and starts the sync workers.
 func New(cfg Config) (*Target, error) {
@@ -100,16 +113,6 @@ func New(cfg Config) (*Target, error) {
 		t.clock = realClock{}
 	}
 	t.start = t.clock.Now()
-	t.cap = nvme.MakeCAP(nvme.CAPFields{
-		MQES: uint16(cfg.Limits.MaxQueueEntries - 1),
-		// Ready timeout 7.5 s in 500 ms units, as nvmet: RDY is set
-		// synchronously on the enable edge, so any value ≥ 2 works with a
-		// Linux host (it waits (TO+1)/2 whole seconds).
-		TO: capTimeout,
-		// NVM command set only: CSS bit 43 would make Linux hosts select
-		// CC.CSS 6 and require a CSI descriptor everywhere.
-		CSS: nvme.CAPCSSNVM,
-	})
 	t.disc = newSubsystem(t, SubsystemConfig{NQN: nvme.DiscoveryNQN, Serial: cfg.DiscoverySerial,
 		Model: "blk discovery", AllowAnyHost: true}, true)
 	t.pool = newSyncPool(t, cfg.SyncWorkers, cfg.SyncQueue)
@@ -118,6 +121,22 @@ func New(cfg Config) (*Target, error) {
 
 // capTimeout is CAP.TO, in 500 ms units.
 const capTimeout = 15
+
+// makeCAP is the CAP property of a controller whose admin queue came with
+// limits l.
+func makeCAP(l *Limits) nvme.CAP {
+	return nvme.MakeCAP(nvme.CAPFields{
+		// The largest I/O queue of the controller's transport port.
+		MQES: uint16(l.MaxQueueEntries - 1),
+		// Ready timeout 7.5 s in 500 ms units, as nvmet: RDY is set
+		// synchronously on the enable edge, so any value ≥ 2 works with a
+		// Linux host (it waits (TO+1)/2 whole seconds).
+		TO: capTimeout,
+		// NVM command set only: CSS bit 43 would make Linux hosts select
+		// CC.CSS 6 and require a CSI descriptor everywhere.
+		CSS: nvme.CAPCSSNVM,
+	})
+}
 
 // logf writes a log line to Config.Logf, or if there is none to
 // Config.Logger as a warning. Events go through events.go instead.
@@ -172,6 +191,16 @@ func (t *Target) AddPort(p Port) error {
 	if p.AdvertiseAddr != "" && wildcardAddr(p.AdvertiseAddr) {
 		return fmt.Errorf("target: port %d: advertised address %q is an \"any\" address, which no host can connect to: %w", p.ID, p.AdvertiseAddr, ErrInvalid)
 	}
+	if p.TCP.SecType > nvme.TCPSecTypeTLS13 {
+		return fmt.Errorf("target: port %d: TCP SECTYPE %d unknown: %w", p.ID, p.TCP.SecType, ErrInvalid)
+	}
+	if p.Limits != nil {
+		l := *p.Limits
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("target: port %d: %w", p.ID, err)
+		}
+		p.Limits = &l
+	}
 	if p.TrType == nvme.TrTypeRDMA && p.RDMA == (nvme.RDMATSAS{}) {
 		p.RDMA = nvme.RDMATSAS{QPType: nvme.RDMAQPTypeConnected, PrType: nvme.RDMAPrTypeNotSpecified, CMS: nvme.RDMACMSRDMACM}
 	}
@@ -210,7 +239,14 @@ func (t *Target) RemovePort(id uint16) error {
 func (t *Target) Ports() []Port {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.sortedPorts()
+	ps := t.sortedPorts()
+	for i := range ps {
+		if l := ps[i].Limits; l != nil {
+			c := *l
+			ps[i].Limits = &c
+		}
+	}
+	return ps
 }
 
 // sortedPorts requires t.mu.
@@ -322,10 +358,21 @@ func (t *Target) RemoveSubsystem(nqn string) error {
 // Connect command until one succeeds. p is what the binding learned
 // before the Connect (for RDMA, from the CM private data); Connect's QID
 // and SQSIZE must match it. Limits.CheckQueue lets the binding refuse
-// impossible queues before accepting the connection.
+// impossible queues before accepting the connection. The queue's limits
+// are p.Limits, else Config.Limits; NewQueue fails (ErrInvalid) if
+// neither is set or p.Limits do not pass Limits.Validate.
 func (t *Target) NewQueue(r Responder, p QueueParams) (*Queue, error) {
 	if r == nil {
 		return nil, fmt.Errorf("target: NewQueue with a nil Responder: %w", ErrInvalid)
+	}
+	lim := t.cfg.Limits // validated by New, if set
+	if p.Limits != nil {
+		lim = *p.Limits
+		if err := lim.Validate(); err != nil {
+			return nil, fmt.Errorf("target: NewQueue (QID %d): %w", p.QID, err)
+		}
+	} else if lim == (Limits{}) {
+		return nil, fmt.Errorf("target: NewQueue (QID %d): no Limits in QueueParams and none in Config: %w", p.QID, ErrInvalid)
 	}
 	t.mu.Lock()
 	closed := t.closed
@@ -333,7 +380,7 @@ func (t *Target) NewQueue(r Responder, p QueueParams) (*Queue, error) {
 	if closed {
 		return nil, ErrClosed
 	}
-	return newQueue(t, r, p), nil
+	return newQueue(t, r, p, lim), nil
 }
 
 // lookupSubsystem finds the subsystem a Connect names, the discovery

@@ -57,6 +57,7 @@ type transcript struct {
 	h        *harness
 	vars     map[string]string
 	backends map[string]*target.MemBackend
+	limits   map[string]*target.Limits // named by the limits verb
 }
 
 func runTranscript(t *testing.T, path string) {
@@ -65,7 +66,8 @@ func runTranscript(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
-	tr := &transcript{t: t, path: path, vars: map[string]string{}, backends: map[string]*target.MemBackend{}}
+	tr := &transcript{t: t, path: path, vars: map[string]string{}, backends: map[string]*target.MemBackend{},
+		limits: map[string]*target.Limits{}}
 	var out []string
 	for i := 0; i < len(lines); {
 		l := lines[i]
@@ -193,15 +195,16 @@ func (tr *transcript) queue(a *args) *tq {
 // run executes one command line and returns what it prints. Verbs:
 //
 //	let NAME=value                        define $NAME
-//	target maxio= mqes= admq= incapsule= maxxfer= keyed= maxctrl= errlog=
-//	port id= trtype= adrfam= traddr= trsvcid= [advaddr=] [advsvc=]
+//	target maxio= mqes= admq= incapsule= maxxfer= keyed= maxctrl= errlog= [nolimits]
+//	limits name= maxio= mqes= admq= incapsule= maxxfer= keyed=
+//	port id= trtype= adrfam= traddr= trsvcid= [treq=] [advaddr=] [advsvc=] [sectype=] [limits=]
 //	rm-port id=
 //	subsystem nqn= [serial=] [model=] [any] [hosts=a,b]
 //	rm-subsystem nqn=
 //	allow nqn= host= | deny nqn= host= | allow-any nqn= on|off
 //	namespace nqn= nsid= [blocks=] [bs=] [ro]
 //	resize nqn= nsid= blocks=  |  rm-namespace nqn= nsid=
-//	queue name= [qid=] [sqsize=] [laddr=] [lport=] [trtype=]
+//	queue name= [qid=] [sqsize=] [laddr=] [lport=] [trtype=] [limits=]
 //	close q=
 //	connect q= host= sub= [qid=] [sqsize=] [kato=] [cntlid=] [hostid=] [recfmt=] [len=] [cattr=]
 //	prop-get q= reg= [size=]   |  prop-set q= reg= value= [size=]
@@ -232,13 +235,10 @@ func (tr *transcript) run(line string) []string {
 		if tr.h != nil {
 			tr.fatalf("target must come before anything else")
 		}
-		l := testLimits()
-		l.MaxIOQueues = uint16(a.num("maxio", uint64(l.MaxIOQueues)))
-		l.MaxQueueEntries = uint32(a.num("mqes", uint64(l.MaxQueueEntries)))
-		l.AdminQueueEntries = uint32(a.num("admq", uint64(l.AdminQueueEntries)))
-		l.InCapsule = uint32(a.num("incapsule", uint64(l.InCapsule)))
-		l.MaxTransfer = uint32(a.num("maxxfer", uint64(l.MaxTransfer)))
-		l.KeyedSGL = a.num("keyed", 1) != 0
+		l := tr.parseLimits(a)
+		if a.has("nolimits") {
+			l = target.Limits{}
+		}
 		maxctrl := int(a.num("maxctrl", 0))
 		errlog := int(a.num("errlog", 0))
 		tr.opts = append(tr.opts, func(c *target.Config) {
@@ -246,11 +246,15 @@ func (tr *transcript) run(line string) []string {
 			c.MaxControllers = maxctrl
 			c.ErrorLogEntries = errlog
 		})
+	case "limits":
+		l := tr.parseLimits(a)
+		tr.limits[a.must("name")] = &l
 	case "port":
 		p := target.Port{ID: uint16(a.num("id", 1)), TrType: uint8(a.num("trtype", uint64(nvme.TrTypeRDMA))),
 			AdrFam: uint8(a.num("adrfam", uint64(nvme.AdrFamIPv4))), TrAddr: a.str("traddr", ""),
 			TrSvcID: a.str("trsvcid", "4420"), TReq: uint8(a.num("treq", 0)),
-			AdvertiseAddr: a.str("advaddr", ""), AdvertiseSvcID: a.str("advsvc", "")}
+			AdvertiseAddr: a.str("advaddr", ""), AdvertiseSvcID: a.str("advsvc", ""),
+			TCP: nvme.TCPTSAS{SecType: uint8(a.num("sectype", 0))}, Limits: tr.namedLimits(a)}
 		out = append(out, errLine(tr.harness().tgt.AddPort(p)))
 	case "rm-port":
 		out = append(out, errLine(tr.harness().tgt.RemovePort(uint16(a.num("id", 1)))))
@@ -301,8 +305,10 @@ func (tr *transcript) run(line string) []string {
 	case "queue":
 		p := target.QueueParams{QID: uint16(a.num("qid", 0)), SQSize: uint16(a.num("sqsize", 31)),
 			LocalAddr: a.str("laddr", ""), LocalPort: a.str("lport", ""), Transport: uint8(a.num("trtype", 0)),
-			RemoteAddr: "10.0.0.99"}
-		tr.harness().queue(a.must("name"), p)
+			RemoteAddr: "10.0.0.99", Limits: tr.namedLimits(a)}
+		if _, err := tr.harness().newQueue(a.must("name"), p); err != nil {
+			out = append(out, errLine(err))
+		}
 	case "close":
 		tr.queue(a).q.Close()
 	case "connect":
@@ -438,6 +444,32 @@ func (tr *transcript) run(line string) []string {
 		}
 	}
 	return out
+}
+
+// parseLimits reads limits: testLimits, changed by maxio=, mqes=, admq=,
+// incapsule=, maxxfer= and keyed=.
+func (tr *transcript) parseLimits(a *args) target.Limits {
+	l := testLimits()
+	l.MaxIOQueues = uint16(a.num("maxio", uint64(l.MaxIOQueues)))
+	l.MaxQueueEntries = uint32(a.num("mqes", uint64(l.MaxQueueEntries)))
+	l.AdminQueueEntries = uint32(a.num("admq", uint64(l.AdminQueueEntries)))
+	l.InCapsule = uint32(a.num("incapsule", uint64(l.InCapsule)))
+	l.MaxTransfer = uint32(a.num("maxxfer", uint64(l.MaxTransfer)))
+	l.KeyedSGL = a.num("keyed", 1) != 0
+	return l
+}
+
+// namedLimits returns the limits limits= names (nil if none).
+func (tr *transcript) namedLimits(a *args) *target.Limits {
+	name := a.str("limits", "")
+	if name == "" {
+		return nil
+	}
+	l, ok := tr.limits[name]
+	if !ok {
+		tr.fatalf("no limits %q", name)
+	}
+	return l
 }
 
 func errLine(err error) string {
@@ -644,9 +676,27 @@ func showLog(tr *transcript, lid uint8, off uint64, data []byte, show string) []
 			line := fmt.Sprintf("entry %d: subtype=%d trtype=%d adrfam=%d treq=%d portid=%d cntlid=%#x asqsz=%d eflags=%d traddr=%s trsvcid=%s subnqn=%s",
 				e/1024-1, en.SubType, en.TrType, en.AdrFam, en.TReq, en.PortID, en.CNTLID, en.ASQSZ, en.EFlags,
 				string(bytes.TrimRight(en.TrAddr[:], "\x00")), string(bytes.TrimRight(en.TrSvcID[:], "\x00")), en.SubNQN.String())
-			if en.TrType == nvme.TrTypeRDMA {
+			switch en.TrType {
+			case nvme.TrTypeRDMA:
 				t := en.RDMATSAS()
 				line += fmt.Sprintf(" tsas=%d/%d/%d", t.QPType, t.PrType, t.CMS)
+				if t.PKey != 0 {
+					line += fmt.Sprintf(" pkey=%#x", t.PKey)
+				}
+			case nvme.TrTypeTCP:
+				line += fmt.Sprintf(" sectype=%d", en.TCPTSAS().SecType)
+			}
+			// Nothing but the transport's TSAS fields may be set.
+			var rest nvme.DiscoveryLogEntry
+			rest.TSAS = en.TSAS
+			switch en.TrType {
+			case nvme.TrTypeRDMA:
+				rest.SetRDMATSAS(nvme.RDMATSAS{})
+			case nvme.TrTypeTCP:
+				rest.SetTCPTSAS(nvme.TCPTSAS{})
+			}
+			if rest.TSAS != ([256]byte{}) {
+				line += " tsas-reserved-set"
 			}
 			out = append(out, line)
 		}

@@ -31,11 +31,7 @@ func connectNamespace(t *testing.T) *initiator.Namespace {
 	}
 	t.Cleanup(func() { ta.Close() })
 	rcfg := rdma.Config{Addr: "127.0.0.1:0", Cores: 2}
-	lim, err := rdma.Limits(ta.Info(), rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tgt, err := target.New(target.Config{Limits: lim})
+	tgt, err := target.New(target.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -98,10 +98,6 @@ func runChildTarget(dir, addr string) error {
 	if os.Getenv("BLK_TEST_TARGET_LOG") != "" {
 		cfg.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "child target: "+format+"\n", args...) }
 	}
-	lim, err := rdma.Limits(a.Info(), cfg)
-	if err != nil {
-		return err
-	}
 	store, err := volume.Open(volume.Config{Dir: dir, Logger: quietLogger{}})
 	if err != nil {
 		return err
@@ -114,7 +110,7 @@ func runChildTarget(dir, addr string) error {
 	if err != nil {
 		return err
 	}
-	t, err := target.New(target.Config{Limits: lim})
+	t, err := target.New(target.Config{})
 	if err != nil {
 		return err
 	}

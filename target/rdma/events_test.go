@@ -27,11 +27,7 @@ func TestEvents(t *testing.T) {
 	}
 	defer a.Close()
 	cfg := rdma.Config{Addr: "127.0.0.1:0", Cores: 1, Logger: lg}
-	lim, err := rdma.Limits(a.Info(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tgt, err := target.New(target.Config{Limits: lim, Logger: lg})
+	tgt, err := target.New(target.Config{Logger: lg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,8 +28,8 @@ func Example() {
 	nic, _ := soft.New(soft.Config{})
 	defer nic.Close()
 	cfg := rdma.Config{Addr: "127.0.0.1:0"}
-	limits, _ := rdma.Limits(nic.Info(), cfg)
-	tgt, _ := target.New(target.Config{Limits: limits})
+	// The port passes its limits with every queue: the target needs none.
+	tgt, _ := target.New(target.Config{})
 	defer tgt.Close()
 	sub, _ := tgt.AddSubsystem(target.SubsystemConfig{
 		NQN: "nqn.2026-11.io.blk:example", Serial: "blk-example", Model: "blk",

@@ -43,8 +43,11 @@ type Port struct {
 	st counters
 }
 
-// Limits returns the limits a target served by a port of cfg on an
-// adapter reporting info must be created with (target.Config.Limits).
+// Limits returns the limits of a port of cfg on an adapter reporting
+// info: what the port passes to the target with every queue
+// (target.QueueParams.Limits) and registers for discovery (Port.Limits).
+// A target needs none of its own (target.Config.Limits) to serve the
+// port; one that has them uses them only for queues that bring none.
 func Limits(info transport.AdapterInfo, cfg Config) (target.Limits, error) {
 	s, err := Size(info, cfg)
 	if err != nil {
@@ -54,8 +57,9 @@ func Limits(info transport.AdapterInfo, cfg Config) (target.Limits, error) {
 }
 
 // Listen starts serving t on adapter a at cfg.Addr and registers the port
-// with the target for discovery. t must have been created with the
-// Limits of the same adapter and Config (or smaller ones).
+// with the target for discovery. Every queue of the port brings the
+// port's Limits (QueueParams.Limits), so controllers that came in through
+// it report and enforce them whatever the target's Config.Limits.
 func Listen(t *target.Target, a transport.Adapter, cfg Config) (p *Port, err error) {
 	cfg = cfg.withDefaults()
 	if err := checkAddr(cfg.Addr); err != nil {
@@ -104,6 +108,7 @@ func Listen(t *target.Target, a transport.Adapter, cfg Config) (p *Port, err err
 		TrSvcID:        p.svc,
 		AdvertiseAddr:  advHost,
 		AdvertiseSvcID: advSvc,
+		Limits:         &p.size.Limits,
 	}); err != nil {
 		return nil, fmt.Errorf("rdma: register port: %w", err)
 	}
@@ -282,6 +287,9 @@ func (p *Port) setup(req transport.ConnRequest) {
 		LocalAddr:  host,
 		LocalPort:  svc,
 		RemoteAddr: c.remote,
+		// The core copies them: every controller of this port reports
+		// and enforces what the port's buffers were sized for.
+		Limits:     &p.size.Limits,
 		Coalescing: p.coalesce,
 	})
 	if err != nil {

@@ -51,12 +51,9 @@ func newTestTargetOn(t testing.TB, cfg rdma.Config, sc soft.Config) *testTarget 
 	if cfg.Cores == 0 {
 		cfg.Cores = 2
 	}
-	lim, err := rdma.Limits(a.Info(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// No Config.Limits: the port brings its own with every queue.
 	tt := &testTarget{}
-	if tt.t, err = target.New(target.Config{Limits: lim}); err != nil {
+	if tt.t, err = target.New(target.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	if tt.store, err = volume.Open(volume.Config{FS: vfs.NewMem(), Dir: "/vol"}); err != nil {

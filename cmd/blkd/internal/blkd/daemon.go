@@ -136,15 +136,17 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, fmt.Errorf("RDMA adapter (--rdma-provider %q, --rdma-device %q): %w", cfg.RDMAProvider, cfg.RDMADevice, err)
 	}
 	rcfg := rdma.Config{Addr: cfg.NVMeAddr, AdvertiseAddr: cfg.AdvertiseAddr, Cores: cfg.Cores, Logger: d.log}
-	limits, err := rdma.Limits(d.nic.Info(), rcfg)
-	if err != nil {
+	// Sized here only to fail before anything else starts: the port
+	// passes its limits with every queue, so the target has none of its
+	// own and a port of another transport can bring different ones.
+	if _, err := rdma.Limits(d.nic.Info(), rcfg); err != nil {
 		return nil, fmt.Errorf("nvme port limits: %w", err)
 	}
 	groups, err := cfg.dhGroups()
 	if err != nil {
 		return nil, err
 	}
-	d.tgt, err = target.New(target.Config{Limits: limits, Logger: d.log, AuthDHGroups: groups})
+	d.tgt, err = target.New(target.Config{Logger: d.log, AuthDHGroups: groups})
 	if err != nil {
 		return nil, fmt.Errorf("target: %w", err)
 	}
