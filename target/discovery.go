@@ -124,27 +124,49 @@ func (t *Target) asqsz(p *Port) uint16 {
 }
 
 // discoveryLog builds the discovery log a host sees through the port its
-// connection came in on: the discovery subsystem itself (SUBTYPE 3),
-// then every NVM subsystem the host may connect to, by NQN. A connection
-// through no known port sees an empty log. The log and its GENCTR come
-// from one snapshot under t.mu.
+// connection came in on: the discovery subsystem itself on that port
+// (SUBTYPE 3), then every NVM subsystem the host may connect to, by NQN,
+// once per port of the target — the arrival port first, then the others
+// by ID — so that a host that discovers over one transport learns every
+// transport that serves the subsystem (nvmet lists the arrival port only;
+// SPDK lists them all). A connection through no known port sees an empty
+// log. The log and its GENCTR come from one snapshot under t.mu.
 func (t *Target) discoveryLog(host string, p QueueParams) []byte {
+	type listed struct {
+		port            Port
+		traddr, trsvcid string
+	}
 	t.mu.Lock()
 	gen := t.genctr.Load()
-	port, traddr, trsvcid, ok := t.matchPort(p)
+	arrival, traddr, trsvcid, ok := t.matchPort(p)
 	var subs []*Subsystem
+	var ports []listed
 	if ok {
 		for _, s := range t.sortedSubsystems() {
 			if s.hostAllowed(host) {
 				subs = append(subs, s)
 			}
 		}
+		ports = append(ports, listed{arrival, traddr, trsvcid})
+		for _, port := range t.sortedPorts() {
+			if port.ID == arrival.ID {
+				continue
+			}
+			a := cmp.Or(port.AdvertiseAddr, port.TrAddr)
+			if port.AdvertiseAddr == "" && wildcardAddr(port.TrAddr) {
+				// Listening everywhere: on the address this host
+				// reached us by, as the arrival port's entry says.
+				a = traddr
+				port.AdrFam = ipFamily(traddr, port.AdrFam)
+			}
+			ports = append(ports, listed{port, a, cmp.Or(port.AdvertiseSvcID, port.TrSvcID)})
+		}
 	}
 	t.mu.Unlock()
 
 	n := 0
 	if ok {
-		n = 1 + len(subs)
+		n = 1 + len(subs)*len(ports)
 	}
 	page := make([]byte, nvme.DiscoveryLogHeaderSize+n*nvme.DiscoveryLogEntrySize)
 	h := nvme.DiscoveryLogHeader{GenCtr: gen, NumRec: uint64(n)}
@@ -152,31 +174,32 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 	if !ok {
 		return page
 	}
-	e := nvme.DiscoveryLogEntry{
-		TrType: port.TrType, AdrFam: port.AdrFam, TReq: port.TReq, PortID: port.ID,
-		CNTLID: nvme.CNTLIDDynamic, ASQSZ: t.asqsz(&port),
-	}
-	_ = e.SetTrSvcID(trsvcid)
-	_ = e.SetTrAddr(traddr)
-	switch port.TrType {
-	case nvme.TrTypeRDMA:
-		e.SetRDMATSAS(port.RDMA)
-	case nvme.TrTypeTCP:
-		e.SetTCPTSAS(port.TCP)
-	}
 	off := nvme.DiscoveryLogHeaderSize
-	put := func(subtype uint8, nqn string, eflags uint16) {
-		e.SubType = subtype
-		e.EFlags = eflags
+	put := func(l *listed, subtype uint8, nqn string, eflags uint16) {
+		port := &l.port
+		e := nvme.DiscoveryLogEntry{
+			TrType: port.TrType, AdrFam: port.AdrFam, TReq: port.TReq, PortID: port.ID,
+			CNTLID: nvme.CNTLIDDynamic, ASQSZ: t.asqsz(port), SubType: subtype, EFlags: eflags,
+		}
+		_ = e.SetTrSvcID(l.trsvcid)
+		_ = e.SetTrAddr(l.traddr)
+		switch port.TrType {
+		case nvme.TrTypeRDMA:
+			e.SetRDMATSAS(port.RDMA)
+		case nvme.TrTypeTCP:
+			e.SetTCPTSAS(port.TCP)
+		}
 		e.SubNQN, _ = nvme.MakeNQNField(nqn)
 		e.Marshal((*[nvme.DiscoveryLogEntrySize]byte)(page[off:]))
 		off += nvme.DiscoveryLogEntrySize
 	}
 	// The current discovery subsystem: the same information as this
 	// controller, and persistent connections (KATO) are supported.
-	put(nvme.SubTypeCurrentDiscovery, nvme.DiscoveryNQN, nvme.EFlagDupRetInfo|nvme.EFlagEPCSD)
+	put(&ports[0], nvme.SubTypeCurrentDiscovery, nvme.DiscoveryNQN, nvme.EFlagDupRetInfo|nvme.EFlagEPCSD)
 	for _, s := range subs {
-		put(nvme.SubTypeNVM, s.nqn, 0)
+		for i := range ports {
+			put(&ports[i], nvme.SubTypeNVM, s.nqn, 0)
+		}
 	}
 	return page
 }
