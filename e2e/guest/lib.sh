@@ -100,6 +100,22 @@ nvmet_serve() {
 	log "nvmet-rdma serving $2 on $1:4420"
 }
 
+# nvmet_tcp_port TRADDR TRSVCID NQN: the subsystem nvmet_serve made is
+# also served over NVMe/TCP (nvmet-tcp) on TRADDR:TRSVCID.
+nvmet_tcp_port() {
+	modprobe nvmet-tcp
+	(
+		cd /sys/kernel/config/nvmet
+		mkdir ports/2
+		echo tcp >ports/2/addr_trtype
+		echo ipv4 >ports/2/addr_adrfam
+		echo "$1" >ports/2/addr_traddr
+		echo "$2" >ports/2/addr_trsvcid
+		ln -s "/sys/kernel/config/nvmet/subsystems/$3" ports/2/subsystems/
+	) || fail "configuring the nvmet-tcp port"
+	log "nvmet-tcp serving $3 on $1:$2"
+}
+
 # wait_for TEST PATH SECONDS: wait until [ TEST PATH ] holds (-e a file the
 # host or another guest creates, -b a block device node).
 wait_for() {

@@ -1,10 +1,11 @@
-# Scenario 2: the Linux NVMe target (nvmet-rdma over siw) in this guest,
-# serving a 64 MiB RAM disk to blk's initiator on the host (through the
-# user-mode network's forward to 10.0.2.15:4420). env.sh: NQN HOSTNQN IMAGE_MIB
+# Scenario 2: the Linux NVMe target (nvmet-rdma over siw, and nvmet-tcp) in
+# this guest, serving a 64 MiB RAM disk to blk's initiator on the host
+# (through the user-mode network's forwards to 10.0.2.15:4420 and :4421). env.sh: NQN HOSTNQN IMAGE_MIB
 . /share/lib.sh
 net_user
 siw_up
 nvmet_serve 10.0.2.15 "$NQN" "$HOSTNQN"
+nvmet_tcp_port 10.0.2.15 4421 "$NQN"
 mark target-ready
 
 wait_file /share/host-done 900
