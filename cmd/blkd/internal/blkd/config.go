@@ -30,16 +30,23 @@ type Config struct {
 	NodeID string `json:"node_id"`
 	// RaftAddr is the raft TCP address, host:port. Default 127.0.0.1:7000.
 	RaftAddr string `json:"raft_addr"`
-	// NVMeAddr is the NVMe-oF RDMA port (also the discovery port),
-	// host:port. Default 127.0.0.1:4420.
+	// TCPAddr is the NVMe/TCP port (also a discovery port), host:port,
+	// or "off". Default 127.0.0.1:4420: NVMe/TCP is what every host has
+	// (the Linux kernel's nvme-tcp), so it takes the IANA port.
+	TCPAddr string `json:"tcp_addr"`
+	// NVMeAddr is the NVMe/RDMA port (also a discovery port), host:port,
+	// or "off". Default 127.0.0.1:4421: the soft provider's iWARP runs
+	// over TCP, so it cannot share 4420 with NVMe/TCP on one address.
 	NVMeAddr string `json:"nvme_addr"`
-	// AdvertiseAddr is the address hosts connect to when it is not
-	// NVMeAddr's (a node behind NAT, or listening on a wildcard address):
+	// AdvertiseAddr is the address hosts connect to when it is not the
+	// ports' own (a node behind NAT, or listening on a wildcard address):
 	// an IP address with an optional port ("203.0.113.7",
-	// "203.0.113.7:4420"; NVMeAddr's port if none). The discovery log
-	// reports it and it is the node's NVMe address in the registry, which
-	// attach answers. Required when NVMeAddr's host is a wildcard
-	// (0.0.0.0, ::, or empty). Default: none, NVMeAddr is advertised.
+	// "203.0.113.7:4421"). Its address is advertised for both ports; its
+	// port, if any, for the RDMA port only (the TCP port advertises its
+	// own). The discovery log reports them and they are the node's NVMe
+	// addresses in the registry, which attach answers. Required when a
+	// port's host is a wildcard (0.0.0.0, ::, or empty). Default: none,
+	// the ports' own addresses are advertised.
 	AdvertiseAddr string `json:"advertise_addr,omitempty"`
 	// APIAddr is the management HTTP API and /metrics, host:port.
 	// Default 127.0.0.1:7070.
@@ -119,10 +126,13 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 
 // Defaults.
 const (
-	DefaultDataDir   = "./blk-data"
-	DefaultNodeID    = "node1"
-	DefaultRaftAddr  = "127.0.0.1:7000"
-	DefaultNVMeAddr  = "127.0.0.1:4420"
+	DefaultDataDir  = "./blk-data"
+	DefaultNodeID   = "node1"
+	DefaultRaftAddr = "127.0.0.1:7000"
+	DefaultTCPAddr  = "127.0.0.1:4420"
+	DefaultNVMeAddr = "127.0.0.1:4421"
+	// PortOff as TCPAddr or NVMeAddr turns that port off.
+	PortOff          = "off"
 	DefaultAPIAddr   = "127.0.0.1:7070"
 	DefaultLogFormat = "text"
 	DefaultLogLevel  = "info"
@@ -146,6 +156,7 @@ func (c Config) WithDefaults() Config {
 	def(&c.NodeID, DefaultNodeID)
 	def(&c.RaftAddr, DefaultRaftAddr)
 	def(&c.NVMeAddr, DefaultNVMeAddr)
+	def(&c.TCPAddr, DefaultTCPAddr)
 	def(&c.APIAddr, DefaultAPIAddr)
 	def(&c.LogFormat, DefaultLogFormat)
 	def(&c.LogLevel, DefaultLogLevel)
@@ -169,21 +180,40 @@ func (c Config) Validate() error {
 	if _, err := c.dhGroups(); err != nil {
 		return err
 	}
-	for _, a := range []struct{ name, v string }{
-		{"raft-addr", c.RaftAddr}, {"nvme-addr", c.NVMeAddr}, {"api-addr", c.APIAddr},
+	if !c.TCPOn() && !c.RDMAOn() {
+		return fmt.Errorf("%w: --tcp-addr and --nvme-addr are both off: hosts could reach no volume; serve NVMe/TCP (--tcp-addr 127.0.0.1:4420) or NVMe/RDMA", ErrConfig)
+	}
+	for _, a := range []struct {
+		name, v string
+		on      bool
+	}{
+		{"raft-addr", c.RaftAddr, true}, {"tcp-addr", c.TCPAddr, c.TCPOn()}, {"nvme-addr", c.NVMeAddr, c.RDMAOn()}, {"api-addr", c.APIAddr, true},
 	} {
+		if !a.on {
+			continue
+		}
 		if _, _, err := net.SplitHostPort(a.v); err != nil {
 			return fmt.Errorf("%w: --%s %q is not host:port (for example 127.0.0.1:7000): %v", ErrConfig, a.name, a.v, err)
 		}
+	}
+	if c.TCPOn() && c.RDMAOn() && c.TCPAddr == c.NVMeAddr {
+		return fmt.Errorf("%w: --tcp-addr and --nvme-addr are both %s: the soft RDMA provider runs over TCP, so the two ports need different addresses or port numbers", ErrConfig, c.TCPAddr)
 	}
 	if c.AdvertiseAddr != "" {
 		if _, _, err := rdma.ParseAdvertiseAddr(c.AdvertiseAddr); err != nil {
 			return fmt.Errorf("%w: --advertise-addr: %s", ErrConfig, strings.TrimPrefix(err.Error(), "rdma: "))
 		}
-	} else if rdma.IsWildcardHost(c.NVMeAddr) {
-		return fmt.Errorf("%w: --nvme-addr %q listens on every local address, which is no address a host can be told to connect to: "+
-			"set --advertise-addr (BLK_ADVERTISE_ADDR, \"advertise_addr\" in the config file) to the address hosts reach this node by, for example 10.0.0.5, "+
-			"or listen on that address", ErrConfig, c.NVMeAddr)
+	} else {
+		for _, a := range []struct {
+			name, v string
+			on      bool
+		}{{"tcp-addr", c.TCPAddr, c.TCPOn()}, {"nvme-addr", c.NVMeAddr, c.RDMAOn()}} {
+			if a.on && rdma.IsWildcardHost(a.v) {
+				return fmt.Errorf("%w: --%s %q listens on every local address, which is no address a host can be told to connect to: "+
+					"set --advertise-addr (BLK_ADVERTISE_ADDR, \"advertise_addr\" in the config file) to the address hosts reach this node by, for example 10.0.0.5, "+
+					"or listen on that address", ErrConfig, a.name, a.v)
+			}
+		}
 	}
 	if c.Join != "" {
 		if _, _, err := net.SplitHostPort(c.Join); err != nil {
@@ -218,12 +248,42 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// advertisedNVMe is the NVMe address hosts are told to connect to, as
-// far as the configuration says: AdvertiseAddr (with NVMeAddr's port if
-// it gives none), else NVMeAddr. Once the port listens, its
-// AdvertisedAddr is the exact answer (port 0 resolved). Requires a
-// valid c.
+// TCPOn and RDMAOn say whether the NVMe/TCP and NVMe/RDMA ports are
+// served (their address is not "off").
+func (c Config) TCPOn() bool  { return c.TCPAddr != PortOff }
+func (c Config) RDMAOn() bool { return c.NVMeAddr != PortOff }
+
+// tcpAdvertise is the tcp.Config.AdvertiseAddr of the NVMe/TCP port:
+// AdvertiseAddr's address with the TCP port's own port, or "".
+func (c Config) tcpAdvertise() string {
+	if c.AdvertiseAddr == "" {
+		return ""
+	}
+	host, _, _ := rdma.ParseAdvertiseAddr(c.AdvertiseAddr)
+	_, port, _ := net.SplitHostPort(c.TCPAddr)
+	return net.JoinHostPort(host, port)
+}
+
+// advertisedTCP is advertisedNVMe for the NVMe/TCP port ("" when off).
+func (c Config) advertisedTCP() string {
+	if !c.TCPOn() {
+		return ""
+	}
+	if a := c.tcpAdvertise(); a != "" {
+		return a
+	}
+	return c.TCPAddr
+}
+
+// advertisedNVMe is the NVMe/RDMA address hosts are told to connect to,
+// as far as the configuration says: AdvertiseAddr (with NVMeAddr's port
+// if it gives none), else NVMeAddr; "" when the port is off. Once the
+// port listens, its AdvertisedAddr is the exact answer (port 0
+// resolved). Requires a valid c.
 func (c Config) advertisedNVMe() string {
+	if !c.RDMAOn() {
+		return ""
+	}
 	if c.AdvertiseAddr == "" {
 		return c.NVMeAddr
 	}

@@ -13,7 +13,7 @@ import (
 func TestConfig(t *testing.T) {
 	c := Config{}.WithDefaults()
 	if c.DataDir != DefaultDataDir || c.NodeID != "node1" || c.RaftAddr != "127.0.0.1:7000" ||
-		c.NVMeAddr != "127.0.0.1:4420" || c.APIAddr != "127.0.0.1:7070" || !*c.Bootstrap {
+		c.NVMeAddr != "127.0.0.1:4421" || c.TCPAddr != "127.0.0.1:4420" || c.APIAddr != "127.0.0.1:7070" || !*c.Bootstrap {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if err := c.Validate(); err != nil {
@@ -44,6 +44,10 @@ func TestConfig(t *testing.T) {
 		{Config{NVMeAddr: ":4420"}, `--advertise-addr`},
 		{Config{AdvertiseAddr: "storage1.example"}, `--advertise-addr: advertised address "storage1.example" is not an IP address`},
 		{Config{NVMeAddr: "0.0.0.0:4420", AdvertiseAddr: "0.0.0.0"}, `"any" address`},
+		{Config{TCPAddr: "0.0.0.0:4420"}, `--tcp-addr "0.0.0.0:4420" listens on every local address`},
+		{Config{TCPAddr: "off", NVMeAddr: "off"}, `--tcp-addr and --nvme-addr are both off`},
+		{Config{TCPAddr: "127.0.0.1:4421"}, `--tcp-addr and --nvme-addr are both 127.0.0.1:4421`},
+		{Config{TCPAddr: "4420"}, `--tcp-addr "4420" is not host:port`},
 		{Config{LogFormat: "xml"}, `--log-format "xml": use text or json`},
 		{Config{LogLevel: "loud"}, `--log-level "loud": use debug, info, warn or error`},
 	} {
@@ -56,13 +60,15 @@ func TestConfig(t *testing.T) {
 
 // TestAdvertisedNVMe: the address registered before the port is up.
 func TestAdvertisedNVMe(t *testing.T) {
-	for _, tc := range []struct{ nvme, adv, want string }{
-		{"127.0.0.1:4420", "", "127.0.0.1:4420"},
-		{"0.0.0.0:4420", "10.0.0.5", "10.0.0.5:4420"},
-		{"0.0.0.0:4420", "203.0.113.7:14420", "203.0.113.7:14420"},
-		{"[::]:4420", "fd00::5", "[fd00::5]:4420"},
+	for _, tc := range []struct{ nvme, tcp, adv, want, wantTCP string }{
+		{"127.0.0.1:4421", "", "", "127.0.0.1:4421", "127.0.0.1:4420"},
+		{"0.0.0.0:4421", "0.0.0.0:4420", "10.0.0.5", "10.0.0.5:4421", "10.0.0.5:4420"},
+		{"0.0.0.0:4421", "0.0.0.0:4420", "203.0.113.7:14421", "203.0.113.7:14421", "203.0.113.7:4420"},
+		{"[::]:4421", "[::]:4420", "fd00::5", "[fd00::5]:4421", "[fd00::5]:4420"},
+		{"off", "", "", "", "127.0.0.1:4420"},
+		{"127.0.0.1:4421", "off", "", "127.0.0.1:4421", ""},
 	} {
-		c := Config{NVMeAddr: tc.nvme, AdvertiseAddr: tc.adv}
+		c := Config{NVMeAddr: tc.nvme, TCPAddr: tc.tcp, AdvertiseAddr: tc.adv}
 		if err := c.Validate(); err != nil {
 			t.Errorf("%+v: %v", c, err)
 			continue
@@ -70,10 +76,13 @@ func TestAdvertisedNVMe(t *testing.T) {
 		if got := c.WithDefaults().advertisedNVMe(); got != tc.want {
 			t.Errorf("%+v: advertised %q, want %q", c, got, tc.want)
 		}
+		if got := c.WithDefaults().advertisedTCP(); got != tc.wantTCP {
+			t.Errorf("%+v: advertised TCP %q, want %q", c, got, tc.wantTCP)
+		}
 	}
 	// The config file field.
 	path := filepath.Join(t.TempDir(), "c.json")
-	if err := os.WriteFile(path, []byte(`{"nvme_addr": "0.0.0.0:4420", "advertise_addr": "10.0.0.5"}`), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(`{"nvme_addr": "0.0.0.0:4421", "tcp_addr": "0.0.0.0:4420", "advertise_addr": "10.0.0.5"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c, err := LoadConfigFile(path)
