@@ -50,8 +50,9 @@ const (
 	// reconnect_delay.
 	DefaultMaxReconnectDelay = 10 * time.Second
 	// DefaultConnectTimeout bounds each queue's connection (RDMA CM
-	// exchange plus the Fabrics Connect command): 10 s, the time Linux
-	// allows a TCP host for ICResp and our transport's default.
+	// exchange, or TCP connect and ICReq/ICResp, plus the Fabrics Connect
+	// command): 10 s, the time Linux allows a TCP host for ICResp and our
+	// transport's default.
 	DefaultConnectTimeout = 10 * time.Second
 	// DefaultAdminTimeout bounds an admin command: 60 s, Linux's
 	// admin_timeout.

@@ -13,8 +13,9 @@ import (
 // called exactly once for every submission that returned nil, with nil on
 // success, a *StatusError for an error status, or an error matching
 // ErrConnectionLost (or ErrClosed) when the association failed first. It
-// runs on a transport notification goroutine (or the goroutine failing
-// the association) and must not block; it may submit new commands. A
+// runs on a transport notification goroutine (RDMA), a queue's receiver
+// or sender goroutine (TCP), or the goroutine failing the association,
+// and must not block; it may submit new commands. A
 // pointer to a caller's preallocated struct, or a DoneChan, implements it
 // without allocating.
 type Callback interface {

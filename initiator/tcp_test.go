@@ -7,6 +7,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/blk-project/blk/nvme"
 )
 
 // seed returns a seed for a randomized test and logs it; -seed is not a
@@ -96,6 +98,42 @@ func TestTCPConnectAndIO(t *testing.T) {
 					t.Errorf("%d shutdowns", f.shutdowns.Load())
 				}
 			})
+		}
+	}
+}
+
+// Where a TCP command's data goes: in the capsule up to the queue's
+// in-capsule size (8192 for fabrics commands on any queue), else SGL
+// 0x5A with the length; reads 0x5A; no data 0x5A of length 0.
+func TestTCPDataPlacement(t *testing.T) {
+	c := &Controller{cfg: Config{Logf: t.Logf}, kick: make(chan struct{}, 1), closing: make(chan struct{})}
+	a := newAssociation(c)
+	q := &queue{a: a, qid: 1, depth: 4, bufSize: 16 << 10, inCapsule: 1024}
+	w := newTCPWire(q, nvme.TCPDigests{})
+	s := &q.slots[0]
+	for _, tc := range []struct {
+		fabrics bool
+		dir     nvme.Direction
+		n       int
+		inline  int
+		sgl     nvme.SGL
+		r2t     bool
+	}{
+		{false, nvme.DirHostToCtrl, 1024, 1024, nvme.InCapsuleSGL(0, 1024), false},
+		{false, nvme.DirHostToCtrl, 1536, 0, nvme.TransportSGL(1536), true},
+		{false, nvme.DirCtrlToHost, 512, 0, nvme.TransportSGL(512), false},
+		{false, nvme.DirNone, 0, 0, nvme.TransportSGL(0), false},
+		{true, nvme.DirHostToCtrl, 1024 + 4096, 1024 + 4096, nvme.InCapsuleSGL(0, 5120), false},
+		{true, nvme.DirHostToCtrl, 8192 + 512, 0, nvme.TransportSGL(8704), true},
+	} {
+		s.cmd = nvme.Command{Opcode: uint8(nvme.IOWrite)}
+		if tc.fabrics {
+			s.cmd.Opcode = nvme.OpcodeFabrics
+		}
+		s.dir, s.n = tc.dir, tc.n
+		s.inline = w.place(s, tc.dir, tc.n)
+		if s.inline != tc.inline || s.cmd.DPTR != tc.sgl || s.needsR2T() != tc.r2t {
+			t.Errorf("%+v: inline %d, DPTR %+v, R2T %v", tc, s.inline, s.cmd.DPTR, s.needsR2T())
 		}
 	}
 }
