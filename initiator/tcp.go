@@ -119,11 +119,15 @@ type tcpSlot struct {
 // capsule).
 func (s *slot) needsR2T() bool { return s.dir == nvme.DirHostToCtrl && s.inline == 0 && s.n > 0 }
 
-// tcpJob is one job as the sender took it off the stack.
+// tcpJob is one job as the sender took it off the stack. What it needs
+// of the command is copied here while the command is sure to be current:
+// once busy drops, the slot may complete and be reused at once.
 type tcpJob struct {
 	s    *slot
 	kind uint8
 	gen  uint8
+	r2t  bool // the command's data waits for R2Ts
+	last bool // an H2C job whose data ends the command's
 	ttag uint16
 	off  uint32
 	n    uint32
@@ -398,7 +402,8 @@ func (w *tcpWire) take(head *slot) {
 			// queued rules out.
 			panic(fmt.Sprintf("initiator: queue %d: sender stack holds more than %d jobs", w.q.qid, cap(w.jobs)))
 		}
-		w.jobs = append(w.jobs, tcpJob{s: s, kind: t.job, gen: t.gen, ttag: t.ttag, off: t.r2tOff, n: t.r2tLen})
+		w.jobs = append(w.jobs, tcpJob{s: s, kind: t.job, gen: t.gen, r2t: s.needsR2T(),
+			last: int(t.r2tOff+t.r2tLen) == s.n, ttag: t.ttag, off: t.r2tOff, n: t.r2tLen})
 		t.queued.Store(false)
 		s = next
 	}
@@ -523,10 +528,10 @@ func (w *tcpWire) flush(k int) (int, error) {
 // response came first.
 func (w *tcpWire) finished(j *tcpJob) {
 	s := j.s
-	s.tcp.busy.Add(-1)
+	s.tcp.busy.Add(-1) // from here on only atomics of s: it may be reused
 	switch {
-	case j.kind == jobCapsule && !s.needsR2T(),
-		j.kind == jobH2C && int(j.off+j.n) == s.n:
+	case j.kind == jobCapsule && !j.r2t,
+		j.kind == jobH2C && j.last:
 		w.q.sent(s, j.gen)
 	default:
 		if s.state.Load()&flagResp != 0 {
@@ -625,6 +630,9 @@ func (w *tcpWire) onResponse(cqe *nvme.Completion) error {
 		// with Data Transfer Error, whatever the controller said.
 		cqe.Status = nvme.StatusDataTransferError
 	}
+	// Read before the response is in: from then on the sender may
+	// complete the slot and a callback reuse it.
+	r2t := s.needsR2T()
 	s, st := w.q.response(cqe)
 	switch {
 	case s == nil:
@@ -634,7 +642,7 @@ func (w *tcpWire) onResponse(cqe *nvme.Completion) error {
 		return w.protoErr("response for CID %#x refused", cqe.CID)
 	case st&flagSent != 0:
 		w.q.finish(s, st)
-	case s.needsR2T() && s.tcp.busy.Load() == 0:
+	case r2t && s.tcp.busy.Load() == 0:
 		// An answer before all the data was asked for (an error), with
 		// the sender done with the slot: nothing more will be sent.
 		w.q.sent(s, uint8(st>>stateGenShift))
