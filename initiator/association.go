@@ -8,7 +8,6 @@ import (
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/nvme/auth"
-	"github.com/blk-project/blk/transport"
 )
 
 // Connect answers. A queue's Fabrics Connect is the first message on its
@@ -71,7 +70,7 @@ func (c *Controller) establishOnce(ctx context.Context, answer time.Duration) (a
 	if c.discovery {
 		kato = 0 // non-persistent discovery connect, as nvme discover
 	}
-	a.admin, err = a.newQueue(ctx, 0, adminDepth, adminBufSize, 0, 0)
+	a.admin, err = a.newQueue(ctx, 0, adminDepth, adminBufSize, c.adminInCapsule(), 0)
 	if err != nil {
 		return a, err
 	}
@@ -92,7 +91,7 @@ func (c *Controller) establishOnce(ctx context.Context, answer time.Duration) (a
 	if a.depth, err = ioQueueDepth(c.cfg.QueueDepth, a.cap, a.id.MaxCmd); err != nil {
 		return a, err
 	}
-	a.inCapsule = min(a.id.ioInCapsule(), a.maxXfer)
+	a.inCapsule = min(a.id.ioInCapsule(c.tcp), a.maxXfer)
 	var cmd nvme.Command
 	setFeaturesCmd(&cmd, nvme.FeatureNumQueues, numQueuesValue(c.cfg.Queues))
 	cqe, err := a.admin.exec(ctx, &cmd, nil, nil, c.cfg.AdminTimeout)
@@ -130,61 +129,45 @@ func (c *Controller) establishOnce(ctx context.Context, answer time.Duration) (a
 	return a, nil
 }
 
-// newQueue creates queue qid: registered slots, the QP (placed by the
-// engine), the RDMA CM connection with the NVMe/RDMA private data, and
-// the Fabrics Connect. The admin queue's Connect returns the CNTLID.
+// newQueue creates queue qid: its slots and wire (an RDMA QP and its RDMA
+// CM connection, or a TCP connection and its ICReq/ICResp), then the
+// Fabrics Connect. The admin queue's Connect returns the CNTLID.
 func (a *association) newQueue(ctx context.Context, qid uint16, depth, bufSize, inCapsule int, timeout time.Duration) (*queue, error) {
 	c := a.c
 	q := &queue{a: a, qid: qid, depth: depth, bufSize: bufSize, inCapsule: inCapsule, timeout: timeout}
 	// The slots exist before the queue is published: the monitor walks
 	// the slots of every queue in a.queues.
-	if err := q.initMemory(c.pd); err != nil {
-		return nil, fmt.Errorf("initiator: %w", err)
+	var rw *rdmaWire
+	var tw *tcpWire
+	if c.tcp {
+		tw = newTCPWire(q, c.cfg.tcpDigests())
+	} else {
+		var err error
+		if rw, err = newRDMAWire(q, c.pd, c.eng); err != nil {
+			return nil, fmt.Errorf("initiator: %w", err)
+		}
 	}
 	a.mu.Lock()
 	if a.failed.Load() {
 		a.mu.Unlock()
-		q.mr.Close()
+		q.w.release()
 		return nil, a.lostErr()
 	}
 	a.queues = append(a.queues, q)
 	a.mu.Unlock()
-	var err error
-	if qid == 0 {
-		if q.qp, q.core, err = c.eng.CreateQPWithReceiveQueue(q, c.sz.AdminInitiator, 0, c.sz.AdminRecv); err != nil {
-			return nil, fmt.Errorf("initiator: create admin QP: %w", err)
-		}
-		if err = q.postAdminReceives(c.pd, int(c.sz.AdminRecv)); err != nil {
+	if tw != nil {
+		if err := a.connectTCP(ctx, q, tw); err != nil {
 			return nil, err
 		}
-	} else if q.qp, q.core, err = c.eng.CreateQP(q, c.sz.IOInitiator, 0); err != nil {
-		return nil, fmt.Errorf("initiator: create QP for queue %d: %w", qid, err)
+	} else if err := a.connectRDMA(ctx, q, rw); err != nil {
+		return nil, err
 	}
 
-	cctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
-	defer cancel()
-	priv := cmRequest(qid, depth, a.cntlid)
-	acc, err := c.cfg.Adapter.Connect(cctx, q.qp, c.addr, transport.ConnParams{PrivateData: priv[:]})
-	if err != nil {
-		var rej *transport.RejectError
-		var r nvme.RDMACMReject
-		if errors.As(err, &rej) && r.Unmarshal(rej.PrivateData) == nil {
-			return nil, fmt.Errorf("initiator: queue %d: RDMA CM connect rejected: %v (status %#x): %w", qid, r.Status, uint16(r.Status), err)
-		}
-		return nil, fmt.Errorf("initiator: queue %d: RDMA CM connect to %s: %w", qid, c.addr, err)
-	}
-	var accept nvme.RDMACMAccept
-	if accept.Unmarshal(acc) == nil && int(accept.CRQSize) < depth {
-		// Linux ignores CRQSIZE; note it.
-		c.logf("queue %d: controller receive queue %d smaller than depth %d", qid, accept.CRQSize, depth)
-	}
-	a.wg.Add(1)
-	go a.watch(q)
-
-	// Fabrics Connect. The admin queue sends its data keyed (inCapsule
-	// 0: the target RDMA-READs the 1024 bytes, as from Linux); I/O
-	// queues send it in the capsule when the controller takes 1024 bytes
-	// of in-capsule data (SGLS bit 20 and IOCCSZ).
+	// Fabrics Connect. RDMA: the admin queue sends its data keyed
+	// (inCapsule 0: the target RDMA-READs the 1024 bytes, as from
+	// Linux); I/O queues send it in the capsule when the controller
+	// takes 1024 bytes of in-capsule data (SGLS bit 20 and IOCCSZ). TCP:
+	// always in the capsule (fabrics commands take 8192 bytes).
 	var cmd nvme.Command
 	katoMs := uint32(0)
 	cntlid := a.cntlid
@@ -269,41 +252,6 @@ func (t authQueue) AuthReceive(al int) ([]byte, error) {
 	cmd := authCmd(nvme.FabricsAuthRecv, uint32(al))
 	_, err := t.q.exec(t.ctx, &cmd, nil, buf, t.q.a.c.cfg.AdminTimeout)
 	return buf, err
-}
-
-// postAdminReceives gives the admin QP its own receive buffers.
-func (q *queue) postAdminReceives(pd transport.PD, n int) error {
-	mr, err := pd.AllocateMemory(n*responseSize, transport.AccessLocalWrite)
-	if err != nil {
-		return fmt.Errorf("initiator: register admin receives: %w", err)
-	}
-	q.recvMR = mr
-	mem := mr.Bytes()
-	q.recvs = make([]recvSlot, n)
-	for i := range q.recvs {
-		r := &q.recvs[i]
-		r.q = q
-		r.buf = mem[i*responseSize : (i+1)*responseSize]
-		r.sge[0] = mr.SGE(uint32(i*responseSize), responseSize)
-		if err := q.qp.PostReceive(r, r.sge[:]); err != nil {
-			return fmt.Errorf("initiator: post admin receive: %w", err)
-		}
-	}
-	return nil
-}
-
-// watch fails the association when the queue's QP ends.
-func (a *association) watch(q *queue) {
-	defer a.wg.Done()
-	select {
-	case <-q.qp.Done():
-		err := q.qp.Err()
-		if err == nil {
-			err = transport.ErrDisconnected
-		}
-		a.fail(fmt.Errorf("queue %d: connection ended: %w", q.qid, err))
-	case <-a.done:
-	}
 }
 
 // Property access on the admin queue.
@@ -427,9 +375,9 @@ func (a *association) identify(ctx context.Context) error {
 		if id.CntrlType != cntrlTypeDisc && id.SubNQN != nvme.DiscoveryNQN {
 			return fmt.Errorf("%w: %s is not a discovery controller (CNTRLTYPE %d, SUBNQN %q)", ErrProtocol, a.c.addr, id.CntrlType, id.SubNQN)
 		}
-		return id.checkTransport()
+		return id.checkTransport(a.c.tcp)
 	}
-	return id.checkIO(a.cntlid)
+	return id.checkIO(a.cntlid, a.c.tcp)
 }
 
 func (a *association) identifyCNS(ctx context.Context, cns uint8, nsid uint32, buf []byte) error {

@@ -50,8 +50,9 @@ const (
 	// reconnect_delay.
 	DefaultMaxReconnectDelay = 10 * time.Second
 	// DefaultConnectTimeout bounds each queue's connection (RDMA CM
-	// exchange plus the Fabrics Connect command): 10 s, the time Linux
-	// allows a TCP host for ICResp and our transport's default.
+	// exchange, or TCP connect and ICReq/ICResp, plus the Fabrics Connect
+	// command): 10 s, the time Linux allows a TCP host for ICResp and our
+	// transport's default.
 	DefaultConnectTimeout = 10 * time.Second
 	// DefaultAdminTimeout bounds an admin command: 60 s, Linux's
 	// admin_timeout.
@@ -62,17 +63,30 @@ const (
 	// DefaultShutdownTimeout bounds the wait for CSTS.SHST = complete at
 	// Close: 5 s, Linux's shutdown_timeout (raised to RTD3E, at most 60 s).
 	DefaultShutdownTimeout = 5 * time.Second
-	// DefaultPort is the NVMe/RDMA port used when an address has none
-	// (nvme-cli uses 4420 for RDMA connect and discover alike).
+	// DefaultPort is the port used when an address has none: 4420
+	// (nvme-cli uses it for RDMA connect and discover alike, and for TCP
+	// connect). Discover over TCP uses 8009 (nvme.TCPDiscoveryPort).
 	DefaultPort = "4420"
+	// DefaultTransport is NVMe/RDMA, the binding this package began with.
+	DefaultTransport = TransportRDMA
 )
 
 // Config configures Connect and Discover. Zero fields take the defaults
 // above (WithDefaults); Validate checks the completed configuration.
 type Config struct {
-	// Adapter is the RDMA device to use (e.g. soft.New). Required. The
-	// caller keeps ownership: closing the Controller does not close it.
+	// Transport is the NVMe-oF transport binding: TransportRDMA ("rdma",
+	// the default) over Adapter, or TransportTCP ("tcp"): one TCP
+	// connection per queue, no Adapter.
+	Transport string
+	// Adapter is the RDMA device to use (e.g. soft.New). Required for
+	// RDMA, unused for TCP. The caller keeps ownership: closing the
+	// Controller does not close it.
 	Adapter transport.Adapter
+	// HeaderDigest and DataDigest ask for NVMe/TCP header and data
+	// digests (CRC32C; nvme connect -g and -G). Off by default; TCP only.
+	// The controller must grant exactly what is asked (the ICResp echo),
+	// or the connect fails, as with Linux.
+	HeaderDigest, DataDigest bool
 	// HostNQN identifies this host. Default: the UUID form
 	// "nqn.2014-08.org.nvmexpress:uuid:<HostID>".
 	HostNQN string
@@ -126,6 +140,9 @@ type Config struct {
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
+	if c.Transport == "" {
+		c.Transport = DefaultTransport
+	}
 	if c.HostID == ([16]byte{}) {
 		c.HostID = defaultHostID(c.HostNQN)
 	}
@@ -178,8 +195,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
 	switch {
-	case c.Adapter == nil:
-		return bad("no Adapter")
+	case c.Transport != TransportRDMA && c.Transport != TransportTCP:
+		return bad("Transport %q is neither %q nor %q", c.Transport, TransportRDMA, TransportTCP)
+	case c.Transport == TransportRDMA && c.Adapter == nil:
+		return bad("no Adapter (RDMA needs one)")
+	case c.Transport != TransportTCP && (c.HeaderDigest || c.DataDigest):
+		return bad("HeaderDigest and DataDigest need Transport %q", TransportTCP)
 	case c.Queues < 1 || c.Queues > 0xFFFF:
 		// Number of Queues asks for n-1 in a 16-bit field, 0xFFFF invalid.
 		return bad("Queues %d not in [1, 65535]", c.Queues)
@@ -229,6 +250,11 @@ func (c *Config) authConfig(subNQN string) (*auth.Config, error) {
 		hc.CtrlKey = &ck
 	}
 	return hc, nil
+}
+
+// tcpDigests are the NVMe/TCP digests asked for in ICReq.
+func (c *Config) tcpDigests() nvme.TCPDigests {
+	return nvme.TCPDigests{Header: c.HeaderDigest, Data: c.DataDigest}
 }
 
 // katoMillis is the KATO field of the admin Connect.

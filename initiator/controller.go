@@ -53,10 +53,14 @@ type Controller struct {
 	addr      string
 	subNQN    string
 	discovery bool
-	info      transport.AdapterInfo
-	sz        sizing
-	pd        transport.PD
-	eng       *transport.Engine
+	// tcp: the queues are NVMe/TCP connections (Config.Transport); no
+	// adapter, engine or protection domain then (info, sz, pd and eng
+	// are zero).
+	tcp  bool
+	info transport.AdapterInfo
+	sz   sizing
+	pd   transport.PD
+	eng  *transport.Engine
 	// authTID numbers the DH-HMAC-CHAP transactions of the controller.
 	authTID atomic.Uint32
 
@@ -80,6 +84,7 @@ type Controller struct {
 
 type ctrlCounters struct {
 	associations, failures, reconnectAttempts, connectRetries, queueFull atomic.Uint64
+	dataDigestErrors                                                     atomic.Uint64
 }
 
 // Stats are a controller's counters.
@@ -95,6 +100,9 @@ type Stats struct {
 	ConnectRetries uint64
 	// QueueFull: asynchronous submissions refused with ErrQueueFull.
 	QueueFull uint64
+	// DataDigestErrors: NVMe/TCP commands failed with Data Transfer
+	// Error because a C2HData's data digest did not match.
+	DataDigestErrors uint64
 }
 
 // Stats returns the controller's counters.
@@ -105,6 +113,7 @@ func (c *Controller) Stats() Stats {
 		ReconnectAttempts: c.st.reconnectAttempts.Load(),
 		ConnectRetries:    c.st.connectRetries.Load(),
 		QueueFull:         c.st.queueFull.Load(),
+		DataDigestErrors:  c.st.dataDigestErrors.Load(),
 	}
 }
 
@@ -143,7 +152,9 @@ type association struct {
 }
 
 // Connect connects to subsystem subNQN at addr ("host:port"; port 4420 if
-// absent): the admin queue, the enable handshake, Identify, the I/O
+// absent) over the transport Config.Transport names (NVMe/RDMA through
+// Config.Adapter by default, or NVMe/TCP): the admin queue, the enable
+// handshake, Identify, the I/O
 // queues and the namespace scan, in the order of the Linux host
 // (shared/docs/nvmeof-wire.md §8). Any failure fails the connect (it is
 // not retried, as in Linux); ctx bounds it. Once connected, failures are
@@ -173,17 +184,26 @@ func newController(cfg Config, addr, subNQN string, discovery bool) (*Controller
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	addr = withDefaultPort(addr)
+	tcp := cfg.Transport == TransportTCP
+	port := DefaultPort
+	if tcp && discovery {
+		port = nvme.TCPDiscoveryPort
+	}
+	addr = withDefaultPort(addr, port)
 	c := &Controller{
 		cfg:       cfg,
 		addr:      addr,
 		subNQN:    subNQN,
 		discovery: discovery,
-		info:      cfg.Adapter.Info(),
+		tcp:       tcp,
 		nss:       make(map[uint32]*Namespace),
 		kick:      make(chan struct{}, 1),
 		closing:   make(chan struct{}),
 	}
+	if tcp {
+		return c, nil // one TCP connection per queue: nothing shared to set up
+	}
+	c.info = cfg.Adapter.Info()
 	queues, depth := cfg.Queues, cfg.QueueDepth
 	if discovery {
 		queues = 0
@@ -203,11 +223,20 @@ func newController(cfg Config, addr, subNQN string, discovery bool) (*Controller
 	return c, nil
 }
 
-func withDefaultPort(addr string) string {
+func withDefaultPort(addr, port string) string {
 	if _, _, err := net.SplitHostPort(addr); err == nil {
 		return addr
 	}
-	return net.JoinHostPort(addr, DefaultPort)
+	return net.JoinHostPort(addr, port)
+}
+
+// adminInCapsule is the admin queue's in-capsule data size: none on RDMA
+// (Linux sends admin data keyed), 8192 bytes on TCP (NVME_TCP_ADMIN_CCSZ).
+func (c *Controller) adminInCapsule() int {
+	if c.tcp {
+		return nvme.TCPAdminInCapsule
+	}
+	return 0
 }
 
 func (c *Controller) logf(format string, args ...any) {
@@ -215,8 +244,12 @@ func (c *Controller) logf(format string, args ...any) {
 }
 
 func (c *Controller) closeEngine() {
-	c.eng.Close()
-	c.pd.Close()
+	if c.eng != nil {
+		c.eng.Close()
+	}
+	if c.pd != nil {
+		c.pd.Close()
+	}
 }
 
 // State returns the controller's current state.
@@ -250,6 +283,8 @@ type Info struct {
 	InCapsule int
 	// VolatileWriteCache: Flush and FUA matter.
 	VolatileWriteCache bool
+	// Transport is TransportRDMA or TransportTCP.
+	Transport string
 }
 
 // Info returns what the current association found.
@@ -262,6 +297,7 @@ func (c *Controller) Info() Info {
 		CNTLID: a.cntlid, SerialNumber: a.id.SerialNumber, Model: a.id.Model, Firmware: a.id.Firmware,
 		Version: a.vs, SubNQN: a.id.SubNQN, IOQueues: len(a.io), QueueDepth: a.depth,
 		MaxTransfer: a.maxXfer, InCapsule: a.inCapsule, VolatileWriteCache: a.id.VWC&vwcPresent != 0,
+		Transport: c.cfg.Transport,
 	}
 }
 
@@ -480,8 +516,9 @@ func (c *Controller) Close() error {
 	return err
 }
 
-// teardown disconnects the association's QPs, waits for its goroutines
-// and releases its memory. The association has failed (or fails now).
+// teardown disconnects the association's queues (QPs or TCP
+// connections), waits for its goroutines and releases its memory. The
+// association has failed (or fails now).
 func (c *Controller) teardown(a *association) {
 	a.fail(fmt.Errorf("%w: association torn down", ErrConnectionLost))
 	if !a.tornDown.CompareAndSwap(false, true) {
@@ -491,9 +528,7 @@ func (c *Controller) teardown(a *association) {
 	qs := a.queues
 	a.mu.Unlock()
 	for _, q := range qs {
-		if q.qp != nil {
-			c.eng.CloseQP(q.qp)
-		}
+		q.w.close()
 	}
 	a.wg.Wait()
 	c.releaseMemory(qs)
@@ -513,9 +548,16 @@ const memoryIdleTimeout = 10 * time.Second
 // what remains is handler calls already running (Quiesce on every core)
 // and slots still held: being filled by a submitter, in flight until
 // failAll or submit completes them, or being finished (idle).
+//
+// TCP queues have no handler calls: their goroutines have ended (a.wg)
+// before this runs, and their memory is the garbage collector's; the
+// idle wait still keeps the rule that memory goes only when no slot is
+// held.
 func (c *Controller) releaseMemory(qs []*queue) {
-	for _, core := range c.eng.Cores() {
-		core.Quiesce()
+	if c.eng != nil {
+		for _, core := range c.eng.Cores() {
+			core.Quiesce()
+		}
 	}
 	deadline := time.Now().Add(memoryIdleTimeout)
 	for _, q := range qs {
@@ -528,12 +570,7 @@ func (c *Controller) releaseMemory(qs []*queue) {
 		}
 	}
 	for _, q := range qs {
-		if q.mr != nil {
-			q.mr.Close()
-		}
-		if q.recvMR != nil {
-			q.recvMR.Close()
-		}
+		q.w.release()
 	}
 }
 

@@ -22,12 +22,16 @@ const (
 )
 
 // Discover reads the discovery log of the discovery controller at addr
-// ("host:port"; 4420 if absent), as nvme discover does (§7): it connects
+// ("host:port"; if absent the port is 4420 for RDMA, 8009 for TCP, as
+// nvme-cli), over Config.Transport, as nvme discover does (§7): it connects
 // to the well-known discovery NQN with KATO 0, enables the controller,
 // checks Identify (a discovery controller), reads the log header, then
 // the entries in 4 KiB windows, then the header again, starting over (up
 // to 10 times) if GENCTR changed; then shuts the controller down (CC.SHN)
-// and disconnects. cfg's Adapter, HostNQN, HostID and timeouts are used.
+// and disconnects. cfg's Transport (and Adapter for RDMA, digests for
+// TCP), HostNQN, HostID and timeouts are used. Entries keep their TSAS
+// raw (DiscoveryLogEntry.TSAS; RDMATSAS decodes the RDMA form; for TCP
+// byte 0 is SECTYPE).
 func Discover(ctx context.Context, cfg Config, addr string) ([]nvme.DiscoveryLogEntry, error) {
 	c, err := newController(cfg, addr, nvme.DiscoveryNQN, true)
 	if err != nil {

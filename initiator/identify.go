@@ -44,6 +44,7 @@ const (
 	oncsDSM         = 1 << 2
 	oncsWriteZeroes = 1 << 3
 	vwcPresent      = 1 << 0
+	sglsSupported   = 3 << 0  // SGLs supported (bits 1:0 not 0)
 	sglsKeyed       = 1 << 2  // keyed SGL data block (RDMA)
 	sglsOffset      = 1 << 20 // SGL address as offset: in-capsule data
 	oaesNSAttr      = 1 << 8  // namespace attribute notices
@@ -106,11 +107,11 @@ func asciiField(b []byte) string {
 	return string(bytes.TrimRight(b, " \x00"))
 }
 
-// checkIO applies the checks the Linux RDMA host makes on an I/O
-// controller (nvme_init_identify, nvme_rdma_setup_ctrl): the CNTLID is the
-// one Connect returned, KAS ≠ 0, IOCCSZ ≥ 4, IORCSZ ≥ 1, ICDOFF = 0, and
-// SGLS bit 2 (keyed SGL data blocks) set.
-func (id *ctrlIdentity) checkIO(cntlid uint16) error {
+// checkIO applies the checks the Linux host makes on an I/O controller
+// (nvme_init_identify, nvme_rdma_setup_ctrl, nvme_tcp_setup_ctrl): the
+// CNTLID is the one Connect returned, KAS ≠ 0, IOCCSZ ≥ 4, IORCSZ ≥ 1,
+// and the transport's checks (checkTransport).
+func (id *ctrlIdentity) checkIO(cntlid uint16, tcp bool) error {
 	switch {
 	case id.CNTLID != cntlid:
 		return fmt.Errorf("%w: Identify CNTLID %#x differs from Connect's %#x", ErrProtocol, id.CNTLID, cntlid)
@@ -121,15 +122,21 @@ func (id *ctrlIdentity) checkIO(cntlid uint16) error {
 	case id.IORCSZ < 1:
 		return fmt.Errorf("%w: IORCSZ %d below 1", ErrProtocol, id.IORCSZ)
 	}
-	return id.checkTransport()
+	return id.checkTransport(tcp)
 }
 
 // checkTransport is the part of the checks that also applies to a
-// discovery controller.
-func (id *ctrlIdentity) checkTransport() error {
+// discovery controller: ICDOFF = 0, and for RDMA SGLS bit 2 (keyed SGL
+// data blocks), for TCP SGLS bits 1:0 ≠ 0 (SGLs supported at all: Linux's
+// "Mandatory sgls are not supported").
+func (id *ctrlIdentity) checkTransport(tcp bool) error {
 	switch {
 	case id.ICDOFF != 0:
 		return fmt.Errorf("%w: ICDOFF %d not supported (must be 0)", ErrProtocol, id.ICDOFF)
+	case tcp:
+		if id.SGLS&sglsSupported == 0 {
+			return fmt.Errorf("%w: SGLs not supported (SGLS %#x, bits 1:0 are 0)", ErrProtocol, id.SGLS)
+		}
 	case id.SGLS&sglsKeyed == 0:
 		return fmt.Errorf("%w: keyed SGL data blocks not supported (SGLS %#x lacks bit 2)", ErrProtocol, id.SGLS)
 	}
@@ -137,9 +144,11 @@ func (id *ctrlIdentity) checkTransport() error {
 }
 
 // ioInCapsule is the in-capsule data size of I/O queues: IOCCSZ×16 − 64
-// bytes when SGLS bit 20 (SGL offset, i.e. in-capsule data) is set, else 0.
-func (id *ctrlIdentity) ioInCapsule() int {
-	if id.SGLS&sglsOffset == 0 || id.IOCCSZ < 4 {
+// bytes; for RDMA only when SGLS bit 20 (SGL offset, i.e. in-capsule data)
+// is set, else 0 (Linux nvme-rdma); NVMe/TCP always carries in-capsule
+// data (Linux nvme-tcp: cmnd_capsule_len − 64).
+func (id *ctrlIdentity) ioInCapsule(tcp bool) int {
+	if (!tcp && id.SGLS&sglsOffset == 0) || id.IOCCSZ < 4 {
 		return 0
 	}
 	return int(min(id.IOCCSZ, 1<<20))*16 - nvme.SQESize

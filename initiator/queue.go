@@ -7,15 +7,15 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/nvme"
-	"github.com/blk-project/blk/transport"
 )
 
 // Callback receives the outcome of one asynchronous command. IODone is
 // called exactly once for every submission that returned nil, with nil on
 // success, a *StatusError for an error status, or an error matching
 // ErrConnectionLost (or ErrClosed) when the association failed first. It
-// runs on a transport notification goroutine (or the goroutine failing
-// the association) and must not block; it may submit new commands. A
+// runs on a transport notification goroutine (RDMA), a queue's receiver
+// or sender goroutine (TCP), or the goroutine failing the association,
+// and must not block; it may submit new commands. A
 // pointer to a caller's preallocated struct, or a DoneChan, implements it
 // without allocating.
 type Callback interface {
@@ -71,8 +71,8 @@ const (
 func inflightState(gen uint8) uint32 { return slotInflight | uint32(gen)<<stateGenShift }
 
 // slot is one request slot of a queue, indexed by the CID's tag. Its
-// capsule (SQE) and data buffer are fixed parts of the queue's registered
-// region, so a command allocates and registers nothing.
+// capsule (SQE) and data buffer are fixed parts of the queue's memory
+// (registered for RDMA), so a command allocates and registers nothing.
 type slot struct {
 	q     *queue
 	tag   uint16
@@ -87,14 +87,17 @@ type slot struct {
 
 	cmd  nvme.Command
 	cqe  nvme.Completion
-	sqe  *[nvme.SQESize]byte // in the registered region
-	data []byte              // in the registered region, the queue's bufSize
+	sqe  *[nvme.SQESize]byte // in the wire's memory: where the SQE is encoded
+	data []byte              // the queue's bufSize bytes of data buffer
 
-	sqeSGE   transport.SGE // the capsule's SQE
-	dataAddr uint64        // virtual address of data[0]
-	lkey     uint32
-	rkey     uint32
-	sges     [2]transport.SGE
+	// What the command in flight moves, set by submit: direction, data
+	// bytes, and how many of them travel inside the capsule.
+	dir    nvme.Direction
+	n      int
+	inline int
+
+	rdma rdmaSlot // the NVMe/RDMA wire's part
+	tcp  tcpSlot  // the NVMe/TCP wire's part
 
 	// Where the outcome goes.
 	cb  Callback
@@ -102,16 +105,9 @@ type slot struct {
 	dst []byte           // read: data is copied here on success
 }
 
-// recvSlot is one receive of the admin queue's private receive queue.
-type recvSlot struct {
-	q   *queue
-	sge [1]transport.SGE
-	buf []byte
-}
-
-// queue is one NVMe queue pair on one RDMA QP: the admin queue (QID 0) or
-// an I/O queue. It belongs to one association and dies with it; a
-// reconnect builds new queues.
+// queue is one NVMe queue pair on one wire (an RDMA QP or a TCP
+// connection): the admin queue (QID 0) or an I/O queue. It belongs to one
+// association and dies with it; a reconnect builds new queues.
 type queue struct {
 	a         *association
 	qid       uint16
@@ -120,17 +116,11 @@ type queue struct {
 	inCapsule int // most in-capsule data bytes (0: all data keyed)
 	timeout   time.Duration
 
-	qp   transport.QP
-	core *transport.Core
-	mr   transport.MemoryRegion
-	mem  []byte
+	w wire
 
 	slots []slot
 	free  chan uint16 // free tags; capacity depth, so pushing never blocks
 	dead  atomic.Bool
-
-	recvMR transport.MemoryRegion // admin queue: private receives
-	recvs  []recvSlot
 }
 
 // monoNow is a monotonic clock in nanoseconds since the package started.
@@ -138,38 +128,17 @@ func monoNow() int64 { return int64(time.Since(epoch)) }
 
 var epoch = time.Now()
 
-// initMemory builds the queue's slots over one registered region laid
-// out as [depth × 64-byte SQEs, padded to 4 KiB][depth × bufSize data].
-// The region is provider-owned memory (PD.AllocateMemory), registered
-// with remote read (the controller RDMA-READs write data) and remote
-// write (it RDMA-WRITEs read data) once, for the life of the queue; it
-// is given back only when no slot is held (see releaseMemory).
-func (q *queue) initMemory(pd transport.PD) error {
-	sqeArea := (q.depth*nvme.SQESize + 4095) &^ 4095
-	size := sqeArea + q.depth*q.bufSize
-	mr, err := pd.AllocateMemory(size, transport.AccessLocalWrite|transport.AccessRemoteRead|transport.AccessRemoteWrite)
-	if err != nil {
-		return fmt.Errorf("register queue %d buffers (%d bytes): %w", q.qid, size, err)
-	}
-	q.mr = mr
-	q.mem = mr.Bytes()
-	base, lkey, rkey := mr.Addr(), mr.LKey(), mr.RKey()
+// initSlots builds the queue's slots and free list; the wire then gives
+// each its SQE and data buffer.
+func (q *queue) initSlots() {
 	q.slots = make([]slot, q.depth)
 	q.free = make(chan uint16, q.depth)
 	for i := range q.slots {
 		s := &q.slots[i]
 		s.q = q
 		s.tag = uint16(i)
-		off := i * nvme.SQESize
-		s.sqe = (*[nvme.SQESize]byte)(q.mem[off : off+nvme.SQESize])
-		s.sqeSGE = transport.SGE{Addr: base + uint64(off), Length: nvme.SQESize, LKey: lkey}
-		doff := sqeArea + i*q.bufSize
-		s.data = q.mem[doff : doff+q.bufSize : doff+q.bufSize]
-		s.dataAddr = base + uint64(doff)
-		s.lkey, s.rkey = lkey, rkey
 		q.free <- uint16(i)
 	}
-	return nil
 }
 
 // tryAcquire takes a free slot without waiting, or returns nil.
@@ -258,31 +227,18 @@ func (q *queue) abandon(s *slot) {
 
 // submit sends the command in s.cmd (the caller filled it, except CID and
 // DPTR, and set s.cb, s.res, s.dst) with n bytes of data in direction dir.
-// Write data must already be in s.data[:n]. Where the data goes is decided
-// here, as Linux's nvme_rdma_map_data does:
-//
-//   - no data: the keyed "no data" descriptor (0x40, all zero);
-//   - host to controller, n ≤ the queue's in-capsule size: in the same
-//     SEND as the SQE, SGL 0x01 at offset 0 (I/O queues only);
-//   - otherwise a keyed SGL 0x40 naming the slot's buffer with the
-//     region's static rkey; the controller RDMA-READs (writes) or
-//     RDMA-WRITEs (reads) it.
+// Write data must already be in s.data[:n]. The wire decides where the
+// data goes (wire.place: in the capsule, keyed, or in TCP data PDUs) and
+// posts the capsule.
 //
 // It returns nil if the command was posted (Callback then runs exactly
 // once), or an error, and then the callback never runs.
 func (q *queue) submit(s *slot, dir nvme.Direction, n int, timeout time.Duration) error {
-	k := 1
-	s.sges[0] = s.sqeSGE
-	switch {
-	case n == 0 || dir == nvme.DirNone:
-		s.cmd.DPTR = noDataSGL
-	case dir == nvme.DirHostToCtrl && n <= q.inCapsule:
-		s.cmd.DPTR = nvme.InCapsuleSGL(0, uint32(n))
-		s.sges[1] = transport.SGE{Addr: s.dataAddr, Length: uint32(n), LKey: s.lkey}
-		k = 2
-	default:
-		s.cmd.DPTR = nvme.KeyedSGL(s.dataAddr, uint32(n), s.rkey, false)
+	if n == 0 {
+		dir = nvme.DirNone
 	}
+	s.dir, s.n = dir, n
+	s.inline = q.w.place(s, dir, n)
 	s.cmd.CID = makeCID(s.tag, s.gen)
 	if err := s.cmd.Marshal(s.sqe); err != nil {
 		q.abandon(s)
@@ -304,7 +260,7 @@ func (q *queue) submit(s *slot, dir nvme.Direction, n int, timeout time.Duration
 		}
 		return nil // the failure completed it through the callback
 	}
-	if err := q.qp.Send(s, s.sges[:k], 0); err != nil {
+	if err := q.w.send(s); err != nil {
 		q.a.fail(fmt.Errorf("post send on queue %d: %w", q.qid, err))
 		if s.state.CompareAndSwap(st, slotDone) {
 			q.release(s)
@@ -356,73 +312,55 @@ type waiter struct {
 
 func (w *waiter) IODone(err error) { w.ch <- err }
 
-// onReceive handles a response capsule that arrived in msg. It returns the
-// slot to complete (with its state) once the receive buffer has been given
-// back, or nil. Everything it finds wrong is a protocol error that fails
-// the association, as the Linux host's error recovery does.
-func (q *queue) onReceive(comp *transport.Completion, msg []byte) (*slot, uint32) {
-	if q.dead.Load() {
-		return nil, 0
-	}
+// response handles the completion queue entry of a response capsule
+// (NVMe/TCP: also the end of a C2HData with SUCCESS). It returns the slot
+// it answered, in flight with flagResp now set, and that state; the
+// caller completes it (finish) if flagSent is set too. Everything it
+// finds wrong is a protocol error that fails the association, as the
+// Linux host's error recovery does; it then returns nil.
+func (q *queue) response(cqe *nvme.Completion) (*slot, uint32) {
 	a := q.a
-	switch {
-	case comp.Status != nil:
-		a.fail(fmt.Errorf("receive on queue %d: %w", q.qid, comp.Status))
-		return nil, 0
-	case comp.Invalidated:
-		// Keys are static: nothing may be invalidated remotely.
-		a.fail(fmt.Errorf("%w: queue %d: remote invalidation of key %#x, but no key was registered per command",
-			ErrProtocol, q.qid, comp.InvalidatedKey))
-		return nil, 0
-	case len(msg) != responseSize:
-		a.fail(fmt.Errorf("%w: queue %d: response capsule of %d bytes, want %d", ErrProtocol, q.qid, len(msg), responseSize))
-		return nil, 0
-	}
-	var cqe nvme.Completion
-	cqe.Unmarshal(msg)
 	tag, gen := splitCID(cqe.CID)
 	if int(tag) >= q.depth {
 		a.fail(fmt.Errorf("%w: queue %d: response for CID %#x, tag beyond depth %d", ErrProtocol, q.qid, cqe.CID, q.depth))
 		return nil, 0
 	}
 	s := &q.slots[tag]
-	st := s.state.Load()
-	if st&slotStateMask != slotInflight || st&flagResp != 0 || st>>stateGenShift != uint32(gen) {
-		if st&slotStateMask == slotDone || q.dead.Load() {
-			return nil, 0 // raced with a failure
+	for {
+		st := s.state.Load()
+		if st&slotStateMask != slotInflight || st&flagResp != 0 || st>>stateGenShift != uint32(gen) {
+			if st&slotStateMask == slotDone || q.dead.Load() {
+				return nil, 0 // raced with a failure
+			}
+			a.fail(fmt.Errorf("%w: queue %d: response for CID %#x that is not in flight (slot state %#x)",
+				ErrProtocol, q.qid, cqe.CID, st))
+			return nil, 0
 		}
-		a.fail(fmt.Errorf("%w: queue %d: response for CID %#x that is not in flight (slot state %#x)",
-			ErrProtocol, q.qid, cqe.CID, st))
-		return nil, 0
+		s.cqe = *cqe
+		if s.state.CompareAndSwap(st, st|flagResp) {
+			return s, st | flagResp
+		}
+		// Only the sent flag or a failure can have changed it: look again.
 	}
-	s.cqe = cqe
-	if !s.state.CompareAndSwap(st, st|flagResp) {
-		return nil, 0 // a failure completed it
-	}
-	if st&flagSent == 0 {
-		return nil, 0 // the send completion comes later
-	}
-	return s, st | flagResp
 }
 
-// onSent handles the completion of a capsule's SEND.
-func (q *queue) onSent(s *slot, comp *transport.Completion) {
-	if q.dead.Load() {
-		return
-	}
-	if comp.Status != nil {
-		q.a.fail(fmt.Errorf("send on queue %d: %w", q.qid, comp.Status))
-		return
-	}
-	st := s.state.Load()
-	if st&slotStateMask != slotInflight || st&flagSent != 0 {
-		return
-	}
-	if !s.state.CompareAndSwap(st, st|flagSent) {
-		return
-	}
-	if st&flagResp != 0 {
-		q.finish(s, st|flagSent)
+// sent records that the wire is done with slot s's capsule and data
+// (the SEND completed; on TCP the sender goroutine wrote the last byte of
+// it), for the command of generation gen. It completes the slot when its
+// response came first. A slot no longer in flight with that generation
+// (failed, or already marked) is left alone.
+func (q *queue) sent(s *slot, gen uint8) {
+	for {
+		st := s.state.Load()
+		if st&slotStateMask != slotInflight || st&flagSent != 0 || st>>stateGenShift != uint32(gen) {
+			return
+		}
+		if s.state.CompareAndSwap(st, st|flagSent) {
+			if st&flagResp != 0 {
+				q.finish(s, st|flagSent)
+			}
+			return
+		}
 	}
 }
 
@@ -482,58 +420,4 @@ func (q *queue) expired(now int64) string {
 		}
 	}
 	return ""
-}
-
-// repostAdmin gives an admin receive back to the QP's own receive queue.
-func (q *queue) repostAdmin(r *recvSlot) {
-	if q.dead.Load() {
-		return
-	}
-	if err := q.qp.PostReceive(r, r.sge[:]); err != nil && !q.dead.Load() {
-		q.a.fail(fmt.Errorf("repost admin receive: %w", err))
-	}
-}
-
-// HandleCompletion is the engine's Handler: it runs on the notification
-// goroutine of the core the completion's QP is placed on, one completion
-// at a time, and never blocks.
-func (c *Controller) HandleCompletion(core *transport.Core, comp *transport.Completion) {
-	switch comp.Type {
-	case transport.OpReceive:
-		if b := core.RecvBuf(comp); b != nil {
-			var s *slot
-			var st uint32
-			q, _ := comp.QPContext.(*queue)
-			if q != nil {
-				s, st = q.onReceive(comp, b.Bytes()[:min(int(comp.Bytes), len(b.Bytes()))])
-			}
-			// Give the buffer back before the slot frees: see engineSizing.
-			b.Repost()
-			if s != nil {
-				q.finish(s, st)
-			}
-			return
-		}
-		if r, ok := comp.RequestContext.(*recvSlot); ok {
-			q := r.q
-			s, st := q.onReceive(comp, r.buf[:min(int(comp.Bytes), len(r.buf))])
-			if comp.Status == nil {
-				q.repostAdmin(r)
-			}
-			if s != nil {
-				q.finish(s, st)
-			}
-		}
-	case transport.OpSend:
-		if s, ok := comp.RequestContext.(*slot); ok {
-			s.q.onSent(s, comp)
-		}
-	}
-}
-
-// HandleCQError fails the current association: the core's QPs fail.
-func (c *Controller) HandleCQError(core *transport.Core, err error) {
-	if a := c.assoc.Load(); a != nil {
-		a.fail(fmt.Errorf("completion queue of core %d: %w", core.Index(), err))
-	}
 }

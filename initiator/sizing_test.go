@@ -160,6 +160,8 @@ func TestConfig(t *testing.T) {
 	}
 	for name, mod := range map[string]func(*Config){
 		"no adapter":      func(c *Config) { c.Adapter = nil },
+		"transport":       func(c *Config) { c.Transport = "fc" },
+		"rdma digest":     func(c *Config) { c.HeaderDigest = true },
 		"depth":           func(c *Config) { c.QueueDepth = 257 },
 		"depth 1":         func(c *Config) { c.QueueDepth = 1 },
 		"transfer":        func(c *Config) { c.MaxTransfer = 5000 },
@@ -183,7 +185,7 @@ func TestConfig(t *testing.T) {
 	if _, ok := parseUUID("7a1c4bd2-0f3e-4a45-9c1e"); ok {
 		t.Error("short UUID accepted")
 	}
-	if withDefaultPort("10.0.0.1") != "10.0.0.1:4420" || withDefaultPort("[::1]:9") != "[::1]:9" || withDefaultPort("::1") != "[::1]:4420" {
+	if withDefaultPort("10.0.0.1", "4420") != "10.0.0.1:4420" || withDefaultPort("[::1]:9", "8009") != "[::1]:9" || withDefaultPort("::1", "8009") != "[::1]:8009" {
 		t.Error("default port")
 	}
 }
@@ -203,11 +205,11 @@ func TestParseIdentify(t *testing.T) {
 	if err != nil || id.SerialNumber != "SN42" || id.SubNQN != "nqn.2024-01.io.blk:x" || id.mdtsBytes() != 1<<20 {
 		t.Fatalf("%+v %v", id, err)
 	}
-	if err := id.checkIO(5); err != nil {
+	if err := id.checkIO(5, false); err != nil {
 		t.Fatal(err)
 	}
-	if id.ioInCapsule() != 4096 { // Linux target default: IOCCSZ 260
-		t.Errorf("in-capsule %d", id.ioInCapsule())
+	if id.ioInCapsule(false) != 4096 { // Linux target default: IOCCSZ 260
+		t.Errorf("in-capsule %d", id.ioInCapsule(false))
 	}
 	for name, mod := range map[string]func(*ctrlIdentity){
 		"cntlid": func(i *ctrlIdentity) { i.CNTLID = 6 },
@@ -219,12 +221,12 @@ func TestParseIdentify(t *testing.T) {
 	} {
 		bad := id
 		mod(&bad)
-		if err := bad.checkIO(5); !errors.Is(err, ErrProtocol) {
+		if err := bad.checkIO(5, false); !errors.Is(err, ErrProtocol) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
 	id.SGLS = sglsKeyed
-	if id.ioInCapsule() != 0 {
+	if id.ioInCapsule(false) != 0 {
 		t.Error("in-capsule data without SGLS bit 20")
 	}
 

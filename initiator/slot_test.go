@@ -53,11 +53,12 @@ func newSlotRig(t *testing.T, depth, inCapsule int) *slotRig {
 	c := &Controller{cfg: Config{Logf: t.Logf}, kick: make(chan struct{}, 1), closing: make(chan struct{})}
 	a := newAssociation(c)
 	q := &queue{a: a, qid: 1, depth: depth, bufSize: 4096, inCapsule: inCapsule}
-	if err := q.initMemory(pd); err != nil {
+	w, err := newRDMAWire(q, pd, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	r := &slotRig{c: c, a: a, q: q, qp: &recQP{}}
-	q.qp = r.qp
+	w.qp = r.qp
 	a.queues = []*queue{q}
 	return r
 }
@@ -284,16 +285,16 @@ func TestSlotDataPlacement(t *testing.T) {
 	s, c := submit(nvme.DirHostToCtrl, 1024)
 	last := r.qp.sends[len(r.qp.sends)-1]
 	if c.DPTR != nvme.InCapsuleSGL(0, 1024) || len(last.sges) != 2 || last.sges[0].Length != 64 ||
-		last.sges[1].Length != 1024 || last.sges[1].Addr != s.dataAddr {
+		last.sges[1].Length != 1024 || last.sges[1].Addr != s.rdma.dataAddr {
 		t.Errorf("in-capsule write: DPTR %+v, SGEs %+v", c.DPTR, last.sges)
 	}
 	s, c = submit(nvme.DirHostToCtrl, 1536)
 	last = r.qp.sends[len(r.qp.sends)-1]
-	if c.DPTR != nvme.KeyedSGL(s.dataAddr, 1536, r.q.mr.RKey(), false) || len(last.sges) != 1 {
+	if c.DPTR != nvme.KeyedSGL(s.rdma.dataAddr, 1536, r.q.w.(*rdmaWire).mr.RKey(), false) || len(last.sges) != 1 {
 		t.Errorf("keyed write: DPTR %+v, SGEs %+v", c.DPTR, last.sges)
 	}
 	s, c = submit(nvme.DirCtrlToHost, 512)
-	if c.DPTR != nvme.KeyedSGL(s.dataAddr, 512, r.q.mr.RKey(), false) {
+	if c.DPTR != nvme.KeyedSGL(s.rdma.dataAddr, 512, r.q.w.(*rdmaWire).mr.RKey(), false) {
 		t.Errorf("read: DPTR %+v", c.DPTR)
 	}
 	_, c = submit(nvme.DirNone, 0)
