@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -25,8 +26,10 @@ import (
 // each one meets siw's responder right after its MPA reply — every other
 // round without the soft provider's pause before the first FPDU, so that
 // siw loses Connects and the initiator's answer timeout and new
-// association must carry it; then the guest checks that its RAM disk holds
-// exactly what the initiator wrote.
+// association must carry it; then two more over NVMe/TCP against the same
+// subsystem on nvmet-tcp (the second with header and data digests); then
+// the guest checks that its RAM disk holds exactly what the initiator
+// wrote.
 func TestInitiatorToLinuxTarget(t *testing.T) {
 	s := newScenario(t)
 	const (
@@ -35,8 +38,12 @@ func TestInitiatorToLinuxTarget(t *testing.T) {
 		ramBytes = 64 << 20
 		imageMiB = 16
 		rounds   = 6
+		// tcpRounds follow over NVMe/TCP (nvmet-tcp on the guest's
+		// port 4421): without digests, then with header and data
+		// digests.
+		tcpRounds = 2
 	)
-	fwd := 24201
+	fwd, tcpFwd := 24201, 24202
 	// nvmet (rebuilt with CONFIG_NVME_TARGET_AUTH) makes this host
 	// authenticate with DH-HMAC-CHAP: every association does, the odd ones
 	// bidirectionally.
@@ -51,7 +58,7 @@ func TestInitiatorToLinuxTarget(t *testing.T) {
 	s.setEnv("NQN", nqn, "HOSTNQN", hostNQN, "IMAGE_MIB", strconv.Itoa(imageMiB), "AUTHSECRET", secret, "AUTHCTRLSECRET", ctrlSecret)
 	s.script("nvmet.sh")
 	g := s.boot(vmConfig{name: "target1", script: "nvmet.sh", timeout: 12 * time.Minute,
-		hostFwd: []string{"127.0.0.1:" + strconv.Itoa(fwd) + "-:4420"}})
+		hostFwd: []string{"127.0.0.1:" + strconv.Itoa(fwd) + "-:4420", "127.0.0.1:" + strconv.Itoa(tcpFwd) + "-:4421"}})
 	s.waitMark("target-ready", g, 3*time.Minute)
 
 	seed := uint64(time.Now().UnixNano())
@@ -61,20 +68,32 @@ func TestInitiatorToLinuxTarget(t *testing.T) {
 	t.Logf("pattern seed %d (BLK_E2E_SEED=%d repeats it)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 2))
 	image := make([]byte, imageMiB<<20)
-	target := "127.0.0.1:" + strconv.Itoa(fwd)
+	rdmaTarget, tcpTarget := "127.0.0.1:"+strconv.Itoa(fwd), "127.0.0.1:"+strconv.Itoa(tcpFwd)
 	sizes := []int{512, 4096, 8192, 61440, 128 << 10, 1 << 20}
 
-	for round := 1; round <= rounds; round++ {
+	for round := 1; round <= rounds+tcpRounds; round++ {
 		pause, pauseName := time.Duration(0), soft.DefaultFirstFPDUDelay.String() // 0: the default
 		if round%2 == 0 {
 			pause, pauseName = -1, "none"
 		}
-		nic, err := soft.New(soft.Config{FirstFPDUDelay: pause})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := initiator.Config{Adapter: nic, HostNQN: hostNQN, Queues: 1, QueueDepth: 32,
+		cfg := initiator.Config{HostNQN: hostNQN, Queues: 1, QueueDepth: 32,
 			ConnectTimeout: 30 * time.Second, Logf: t.Logf, DHCHAPSecret: secret}
+		target := rdmaTarget
+		closeNIC := func() {}
+		if round > rounds {
+			// NVMe/TCP: no adapter; the second TCP round asks for both
+			// digests, which nvmet-tcp grants.
+			cfg.Transport, target = initiator.TransportTCP, tcpTarget
+			cfg.HeaderDigest, cfg.DataDigest = round == rounds+2, round == rounds+2
+			pauseName = fmt.Sprintf("none (NVMe/TCP, digests %v)", cfg.HeaderDigest)
+		} else {
+			nic, err := soft.New(soft.Config{FirstFPDUDelay: pause})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Adapter = nic
+			closeNIC = func() { nic.Close() }
+		}
 		if round%2 == 1 {
 			cfg.DHCHAPCtrlSecret = ctrlSecret
 		}
@@ -165,8 +184,13 @@ func TestInitiatorToLinuxTarget(t *testing.T) {
 		if err := ctrl.Close(); err != nil {
 			t.Errorf("round %d: close: %v", round, err)
 		}
+		if round > rounds {
+			if tr := ctrl.Info().Transport; tr != initiator.TransportTCP {
+				t.Errorf("round %d: the controller's transport is %q, want tcp", round, tr)
+			}
+		}
 		cancel()
-		nic.Close()
+		closeNIC()
 	}
 
 	if err := os.WriteFile(s.path("expected.img"), image, 0o644); err != nil {
