@@ -357,6 +357,7 @@ func (h *rawHost) expectTerm() *errTerm {
 			if n, err := h.nc.Read(make([]byte, 1)); err == nil || n > 0 {
 				h.t.Fatalf("data after the C2HTermReq")
 			}
+			h.nc.Close() // as a host does after a TermReq
 			return et
 		}
 		if err != nil {
@@ -379,6 +380,7 @@ func (h *rawHost) expectClose() {
 			if errors.As(err, &ne) && ne.Timeout() {
 				h.t.Fatal("the target did not close the connection")
 			}
+			h.nc.Close()
 			return
 		}
 	}
