@@ -60,6 +60,11 @@ type Config struct {
 	// SmallBuffers and LargeBuffers are the data buffers per poll group
 	// (DefaultSmallBuffers of 4 KiB, DefaultLargeBuffers of MaxTransfer).
 	SmallBuffers, LargeBuffers uint32
+	// CapsuleBuffers are the buffers per poll group for in-capsule data
+	// (DefaultCapsuleBuffers of nvme.TCPAdminInCapsule or InCapsule bytes,
+	// whichever is larger), a pool of their own (group.attachCapsule says
+	// why).
+	CapsuleBuffers uint32
 	// Logf receives connection events as text lines; nil is silent.
 	Logf func(format string, args ...any)
 	// Logger receives them as warnings when Logf is nil. Give it a
@@ -99,6 +104,10 @@ const (
 	// for commands above 4 KiB: 64 (8 MiB at 128 KiB), two queues of
 	// depth 32 moving such blocks at once; more wait in order.
 	DefaultLargeBuffers = 64
+	// DefaultCapsuleBuffers is the in-capsule data buffers per poll
+	// group: 256 (2 MiB of 8 KiB), 8 queues of depth 32 writing in the
+	// capsule at once; a buffer is held only while its write executes.
+	DefaultCapsuleBuffers = 256
 	// AdminQueueEntries is the admin queue size: 32, what the Linux host
 	// asks for (NVMF_AQ_DEPTH) and nvmet accepts at most.
 	AdminQueueEntries = 32
@@ -140,6 +149,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LargeBuffers == 0 {
 		c.LargeBuffers = DefaultLargeBuffers
+	}
+	if c.CapsuleBuffers == 0 {
+		c.CapsuleBuffers = DefaultCapsuleBuffers
 	}
 	return c
 }

@@ -587,10 +587,10 @@ func (c *conn) onCapsule(h *nvme.TCPHeader, b []byte) bool {
 	switch {
 	case dlen > 0:
 		c.g.st.inCapsule.Add(1)
-		if !c.g.attach(r) {
+		if !c.g.attachCapsule(r) {
 			c.g.st.dataWaits.Add(1)
 			r.to(reqWaitBuf)
-			c.g.waiting.push(r)
+			c.g.waitingCapsule.push(r)
 			c.rxPaused = true
 			c.startData(pduCapsule, r, nil, dlen, c.dg.Data)
 			return false
@@ -951,10 +951,7 @@ func (c *conn) closeStart(graceful bool, reason error) {
 	if c.q != nil {
 		c.q.Close()
 	}
-	c.g.waiting.removeConn(c, func(r *req) {
-		c.g.release(r)
-		c.reclaim(r)
-	})
+	c.g.unwait(c)
 	if !graceful || c.pslot < 0 {
 		c.closeSocket(reason)
 		return
@@ -995,10 +992,7 @@ func (c *conn) closeSocket(reason error) {
 		if c.q != nil {
 			c.q.Close()
 		}
-		c.g.waiting.removeConn(c, func(r *req) {
-			c.g.release(r)
-			c.reclaim(r)
-		})
+		c.g.unwait(c)
 	}
 	c.state = connClosed
 	c.g.unregister(c)

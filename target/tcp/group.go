@@ -65,7 +65,9 @@ type group struct {
 	flushq, flushAlt []*conn // connections with output to write
 	closing          []*conn // connections with a close deadline
 	small, large     *pool
+	capsule          *pool // in-capsule data only (see attachCapsule)
 	waiting          reqFIFO
+	waitingCapsule   reqFIFO
 	freed            bool // a data buffer was given back since runWaiters looked
 	tg               *target.Group
 	iov              [maxIOV]syscall.Iovec
@@ -139,6 +141,7 @@ func newGroup(p *Port, idx int) (*group, error) {
 	}
 	g.small = newPool(p.cfg.SmallBuffers, smallBufferSize)
 	g.large = newPool(p.cfg.LargeBuffers, p.cfg.MaxTransfer)
+	g.capsule = newPool(p.cfg.CapsuleBuffers, p.maxCapsuleData)
 	g.tg = p.t.NewGroup(groupPending)
 	return g, nil
 }
@@ -244,7 +247,7 @@ func (g *group) run(started chan<- struct{}) {
 			return
 		}
 		timeout = -1
-		if len(g.ready) > 0 || len(g.flushq) > 0 || g.done.Load() != nil || g.freed && g.waiting.n > 0 {
+		if len(g.ready) > 0 || len(g.flushq) > 0 || g.done.Load() != nil || g.freed && g.waiting.n+g.waitingCapsule.n > 0 {
 			timeout = 0
 		}
 	}
@@ -429,7 +432,7 @@ func (g *group) settle() {
 			g.tg.Commit() // its completions land on the done stack
 			worked = g.drainDone() || worked
 		}
-		if g.freed && g.waiting.n > 0 {
+		if g.freed && g.waiting.n+g.waitingCapsule.n > 0 {
 			worked = g.runWaiters() || worked
 		}
 		g.freed = false
@@ -452,7 +455,7 @@ func (g *group) flushPass() bool {
 		}
 	}
 	g.flushAlt = cur[:0]
-	return g.freed && g.waiting.n > 0 || g.done.Load() != nil
+	return g.freed && g.waiting.n+g.waitingCapsule.n > 0 || g.done.Load() != nil
 }
 
 // drainDone handles the requests completed since the last look, in the
@@ -496,6 +499,32 @@ func (g *group) attach(r *req) bool {
 	return true
 }
 
+// attachCapsule gives r a buffer for its in-capsule data, from the
+// pool only in-capsule data uses. A command waiting for it holds its
+// connection's input back; were it to wait for buffers that commands
+// awaiting H2CData hold, whose data is behind it on that input, neither
+// would ever move. In-capsule buffers are held only by commands that run
+// without more input, so the wait always ends.
+func (g *group) attachCapsule(r *req) bool {
+	b := g.capsule.get()
+	if b == nil {
+		return false
+	}
+	r.buf = b
+	r.Data = b.data[:r.Len]
+	return true
+}
+
+// unwait takes c's commands out of both buffer FIFOs and reclaims them.
+func (g *group) unwait(c *conn) {
+	each := func(r *req) {
+		g.release(r)
+		c.reclaim(r)
+	}
+	g.waiting.removeConn(c, each)
+	g.waitingCapsule.removeConn(c, each)
+}
+
 // release gives r's data buffer back.
 func (g *group) release(r *req) {
 	if r.buf != nil {
@@ -506,16 +535,18 @@ func (g *group) release(r *req) {
 	r.Data = nil
 }
 
-// runWaiters starts waiting commands, in order, while buffers last.
+// runWaiters starts waiting commands, in order, while buffers last: the
+// data buffer FIFO and the in-capsule one, each on its own pools.
 func (g *group) runWaiters() bool {
 	worked := false
-	for g.waiting.head != nil {
-		r := g.waiting.head
-		if !g.attach(r) {
-			return worked
-		}
-		g.waiting.pop()
+	for g.waiting.head != nil && g.attach(g.waiting.head) {
 		worked = true
+		r := g.waiting.pop()
+		r.c.gotBuffer(r)
+	}
+	for g.waitingCapsule.head != nil && g.attachCapsule(g.waitingCapsule.head) {
+		worked = true
+		r := g.waitingCapsule.pop()
 		r.c.gotBuffer(r)
 	}
 	return worked

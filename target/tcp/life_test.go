@@ -63,7 +63,7 @@ func TestPortClose(t *testing.T) {
 // commands wait for buffers in order (in-capsule data holds its
 // connection's input back meanwhile) and all complete with the right data.
 func TestBufferWaits(t *testing.T) {
-	tt := newTestTarget(t, tcp.Config{Cores: 1, SmallBuffers: 1, LargeBuffers: 1})
+	tt := newTestTarget(t, tcp.Config{Cores: 1, SmallBuffers: 1, LargeBuffers: 1, CapsuleBuffers: 1})
 	for _, tc := range []struct {
 		name string
 		size int
@@ -97,5 +97,33 @@ func TestBufferWaits(t *testing.T) {
 	}
 	if st := tt.port.Stats(); st.DataWaits == 0 {
 		t.Fatalf("no command waited for a buffer: %+v", st)
+	}
+}
+
+// TestNoBufferDeadlock: a write awaiting its H2CData holds the only large
+// buffer while an 8 KiB in-capsule write arrives before that data on the
+// same connection. In-capsule data has buffers of its own, so the input
+// moves on, the H2CData is read and both writes complete.
+func TestNoBufferDeadlock(t *testing.T) {
+	tt := newTestTarget(t, tcp.Config{Cores: 1, LargeBuffers: 1, CapsuleBuffers: 1})
+	_, cntlid := tt.adminUp(t, nvme.TCPDigests{})
+	h := tt.ioUp(t, cntlid, 1, 7, 0, nvme.TCPDigests{})
+	d := r2tFor(t, h, 128<<10)
+	if err := h.write(capsuleWith(h, rw(nvme.IOWrite, 1, 64, 2), nvme.InCapsuleSGL(0, 8192), pattern(8192, 3))); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.write(h.h2cPDU(d.CCCID, d.TTag, 0, pattern(128<<10, 4), true)); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		hdr, b, err := h.readPDU()
+		if err != nil || hdr.Type != nvme.TCPCapsuleResp {
+			t.Fatalf("response %d: type %#x, %v", i, hdr.Type, err)
+		}
+		var rsp nvme.Completion
+		_ = rsp.Unmarshal(b[nvme.TCPCommonHeaderSize:])
+		if rsp.Status != 0 {
+			t.Fatalf("write %d: %v", rsp.CID, rsp.Status)
+		}
 	}
 }
