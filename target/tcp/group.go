@@ -1,0 +1,587 @@
+//go:build linux
+
+package tcp
+
+import (
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/blk-project/blk/target"
+)
+
+// A poll group is one core's share of the port (transport/soft's
+// poll_linux.go is the pattern): a goroutine locked to its OS thread
+// (pinned with Config.PinCores) that owns an epoll set, the sockets of its
+// connections (registered edge-triggered), their requests, its data
+// buffer pools and its target.Group. Each pass it
+//
+//   - reads every connection with input, non-blocking, and parses whole
+//     PDUs (conn.pump), executing commands on this goroutine;
+//   - handles completions (handed over by any goroutine through the
+//     lock-free done stack), commits its write group, starts commands
+//     that waited for a buffer;
+//   - writes each connection's queued PDUs with one writev; a socket that
+//     takes less waits for EPOLLOUT.
+//
+// Other goroutines hand it work through lock-free stacks (new
+// connections, completions, disconnects) and one coalesced eventfd write
+// when it sleeps. It sleeps by parking on its epoll fd in Go's netpoller.
+type group struct {
+	p   *Port
+	idx int
+
+	epfd, evfd, tfd int
+	epf             *os.File
+	epc             syscall.RawConn
+	waitN           int
+	waitFn          func(fd uintptr) bool
+	events          [pollEvents]unix.EpollEvent
+	evbuf           [8]byte
+
+	// Handed over by other goroutines.
+	adoptq   atomic.Pointer[conn] // linked by conn.anext
+	ctlq     atomic.Pointer[conn] // linked by conn.cnext (Disconnect)
+	done     atomic.Pointer[req]  // linked by req.dnext (Complete)
+	kicked   atomic.Bool
+	sleeping atomic.Bool
+	stop     atomic.Bool
+	evmu     sync.Mutex // guards exited against a late eventfd write
+	exited   bool
+	exitedCh chan struct{}
+	conns    atomic.Int32 // connections owned (for placement)
+	tid      atomic.Int32 // the group's OS thread (benchmarks read its CPU time)
+
+	// Owned by the group's goroutine.
+	slots            []*conn
+	gens             []uint32
+	freeSlots        []int32
+	ready, readyAlt  []*conn // connections with input to read
+	flushq, flushAlt []*conn // connections with output to write
+	closing          []*conn // connections with a close deadline
+	small, large     *pool
+	capsule          *pool // in-capsule data only (see attachCapsule)
+	waiting          reqFIFO
+	waitingCapsule   reqFIFO
+	freed            bool // a data buffer was given back since runWaiters looked
+	tg               *target.Group
+	iov              [maxIOV]syscall.Iovec
+	iovN             int
+
+	st groupCounters
+}
+
+const (
+	// pollEvents: epoll events taken per epoll_wait.
+	pollEvents = 64
+	// maxIOV is the iovecs of one writev: 256 (IOV_MAX is 1024), 64
+	// responses of a read with data digest; more wait for the next call.
+	maxIOV = 256
+	// groupPending bounds the writes one pass gathers for a commit
+	// (target.Group); more are committed alone.
+	groupPending = 1024
+	// settleRounds bounds the rounds of completions, commits, buffer
+	// waiters and writes in one pass before the group looks at its
+	// sockets again.
+	settleRounds = 4
+)
+
+// epoll user data tags that are not connection slots.
+const (
+	tagEvent = -1
+	tagTimer = -2
+)
+
+var one = [8]byte{1}
+
+type groupCounters struct {
+	commands, inCapsule, r2ts, h2c, c2h, resps, successFlags atomic.Uint64
+	hdgstErrs, ddgstErrs, terms, hostTerms, dataWaits        atomic.Uint64
+	bytesIn, bytesOut, copies, copiedBytes, reads, writes    atomic.Uint64
+	wakes, sleeps, passes                                    atomic.Uint64
+	states                                                   [numReqStates]atomic.Uint64
+}
+
+func newGroup(p *Port, idx int) (*group, error) {
+	g := &group{p: p, idx: idx, epfd: -1, evfd: -1, tfd: -1, exitedCh: make(chan struct{})}
+	var err error
+	fail := func(what string, err error) (*group, error) {
+		g.closeFDs()
+		return nil, &os.SyscallError{Syscall: what, Err: err}
+	}
+	if g.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		return fail("epoll_create1", err)
+	}
+	if err = unix.SetNonblock(g.epfd, true); err != nil {
+		return fail("epoll nonblock", err)
+	}
+	g.epf = os.NewFile(uintptr(g.epfd), "tcp-poll-group")
+	if g.epc, err = g.epf.SyscallConn(); err != nil {
+		return fail("epoll", err)
+	}
+	g.waitFn = g.waitFD
+	if g.evfd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+		return fail("eventfd", err)
+	}
+	if g.tfd, err = unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC); err != nil {
+		return fail("timerfd", err)
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: tagEvent}
+	if err = unix.EpollCtl(g.epfd, unix.EPOLL_CTL_ADD, g.evfd, &ev); err != nil {
+		return fail("epoll_ctl", err)
+	}
+	ev = unix.EpollEvent{Events: unix.EPOLLIN, Fd: tagTimer}
+	if err = unix.EpollCtl(g.epfd, unix.EPOLL_CTL_ADD, g.tfd, &ev); err != nil {
+		return fail("epoll_ctl", err)
+	}
+	g.small = newPool(p.cfg.SmallBuffers, smallBufferSize)
+	g.large = newPool(p.cfg.LargeBuffers, p.cfg.MaxTransfer)
+	g.capsule = newPool(p.cfg.CapsuleBuffers, p.maxCapsuleData)
+	g.tg = p.t.NewGroup(groupPending)
+	return g, nil
+}
+
+func (g *group) closeFDs() {
+	if g.epf != nil {
+		g.epf.Close() // closes epfd
+		g.epf, g.epfd = nil, -1
+	}
+	for _, fd := range []*int{&g.epfd, &g.evfd, &g.tfd} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+}
+
+// kick makes the loop look again; it writes the eventfd only when the
+// loop sleeps, once per sleep.
+func (g *group) kick() {
+	g.kicked.Store(true)
+	if g.sleeping.Load() && g.sleeping.CompareAndSwap(true, false) {
+		g.evmu.Lock()
+		if !g.exited {
+			unix.Write(g.evfd, one[:])
+			g.st.wakes.Add(1)
+		}
+		g.evmu.Unlock()
+	}
+}
+
+// adopt hands a new connection to the group; any goroutine.
+func (g *group) adopt(c *conn) {
+	for {
+		old := g.adoptq.Load()
+		c.anext = old
+		if g.adoptq.CompareAndSwap(old, c) {
+			break
+		}
+	}
+	g.kick()
+}
+
+// pushCtl asks the group to disconnect c; any goroutine, once per conn.
+func (g *group) pushCtl(c *conn) {
+	for {
+		old := g.ctlq.Load()
+		c.cnext = old
+		if g.ctlq.CompareAndSwap(old, c) {
+			break
+		}
+	}
+	g.kick()
+}
+
+// pushDone hands a completed request back; any goroutine, no lock, no
+// allocation.
+func (g *group) pushDone(r *req) {
+	for {
+		old := g.done.Load()
+		r.dnext = old
+		if g.done.CompareAndSwap(old, r) {
+			break
+		}
+	}
+	g.kick()
+}
+
+// run is the group's goroutine.
+func (g *group) run(started chan<- struct{}) {
+	defer close(g.exitedCh)
+	runtime.LockOSThread()
+	if g.p.cfg.PinCores {
+		pinThread(g.idx % runtime.NumCPU())
+	}
+	g.tid.Store(int32(unix.Gettid()))
+	close(started)
+	timeout := 0
+	for {
+		n := g.wait(timeout)
+		g.kicked.Store(false)
+		g.st.passes.Add(1)
+		for i := 0; i < n; i++ {
+			g.event(&g.events[i])
+		}
+		g.takeAdopt()
+		g.takeCtl()
+		g.readPass()
+		for round := 0; round < settleRounds; round++ {
+			g.settle()
+			if !g.flushPass() {
+				break
+			}
+		}
+		if len(g.closing) > 0 {
+			g.checkClosing()
+		}
+		if g.stop.Load() && g.conns.Load() == 0 && g.adoptq.Load() == nil {
+			g.evmu.Lock()
+			g.exited = true
+			g.evmu.Unlock()
+			g.closeFDs()
+			return
+		}
+		timeout = -1
+		if len(g.ready) > 0 || len(g.flushq) > 0 || g.done.Load() != nil || g.freed && g.waiting.n+g.waitingCapsule.n > 0 {
+			timeout = 0
+		}
+	}
+}
+
+// event takes one epoll event.
+func (g *group) event(ev *unix.EpollEvent) {
+	switch ev.Fd {
+	case tagEvent:
+		unix.Read(g.evfd, g.evbuf[:])
+		return
+	case tagTimer:
+		unix.Read(g.tfd, g.evbuf[:])
+		return
+	}
+	if ev.Fd < 0 || int(ev.Fd) >= len(g.slots) || g.gens[ev.Fd] != uint32(ev.Pad) {
+		return
+	}
+	c := g.slots[ev.Fd]
+	if c == nil {
+		return
+	}
+	if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		c.readable = true
+		g.markReady(c)
+	}
+	if ev.Events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		c.writable = true
+		if c.tx.n > 0 {
+			g.markFlush(c)
+		}
+	}
+}
+
+// wait is one epoll_wait; timeout -1 sleeps (unless work was handed over
+// meanwhile), 0 only looks.
+func (g *group) wait(timeout int) int {
+	if timeout != 0 {
+		g.sleeping.Store(true)
+		if g.kicked.Load() || g.done.Load() != nil || g.adoptq.Load() != nil || g.ctlq.Load() != nil || g.stop.Load() {
+			g.sleeping.Store(false)
+			timeout = 0
+		} else {
+			g.st.sleeps.Add(1)
+		}
+	}
+	if timeout == 0 {
+		for {
+			n, err := unix.EpollWait(g.epfd, g.events[:], 0)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return 0
+			}
+			return n
+		}
+	}
+	g.waitN = 0
+	g.epc.Read(g.waitFn) // parks in Go's netpoller until the set has events
+	g.sleeping.Store(false)
+	return g.waitN
+}
+
+// waitFD looks at the epoll set without blocking; false (nothing yet)
+// makes RawConn.Read park until the epoll fd is readable.
+func (g *group) waitFD(fd uintptr) bool {
+	for {
+		n, err := unix.EpollWait(int(fd), g.events[:], 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return true
+		}
+		g.waitN = n
+		return n > 0
+	}
+}
+
+// takeAdopt registers the connections handed over since the last pass.
+func (g *group) takeAdopt() {
+	for c := g.adoptq.Swap(nil); c != nil; {
+		next := c.anext
+		c.anext = nil
+		g.register(c)
+		c = next
+	}
+}
+
+// register adds c's socket to the epoll set, edge-triggered: the group
+// keeps c.readable and c.writable itself.
+func (g *group) register(c *conn) {
+	var slot int32
+	if n := len(g.freeSlots); n > 0 {
+		slot = g.freeSlots[n-1]
+		g.freeSlots = g.freeSlots[:n-1]
+	} else {
+		slot = int32(len(g.slots))
+		g.slots = append(g.slots, nil)
+		g.gens = append(g.gens, 0)
+	}
+	g.slots[slot] = c
+	c.pslot = slot
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: slot, Pad: int32(g.gens[slot])}
+	var cerr error
+	err := c.rc.Control(func(fd uintptr) { cerr = unix.EpollCtl(g.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev) })
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		g.p.logf("tcp: port %s: register connection from %s: %v", g.p.ln.Addr(), c.remote, err)
+		c.closeSocket(err)
+		return
+	}
+	c.readable, c.writable = true, true
+	g.markReady(c)
+	if g.stop.Load() || g.p.isClosing() {
+		c.closeStart(false, errPortClosed)
+	}
+}
+
+// unregister takes c's socket out of the epoll set (before it is closed).
+func (g *group) unregister(c *conn) {
+	if c.pslot < 0 {
+		return
+	}
+	c.rc.Control(func(fd uintptr) { unix.EpollCtl(g.epfd, unix.EPOLL_CTL_DEL, int(fd), nil) })
+	g.slots[c.pslot] = nil
+	g.gens[c.pslot]++
+	g.freeSlots = append(g.freeSlots, c.pslot)
+	c.pslot = -1
+}
+
+// takeCtl disconnects the connections the core (or Port.Close) asked to.
+func (g *group) takeCtl() {
+	for c := g.ctlq.Swap(nil); c != nil; {
+		next := c.cnext
+		c.cnext = nil
+		if c.pslot >= 0 || c.state != connClosed {
+			c.closeStart(true, *c.discReason.Load())
+		}
+		c = next
+	}
+}
+
+func (g *group) markReady(c *conn) {
+	if !c.inReady {
+		c.inReady = true
+		g.ready = append(g.ready, c)
+	}
+}
+
+func (g *group) markFlush(c *conn) {
+	if !c.inFlush {
+		c.inFlush = true
+		g.flushq = append(g.flushq, c)
+	}
+}
+
+// readPass reads every connection with input once (up to its budget).
+func (g *group) readPass() {
+	cur := g.ready
+	g.ready = g.readyAlt[:0]
+	for i, c := range cur {
+		cur[i] = nil
+		c.inReady = false
+		c.pump()
+		if c.readable && c.canRead() {
+			g.markReady(c)
+		}
+	}
+	g.readyAlt = cur[:0]
+}
+
+// settle handles completions, commits the write group and starts
+// commands that waited for a buffer, until none of them has work.
+func (g *group) settle() {
+	for {
+		worked := g.drainDone()
+		if g.tg.Pending() > 0 {
+			g.tg.Commit() // its completions land on the done stack
+			worked = g.drainDone() || worked
+		}
+		if g.freed && g.waiting.n+g.waitingCapsule.n > 0 {
+			worked = g.runWaiters() || worked
+		}
+		g.freed = false
+		if !worked {
+			return
+		}
+	}
+}
+
+// flushPass writes every connection with output; it reports whether a
+// write freed a data buffer a waiting command can use.
+func (g *group) flushPass() bool {
+	cur := g.flushq
+	g.flushq = g.flushAlt[:0]
+	for i, c := range cur {
+		cur[i] = nil
+		c.inFlush = false
+		if c.writable && c.tx.n > 0 && c.state != connClosed {
+			c.flush()
+		}
+	}
+	g.flushAlt = cur[:0]
+	return g.freed && g.waiting.n+g.waitingCapsule.n > 0 || g.done.Load() != nil
+}
+
+// drainDone handles the requests completed since the last look, in the
+// order they completed.
+func (g *group) drainDone() bool {
+	top := g.done.Swap(nil)
+	if top == nil {
+		return false
+	}
+	var rev *req
+	for r := top; r != nil; {
+		next := r.dnext
+		r.dnext = rev
+		rev = r
+		r = next
+	}
+	for r := rev; r != nil; {
+		next := r.dnext
+		r.dnext = nil
+		r.c.completed(r)
+		r = next
+	}
+	return true
+}
+
+// attach gives r a data buffer of at least r.Len bytes: a small one if it
+// fits and one is free, else a large one; or reports there is none.
+func (g *group) attach(r *req) bool {
+	var b *dataBuf
+	if r.Len <= g.small.size {
+		b = g.small.get()
+	}
+	if b == nil && r.Len <= g.large.size {
+		b = g.large.get()
+	}
+	if b == nil {
+		return false
+	}
+	r.buf = b
+	r.Data = b.data[:r.Len]
+	return true
+}
+
+// attachCapsule gives r a buffer for its in-capsule data, from the
+// pool only in-capsule data uses. A command waiting for it holds its
+// connection's input back; were it to wait for buffers that commands
+// awaiting H2CData hold, whose data is behind it on that input, neither
+// would ever move. In-capsule buffers are held only by commands that run
+// without more input, so the wait always ends.
+func (g *group) attachCapsule(r *req) bool {
+	b := g.capsule.get()
+	if b == nil {
+		return false
+	}
+	r.buf = b
+	r.Data = b.data[:r.Len]
+	return true
+}
+
+// unwait takes c's commands out of both buffer FIFOs and reclaims them.
+func (g *group) unwait(c *conn) {
+	each := func(r *req) {
+		g.release(r)
+		c.reclaim(r)
+	}
+	g.waiting.removeConn(c, each)
+	g.waitingCapsule.removeConn(c, each)
+}
+
+// release gives r's data buffer back.
+func (g *group) release(r *req) {
+	if r.buf != nil {
+		r.buf.pool.put(r.buf)
+		r.buf = nil
+		g.freed = true
+	}
+	r.Data = nil
+}
+
+// runWaiters starts waiting commands, in order, while buffers last: the
+// data buffer FIFO and the in-capsule one, each on its own pools.
+func (g *group) runWaiters() bool {
+	worked := false
+	for g.waiting.head != nil && g.attach(g.waiting.head) {
+		worked = true
+		r := g.waiting.pop()
+		r.c.gotBuffer(r)
+	}
+	for g.waitingCapsule.head != nil && g.attachCapsule(g.waitingCapsule.head) {
+		worked = true
+		r := g.waitingCapsule.pop()
+		r.c.gotBuffer(r)
+	}
+	return worked
+}
+
+// checkClosing closes the connections whose close deadline passed, and
+// sets the timer for the next.
+func (g *group) checkClosing() {
+	now := time.Now()
+	var next time.Duration
+	k := 0
+	for _, c := range g.closing {
+		if c.state == connClosed {
+			continue
+		}
+		if d := c.deadline.Sub(now); d <= 0 {
+			c.closeSocket(errCloseTimeout)
+			continue
+		} else if next == 0 || d < next {
+			next = d
+		}
+		g.closing[k] = c
+		k++
+	}
+	clear(g.closing[k:])
+	g.closing = g.closing[:k]
+	if next > 0 {
+		its := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(next))}
+		unix.TimerfdSettime(g.tfd, 0, &its, nil)
+	}
+}
+
+// pinThread restricts the calling (locked) thread to cpu.
+func pinThread(cpu int) bool {
+	var set unix.CPUSet
+	set.Set(cpu)
+	return unix.SchedSetaffinity(0, &set) == nil
+}

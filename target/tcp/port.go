@@ -1,0 +1,345 @@
+//go:build linux
+
+package tcp
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/target"
+)
+
+// Port serves the target on one listening TCP address: the NVMe/TCP
+// transport binding. It owns one poll group per core (sockets, requests,
+// data buffers) and an accept goroutine that hands each connection to the
+// group with the fewest.
+type Port struct {
+	t      *target.Target
+	cfg    Config
+	limits target.Limits
+	ln     *net.TCPListener
+	groups []*group
+	id     uint16
+	host   string
+	svc    string
+	// advHost and advSvc are what the port advertises.
+	advHost, advSvc string
+	// maxCapsuleData is the most in-capsule data any capsule may carry
+	// (the admin size or the I/O queues', whichever is larger): more is
+	// a framing error (FES 0x05); less, but more than the command's
+	// queue takes, is the command's error (SGL Offset Invalid).
+	maxCapsuleData uint32
+
+	mu      sync.Mutex
+	conns   map[*conn]struct{}
+	closing atomic.Bool
+	closed  bool
+	wg      sync.WaitGroup // accept loop and connections
+
+	accepts atomic.Uint64
+}
+
+// Listen starts serving t at cfg.Addr and registers the port with the
+// target for discovery. t must have been created with Limits(cfg) (or
+// smaller limits).
+func Listen(t *target.Target, cfg Config) (p *Port, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	lim, err := Limits(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var advHost, advSvc string
+	if cfg.AdvertiseAddr != "" {
+		if advHost, advSvc, err = ParseAdvertiseAddr(cfg.AdvertiseAddr); err != nil {
+			return nil, err
+		}
+	}
+	p = &Port{t: t, cfg: cfg, limits: lim, id: cfg.PortID, conns: make(map[*conn]struct{}),
+		maxCapsuleData: max(nvme.TCPAdminInCapsule, lim.InCapsule)}
+	for i := 0; i < cfg.Cores; i++ {
+		g, err := newGroup(p, i)
+		if err != nil {
+			p.stopGroups()
+			return nil, fmt.Errorf("tcp: poll group %d: %w", i, err)
+		}
+		p.groups = append(p.groups, g)
+		started := make(chan struct{})
+		go g.run(started)
+		<-started
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		p.stopGroups()
+		return nil, fmt.Errorf("tcp: listen on %s: %w", cfg.Addr, err)
+	}
+	p.ln = ln.(*net.TCPListener)
+	p.host, p.svc = splitAddr(p.ln.Addr())
+	p.advHost, p.advSvc = cmp.Or(advHost, p.host), cmp.Or(advSvc, p.svc)
+	if err = t.AddPort(target.Port{
+		ID:             p.id,
+		TrType:         nvme.TrTypeTCP,
+		AdrFam:         adrFam(p.advHost),
+		TrAddr:         p.host,
+		TrSvcID:        p.svc,
+		AdvertiseAddr:  advHost,
+		AdvertiseSvcID: advSvc,
+		// SQ flow control may be disabled (Connect CATTR bit 2).
+		TReq: nvme.TReqDisableSQFlow,
+	}); err != nil {
+		p.ln.Close()
+		p.stopGroups()
+		return nil, fmt.Errorf("tcp: register port: %w", err)
+	}
+	p.wg.Add(1)
+	go p.acceptLoop()
+	return p, nil
+}
+
+// queueParams is what the core learns of a queue when its first capsule
+// arrives: the one place QueueParams is filled.
+func (p *Port) queueParams(c *conn, qid, sqsize uint16) target.QueueParams {
+	host, svc := splitAddrString(c.local)
+	return target.QueueParams{
+		QID:        qid,
+		SQSize:     sqsize,
+		Transport:  nvme.TrTypeTCP,
+		LocalAddr:  host,
+		LocalPort:  svc,
+		RemoteAddr: c.remote,
+		// Limits: &p.limits, — once target.QueueParams has per-port limits.
+	}
+}
+
+func splitAddr(a net.Addr) (host, port string) { return splitAddrString(a.String()) }
+
+func splitAddrString(s string) (host, port string) {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return s, ""
+	}
+	return host, port
+}
+
+func adrFam(host string) uint8 {
+	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+		return nvme.AdrFamIPv6
+	}
+	return nvme.AdrFamIPv4
+}
+
+// Addr is the address the port listens on.
+func (p *Port) Addr() net.Addr { return p.ln.Addr() }
+
+// AdvertisedAddr is the address hosts connect to, host:port ("" for a
+// wildcard listen address without an advertised one).
+func (p *Port) AdvertisedAddr() string {
+	if ip := net.ParseIP(p.advHost); p.advHost == "" || ip != nil && ip.IsUnspecified() {
+		return ""
+	}
+	return net.JoinHostPort(p.advHost, p.advSvc)
+}
+
+// Limits is what the port can do (the target must have been created with
+// these or smaller).
+func (p *Port) Limits() target.Limits { return p.limits }
+
+func (p *Port) isClosing() bool { return p.closing.Load() }
+
+// Close stops accepting, disconnects every connection (writing what each
+// has queued; their controllers are torn down by the core), waits until
+// every connection is gone and the core gave back its requests, then
+// stops the poll groups.
+func (p *Port) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.closing.Store(true)
+	conns := make([]*conn, 0, len(p.conns))
+	for c := range p.conns {
+		conns = append(conns, c)
+	}
+	p.mu.Unlock()
+	_ = p.t.RemovePort(p.id)
+	err := p.ln.Close()
+	for _, c := range conns {
+		c.Disconnect(errPortClosed)
+	}
+	p.wg.Wait()
+	p.stopGroups()
+	return err
+}
+
+func (p *Port) stopGroups() {
+	for _, g := range p.groups {
+		g.stop.Store(true)
+		g.kick()
+	}
+	for _, g := range p.groups {
+		<-g.exitedCh
+	}
+}
+
+func (p *Port) acceptLoop() {
+	defer p.wg.Done()
+	for {
+		nc, err := p.ln.AcceptTCP()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				p.logf("tcp: port %s: accept: %v", p.ln.Addr(), err)
+				continue
+			}
+			return
+		}
+		_ = nc.SetNoDelay(true)
+		c, err := newConn(p, nc)
+		if err != nil {
+			p.logf("tcp: port %s: connection from %s: %v", p.ln.Addr(), nc.RemoteAddr(), err)
+			nc.Close()
+			continue
+		}
+		if !p.track(c) {
+			nc.Close()
+			continue
+		}
+		p.accepts.Add(1)
+		// The group with the fewest connections takes it.
+		g := p.groups[0]
+		for _, o := range p.groups[1:] {
+			if o.conns.Load() < g.conns.Load() {
+				g = o
+			}
+		}
+		c.g = g
+		g.conns.Add(1)
+		g.adopt(c)
+	}
+}
+
+// track adds c to the port's connections unless the port is closing.
+func (p *Port) track(c *conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	c.tracked = true
+	p.wg.Add(1)
+	return true
+}
+
+func (p *Port) untrack(c *conn) {
+	p.mu.Lock()
+	_, ok := p.conns[c]
+	delete(p.conns, c)
+	p.mu.Unlock()
+	if ok {
+		p.wg.Done()
+	}
+}
+
+// logf writes a log line to Config.Logf, or as a warning to Config.Logger.
+func (p *Port) logf(format string, args ...any) {
+	if p.cfg.Logf != nil {
+		p.cfg.Logf(format, args...)
+	} else if p.cfg.Logger != nil && p.cfg.Logger.Enabled(nil, slog.LevelWarn) {
+		p.cfg.Logger.Warn(fmt.Sprintf(format, args...))
+	}
+}
+
+// logClosed notes a connection's end when the target did not ask for it.
+func (p *Port) logClosed(c *conn) {
+	if p.cfg.Logf == nil && p.cfg.Logger == nil {
+		return
+	}
+	if c.reason != nil && !errors.Is(c.reason, errPortClosed) {
+		p.logf("tcp: queue %d from %s closed: %v", c.qid, c.remote, c.reason)
+	}
+}
+
+// Stats are the port's counters, summed over its poll groups.
+type Stats struct {
+	Accepts     uint64 // connections accepted
+	Connections uint64 // connections open now
+	Commands    uint64 // CapsuleCmd PDUs
+	InCapsule   uint64 // commands whose data came in the capsule
+	R2Ts        uint64 // R2T PDUs sent
+	H2CData     uint64 // H2CData PDUs received
+	C2HData     uint64 // C2HData PDUs sent
+	Responses   uint64 // CapsuleResp PDUs sent
+	// SuccessFlags are reads answered by a C2HData with SUCCESS and no
+	// CapsuleResp (the host disabled SQ flow control).
+	SuccessFlags uint64
+	// HeaderDigestErrors terminated their connection (FES 0x03);
+	// DataDigestErrors closed it (as nvmet).
+	HeaderDigestErrors, DataDigestErrors uint64
+	// Terminations are C2HTermReqs sent (protocol errors);
+	// HostTerminations H2CTermReqs received.
+	Terminations, HostTerminations uint64
+	// BytesIn and BytesOut are what the sockets moved.
+	BytesIn, BytesOut uint64
+	// Copies and CopiedBytes are the user-space copies of data: host
+	// data that arrived in the staging buffer with its header and was
+	// copied to its data buffer. Everything else is read into and
+	// written from the data buffers directly.
+	Copies, CopiedBytes uint64
+	DataWaits           uint64 // commands that waited for a data buffer
+	// Reads and Writes are the readv and writev calls; Wakes the eventfd
+	// writes that woke a sleeping group, Sleeps its sleeps, Passes its
+	// loop passes.
+	Reads, Writes, Wakes, Sleeps, Passes uint64
+	// GroupedWrites were committed together in GroupCommits backend
+	// commits (target.Group, one per poll group).
+	GroupedWrites, GroupCommits uint64
+	// States counts the moves of requests into each state (req.go).
+	States [numReqStates]uint64
+}
+
+// Stats returns the port's counters.
+func (p *Port) Stats() Stats {
+	s := Stats{Accepts: p.accepts.Load()}
+	for _, g := range p.groups {
+		st := &g.st
+		s.Connections += uint64(max(g.conns.Load(), 0))
+		s.Commands += st.commands.Load()
+		s.InCapsule += st.inCapsule.Load()
+		s.R2Ts += st.r2ts.Load()
+		s.H2CData += st.h2c.Load()
+		s.C2HData += st.c2h.Load()
+		s.Responses += st.resps.Load()
+		s.SuccessFlags += st.successFlags.Load()
+		s.HeaderDigestErrors += st.hdgstErrs.Load()
+		s.DataDigestErrors += st.ddgstErrs.Load()
+		s.Terminations += st.terms.Load()
+		s.HostTerminations += st.hostTerms.Load()
+		s.BytesIn += st.bytesIn.Load()
+		s.BytesOut += st.bytesOut.Load()
+		s.Copies += st.copies.Load()
+		s.CopiedBytes += st.copiedBytes.Load()
+		s.DataWaits += st.dataWaits.Load()
+		s.Reads += st.reads.Load()
+		s.Writes += st.writes.Load()
+		s.Wakes += st.wakes.Load()
+		s.Sleeps += st.sleeps.Load()
+		s.Passes += st.passes.Load()
+		gs := g.tg.Stats()
+		s.GroupedWrites += gs.Writes
+		s.GroupCommits += gs.Commits
+		for i := range s.States {
+			s.States[i] += st.states[i].Load()
+		}
+	}
+	return s
+}
