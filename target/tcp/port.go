@@ -4,6 +4,7 @@ package tcp
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -254,7 +255,7 @@ func (p *Port) untrack(c *conn) {
 func (p *Port) logf(format string, args ...any) {
 	if p.cfg.Logf != nil {
 		p.cfg.Logf(format, args...)
-	} else if p.cfg.Logger != nil && p.cfg.Logger.Enabled(nil, slog.LevelWarn) {
+	} else if p.cfg.Logger != nil && p.cfg.Logger.Enabled(context.Background(), slog.LevelWarn) {
 		p.cfg.Logger.Warn(fmt.Sprintf(format, args...))
 	}
 }
