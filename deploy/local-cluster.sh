@@ -12,7 +12,7 @@
 # The management API of every node answers (writes follow the leader):
 #   blkctl --api http://127.0.0.1:7071 cluster status
 #
-# Ports: raft 7001-7003, NVMe/RDMA 4421-4423, API 7071-7073. Data, logs and
+# Ports: raft 7001-7003, NVMe/TCP 4421-4423, NVMe/RDMA 4431-4433, API 7071-7073. Data, logs and
 # pid files live under ./blk-cluster (relative to the current directory;
 # BLK_CLUSTER_DIR overrides). Restarting reuses the data: the nodes keep
 # their raft state, so node2 and node3 rejoin without asking again.
@@ -71,7 +71,7 @@ launch() { # n [extra flags...]
 	fi
 	mkdir -p "$base/node$n"
 	"$bin" --node-id "node$n" --data-dir "$base/node$n" \
-		--raft-addr "127.0.0.1:700$n" --nvme-addr "127.0.0.1:442$n" --api-addr "127.0.0.1:707$n" \
+		--raft-addr "127.0.0.1:700$n" --tcp-addr "127.0.0.1:442$n" --nvme-addr "127.0.0.1:443$n" --api-addr "127.0.0.1:707$n" \
 		"$@" >"$base/node$n.log" 2>&1 &
 	echo $! >"$base/node$n.pid"
 }

@@ -137,7 +137,8 @@ func (s *scenario) blkctlErr(api string, out any, args ...string) error {
 	return nil
 }
 
-// metric reads one unlabelled sample from blkd's /metrics (-1 if absent).
+// metric reads one sample from blkd's /metrics: the unlabelled one, else
+// the first labelled one (-1 if absent).
 func (s *scenario) metric(api, name string) float64 {
 	s.t.Helper()
 	resp, err := http.Get("http://" + api + "/metrics")
@@ -150,7 +151,13 @@ func (s *scenario) metric(api, name string) float64 {
 		s.t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
+		v, ok := strings.CutPrefix(line, name+" ")
+		if !ok && strings.HasPrefix(line, name+"{") {
+			if i := strings.LastIndexByte(line, '}'); i > 0 {
+				v, ok = line[i+1:], true
+			}
+		}
+		if ok {
 			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 			if err == nil {
 				return f

@@ -12,6 +12,7 @@ import (
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
+	"github.com/blk-project/blk/target/tcp"
 	"github.com/blk-project/blk/target/volume"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -63,6 +64,11 @@ func (r *Registry) RegisterTarget(t *target.Target) error {
 // its engine, both labelled port=p.Addr().String().
 func (r *Registry) RegisterPort(p *rdma.Port) error {
 	return r.register(p, NewPortCollector(p), NewEngineCollector(p.Addr().String(), p.Engine()))
+}
+
+// RegisterTCPPort registers a TCPPortCollector for p.
+func (r *Registry) RegisterTCPPort(p *tcp.Port) error {
+	return r.register(p, NewTCPPortCollector(p))
 }
 
 // RegisterStore registers a StoreCollector for s; names (optional)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/initiator/nbd"
-	"github.com/blk-project/blk/transport"
 	"github.com/blk-project/blk/transport/providers"
 	"github.com/urfave/cli/v2"
 )
@@ -27,7 +26,8 @@ func attachCommand() *cli.Command {
 		UsageText: "blkctl attach VOLUME --host-nqn NQN [--nbd /dev/nbd0]\n\n" +
 			"Records the attachment and prints the address, port, subsystem NQN, namespace and transport\n" +
 			"(the node's advertised address where it has one) and the nvme connect command of a Linux host.\n" +
-			"With --nbd, blkctl also connects to the volume (NVMe-oF over --rdma-provider, soft-iWARP by\n" +
+			"With --transport, the endpoint of that transport (tcp or rdma) is printed and used.\n" +
+			"With --nbd, blkctl also connects to the volume (NVMe/TCP, or NVMe/RDMA over --rdma-provider, soft-iWARP by\n" +
 			"default) and exposes the\n" +
 			"namespace as a local block device through NBD; this needs the nbd kernel module (modprobe nbd)\n" +
 			"and root. It stays in the foreground until SIGINT/SIGTERM, then removes the device and the\n" +
@@ -109,45 +109,101 @@ func (e *env) printAttach(o attachOut) error {
 		return err
 	}
 	if o.Device == "" {
-		fmt.Fprintf(e.stdout, "\nOn a Linux host (nvme-cli, rdma_rxe/siw):\n  %s\n", o.NVMeConnect)
+		need := "nvme-tcp"
+		if o.Transport == api.TransportRDMA {
+			need = "nvme-rdma, and rdma_rxe or siw"
+		}
+		fmt.Fprintf(e.stdout, "\nOn a Linux host (nvme-cli, %s):\n  %s\n", need, o.NVMeConnect)
+		for _, ep := range o.Endpoints {
+			if ep.Transport != o.Transport {
+				fmt.Fprintf(e.stdout, "or over %s:\n  %s\n", ep.Transport, nvmeConnectLine(attachment{Transport: ep.Transport, Address: ep.Address, Port: ep.Port,
+					SubsystemNQN: o.SubsystemNQN, Authentication: o.Authentication}, o.HostNQN))
+			}
+		}
 	}
 	return nil
 }
 
-// providerFlags choose the initiator's transport provider.
+// providerFlags choose the transport and, for RDMA, the initiator's
+// provider.
 func providerFlags() []cli.Flag {
 	return []cli.Flag{
+		&cli.StringFlag{Name: "transport", EnvVars: []string{"BLK_TRANSPORT"},
+			Usage: "NVMe-oF transport: tcp or rdma (default: rdma if --rdma-provider or --rdma-device is set, else the volume node's first, NVMe/TCP when it serves it)"},
+		&cli.BoolFlag{Name: "hdr-digest", Usage: "NVMe/TCP: ask for header digests (CRC32C), as nvme connect -g"},
+		&cli.BoolFlag{Name: "data-digest", Usage: "NVMe/TCP: ask for data digests (CRC32C), as nvme connect -G"},
 		&cli.StringFlag{Name: "rdma-provider", EnvVars: []string{"BLK_RDMA_PROVIDER"}, Value: providers.Default,
 			Usage: "transport provider of the initiator: soft (iWARP over TCP) or verbs (an RDMA device through rdma-core; blkctl built with -tags verbs)"},
 		&cli.StringFlag{Name: "rdma-device", EnvVars: []string{"BLK_RDMA_DEVICE"}, Usage: "RDMA device of the verbs provider, e.g. rxe0 (default: the first)"},
 	}
 }
 
-// connect connects the initiator to a as host over the provider the
-// command's flags name; the caller closes both.
-func connect(c *cli.Context, a attachment, host string, cfg initiator.Config) (transport.Adapter, *initiator.Controller, *initiator.Namespace, error) {
-	prov, dev := c.String("rdma-provider"), c.String("rdma-device")
-	nic, err := providers.Open(prov, providers.Options{Device: dev})
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("--rdma-provider %s: %v", prov, err)
+// chooseEndpoint makes a's preferred endpoint the one of the transport
+// --transport names (any, if unset).
+func chooseEndpoint(c *cli.Context, a attachment) (attachment, error) {
+	want := c.String("transport")
+	if want == "" && (c.IsSet("rdma-provider") || c.IsSet("rdma-device")) {
+		want = api.TransportRDMA // naming a provider asks for RDMA
+	}
+	if want == "" {
+		return a, nil
+	}
+	if want != api.TransportTCP && want != api.TransportRDMA {
+		return a, usageErrorf("--transport %q: use tcp or rdma", want)
+	}
+	eps := a.Endpoints
+	if len(eps) == 0 { // a node of a release that listed one endpoint
+		eps = []api.Endpoint{{Transport: a.Transport, Address: a.Address, Port: a.Port}}
+	}
+	var served []string
+	for _, ep := range eps {
+		if ep.Transport == want {
+			a.Transport, a.Address, a.Port = ep.Transport, ep.Address, ep.Port
+			return a, nil
+		}
+		served = append(served, ep.Transport)
+	}
+	return a, fmt.Errorf("--transport %s: the volume's node serves it over %v only", want, served)
+}
+
+// connect connects the initiator to a as host over a's transport (for
+// RDMA, over the provider the command's flags name); the caller calls
+// closeAll when done.
+func connect(c *cli.Context, a attachment, host string, cfg initiator.Config) (closeAll func(), ctrl *initiator.Controller, ns *initiator.Namespace, err error) {
+	closeNIC := func() {}
+	switch a.Transport {
+	case api.TransportTCP:
+		cfg.Transport = initiator.TransportTCP
+		cfg.HeaderDigest, cfg.DataDigest = c.Bool("hdr-digest"), c.Bool("data-digest")
+	default:
+		if c.Bool("hdr-digest") || c.Bool("data-digest") {
+			return nil, nil, nil, usageErrorf("--hdr-digest and --data-digest are NVMe/TCP's; this connection is over %s", a.Transport)
+		}
+		prov, dev := c.String("rdma-provider"), c.String("rdma-device")
+		nic, err := providers.Open(prov, providers.Options{Device: dev})
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--rdma-provider %s: %v", prov, err)
+		}
+		cfg.Transport, cfg.Adapter = initiator.TransportRDMA, nic
+		closeNIC = func() { nic.Close() }
 	}
 	addr := net.JoinHostPort(a.Address, strconv.Itoa(a.Port))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg.Adapter, cfg.HostNQN = nic, host
+	cfg.HostNQN = host
 	cfg.DHCHAPSecret, cfg.DHCHAPCtrlSecret = c.String("dhchap-secret"), c.String("dhchap-ctrl-secret")
-	ctrl, err := initiator.Connect(ctx, cfg, addr, a.SubsystemNQN)
+	ctrl, err = initiator.Connect(ctx, cfg, addr, a.SubsystemNQN)
 	if err != nil {
-		nic.Close()
-		return nil, nil, nil, fmt.Errorf("connect to %s at %s as %s: %v", a.SubsystemNQN, addr, host, err)
+		closeNIC()
+		return nil, nil, nil, fmt.Errorf("connect to %s at %s (%s) as %s: %v", a.SubsystemNQN, addr, a.Transport, host, err)
 	}
-	ns := ctrl.Namespace(a.NSID)
+	ns = ctrl.Namespace(a.NSID)
 	if ns == nil {
 		ctrl.Close()
-		nic.Close()
+		closeNIC()
 		return nil, nil, nil, fmt.Errorf("%s at %s has no namespace %d", a.SubsystemNQN, addr, a.NSID)
 	}
-	return nic, ctrl, ns, nil
+	return func() { ctrl.Close(); closeNIC() }, ctrl, ns, nil
 }
 
 func attachAction(c *cli.Context) error {
@@ -168,6 +224,12 @@ func attachAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if at, err = chooseEndpoint(c, at); err != nil {
+		if derr := e.detach(vol, host); derr != nil {
+			return fmt.Errorf("%v; undoing the attachment failed too: %v", err, derr)
+		}
+		return err
+	}
 	out := attachOut{Volume: vol, HostNQN: host, attachment: at, NVMeConnect: nvmeConnectLine(at, host)}
 	if dev == "" {
 		return e.printAttach(out)
@@ -181,11 +243,10 @@ func attachAction(c *cli.Context) error {
 		}
 		return fmt.Errorf("%v (the attachment was undone)", cause)
 	}
-	nic, ctrl, ns, err := connect(c, at, host, initiator.Config{})
+	closeConn, _, ns, err := connect(c, at, host, initiator.Config{})
 	if err != nil {
 		return undo(err)
 	}
-	closeConn := func() { ctrl.Close(); nic.Close() }
 	att, err := nbd.Attach(dev, nbd.NamespaceDevice(ns))
 	if err != nil {
 		closeConn()
@@ -262,13 +323,21 @@ func (e *env) attachOrFind(vol, host string) (at attachment, attached bool, err 
 		return at, false, err
 	}
 	for _, m := range ci.Members {
-		if m.ID == v.Node && m.NVMeAddr != "" {
-			h, p, err := net.SplitHostPort(m.NVMeAddr)
+		if m.ID != v.Node {
+			continue
+		}
+		at = attachment{SubsystemNQN: v.NQN, NSID: 1}
+		for _, ep := range []struct{ transport, addr string }{{api.TransportTCP, m.TCPAddr}, {api.TransportRDMA, m.NVMeAddr}} {
+			h, p, err := net.SplitHostPort(ep.addr)
 			if err != nil {
-				break
+				continue
 			}
 			port, _ := strconv.Atoi(p)
-			return attachment{Address: h, Port: port, SubsystemNQN: v.NQN, NSID: 1, Transport: "rdma"}, false, nil
+			at.Endpoints = append(at.Endpoints, api.Endpoint{Transport: ep.transport, Address: h, Port: port})
+		}
+		if len(at.Endpoints) > 0 {
+			at.Transport, at.Address, at.Port = at.Endpoints[0].Transport, at.Endpoints[0].Address, at.Endpoints[0].Port
+			return at, false, nil
 		}
 	}
 	return at, false, fmt.Errorf("%s already attached to %s, and the NVMe address of node %s is unknown: %v", host, vol, v.Node, err)

@@ -28,7 +28,8 @@ func benchCommand() *cli.Command {
 		Name:  "bench",
 		Usage: "measure a volume's IOPS, throughput and latency through the initiator",
 		UsageText: "blkctl bench VOLUME --host-nqn NQN [--rw randread|randwrite|read|write] [--bs 4KiB] [--qd 32] [--time 10s | --ios N]\n\n" +
-			"Attaches the host (if it is not attached), connects over NVMe-oF (--rdma-provider, soft-iWARP by default), keeps --qd I/Os\n" +
+			"Attaches the host (if it is not attached), connects over NVMe-oF (NVMe/TCP when the node serves it, or --transport rdma\n" +
+			"over --rdma-provider, soft-iWARP by default), keeps --qd I/Os\n" +
 			"in flight, and detaches at the end if it attached. Writes overwrite the volume's data.",
 		Flags: append(append(providerFlags(), authFlags()...),
 			&cli.StringFlag{Name: "host-nqn", Usage: "NQN of the host to connect as (must be allowed on the volume)"},
@@ -182,6 +183,12 @@ func benchAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if at, err = chooseEndpoint(c, at); err != nil {
+		if attached {
+			e.detach(vol, host)
+		}
+		return err
+	}
 	res, err := runBench(e, c, vol, host, at, rw, bs, qd, ios, dur)
 	if attached {
 		if derr := e.detach(vol, host); derr != nil && err == nil {
@@ -207,12 +214,11 @@ func benchAction(c *cli.Context) error {
 
 func runBench(e *env, c *cli.Context, vol, host string, at attachment, rw string, bs uint64, qd int, ios int64, dur time.Duration) (benchResult, error) {
 	depth := max(2*qd, 32)
-	nic, ctrl, ns, err := connect(c, at, host, initiator.Config{Queues: 1, QueueDepth: min(depth, 256)})
+	closeAll, ctrl, ns, err := connect(c, at, host, initiator.Config{Queues: 1, QueueDepth: min(depth, 256)})
 	if err != nil {
 		return benchResult{}, err
 	}
-	defer nic.Close()
-	defer ctrl.Close()
+	defer closeAll()
 
 	lbs := uint64(ns.BlockSize())
 	if bs%lbs != 0 {

@@ -75,7 +75,7 @@ func (s *syncBuf) String() string {
 func startBlkd(t *testing.T, extra ...string) string {
 	t.Helper()
 	api := freeAddr(t)
-	args := append([]string{"--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", api}, extra...)
+	args := append([]string{"--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t), "--api-addr", api}, extra...)
 	cmd := exec.Command(blkdBin, args...)
 	out := &syncBuf{}
 	cmd.Stderr = out
@@ -237,7 +237,7 @@ func TestVolumeWorkflow(t *testing.T) {
 	}
 	var at attachOut
 	out = ok(t, api, "-o", "json", "attach", "vol1", "--host-nqn", host)
-	if err := json.Unmarshal([]byte(out), &at); err != nil || at.Transport != "rdma" || at.NSID != 1 || at.Port == 0 || at.SubsystemNQN == "" || at.HostNQN != host {
+	if err := json.Unmarshal([]byte(out), &at); err != nil || at.Transport != "tcp" || at.NSID != 1 || at.Port == 0 || at.SubsystemNQN == "" || at.HostNQN != host {
 		t.Fatalf("attach json %q: %v", out, err)
 	}
 	fails(t, api, 1, `live connections.*blkctl detach vol1`, "volume", "delete", "vol1")
@@ -281,7 +281,15 @@ func TestAttachAdvertised(t *testing.T) {
 	api := startBlkd(t, "--advertise-addr", "192.0.2.10:14420")
 	ok(t, api, "volume", "create", "v", "--size", "16MiB")
 	ok(t, api, "host", "allow", "v", host)
+	// The default is NVMe/TCP (its advertised address, its own port),
+	// with the RDMA line after it.
 	out := ok(t, api, "attach", "v", "--host-nqn", host)
+	if !regexp.MustCompile(`(?m)^Transport:\s+tcp$`).MatchString(out) || !regexp.MustCompile(`(?m)^  nvme connect -t tcp -a 192\.0\.2\.10 -s \d+ -n `).MatchString(out) ||
+		!strings.Contains(out, "nvme connect -t rdma -a 192.0.2.10 -s 14420") {
+		t.Fatalf("default attach table:\n%s", out)
+	}
+	ok(t, api, "detach", "v", "--host-nqn", host)
+	out = ok(t, api, "attach", "v", "--host-nqn", host, "--transport", "rdma")
 	const nqn = "nqn.2024-01.io.blk:volume:v"
 	wantLine := "nvme connect -t rdma -a 192.0.2.10 -s 14420 -n " + nqn + " --hostnqn " + host
 	for _, re := range []string{`(?m)^Address:\s+192\.0\.2\.10$`, `(?m)^Port:\s+14420$`, `(?m)^Subsystem NQN:\s+` + regexp.QuoteMeta(nqn) + `$`,
@@ -292,7 +300,7 @@ func TestAttachAdvertised(t *testing.T) {
 	}
 	ok(t, api, "detach", "v", "--host-nqn", host)
 	var at attachOut
-	out = ok(t, api, "-o", "json", "attach", "v", "--host-nqn", host)
+	out = ok(t, api, "-o", "json", "attach", "v", "--host-nqn", host, "--transport", "rdma")
 	if err := json.Unmarshal([]byte(out), &at); err != nil || at.Address != "192.0.2.10" || at.Port != 14420 || at.NVMeConnect != wantLine {
 		t.Fatalf("attach json %q: %v; want address 192.0.2.10, port 14420, nvme_connect %q", out, err, wantLine)
 	}

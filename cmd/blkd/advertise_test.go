@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"net"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -42,8 +41,9 @@ func discover(t *testing.T, addr, subnqn string) string {
 // address and the discovery log give the advertised address, while hosts
 // still reach the node through the listen address.
 func TestAdvertiseAddr(t *testing.T) {
-	nvme := freeAddr(t)
-	d := startBlkdOn(t, t.TempDir(), freeAddr(t), nvme, freeAddr(t), "--advertise-addr", "192.0.2.10:14420")
+	nvme, tcpAddr := freeAddr(t), freeAddr(t)
+	_, tcpPort, _ := net.SplitHostPort(tcpAddr)
+	d := startBlkdOn(t, t.TempDir(), freeAddr(t), nvme, freeAddr(t), "--advertise-addr", "192.0.2.10:14420", "--tcp-addr", tcpAddr)
 	if !strings.Contains(d.output(), "nvme-rdma listening on "+nvme+" (I/O and discovery), advertised as 192.0.2.10:14420") {
 		t.Fatalf("output lacks the advertised address:\n%s", d.output())
 	}
@@ -52,8 +52,13 @@ func TestAdvertiseAddr(t *testing.T) {
 	d.must(t, "POST", "/v1/volumes/adv/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
 	var a attachJSON
 	d.must(t, "POST", "/v1/volumes/adv/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
-	if a.Address != "192.0.2.10" || a.Port != 14420 {
-		t.Fatalf("attach answered %s:%d, want the advertised 192.0.2.10:14420", a.Address, a.Port)
+	// The advertised address serves both ports; its port is the RDMA
+	// port's, the TCP port advertises its own.
+	if got := a.endpoint("rdma"); got != "192.0.2.10:14420" {
+		t.Fatalf("attach answered RDMA at %q, want the advertised 192.0.2.10:14420", got)
+	}
+	if a.Transport != "tcp" || a.Address != "192.0.2.10" || a.endpoint("tcp") != "192.0.2.10:"+tcpPort {
+		t.Fatalf("attach answered %+v, want NVMe/TCP first at 192.0.2.10:%s", a, tcpPort)
 	}
 	var c struct {
 		Members []struct {
@@ -80,7 +85,7 @@ func TestAdvertiseWildcard(t *testing.T) {
 	d.must(t, "POST", "/v1/volumes/wild/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
 	var a attachJSON
 	d.must(t, "POST", "/v1/volumes/wild/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
-	if got, want := net.JoinHostPort(a.Address, strconv.Itoa(a.Port)), "127.0.0.1:"+port; got != want {
+	if got, want := a.endpoint("rdma"), "127.0.0.1:"+port; got != want {
 		t.Fatalf("attach answered %s, want %s", got, want)
 	}
 	if got := discover(t, "127.0.0.1:"+port, v.NQN); got != "127.0.0.1:"+port {

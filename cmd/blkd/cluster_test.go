@@ -3,9 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -189,7 +187,7 @@ func TestCluster(t *testing.T) {
 	procs[cur].must(t, "POST", "/v1/volumes/"+vol+"/resize", `{"size": "2MiB"}`, 200, &v)
 	var a attachJSON
 	procs[cur].must(t, "POST", "/v1/volumes/"+vol+"/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
-	if net.JoinHostPort(a.Address, strconv.Itoa(a.Port)) != nodes[owner].nvme || a.SubsystemNQN != v.NQN {
+	if a.endpoint("rdma") != nodes[owner].nvme || a.SubsystemNQN != v.NQN {
 		t.Fatalf("attach %s: %+v, want the owner's NVMe port %s", vol, a, nodes[owner].nvme)
 	}
 	// The owner let the host in and grew the volume.

@@ -104,7 +104,7 @@ func TestMissingVolumeFailsAlone(t *testing.T) {
 func TestOperatorErrors(t *testing.T) {
 	dir := t.TempDir()
 	d := startBlkd(t, dir)
-	out, code := runBlkd(t, "--data-dir", dir, "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", freeAddr(t))
+	out, code := runBlkd(t, "--data-dir", dir, "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t), "--api-addr", freeAddr(t))
 	if code == 0 || !strings.Contains(out, "is in use by another blkd (pid") {
 		t.Errorf("second blkd on the same data dir: exit %d, output:\n%s\nwant a non-zero exit naming the data dir in use", code, out)
 	}
@@ -129,7 +129,7 @@ func TestJoinFromAnotherCluster(t *testing.T) {
 	b.must(t, "POST", "/v1/volumes", `{"name": "vb", "size": "8MiB"}`, 201, nil)
 	b.stop(t)
 	out, code := runBlkd(t, "--data-dir", bdir, "--node-id", "b1", "--join", a.api,
-		"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", freeAddr(t))
+		"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t), "--api-addr", freeAddr(t))
 	if code == 0 || !strings.Contains(out, "belongs to cluster") || strings.Contains(out, "joined the cluster") {
 		t.Fatalf("join with another cluster's data dir: exit %d:\n%s\nwant a refusal naming the other cluster", code, out)
 	}
@@ -519,7 +519,7 @@ func TestRaftOverMutualTLS(t *testing.T) {
 	}
 	began := time.Now()
 	out, code := runBlkd(t, "--data-dir", t.TempDir(), "--node-id", "node4", "--tls-dir", otherDir, "--join", nodes["node2"].api,
-		"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", freeAddr(t))
+		"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t), "--api-addr", freeAddr(t))
 	if code == 0 || !strings.Contains(out, "TLS handshake failed on a certificate") {
 		t.Fatalf("a node of another CA joining: exit %d:\n%s", code, out)
 	}
@@ -533,7 +533,7 @@ func TestRaftOverMutualTLS(t *testing.T) {
 	}
 
 	out, code = runBlkd(t, "--data-dir", t.TempDir(), "--node-id", "node9", "--tls-dir", tlsDir,
-		"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", freeAddr(t))
+		"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t), "--api-addr", freeAddr(t))
 	if code == 0 || !strings.Contains(out, "blkctl cert issue node9 --role node") {
 		t.Fatalf("a node without its certificate: exit %d:\n%s", code, out)
 	}
@@ -647,7 +647,7 @@ func TestAPIMutualTLS(t *testing.T) {
 	}
 
 	out, code := runBlkd(t, "--data-dir", t.TempDir(), "--api-addr", "0.0.0.0:"+strings.Split(freeAddr(t), ":")[1],
-		"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t))
+		"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t))
 	if code == 0 || !strings.Contains(out, "reachable beyond this machine") || !strings.Contains(out, "--insecure") {
 		t.Fatalf("an API on 0.0.0.0 without TLS: exit %d:\n%s", code, out)
 	}

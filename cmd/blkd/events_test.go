@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/initiator"
-	"github.com/blk-project/blk/transport/soft"
 )
 
 // waitOutput waits up to 10 s for d's output to match re.
@@ -69,18 +68,17 @@ func TestEventLogJSON(t *testing.T) {
 	d.must(t, "POST", "/v1/volumes/ev/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
 	var a attachJSON
 	d.must(t, "POST", "/v1/volumes/ev/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	// The RDMA port logs its connections as events (the NVMe/TCP port
+	// only as warnings, so far).
+	a = a.over("rdma")
 
 	// A host not on the volume's list hammers Connect.
-	nic, err := soft.New(soft.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nic.Close()
 	const bad = "nqn.2026-11.io.blk:not-allowed"
 	addr := net.JoinHostPort(a.Address, strconv.Itoa(a.Port))
+	cfg := hostConfig(t, a, bad)
 	for range 30 {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err := initiator.Connect(ctx, initiator.Config{Adapter: nic, HostNQN: bad}, addr, v.NQN)
+		_, err := initiator.Connect(ctx, cfg, addr, v.NQN)
 		cancel()
 		if err == nil {
 			t.Fatal("a host not allowed connected")

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,6 +132,9 @@ func startBlkd(t *testing.T, dir string, extra ...string) *daemon {
 func startBlkdOn(t *testing.T, dir, raft, nvme, api string, extra ...string) *daemon {
 	t.Helper()
 	args := append([]string{"--data-dir", dir, "--raft-addr", raft, "--nvme-addr", nvme, "--api-addr", api}, extra...)
+	if !slices.Contains(extra, "--tcp-addr") {
+		args = append(args, "--tcp-addr", freeAddr(t))
+	}
 	d := &daemon{cmd: exec.Command(binary, args...), api: api, exited: make(chan struct{})}
 	d.cmd.Stderr = lockedWriter{d}
 	stdout, err := d.cmd.StdoutPipe()
@@ -261,22 +265,59 @@ type attachJSON struct {
 	SubsystemNQN string `json:"subsystem_nqn"`
 	NSID         uint32 `json:"nsid"`
 	Transport    string `json:"transport"`
+	Endpoints    []struct {
+		Transport, Address string
+		Port               int
+	} `json:"endpoints"`
 }
 
-const hostNQN = "nqn.2026-11.io.blk:host-test"
+// endpoint returns a's endpoint of transport tr ("" if none).
+func (a attachJSON) endpoint(tr string) string {
+	for _, e := range a.Endpoints {
+		if e.Transport == tr {
+			return net.JoinHostPort(e.Address, strconv.Itoa(e.Port))
+		}
+	}
+	return ""
+}
 
-// connect attaches the initiator to a and returns namespace a.NSID.
-func connect(t *testing.T, a attachJSON) (*initiator.Controller, *initiator.Namespace) {
+// over returns a with its endpoint of transport tr preferred.
+func (a attachJSON) over(tr string) attachJSON {
+	for _, e := range a.Endpoints {
+		if e.Transport == tr {
+			a.Transport, a.Address, a.Port = e.Transport, e.Address, e.Port
+		}
+	}
+	return a
+}
+
+// hostConfig is the initiator configuration for a's preferred transport
+// (soft iWARP for RDMA, closed at the end of the test).
+func hostConfig(t *testing.T, a attachJSON, host string) initiator.Config {
 	t.Helper()
+	if a.Transport == "tcp" {
+		return initiator.Config{Transport: initiator.TransportTCP, HostNQN: host}
+	}
 	nic, err := soft.New(soft.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nic.Close() })
+	return initiator.Config{Adapter: nic, HostNQN: host}
+}
+
+const hostNQN = "nqn.2026-11.io.blk:host-test"
+
+// connect attaches the initiator to a over its preferred transport
+// (NVMe/TCP from a default blkd) and returns namespace a.NSID.
+func connect(t *testing.T, a attachJSON) (*initiator.Controller, *initiator.Namespace) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	addr := net.JoinHostPort(a.Address, strconv.Itoa(a.Port))
-	ctrl, err := initiator.Connect(ctx, initiator.Config{Adapter: nic, HostNQN: hostNQN, Queues: 1}, addr, a.SubsystemNQN)
+	cfg := hostConfig(t, a, hostNQN)
+	cfg.Queues = 1
+	ctrl, err := initiator.Connect(ctx, cfg, addr, a.SubsystemNQN)
 	if err != nil {
 		t.Fatalf("connect to %s at %s: %v", a.SubsystemNQN, addr, err)
 	}
@@ -380,7 +421,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	}
 	var a attachJSON
 	d.must(t, "POST", "/v1/volumes/vol1/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
-	if a.Transport != "rdma" || a.NSID != 1 || a.SubsystemNQN != v.NQN || a.Port == 0 {
+	if a.Transport != "tcp" || a.endpoint("rdma") == "" || a.NSID != 1 || a.SubsystemNQN != v.NQN || a.Port == 0 {
 		t.Fatalf("attach: %+v", a)
 	}
 	d.refuse(t, "DELETE", "/v1/volumes/vol1", "", 409, `connections.*force=true`)
@@ -511,7 +552,7 @@ func TestStartRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	ports := func() []string {
-		return []string{"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", freeAddr(t)}
+		return []string{"--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t), "--api-addr", freeAddr(t)}
 	}
 	cases := []struct {
 		name string

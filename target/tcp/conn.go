@@ -496,6 +496,9 @@ func (c *conn) onICReq(b []byte) bool {
 	}
 	c.dg = dg
 	c.hd = dg.HeaderDigestLen()
+	if dg.Header || dg.Data {
+		c.p.digestConns.Add(1)
+	}
 	resp := nvme.TCPICRespPDU{DGST: dg.DGST(), MaxH2CData: c.p.cfg.MaxH2CData}
 	resp.Marshal(&c.icresp)
 	c.tx.push(c.icresp[:], nil)

@@ -44,6 +44,8 @@ type Port struct {
 	wg      sync.WaitGroup // accept loop and connections
 
 	accepts atomic.Uint64
+	// digestConns counts connections that negotiated a digest.
+	digestConns atomic.Uint64
 }
 
 // Listen starts serving t at cfg.Addr and registers the port with the
@@ -94,7 +96,8 @@ func Listen(t *target.Target, cfg Config) (p *Port, err error) {
 		AdvertiseAddr:  advHost,
 		AdvertiseSvcID: advSvc,
 		// SQ flow control may be disabled (Connect CATTR bit 2).
-		TReq: nvme.TReqDisableSQFlow,
+		TReq:   nvme.TReqDisableSQFlow,
+		Limits: &p.limits,
 	}); err != nil {
 		p.ln.Close()
 		p.stopGroups()
@@ -116,7 +119,7 @@ func (p *Port) queueParams(c *conn, qid, sqsize uint16) target.QueueParams {
 		LocalAddr:  host,
 		LocalPort:  svc,
 		RemoteAddr: c.remote,
-		// Limits: &p.limits, — once target.QueueParams has per-port limits.
+		Limits:     &p.limits,
 	}
 }
 
@@ -272,14 +275,16 @@ func (p *Port) logClosed(c *conn) {
 
 // Stats are the port's counters, summed over its poll groups.
 type Stats struct {
-	Accepts     uint64 // connections accepted
-	Connections uint64 // connections open now
-	Commands    uint64 // CapsuleCmd PDUs
-	InCapsule   uint64 // commands whose data came in the capsule
-	R2Ts        uint64 // R2T PDUs sent
-	H2CData     uint64 // H2CData PDUs received
-	C2HData     uint64 // C2HData PDUs sent
-	Responses   uint64 // CapsuleResp PDUs sent
+	Accepts uint64 // connections accepted
+	// DigestConnections negotiated a header or data digest in ICReq.
+	DigestConnections uint64
+	Connections       uint64 // connections open now
+	Commands          uint64 // CapsuleCmd PDUs
+	InCapsule         uint64 // commands whose data came in the capsule
+	R2Ts              uint64 // R2T PDUs sent
+	H2CData           uint64 // H2CData PDUs received
+	C2HData           uint64 // C2HData PDUs sent
+	Responses         uint64 // CapsuleResp PDUs sent
 	// SuccessFlags are reads answered by a C2HData with SUCCESS and no
 	// CapsuleResp (the host disabled SQ flow control).
 	SuccessFlags uint64
@@ -310,7 +315,7 @@ type Stats struct {
 
 // Stats returns the port's counters.
 func (p *Port) Stats() Stats {
-	s := Stats{Accepts: p.accepts.Load()}
+	s := Stats{Accepts: p.accepts.Load(), DigestConnections: p.digestConns.Load()}
 	for _, g := range p.groups {
 		st := &g.st
 		s.Connections += uint64(max(g.conns.Load(), 0))

@@ -340,27 +340,41 @@ func (d *Daemon) attach(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	addr := d.port.AdvertisedAddr()
+	rdmaAddr, tcpAddr := d.AdvertisedNVMeAddr(), d.AdvertisedTCPAddr()
 	if v.Node != d.cfg.NodeID {
-		// The host connects to the owner's NVMe port.
-		addr = ""
+		// The host connects to the owner's NVMe ports.
+		rdmaAddr, tcpAddr = "", ""
 		d.node.FSM().Read(func(s *meta.State) {
 			if n, ok := s.Node(v.Node); ok {
-				addr = n.TargetAddr
+				rdmaAddr, tcpAddr = n.TargetAddr, n.TCPAddr
 			}
 		})
-		if addr == "" {
+		if rdmaAddr == "" && tcpAddr == "" {
 			return &apiError{http.StatusConflict, fmt.Sprintf("volume %q: the registry knows no NVMe address of its owner node %s: wait for the node to register (restart it)", name, v.Node)}
 		}
 	}
 	if _, err := d.node.Apply(ctx, meta.Connect{HostNQN: host, Volume: name, Node: v.Node, At: time.Now().UnixNano()}); err != nil {
 		return metaError(err, "")
 	}
-	h, p, _ := net.SplitHostPort(addr)
-	port, _ := strconv.Atoi(p)
-	writeJSON(w, http.StatusOK, api.Connection{Address: h, Port: port, SubsystemNQN: v.NQN, NSID: 1, Transport: "rdma",
-		Authentication: authMode(v.Secrets[host])})
+	c := api.Connection{SubsystemNQN: v.NQN, NSID: 1, Authentication: authMode(v.Secrets[host]), Endpoints: endpoints(tcpAddr, rdmaAddr)}
+	c.Transport, c.Address, c.Port = c.Endpoints[0].Transport, c.Endpoints[0].Address, c.Endpoints[0].Port
+	writeJSON(w, http.StatusOK, c)
 	return nil
+}
+
+// endpoints lists a node's NVMe ports, NVMe/TCP first (every host has
+// it); an empty address is a port the node does not serve.
+func endpoints(tcpAddr, rdmaAddr string) []api.Endpoint {
+	var out []api.Endpoint
+	for _, e := range []struct{ transport, addr string }{{api.TransportTCP, tcpAddr}, {api.TransportRDMA, rdmaAddr}} {
+		if e.addr == "" {
+			continue
+		}
+		h, p, _ := net.SplitHostPort(e.addr)
+		port, _ := strconv.Atoi(p)
+		out = append(out, api.Endpoint{Transport: e.transport, Address: h, Port: port})
+	}
+	return out
 }
 
 func (d *Daemon) detach(w http.ResponseWriter, r *http.Request) error {

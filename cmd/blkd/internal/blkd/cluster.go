@@ -32,10 +32,12 @@ const joinWait = 60 * time.Second
 type JoinRequest struct {
 	NodeID   string `json:"node_id"`
 	RaftAddr string `json:"raft_addr"`
-	// APIAddr and NVMeAddr are registered in the registry with the node;
-	// optional (a node re-sends them once its listeners are up).
+	// APIAddr, NVMeAddr (NVMe/RDMA) and TCPAddr (NVMe/TCP) are
+	// registered in the registry with the node; optional (a node re-sends
+	// them once its listeners are up).
 	APIAddr  string `json:"api_addr,omitempty"`
 	NVMeAddr string `json:"nvme_addr,omitempty"`
+	TCPAddr  string `json:"tcp_addr,omitempty"`
 	// ClusterID is the cluster the node's data directory belongs to (its
 	// cluster-id file), "" for a new one. The leader refuses another
 	// cluster's node.
@@ -169,8 +171,8 @@ func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return metaError(err, "")
 	}
-	if req.APIAddr != "" || req.NVMeAddr != "" {
-		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes}); err != nil {
+	if req.APIAddr != "" || req.NVMeAddr != "" || req.TCPAddr != "" {
+		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes}); err != nil {
 			return metaError(err, "")
 		}
 	}
@@ -249,7 +251,7 @@ func (d *Daemon) members() []api.Member {
 				m.Suffrage = "nonvoter"
 			}
 			if n, ok := s.Node(m.ID); ok {
-				m.APIAddr, m.NVMeAddr, m.State = n.MgmtAddr, n.TargetAddr, n.State.String()
+				m.APIAddr, m.NVMeAddr, m.TCPAddr, m.State = n.MgmtAddr, n.TargetAddr, n.TCPAddr, n.State.String()
 			}
 			out = append(out, m)
 		}
@@ -351,10 +353,10 @@ func leaderIndex(ctx context.Context, client *http.Client, url, id string) (uint
 // reach the leader's catch-up index and asks again to vote. While
 // joining (first set) it never applies locally: a data directory with a
 // one-node registry of its own would make it its own leader.
-func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr string) error {
+func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr, tcpAddr string) error {
 	ctx, cancel := context.WithTimeout(ctx, joinWait)
 	defer cancel()
-	req := JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr,
+	req := JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr, TCPAddr: tcpAddr,
 		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity()}
 	client := d.peerClient(15 * time.Second)
 	backoff := 100 * time.Millisecond
@@ -362,7 +364,7 @@ func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr string) 
 	var last error
 	for {
 		if first == "" && d.node.IsLeader() {
-			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: nvmeAddr, MgmtAddr: apiAddr, CapacityBytes: req.CapacityBytes})
+			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: nvmeAddr, TCPAddr: tcpAddr, MgmtAddr: apiAddr, CapacityBytes: req.CapacityBytes})
 			if err == nil {
 				return nil
 			}

@@ -23,6 +23,7 @@ import (
 	"github.com/blk-project/blk/metrics"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
+	"github.com/blk-project/blk/target/tcp"
 	"github.com/blk-project/blk/target/volume"
 	"github.com/blk-project/blk/transport"
 	"github.com/blk-project/blk/transport/providers"
@@ -44,7 +45,8 @@ type Daemon struct {
 	store *volume.Store
 	nic   transport.Adapter
 	tgt   *target.Target
-	port  *rdma.Port
+	port  *rdma.Port // nil with --nvme-addr off
+	tcp   *tcp.Port  // nil with --tcp-addr off
 	reg   *metrics.Registry
 	lat   *metrics.Latency
 	ln    net.Listener
@@ -131,16 +133,25 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, fmt.Errorf("volume store in %s: %w", filepath.Join(cfg.DataDir, "volumes"), err)
 	}
 
-	d.nic, err = providers.Open(cfg.RDMAProvider, providers.Options{Device: cfg.RDMADevice})
-	if err != nil {
-		return nil, fmt.Errorf("RDMA adapter (--rdma-provider %q, --rdma-device %q): %w", cfg.RDMAProvider, cfg.RDMADevice, err)
+	// Each port passes its limits with every queue, so the target has
+	// none of its own and the two transports bring different ones; they
+	// are computed here only to fail before anything else starts. Port
+	// IDs: 1 NVMe/TCP, 2 NVMe/RDMA (discovery lists both).
+	rcfg := rdma.Config{Addr: cfg.NVMeAddr, AdvertiseAddr: cfg.AdvertiseAddr, Cores: cfg.Cores, Logger: d.log, PortID: rdmaPortID}
+	tcfg := tcp.Config{Addr: cfg.TCPAddr, AdvertiseAddr: cfg.tcpAdvertise(), Cores: cfg.Cores, Logger: d.log, PortID: tcpPortID}
+	if cfg.RDMAOn() {
+		d.nic, err = providers.Open(cfg.RDMAProvider, providers.Options{Device: cfg.RDMADevice})
+		if err != nil {
+			return nil, fmt.Errorf("RDMA adapter (--rdma-provider %q, --rdma-device %q): %w", cfg.RDMAProvider, cfg.RDMADevice, err)
+		}
+		if _, err := rdma.Limits(d.nic.Info(), rcfg); err != nil {
+			return nil, fmt.Errorf("nvme/rdma port limits: %w", err)
+		}
 	}
-	rcfg := rdma.Config{Addr: cfg.NVMeAddr, AdvertiseAddr: cfg.AdvertiseAddr, Cores: cfg.Cores, Logger: d.log}
-	// Sized here only to fail before anything else starts: the port
-	// passes its limits with every queue, so the target has none of its
-	// own and a port of another transport can bring different ones.
-	if _, err := rdma.Limits(d.nic.Info(), rcfg); err != nil {
-		return nil, fmt.Errorf("nvme port limits: %w", err)
+	if cfg.TCPOn() {
+		if _, err := tcp.Limits(tcfg); err != nil {
+			return nil, fmt.Errorf("nvme/tcp port limits: %w", err)
+		}
 	}
 	groups, err := cfg.dhGroups()
 	if err != nil {
@@ -177,7 +188,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, fmt.Errorf("management API on %s (--api-addr): %w", cfg.APIAddr, err)
 	}
 	if cfg.Join != "" {
-		if err := d.register(ctx, cfg.Join, d.ln.Addr().String(), cfg.advertisedNVMe()); err != nil {
+		if err := d.register(ctx, cfg.Join, d.ln.Addr().String(), cfg.advertisedNVMe(), cfg.advertisedTCP()); err != nil {
 			return nil, err
 		}
 		fmt.Fprintf(out, "joined the cluster through %s\n", cfg.Join)
@@ -195,23 +206,39 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	}
 	d.startControl(ctx)
 
-	d.port, err = rdma.Listen(d.tgt, d.nic, rcfg)
-	if err != nil {
-		return nil, fmt.Errorf("nvme port on %s (--nvme-addr): %w", cfg.NVMeAddr, err)
+	if cfg.TCPOn() {
+		d.tcp, err = tcp.Listen(d.tgt, tcfg)
+		if err != nil {
+			return nil, fmt.Errorf("nvme/tcp port on %s (--tcp-addr): %w", cfg.TCPAddr, err)
+		}
+		if err := d.reg.RegisterTCPPort(d.tcp); err != nil {
+			return nil, err
+		}
+		if cfg.AdvertiseAddr != "" {
+			fmt.Fprintf(out, "nvme-tcp listening on %s (I/O and discovery), advertised as %s\n", d.tcp.Addr(), d.tcp.AdvertisedAddr())
+		} else {
+			fmt.Fprintf(out, "nvme-tcp listening on %s (I/O and discovery)\n", d.tcp.Addr())
+		}
 	}
-	if err := d.reg.RegisterPort(d.port); err != nil {
-		return nil, err
-	}
-	if cfg.AdvertiseAddr != "" {
-		fmt.Fprintf(out, "nvme-rdma listening on %s (I/O and discovery), advertised as %s\n", d.port.Addr(), d.port.AdvertisedAddr())
-	} else {
-		fmt.Fprintf(out, "nvme-rdma listening on %s (I/O and discovery)\n", d.port.Addr())
+	if cfg.RDMAOn() {
+		d.port, err = rdma.Listen(d.tgt, d.nic, rcfg)
+		if err != nil {
+			return nil, fmt.Errorf("nvme/rdma port on %s (--nvme-addr): %w", cfg.NVMeAddr, err)
+		}
+		if err := d.reg.RegisterPort(d.port); err != nil {
+			return nil, err
+		}
+		if cfg.AdvertiseAddr != "" {
+			fmt.Fprintf(out, "nvme-rdma listening on %s (I/O and discovery), advertised as %s\n", d.port.Addr(), d.port.AdvertisedAddr())
+		} else {
+			fmt.Fprintf(out, "nvme-rdma listening on %s (I/O and discovery)\n", d.port.Addr())
+		}
 	}
 
 	// Record (or update) this node's addresses: applied here on the
-	// leader, asked of the leader elsewhere. The NVMe address is the one
-	// hosts connect to.
-	if err := d.register(ctx, "", d.ln.Addr().String(), d.port.AdvertisedAddr()); err != nil {
+	// leader, asked of the leader elsewhere. The NVMe addresses are the
+	// ones hosts connect to.
+	if err := d.register(ctx, "", d.ln.Addr().String(), d.AdvertisedNVMeAddr(), d.AdvertisedTCPAddr()); err != nil {
 		return nil, err
 	}
 	d.srv = &http.Server{Handler: d.guard(d.routes()), ReadHeaderTimeout: 10 * time.Second, ConnContext: d.connContext}
@@ -244,12 +271,45 @@ func (d *Daemon) waitLeader(ctx context.Context) error {
 	}
 }
 
-// NVMeAddr is the RDMA port's address.
-func (d *Daemon) NVMeAddr() net.Addr { return d.port.Addr() }
+// Port IDs of the discovery log.
+const (
+	tcpPortID  = 1
+	rdmaPortID = 2
+)
 
-// AdvertisedNVMeAddr is the NVMe address hosts connect to, host:port
-// (Config.AdvertiseAddr, else the port's address).
-func (d *Daemon) AdvertisedNVMeAddr() string { return d.port.AdvertisedAddr() }
+// NVMeAddr is the NVMe/RDMA port's address (nil when off).
+func (d *Daemon) NVMeAddr() net.Addr {
+	if d.port == nil {
+		return nil
+	}
+	return d.port.Addr()
+}
+
+// TCPAddr is the NVMe/TCP port's address (nil when off).
+func (d *Daemon) TCPAddr() net.Addr {
+	if d.tcp == nil {
+		return nil
+	}
+	return d.tcp.Addr()
+}
+
+// AdvertisedNVMeAddr is the NVMe/RDMA address hosts connect to, host:port
+// (Config.AdvertiseAddr, else the port's address); "" when off.
+func (d *Daemon) AdvertisedNVMeAddr() string {
+	if d.port == nil {
+		return ""
+	}
+	return d.port.AdvertisedAddr()
+}
+
+// AdvertisedTCPAddr is the NVMe/TCP address hosts connect to; "" when
+// off.
+func (d *Daemon) AdvertisedTCPAddr() string {
+	if d.tcp == nil {
+		return ""
+	}
+	return d.tcp.AdvertisedAddr()
+}
 
 // APIAddr is the HTTP API's address.
 func (d *Daemon) APIAddr() net.Addr { return d.ln.Addr() }
@@ -276,6 +336,9 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		}
 		d.mu.Lock() // wait for a management operation in progress
 		defer d.mu.Unlock()
+		if d.tcp != nil {
+			errs = append(errs, d.tcp.Close())
+		}
 		if d.port != nil {
 			errs = append(errs, d.port.Close())
 		}
