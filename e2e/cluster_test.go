@@ -33,16 +33,17 @@ func TestClusterLeaderLoss(t *testing.T) {
 		name      string
 		api, raft string
 		nvmePort  int
+		tcpPort   int
 		d         *daemon
 		extra     []string
 	}
 	nodes := make([]*node, 3)
 	for i := range nodes {
-		nodes[i] = &node{name: fmt.Sprintf("node%d", i+1), api: addr(port()), raft: addr(port()), nvmePort: port()}
+		nodes[i] = &node{name: fmt.Sprintf("node%d", i+1), api: addr(port()), raft: addr(port()), nvmePort: port(), tcpPort: port()}
 	}
 	start := func(n *node, extra ...string) {
 		n.d = s.startDaemon(n.name, n.api, append([]string{"--node-id", n.name, "--raft-addr", n.raft,
-			"--nvme-addr", addr(n.nvmePort), "--advertise-addr", "10.0.2.2"}, extra...)...)
+			"--nvme-addr", addr(n.nvmePort), "--tcp-addr", addr(n.tcpPort), "--advertise-addr", "10.0.2.2"}, extra...)...)
 	}
 	start(nodes[0])
 	start(nodes[1], "--join", nodes[0].api)
@@ -67,7 +68,7 @@ func TestClusterLeaderLoss(t *testing.T) {
 	t.Logf("registry leader %s; cvol is owned by node1", leader)
 
 	var at attachInfo
-	s.blkctl(nodes[0].api, &at, "attach", "cvol", "--host-nqn", hostNQN)
+	s.blkctl(nodes[0].api, &at, "attach", "cvol", "--host-nqn", hostNQN, "--transport", "rdma")
 	if at.Port != nodes[0].nvmePort || at.Address != "10.0.2.2" {
 		t.Fatalf("attach answered %+v, want node1's port %d advertised as 10.0.2.2", at, nodes[0].nvmePort)
 	}

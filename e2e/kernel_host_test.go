@@ -25,14 +25,14 @@ func TestKernelHostToBlkd(t *testing.T) {
 	nvmePort, api := port(), addr(port())
 	// --dhchap-dhgroups null: the guest kernel's crypto has no RFC 7919
 	// groups (CONFIG_CRYPTO_DH_RFC7919_GROUPS is built in, and off).
-	d := s.startDaemon("blkd", api, "--raft-addr", addr(port()), "--nvme-addr", addr(nvmePort), "--dhchap-dhgroups", "null")
+	d := s.startDaemon("blkd", api, "--raft-addr", addr(port()), "--nvme-addr", addr(nvmePort), "--tcp-addr", addr(port()), "--dhchap-dhgroups", "null")
 
 	const hostNQN = "nqn.2014-08.org.nvmexpress:uuid:e2e00000-0000-4000-8000-000000000001"
 	const sizeBytes = 256 << 20
 	s.blkctl(api, nil, "volume", "create", "vol1", "--size", "256MiB")
 	s.blkctl(api, nil, "host", "allow", "vol1", hostNQN)
 	var at attachInfo
-	s.blkctl(api, &at, "attach", "vol1", "--host-nqn", hostNQN)
+	s.blkctl(api, &at, "attach", "vol1", "--host-nqn", hostNQN, "--transport", "rdma")
 	if at.Port != nvmePort || at.SubsystemNQN == "" {
 		t.Fatalf("attach answered %+v", at)
 	}
@@ -51,7 +51,7 @@ func TestKernelHostToBlkd(t *testing.T) {
 	secret, ctrlSecret, wrong := keys[0], keys[1], keys[2]
 	s.blkctl(api, nil, "host", "allow", "secured", hostNQN, "--dhchap-secret", secret.Encode(), "--dhchap-ctrl-secret", ctrlSecret.Encode())
 	var sec attachInfo
-	s.blkctl(api, &sec, "attach", "secured", "--host-nqn", hostNQN)
+	s.blkctl(api, &sec, "attach", "secured", "--host-nqn", hostNQN, "--transport", "rdma")
 	s.setEnv("PORT", strconv.Itoa(nvmePort), "NQN", at.SubsystemNQN, "HOSTNQN", hostNQN, "SEED", fmt.Sprint(seed),
 		"AUTHNQN", sec.SubsystemNQN, "AUTHSECRET", secret.Encode(), "AUTHCTRLSECRET", ctrlSecret.Encode(), "WRONGSECRET", wrong.Encode())
 	s.script("kernel_host.sh")
@@ -78,9 +78,11 @@ func TestKernelHostToBlkd(t *testing.T) {
 	s.decode("discover.json", &disc)
 	found := false
 	for _, r := range disc.Records {
-		if r.Subnqn == at.SubsystemNQN {
+		// Listed once per port: the RDMA port the host discovered
+		// through, and the NVMe/TCP port.
+		if r.Subnqn == at.SubsystemNQN && r.Trtype == "rdma" {
 			found = true
-			if r.Trtype != "rdma" || r.Trsvcid != strconv.Itoa(nvmePort) {
+			if r.Trsvcid != strconv.Itoa(nvmePort) {
 				t.Errorf("discovery record %+v: want rdma, service %d", r, nvmePort)
 			}
 		}

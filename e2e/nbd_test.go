@@ -19,7 +19,9 @@ func TestNBDAttach(t *testing.T) {
 	port := ports(24300)
 	nvmePort, apiPort := port(), port()
 	api := addr(apiPort)
-	s.startDaemon("blkd", api, "--raft-addr", addr(port()), "--nvme-addr", addr(nvmePort),
+	// blkctl attach --nbd in the guest connects over NVMe/TCP, the
+	// default (the RDMA port stays for the record).
+	s.startDaemon("blkd", api, "--raft-addr", addr(port()), "--nvme-addr", addr(nvmePort), "--tcp-addr", addr(port()),
 		"--advertise-addr", "10.0.2.2")
 
 	const hostNQN = "nqn.2026-11.io.blk:e2e-nbd-host"
