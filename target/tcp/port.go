@@ -152,8 +152,8 @@ func (p *Port) AdvertisedAddr() string {
 	return net.JoinHostPort(p.advHost, p.advSvc)
 }
 
-// Limits is what the port can do (the target must have been created with
-// these or smaller).
+// Limits is what the port can do: it brings them with every queue it
+// creates and to discovery (target.QueueParams.Limits, target.Port.Limits).
 func (p *Port) Limits() target.Limits { return p.limits }
 
 func (p *Port) isClosing() bool { return p.closing.Load() }
