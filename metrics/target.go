@@ -47,6 +47,7 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 			counter("target_controllers_torn_down_total", "Controllers torn down.", func(s *S) uint64 { return s.ControllersTornDown }),
 			gauge("target_controllers", "Live controllers.", func(s *S) float64 { return float64(s.Controllers) }),
 			counter("target_connects_refused_total", "Fabrics Connect commands that failed.", func(s *S) uint64 { return s.ConnectsRefused }),
+			counter("target_connects_timed_out_total", "Queues dropped because no Connect succeeded on them in time (target.Config.ConnectTimeout).", func(s *S) uint64 { return s.ConnectsTimedOut }),
 			counter("target_auth_succeeded_total", "Queues whose host authenticated (DH-HMAC-CHAP).", func(s *S) uint64 { return s.AuthSucceeded }),
 			counter("target_auth_failed_total", "Queues ended by a failed or timed-out authentication (wrong secret, protocol violation, no common hash or group, a host that skipped it).", func(s *S) uint64 { return s.AuthFailed }),
 			counter("target_auth_timed_out_total", "Queues ended because their host did not authenticate in time (of target_auth_failed_total).", func(s *S) uint64 { return s.AuthTimedOut }),

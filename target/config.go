@@ -83,6 +83,13 @@ type Config struct {
 	// Default 30 s: a Linux host authenticates right after its Connect;
 	// ffdhe8192 takes it milliseconds.
 	AuthTimeout time.Duration `json:"auth_timeout"`
+	// ConnectTimeout is how long a queue may stay without a successful
+	// Connect once its binding created it (NewQueue) before the target
+	// asks the binding to drop its connection (Responder.Disconnect):
+	// a connection that never connects, or whose Connect was refused and
+	// that lingers, holds no resources for longer. Default 10 s; a Linux
+	// host sends its Connect right after the transport connection is up.
+	ConnectTimeout time.Duration `json:"connect_timeout"`
 	// AuthHashes and AuthDHGroups are the DH-HMAC-CHAP hashes and groups
 	// the target accepts, in its order of preference (nil:
 	// auth.DefaultHashes, auth.DefaultDHGroups: SHA-256 first, any DH
@@ -106,6 +113,7 @@ const (
 	DefaultFirmwareRevision = "blk-1"
 	DefaultDiscoverySerial  = "blk-discovery"
 	DefaultAuthTimeout      = 30 * time.Second
+	DefaultConnectTimeout   = 10 * time.Second
 )
 
 // WithDefaults returns c with every zero field set to its default.
@@ -136,6 +144,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.AuthTimeout == 0 {
 		c.AuthTimeout = DefaultAuthTimeout
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
 	}
 	return c
 }
@@ -173,6 +184,9 @@ func (c Config) Validate() error {
 	}
 	if c.AuthTimeout < 0 {
 		bad("AuthTimeout %v is negative", c.AuthTimeout)
+	}
+	if c.ConnectTimeout < 0 {
+		bad("ConnectTimeout %v is negative", c.ConnectTimeout)
 	}
 	if c.AuthHashes != nil && len(c.AuthHashes) == 0 {
 		bad("AuthHashes is empty")

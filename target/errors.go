@@ -25,6 +25,9 @@ var (
 	// ErrAdminQueueClosed: the controller's admin queue closed; the
 	// controller was torn down.
 	ErrAdminQueueClosed = errors.New("target: admin queue closed")
+	// ErrConnectTimeout: no Connect succeeded on the queue within
+	// Config.ConnectTimeout; its connection is dropped.
+	ErrConnectTimeout = errors.New("target: no Connect in time")
 	// ErrControllerRemoved: the controller was torn down by the target
 	// (its subsystem removed, its host denied, or the target closed).
 	ErrControllerRemoved = errors.New("target: controller removed")

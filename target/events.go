@@ -22,18 +22,21 @@ import (
 //	                       previous_state (live|disconnect|keep-alive), and down_for
 //	connect refused        qid, subsystem, host_nqn, host_id, cntlid (I/O queues),
 //	                       remote_addr, status, reason
+//	connect timed out      qid, remote_addr, timeout (no Connect succeeded
+//	                       on a new queue in time: its connection is dropped)
 //	keep-alive expired     kind, cntlid, subsystem, host_nqn, remote_addr, kato
 //	controller destroyed   kind, cntlid, subsystem, host_nqn, host_id, reason
 //	                       (disconnect|keep-alive|host-denied|subsystem-removed|shutdown),
 //	                       error, lifetime, io_queues
 //
-// Levels: refused Connects and expired keep-alives of I/O controllers are
+// Levels: refused Connects, timed-out Connects and expired keep-alives of I/O controllers are
 // Warn, the other events of I/O controllers Info; every event of a
 // discovery controller (hosts make one per discovery) is Debug, but a
 // refused Connect is Warn whatever it was for.
 const (
 	EventControllerCreated   = "controller created"
 	EventConnectRefused      = "connect refused"
+	EventConnectTimedOut     = "connect timed out"
 	EventKeepAliveExpired    = "keep-alive expired"
 	EventControllerDestroyed = "controller destroyed"
 )
@@ -277,6 +280,16 @@ func (q *Queue) logRefused(r *Request, st nvme.Status, dw0 uint32, reason string
 	attrs = append(attrs, slog.String("remote_addr", q.params.RemoteAddr), slog.String("status", st.String()),
 		slog.String("reason", reason))
 	t.event(slog.LevelWarn, EventConnectRefused, attrs...)
+}
+
+func (q *Queue) logConnectTimedOut() {
+	t := q.t
+	t.textf("target: queue %d from %s: no Connect within %v; dropping its connection", q.params.QID, q.params.RemoteAddr, t.cfg.ConnectTimeout)
+	if !t.logOn(slog.LevelWarn) {
+		return
+	}
+	t.event(slog.LevelWarn, EventConnectTimedOut, slog.Int("qid", int(q.params.QID)),
+		slog.String("remote_addr", q.params.RemoteAddr), slog.Duration("timeout", t.cfg.ConnectTimeout))
 }
 
 // refusalReason says in words why a Connect got st (and dw0).

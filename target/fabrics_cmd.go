@@ -29,6 +29,8 @@ func (q *Queue) connect(r *Request) {
 		q.t.stats.connectRefused.Add(1)
 		q.state.CompareAndSwap(queueConnecting, queueNew)
 		q.logRefused(r, s, dw0, q.refusal)
+	} else {
+		q.connTimer.Stop()
 	}
 	r.Rsp.DW0 = dw0
 	q.complete(r, s)

@@ -1,6 +1,7 @@
 package target
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -45,6 +46,10 @@ type Queue struct {
 	auth   *queueAuth
 	authed atomic.Bool
 
+	// connTimer ends the queue if no Connect succeeds in time (set by
+	// NewQueue, stopped by a successful Connect or Close).
+	connTimer Timer
+
 	// inflight counts requests between Execute and Complete; drained is
 	// closed once the queue is closed and it is zero.
 	inflight  atomic.Int64
@@ -54,6 +59,23 @@ type Queue struct {
 
 func newQueue(t *Target, r Responder, p QueueParams, lim Limits) *Queue {
 	return &Queue{t: t, resp: r, params: p, lim: lim, qid: p.QID, drained: make(chan struct{})}
+}
+
+// armConnectTimer starts the queue's Connect deadline.
+func (q *Queue) armConnectTimer() {
+	q.connTimer = q.t.clock.AfterFunc(q.t.cfg.ConnectTimeout, q.connectTimedOut)
+}
+
+// connectTimedOut drops a queue that is still not connected: a
+// connection that sends nothing, or only Connects that are refused,
+// holds the binding's resources no longer than Config.ConnectTimeout.
+func (q *Queue) connectTimedOut() {
+	if st := q.state.Load(); st == queueConnected || st == queueClosed {
+		return
+	}
+	q.t.stats.connectTimedOut.Add(1)
+	q.logConnectTimedOut()
+	q.resp.Disconnect(fmt.Errorf("%w: not connected within %v", ErrConnectTimeout, q.t.cfg.ConnectTimeout))
 }
 
 // QID returns the queue's ID (the one QueueParams announced until a
@@ -111,6 +133,9 @@ func (q *Queue) Close() {
 	prev := q.state.Swap(queueClosed)
 	if prev == queueClosed {
 		return
+	}
+	if q.connTimer != nil {
+		q.connTimer.Stop()
 	}
 	if prev == queueConnected {
 		q.authClosed()

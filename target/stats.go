@@ -39,6 +39,7 @@ type counters struct {
 	ctrlCreated      atomic.Uint64
 	ctrlTornDown     atomic.Uint64
 	connectRefused   atomic.Uint64
+	connectTimedOut  atomic.Uint64
 	eventsDropped    atomic.Uint64
 	authSucceeded    atomic.Uint64
 	authFailed       atomic.Uint64
@@ -91,6 +92,9 @@ type Stats struct {
 	Controllers                             int
 	// ConnectsRefused counts Connect commands that failed.
 	ConnectsRefused uint64
+	// ConnectsTimedOut counts queues dropped because no Connect succeeded
+	// on them within Config.ConnectTimeout.
+	ConnectsTimedOut uint64
 	// AuthSucceeded counts queues authenticated (DH-HMAC-CHAP), AuthFailed
 	// queues ended by a failed or timed-out authentication (AuthTimedOut
 	// of them by the deadline), AuthRequired commands refused on a queue
@@ -154,6 +158,7 @@ func (t *Target) Stats() Stats {
 		ControllersCreated:  t.stats.ctrlCreated.Load(),
 		ControllersTornDown: t.stats.ctrlTornDown.Load(),
 		ConnectsRefused:     t.stats.connectRefused.Load(),
+		ConnectsTimedOut:    t.stats.connectTimedOut.Load(),
 		EventsDropped:       t.stats.eventsDropped.Load(),
 		AuthSucceeded:       t.stats.authSucceeded.Load(),
 		AuthFailed:          t.stats.authFailed.Load(),

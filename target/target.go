@@ -380,7 +380,9 @@ func (t *Target) NewQueue(r Responder, p QueueParams) (*Queue, error) {
 	if closed {
 		return nil, ErrClosed
 	}
-	return newQueue(t, r, p, lim), nil
+	q := newQueue(t, r, p, lim)
+	q.armConnectTimer()
+	return q, nil
 }
 
 // lookupSubsystem finds the subsystem a Connect names, the discovery
