@@ -18,6 +18,9 @@ func NewTCPPortCollector(p *tcp.Port) *TCPPortCollector {
 	type S = tcp.Stats
 	return &TCPPortCollector{p: p, t: newTable(prometheus.Labels{"port": p.Addr().String()}, nil,
 		counter("tcp_accepts_total", "NVMe/TCP connections accepted.", func(s *S) uint64 { return s.Accepts }),
+		counter("tcp_rejected_total", "NVMe/TCP connections closed as they were accepted: too many were waiting to connect (MaxPending).", func(s *S) uint64 { return s.Rejected }),
+		gauge("tcp_pending_connections", "NVMe/TCP connections accepted and not connected yet.", func(s *S) float64 { return float64(s.Pending) }),
+		counter("tcp_connect_timeouts_total", "NVMe/TCP connections closed for sending no ICReq or no command in time.", func(s *S) uint64 { return s.ConnectTimeouts }),
 		gauge("tcp_connections", "NVMe/TCP connections open.", func(s *S) float64 { return float64(s.Connections) }),
 		counter("tcp_digest_connections_total", "Connections that negotiated a header or data digest.", func(s *S) uint64 { return s.DigestConnections }),
 		counter("tcp_commands_total", "Command capsules received.", func(s *S) uint64 { return s.Commands }),

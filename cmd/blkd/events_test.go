@@ -68,9 +68,9 @@ func TestEventLogJSON(t *testing.T) {
 	d.must(t, "POST", "/v1/volumes/ev/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
 	var a attachJSON
 	d.must(t, "POST", "/v1/volumes/ev/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
-	// The RDMA port logs its connections as events (the NVMe/TCP port
-	// only as warnings, so far).
-	a = a.over("rdma")
+	// Over the NVMe/TCP port, the preferred endpoint: it logs its
+	// connections as events, as the RDMA port does.
+	a = a.over("tcp")
 
 	// A host not on the volume's list hammers Connect.
 	const bad = "nqn.2026-11.io.blk:not-allowed"

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
@@ -65,10 +66,21 @@ type Config struct {
 	// whichever is larger), a pool of their own (group.attachCapsule says
 	// why).
 	CapsuleBuffers uint32
+	// ConnectTimeout bounds how long an accepted connection may take to
+	// send its ICReq and its first command capsule
+	// (DefaultConnectTimeout); from there the target core's
+	// target.Config.ConnectTimeout bounds its Connect. A connection
+	// that sends nothing is closed then.
+	ConnectTimeout time.Duration
+	// MaxPending bounds the connections accepted and not yet connected
+	// (no successful Fabrics Connect on their queue): more are closed as
+	// they are accepted (DefaultMaxPending).
+	MaxPending int
 	// Logf receives connection events as text lines; nil is silent.
 	Logf func(format string, args ...any)
-	// Logger receives them as warnings when Logf is nil. Give it a
-	// rate-limiting handler: a host can provoke terminations at will.
+	// Logger receives the connection events as records (events.go):
+	// fixed messages, details as attributes. Give it a rate-limiting
+	// handler: a host can provoke terminations at will.
 	Logger *slog.Logger
 }
 
@@ -108,6 +120,17 @@ const (
 	// group: 256 (2 MiB of 8 KiB), 8 queues of depth 32 writing in the
 	// capsule at once; a buffer is held only while its write executes.
 	DefaultCapsuleBuffers = 256
+	// DefaultConnectTimeout is ConnectTimeout: 10 s, as the core's
+	// (target.DefaultConnectTimeout). A Linux host sends its ICReq and
+	// Connect right after the TCP handshake; a port scanner or a stalled
+	// host holds a slot no longer than this.
+	DefaultConnectTimeout = 10 * time.Second
+	// DefaultMaxPending is MaxPending: 256 connections of the port that
+	// have not connected yet. Linux hosts connect their queues one at a
+	// time, so this is 256 hosts (re)connecting at the same moment; each
+	// costs about 20 KiB (its receive buffer) until its Connect, so a
+	// flood of idle connections is bounded at ~5 MiB and ConnectTimeout.
+	DefaultMaxPending = 256
 	// AdminQueueEntries is the admin queue size: 32, what the Linux host
 	// asks for (NVMF_AQ_DEPTH) and nvmet accepts at most.
 	AdminQueueEntries = 32
@@ -153,6 +176,12 @@ func (c Config) withDefaults() Config {
 	if c.CapsuleBuffers == 0 {
 		c.CapsuleBuffers = DefaultCapsuleBuffers
 	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.MaxPending == 0 {
+		c.MaxPending = DefaultMaxPending
+	}
 	return c
 }
 
@@ -187,6 +216,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxH2CData < nvme.TCPMinMaxH2CData || c.MaxH2CData%4 != 0 {
 		bad("MaxH2CData %d is less than %d or not a multiple of 4 (a Linux host refuses it)", c.MaxH2CData, nvme.TCPMinMaxH2CData)
+	}
+	if c.ConnectTimeout < 0 {
+		bad("ConnectTimeout %v is negative", c.ConnectTimeout)
+	}
+	if c.MaxPending < 0 {
+		bad("MaxPending %d is negative", c.MaxPending)
 	}
 	if c.SmallBuffers < 1 || c.LargeBuffers < 1 {
 		bad("SmallBuffers %d and LargeBuffers %d must be at least 1", c.SmallBuffers, c.LargeBuffers)

@@ -80,9 +80,11 @@ const (
 var (
 	errPortClosed   = errors.New("tcp: port closed")
 	errCloseTimeout = errors.New("tcp: closing connection timed out")
-	errDataDigest   = errors.New("tcp: data digest mismatch")
-	errHostTerm     = errors.New("tcp: host terminated the connection (H2CTermReq)")
-	errTerminated   = errors.New("tcp: connection terminated (C2HTermReq sent)")
+	// errConnectTimeout: no ICReq, or no command, within ConnectTimeout.
+	errConnectTimeout = errors.New("tcp: connect timeout")
+	errDataDigest     = errors.New("tcp: data digest mismatch")
+	errHostTerm       = errors.New("tcp: host terminated the connection (H2CTermReq)")
+	errTerminated     = errors.New("tcp: connection terminated (C2HTermReq sent)")
 )
 
 // conn is one accepted TCP connection: one NVMe queue. It is the core's
@@ -114,11 +116,18 @@ type conn struct {
 	reason  error // why the connection closes
 	gone    bool
 	tracked bool
+	// pending: accepted, its queue not connected yet (Port.pending
+	// counts it until unpend).
+	pending bool
+	// timed: in the group's timed list, until deadline.
+	timed bool
 
 	readable, writable bool
 	inReady, inFlush   bool
 	rxPaused           bool // in-capsule data waits for a buffer
-	deadline           time.Time
+	// deadline is when an establishing connection (no queue yet) is
+	// dropped, or a closing one closed.
+	deadline time.Time
 
 	rx      rxState
 	tx      txRing
@@ -373,7 +382,7 @@ func (c *conn) consume() bool {
 				// (nvmet_tcp_check_ddgst → fatal error, no TermReq: no
 				// FES names it); so does this binding.
 				c.g.st.ddgstErrs.Add(1)
-				c.p.logf("tcp: queue %d from %s: data digest %#08x, want %#08x: closing", c.qid, c.remote, got, x.crc)
+				c.logTerminated(0, 0, fmt.Sprintf("data digest %#08x, want %#08x", got, x.crc))
 				c.closeSocket(errDataDigest)
 				return false
 			}
@@ -464,8 +473,7 @@ func (c *conn) dataDone() bool {
 		}
 	case pduTermReq:
 		c.g.st.hostTerms.Add(1)
-		c.p.logf("tcp: queue %d from %s: host terminated the connection: FES %#x FEI %#x", c.qid, c.remote, x.fes, x.fei)
-		c.closeSocket(errHostTerm)
+		c.closeSocket(fmt.Errorf("%w: FES %#x FEI %d", errHostTerm, x.fes, x.fei))
 		return false
 	}
 	return true
@@ -543,11 +551,11 @@ func (c *conn) newQueue(sqe []byte) bool {
 	c.tx.e, c.tx.head = ring, 0
 	q, err := c.p.t.NewQueue(c, c.p.queueParams(c, qid, sqsize))
 	if err != nil {
-		c.p.logf("tcp: queue from %s: %v", c.remote, err)
 		c.closeSocket(err)
 		return false
 	}
 	c.q = q
+	c.logAccepted()
 	return true
 }
 
@@ -767,6 +775,9 @@ func (c *conn) refuse(r *req, st nvme.Status) {
 // completed takes a request back from the core (on the group).
 func (c *conn) completed(r *req) {
 	c.inCore--
+	if c.pending && c.q.Connected() {
+		c.unpend()
+	}
 	if c.state != connLive {
 		c.g.release(r)
 		c.reclaim(r)
@@ -928,7 +939,7 @@ func (c *conn) advance(n int) {
 // bytes) after what is queued, then closes.
 func (c *conn) terminate(f nvme.TCPFault, hdr []byte) {
 	c.g.st.terms.Add(1)
-	c.p.logf("tcp: queue %d from %s: terminating: %s (FES %#x FEI %d)", c.qid, c.remote, f.What, f.FES, f.FEI)
+	c.logTerminated(f.FES, f.FEI, f.What)
 	if len(hdr) > nvme.TCPTermReqMaxData {
 		hdr = hdr[:nvme.TCPTermReqMaxData]
 	}
@@ -959,9 +970,7 @@ func (c *conn) closeStart(graceful bool, reason error) {
 		c.closeSocket(reason)
 		return
 	}
-	c.deadline = time.Now().Add(lingerTimeout)
-	c.g.closing = append(c.g.closing, c)
-	c.g.checkClosing()
+	c.g.setDeadline(c, time.Now().Add(lingerTimeout))
 	if c.tx.n == 0 {
 		c.linger()
 	} else {
@@ -998,6 +1007,7 @@ func (c *conn) closeSocket(reason error) {
 		c.g.unwait(c)
 	}
 	c.state = connClosed
+	c.unpend()
 	c.g.unregister(c)
 	_ = c.nc.Close()
 	for c.tx.n > 0 {
@@ -1020,8 +1030,17 @@ func (c *conn) closeSocket(reason error) {
 		}
 	}
 	c.rx.req, c.rx.dst = nil, nil
-	c.p.logClosed(c)
+	c.logClosed()
 	c.maybeGone()
+}
+
+// unpend takes c out of the port's count of connections not connected
+// yet: its queue connected, or it closed.
+func (c *conn) unpend() {
+	if c.pending {
+		c.pending = false
+		c.p.pending.Add(-1)
+	}
 }
 
 // maybeGone lets go of a closed connection once the core has given back

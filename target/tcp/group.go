@@ -3,6 +3,7 @@
 package tcp
 
 import (
+	"fmt"
 	"os"
 	"runtime"
 	"sync"
@@ -63,7 +64,7 @@ type group struct {
 	freeSlots        []int32
 	ready, readyAlt  []*conn // connections with input to read
 	flushq, flushAlt []*conn // connections with output to write
-	closing          []*conn // connections with a close deadline
+	timed            []*conn // connections with a deadline (conn.timed)
 	small, large     *pool
 	capsule          *pool // in-capsule data only (see attachCapsule)
 	waiting          reqFIFO
@@ -103,7 +104,7 @@ type groupCounters struct {
 	commands, inCapsule, r2ts, h2c, c2h, resps, successFlags atomic.Uint64
 	hdgstErrs, ddgstErrs, terms, hostTerms, dataWaits        atomic.Uint64
 	bytesIn, bytesOut, copies, copiedBytes, reads, writes    atomic.Uint64
-	wakes, sleeps, passes                                    atomic.Uint64
+	wakes, sleeps, passes, connectTimeouts                   atomic.Uint64
 	states                                                   [numReqStates]atomic.Uint64
 }
 
@@ -236,8 +237,8 @@ func (g *group) run(started chan<- struct{}) {
 				break
 			}
 		}
-		if len(g.closing) > 0 {
-			g.checkClosing()
+		if len(g.timed) > 0 {
+			g.checkDeadlines()
 		}
 		if g.stop.Load() && g.conns.Load() == 0 && g.adoptq.Load() == nil {
 			g.evmu.Lock()
@@ -359,7 +360,7 @@ func (g *group) register(c *conn) {
 		err = cerr
 	}
 	if err != nil {
-		g.p.logf("tcp: port %s: register connection from %s: %v", g.p.ln.Addr(), c.remote, err)
+		g.p.logPortError("register", c.remote, err)
 		c.closeSocket(err)
 		return
 	}
@@ -367,7 +368,9 @@ func (g *group) register(c *conn) {
 	g.markReady(c)
 	if g.stop.Load() || g.p.isClosing() {
 		c.closeStart(false, errPortClosed)
+		return
 	}
+	g.setDeadline(c, time.Now().Add(g.p.cfg.ConnectTimeout))
 }
 
 // unregister takes c's socket out of the epoll set (before it is closed).
@@ -552,27 +555,53 @@ func (g *group) runWaiters() bool {
 	return worked
 }
 
-// checkClosing closes the connections whose close deadline passed, and
-// sets the timer for the next.
-func (g *group) checkClosing() {
+// setDeadline gives c a deadline (checkDeadlines says what happens at it)
+// and sets the timer.
+func (g *group) setDeadline(c *conn, d time.Time) {
+	c.deadline = d
+	if !c.timed {
+		c.timed = true
+		g.timed = append(g.timed, c)
+	}
+	g.checkDeadlines()
+}
+
+// checkDeadlines acts on the connections whose deadline passed and sets
+// the timer for the next. An establishing connection — no ICReq, or no
+// command after its ICResp — is closed at its connect deadline (once its
+// first capsule made the core's queue, the core's own connect timeout
+// takes over); a closing one is closed at its linger deadline.
+func (g *group) checkDeadlines() {
 	now := time.Now()
 	var next time.Duration
 	k := 0
-	for _, c := range g.closing {
-		if c.state == connClosed {
+	for _, c := range g.timed {
+		establishing := c.state < connClosing
+		if c.state == connClosed || establishing && c.q != nil {
+			c.timed = false
 			continue
 		}
 		if d := c.deadline.Sub(now); d <= 0 {
-			c.closeSocket(errCloseTimeout)
+			c.timed = false
+			if !establishing {
+				c.closeSocket(errCloseTimeout)
+				continue
+			}
+			g.st.connectTimeouts.Add(1)
+			what := "no ICReq"
+			if c.state == connLive {
+				what = "no command after the ICResp"
+			}
+			c.closeSocket(fmt.Errorf("%w: %s within %v", errConnectTimeout, what, g.p.cfg.ConnectTimeout))
 			continue
 		} else if next == 0 || d < next {
 			next = d
 		}
-		g.closing[k] = c
+		g.timed[k] = c
 		k++
 	}
-	clear(g.closing[k:])
-	g.closing = g.closing[:k]
+	clear(g.timed[k:])
+	g.timed = g.timed[:k]
 	if next > 0 {
 		its := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(next))}
 		unix.TimerfdSettime(g.tfd, 0, &its, nil)

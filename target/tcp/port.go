@@ -4,13 +4,12 @@ package tcp
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
@@ -44,6 +43,10 @@ type Port struct {
 	wg      sync.WaitGroup // accept loop and connections
 
 	accepts atomic.Uint64
+	// pending counts connections accepted and not yet connected
+	// (conn.pending); rejected those closed at accept for MaxPending.
+	pending  atomic.Int32
+	rejected atomic.Uint64
 	// digestConns counts connections that negotiated a digest.
 	digestConns atomic.Uint64
 }
@@ -197,19 +200,32 @@ func (p *Port) stopGroups() {
 
 func (p *Port) acceptLoop() {
 	defer p.wg.Done()
+	var backoff time.Duration
 	for {
 		nc, err := p.ln.AcceptTCP()
 		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				p.logf("tcp: port %s: accept: %v", p.ln.Addr(), err)
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			// Out of descriptors or memory: try again a little later
+			// rather than spin (5 ms, doubling to 1 s).
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			p.logPortError("accept", "", err)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		if n := p.pending.Load(); n >= int32(p.cfg.MaxPending) {
+			p.rejected.Add(1)
+			p.logRejected(nc.RemoteAddr().String(), fmt.Sprintf("%d connections are already waiting to connect (MaxPending)", n))
+			_ = nc.SetLinger(0)
+			nc.Close()
+			continue
 		}
 		_ = nc.SetNoDelay(true)
 		c, err := newConn(p, nc)
 		if err != nil {
-			p.logf("tcp: port %s: connection from %s: %v", p.ln.Addr(), nc.RemoteAddr(), err)
+			p.logPortError("accept", nc.RemoteAddr().String(), err)
 			nc.Close()
 			continue
 		}
@@ -218,6 +234,8 @@ func (p *Port) acceptLoop() {
 			continue
 		}
 		p.accepts.Add(1)
+		p.pending.Add(1)
+		c.pending = true
 		// The group with the fewest connections takes it.
 		g := p.groups[0]
 		for _, o := range p.groups[1:] {
@@ -254,28 +272,18 @@ func (p *Port) untrack(c *conn) {
 	}
 }
 
-// logf writes a log line to Config.Logf, or as a warning to Config.Logger.
-func (p *Port) logf(format string, args ...any) {
-	if p.cfg.Logf != nil {
-		p.cfg.Logf(format, args...)
-	} else if p.cfg.Logger != nil && p.cfg.Logger.Enabled(context.Background(), slog.LevelWarn) {
-		p.cfg.Logger.Warn(fmt.Sprintf(format, args...))
-	}
-}
-
-// logClosed notes a connection's end when the target did not ask for it.
-func (p *Port) logClosed(c *conn) {
-	if p.cfg.Logf == nil && p.cfg.Logger == nil {
-		return
-	}
-	if c.reason != nil && !errors.Is(c.reason, errPortClosed) {
-		p.logf("tcp: queue %d from %s closed: %v", c.qid, c.remote, c.reason)
-	}
-}
-
 // Stats are the port's counters, summed over its poll groups.
 type Stats struct {
 	Accepts uint64 // connections accepted
+	// Rejected were closed as they were accepted: MaxPending connections
+	// were waiting to connect.
+	Rejected uint64
+	// Pending are the connections accepted and not connected yet.
+	Pending uint64
+	// ConnectTimeouts were closed for sending no ICReq or no command
+	// within ConnectTimeout (the core counts queues whose Connect did not
+	// succeed in time: target.Stats.ConnectsTimedOut).
+	ConnectTimeouts uint64
 	// DigestConnections negotiated a header or data digest in ICReq.
 	DigestConnections uint64
 	Connections       uint64 // connections open now
@@ -315,11 +323,13 @@ type Stats struct {
 
 // Stats returns the port's counters.
 func (p *Port) Stats() Stats {
-	s := Stats{Accepts: p.accepts.Load(), DigestConnections: p.digestConns.Load()}
+	s := Stats{Accepts: p.accepts.Load(), DigestConnections: p.digestConns.Load(),
+		Rejected: p.rejected.Load(), Pending: uint64(max(p.pending.Load(), 0))}
 	for _, g := range p.groups {
 		st := &g.st
 		s.Connections += uint64(max(g.conns.Load(), 0))
 		s.Commands += st.commands.Load()
+		s.ConnectTimeouts += st.connectTimeouts.Load()
 		s.InCapsule += st.inCapsule.Load()
 		s.R2Ts += st.r2ts.Load()
 		s.H2CData += st.h2c.Load()

@@ -28,6 +28,13 @@ type testTarget struct {
 // (4 KiB blocks) on a port on loopback with 2 poll groups.
 func newTestTarget(t testing.TB, cfg tcp.Config) *testTarget {
 	t.Helper()
+	return newTestTargetWith(t, cfg, target.Config{})
+}
+
+// newTestTargetWith is newTestTarget with the core's configuration tc
+// (its Limits are the port's).
+func newTestTargetWith(t testing.TB, cfg tcp.Config, tc target.Config) *testTarget {
+	t.Helper()
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1:0"
 	}
@@ -39,7 +46,8 @@ func newTestTarget(t testing.TB, cfg tcp.Config) *testTarget {
 		t.Fatal(err)
 	}
 	tt := &testTarget{}
-	if tt.t, err = target.New(target.Config{Limits: lim}); err != nil {
+	tc.Limits = lim
+	if tt.t, err = target.New(tc); err != nil {
 		t.Fatal(err)
 	}
 	if tt.mem, err = target.NewMemBackend(testBlock, testBlocks); err != nil {

@@ -325,11 +325,17 @@ func describe(c nvme.Command) string {
 // as a Linux host does on every queue.
 func (h *rawHost) connect(qid, sqsize uint16, cattr uint8, cntlid uint16) nvme.Completion {
 	h.t.Helper()
+	return h.connectTo(qid, sqsize, cattr, cntlid, testSubNQN, testHostNQN)
+}
+
+// connectTo sends a Connect for host to sub and returns its response.
+func (h *rawHost) connectTo(qid, sqsize uint16, cattr uint8, cntlid uint16, sub, host string) nvme.Completion {
+	h.t.Helper()
 	var d nvme.ConnectData
 	d.HostID = [16]byte{1, 2, 3, 4}
 	d.CNTLID = cntlid
-	d.SubNQN, _ = nvme.MakeNQNField(testSubNQN)
-	d.HostNQN, _ = nvme.MakeNQNField(testHostNQN)
+	d.SubNQN, _ = nvme.MakeNQNField(sub)
+	d.HostNQN, _ = nvme.MakeNQNField(host)
 	data := make([]byte, nvme.ConnectDataSize)
 	d.Marshal((*[nvme.ConnectDataSize]byte)(data))
 	cc := nvme.ConnectCommand{QID: qid, SQSize: sqsize, CAttr: cattr, KATO: 5000}

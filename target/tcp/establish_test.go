@@ -1,0 +1,119 @@
+package tcp_test
+
+import (
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/blk-project/blk/internal/logrec"
+	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/tcp"
+)
+
+// TestConnectTimeout: a connection that sends no ICReq, or an ICReq and
+// then nothing, is closed by the port at its ConnectTimeout; one whose
+// only Connect was refused is closed at the core's ConnectTimeout; a
+// connected queue is left alone. Each is counted and logged as closed by
+// the target, and none is pending afterwards.
+func TestConnectTimeout(t *testing.T) {
+	const timeout = 2 * time.Second
+	lr := &logrec.Recorder{}
+	lg := slog.New(lr)
+	tt := newTestTargetWith(t, tcp.Config{ConnectTimeout: timeout, Logger: lg},
+		target.Config{ConnectTimeout: timeout, Logger: lg})
+	admin, _ := tt.adminUp(t, nvme.TCPDigests{})
+
+	silent := dialRaw(t, tt.addr)
+	icOnly := dialRaw(t, tt.addr)
+	icOnly.mustIC(nvme.TCPDigests{})
+	refused := dialRaw(t, tt.addr)
+	refused.mustIC(nvme.TCPDigests{})
+	if rsp := refused.connectTo(0, 31, 0, nvme.CNTLIDDynamic, "nqn.2026-11.io.blk:nope", testHostNQN); rsp.Status == 0 {
+		t.Fatal("Connect to a subsystem that does not exist succeeded")
+	}
+	start := time.Now()
+	for _, h := range []*rawHost{silent, icOnly, refused} {
+		h.expectClose()
+	}
+	if d := time.Since(start); d < timeout/2 {
+		t.Errorf("idle connections closed after %v, before the %v timeout", d, timeout)
+	}
+	if res := admin.mustExchange(propGet(nvme.PropCSTS, false), nil, nil, nil); res.rsp.Status != 0 || res.rsp.DW0&1 == 0 {
+		t.Fatalf("the connected admin queue after the timeouts: status %v CSTS %#x", res.rsp.Status, res.rsp.DW0)
+	}
+	st := tt.port.Stats()
+	if st.ConnectTimeouts != 2 || st.Pending != 0 {
+		t.Errorf("port: ConnectTimeouts %d, Pending %d; want 2 and 0", st.ConnectTimeouts, st.Pending)
+	}
+	if n := tt.t.Stats().ConnectsTimedOut; n != 1 {
+		t.Errorf("core: ConnectsTimedOut %d, want 1", n)
+	}
+	lr.Wait(t, target.EventConnectTimedOut, "qid", "0")
+	var why []string
+	for _, r := range lr.Take() {
+		if r.Msg == tcp.EventConnectionClosed && r.Attrs["by"] == "target" {
+			why = append(why, r.Attrs["reason"])
+		}
+	}
+	for _, want := range []string{"no ICReq within 2s", "no command after the ICResp within 2s", "target: no Connect in time"} {
+		found := false
+		for _, w := range why {
+			found = found || strings.Contains(w, want)
+		}
+		if !found {
+			t.Errorf("no connection closed by the target for %q; closed for %q", want, why)
+		}
+	}
+}
+
+// TestMaxPending: with MaxPending connections accepted and not connected,
+// the next is closed as it is accepted (counted, logged); once one of
+// them connects, a new connection is served again.
+func TestMaxPending(t *testing.T) {
+	lr := &logrec.Recorder{}
+	tt := newTestTarget(t, tcp.Config{MaxPending: 2, Logger: slog.New(lr)})
+	a := dialRaw(t, tt.addr)
+	_ = dialRaw(t, tt.addr)
+	waitPending(t, tt, 2)
+	// Closed at once (with a reset): the dial itself may see it.
+	if nc, err := net.DialTimeout("tcp", tt.addr, rawTimeout); err == nil {
+		over := &rawHost{t: t, nc: nc}
+		over.expectClose()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for tt.port.Stats().Rejected == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if st := tt.port.Stats(); st.Rejected != 1 {
+		t.Fatalf("Rejected %d, want 1", st.Rejected)
+	}
+	rej := lr.Wait(t, tcp.EventConnectionRejected, "port", tt.addr)
+	if rej.Level != slog.LevelWarn || !strings.Contains(rej.Attrs["reason"], "MaxPending") {
+		t.Errorf("rejected: %v %v", rej.Level, rej.Attrs)
+	}
+
+	a.mustIC(nvme.TCPDigests{})
+	if rsp := a.connect(0, 31, 0, nvme.CNTLIDDynamic); rsp.Status != 0 {
+		t.Fatalf("admin Connect: %v", rsp.Status)
+	}
+	waitPending(t, tt, 1)
+	again := dialRaw(t, tt.addr)
+	again.mustIC(nvme.TCPDigests{})
+	if st := tt.port.Stats(); st.Rejected != 1 || st.Pending != 2 {
+		t.Fatalf("Rejected %d, Pending %d; want 1 and 2", st.Rejected, st.Pending)
+	}
+}
+
+func waitPending(t *testing.T, tt *testTarget, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for tt.port.Stats().Pending != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections pending, want %d", tt.port.Stats().Pending, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
