@@ -56,6 +56,13 @@ func (r *Recorder) Take() []Record {
 	return out
 }
 
+// Records returns a copy of the records kept so far.
+func (r *Recorder) Records() []Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Record(nil), r.recs...)
+}
+
 // Len is the number of records kept.
 func (r *Recorder) Len() int {
 	r.mu.Lock()

@@ -961,6 +961,7 @@ func (c *conn) closeStart(graceful bool, reason error) {
 	}
 	c.reason = reason
 	c.state = connClosing
+	c.unpend()
 	c.rxPaused = false
 	if c.q != nil {
 		c.q.Close()
