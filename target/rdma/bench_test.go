@@ -23,8 +23,11 @@ import (
 //
 //	go test -run '^$' -bench . -benchmem ./target/rdma/
 //
-// Each benchmark has two sub-benchmarks, run in this order: "bare" (the
-// baseline's server) and "nvme" (the target). Both servers run in a child
+// Each benchmark has three sub-benchmarks, run in this order: "bare" (the
+// baseline's server), "nvme" (the target through this binding) and
+// "nvme-tcp" (the same target, volume and initiator through the NVMe/TCP
+// binding, target/tcp, over kernel TCP: the two bindings side by side in
+// one run). Both servers run in a child
 // process (the test binary, see child_test.go), a fresh one for every run
 // the framework makes, so that their CPU time is theirs alone and no run
 // inherits another's pebble state; the target's volume is on a real
@@ -60,10 +63,17 @@ import (
 //	tgt-allocs/op    heap allocations of the server process per I/O
 //	tgt-comps/notify completions per CQ notification on the server
 //	rdma-reads/op, rdma-writes/op, in-capsule/op
-//	                 the server's data transfers per I/O: both variants
+//	                 the server's data transfers per I/O: bare and nvme
 //	                 must show the same mix (a 4 KiB write goes in the
 //	                 capsule, a 128 KiB write is fetched by RDMA READ, a
 //	                 read is placed by RDMA WRITE)
+//	r2ts/op, staging-copies/op
+//	                 (nvme-tcp, instead of the RDMA operations) R2Ts sent
+//	                 and host data copied from the receive staging buffer
+//	                 per I/O
+//	x-rdma           (nvme-tcp) IOPS ÷ IOPS of this benchmark's nvme runs
+//	                 in the same process (median, as x-bare): NVMe/TCP
+//	                 against NVMe/RDMA on the soft provider
 //	full-retries/op  (nvme) submissions the initiator refused as queue
 //	                 full although a slot was free, retried (retryFull)
 //	vol-copies/op    (nvme) bytes the volume copied between the target's
@@ -177,7 +187,8 @@ func runBenchCase(b *testing.B, bc benchCase) {
 		b.Fatalf("depth %d does not spread evenly over %d queues", bc.depth, bc.nqueues())
 	}
 	b.Run("bare", func(b *testing.B) { benchBare(b, bc) })
-	b.Run("nvme", func(b *testing.B) { benchNVMe(b, bc) })
+	b.Run("nvme", func(b *testing.B) { benchNVMe(b, bc, initiator.TransportRDMA) })
+	b.Run("nvme-tcp", func(b *testing.B) { benchNVMe(b, bc, initiator.TransportTCP) })
 }
 
 // benchSeedEnv overrides the benchmarks' seed (benchSeed).
@@ -284,10 +295,18 @@ type nvmeSlot struct {
 func (s *nvmeSlot) IODone(err error) { s.cur.Load().complete(s.slot, err) }
 
 // benchNVMe runs the case against the target in a child process, serving
-// a pebble volume on a temporary directory.
-func benchNVMe(b *testing.B, bc benchCase) {
-	srv := startChild(b, append([]string{"BLK_TEST_TARGET_DIR=" + b.TempDir(), "BLK_TEST_TARGET_ADDR=" + benchListenAddr()}, benchChildEnv()...)...)
-	c := connectHost(b, srv.addr, initiator.Config{Adapter: benchAdapter(b), Queues: bc.nqueues(), QueueDepth: benchQueueDepth(bc.perQueue())})
+// a pebble volume on a temporary directory, through the binding of
+// transport: NVMe/RDMA (this package) or NVMe/TCP (target/tcp).
+func benchNVMe(b *testing.B, bc benchCase, transport string) {
+	env := []string{"BLK_TEST_TARGET_DIR=" + b.TempDir(), "BLK_TEST_TARGET_ADDR=" + benchListenAddr()}
+	cfg := initiator.Config{Queues: bc.nqueues(), QueueDepth: benchQueueDepth(bc.perQueue()), Transport: transport}
+	if transport == initiator.TransportTCP {
+		env = append(env, childTransportEnv+"="+transport)
+	} else {
+		cfg.Adapter = benchAdapter(b)
+	}
+	srv := startChild(b, append(env, benchChildEnv()...)...)
+	c := connectHost(b, srv.addr, cfg)
 	ns := c.Namespace(1)
 	if ns == nil {
 		b.Fatal("namespace 1 not found")
@@ -333,6 +352,16 @@ func benchNVMe(b *testing.B, bc benchCase) {
 	} else {
 		b.Logf("no bare run of %s in this process: x-bare not reported", bc.name)
 	}
+	if transport == initiator.TransportTCP {
+		if rd, ok := rdmaResults.get(bc.name); ok {
+			b.ReportMetric(r.iops/rd, "x-rdma")
+		} else {
+			b.Logf("no nvme (RDMA) run of %s in this process: x-rdma not reported", bc.name)
+		}
+		reportPerQueue(b, bc, "nvme-tcp", r.iops)
+		return
+	}
+	rdmaResults.record(bc.name, b.N, r.iops)
 	reportPerQueue(b, bc, "nvme", r.iops)
 }
 
@@ -501,8 +530,13 @@ func measure(b *testing.B, bc benchCase, srv *childTarget, cur *atomic.Pointer[i
 	if notes := r.counters["notifications"]; notes > 0 {
 		b.ReportMetric(float64(r.counters["completions"])/float64(notes), "tgt-comps/notify")
 	}
-	b.ReportMetric(perOp(r.counters["rdmareads"]), "rdma-reads/op")
-	b.ReportMetric(perOp(r.counters["rdmawrites"]), "rdma-writes/op")
+	if _, tcp := r.counters["r2ts"]; tcp {
+		b.ReportMetric(perOp(r.counters["r2ts"]), "r2ts/op")
+		b.ReportMetric(perOp(r.counters["copies"]), "staging-copies/op")
+	} else {
+		b.ReportMetric(perOp(r.counters["rdmareads"]), "rdma-reads/op")
+		b.ReportMetric(perOp(r.counters["rdmawrites"]), "rdma-writes/op")
+	}
 	b.ReportMetric(perOp(r.counters["incapsule"]), "in-capsule/op")
 	if c := r.counters["groupcommits"]; c > 0 {
 		b.ReportMetric(float64(r.counters["groupedwrites"])/float64(c), "writes/commit")
@@ -636,6 +670,10 @@ func (l *ioLoop) latency() (mean, p99 time.Duration) {
 // -count times and then "nvme" -count times; the shorter runs it makes
 // first to size b.N are left out.
 var bareResults = &bareBook{m: make(map[string][]bareRun)}
+
+// rdmaResults keeps the nvme (NVMe/RDMA) runs, per case, for the x-rdma
+// of the nvme-tcp runs, in the same way.
+var rdmaResults = &bareBook{m: make(map[string][]bareRun)}
 
 // queueResults keeps the one-queue runs of BenchmarkQueues, per variant
 // and case, for x-1queue, in the same way.

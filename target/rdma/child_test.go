@@ -18,6 +18,7 @@ import (
 
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
+	"github.com/blk-project/blk/target/tcp"
 	"github.com/blk-project/blk/target/volume"
 )
 
@@ -27,7 +28,10 @@ import (
 //     directory (volume 1, 256 MiB, as namespace 1 of testSubNQN, any host
 //     allowed) on BLK_TEST_TARGET_ADDR, with the port's Cores, QPsPerCore
 //     and QueueEntries from BLK_TEST_TARGET_CORES, _QPS_PER_CORE and
-//     _QUEUE_ENTRIES where set (the defaults otherwise);
+//     _QUEUE_ENTRIES where set (the defaults otherwise); with
+//     BLK_TEST_TARGET_TRANSPORT=tcp it serves the same through an
+//     NVMe/TCP port (target/tcp, its Cores from BLK_TEST_TARGET_CORES)
+//     instead;
 //   - with BLK_TEST_BARE_SERVER=1 it runs the bare transport baseline's
 //     server (bare_test.go) on BLK_TEST_TARGET_ADDR.
 //
@@ -67,6 +71,7 @@ const childVolumeSize = 256 << 20
 
 // The child target's port sizes (runChildTarget).
 const (
+	childTransportEnv    = "BLK_TEST_TARGET_TRANSPORT"
 	childCoresEnv        = "BLK_TEST_TARGET_CORES"
 	childQPsPerCoreEnv   = "BLK_TEST_TARGET_QPS_PER_CORE"
 	childQueueEntriesEnv = "BLK_TEST_TARGET_QUEUE_ENTRIES"
@@ -122,6 +127,9 @@ func runChildTarget(dir, addr string) error {
 	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(vol)}); err != nil {
 		return err
 	}
+	if os.Getenv(childTransportEnv) == "tcp" {
+		return serveChildTCP(t, vol, tcp.Config{Addr: addr, Cores: cfg.Cores, Logf: cfg.Logf})
+	}
 	port, err := rdma.Listen(t, a, cfg)
 	if err != nil {
 		return err
@@ -137,6 +145,26 @@ func runChildTarget(dir, addr string) error {
 		line := fmt.Sprintf("commands=%d incapsule=%d rdmareads=%d rdmawrites=%d waits=%d completions=%d notifications=%d groupedwrites=%d groupcommits=%d accepts=%d rejects=%d",
 			s.Commands, s.InCapsuleWrites, s.RDMAReads, s.RDMAWrites, s.DataWaits, s.Engine.Completions, s.Engine.Notifications, s.GroupedWrites, s.GroupCommits, s.Accepts, s.Rejects)
 		line += sizes
+		if vs, err := vol.Stats(); err == nil {
+			line += fmt.Sprintf(" volcopied=%d volbytes=%d", vs.CopiedBytes, vs.ReadBytes+vs.WriteBytes)
+		}
+		return line
+	})
+	return port.Close()
+}
+
+// serveChildTCP serves t through an NVMe/TCP port until childServe
+// returns.
+func serveChildTCP(t *target.Target, vol *volume.Volume, cfg tcp.Config) error {
+	port, err := tcp.Listen(t, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("LISTEN %s\n", port.Addr())
+	childServe(func() string {
+		s := port.Stats()
+		line := fmt.Sprintf("commands=%d incapsule=%d r2ts=%d c2h=%d copies=%d waits=%d groupedwrites=%d groupcommits=%d accepts=%d",
+			s.Commands, s.InCapsule, s.R2Ts, s.C2HData, s.Copies, s.DataWaits, s.GroupedWrites, s.GroupCommits, s.Accepts)
 		if vs, err := vol.Stats(); err == nil {
 			line += fmt.Sprintf(" volcopied=%d volbytes=%d", vs.CopiedBytes, vs.ReadBytes+vs.WriteBytes)
 		}

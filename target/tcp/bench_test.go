@@ -39,6 +39,9 @@ import (
 //	copies/op       (nvme) user-space copies of data by the target per
 //	                I/O (Stats.Copies); copied-bytes/op the bytes
 //	r2ts/op, c2h/op, incapsule/op  (nvme) the PDU mix
+//	readvs/op, writevs/op, passes/op, sleeps/op
+//	                (nvme) the poll groups' socket calls, loop passes and
+//	                sleeps per I/O (a partial writev counts; EAGAIN too)
 //	x-bare          (nvme) IOPS ÷ IOPS of the bare run of the same case in
 //	                this process: what NVMe, the binding and the core cost
 //	                together (1 = free)
@@ -95,6 +98,10 @@ func runBenchCase(b *testing.B, bc benchCase) {
 		b.ReportMetric(float64(s1.R2Ts-s0.R2Ts)/n, "r2ts/op")
 		b.ReportMetric(float64(s1.C2HData-s0.C2HData)/n, "c2h/op")
 		b.ReportMetric(float64(s1.InCapsule-s0.InCapsule)/n, "incapsule/op")
+		b.ReportMetric(float64(s1.Reads-s0.Reads)/n, "readvs/op")
+		b.ReportMetric(float64(s1.Writes-s0.Writes)/n, "writevs/op")
+		b.ReportMetric(float64(s1.Passes-s0.Passes)/n, "passes/op")
+		b.ReportMetric(float64(s1.Sleeps-s0.Sleeps)/n, "sleeps/op")
 		if bare, ok := bareResults.get(bc.name); ok {
 			b.ReportMetric(r.iops/bare, "x-bare")
 		}

@@ -23,6 +23,7 @@
 //	req.go     the request slots and their state enum (one transition
 //	           function, every move counted)
 //	pool.go    data buffer pools and the wait FIFO
+//	events.go  the connection events logged through Config.Logger
 //
 // # The data path
 //
@@ -55,6 +56,24 @@
 // a C2HTermReq after the queued PDUs, then a FIN, and the connection is
 // closed when the host closes or after 2 s. A Disconnect from the core
 // writes the queued responses, then closes.
+//
+// # Connection setup
+//
+// A connection has ConnectTimeout (10 s) from its accept to send its
+// ICReq and its first command capsule, which makes the core's queue; the
+// core's own target.Config.ConnectTimeout then bounds its Connect (a
+// queue whose Connect was refused is dropped too). At most MaxPending
+// (256) connections of the port may be in that state: more are closed as
+// they are accepted. A port scanner, a stalled host or a flood of idle
+// connections so holds at most MaxPending receive buffers for at most
+// ConnectTimeout. Accept errors (out of descriptors) back off 5 ms to
+// 1 s instead of spinning.
+//
+// # Events
+//
+// Config.Logger gets one record per connection event, with fixed
+// messages (events.go): connection accepted, rejected, terminated,
+// closed (by host or target, and why), and port error.
 //
 // # What this package must never do
 //
