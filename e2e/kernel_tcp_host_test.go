@@ -20,8 +20,9 @@ import (
 func TestKernelTCPHostToBlkd(t *testing.T) {
 	s := newScenario(t)
 	port := ports(24500)
-	tcpPort, rdmaPort, api := port(), port(), addr(port())
-	d := s.startDaemon("blkd", api, "--raft-addr", addr(port()), "--tcp-addr", addr(tcpPort), "--nvme-addr", addr(rdmaPort))
+	tcpPort, rdmaPort, discPort, api := port(), port(), port(), addr(port())
+	d := s.startDaemon("blkd", api, "--raft-addr", addr(port()), "--tcp-addr", addr(tcpPort), "--nvme-addr", addr(rdmaPort),
+		"--discovery-addr", addr(discPort))
 
 	const hostNQN = "nqn.2014-08.org.nvmexpress:uuid:e2e00000-0000-4000-8000-000000000007"
 	s.blkctl(api, nil, "volume", "create", "tcpvol", "--size", "256MiB")
@@ -33,7 +34,7 @@ func TestKernelTCPHostToBlkd(t *testing.T) {
 	}
 	seed := time.Now().UnixNano() % 1000000
 	t.Logf("fio seed %d", seed)
-	s.setEnv("TCPPORT", strconv.Itoa(tcpPort), "NQN", at.SubsystemNQN, "HOSTNQN", hostNQN, "SEED", fmt.Sprint(seed))
+	s.setEnv("TCPPORT", strconv.Itoa(tcpPort), "DISCPORT", strconv.Itoa(discPort), "NQN", at.SubsystemNQN, "HOSTNQN", hostNQN, "SEED", fmt.Sprint(seed))
 	s.script("kernel_tcp_host.sh")
 
 	g := s.boot(vmConfig{name: "tcphost", script: "kernel_tcp_host.sh", timeout: 10 * time.Minute})
@@ -46,32 +47,37 @@ func TestKernelTCPHostToBlkd(t *testing.T) {
 	s.mark("restarted")
 	s.wait(g)
 
-	var disc struct {
-		Records []struct {
-			Trtype, Subnqn, Trsvcid, Traddr string
-		}
-	}
-	s.decode("discover-tcp.json", &disc)
-	found := 0
-	for _, r := range disc.Records {
-		if r.Subnqn == at.SubsystemNQN {
-			found++
-			switch r.Trtype {
-			case "tcp":
-				if r.Trsvcid != strconv.Itoa(tcpPort) {
-					t.Errorf("discovery record %+v: want service %d", r, tcpPort)
-				}
-			case "rdma":
-				if r.Trsvcid != strconv.Itoa(rdmaPort) {
-					t.Errorf("discovery record %+v: want service %d", r, rdmaPort)
-				}
-			default:
-				t.Errorf("discovery record %+v: transport", r)
+	// Discovery through the NVMe/TCP port and through the
+	// discovery-only port: both list the volume once on each I/O port,
+	// never on the discovery port.
+	for _, file := range []string{"discover-tcp.json", "discover-disc.json"} {
+		var disc struct {
+			Records []struct {
+				Trtype, Subnqn, Trsvcid, Traddr string
 			}
 		}
-	}
-	if found != 2 {
-		t.Errorf("discovery log %+v: want %s once per port (tcp and rdma)", disc.Records, at.SubsystemNQN)
+		s.decode(file, &disc)
+		found := 0
+		for _, r := range disc.Records {
+			if r.Subnqn == at.SubsystemNQN {
+				found++
+				switch r.Trtype {
+				case "tcp":
+					if r.Trsvcid != strconv.Itoa(tcpPort) {
+						t.Errorf("%s: discovery record %+v: want service %d", file, r, tcpPort)
+					}
+				case "rdma":
+					if r.Trsvcid != strconv.Itoa(rdmaPort) {
+						t.Errorf("%s: discovery record %+v: want service %d", file, r, rdmaPort)
+					}
+				default:
+					t.Errorf("%s: discovery record %+v: transport", file, r)
+				}
+			}
+		}
+		if found != 2 {
+			t.Errorf("%s: discovery log %+v: want %s once per I/O port (tcp and rdma)", file, disc.Records, at.SubsystemNQN)
+		}
 	}
 	var idc map[string]any
 	s.decode("id-ctrl-tcp.json", &idc)

@@ -93,6 +93,15 @@ func (t *Target) matchPort(p QueueParams) (port Port, traddr, trsvcid string, ok
 	return Port{}, "", "", false
 }
 
+// discoveryOnlyPort reports whether a queue with these parameters came
+// in through a discovery-only port.
+func (t *Target) discoveryOnlyPort(p QueueParams) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	port, _, _, ok := t.matchPort(p)
+	return ok && port.DiscoveryOnly
+}
+
 // ipFamily returns the address family of addr if it is an IP address and
 // def is an IP family; def otherwise.
 func ipFamily(addr string, def uint8) uint8 {
@@ -129,7 +138,8 @@ func (t *Target) asqsz(p *Port) uint16 {
 // once per port of the target — the arrival port first, then the others
 // by ID — so that a host that discovers over one transport learns every
 // transport that serves the subsystem (nvmet lists the arrival port only;
-// SPDK lists them all). A connection through no known port sees an empty
+// SPDK lists them all). A discovery-only port (Port.DiscoveryOnly) lists
+// no NVM subsystem on itself. A connection through no known port sees an empty
 // log. The log and its GENCTR come from one snapshot under t.mu.
 func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 	type listed struct {
@@ -140,16 +150,19 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 	gen := t.genctr.Load()
 	arrival, traddr, trsvcid, ok := t.matchPort(p)
 	var subs []*Subsystem
-	var ports []listed
+	var ports []listed // where the NVM subsystems are served
+	cur := listed{arrival, traddr, trsvcid}
 	if ok {
 		for _, s := range t.sortedSubsystems() {
 			if s.hostAllowed(host) {
 				subs = append(subs, s)
 			}
 		}
-		ports = append(ports, listed{arrival, traddr, trsvcid})
+		if !arrival.DiscoveryOnly {
+			ports = append(ports, cur)
+		}
 		for _, port := range t.sortedPorts() {
-			if port.ID == arrival.ID {
+			if port.ID == arrival.ID || port.DiscoveryOnly {
 				continue
 			}
 			a := cmp.Or(port.AdvertiseAddr, port.TrAddr)
@@ -195,7 +208,7 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 	}
 	// The current discovery subsystem: the same information as this
 	// controller, and persistent connections (KATO) are supported.
-	put(&ports[0], nvme.SubTypeCurrentDiscovery, nvme.DiscoveryNQN, nvme.EFlagDupRetInfo|nvme.EFlagEPCSD)
+	put(&cur, nvme.SubTypeCurrentDiscovery, nvme.DiscoveryNQN, nvme.EFlagDupRetInfo|nvme.EFlagEPCSD)
 	for _, s := range subs {
 		for i := range ports {
 			put(&ports[i], nvme.SubTypeNVM, s.nqn, 0)

@@ -93,6 +93,10 @@ func (q *Queue) connectAdmin(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme
 	if s == nil {
 		return invalidParam(ipoSubNQN, true)
 	}
+	if s != t.disc && t.discoveryOnlyPort(q.params) {
+		q.refusal = "the port serves discovery only"
+		return invalidParam(ipoSubNQN, true)
+	}
 	// 5. The host may use it.
 	if !d.HostNQN.Terminated() || len(d.HostNQN.Bytes()) == 0 {
 		return invalidParam(ipoHost, true)
@@ -155,6 +159,10 @@ func (q *Queue) connectIO(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme.St
 	}
 	s := t.lookupSubsystem(d.SubNQN.Bytes())
 	if s == nil {
+		return invalidParam(ipoSubNQN, true)
+	}
+	if t.discoveryOnlyPort(q.params) {
+		q.refusal = "the port serves discovery only"
 		return invalidParam(ipoSubNQN, true)
 	}
 	// The controller must be live and belong to this host.

@@ -84,6 +84,13 @@ type Port struct {
 	// TCP is the TCP TSAS, reported for a TCP port. Zero means no
 	// security (SECTYPE none).
 	TCP nvme.TCPTSAS
+	// DiscoveryOnly: the port serves the discovery subsystem only, as the
+	// well-known discovery port (8009 for NVMe/TCP, where nvme discover
+	// looks by default) does. A Connect to an NVM subsystem through it is
+	// refused as an unknown subsystem (nvmet's answer for a subsystem not
+	// on the port), and the discovery log lists NVM subsystems on the
+	// other ports only.
+	DiscoveryOnly bool
 	// Limits, if set, are the port's limits (the ones its binding passes
 	// in QueueParams.Limits); the discovery log reports their
 	// AdminQueueEntries as ASQSZ. Nil: Config.Limits', or 32 (what a

@@ -254,7 +254,8 @@ func (tr *transcript) run(line string) []string {
 			AdrFam: uint8(a.num("adrfam", uint64(nvme.AdrFamIPv4))), TrAddr: a.str("traddr", ""),
 			TrSvcID: a.str("trsvcid", "4420"), TReq: uint8(a.num("treq", 0)),
 			AdvertiseAddr: a.str("advaddr", ""), AdvertiseSvcID: a.str("advsvc", ""),
-			TCP: nvme.TCPTSAS{SecType: uint8(a.num("sectype", 0))}, Limits: tr.namedLimits(a)}
+			TCP: nvme.TCPTSAS{SecType: uint8(a.num("sectype", 0))}, Limits: tr.namedLimits(a),
+			DiscoveryOnly: a.has("discovery-only")}
 		out = append(out, errLine(tr.harness().tgt.AddPort(p)))
 	case "rm-port":
 		out = append(out, errLine(tr.harness().tgt.RemovePort(uint16(a.num("id", 1)))))

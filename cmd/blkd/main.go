@@ -33,12 +33,13 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, node_id, raft_addr, tcp_addr, nvme_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, overcommit, tls_dir, insecure); flags and BLK_* variables override it"},
+			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, node_id, raft_addr, tcp_addr, nvme_addr, discovery_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, overcommit, tls_dir, insecure); flags and BLK_* variables override it"},
 			&cli.StringFlag{Name: "data-dir", EnvVars: []string{"BLK_DATA_DIR"}, Value: blkd.DefaultDataDir, Usage: "directory for the registry (meta/) and the volumes (volumes/)"},
 			&cli.StringFlag{Name: "node-id", EnvVars: []string{"BLK_NODE_ID"}, Value: blkd.DefaultNodeID, Usage: "this node's ID in the cluster, stable across restarts"},
 			&cli.StringFlag{Name: "raft-addr", EnvVars: []string{"BLK_RAFT_ADDR"}, Value: blkd.DefaultRaftAddr, Usage: "registry raft address, host:port"},
 			&cli.StringFlag{Name: "tcp-addr", EnvVars: []string{"BLK_TCP_ADDR"}, Value: blkd.DefaultTCPAddr, Usage: "NVMe/TCP port (and discovery), host:port, or off"},
 			&cli.StringFlag{Name: "nvme-addr", EnvVars: []string{"BLK_NVME_ADDR"}, Value: blkd.DefaultNVMeAddr, Usage: "NVMe/RDMA port (and discovery), host:port, or off"},
+			&cli.StringFlag{Name: "discovery-addr", EnvVars: []string{"BLK_DISCOVERY_ADDR"}, Value: blkd.PortOff, Usage: "an NVMe/TCP port for discovery only, host:port (8009 is where nvme discover looks by default), or off"},
 			&cli.StringFlag{Name: "advertise-addr", EnvVars: []string{"BLK_ADVERTISE_ADDR"}, Usage: "address hosts connect to, IP[:port], when it is not the ports' own (NAT, or a wildcard --tcp-addr/--nvme-addr such as 0.0.0.0:4420, which requires it); the address serves both ports, the port only --nvme-addr's; reported by discovery and attach"},
 			&cli.StringFlag{Name: "api-addr", EnvVars: []string{"BLK_API_ADDR"}, Value: blkd.DefaultAPIAddr, Usage: "management HTTP API and /metrics, host:port"},
 			&cli.BoolFlag{Name: "bootstrap", EnvVars: []string{"BLK_BOOTSTRAP"}, Value: true, Usage: "start a new single-node cluster if the data dir has no registry state"},
@@ -87,6 +88,7 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 	str(&cfg.RaftAddr, "raft-addr")
 	str(&cfg.NVMeAddr, "nvme-addr")
 	str(&cfg.TCPAddr, "tcp-addr")
+	str(&cfg.DiscoveryAddr, "discovery-addr")
 	str(&cfg.AdvertiseAddr, "advertise-addr")
 	str(&cfg.APIAddr, "api-addr")
 	str(&cfg.Join, "join")

@@ -1,12 +1,14 @@
 # Scenario: the Linux nvme-tcp host, in this guest, against blkd's NVMe/TCP
-# port on the host (10.0.2.2) — no RDMA anywhere. env.sh: TCPPORT NQN
-# HOSTNQN SEED
+# port on the host (10.0.2.2) — no RDMA anywhere. env.sh: TCPPORT
+# DISCPORT (blkd's discovery-only port) NQN HOSTNQN SEED
 . /share/lib.sh
 net_user
 modprobe nvme-tcp
 
 log "discover over TCP"
 nvme discover -t tcp -a 10.0.2.2 -s "$TCPPORT" --hostnqn "$HOSTNQN" -o json >/share/discover-tcp.json || fail "nvme discover -t tcp"
+log "discover through the discovery-only port"
+nvme discover -t tcp -a 10.0.2.2 -s "$DISCPORT" --hostnqn "$HOSTNQN" -o json >/share/discover-disc.json || fail "nvme discover -t tcp -s DISCPORT"
 
 # tcpctrl: the controller of $NQN, if any.
 tcpctrl() {

@@ -66,6 +66,12 @@ type Config struct {
 	// whichever is larger), a pool of their own (group.attachCapsule says
 	// why).
 	CapsuleBuffers uint32
+	// DiscoveryOnly makes the port serve the discovery subsystem only
+	// (target.Port.DiscoveryOnly): the well-known discovery port, 8009,
+	// where nvme discover looks when given no port. Connects to NVM
+	// subsystems through it are refused and the discovery log sends
+	// hosts to the target's other ports.
+	DiscoveryOnly bool
 	// ConnectTimeout bounds how long an accepted connection may take to
 	// send its ICReq and its first command capsule
 	// (DefaultConnectTimeout); from there the target core's

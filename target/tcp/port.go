@@ -99,8 +99,9 @@ func Listen(t *target.Target, cfg Config) (p *Port, err error) {
 		AdvertiseAddr:  advHost,
 		AdvertiseSvcID: advSvc,
 		// SQ flow control may be disabled (Connect CATTR bit 2).
-		TReq:   nvme.TReqDisableSQFlow,
-		Limits: &p.limits,
+		TReq:          nvme.TReqDisableSQFlow,
+		Limits:        &p.limits,
+		DiscoveryOnly: cfg.DiscoveryOnly,
 	}); err != nil {
 		p.ln.Close()
 		p.stopGroups()

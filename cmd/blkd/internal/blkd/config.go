@@ -38,6 +38,12 @@ type Config struct {
 	// or "off". Default 127.0.0.1:4421: the soft provider's iWARP runs
 	// over TCP, so it cannot share 4420 with NVMe/TCP on one address.
 	NVMeAddr string `json:"nvme_addr"`
+	// DiscoveryAddr is an NVMe/TCP port that serves discovery only,
+	// host:port, or "off" (the default). nvme discover and connect-all
+	// look on port 8009 when given none: set it to HOST:8009 so that
+	// `nvme discover -t tcp -a HOST` finds the node's volumes. Every
+	// other port serves discovery too.
+	DiscoveryAddr string `json:"discovery_addr,omitempty"`
 	// AdvertiseAddr is the address hosts connect to when it is not the
 	// ports' own (a node behind NAT, or listening on a wildcard address):
 	// an IP address with an optional port ("203.0.113.7",
@@ -131,7 +137,7 @@ const (
 	DefaultRaftAddr = "127.0.0.1:7000"
 	DefaultTCPAddr  = "127.0.0.1:4420"
 	DefaultNVMeAddr = "127.0.0.1:4421"
-	// PortOff as TCPAddr or NVMeAddr turns that port off.
+	// PortOff as TCPAddr, NVMeAddr or DiscoveryAddr turns that port off.
 	PortOff          = "off"
 	DefaultAPIAddr   = "127.0.0.1:7070"
 	DefaultLogFormat = "text"
@@ -157,6 +163,7 @@ func (c Config) WithDefaults() Config {
 	def(&c.RaftAddr, DefaultRaftAddr)
 	def(&c.NVMeAddr, DefaultNVMeAddr)
 	def(&c.TCPAddr, DefaultTCPAddr)
+	def(&c.DiscoveryAddr, PortOff)
 	def(&c.APIAddr, DefaultAPIAddr)
 	def(&c.LogFormat, DefaultLogFormat)
 	def(&c.LogLevel, DefaultLogLevel)
@@ -188,6 +195,7 @@ func (c Config) Validate() error {
 		on      bool
 	}{
 		{"raft-addr", c.RaftAddr, true}, {"tcp-addr", c.TCPAddr, c.TCPOn()}, {"nvme-addr", c.NVMeAddr, c.RDMAOn()}, {"api-addr", c.APIAddr, true},
+		{"discovery-addr", c.DiscoveryAddr, c.DiscoveryOn()},
 	} {
 		if !a.on {
 			continue
@@ -199,6 +207,16 @@ func (c Config) Validate() error {
 	if c.TCPOn() && c.RDMAOn() && c.TCPAddr == c.NVMeAddr {
 		return fmt.Errorf("%w: --tcp-addr and --nvme-addr are both %s: the soft RDMA provider runs over TCP, so the two ports need different addresses or port numbers", ErrConfig, c.TCPAddr)
 	}
+	if c.DiscoveryOn() {
+		for _, a := range []struct {
+			name, v string
+			on      bool
+		}{{"tcp-addr", c.TCPAddr, c.TCPOn()}, {"nvme-addr", c.NVMeAddr, c.RDMAOn()}} {
+			if a.on && a.v == c.DiscoveryAddr {
+				return fmt.Errorf("%w: --discovery-addr and --%s are both %s: the discovery port needs its own address or port number (nvme discover's default is 8009)", ErrConfig, a.name, a.v)
+			}
+		}
+	}
 	if c.AdvertiseAddr != "" {
 		if _, _, err := rdma.ParseAdvertiseAddr(c.AdvertiseAddr); err != nil {
 			return fmt.Errorf("%w: --advertise-addr: %s", ErrConfig, strings.TrimPrefix(err.Error(), "rdma: "))
@@ -207,7 +225,7 @@ func (c Config) Validate() error {
 		for _, a := range []struct {
 			name, v string
 			on      bool
-		}{{"tcp-addr", c.TCPAddr, c.TCPOn()}, {"nvme-addr", c.NVMeAddr, c.RDMAOn()}} {
+		}{{"tcp-addr", c.TCPAddr, c.TCPOn()}, {"nvme-addr", c.NVMeAddr, c.RDMAOn()}, {"discovery-addr", c.DiscoveryAddr, c.DiscoveryOn()}} {
 			if a.on && rdma.IsWildcardHost(a.v) {
 				return fmt.Errorf("%w: --%s %q listens on every local address, which is no address a host can be told to connect to: "+
 					"set --advertise-addr (BLK_ADVERTISE_ADDR, \"advertise_addr\" in the config file) to the address hosts reach this node by, for example 10.0.0.5, "+
@@ -252,6 +270,21 @@ func (c Config) Validate() error {
 // served (their address is not "off").
 func (c Config) TCPOn() bool  { return c.TCPAddr != PortOff }
 func (c Config) RDMAOn() bool { return c.NVMeAddr != PortOff }
+
+// DiscoveryOn says whether the discovery-only NVMe/TCP port is served.
+func (c Config) DiscoveryOn() bool { return c.DiscoveryAddr != PortOff }
+
+// discoveryAdvertise is the tcp.Config.AdvertiseAddr of the discovery
+// port: AdvertiseAddr's address with the discovery port's own port, or
+// "".
+func (c Config) discoveryAdvertise() string {
+	if c.AdvertiseAddr == "" {
+		return ""
+	}
+	host, _, _ := rdma.ParseAdvertiseAddr(c.AdvertiseAddr)
+	_, port, _ := net.SplitHostPort(c.DiscoveryAddr)
+	return net.JoinHostPort(host, port)
+}
 
 // tcpAdvertise is the tcp.Config.AdvertiseAddr of the NVMe/TCP port:
 // AdvertiseAddr's address with the TCP port's own port, or "".

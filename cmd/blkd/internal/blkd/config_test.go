@@ -48,6 +48,9 @@ func TestConfig(t *testing.T) {
 		{Config{TCPAddr: "off", NVMeAddr: "off"}, `--tcp-addr and --nvme-addr are both off`},
 		{Config{TCPAddr: "127.0.0.1:4421"}, `--tcp-addr and --nvme-addr are both 127.0.0.1:4421`},
 		{Config{TCPAddr: "4420"}, `--tcp-addr "4420" is not host:port`},
+		{Config{DiscoveryAddr: "8009"}, `--discovery-addr "8009" is not host:port`},
+		{Config{DiscoveryAddr: "127.0.0.1:4420"}, `--discovery-addr and --tcp-addr are both 127.0.0.1:4420`},
+		{Config{DiscoveryAddr: "0.0.0.0:8009"}, `--discovery-addr "0.0.0.0:8009" listens on every local address`},
 		{Config{LogFormat: "xml"}, `--log-format "xml": use text or json`},
 		{Config{LogLevel: "loud"}, `--log-level "loud": use debug, info, warn or error`},
 	} {

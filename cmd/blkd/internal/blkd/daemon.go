@@ -47,6 +47,7 @@ type Daemon struct {
 	tgt   *target.Target
 	port  *rdma.Port // nil with --nvme-addr off
 	tcp   *tcp.Port  // nil with --tcp-addr off
+	disc  *tcp.Port  // the discovery-only port; nil with --discovery-addr off
 	reg   *metrics.Registry
 	lat   *metrics.Latency
 	ln    net.Listener
@@ -153,6 +154,11 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 			return nil, fmt.Errorf("nvme/tcp port limits: %w", err)
 		}
 	}
+	if cfg.DiscoveryOn() {
+		if _, err := tcp.Limits(discoveryPortConfig(cfg, nil)); err != nil {
+			return nil, fmt.Errorf("discovery port: %w", err)
+		}
+	}
 	groups, err := cfg.dhGroups()
 	if err != nil {
 		return nil, err
@@ -220,6 +226,16 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 			fmt.Fprintf(out, "nvme-tcp listening on %s (I/O and discovery)\n", d.tcp.Addr())
 		}
 	}
+	if cfg.DiscoveryOn() {
+		d.disc, err = tcp.Listen(d.tgt, discoveryPortConfig(cfg, d.log))
+		if err != nil {
+			return nil, fmt.Errorf("discovery port on %s (--discovery-addr): %w", cfg.DiscoveryAddr, err)
+		}
+		if err := d.reg.RegisterTCPPort(d.disc); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(out, "nvme-tcp discovery listening on %s (discovery only)\n", d.disc.Addr())
+	}
 	if cfg.RDMAOn() {
 		d.port, err = rdma.Listen(d.tgt, d.nic, rcfg)
 		if err != nil {
@@ -275,6 +291,7 @@ func (d *Daemon) waitLeader(ctx context.Context) error {
 const (
 	tcpPortID  = 1
 	rdmaPortID = 2
+	discPortID = 3
 )
 
 // NVMeAddr is the NVMe/RDMA port's address (nil when off).
@@ -283,6 +300,14 @@ func (d *Daemon) NVMeAddr() net.Addr {
 		return nil
 	}
 	return d.port.Addr()
+}
+
+// discoveryPortConfig is the discovery-only port's: one poll group and
+// few buffers (a discovery is a handful of small admin commands; the
+// log is read in 4 KiB windows).
+func discoveryPortConfig(cfg Config, log *slog.Logger) tcp.Config {
+	return tcp.Config{Addr: cfg.DiscoveryAddr, AdvertiseAddr: cfg.discoveryAdvertise(), Cores: 1, Logger: log,
+		PortID: discPortID, DiscoveryOnly: true, SmallBuffers: 64, LargeBuffers: 2, CapsuleBuffers: 16}
 }
 
 // TCPAddr is the NVMe/TCP port's address (nil when off).
@@ -336,6 +361,9 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		}
 		d.mu.Lock() // wait for a management operation in progress
 		defer d.mu.Unlock()
+		if d.disc != nil {
+			errs = append(errs, d.disc.Close())
+		}
 		if d.tcp != nil {
 			errs = append(errs, d.tcp.Close())
 		}
