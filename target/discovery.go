@@ -2,7 +2,6 @@ package target
 
 import (
 	"cmp"
-	"net"
 
 	"github.com/blk-project/blk/nvme"
 )
@@ -77,7 +76,7 @@ func (t *Target) matchPort(p QueueParams) (port Port, traddr, trsvcid string, ok
 		if port.TrAddr == p.LocalAddr {
 			return port, cmp.Or(port.AdvertiseAddr, port.TrAddr), cmp.Or(port.AdvertiseSvcID, port.TrSvcID), true
 		}
-		if wild == nil && wildcardAddr(port.TrAddr) {
+		if wild == nil && wildcardHost(port.TrAddr) {
 			wild = &port
 		}
 	}
@@ -100,23 +99,6 @@ func (t *Target) discoveryOnlyPort(p QueueParams) bool {
 	defer t.mu.Unlock()
 	port, _, _, ok := t.matchPort(p)
 	return ok && port.DiscoveryOnly
-}
-
-// ipFamily returns the address family of addr if it is an IP address and
-// def is an IP family; def otherwise.
-func ipFamily(addr string, def uint8) uint8 {
-	ip := net.ParseIP(addr)
-	if ip == nil || (def != nvme.AdrFamIPv4 && def != nvme.AdrFamIPv6) {
-		return def
-	}
-	if ip.To4() != nil {
-		return nvme.AdrFamIPv4
-	}
-	return nvme.AdrFamIPv6
-}
-
-func wildcardAddr(a string) bool {
-	return a == "" || a == "0.0.0.0" || a == "::" || a == "[::]"
 }
 
 // asqsz is the ASQSZ the discovery log reports for a port: the admin
@@ -166,7 +148,7 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 				continue
 			}
 			a := cmp.Or(port.AdvertiseAddr, port.TrAddr)
-			if port.AdvertiseAddr == "" && wildcardAddr(port.TrAddr) {
+			if port.AdvertiseAddr == "" && wildcardHost(port.TrAddr) {
 				// Listening everywhere: on the address this host
 				// reached us by, as the arrival port's entry says.
 				a = traddr

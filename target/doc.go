@@ -31,6 +31,7 @@
 //	features.go     Get/Set Features
 //	log.go          Get Log Page: error, SMART, firmware, changed namespaces, effects
 //	discovery.go    the discovery controller and its log page
+//	addr.go         listen and advertised addresses, shared by the bindings
 //	events.go       structured events (Config.Logger): controllers, refused Connects
 //	io_cmd.go       Read, Write, Flush, Write Zeroes, Dataset Management, Compare
 //	workers.go      the sync worker pool

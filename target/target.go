@@ -195,7 +195,7 @@ func (t *Target) AddPort(p Port) error {
 	if len(p.AdvertiseAddr) >= 256 || len(p.AdvertiseSvcID) >= 32 {
 		return fmt.Errorf("target: port %d: advertised address %q service %q too long: %w", p.ID, p.AdvertiseAddr, p.AdvertiseSvcID, ErrInvalid)
 	}
-	if p.AdvertiseAddr != "" && wildcardAddr(p.AdvertiseAddr) {
+	if p.AdvertiseAddr != "" && wildcardHost(p.AdvertiseAddr) {
 		return fmt.Errorf("target: port %d: advertised address %q is an \"any\" address, which no host can connect to: %w", p.ID, p.AdvertiseAddr, ErrInvalid)
 	}
 	if p.TCP.SecType > nvme.TCPSecTypeTLS13 {

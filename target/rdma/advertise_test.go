@@ -68,39 +68,19 @@ func TestAdvertiseAddr(t *testing.T) {
 	}
 }
 
-func TestParseAdvertiseAddr(t *testing.T) {
-	for in, want := range map[string][2]string{
-		"192.0.2.1":          {"192.0.2.1", ""},
-		"192.0.2.1:4420":     {"192.0.2.1", "4420"},
-		"2001:db8::1":        {"2001:db8::1", ""},
-		"[2001:db8::1]":      {"2001:db8::1", ""},
-		"[2001:db8::1]:4420": {"2001:db8::1", "4420"},
+// TestListenAddrErrors: a listen or advertised address the port refuses
+// is an error that names the binding (target's checks name none).
+func TestListenAddrErrors(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  rdma.Config
+		want string
+	}{
+		{rdma.Config{Addr: "127.0.0.1"}, `rdma: listen address "127.0.0.1": `},
+		{rdma.Config{Addr: "127.0.0.1:0", AdvertiseAddr: "storage1.example"}, `rdma: advertised address "storage1.example"`},
 	} {
-		h, p, err := rdma.ParseAdvertiseAddr(in)
-		if err != nil || h != want[0] || p != want[1] {
-			t.Errorf("ParseAdvertiseAddr(%q) = %q, %q, %v; want %q, %q", in, h, p, err, want[0], want[1])
-		}
-	}
-	for in, msg := range map[string]string{
-		"":                   "not an IP address",
-		"storage1.example":   "not an IP address",
-		"storage1:4420":      "not an IP address",
-		"192.0.2.1:0":        "not a number 1-65535",
-		"192.0.2.1:70000":    "not a number 1-65535",
-		"0.0.0.0":            `"any" address`,
-		"[::]:4420":          `"any" address`,
-		"192.0.2.1:4420:1":   "not an IP address",
-		"192.0.2.1:nvme-rdm": "not a number",
-	} {
-		if _, _, err := rdma.ParseAdvertiseAddr(in); err == nil || !strings.Contains(err.Error(), msg) {
-			t.Errorf("ParseAdvertiseAddr(%q): %v, want an error saying %q", in, err, msg)
-		}
-	}
-	for addr, want := range map[string]bool{
-		"0.0.0.0:4420": true, "[::]:4420": true, ":4420": true, "127.0.0.1:4420": false, "[::1]:4420": false, "bad": false,
-	} {
-		if got := rdma.IsWildcardHost(addr); got != want {
-			t.Errorf("IsWildcardHost(%q) = %v", addr, got)
+		// Both are checked before the port touches the target or the adapter.
+		if _, err := rdma.Listen(nil, nil, tc.cfg); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("Listen(%+v): %v, want an error starting %q", tc.cfg, err, tc.want)
 		}
 	}
 }

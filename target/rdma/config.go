@@ -1,11 +1,7 @@
 package rdma
 
 import (
-	"fmt"
 	"log/slog"
-	"net"
-	"strconv"
-	"strings"
 
 	"github.com/blk-project/blk/transport"
 )
@@ -100,62 +96,4 @@ func (c Config) withDefaults() Config {
 		c.SmallBuffers = DefaultSmallBuffers
 	}
 	return c
-}
-
-func splitAddr(a net.Addr) (host, port string) {
-	host, port, err := net.SplitHostPort(a.String())
-	if err != nil {
-		return a.String(), ""
-	}
-	return host, port
-}
-
-func checkAddr(addr string) error {
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("rdma: listen address %q: %w", addr, err)
-	}
-	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-		return fmt.Errorf("rdma: listen address %q: port is not a number 0-65535", addr)
-	}
-	return nil
-}
-
-// ParseAdvertiseAddr checks an advertised address (Config.AdvertiseAddr):
-// an IP address other than an "any" address, with an optional port 1-65535.
-// It returns the host (without brackets) and the port ("" if none given).
-func ParseAdvertiseAddr(s string) (host, port string, err error) {
-	host = s
-	if ip := net.ParseIP(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")); ip == nil {
-		if host, port, err = net.SplitHostPort(s); err != nil {
-			return "", "", fmt.Errorf("rdma: advertised address %q is not an IP address with an optional port (for example 203.0.113.7 or 203.0.113.7:4420)", s)
-		}
-		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-			return "", "", fmt.Errorf("rdma: advertised address %q: port %q is not a number 1-65535", s, port)
-		}
-	}
-	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	ip := net.ParseIP(host)
-	switch {
-	case ip == nil:
-		return "", "", fmt.Errorf("rdma: advertised address %q: %q is not an IP address (hosts connect to an address, not a name)", s, host)
-	case ip.IsUnspecified():
-		return "", "", fmt.Errorf("rdma: advertised address %q is an \"any\" address, which no host can connect to: give the address hosts use", s)
-	}
-	return ip.String(), port, nil
-}
-
-// IsWildcardHost reports whether the host part of a listen address
-// (host:port) is empty or an "any" address (0.0.0.0, ::): such a port
-// listens on every local address and has none of its own to advertise.
-func IsWildcardHost(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsUnspecified()
 }

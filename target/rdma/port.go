@@ -62,13 +62,13 @@ func Limits(info transport.AdapterInfo, cfg Config) (target.Limits, error) {
 // it report and enforce them whatever the target's Config.Limits.
 func Listen(t *target.Target, a transport.Adapter, cfg Config) (p *Port, err error) {
 	cfg = cfg.withDefaults()
-	if err := checkAddr(cfg.Addr); err != nil {
-		return nil, err
+	if err := target.CheckListenAddr(cfg.Addr); err != nil {
+		return nil, fmt.Errorf("rdma: %w", err)
 	}
 	var advHost, advSvc string
 	if cfg.AdvertiseAddr != "" {
-		if advHost, advSvc, err = ParseAdvertiseAddr(cfg.AdvertiseAddr); err != nil {
-			return nil, err
+		if advHost, advSvc, err = target.ParseAdvertiseAddr(cfg.AdvertiseAddr); err != nil {
+			return nil, fmt.Errorf("rdma: %w", err)
 		}
 	}
 	size, err := Size(a.Info(), cfg)
@@ -98,12 +98,12 @@ func Listen(t *target.Target, a transport.Adapter, cfg Config) (p *Port, err err
 	if p.ln, err = a.Listen(cfg.Addr); err != nil {
 		return nil, fmt.Errorf("rdma: listen on %s: %w", cfg.Addr, err)
 	}
-	p.host, p.svc = splitAddr(p.ln.Addr())
+	p.host, p.svc = target.SplitHostPort(p.ln.Addr().String())
 	p.advHost, p.advSvc = cmp.Or(advHost, p.host), cmp.Or(advSvc, p.svc)
 	if err = t.AddPort(target.Port{
 		ID:             p.id,
 		TrType:         nvme.TrTypeRDMA,
-		AdrFam:         adrFam(p.advHost),
+		AdrFam:         target.AdrFam(p.advHost),
 		TrAddr:         p.host,
 		TrSvcID:        p.svc,
 		AdvertiseAddr:  advHost,
@@ -118,13 +118,6 @@ func Listen(t *target.Target, a transport.Adapter, cfg Config) (p *Port, err err
 	}
 	go p.acceptLoop()
 	return p, nil
-}
-
-func adrFam(host string) uint8 {
-	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
-		return nvme.AdrFamIPv6
-	}
-	return nvme.AdrFamIPv4
 }
 
 // Addr is the address the port listens on.
@@ -279,7 +272,7 @@ func (p *Port) setup(req transport.ConnRequest) {
 		p.reject(req, nvme.RDMACMNoResources, err.Error())
 		return
 	}
-	host, svc := splitAddr(req.LocalAddr())
+	host, svc := target.SplitHostPort(req.LocalAddr().String())
 	q, err := p.t.NewQueue(c, target.QueueParams{
 		QID:        cm.QID,
 		SQSize:     cm.HSQSize,

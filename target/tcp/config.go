@@ -4,10 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"runtime"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/blk-project/blk/nvme"
@@ -196,12 +193,12 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("tcp: config: "+format, a...)) }
-	if err := checkAddr(c.Addr); err != nil {
-		errs = append(errs, err)
+	if err := target.CheckListenAddr(c.Addr); err != nil {
+		errs = append(errs, fmt.Errorf("tcp: %w", err))
 	}
 	if c.AdvertiseAddr != "" {
-		if _, _, err := ParseAdvertiseAddr(c.AdvertiseAddr); err != nil {
-			errs = append(errs, err)
+		if _, _, err := target.ParseAdvertiseAddr(c.AdvertiseAddr); err != nil {
+			errs = append(errs, fmt.Errorf("tcp: %w", err))
 		}
 	}
 	if c.Cores < 1 || c.Cores > 1024 {
@@ -250,40 +247,4 @@ func Limits(cfg Config) (target.Limits, error) {
 		AdminQueueEntries: AdminQueueEntries,
 		MaxIOQueues:       cfg.MaxIOQueues,
 	}, nil
-}
-
-func checkAddr(addr string) error {
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("tcp: listen address %q: %w", addr, err)
-	}
-	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-		return fmt.Errorf("tcp: listen address %q: port is not a number 0-65535", addr)
-	}
-	return nil
-}
-
-// ParseAdvertiseAddr checks an advertised address (Config.AdvertiseAddr):
-// an IP address other than an "any" address, with an optional port
-// 1-65535. It returns the host (without brackets) and the port ("" if
-// none given). Same rules as target/rdma's.
-func ParseAdvertiseAddr(s string) (host, port string, err error) {
-	host = s
-	if ip := net.ParseIP(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")); ip == nil {
-		if host, port, err = net.SplitHostPort(s); err != nil {
-			return "", "", fmt.Errorf("tcp: advertised address %q is not an IP address with an optional port (for example 203.0.113.7 or 203.0.113.7:4420)", s)
-		}
-		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-			return "", "", fmt.Errorf("tcp: advertised address %q: port %q is not a number 1-65535", s, port)
-		}
-	}
-	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	ip := net.ParseIP(host)
-	switch {
-	case ip == nil:
-		return "", "", fmt.Errorf("tcp: advertised address %q: %q is not an IP address (hosts connect to an address, not a name)", s, host)
-	case ip.IsUnspecified():
-		return "", "", fmt.Errorf("tcp: advertised address %q is an \"any\" address, which no host can connect to: give the address hosts use", s)
-	}
-	return ip.String(), port, nil
 }

@@ -65,8 +65,8 @@ func Listen(t *target.Target, cfg Config) (p *Port, err error) {
 	}
 	var advHost, advSvc string
 	if cfg.AdvertiseAddr != "" {
-		if advHost, advSvc, err = ParseAdvertiseAddr(cfg.AdvertiseAddr); err != nil {
-			return nil, err
+		if advHost, advSvc, err = target.ParseAdvertiseAddr(cfg.AdvertiseAddr); err != nil {
+			return nil, fmt.Errorf("tcp: %w", err)
 		}
 	}
 	p = &Port{t: t, cfg: cfg, limits: lim, id: cfg.PortID, conns: make(map[*conn]struct{}),
@@ -88,12 +88,12 @@ func Listen(t *target.Target, cfg Config) (p *Port, err error) {
 		return nil, fmt.Errorf("tcp: listen on %s: %w", cfg.Addr, err)
 	}
 	p.ln = ln.(*net.TCPListener)
-	p.host, p.svc = splitAddr(p.ln.Addr())
+	p.host, p.svc = target.SplitHostPort(p.ln.Addr().String())
 	p.advHost, p.advSvc = cmp.Or(advHost, p.host), cmp.Or(advSvc, p.svc)
 	if err = t.AddPort(target.Port{
 		ID:             p.id,
 		TrType:         nvme.TrTypeTCP,
-		AdrFam:         adrFam(p.advHost),
+		AdrFam:         target.AdrFam(p.advHost),
 		TrAddr:         p.host,
 		TrSvcID:        p.svc,
 		AdvertiseAddr:  advHost,
@@ -115,7 +115,7 @@ func Listen(t *target.Target, cfg Config) (p *Port, err error) {
 // queueParams is what the core learns of a queue when its first capsule
 // arrives: the one place QueueParams is filled.
 func (p *Port) queueParams(c *conn, qid, sqsize uint16) target.QueueParams {
-	host, svc := splitAddrString(c.local)
+	host, svc := target.SplitHostPort(c.local)
 	return target.QueueParams{
 		QID:        qid,
 		SQSize:     sqsize,
@@ -125,23 +125,6 @@ func (p *Port) queueParams(c *conn, qid, sqsize uint16) target.QueueParams {
 		RemoteAddr: c.remote,
 		Limits:     &p.limits,
 	}
-}
-
-func splitAddr(a net.Addr) (host, port string) { return splitAddrString(a.String()) }
-
-func splitAddrString(s string) (host, port string) {
-	host, port, err := net.SplitHostPort(s)
-	if err != nil {
-		return s, ""
-	}
-	return host, port
-}
-
-func adrFam(host string) uint8 {
-	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
-		return nvme.AdrFamIPv6
-	}
-	return nvme.AdrFamIPv4
 }
 
 // Addr is the address the port listens on.

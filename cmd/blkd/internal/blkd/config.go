@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/blk-project/blk/target/rdma"
+	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/transport/providers"
 )
 
@@ -218,15 +218,15 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.AdvertiseAddr != "" {
-		if _, _, err := rdma.ParseAdvertiseAddr(c.AdvertiseAddr); err != nil {
-			return fmt.Errorf("%w: --advertise-addr: %s", ErrConfig, strings.TrimPrefix(err.Error(), "rdma: "))
+		if _, _, err := target.ParseAdvertiseAddr(c.AdvertiseAddr); err != nil {
+			return fmt.Errorf("%w: --advertise-addr: %v", ErrConfig, err)
 		}
 	} else {
 		for _, a := range []struct {
 			name, v string
 			on      bool
 		}{{"tcp-addr", c.TCPAddr, c.TCPOn()}, {"nvme-addr", c.NVMeAddr, c.RDMAOn()}, {"discovery-addr", c.DiscoveryAddr, c.DiscoveryOn()}} {
-			if a.on && rdma.IsWildcardHost(a.v) {
+			if a.on && target.IsWildcardHost(a.v) {
 				return fmt.Errorf("%w: --%s %q listens on every local address, which is no address a host can be told to connect to: "+
 					"set --advertise-addr (BLK_ADVERTISE_ADDR, \"advertise_addr\" in the config file) to the address hosts reach this node by, for example 10.0.0.5, "+
 					"or listen on that address", ErrConfig, a.name, a.v)
@@ -281,7 +281,7 @@ func (c Config) discoveryAdvertise() string {
 	if c.AdvertiseAddr == "" {
 		return ""
 	}
-	host, _, _ := rdma.ParseAdvertiseAddr(c.AdvertiseAddr)
+	host, _, _ := target.ParseAdvertiseAddr(c.AdvertiseAddr)
 	_, port, _ := net.SplitHostPort(c.DiscoveryAddr)
 	return net.JoinHostPort(host, port)
 }
@@ -292,7 +292,7 @@ func (c Config) tcpAdvertise() string {
 	if c.AdvertiseAddr == "" {
 		return ""
 	}
-	host, _, _ := rdma.ParseAdvertiseAddr(c.AdvertiseAddr)
+	host, _, _ := target.ParseAdvertiseAddr(c.AdvertiseAddr)
 	_, port, _ := net.SplitHostPort(c.TCPAddr)
 	return net.JoinHostPort(host, port)
 }
@@ -320,7 +320,7 @@ func (c Config) advertisedNVMe() string {
 	if c.AdvertiseAddr == "" {
 		return c.NVMeAddr
 	}
-	host, port, _ := rdma.ParseAdvertiseAddr(c.AdvertiseAddr)
+	host, port, _ := target.ParseAdvertiseAddr(c.AdvertiseAddr)
 	if port == "" {
 		_, port, _ = net.SplitHostPort(c.NVMeAddr)
 	}
