@@ -12,10 +12,11 @@
 //	port.go    Port: listen, accept, placement on the least-loaded poll
 //	           group, the one place QueueParams is filled, Close, Stats
 //	group.go   the poll group: one per core, a goroutine locked to its
-//	           thread owning an epoll set (edge-triggered sockets), the
+//	           thread owning an epoll set (edge-triggered sockets) and
+//	           the eventfd that wakes it (an internal/epoll.Loop), the
 //	           hand-over stacks (new connections, completions,
-//	           disconnects) and the eventfd that wakes it, buffer pools,
-//	           the buffer FIFOs, the target.Group committed every pass
+//	           disconnects), buffer pools, the buffer FIFOs, the
+//	           target.Group committed every pass
 //	conn.go    a connection: the receive state machine (staging buffer,
 //	           headers, data straight into data buffers), ICReq, capsules,
 //	           SGL checks, R2T and H2CData, responses, the transmit ring and

@@ -4,20 +4,19 @@ package tcp
 
 import (
 	"fmt"
-	"os"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/blk-project/blk/internal/epoll"
 	"github.com/blk-project/blk/target"
 )
 
 // A poll group is one core's share of the port (transport/soft's
-// poll_linux.go is the pattern): a goroutine locked to its OS thread
+// poll_linux.go is its sibling; both run on internal/epoll): a goroutine locked to its OS thread
 // (pinned with Config.PinCores) that owns an epoll set, the sockets of its
 // connections (registered edge-triggered), their requests, its data
 // buffer pools and its target.Group. Each pass it
@@ -31,29 +30,19 @@ import (
 //     takes less waits for EPOLLOUT.
 //
 // Other goroutines hand it work through lock-free stacks (new
-// connections, completions, disconnects) and one coalesced eventfd write
-// when it sleeps. It sleeps by parking on its epoll fd in Go's netpoller.
+// connections, completions, disconnects) and a Kick of its epoll.Loop,
+// which writes the loop's eventfd once when it sleeps. It sleeps by
+// parking on its epoll fd in Go's netpoller (internal/epoll).
 type group struct {
-	p   *Port
-	idx int
-
-	epfd, evfd, tfd int
-	epf             *os.File
-	epc             syscall.RawConn
-	waitN           int
-	waitFn          func(fd uintptr) bool
-	events          [pollEvents]unix.EpollEvent
-	evbuf           [8]byte
+	p    *Port
+	idx  int
+	loop epoll.Loop // the epoll set, its wake-up and its timer
 
 	// Handed over by other goroutines.
 	adoptq   atomic.Pointer[conn] // linked by conn.anext
 	ctlq     atomic.Pointer[conn] // linked by conn.cnext (Disconnect)
 	done     atomic.Pointer[req]  // linked by req.dnext (Complete)
-	kicked   atomic.Bool
-	sleeping atomic.Bool
 	stop     atomic.Bool
-	evmu     sync.Mutex // guards exited against a late eventfd write
-	exited   bool
 	exitedCh chan struct{}
 	conns    atomic.Int32 // connections owned (for placement)
 	tid      atomic.Int32 // the group's OS thread (benchmarks read its CPU time)
@@ -78,8 +67,6 @@ type group struct {
 }
 
 const (
-	// pollEvents: epoll events taken per epoll_wait.
-	pollEvents = 64
 	// maxIOV is the iovecs of one writev: 256 (IOV_MAX is 1024), 64
 	// responses of a read with data digest; more wait for the next call.
 	maxIOV = 256
@@ -92,53 +79,18 @@ const (
 	settleRounds = 4
 )
 
-// epoll user data tags that are not connection slots.
-const (
-	tagEvent = -1
-	tagTimer = -2
-)
-
-var one = [8]byte{1}
-
 type groupCounters struct {
 	commands, inCapsule, r2ts, h2c, c2h, resps, successFlags atomic.Uint64
 	hdgstErrs, ddgstErrs, terms, hostTerms, dataWaits        atomic.Uint64
 	bytesIn, bytesOut, copies, copiedBytes, reads, writes    atomic.Uint64
-	wakes, sleeps, passes, connectTimeouts                   atomic.Uint64
+	passes, connectTimeouts                                  atomic.Uint64
 	states                                                   [numReqStates]atomic.Uint64
 }
 
 func newGroup(p *Port, idx int) (*group, error) {
-	g := &group{p: p, idx: idx, epfd: -1, evfd: -1, tfd: -1, exitedCh: make(chan struct{})}
-	var err error
-	fail := func(what string, err error) (*group, error) {
-		g.closeFDs()
-		return nil, &os.SyscallError{Syscall: what, Err: err}
-	}
-	if g.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
-		return fail("epoll_create1", err)
-	}
-	if err = unix.SetNonblock(g.epfd, true); err != nil {
-		return fail("epoll nonblock", err)
-	}
-	g.epf = os.NewFile(uintptr(g.epfd), "tcp-poll-group")
-	if g.epc, err = g.epf.SyscallConn(); err != nil {
-		return fail("epoll", err)
-	}
-	g.waitFn = g.waitFD
-	if g.evfd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
-		return fail("eventfd", err)
-	}
-	if g.tfd, err = unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC); err != nil {
-		return fail("timerfd", err)
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: tagEvent}
-	if err = unix.EpollCtl(g.epfd, unix.EPOLL_CTL_ADD, g.evfd, &ev); err != nil {
-		return fail("epoll_ctl", err)
-	}
-	ev = unix.EpollEvent{Events: unix.EPOLLIN, Fd: tagTimer}
-	if err = unix.EpollCtl(g.epfd, unix.EPOLL_CTL_ADD, g.tfd, &ev); err != nil {
-		return fail("epoll_ctl", err)
+	g := &group{p: p, idx: idx, exitedCh: make(chan struct{})}
+	if err := g.loop.Init("tcp-poll-group", g.handedOver); err != nil {
+		return nil, err
 	}
 	g.small = newPool(p.cfg.SmallBuffers, smallBufferSize)
 	g.large = newPool(p.cfg.LargeBuffers, p.cfg.MaxTransfer)
@@ -147,32 +99,14 @@ func newGroup(p *Port, idx int) (*group, error) {
 	return g, nil
 }
 
-func (g *group) closeFDs() {
-	if g.epf != nil {
-		g.epf.Close() // closes epfd
-		g.epf, g.epfd = nil, -1
-	}
-	for _, fd := range []*int{&g.epfd, &g.evfd, &g.tfd} {
-		if *fd >= 0 {
-			unix.Close(*fd)
-			*fd = -1
-		}
-	}
+// handedOver reports work handed over to the group, or a stop: the
+// loop's last look before it sleeps (epoll.Loop.Init).
+func (g *group) handedOver() bool {
+	return g.done.Load() != nil || g.adoptq.Load() != nil || g.ctlq.Load() != nil || g.stop.Load()
 }
 
-// kick makes the loop look again; it writes the eventfd only when the
-// loop sleeps, once per sleep.
-func (g *group) kick() {
-	g.kicked.Store(true)
-	if g.sleeping.Load() && g.sleeping.CompareAndSwap(true, false) {
-		g.evmu.Lock()
-		if !g.exited {
-			unix.Write(g.evfd, one[:])
-			g.st.wakes.Add(1)
-		}
-		g.evmu.Unlock()
-	}
-}
+// kick makes the loop look again (epoll.Loop.Kick).
+func (g *group) kick() { g.loop.Kick() }
 
 // adopt hands a new connection to the group; any goroutine.
 func (g *group) adopt(c *conn) {
@@ -220,13 +154,12 @@ func (g *group) run(started chan<- struct{}) {
 	}
 	g.tid.Store(int32(unix.Gettid()))
 	close(started)
-	timeout := 0
+	block := false // first pass: look at once
 	for {
-		n := g.wait(timeout)
-		g.kicked.Store(false)
+		evs := g.loop.Wait(block)
 		g.st.passes.Add(1)
-		for i := 0; i < n; i++ {
-			g.event(&g.events[i])
+		for i := range evs {
+			g.event(&evs[i])
 		}
 		g.takeAdopt()
 		g.takeCtl()
@@ -241,29 +174,18 @@ func (g *group) run(started chan<- struct{}) {
 			g.checkDeadlines()
 		}
 		if g.stop.Load() && g.conns.Load() == 0 && g.adoptq.Load() == nil {
-			g.evmu.Lock()
-			g.exited = true
-			g.evmu.Unlock()
-			g.closeFDs()
+			g.loop.End() // the group takes no Holds: it always ends
 			return
 		}
-		timeout = -1
-		if len(g.ready) > 0 || len(g.flushq) > 0 || g.done.Load() != nil || g.freed && g.waiting.n+g.waitingCapsule.n > 0 {
-			timeout = 0
-		}
+		// Sleep unless this pass left work of its own: input not yet
+		// read, output not yet written, completions, or waiting commands
+		// a freed buffer can start.
+		block = !(len(g.ready) > 0 || len(g.flushq) > 0 || g.done.Load() != nil || g.freed && g.waiting.n+g.waitingCapsule.n > 0)
 	}
 }
 
-// event takes one epoll event.
+// event takes one epoll event of a connection's socket.
 func (g *group) event(ev *unix.EpollEvent) {
-	switch ev.Fd {
-	case tagEvent:
-		unix.Read(g.evfd, g.evbuf[:])
-		return
-	case tagTimer:
-		unix.Read(g.tfd, g.evbuf[:])
-		return
-	}
 	if ev.Fd < 0 || int(ev.Fd) >= len(g.slots) || g.gens[ev.Fd] != uint32(ev.Pad) {
 		return
 	}
@@ -280,52 +202,6 @@ func (g *group) event(ev *unix.EpollEvent) {
 		if c.tx.n > 0 {
 			g.markFlush(c)
 		}
-	}
-}
-
-// wait is one epoll_wait; timeout -1 sleeps (unless work was handed over
-// meanwhile), 0 only looks.
-func (g *group) wait(timeout int) int {
-	if timeout != 0 {
-		g.sleeping.Store(true)
-		if g.kicked.Load() || g.done.Load() != nil || g.adoptq.Load() != nil || g.ctlq.Load() != nil || g.stop.Load() {
-			g.sleeping.Store(false)
-			timeout = 0
-		} else {
-			g.st.sleeps.Add(1)
-		}
-	}
-	if timeout == 0 {
-		for {
-			n, err := unix.EpollWait(g.epfd, g.events[:], 0)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return 0
-			}
-			return n
-		}
-	}
-	g.waitN = 0
-	g.epc.Read(g.waitFn) // parks in Go's netpoller until the set has events
-	g.sleeping.Store(false)
-	return g.waitN
-}
-
-// waitFD looks at the epoll set without blocking; false (nothing yet)
-// makes RawConn.Read park until the epoll fd is readable.
-func (g *group) waitFD(fd uintptr) bool {
-	for {
-		n, err := unix.EpollWait(int(fd), g.events[:], 0)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return true
-		}
-		g.waitN = n
-		return n > 0
 	}
 }
 
@@ -353,9 +229,9 @@ func (g *group) register(c *conn) {
 	}
 	g.slots[slot] = c
 	c.pslot = slot
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: slot, Pad: int32(g.gens[slot])}
+	events, gen := uint32(unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET), int32(g.gens[slot])
 	var cerr error
-	err := c.rc.Control(func(fd uintptr) { cerr = unix.EpollCtl(g.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev) })
+	err := c.rc.Control(func(fd uintptr) { cerr = g.loop.Add(int(fd), events, slot, gen) })
 	if err == nil {
 		err = cerr
 	}
@@ -378,7 +254,7 @@ func (g *group) unregister(c *conn) {
 	if c.pslot < 0 {
 		return
 	}
-	c.rc.Control(func(fd uintptr) { unix.EpollCtl(g.epfd, unix.EPOLL_CTL_DEL, int(fd), nil) })
+	c.rc.Control(func(fd uintptr) { g.loop.Del(int(fd)) })
 	g.slots[c.pslot] = nil
 	g.gens[c.pslot]++
 	g.freeSlots = append(g.freeSlots, c.pslot)
@@ -603,8 +479,7 @@ func (g *group) checkDeadlines() {
 	clear(g.timed[k:])
 	g.timed = g.timed[:k]
 	if next > 0 {
-		its := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(next))}
-		unix.TimerfdSettime(g.tfd, 0, &its, nil)
+		g.loop.SetTimer(next)
 	}
 }
 

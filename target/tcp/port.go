@@ -331,8 +331,8 @@ func (p *Port) Stats() Stats {
 		s.DataWaits += st.dataWaits.Load()
 		s.Reads += st.reads.Load()
 		s.Writes += st.writes.Load()
-		s.Wakes += st.wakes.Load()
-		s.Sleeps += st.sleeps.Load()
+		s.Wakes += g.loop.Wakes()
+		s.Sleeps += g.loop.Sleeps()
 		s.Passes += st.passes.Load()
 		gs := g.tg.Stats()
 		s.GroupedWrites += gs.Writes
