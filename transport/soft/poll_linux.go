@@ -7,9 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -17,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/blk-project/blk/internal/epoll"
 	"github.com/blk-project/blk/transport"
 	"github.com/blk-project/blk/transport/soft/wire"
 )
@@ -44,7 +43,9 @@ import (
 // write (coalesced: only the poster that finds the group asleep writes).
 // Moderation intervals and FirstFPDUDelay use a timerfd (microsecond
 // grain, M4). The group sleeps by parking on its epoll fd in Go's
-// netpoller. With Config.PollSpin, a group that just found work first
+// netpoller. The epoll set, the eventfd, the timerfd and that wake
+// protocol are an internal/epoll.Loop, shared with target/tcp's poll
+// groups. With Config.PollSpin, a group that just found work first
 // keeps polling (epoll_wait with timeout 0) for an adaptive window of
 // pollSpinMin to PollSpin, so that queue-depth-1 traffic need not pay a
 // wake-up per message; an idle group sleeps.
@@ -59,8 +60,6 @@ const (
 	// 9 bytes) after the bytes of the one before; 128 KiB leaves room for
 	// bulk reads of small FPDUs behind a partial one.
 	rxPollBufSize = 128 << 10
-	// pollEvents: epoll events taken per epoll_wait.
-	pollEvents = 64
 	// pollReadBudget: reads of one QP per wake-up before the group turns
 	// to the others (level-triggered epoll reports the rest next time).
 	pollReadBudget = 4
@@ -73,121 +72,48 @@ const (
 	pollYieldPinned = 100 * time.Microsecond
 )
 
-// epoll user data tags that are not QP slots.
-const (
-	pollTagEvent = -1
-	pollTagTimer = -2
-)
-
-var pollOne = [8]byte{1} // an eventfd increment of 1 (little endian)
-
 type pollGroup struct {
-	c    *cq
-	epfd int
-	evfd int
-	tfd  int
-	// epf is the epoll fd seen by Go's netpoller: the group sleeps by
-	// parking on it (readable when the set has events), so that its
-	// processor goes to other goroutines at once. A blocking epoll_wait
-	// would keep the processor until the runtime's monitor takes it back,
-	// which may be milliseconds.
-	epf    *os.File
-	epc    syscall.RawConn
-	waitN  int
-	waitFn func(fd uintptr) bool // g.waitFD, bound once
+	c *cq
+	// loop is the group's epoll set and its wake-up: the group sleeps by
+	// parking on it in Go's netpoller, so that its processor goes to
+	// other goroutines at once. A QP started on the group holds the loop
+	// (epoll.Loop.Hold) until it is let go of (retire): the group ends
+	// only when its CQ is closed and no QP holds it.
+	loop epoll.Loop
 
 	// dirty is a lock-free stack of QPs (linked by qp.pollNext) with work
 	// for the group; qp.pollQueued keeps each QP on it at most once.
-	dirty    atomic.Pointer[qp]
-	kicked   atomic.Bool // work was handed over since the loop last looked
-	sleeping atomic.Bool // the loop is (about to be) in a blocking epoll_wait
-
-	// evmu guards exited against the eventfd write of a late waker and a
-	// start on a group that ended; taken only by a waker that found the
-	// group asleep, never on the busy path.
-	evmu   sync.Mutex
-	exited bool
-	refs   atomic.Int32 // started QPs not yet let go of (retire)
+	dirty atomic.Pointer[qp]
 
 	// Owned by the group's thread.
-	events  [pollEvents]unix.EpollEvent
 	slots   []*qp
 	gens    []uint32
 	free    []int32
-	work    []*qp // QPs taken off dirty, to send for
-	delayed []*qp // QPs waiting out FirstFPDUDelay
-	evbuf   [8]byte
+	work    []*qp         // QPs taken off dirty, to send for
+	delayed []*qp         // QPs waiting out FirstFPDUDelay
 	spin    time.Duration // the busy-poll window, adapted
 	spinMax time.Duration // Config.PollSpin
 	yieldAt time.Time     // a pinned group's last sleep or yield
 
-	// Counters.
-	wakes  atomic.Uint64 // eventfd writes
-	sleeps atomic.Uint64 // blocking epoll_waits
-	full   atomic.Uint64 // writes that found the socket full (then EPOLLOUT)
+	// full counts writes that found the socket full (then EPOLLOUT); the
+	// loop counts wakes and sleeps.
+	full atomic.Uint64
 }
 
 func newPollGroup(c *cq) (*pollGroup, error) {
-	g := &pollGroup{c: c, epfd: -1, evfd: -1, tfd: -1, spin: pollSpinMin, spinMax: c.a.cfg.PollSpin}
-	var err error
-	fail := func(what string, err error) (*pollGroup, error) {
-		g.closeFDs()
-		return nil, fmt.Errorf("soft: poll group %s: %v: %w", what, err, transport.ErrInsufficientResources)
-	}
-	if g.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
-		return fail("epoll", err)
-	}
-	if err = unix.SetNonblock(g.epfd, true); err != nil {
-		return fail("epoll", err)
-	}
-	g.epf = os.NewFile(uintptr(g.epfd), "soft-poll-group")
-	if g.epc, err = g.epf.SyscallConn(); err != nil {
-		return fail("epoll", err)
-	}
-	g.waitFn = g.waitFD
-	if g.evfd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
-		return fail("eventfd", err)
-	}
-	if g.tfd, err = unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC); err != nil {
-		return fail("timerfd", err)
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: pollTagEvent}
-	if err = unix.EpollCtl(g.epfd, unix.EPOLL_CTL_ADD, g.evfd, &ev); err != nil {
-		return fail("epoll_ctl", err)
-	}
-	ev = unix.EpollEvent{Events: unix.EPOLLIN, Fd: pollTagTimer}
-	if err = unix.EpollCtl(g.epfd, unix.EPOLL_CTL_ADD, g.tfd, &ev); err != nil {
-		return fail("epoll_ctl", err)
+	g := &pollGroup{c: c, spin: pollSpinMin, spinMax: c.a.cfg.PollSpin}
+	if err := g.loop.Init("soft-poll-group", g.hasDirty); err != nil {
+		return nil, fmt.Errorf("soft: poll group %v: %w", err, transport.ErrInsufficientResources)
 	}
 	return g, nil
 }
 
-func (g *pollGroup) closeFDs() {
-	if g.epf != nil {
-		g.epf.Close() // closes epfd
-		g.epf, g.epfd = nil, -1
-	}
-	for _, fd := range []*int{&g.epfd, &g.evfd, &g.tfd} {
-		if *fd >= 0 {
-			unix.Close(*fd)
-			*fd = -1
-		}
-	}
-}
+// hasDirty reports QPs with work for the group: the loop's last look
+// before it sleeps (epoll.Loop.Init).
+func (g *pollGroup) hasDirty() bool { return g.dirty.Load() != nil }
 
-// kick makes the loop look again; it writes the eventfd only when the
-// loop sleeps, once per sleep.
-func (g *pollGroup) kick() {
-	g.kicked.Store(true)
-	if g.sleeping.Load() && g.sleeping.CompareAndSwap(true, false) {
-		g.evmu.Lock()
-		if !g.exited {
-			unix.Write(g.evfd, pollOne[:])
-			g.wakes.Add(1)
-		}
-		g.evmu.Unlock()
-	}
-}
+// kick makes the loop look again (epoll.Loop.Kick).
+func (g *pollGroup) kick() { g.loop.Kick() }
 
 // mark puts q on the dirty stack (once) and wakes the loop. Safe from any
 // goroutine, without a lock or an allocation.
@@ -207,13 +133,9 @@ func (g *pollGroup) mark(q *qp) {
 // adopt hands a connected QP to the group; false when the group has ended
 // (its CQ was closed and its last QP let go).
 func (g *pollGroup) adopt(q *qp) bool {
-	g.evmu.Lock()
-	if g.exited {
-		g.evmu.Unlock()
+	if !g.loop.Hold() {
 		return false
 	}
-	g.refs.Add(1)
-	g.evmu.Unlock()
 	g.mark(q)
 	return true
 }
@@ -257,9 +179,9 @@ func (g *pollGroup) register(q *qp) {
 		g.retire(q)
 		return
 	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: slot, Pad: int32(g.gens[slot])}
+	gen := int32(g.gens[slot])
 	var cerr error
-	err := q.rx.rc.Control(func(fd uintptr) { cerr = unix.EpollCtl(g.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev) })
+	err := q.rx.rc.Control(func(fd uintptr) { cerr = g.loop.Add(int(fd), unix.EPOLLIN|unix.EPOLLRDHUP, slot, gen) })
 	if err == nil {
 		err = cerr
 	}
@@ -297,8 +219,8 @@ func (g *pollGroup) setEvents(q *qp) {
 	if q.pollOut {
 		events |= unix.EPOLLOUT
 	}
-	ev := unix.EpollEvent{Events: events, Fd: q.pollSlot, Pad: int32(g.gens[q.pollSlot])}
-	q.rx.rc.Control(func(fd uintptr) { unix.EpollCtl(g.epfd, unix.EPOLL_CTL_MOD, int(fd), &ev) })
+	slot, gen := q.pollSlot, int32(g.gens[q.pollSlot])
+	q.rx.rc.Control(func(fd uintptr) { g.loop.Mod(int(fd), events, slot, gen) })
 }
 
 // retire lets go of a failed QP: out of the epoll set, its send state
@@ -314,7 +236,7 @@ func (g *pollGroup) retire(q *qp) {
 		if q.pollSlot < int32(len(g.slots)) && g.slots[q.pollSlot] == q {
 			// Control fails once the socket is closed, and the kernel has
 			// then dropped it from the set already.
-			q.rx.rc.Control(func(fd uintptr) { unix.EpollCtl(g.epfd, unix.EPOLL_CTL_DEL, int(fd), nil) })
+			q.rx.rc.Control(func(fd uintptr) { g.loop.Del(int(fd)) })
 			g.slots[q.pollSlot] = nil
 			g.gens[q.pollSlot]++
 			g.free = append(g.free, q.pollSlot)
@@ -323,7 +245,7 @@ func (g *pollGroup) retire(q *qp) {
 	q.txAbort()
 	q.flushSQ()
 	q.flushCurrent()
-	g.refs.Add(-1)
+	g.loop.Release()
 	go func() {
 		defer q.conn.Close()
 		q.drainAfterDisconnect()
@@ -338,44 +260,36 @@ func (c *cq) runPoll(started chan<- struct{}) {
 	var applied uint64
 	stopped := false
 	spinUntil := time.Time{}
-	timeout := 0 // first pass: look at once
+	block := false // first pass: look at once
 	var sleptAt time.Time
 	for {
-		slept := timeout != 0
-		n := g.wait(timeout)
-		g.kicked.Store(false)
+		slept := block
+		evs := g.loop.Wait(block)
 		worked := false
-		for i := 0; i < n; i++ {
-			ev := &g.events[i]
-			switch ev.Fd {
-			case pollTagEvent:
-				unix.Read(g.evfd, g.evbuf[:])
-			case pollTagTimer:
-				unix.Read(g.tfd, g.evbuf[:])
-			default:
-				if ev.Fd < 0 || int(ev.Fd) >= len(g.slots) || g.gens[ev.Fd] != uint32(ev.Pad) {
-					continue
-				}
-				q := g.slots[ev.Fd]
-				if q == nil {
-					continue
-				}
-				worked = true
-				if ev.Events&unix.EPOLLOUT != 0 {
-					g.mark(q)
-				}
-				if ev.Events&^uint32(unix.EPOLLOUT) != 0 {
-					if q.pollRecvWait && ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-						// Reported whatever the interest: the connection
-						// ended while a message waited for a receive.
-						if q.Err() == nil {
-							q.fail(errConnection(io.ErrUnexpectedEOF))
-						}
-						g.retire(q)
-						continue
+		for i := range evs {
+			ev := &evs[i]
+			if ev.Fd < 0 || int(ev.Fd) >= len(g.slots) || g.gens[ev.Fd] != uint32(ev.Pad) {
+				continue
+			}
+			q := g.slots[ev.Fd]
+			if q == nil {
+				continue
+			}
+			worked = true
+			if ev.Events&unix.EPOLLOUT != 0 {
+				g.mark(q)
+			}
+			if ev.Events&^uint32(unix.EPOLLOUT) != 0 {
+				if q.pollRecvWait && ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+					// Reported whatever the interest: the connection
+					// ended while a message waited for a receive.
+					if q.Err() == nil {
+						q.fail(errConnection(io.ErrUnexpectedEOF))
 					}
-					g.readQP(q)
+					g.retire(q)
+					continue
 				}
+				g.readQP(q)
 			}
 		}
 		if len(g.delayed) > 0 {
@@ -411,19 +325,13 @@ func (c *cq) runPoll(started chan<- struct{}) {
 			worked = true
 		}
 		g.work = g.work[:0]
-		if stopped && g.refs.Load() == 0 && g.dirty.Load() == nil {
-			g.evmu.Lock()
-			if g.refs.Load() == 0 {
-				g.exited = true
-			}
-			g.evmu.Unlock()
-			if g.exited {
-				g.closeFDs()
-				return
-			}
+		// End only when no QP holds the loop, under the loop's lock: an
+		// adopt racing this either holds it first or finds it ended.
+		if stopped && g.loop.Holds() == 0 && g.dirty.Load() == nil && g.loop.End() {
+			return
 		}
 		// What next: look again at once while the spin window is open,
-		// else sleep until an event or a timer (wait looks once more, and
+		// else sleep until an event or a timer (Wait looks once more, and
 		// does not sleep if work was handed over meanwhile).
 		now := time.Now()
 		if worked {
@@ -450,7 +358,7 @@ func (c *cq) runPoll(started chan<- struct{}) {
 			if !worked && !g.c.pinned.Load() {
 				runtime.Gosched() // let the goroutines of this processor run
 			}
-			timeout = 0
+			block = false
 			continue
 		}
 		if !spinUntil.IsZero() {
@@ -459,7 +367,7 @@ func (c *cq) runPoll(started chan<- struct{}) {
 				g.spin /= 2 // the window expired idle
 			}
 		}
-		timeout = -1
+		block = true
 		sleptAt = now
 		g.yieldAt = now
 		wait := modWait
@@ -467,60 +375,9 @@ func (c *cq) runPoll(started chan<- struct{}) {
 			wait = d
 		}
 		if wait > 0 {
-			g.setTimer(wait)
+			g.loop.SetTimer(wait)
 		}
 	}
-}
-
-// wait is one epoll_wait; timeout -1 sleeps (unless work was handed over
-// meanwhile), 0 only looks.
-func (g *pollGroup) wait(timeout int) int {
-	if timeout != 0 {
-		g.sleeping.Store(true)
-		if g.kicked.Load() || g.dirty.Load() != nil {
-			g.sleeping.Store(false)
-			timeout = 0
-		} else {
-			g.sleeps.Add(1)
-		}
-	}
-	if timeout == 0 {
-		for {
-			n, err := unix.EpollWait(g.epfd, g.events[:], 0)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return 0
-			}
-			return n
-		}
-	}
-	g.waitN = 0
-	g.epc.Read(g.waitFn) // parks in Go's netpoller until the set has events
-	g.sleeping.Store(false)
-	return g.waitN
-}
-
-// waitFD looks at the epoll set without blocking; false (nothing yet)
-// makes RawConn.Read park until the epoll fd is readable.
-func (g *pollGroup) waitFD(fd uintptr) bool {
-	for {
-		n, err := unix.EpollWait(int(fd), g.events[:], 0)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return true
-		}
-		g.waitN = n
-		return n > 0
-	}
-}
-
-func (g *pollGroup) setTimer(d time.Duration) {
-	its := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(d))}
-	unix.TimerfdSettime(g.tfd, 0, &its, nil)
 }
 
 // delayWait is how long until the first delayed QP may send (0: none).
@@ -878,5 +735,5 @@ var errEmptyWrite = errors.New("soft: poll group: nothing left to write in a pen
 var errPollShort = errors.New("soft: poll group: FPDU not whole in the buffer")
 
 func (g *pollGroup) counters() (wakes, sleeps, full uint64) {
-	return g.wakes.Load(), g.sleeps.Load(), g.full.Load()
+	return g.loop.Wakes(), g.loop.Sleeps(), g.full.Load()
 }
