@@ -9,8 +9,8 @@
 // wakes it and a timerfd that wakes it at a deadline. Its events carry the
 // caller's slot and generation (EpollEvent.Fd and Pad), never the fd, so
 // that a slot reused for a new socket can tell a stale event from a live
-// one. The loop's own two fds use negative slots, and Wait takes their
-// events itself.
+// one; Slots is that table. The loop's own two fds use negative slots,
+// and Wait takes their events itself.
 //
 // A sleeping loop parks on its epoll fd in Go's netpoller (os.File and
 // syscall.RawConn), so that its processor goes to other goroutines at

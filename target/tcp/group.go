@@ -48,12 +48,10 @@ type group struct {
 	tid      atomic.Int32 // the group's OS thread (benchmarks read its CPU time)
 
 	// Owned by the group's goroutine.
-	slots            []*conn
-	gens             []uint32
-	freeSlots        []int32
-	ready, readyAlt  []*conn // connections with input to read
-	flushq, flushAlt []*conn // connections with output to write
-	timed            []*conn // connections with a deadline (conn.timed)
+	slots            epoll.Slots[conn] // connections by the slot their events carry
+	ready, readyAlt  []*conn           // connections with input to read
+	flushq, flushAlt []*conn           // connections with output to write
+	timed            []*conn           // connections with a deadline (conn.timed)
 	small, large     *pool
 	capsule          *pool // in-capsule data only (see attachCapsule)
 	waiting          reqFIFO
@@ -186,10 +184,7 @@ func (g *group) run(started chan<- struct{}) {
 
 // event takes one epoll event of a connection's socket.
 func (g *group) event(ev *unix.EpollEvent) {
-	if ev.Fd < 0 || int(ev.Fd) >= len(g.slots) || g.gens[ev.Fd] != uint32(ev.Pad) {
-		return
-	}
-	c := g.slots[ev.Fd]
+	c := g.slots.Get(ev)
 	if c == nil {
 		return
 	}
@@ -218,20 +213,12 @@ func (g *group) takeAdopt() {
 // register adds c's socket to the epoll set, edge-triggered: the group
 // keeps c.readable and c.writable itself.
 func (g *group) register(c *conn) {
-	var slot int32
-	if n := len(g.freeSlots); n > 0 {
-		slot = g.freeSlots[n-1]
-		g.freeSlots = g.freeSlots[:n-1]
-	} else {
-		slot = int32(len(g.slots))
-		g.slots = append(g.slots, nil)
-		g.gens = append(g.gens, 0)
-	}
-	g.slots[slot] = c
+	slot, gen := g.slots.Put(c)
 	c.pslot = slot
-	events, gen := uint32(unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET), int32(g.gens[slot])
 	var cerr error
-	err := c.rc.Control(func(fd uintptr) { cerr = g.loop.Add(int(fd), events, slot, gen) })
+	err := c.rc.Control(func(fd uintptr) {
+		cerr = g.loop.Add(int(fd), unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET, slot, gen)
+	})
 	if err == nil {
 		err = cerr
 	}
@@ -255,9 +242,7 @@ func (g *group) unregister(c *conn) {
 		return
 	}
 	c.rc.Control(func(fd uintptr) { g.loop.Del(int(fd)) })
-	g.slots[c.pslot] = nil
-	g.gens[c.pslot]++
-	g.freeSlots = append(g.freeSlots, c.pslot)
+	g.slots.Free(c.pslot)
 	c.pslot = -1
 }
 

@@ -86,14 +86,12 @@ type pollGroup struct {
 	dirty atomic.Pointer[qp]
 
 	// Owned by the group's thread.
-	slots   []*qp
-	gens    []uint32
-	free    []int32
-	work    []*qp         // QPs taken off dirty, to send for
-	delayed []*qp         // QPs waiting out FirstFPDUDelay
-	spin    time.Duration // the busy-poll window, adapted
-	spinMax time.Duration // Config.PollSpin
-	yieldAt time.Time     // a pinned group's last sleep or yield
+	slots   epoll.Slots[qp] // QPs by the slot their events carry
+	work    []*qp           // QPs taken off dirty, to send for
+	delayed []*qp           // QPs waiting out FirstFPDUDelay
+	spin    time.Duration   // the busy-poll window, adapted
+	spinMax time.Duration   // Config.PollSpin
+	yieldAt time.Time       // a pinned group's last sleep or yield
 
 	// full counts writes that found the socket full (then EPOLLOUT); the
 	// loop counts wakes and sleeps.
@@ -160,16 +158,7 @@ func (g *pollGroup) takeDirty() {
 
 // register adds q's socket to the epoll set.
 func (g *pollGroup) register(q *qp) {
-	var slot int32
-	if n := len(g.free); n > 0 {
-		slot = g.free[n-1]
-		g.free = g.free[:n-1]
-	} else {
-		slot = int32(len(g.slots))
-		g.slots = append(g.slots, nil)
-		g.gens = append(g.gens, 0)
-	}
-	g.slots[slot] = q
+	slot, gen := g.slots.Put(q)
 	q.pollSlot = slot
 	if q.delay > 0 {
 		q.txAt = time.Now().Add(q.delay)
@@ -179,7 +168,6 @@ func (g *pollGroup) register(q *qp) {
 		g.retire(q)
 		return
 	}
-	gen := int32(g.gens[slot])
 	var cerr error
 	err := q.rx.rc.Control(func(fd uintptr) { cerr = g.loop.Add(int(fd), unix.EPOLLIN|unix.EPOLLRDHUP, slot, gen) })
 	if err == nil {
@@ -219,7 +207,7 @@ func (g *pollGroup) setEvents(q *qp) {
 	if q.pollOut {
 		events |= unix.EPOLLOUT
 	}
-	slot, gen := q.pollSlot, int32(g.gens[q.pollSlot])
+	slot, gen := q.pollSlot, g.slots.Gen(q.pollSlot)
 	q.rx.rc.Control(func(fd uintptr) { g.loop.Mod(int(fd), events, slot, gen) })
 }
 
@@ -232,15 +220,11 @@ func (g *pollGroup) retire(q *qp) {
 		return
 	}
 	q.pollRetired = true
-	if q.pollSlot >= 0 {
-		if q.pollSlot < int32(len(g.slots)) && g.slots[q.pollSlot] == q {
-			// Control fails once the socket is closed, and the kernel has
-			// then dropped it from the set already.
-			q.rx.rc.Control(func(fd uintptr) { g.loop.Del(int(fd)) })
-			g.slots[q.pollSlot] = nil
-			g.gens[q.pollSlot]++
-			g.free = append(g.free, q.pollSlot)
-		}
+	if g.slots.Holds(q.pollSlot, q) {
+		// Control fails once the socket is closed, and the kernel has
+		// then dropped it from the set already.
+		q.rx.rc.Control(func(fd uintptr) { g.loop.Del(int(fd)) })
+		g.slots.Free(q.pollSlot)
 	}
 	q.txAbort()
 	q.flushSQ()
@@ -268,10 +252,7 @@ func (c *cq) runPoll(started chan<- struct{}) {
 		worked := false
 		for i := range evs {
 			ev := &evs[i]
-			if ev.Fd < 0 || int(ev.Fd) >= len(g.slots) || g.gens[ev.Fd] != uint32(ev.Pad) {
-				continue
-			}
-			q := g.slots[ev.Fd]
+			q := g.slots.Get(ev)
 			if q == nil {
 				continue
 			}
