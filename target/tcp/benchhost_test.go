@@ -80,6 +80,9 @@ func dialBench(tb testing.TB, addr string, write bool, size, depth int) *benchHo
 	if rsp := io.connect(1, uint16(max(depth, 2)-1), 0, cntlid); rsp.Status != 0 {
 		tb.Fatalf("I/O Connect: %v", rsp.Status)
 	}
+	// The raw host's setup left 10 s deadlines on the socket: a run may
+	// take longer (the loop has its own bound).
+	io.nc.SetDeadline(time.Time{})
 	h := &benchHost{nc: io.nc, size: size, write: write, inline: write && size <= 8192, maxH2C: io.maxH2C,
 		slots: make([]benchSlot, depth), rbuf: make([]byte, 512<<10)}
 	if write && !h.inline && uint32(size) > h.maxH2C {
