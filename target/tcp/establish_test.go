@@ -124,11 +124,5 @@ func TestMaxPending(t *testing.T) {
 
 func waitPending(t *testing.T, tt *testTarget, n uint64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for tt.port.Stats().Pending != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections pending, want %d", tt.port.Stats().Pending, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitStat(t, tt, "connections pending", func(s tcp.Stats) uint64 { return s.Pending }, n)
 }

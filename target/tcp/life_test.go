@@ -26,10 +26,17 @@ func TestDisconnectByCore(t *testing.T) {
 
 func waitConns(t *testing.T, tt *testTarget, n uint64) {
 	t.Helper()
+	waitStat(t, tt, "connections", func(s tcp.Stats) uint64 { return s.Connections }, n)
+}
+
+// waitStat waits up to 5 s for the counter get reads from the port's
+// Stats to be n.
+func waitStat(t *testing.T, tt *testTarget, what string, get func(tcp.Stats) uint64, n uint64) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for tt.port.Stats().Connections != n {
+	for get(tt.port.Stats()) != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d connections, want %d", tt.port.Stats().Connections, n)
+			t.Fatalf("%d %s, want %d", get(tt.port.Stats()), what, n)
 		}
 		time.Sleep(time.Millisecond)
 	}

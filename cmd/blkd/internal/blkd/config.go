@@ -275,25 +275,18 @@ func (c Config) RDMAOn() bool { return c.NVMeAddr != PortOff }
 func (c Config) DiscoveryOn() bool { return c.DiscoveryAddr != PortOff }
 
 // discoveryAdvertise is the tcp.Config.AdvertiseAddr of the discovery
-// port: AdvertiseAddr's address with the discovery port's own port, or
-// "".
-func (c Config) discoveryAdvertise() string {
-	if c.AdvertiseAddr == "" {
-		return ""
-	}
-	host, _, _ := target.ParseAdvertiseAddr(c.AdvertiseAddr)
-	_, port, _ := net.SplitHostPort(c.DiscoveryAddr)
-	return net.JoinHostPort(host, port)
-}
+// port, tcpAdvertise the NVMe/TCP port's: AdvertiseAddr's address with
+// the port's own port number, or "".
+func (c Config) discoveryAdvertise() string { return c.advertiseOn(c.DiscoveryAddr) }
+func (c Config) tcpAdvertise() string       { return c.advertiseOn(c.TCPAddr) }
 
-// tcpAdvertise is the tcp.Config.AdvertiseAddr of the NVMe/TCP port:
-// AdvertiseAddr's address with the TCP port's own port, or "".
-func (c Config) tcpAdvertise() string {
+// advertiseOn is AdvertiseAddr's address with listen's port, or "".
+func (c Config) advertiseOn(listen string) string {
 	if c.AdvertiseAddr == "" {
 		return ""
 	}
 	host, _, _ := target.ParseAdvertiseAddr(c.AdvertiseAddr)
-	_, port, _ := net.SplitHostPort(c.TCPAddr)
+	_, port, _ := net.SplitHostPort(listen)
 	return net.JoinHostPort(host, port)
 }
 
