@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/blk-project/blk/internal/lfstack"
 	"github.com/blk-project/blk/nvme"
 )
 
@@ -149,7 +150,7 @@ type tcpWire struct {
 
 	// Submission: a Treiber stack drained whole by the sender (Swap, so
 	// no ABA), and the sender's sleep flag and wake-up.
-	head     atomic.Pointer[slot]
+	head     lfstack.Stack[slot]
 	sleeping atomic.Bool
 	wake     chan struct{}
 
@@ -253,13 +254,7 @@ func (w *tcpWire) send(s *slot) error {
 // push puts s on the sender's stack and wakes the sender if it sleeps.
 func (w *tcpWire) push(s *slot) {
 	s.tcp.queued.Store(true)
-	for {
-		old := w.head.Load()
-		s.tcp.next = old
-		if w.head.CompareAndSwap(old, s) {
-			break
-		}
-	}
+	w.head.Push(s, &s.tcp.next)
 	if w.sleeping.Load() && w.sleeping.CompareAndSwap(true, false) {
 		select {
 		case w.wake <- struct{}{}:
@@ -364,12 +359,12 @@ func (w *tcpWire) initConnection(ctx context.Context, timeout time.Duration) err
 func (w *tcpWire) sender() {
 	defer w.a.wg.Done()
 	for {
-		head := w.head.Swap(nil)
+		head := w.head.TakeAll()
 		if head == nil {
 			// Announce the sleep, then look once more: a push either
 			// lands before this Swap or sees sleeping and wakes us.
 			w.sleeping.Store(true)
-			if head = w.head.Swap(nil); head == nil {
+			if head = w.head.TakeAll(); head == nil {
 				select {
 				case <-w.wake:
 				case <-w.a.done:

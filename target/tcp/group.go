@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/blk-project/blk/internal/epoll"
+	"github.com/blk-project/blk/internal/lfstack"
 	"github.com/blk-project/blk/target"
 )
 
@@ -39,9 +40,9 @@ type group struct {
 	loop epoll.Loop // the epoll set, its wake-up and its timer
 
 	// Handed over by other goroutines.
-	adoptq   atomic.Pointer[conn] // linked by conn.anext
-	ctlq     atomic.Pointer[conn] // linked by conn.cnext (Disconnect)
-	done     atomic.Pointer[req]  // linked by req.dnext (Complete)
+	adoptq   lfstack.Stack[conn] // linked by conn.anext
+	ctlq     lfstack.Stack[conn] // linked by conn.cnext (Disconnect)
+	done     lfstack.Stack[req]  // linked by req.dnext (Complete)
 	stop     atomic.Bool
 	exitedCh chan struct{}
 	conns    atomic.Int32 // connections owned (for placement)
@@ -100,7 +101,7 @@ func newGroup(p *Port, idx int) (*group, error) {
 // handedOver reports work handed over to the group, or a stop: the
 // loop's last look before it sleeps (epoll.Loop.Init).
 func (g *group) handedOver() bool {
-	return g.done.Load() != nil || g.adoptq.Load() != nil || g.ctlq.Load() != nil || g.stop.Load()
+	return !g.done.Empty() || !g.adoptq.Empty() || !g.ctlq.Empty() || g.stop.Load()
 }
 
 // kick makes the loop look again (epoll.Loop.Kick).
@@ -108,38 +109,20 @@ func (g *group) kick() { g.loop.Kick() }
 
 // adopt hands a new connection to the group; any goroutine.
 func (g *group) adopt(c *conn) {
-	for {
-		old := g.adoptq.Load()
-		c.anext = old
-		if g.adoptq.CompareAndSwap(old, c) {
-			break
-		}
-	}
+	g.adoptq.Push(c, &c.anext)
 	g.kick()
 }
 
 // pushCtl asks the group to disconnect c; any goroutine, once per conn.
 func (g *group) pushCtl(c *conn) {
-	for {
-		old := g.ctlq.Load()
-		c.cnext = old
-		if g.ctlq.CompareAndSwap(old, c) {
-			break
-		}
-	}
+	g.ctlq.Push(c, &c.cnext)
 	g.kick()
 }
 
 // pushDone hands a completed request back; any goroutine, no lock, no
 // allocation.
 func (g *group) pushDone(r *req) {
-	for {
-		old := g.done.Load()
-		r.dnext = old
-		if g.done.CompareAndSwap(old, r) {
-			break
-		}
-	}
+	g.done.Push(r, &r.dnext)
 	g.kick()
 }
 
@@ -171,14 +154,14 @@ func (g *group) run(started chan<- struct{}) {
 		if len(g.timed) > 0 {
 			g.checkDeadlines()
 		}
-		if g.stop.Load() && g.conns.Load() == 0 && g.adoptq.Load() == nil {
+		if g.stop.Load() && g.conns.Load() == 0 && g.adoptq.Empty() {
 			g.loop.End() // the group takes no Holds: it always ends
 			return
 		}
 		// Sleep unless this pass left work of its own: input not yet
 		// read, output not yet written, completions, or waiting commands
 		// a freed buffer can start.
-		block = !(len(g.ready) > 0 || len(g.flushq) > 0 || g.done.Load() != nil || g.freed && g.waiting.n+g.waitingCapsule.n > 0)
+		block = !(len(g.ready) > 0 || len(g.flushq) > 0 || !g.done.Empty() || g.freed && g.waiting.n+g.waitingCapsule.n > 0)
 	}
 }
 
@@ -202,7 +185,7 @@ func (g *group) event(ev *unix.EpollEvent) {
 
 // takeAdopt registers the connections handed over since the last pass.
 func (g *group) takeAdopt() {
-	for c := g.adoptq.Swap(nil); c != nil; {
+	for c := g.adoptq.TakeAll(); c != nil; {
 		next := c.anext
 		c.anext = nil
 		g.register(c)
@@ -248,7 +231,7 @@ func (g *group) unregister(c *conn) {
 
 // takeCtl disconnects the connections the core (or Port.Close) asked to.
 func (g *group) takeCtl() {
-	for c := g.ctlq.Swap(nil); c != nil; {
+	for c := g.ctlq.TakeAll(); c != nil; {
 		next := c.cnext
 		c.cnext = nil
 		if c.pslot >= 0 || c.state != connClosed {
@@ -319,13 +302,13 @@ func (g *group) flushPass() bool {
 		}
 	}
 	g.flushAlt = cur[:0]
-	return g.freed && g.waiting.n+g.waitingCapsule.n > 0 || g.done.Load() != nil
+	return g.freed && g.waiting.n+g.waitingCapsule.n > 0 || !g.done.Empty()
 }
 
 // drainDone handles the requests completed since the last look, in the
 // order they completed.
 func (g *group) drainDone() bool {
-	top := g.done.Swap(nil)
+	top := g.done.TakeAll()
 	if top == nil {
 		return false
 	}

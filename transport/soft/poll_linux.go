@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/blk-project/blk/internal/epoll"
+	"github.com/blk-project/blk/internal/lfstack"
 	"github.com/blk-project/blk/transport"
 	"github.com/blk-project/blk/transport/soft/wire"
 )
@@ -83,7 +84,7 @@ type pollGroup struct {
 
 	// dirty is a lock-free stack of QPs (linked by qp.pollNext) with work
 	// for the group; qp.pollQueued keeps each QP on it at most once.
-	dirty atomic.Pointer[qp]
+	dirty lfstack.Stack[qp]
 
 	// Owned by the group's thread.
 	slots   epoll.Slots[qp] // QPs by the slot their events carry
@@ -108,7 +109,7 @@ func newPollGroup(c *cq) (*pollGroup, error) {
 
 // hasDirty reports QPs with work for the group: the loop's last look
 // before it sleeps (epoll.Loop.Init).
-func (g *pollGroup) hasDirty() bool { return g.dirty.Load() != nil }
+func (g *pollGroup) hasDirty() bool { return !g.dirty.Empty() }
 
 // kick makes the loop look again (epoll.Loop.Kick).
 func (g *pollGroup) kick() { g.loop.Kick() }
@@ -117,13 +118,7 @@ func (g *pollGroup) kick() { g.loop.Kick() }
 // goroutine, without a lock or an allocation.
 func (g *pollGroup) mark(q *qp) {
 	if q.pollQueued.CompareAndSwap(false, true) {
-		for {
-			old := g.dirty.Load()
-			q.pollNext = old
-			if g.dirty.CompareAndSwap(old, q) {
-				break
-			}
-		}
+		g.dirty.Push(q, &q.pollNext)
 	}
 	g.kick()
 }
@@ -140,7 +135,7 @@ func (g *pollGroup) adopt(q *qp) bool {
 
 // takeDirty moves the dirty stack to g.work, registering new QPs.
 func (g *pollGroup) takeDirty() {
-	for q := g.dirty.Swap(nil); q != nil; {
+	for q := g.dirty.TakeAll(); q != nil; {
 		next := q.pollNext
 		q.pollNext = nil
 		q.pollQueued.Store(false)
@@ -308,7 +303,7 @@ func (c *cq) runPoll(started chan<- struct{}) {
 		g.work = g.work[:0]
 		// End only when no QP holds the loop, under the loop's lock: an
 		// adopt racing this either holds it first or finds it ended.
-		if stopped && g.loop.Holds() == 0 && g.dirty.Load() == nil && g.loop.End() {
+		if stopped && g.loop.Holds() == 0 && g.dirty.Empty() && g.loop.End() {
 			return
 		}
 		// What next: look again at once while the spin window is open,
