@@ -5,10 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"go/build"
 	"path/filepath"
-	"strings"
 	"testing"
+
+	"github.com/blk-project/blk/internal/importtest"
 )
 
 // TestClusterTCP: three members on real TCP ports of 127.0.0.1; the leader
@@ -109,14 +109,4 @@ func TestClusterTCP(t *testing.T) {
 
 // TestImports: meta is the control plane; it never imports a data-plane
 // package.
-func TestImports(t *testing.T) {
-	pkg, err := build.ImportDir(".", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, imp := range pkg.Imports {
-		if strings.HasPrefix(imp, "github.com/blk-project/blk/") {
-			t.Errorf("package meta imports %s", imp)
-		}
-	}
-}
+func TestImports(t *testing.T) { importtest.Only(t, ".") }

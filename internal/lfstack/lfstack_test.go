@@ -1,25 +1,15 @@
 package lfstack
 
 import (
-	"go/build"
-	"strings"
 	"sync"
 	"testing"
+
+	"github.com/blk-project/blk/internal/importtest"
 )
 
 // TestImports: the package is a leaf; the transports and the initiator
 // import it, so it may import no blk package.
-func TestImports(t *testing.T) {
-	pkg, err := build.ImportDir(".", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, imp := range pkg.Imports {
-		if strings.HasPrefix(imp, "github.com/blk-project/blk/") {
-			t.Errorf("internal/lfstack imports %s", imp)
-		}
-	}
-}
+func TestImports(t *testing.T) { importtest.Only(t, ".") }
 
 type item struct {
 	v    int
