@@ -112,7 +112,7 @@ func (c *conn) watch() {
 		c.dead.Store(true)
 		c.logClosed()
 		c.teardown()
-		c.port.untrack(c)
+		c.port.conns.Remove(c)
 	}()
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/blk-project/blk/internal/connset"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/transport"
@@ -35,10 +36,8 @@ type Port struct {
 	// the listen address's own where not set).
 	advHost, advSvc string
 
-	mu     sync.Mutex
-	conns  map[*conn]struct{}
-	closed bool
-	wg     sync.WaitGroup // accept loop and connection watchers
+	conns connset.Set[*conn] // each with its watcher
+	wg    sync.WaitGroup     // the accept loop and the connection requests being set up
 
 	st counters
 }
@@ -75,7 +74,7 @@ func Listen(t *target.Target, a transport.Adapter, cfg Config) (p *Port, err err
 	if err != nil {
 		return nil, err
 	}
-	p = &Port{t: t, a: a, cfg: cfg, size: size, id: cfg.PortID, conns: make(map[*conn]struct{})}
+	p = &Port{t: t, a: a, cfg: cfg, size: size, id: cfg.PortID}
 	// p is passed in: the error returns below set the named result to nil.
 	defer func(p *Port) {
 		if err != nil {
@@ -144,23 +143,17 @@ func (p *Port) Sizing() Sizing { return p.size }
 // Close stops accepting, disconnects every connection (their controllers
 // are torn down by the core) and frees the engine and buffers.
 func (p *Port) Close() error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	conns, first := p.conns.Close()
+	if !first {
 		return nil
 	}
-	p.closed = true
-	conns := make([]*conn, 0, len(p.conns))
-	for c := range p.conns {
-		conns = append(conns, c)
-	}
-	p.mu.Unlock()
 	p.t.RemovePort(p.id)
 	err := p.ln.Close()
 	for _, c := range conns {
 		c.Disconnect(errPortClosed)
 	}
 	p.wg.Wait()
+	p.conns.Wait()
 	return errors.Join(err, p.release())
 }
 
@@ -168,7 +161,7 @@ var errPortClosed = errors.New("rdma: port closed")
 
 func (p *Port) release() error {
 	var errs []error
-	if p.ln != nil && !p.closed {
+	if p.ln != nil && !p.conns.Closed() {
 		errs = append(errs, p.ln.Close())
 	}
 	if p.engine != nil {
@@ -294,7 +287,7 @@ func (p *Port) setup(req transport.ConnRequest) {
 	var ab [nvme.RDMACMAcceptSize]byte
 	acc := nvme.RDMACMAccept{RecFmt: 0, CRQSize: uint16(entries)}
 	acc.Marshal(&ab)
-	if !p.track(c) {
+	if !p.conns.Add(c) {
 		q.Close()
 		c.destroy()
 		req.Reject(nil)
@@ -310,34 +303,12 @@ func (p *Port) setup(req transport.ConnRequest) {
 	if err != nil {
 		p.logf("rdma: port %s: accept %s: %v", p.ln.Addr(), req.RemoteAddr(), err)
 		c.teardown()
-		p.untrack(c)
+		p.conns.Remove(c)
 		return
 	}
 	p.st.accepts.Add(1)
 	p.logAccepted(c)
 	c.watch()
-}
-
-// track adds c to the port's connections unless the port is closing.
-func (p *Port) track(c *conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return false
-	}
-	p.conns[c] = struct{}{}
-	p.wg.Add(1) // the watcher's
-	return true
-}
-
-func (p *Port) untrack(c *conn) {
-	p.mu.Lock()
-	_, ok := p.conns[c]
-	delete(p.conns, c)
-	p.mu.Unlock()
-	if ok {
-		p.wg.Done()
-	}
 }
 
 // coalesce maps NVMe Interrupt Coalescing (Set Features 0x08) onto the

@@ -103,19 +103,18 @@ type conn struct {
 	discQueued   atomic.Bool
 	discReason   atomic.Pointer[error]
 
-	state   connState
-	pslot   int32 // epoll slot, -1 when not registered
-	dg      nvme.TCPDigests
-	hd      int // header digest length (0 or 4)
-	q       *target.Queue
-	qid     uint16
-	reqs    []req
-	free    []uint16 // free request slots (stack)
-	inCore  int      // requests between Execute and their completion
-	sqhd    uint32
-	reason  error // why the connection closes
-	gone    bool
-	tracked bool
+	state  connState
+	pslot  int32 // epoll slot, -1 when not registered
+	dg     nvme.TCPDigests
+	hd     int // header digest length (0 or 4)
+	q      *target.Queue
+	qid    uint16
+	reqs   []req
+	free   []uint16 // free request slots (stack)
+	inCore int      // requests between Execute and their completion
+	sqhd   uint32
+	reason error // why the connection closes
+	gone   bool
 	// pending: accepted, its queue not connected yet (Port.pending
 	// counts it until unpend).
 	pending bool
@@ -1052,7 +1051,7 @@ func (c *conn) maybeGone() {
 	}
 	c.gone = true
 	c.g.conns.Add(-1)
-	c.p.untrack(c)
+	c.p.conns.Remove(c)
 }
 
 // readv is one non-blocking readv into a (and b, if not empty).

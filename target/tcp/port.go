@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/blk-project/blk/internal/connset"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
 )
@@ -36,11 +37,9 @@ type Port struct {
 	// queue takes, is the command's error (SGL Offset Invalid).
 	maxCapsuleData uint32
 
-	mu      sync.Mutex
-	conns   map[*conn]struct{}
+	conns   connset.Set[*conn]
 	closing atomic.Bool
-	closed  bool
-	wg      sync.WaitGroup // accept loop and connections
+	wg      sync.WaitGroup // the accept loop
 
 	accepts atomic.Uint64
 	// pending counts connections accepted and not yet connected
@@ -69,7 +68,7 @@ func Listen(t *target.Target, cfg Config) (p *Port, err error) {
 			return nil, fmt.Errorf("tcp: %w", err)
 		}
 	}
-	p = &Port{t: t, cfg: cfg, limits: lim, id: cfg.PortID, conns: make(map[*conn]struct{}),
+	p = &Port{t: t, cfg: cfg, limits: lim, id: cfg.PortID,
 		maxCapsuleData: max(nvme.TCPAdminInCapsule, lim.InCapsule)}
 	for i := 0; i < cfg.Cores; i++ {
 		g, err := newGroup(p, i)
@@ -150,24 +149,18 @@ func (p *Port) isClosing() bool { return p.closing.Load() }
 // every connection is gone and the core gave back its requests, then
 // stops the poll groups.
 func (p *Port) Close() error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	p.closing.Store(true)
+	conns, first := p.conns.Close()
+	if !first {
 		return nil
 	}
-	p.closed = true
-	p.closing.Store(true)
-	conns := make([]*conn, 0, len(p.conns))
-	for c := range p.conns {
-		conns = append(conns, c)
-	}
-	p.mu.Unlock()
 	_ = p.t.RemovePort(p.id)
 	err := p.ln.Close()
 	for _, c := range conns {
 		c.Disconnect(errPortClosed)
 	}
 	p.wg.Wait()
+	p.conns.Wait()
 	p.stopGroups()
 	return err
 }
@@ -213,7 +206,7 @@ func (p *Port) acceptLoop() {
 			nc.Close()
 			continue
 		}
-		if !p.track(c) {
+		if !p.conns.Add(c) {
 			nc.Close()
 			continue
 		}
@@ -230,29 +223,6 @@ func (p *Port) acceptLoop() {
 		c.g = g
 		g.conns.Add(1)
 		g.adopt(c)
-	}
-}
-
-// track adds c to the port's connections unless the port is closing.
-func (p *Port) track(c *conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return false
-	}
-	p.conns[c] = struct{}{}
-	c.tracked = true
-	p.wg.Add(1)
-	return true
-}
-
-func (p *Port) untrack(c *conn) {
-	p.mu.Lock()
-	_, ok := p.conns[c]
-	delete(p.conns, c)
-	p.mu.Unlock()
-	if ok {
-		p.wg.Done()
 	}
 }
 
