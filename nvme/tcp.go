@@ -342,22 +342,13 @@ type TCPICReqPDU struct {
 
 // Marshal writes the whole 128-byte PDU, common header included.
 func (r *TCPICReqPDU) Marshal(b *[TCPICSize]byte) {
-	*b = [TCPICSize]byte{}
-	(&TCPHeader{Type: TCPICReq, HLen: TCPICSize, PLen: TCPICSize}).Marshal(b[:])
-	binary.LittleEndian.PutUint16(b[8:10], r.PFV)
-	b[10], b[11] = r.HPDA, r.DGST
-	binary.LittleEndian.PutUint32(b[12:16], r.MaxR2T)
+	putIC(b, TCPICReq, r.PFV, r.HPDA, r.DGST, r.MaxR2T)
 }
 
 // Unmarshal reads the PDU-specific fields from a 128-byte PDU.
-func (r *TCPICReqPDU) Unmarshal(b []byte) error {
-	if len(b) < TCPICSize {
-		return ErrShortBuffer
-	}
-	r.PFV = binary.LittleEndian.Uint16(b[8:10])
-	r.HPDA, r.DGST = b[10], b[11]
-	r.MaxR2T = binary.LittleEndian.Uint32(b[12:16])
-	return nil
+func (r *TCPICReqPDU) Unmarshal(b []byte) (err error) {
+	r.PFV, r.HPDA, r.DGST, r.MaxR2T, err = getIC(b)
+	return err
 }
 
 // TCPICRespPDU is the controller's Initialize Connection Response.
@@ -375,22 +366,32 @@ type TCPICRespPDU struct {
 
 // Marshal writes the whole 128-byte PDU, common header included.
 func (r *TCPICRespPDU) Marshal(b *[TCPICSize]byte) {
-	*b = [TCPICSize]byte{}
-	(&TCPHeader{Type: TCPICResp, HLen: TCPICSize, PLen: TCPICSize}).Marshal(b[:])
-	binary.LittleEndian.PutUint16(b[8:10], r.PFV)
-	b[10], b[11] = r.CPDA, r.DGST
-	binary.LittleEndian.PutUint32(b[12:16], r.MaxH2CData)
+	putIC(b, TCPICResp, r.PFV, r.CPDA, r.DGST, r.MaxH2CData)
 }
 
 // Unmarshal reads the PDU-specific fields from a 128-byte PDU.
-func (r *TCPICRespPDU) Unmarshal(b []byte) error {
+func (r *TCPICRespPDU) Unmarshal(b []byte) (err error) {
+	r.PFV, r.CPDA, r.DGST, r.MaxH2CData, err = getIC(b)
+	return err
+}
+
+// putIC writes an ICReq or ICResp: the two share one layout — PFV, the
+// sender's PDU data alignment (HPDA, CPDA), DGST and a 32-bit limit
+// (MAXR2T, MAXH2CDATA) — and are zero to byte 127.
+func putIC(b *[TCPICSize]byte, typ uint8, pfv uint16, pda, dgst uint8, limit uint32) {
+	*b = [TCPICSize]byte{}
+	(&TCPHeader{Type: typ, HLen: TCPICSize, PLen: TCPICSize}).Marshal(b[:])
+	binary.LittleEndian.PutUint16(b[8:10], pfv)
+	b[10], b[11] = pda, dgst
+	binary.LittleEndian.PutUint32(b[12:16], limit)
+}
+
+// getIC reads the fields putIC writes.
+func getIC(b []byte) (pfv uint16, pda, dgst uint8, limit uint32, err error) {
 	if len(b) < TCPICSize {
-		return ErrShortBuffer
+		return 0, 0, 0, 0, ErrShortBuffer
 	}
-	r.PFV = binary.LittleEndian.Uint16(b[8:10])
-	r.CPDA, r.DGST = b[10], b[11]
-	r.MaxH2CData = binary.LittleEndian.Uint32(b[12:16])
-	return nil
+	return binary.LittleEndian.Uint16(b[8:10]), b[10], b[11], binary.LittleEndian.Uint32(b[12:16]), nil
 }
 
 // ICReq field offsets, for FEI.
