@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/internal/benchbook"
 )
 
 // End-to-end benchmarks: our initiator against our target serving a pebble
@@ -252,7 +253,7 @@ func benchBare(b *testing.B, bc benchCase) {
 	if !bc.write {
 		verifyBare(b, c)
 	}
-	bareResults.record(bc.name, b.N, r.iops)
+	bareResults.Record(bc.name, b.N, r.iops)
 	reportPerQueue(b, bc, "bare", r.iops)
 }
 
@@ -274,12 +275,12 @@ func verifyBare(b *testing.B, c *bareClient) {
 // for a case with a base.
 func reportPerQueue(b *testing.B, bc benchCase, variant string, iops float64) {
 	if bc.nqueues() == 1 {
-		queueResults.record(variant+"/"+bc.name, b.N, iops)
+		queueResults.Record(variant+"/"+bc.name, b.N, iops)
 	}
 	if bc.base == "" {
 		return
 	}
-	if one, ok := queueResults.get(variant + "/" + bc.base); ok {
+	if one, ok := queueResults.Median(variant + "/" + bc.base); ok {
 		b.ReportMetric(iops/one, "x-1queue")
 	} else {
 		b.Logf("no one-queue run of %s in this process: x-1queue not reported", bc.base)
@@ -347,13 +348,13 @@ func benchNVMe(b *testing.B, bc benchCase, transport string) {
 	if n, ok := r.counters["volbytes"]; ok && n > 0 {
 		b.ReportMetric(float64(r.counters["volcopied"])/float64(n), "vol-copies/op")
 	}
-	if bare, ok := bareResults.get(bc.name); ok {
+	if bare, ok := bareResults.Median(bc.name); ok {
 		b.ReportMetric(r.iops/bare, "x-bare")
 	} else {
 		b.Logf("no bare run of %s in this process: x-bare not reported", bc.name)
 	}
 	if transport == initiator.TransportTCP {
-		if rd, ok := rdmaResults.get(bc.name); ok {
+		if rd, ok := rdmaResults.Median(bc.name); ok {
 			b.ReportMetric(r.iops/rd, "x-rdma")
 		} else {
 			b.Logf("no nvme (RDMA) run of %s in this process: x-rdma not reported", bc.name)
@@ -361,7 +362,7 @@ func benchNVMe(b *testing.B, bc benchCase, transport string) {
 		reportPerQueue(b, bc, "nvme-tcp", r.iops)
 		return
 	}
-	rdmaResults.record(bc.name, b.N, r.iops)
+	rdmaResults.Record(bc.name, b.N, r.iops)
 	reportPerQueue(b, bc, "nvme", r.iops)
 }
 
@@ -648,70 +649,23 @@ func (l *ioLoop) complete(slot int, err error) {
 	}
 }
 
-// latency returns the mean and the 99th percentile (nearest rank) of the
+// latency is the mean and 99th percentile (nearest rank) of the
 // recorded latencies; it sorts them.
 func (l *ioLoop) latency() (mean, p99 time.Duration) {
-	lat := l.lat[:l.done.Load()]
-	if len(lat) == 0 {
-		return 0, 0
-	}
-	var sum int64
-	for _, v := range lat {
-		sum += v
-	}
-	slices.Sort(lat)
-	rank := (len(lat)*99 + 99) / 100 // ⌈0.99 n⌉
-	return time.Duration(sum / int64(len(lat))), time.Duration(lat[rank-1])
+	return benchbook.Latency(l.lat[:l.done.Load()])
 }
 
 // bareResults keeps every bare run of this process, per case, for the
-// x-bare of the nvme runs: the median IOPS of the bare runs at least half
-// as long (in I/Os) as the longest. The benchmark framework runs "bare"
-// -count times and then "nvme" -count times; the shorter runs it makes
-// first to size b.N are left out.
-var bareResults = &bareBook{m: make(map[string][]bareRun)}
+// x-bare of the nvme runs: their median IOPS (benchbook.Book.Median
+// leaves out the shorter runs the framework makes first to size b.N).
+// The benchmark framework runs "bare" -count times, then "nvme", then
+// "nvme-tcp".
+var bareResults benchbook.Book
 
 // rdmaResults keeps the nvme (NVMe/RDMA) runs, per case, for the x-rdma
 // of the nvme-tcp runs, in the same way.
-var rdmaResults = &bareBook{m: make(map[string][]bareRun)}
+var rdmaResults benchbook.Book
 
 // queueResults keeps the one-queue runs of BenchmarkQueues, per variant
 // and case, for x-1queue, in the same way.
-var queueResults = &bareBook{m: make(map[string][]bareRun)}
-
-type bareBook struct {
-	mu sync.Mutex
-	m  map[string][]bareRun
-}
-
-type bareRun struct {
-	n    int
-	iops float64
-}
-
-func (bb *bareBook) record(name string, n int, iops float64) {
-	bb.mu.Lock()
-	defer bb.mu.Unlock()
-	bb.m[name] = append(bb.m[name], bareRun{n, iops})
-}
-
-func (bb *bareBook) get(name string) (float64, bool) {
-	bb.mu.Lock()
-	defer bb.mu.Unlock()
-	runs := bb.m[name]
-	longest := 0
-	for _, r := range runs {
-		longest = max(longest, r.n)
-	}
-	var iops []float64
-	for _, r := range runs {
-		if 2*r.n >= longest {
-			iops = append(iops, r.iops)
-		}
-	}
-	if len(iops) == 0 {
-		return 0, false
-	}
-	slices.Sort(iops)
-	return iops[len(iops)/2], true
-}
+var queueResults benchbook.Book

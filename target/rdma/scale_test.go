@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/internal/benchbook"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/transport"
 )
@@ -98,7 +99,7 @@ const (
 )
 
 // scaleResults keeps the probe runs with one QP, for x-1qp.
-var scaleResults = &bareBook{m: make(map[string][]bareRun)}
+var scaleResults benchbook.Book
 
 type scaleFixture struct {
 	n        int // I/O QPs asked for
@@ -280,9 +281,9 @@ func (f *scaleFixture) run(b *testing.B, spread bool) {
 	r := measure(b, bc, f.srv, &f.cur, submit)
 	// After measure: its ResetTimer drops metrics reported before.
 	if f.n == 1 && !spread {
-		scaleResults.record("probe", b.N, r.iops)
+		scaleResults.Record("probe", b.N, r.iops)
 	}
-	if one, ok := scaleResults.get("probe"); ok {
+	if one, ok := scaleResults.Median("probe"); ok {
 		b.ReportMetric(r.iops/one, "x-1qp")
 	} else {
 		b.Logf("no probe run with 1 QP in this process: x-1qp not reported")

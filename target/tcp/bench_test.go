@@ -3,7 +3,6 @@ package tcp_test
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blk-project/blk/internal/benchbook"
 	"github.com/blk-project/blk/target/tcp"
 )
 
@@ -84,7 +84,7 @@ func runBenchCase(b *testing.B, bc benchCase) {
 		s := newBareServer(b)
 		h := dialBench(b, s.ln.Addr().String(), bc.write, bc.size, bc.depth)
 		r := measure(b, bc, h, func() []int { s.mu.Lock(); defer s.mu.Unlock(); return slices.Clone(s.tids) }, nil)
-		bareResults.record(bc.name, b.N, r.iops)
+		bareResults.Record(bc.name, b.N, r.iops)
 	})
 	b.Run("nvme", func(b *testing.B) {
 		tt := newTestTarget(b, tcp.Config{})
@@ -102,7 +102,7 @@ func runBenchCase(b *testing.B, bc benchCase) {
 		b.ReportMetric(float64(s1.Writes-s0.Writes)/n, "writevs/op")
 		b.ReportMetric(float64(s1.Passes-s0.Passes)/n, "passes/op")
 		b.ReportMetric(float64(s1.Sleeps-s0.Sleeps)/n, "sleeps/op")
-		if bare, ok := bareResults.get(bc.name); ok {
+		if bare, ok := bareResults.Median(bc.name); ok {
 			b.ReportMetric(r.iops/bare, "x-bare")
 		}
 	})
@@ -250,59 +250,11 @@ func (l *ioLoop) complete(slot int, err error) {
 	}
 }
 
+// latency is the mean and 99th percentile of the completed I/Os.
 func (l *ioLoop) latency() (mean, p99 time.Duration) {
-	lat := l.lat[:min(l.done.Load(), l.n)]
-	if len(lat) == 0 {
-		return 0, 0
-	}
-	var sum int64
-	for _, v := range lat {
-		sum += v
-	}
-	slices.Sort(lat)
-	rank := (len(lat)*99 + 99) / 100
-	return time.Duration(sum / int64(len(lat))), time.Duration(lat[rank-1])
+	return benchbook.Latency(l.lat[:min(l.done.Load(), l.n)])
 }
 
-// bareResults keeps the bare runs' IOPS per case, for x-bare: the median
-// of the runs at least half as long as the longest (the framework's
-// short sizing runs left out).
-var bareResults = &bareBook{m: make(map[string][]bareRun)}
-
-type bareBook struct {
-	mu sync.Mutex
-	m  map[string][]bareRun
-}
-
-type bareRun struct {
-	n    int
-	iops float64
-}
-
-func (bb *bareBook) record(name string, n int, iops float64) {
-	bb.mu.Lock()
-	defer bb.mu.Unlock()
-	bb.m[name] = append(bb.m[name], bareRun{n, iops})
-}
-
-func (bb *bareBook) get(name string) (float64, bool) {
-	bb.mu.Lock()
-	defer bb.mu.Unlock()
-	longest := 0
-	for _, r := range bb.m[name] {
-		longest = max(longest, r.n)
-	}
-	var iops []float64
-	for _, r := range bb.m[name] {
-		if 2*r.n >= longest {
-			iops = append(iops, r.iops)
-		}
-	}
-	if len(iops) == 0 {
-		return 0, false
-	}
-	slices.Sort(iops)
-	return iops[len(iops)/2], true
-}
-
-var _ = os.Getpid
+// bareResults keeps the bare runs' IOPS per case, for x-bare (their
+// median, benchbook.Book.Median).
+var bareResults benchbook.Book
