@@ -33,10 +33,20 @@ func TestZeroAllocIO(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.KATO = time.Minute
 	c := connectFake(t, f, cfg)
-	ns := c.Namespace(1)
-	small := make([]byte, 4096)   // in the capsule
-	large := make([]byte, 32<<10) // keyed: RDMA READ by the target
-	out := make([]byte, 32<<10)   // keyed: RDMA WRITE by the target
+	checkZeroAllocIO(t, c.Namespace(1))
+}
+
+// checkZeroAllocIO runs a 4 KiB write (in the capsule), a 32 KiB FUA
+// write and a 32 KiB read on ns, asynchronously and then blocking, after
+// a warm-up, and fails t for any allocation per run or any I/O error.
+// Both transports' zero-allocation tests use it: on RDMA the large write
+// is fetched by RDMA READ and the read placed by RDMA WRITE, on TCP they
+// go by R2T/H2CData and C2HData.
+func checkZeroAllocIO(t *testing.T, ns *Namespace) {
+	t.Helper()
+	small := make([]byte, 4096)
+	large := make([]byte, 32<<10)
+	out := make([]byte, 32<<10)
 	cb := &ioCounter{done: make(chan struct{}, 4)}
 	var d Callback = cb
 	run := func() {

@@ -23,49 +23,7 @@ func TestTCPZeroAllocIO(t *testing.T) {
 			cfg.KATO = time.Minute
 			cfg.HeaderDigest, cfg.DataDigest = dc.header, dc.data
 			c := connectTCPFake(t, f, cfg)
-			ns := c.Namespace(1)
-			small := make([]byte, 4096)   // in the capsule
-			large := make([]byte, 32<<10) // R2T, H2CData
-			out := make([]byte, 32<<10)   // C2HData
-			cb := &ioCounter{done: make(chan struct{}, 4)}
-			var d Callback = cb
-			run := func() {
-				if err := ns.WriteAsync(8, small, 0, d); err != nil {
-					t.Fatal(err)
-				}
-				<-cb.done
-				if err := ns.WriteAsync(64, large, FUA, d); err != nil {
-					t.Fatal(err)
-				}
-				<-cb.done
-				if err := ns.ReadAsync(64, out, d); err != nil {
-					t.Fatal(err)
-				}
-				<-cb.done
-			}
-			for i := 0; i < 50; i++ {
-				run()
-			}
-			if allocs := testing.AllocsPerRun(200, run); allocs != 0 {
-				t.Errorf("async write+write+read: %.1f allocations per run, want 0", allocs)
-			}
-			if cb.errs != 0 {
-				t.Fatalf("%d errors", cb.errs)
-			}
-			blocking := func() {
-				if _, err := ns.WriteAt(large, 512<<10); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := ns.ReadAt(out, 512<<10); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for i := 0; i < 50; i++ {
-				blocking()
-			}
-			if allocs := testing.AllocsPerRun(200, blocking); allocs != 0 {
-				t.Errorf("WriteAt+ReadAt: %.1f allocations per run, want 0", allocs)
-			}
+			checkZeroAllocIO(t, c.Namespace(1))
 		})
 	}
 }
