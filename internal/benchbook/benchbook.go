@@ -1,11 +1,16 @@
 // Package benchbook holds what blk's end-to-end benchmarks share to
 // report ratios within one process: a book of runs per case, whose
 // median IOPS the next variant divides by (x-bare, x-rdma, x-1queue),
-// and the latency summary of a run.
+// the latency summary of a run, and the CPU time of a process or thread
+// from /proc.
 package benchbook
 
 import (
+	"fmt"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -69,4 +74,40 @@ func Latency(lat []int64) (mean, p99 time.Duration) {
 	slices.Sort(lat)
 	rank := (len(lat)*99 + 99) / 100
 	return time.Duration(sum / int64(len(lat))), time.Duration(lat[rank-1])
+}
+
+// ProcCPU is process pid's user+system CPU time so far, from
+// /proc/<pid>/stat, in clock ticks (10 ms); 0 where there is no /proc.
+func ProcCPU(pid int) time.Duration { return statCPU(fmt.Sprintf("/proc/%d/stat", pid)) }
+
+// ThreadCPU is the CPU time of thread tid of this process: the
+// scheduler's nanoseconds (schedstat), else user+system ticks from its
+// stat as ProcCPU.
+func ThreadCPU(tid int) time.Duration {
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/schedstat", tid)); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			if ns, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+				return time.Duration(ns)
+			}
+		}
+	}
+	return statCPU(fmt.Sprintf("/proc/self/task/%d/stat", tid))
+}
+
+// statCPU reads utime+stime from a /proc stat file: fields 14 and 15 of
+// the line, counted after the parenthesised command name, in clock
+// ticks (100 Hz).
+func statCPU(path string) time.Duration {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }

@@ -504,11 +504,11 @@ func measure(b *testing.B, bc benchCase, srv *childTarget, cur *atomic.Pointer[i
 	// the server (its allocations), taken off the run's.
 	s0 := srv.counters(b)
 	s1 := srv.counters(b)
-	tgt0, host0 := srv.cpu(), procCPU(os.Getpid())
+	tgt0, host0 := srv.cpu(), benchbook.ProcCPU(os.Getpid())
 	b.ResetTimer()
 	err := l.run(srv.exited)
 	b.StopTimer()
-	tgt1, host1 := srv.cpu(), procCPU(os.Getpid())
+	tgt1, host1 := srv.cpu(), benchbook.ProcCPU(os.Getpid())
 	if err != nil {
 		b.Fatal(err)
 	}

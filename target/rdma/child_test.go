@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blk-project/blk/internal/benchbook"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/tcp"
@@ -390,23 +391,4 @@ func (c *childTarget) counters(tb testing.TB) map[string]uint64 {
 }
 
 // cpu returns the child's user+system CPU time so far, from /proc.
-func (c *childTarget) cpu() time.Duration { return procCPU(c.cmd.Process.Pid) }
-
-// procCPU returns a process's user+system CPU time so far, from
-// /proc/<pid>/stat (0 where there is no /proc), in clock ticks (10 ms).
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the parenthesised command name; utime and stime are
-	// fields 14 and 15 of the whole line, in clock ticks (100 Hz).
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond
-}
+func (c *childTarget) cpu() time.Duration { return benchbook.ProcCPU(c.cmd.Process.Pid) }

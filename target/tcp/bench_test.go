@@ -148,7 +148,7 @@ func measure(b *testing.B, bc benchCase, h *benchHost, threads func() []int, atS
 	h.done = l.complete
 	cpu := func() (d time.Duration) {
 		for _, tid := range threads() {
-			d += threadCPU(tid)
+			d += benchbook.ThreadCPU(tid)
 		}
 		return d
 	}

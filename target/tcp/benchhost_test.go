@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"runtime"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -406,28 +403,4 @@ func (o *bareOut) flush(nc net.Conn) bool {
 	o.vec = o.vec[:0]
 	o.hdrs = o.hdrs[:0]
 	return err == nil
-}
-
-// threadCPU is the CPU time of thread tid of this process: the
-// scheduler's nanoseconds (schedstat), or user+system ticks from stat.
-func threadCPU(tid int) time.Duration {
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/schedstat", tid)); err == nil {
-		if f := strings.Fields(string(b)); len(f) > 0 {
-			if ns, err := strconv.ParseInt(f[0], 10, 64); err == nil {
-				return time.Duration(ns)
-			}
-		}
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/stat", tid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	k, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+k) * 10 * time.Millisecond
 }
