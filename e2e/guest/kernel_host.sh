@@ -46,34 +46,7 @@ cmp /tmp/file /mnt/v/file || fail "the file read back differs"
 [ "$(cat /mnt/v/dir/f5)" = "file 5 $SEED" ] || fail "small file differs"
 umount /mnt/v
 
-log "kill -9: flushed pattern, then reads through the outage"
-dd if=/dev/urandom of=/tmp/pat bs=1M count=8 2>/dev/null
-dd if=/tmp/pat of=$dev bs=1M seek=100 oflag=direct conv=fsync 2>/dev/null || fail "writing the pattern"
-(
-	n=0
-	while [ ! -e /share/restarted ]; do
-		dd if=$dev of=/tmp/during bs=1M skip=100 count=8 iflag=direct 2>/dev/null || exit 1
-		cmp -s /tmp/pat /tmp/during || exit 2
-		n=$((n + 1))
-	done
-	dd if=$dev of=/tmp/during bs=1M skip=100 count=8 iflag=direct 2>/dev/null || exit 1
-	cmp -s /tmp/pat /tmp/during || exit 2
-	echo $n >/tmp/reads
-) &
-reader=$!
-sleep 1
-mark ready-kill
-wait_file /share/restarted 120
-wait $reader || fail "a read during the outage failed or differed (status $?)"
-log "$(cat /tmp/reads) pattern reads before the restart was seen, all equal"
-n=0
-until [ "$(cat /sys/class/nvme/nvme0/state)" = live ]; do
-	n=$((n + 1)); [ $n -le 600 ] || fail "controller not live again"; sleep 0.1
-done
-dmesg | grep -E 'nvme0: (Successfully reconnected|reconnect)' | tail -3
-dmesg | grep -q 'nvme0: Successfully reconnected' || fail "the host did not reconnect by itself"
-dd if=$dev of=/tmp/after bs=1M skip=100 count=8 iflag=direct 2>/dev/null || fail "read after restart"
-cmp /tmp/pat /tmp/after || fail "flushed pattern differs after the restart"
+ride_restart "$dev" nvme0
 fio --name=after --filename=$dev --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
 	--iodepth=8 --offset=128M --size=8M --verify=crc32c --do_verify=1 --verify_fatal=1 \
 	--output-format=json --output=/share/fio-after.json || fail "fio after restart"

@@ -61,34 +61,7 @@ connect -g -G
 verify digest4k 4k 16 64M 16M rand
 verify digest128k 128k 4 80M 16M
 
-log "kill -9: flushed pattern, then reads through the outage"
-dd if=/dev/urandom of=/tmp/pat bs=1M count=8 2>/dev/null
-dd if=/tmp/pat of="$dev" bs=1M seek=100 oflag=direct conv=fsync 2>/dev/null || fail "writing the pattern"
-(
-	n=0
-	while [ ! -e /share/restarted ]; do
-		dd if="$dev" of=/tmp/during bs=1M skip=100 count=8 iflag=direct 2>/dev/null || exit 1
-		cmp -s /tmp/pat /tmp/during || exit 2
-		n=$((n + 1))
-	done
-	dd if="$dev" of=/tmp/during bs=1M skip=100 count=8 iflag=direct 2>/dev/null || exit 1
-	cmp -s /tmp/pat /tmp/during || exit 2
-	echo $n >/tmp/reads
-) &
-reader=$!
-sleep 1
-mark ready-kill
-wait_file /share/restarted 120
-wait $reader || fail "a read during the outage failed or differed (status $?)"
-log "$(cat /tmp/reads) pattern reads before the restart was seen, all equal"
-n=0
-until [ "$(cat /sys/class/nvme/$ctrl/state)" = live ]; do
-	n=$((n + 1)); [ $n -le 600 ] || fail "controller not live again"; sleep 0.1
-done
-dmesg | grep -E "$ctrl: (Successfully reconnected|reconnect)" | tail -3
-dmesg | grep -q "$ctrl: Successfully reconnected" || fail "the host did not reconnect by itself"
-dd if="$dev" of=/tmp/after bs=1M skip=100 count=8 iflag=direct 2>/dev/null || fail "read after restart"
-cmp /tmp/pat /tmp/after || fail "flushed pattern differs after the restart"
+ride_restart "$dev" "$ctrl"
 verify after 4k 8 128M 8M rand
 no_io_errors
 nvme disconnect -n "$NQN" >/dev/null || fail "nvme disconnect"

@@ -144,3 +144,41 @@ no_io_errors() {
 		fail "the kernel logged I/O errors"
 	fi
 }
+
+# ride_restart DEV CTRL: blkd is killed and restarted under the connected
+# host. A pattern is written to DEV (flushed), then read again and again
+# while the test kills blkd (after mark ready-kill) until it says
+# restarted; every read must equal the pattern, however long it waits.
+# Then controller CTRL must be live again, reconnected by the host
+# itself, and the pattern still read back.
+ride_restart() {
+	rdev=$1 rctrl=$2
+	log "kill -9: flushed pattern, then reads through the outage"
+	dd if=/dev/urandom of=/tmp/pat bs=1M count=8 2>/dev/null
+	dd if=/tmp/pat of="$rdev" bs=1M seek=100 oflag=direct conv=fsync 2>/dev/null || fail "writing the pattern"
+	(
+		n=0
+		while [ ! -e /share/restarted ]; do
+			dd if="$rdev" of=/tmp/during bs=1M skip=100 count=8 iflag=direct 2>/dev/null || exit 1
+			cmp -s /tmp/pat /tmp/during || exit 2
+			n=$((n + 1))
+		done
+		dd if="$rdev" of=/tmp/during bs=1M skip=100 count=8 iflag=direct 2>/dev/null || exit 1
+		cmp -s /tmp/pat /tmp/during || exit 2
+		echo $n >/tmp/reads
+	) &
+	reader=$!
+	sleep 1
+	mark ready-kill
+	wait_file /share/restarted 120
+	wait $reader || fail "a read during the outage failed or differed (status $?)"
+	log "$(cat /tmp/reads) pattern reads before the restart was seen, all equal"
+	n=0
+	until [ "$(cat /sys/class/nvme/$rctrl/state)" = live ]; do
+		n=$((n + 1)); [ $n -le 600 ] || fail "controller not live again"; sleep 0.1
+	done
+	dmesg | grep -E "$rctrl: (Successfully reconnected|reconnect)" | tail -3
+	dmesg | grep -q "$rctrl: Successfully reconnected" || fail "the host did not reconnect by itself"
+	dd if="$rdev" of=/tmp/after bs=1M skip=100 count=8 iflag=direct 2>/dev/null || fail "read after restart"
+	cmp /tmp/pat /tmp/after || fail "flushed pattern differs after the restart"
+}
