@@ -85,7 +85,11 @@ type Reconciler struct {
 }
 
 // NewReconciler returns a reconciler for node's store and target. log
-// receives one record per state change.
+// receives one "volume state" record per change of a volume's local
+// state (and one per anomaly found while reconciling): the node's record
+// of what happened to its volumes, so it should be a log that keeps every
+// record — blkd passes its audit log, never rate-limited. No record here
+// is written unless something changed, so a peer cannot flood it.
 func NewReconciler(node string, store Store, tgt Target, log *slog.Logger) *Reconciler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

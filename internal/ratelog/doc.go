@@ -7,7 +7,9 @@
 //
 // The target and its transport bindings log fixed messages (the event
 // kinds) with the details as attributes, so one kind is one message.
-// blkd wraps its handler in one of these.
+// blkd wraps its event log's handler in one of these. A log whose every
+// record must be kept (blkd's audit log of changes) must never go
+// through one: a Handler drops records by design.
 //
 // What this package must never do: block a caller on another's I/O while
 // holding its lock, or keep state without a bound (the kinds it tracks

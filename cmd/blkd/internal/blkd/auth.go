@@ -33,7 +33,8 @@ import (
 // data dir anyway; the other nodes of a local cluster run as that user);
 // any other user of the machine is refused, on the API (403) and on raft
 // (the connection is closed). With --insecure nobody is checked.
-// Every mutating call is logged with who made it.
+// Every state-changing call is recorded with who made it, in the audit
+// log (audit.go): never rate-limited, written before it is acknowledged.
 
 // tlsSetup loads the node's credentials and builds the API's server and
 // the node-to-node client configurations. Nil without --tls-dir.
@@ -170,7 +171,8 @@ func allowed(role, method, path string) bool {
 	return false
 }
 
-// statusRecorder keeps the status a handler wrote, for the audit log.
+// statusRecorder keeps the status a read's handler wrote, for the event
+// log.
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
@@ -181,8 +183,9 @@ func (s *statusRecorder) WriteHeader(code int) {
 	s.ResponseWriter.WriteHeader(code)
 }
 
-// guard authorizes every request (with TLS) and logs every mutating one
-// with its caller and outcome.
+// guard authorizes every request (with TLS) and records every
+// state-changing one with its caller and outcome in the audit log
+// (audit.go), before it is applied and before it is answered.
 func (d *Daemon) guard(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		who, role := caller(r)
@@ -202,13 +205,17 @@ func (d *Daemon) guard(h http.Handler) http.Handler {
 			writeJSON(w, http.StatusForbidden, map[string]string{"error": fmt.Sprintf("%s may not %s %s: that needs an admin certificate (reads: reader; node-to-node routes: node)", who, r.Method, r.URL.Path)})
 			return
 		}
-		if r.Method == http.MethodGet || r.Method == http.MethodHead || r.URL.Path == "/v1/internal/reconcile" {
+		if audited(r) {
+			d.auditCall(w, r, who, h)
+			return
+		}
+		if !d.log.Enabled(r.Context(), slog.LevelDebug) {
 			h.ServeHTTP(w, r)
 			return
 		}
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		h.ServeHTTP(rec, r)
-		d.log.Info("api call", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", rec.status))
+		d.log.Debug("api request", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", rec.status))
 	})
 }
 
@@ -246,25 +253,34 @@ func (d *Daemon) redact(r *http.Request, v api.Volume) api.Volume {
 	return v
 }
 
-// authCollector exports the API's refusals.
+// authCollector exports the API's refusals and the audit log's write
+// errors.
 type authCollector struct {
-	d    *Daemon
-	desc *prometheus.Desc
-	raft *prometheus.Desc
+	d     *Daemon
+	desc  *prometheus.Desc
+	raft  *prometheus.Desc
+	audit *prometheus.Desc
 }
 
-func (c authCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc; ch <- c.raft }
+func (c authCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	ch <- c.raft
+	ch <- c.audit
+}
 
 func (c authCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.d.refusedTLS.Load()), "certificate")
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.d.refusedRole.Load()), "role")
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.d.refusedLocal.Load()), "local-user")
 	ch <- prometheus.MustNewConstMetric(c.raft, prometheus.CounterValue, float64(c.d.refusedRaft.Load()))
+	ch <- prometheus.MustNewConstMetric(c.audit, prometheus.CounterValue, float64(c.d.audit.failed.Load()))
 }
 
 func newAuthCollector(d *Daemon) authCollector {
 	return authCollector{d: d, desc: prometheus.NewDesc("blk_api_refused_total",
 		"Management API callers refused: reason=certificate (TLS handshake: none, another CA's, expired, wrong usage or role), role (a call the role may not make) or local-user (without --tls-dir: a local user other than root and the one running blkd).", []string{"reason"}, nil),
 		raft: prometheus.NewDesc("blk_raft_refused_total",
-			"Raft connections refused: in their TLS handshake (no node certificate of the cluster CA), or without --tls-dir, opened by a local user other than root and the one running blkd.", nil, nil)}
+			"Raft connections refused: in their TLS handshake (no node certificate of the cluster CA), or without --tls-dir, opened by a local user other than root and the one running blkd.", nil, nil),
+		audit: prometheus.NewDesc("blk_audit_write_errors_total",
+			"Audit records (api call received, api call, volume state) that could not be written to the log output: the API call was refused (503) or answered 500, a volume state change went unrecorded.", nil, nil)}
 }

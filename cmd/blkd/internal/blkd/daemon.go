@@ -40,6 +40,8 @@ type Daemon struct {
 	out io.Writer
 	log *slog.Logger     // the event log (target and port events)
 	rl  *ratelog.Handler // its rate limiter, flushed at shutdown
+	// audit is the audit log (audit.go): every change, never rate-limited.
+	audit *auditLog
 
 	node  *meta.Node
 	store *volume.Store
@@ -94,7 +96,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	}
 	cfg = cfg.WithDefaults()
 	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1), stop: make(chan struct{})}
-	d.log, d.rl = newLogger(cfg)
+	d.log, d.rl, d.audit = newLogger(cfg)
 	defer func() {
 		if err != nil {
 			d.shutdown(context.Background())

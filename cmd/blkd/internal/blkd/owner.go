@@ -337,7 +337,7 @@ func (d *Daemon) internalReconcile(w http.ResponseWriter, r *http.Request) error
 // served is reported and left failed; it never stops the node.
 func (d *Daemon) startControl(ctx context.Context) {
 	d.tparts = &targetParts{d: d, ids: make(map[string]uint64)}
-	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{d.store}, d.tparts, d.log)
+	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{d.store}, d.tparts, d.audit.logger())
 	d.mgr = control.NewManager(registryParts{d.node}, ownerParts{d})
 	if d.cfg.DetachAfter > 0 {
 		d.mgr.DetachAfter = time.Duration(d.cfg.DetachAfter)
