@@ -115,9 +115,10 @@ type conn struct {
 	sqhd   uint32
 	reason error // why the connection closes
 	gone   bool
-	// pending: accepted, its queue not connected yet (Port.pending
-	// counts it until unpend).
+	// pending: accepted, its queue not connected yet (Port.pending and
+	// Port.pendingBy[src] count it until unpend).
 	pending bool
+	src     string // the peer's IP, as sourceOf gives it
 	// timed: in the group's timed list, until deadline.
 	timed bool
 
@@ -1039,7 +1040,7 @@ func (c *conn) closeSocket(reason error) {
 func (c *conn) unpend() {
 	if c.pending {
 		c.pending = false
-		c.p.pending.Add(-1)
+		c.p.releasePending(c.src)
 	}
 }
 

@@ -126,3 +126,39 @@ func waitPending(t *testing.T, tt *testTarget, n uint64) {
 	t.Helper()
 	waitStat(t, tt, "connections pending", func(s tcp.Stats) uint64 { return s.Pending }, n)
 }
+
+// TestMaxPendingPerSource: one source address gets MaxPendingPerSource
+// pending connections, the next of it is closed as it is accepted (a
+// warning naming the source, counted apart), and another address still
+// gets in although the first keeps trying (issue 21 case 3).
+func TestMaxPendingPerSource(t *testing.T) {
+	lr := &logrec.Recorder{}
+	tt := newTestTarget(t, tcp.Config{MaxPending: 4, MaxPendingPerSource: 2, Logger: slog.New(lr)})
+	from := &net.Dialer{LocalAddr: &net.TCPAddr{IP: attackerIP}, Timeout: rawTimeout}
+	for range 2 {
+		nc, err := from.Dial("tcp", tt.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+	}
+	waitPending(t, tt, 2)
+	for i := range 3 {
+		if nc, err := from.Dial("tcp", tt.addr); err == nil {
+			(&rawHost{t: t, nc: nc}).expectClose()
+		}
+		waitStat(t, tt, "rejected", func(s tcp.Stats) uint64 { return s.RejectedSource }, uint64(i+1))
+	}
+	rej := lr.Wait(t, tcp.EventConnectionRejected, "source", attackerIP.String())
+	if rej.Level != slog.LevelWarn || !strings.Contains(rej.Attrs["reason"], "MaxPendingPerSource") {
+		t.Errorf("rejected: %v %v", rej.Level, rej.Attrs)
+	}
+	good := dialRaw(t, tt.addr)
+	good.mustIC(nvme.TCPDigests{})
+	if rsp := good.connect(0, 31, 0, nvme.CNTLIDDynamic); rsp.Status != 0 {
+		t.Fatalf("admin Connect from another source: %v", rsp.Status)
+	}
+	if st := tt.port.Stats(); st.Rejected != 3 || st.RejectedSource != 3 || st.Pending != 2 {
+		t.Fatalf("Rejected %d, RejectedSource %d, Pending %d; want 3, 3, 2", st.Rejected, st.RejectedSource, st.Pending)
+	}
+}

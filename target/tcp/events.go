@@ -19,8 +19,9 @@ import (
 //
 //	connection accepted    port, remote_addr, qid, core: its first
 //	                       command capsule made the queue      (Debug)
-//	connection rejected    port, remote_addr, reason: closed as it was
-//	                       accepted (MaxPending)                (Warn)
+//	connection rejected    port, remote_addr, source, reason: closed as
+//	                       it was accepted (MaxPending, or
+//	                       MaxPendingPerSource of source)       (Warn)
 //	connection terminated  port, remote_addr, qid, fes, fei, reason: a
 //	                       protocol error, answered by a C2HTermReq, or
 //	                       a data digest error                  (Warn)
@@ -68,13 +69,14 @@ func (p *Port) logPortError(op, remote string, err error) {
 		slog.String("error", err.Error()))
 }
 
-func (p *Port) logRejected(remote, why string) {
+func (p *Port) logRejected(remote, src, why string) {
 	p.textf("tcp: port %s: reject %s: %s", p.portName(), remote, why)
 	if !p.logOn(slog.LevelWarn) {
 		return
 	}
 	p.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, EventConnectionRejected,
-		slog.String("port", p.portName()), slog.String("remote_addr", remote), slog.String("reason", why))
+		slog.String("port", p.portName()), slog.String("remote_addr", remote), slog.String("source", src),
+		slog.String("reason", why))
 }
 
 func (c *conn) logAccepted() {
