@@ -77,7 +77,9 @@ type Config struct {
 	ConnectTimeout time.Duration
 	// MaxPending bounds the connections accepted and not yet connected
 	// (no successful Fabrics Connect on their queue): more are closed as
-	// they are accepted (DefaultMaxPending).
+	// they are accepted, unless their source holds fewer than another,
+	// whose oldest is then closed instead (pending.go;
+	// DefaultMaxPending).
 	MaxPending int
 	// MaxPendingPerSource bounds the pending connections of one source
 	// address (the peer's IP), so that one peer reopening idle
@@ -137,7 +139,7 @@ const (
 	// have not connected yet. Each costs about 20 KiB (its receive
 	// buffer) until its Connect, so a flood of idle connections is
 	// bounded at ~20 MiB and ConnectTimeout; it is 4 × the per-source
-	// share, so it takes at least 4 addresses to fill.
+	// share: four addresses fill it before eviction evens them out.
 	DefaultMaxPending = 1024
 	// DefaultMaxPendingPerSource is MaxPendingPerSource: 256. A Linux
 	// host opens every I/O queue connection of a controller, ICReq

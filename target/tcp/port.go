@@ -43,15 +43,17 @@ type Port struct {
 
 	accepts atomic.Uint64
 	// pending counts connections accepted and not yet connected
-	// (conn.pending), and pendingBy them by source address (an entry is
-	// deleted at zero), both changed under pmu; rejected counts those
-	// closed at accept for MaxPending or MaxPendingPerSource,
-	// rejectedSource those of them for MaxPendingPerSource.
+	// (conn.pending), and pendingBy them by source address, both changed
+	// under pmu (pending.go); rejected counts those closed at accept for
+	// MaxPending or MaxPendingPerSource, rejectedSource those of them
+	// for MaxPendingPerSource, evicted those closed to make room for a
+	// source with fewer.
 	pmu            sync.Mutex
 	pending        atomic.Int32
-	pendingBy      map[string]int
+	pendingBy      map[string]*pendingSource
 	rejected       atomic.Uint64
 	rejectedSource atomic.Uint64
+	evicted        atomic.Uint64
 	// digestConns counts connections that negotiated a digest.
 	digestConns atomic.Uint64
 }
@@ -74,7 +76,7 @@ func Listen(t *target.Target, cfg Config) (p *Port, err error) {
 			return nil, fmt.Errorf("tcp: %w", err)
 		}
 	}
-	p = &Port{t: t, cfg: cfg, limits: lim, id: cfg.PortID, pendingBy: make(map[string]int),
+	p = &Port{t: t, cfg: cfg, limits: lim, id: cfg.PortID, pendingBy: make(map[string]*pendingSource),
 		maxCapsuleData: max(nvme.TCPAdminInCapsule, lim.InCapsule)}
 	for i := 0; i < cfg.Cores; i++ {
 		g, err := newGroup(p, i)
@@ -199,27 +201,32 @@ func (p *Port) acceptLoop() {
 		}
 		backoff = 0
 		src := sourceOf(nc.RemoteAddr())
-		if why := p.admitPending(src); why != "" {
+		victim, why := p.admitPending(src)
+		if why != "" {
 			p.logRejected(nc.RemoteAddr().String(), src, why)
 			_ = nc.SetLinger(0)
 			nc.Close()
 			continue
 		}
+		if victim != nil {
+			victim.logEvicted(src)
+			victim.Disconnect(errEvicted)
+		}
 		_ = nc.SetNoDelay(true)
 		c, err := newConn(p, nc)
 		if err != nil {
-			p.releasePending(src)
+			p.unreserve(src)
 			p.logPortError("accept", nc.RemoteAddr().String(), err)
 			nc.Close()
 			continue
 		}
-		c.src, c.pending = src, true
 		if !p.conns.Add(c) {
-			c.unpend()
+			p.unreserve(src)
 			nc.Close()
 			continue
 		}
 		p.accepts.Add(1)
+		p.track(c, src)
 		// The group with the fewest connections takes it.
 		g := p.groups[0]
 		for _, o := range p.groups[1:] {
@@ -233,58 +240,15 @@ func (p *Port) acceptLoop() {
 	}
 }
 
-// sourceOf is the source address pending connections are counted by:
-// the peer's IP (an IPv4-mapped address as IPv4).
-func sourceOf(a net.Addr) string {
-	if ta, ok := a.(*net.TCPAddr); ok {
-		return ta.IP.String()
-	}
-	host, _ := target.SplitHostPort(a.String())
-	return host
-}
-
-// admitPending takes a place for a new connection of src among the
-// pending ones, or says why there is none: MaxPending connections of
-// the port, or MaxPendingPerSource of src, are waiting to connect. A
-// connection keeps its place until its queue connects or it closes
-// (releasePending). Once per connection, never per command.
-func (p *Port) admitPending(src string) string {
-	p.pmu.Lock()
-	defer p.pmu.Unlock()
-	if n := p.pending.Load(); n >= int32(p.cfg.MaxPending) {
-		p.rejected.Add(1)
-		return fmt.Sprintf("%d connections are already waiting to connect (MaxPending)", n)
-	}
-	if n := p.pendingBy[src]; n >= p.cfg.MaxPendingPerSource {
-		p.rejected.Add(1)
-		p.rejectedSource.Add(1)
-		return fmt.Sprintf("%d connections of %s are already waiting to connect (MaxPendingPerSource)", n, src)
-	}
-	p.pendingBy[src]++
-	p.pending.Add(1)
-	return ""
-}
-
-// releasePending gives back a place admitPending took for src.
-func (p *Port) releasePending(src string) {
-	p.pmu.Lock()
-	if n := p.pendingBy[src] - 1; n > 0 {
-		p.pendingBy[src] = n
-	} else {
-		delete(p.pendingBy, src)
-	}
-	p.pending.Add(-1)
-	p.pmu.Unlock()
-}
-
 // Stats are the port's counters, summed over its poll groups.
 type Stats struct {
 	Accepts uint64 // connections accepted
 	// Rejected were closed as they were accepted: MaxPending connections
 	// of the port, or MaxPendingPerSource of the same source address,
 	// were waiting to connect. RejectedSource are those of them refused
-	// for MaxPendingPerSource.
-	Rejected, RejectedSource uint64
+	// for MaxPendingPerSource. Evicted were pending connections closed
+	// to make room for a connection of a source with fewer (pending.go).
+	Rejected, RejectedSource, Evicted uint64
 	// Pending are the connections accepted and not connected yet.
 	Pending uint64
 	// ConnectTimeouts were closed for sending no ICReq or no command
@@ -331,7 +295,8 @@ type Stats struct {
 // Stats returns the port's counters.
 func (p *Port) Stats() Stats {
 	s := Stats{Accepts: p.accepts.Load(), DigestConnections: p.digestConns.Load(),
-		Rejected: p.rejected.Load(), RejectedSource: p.rejectedSource.Load(), Pending: uint64(max(p.pending.Load(), 0))}
+		Rejected: p.rejected.Load(), RejectedSource: p.rejectedSource.Load(),
+		Evicted: p.evicted.Load(), Pending: uint64(max(p.pending.Load(), 0))}
 	for _, g := range p.groups {
 		st := &g.st
 		s.Connections += uint64(max(g.conns.Load(), 0))
