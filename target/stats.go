@@ -98,11 +98,10 @@ type Stats struct {
 	// ConnectsTimedOut counts queues dropped because no Connect succeeded
 	// on them within Config.ConnectTimeout.
 	ConnectsTimedOut uint64
-	// ConnectsBusy counts admin Connects refused with Controller Busy
-	// because a budget was full (of ConnectsRefused), by budget:
-	// BusyControllers for MaxControllers, BusyDiscovery for
-	// MaxDiscoveryControllers, BusyDiscoverySource for
-	// MaxDiscoveryPerSource.
+	// BusyControllers, BusyDiscovery and BusyDiscoverySource count the
+	// admin Connects refused with Controller Busy (of ConnectsRefused)
+	// because MaxControllers, MaxDiscoveryControllers or
+	// MaxDiscoveryPerSource was reached (budget.go).
 	BusyControllers, BusyDiscovery, BusyDiscoverySource uint64
 	// DiscoveryControllers are the live discovery controllers (of
 	// Controllers).
