@@ -59,13 +59,22 @@ func (a *attacker) hold(nc net.Conn) {
 	a.mu.Unlock()
 }
 
-func (a *attacker) closeAll() {
+func (a *attacker) closeAll() { a.closeFrom(0) }
+
+// closeFrom closes the connections held since it held n.
+func (a *attacker) closeFrom(n int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, nc := range a.held {
+	for _, nc := range a.held[n:] {
 		nc.Close()
 	}
-	a.held = nil
+	a.held = a.held[:n]
+}
+
+func (a *attacker) holding() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.held)
 }
 
 // discovery makes n discovery Connect attempts on floodWorkers
@@ -242,12 +251,15 @@ func TestFloodNeverRefusesAllowedHost(t *testing.T) {
 	t.Logf("flood: %d discovery Connects and %d idle connections in %v: %d controllers, %d busy (%d with DNR), %d connections closed by the target",
 		floodDiscovery, floodIdle, time.Since(start).Round(time.Millisecond), a.controllers.Load(), a.busy.Load(), a.busyDNR.Load(), a.resets.Load())
 
-	// The attacker keeps at it while the allowed host cycles.
+	// The attacker keeps at it while the allowed host cycles: it keeps
+	// what the flood got, and opens, tries and closes more (closing them
+	// bounds the test's descriptors; the target sees them come again).
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		base := a.holding()
 		for {
 			select {
 			case <-stop:
@@ -256,6 +268,7 @@ func TestFloodNeverRefusesAllowedHost(t *testing.T) {
 			}
 			a.discovery(floodWorkers)
 			a.idle(floodWorkers)
+			a.closeFrom(base)
 		}
 	}()
 	for i := range floodCycles {
