@@ -271,6 +271,9 @@ func TestScrapeAfterIO(t *testing.T) {
 		"blk_rdma_commands_total":                   "counter",
 		"blk_target_commands_total":                 "counter",
 		"blk_target_controllers":                    "gauge",
+		"blk_target_discovery_controllers":          "gauge",
+		"blk_target_discovery_idle_total":           "counter",
+		"blk_target_connects_busy_total":            "counter",
 		"blk_target_namespace_reads_total":          "counter",
 		"blk_volume_reads_total":                    "counter",
 		"blk_volume_disk_bytes":                     "gauge",
@@ -320,6 +323,11 @@ func TestScrapeAfterIO(t *testing.T) {
 	e.atLeast(t, "blk_target_request_state_entries_total", map[string]string{"state": "queued"}, fuas+1)
 	e.atLeast(t, "blk_target_request_state_entries_total", map[string]string{"state": "done"}, ex-float64(20)) // AERs held, keep-alives in flight
 	e.atLeast(t, "blk_target_controllers", nil, 1)
+	for _, b := range []string{"controllers", "discovery", "discovery_per_source"} {
+		if _, n := e.sum("blk_target_connects_busy_total", map[string]string{"budget": b}); n != 1 {
+			t.Errorf("blk_target_connects_busy_total budget %s: %d samples, want 1", b, n)
+		}
+	}
 	e.atLeast(t, "blk_target_namespace_reads_total", nsl, reads)
 	e.atLeast(t, "blk_target_namespace_writes_total", nsl, writes+fuas)
 	e.atLeast(t, "blk_target_namespace_fua_writes_total", nsl, fuas)

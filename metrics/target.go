@@ -15,6 +15,7 @@ type TargetCollector struct {
 	t        *target.Target
 	commands *prometheus.Desc
 	states   *prometheus.Desc
+	busy     *prometheus.Desc
 	top      table[target.Stats]
 	ns       table[target.NamespaceStats]
 }
@@ -32,6 +33,9 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 		states: prometheus.NewDesc("blk_target_request_state_entries_total",
 			"Requests entering each state: executing (every Execute), queued (handed to the sync workers), held (AERs waiting for an event), done (every completion).",
 			[]string{"state"}, nil),
+		busy: prometheus.NewDesc("blk_target_connects_busy_total",
+			"Admin Connects refused with Controller Busy (no DNR) because a controller budget was full, by budget: controllers (MaxControllers), discovery (MaxDiscoveryControllers), discovery_per_source (MaxDiscoveryPerSource).",
+			[]string{"budget"}, nil),
 		top: newTable(nil, nil,
 			gauge("target_requests_in_flight", "Requests executed and not yet completed.", func(s *S) float64 {
 				if s.Completed >= s.Executed {
@@ -46,6 +50,8 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 			counter("target_controllers_created_total", "Controllers created.", func(s *S) uint64 { return s.ControllersCreated }),
 			counter("target_controllers_torn_down_total", "Controllers torn down.", func(s *S) uint64 { return s.ControllersTornDown }),
 			gauge("target_controllers", "Live controllers.", func(s *S) float64 { return float64(s.Controllers) }),
+			gauge("target_discovery_controllers", "Live discovery controllers (of target_controllers).", func(s *S) float64 { return float64(s.DiscoveryControllers) }),
+			counter("target_discovery_idle_total", "Discovery controllers torn down for sending nothing after their Connect (DiscoveryIdleTimeout).", func(s *S) uint64 { return s.DiscoveryIdle }),
 			counter("target_connects_refused_total", "Fabrics Connect commands that failed.", func(s *S) uint64 { return s.ConnectsRefused }),
 			counter("target_connects_timed_out_total", "Queues dropped because no Connect succeeded on them in time (target.Config.ConnectTimeout).", func(s *S) uint64 { return s.ConnectsTimedOut }),
 			counter("target_auth_succeeded_total", "Queues whose host authenticated (DH-HMAC-CHAP).", func(s *S) uint64 { return s.AuthSucceeded }),
@@ -74,6 +80,7 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 func (c *TargetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.commands
 	ch <- c.states
+	ch <- c.busy
 	c.top.describe(ch)
 	c.ns.describe(ch)
 }
@@ -90,6 +97,12 @@ func (c *TargetCollector) Collect(ch chan<- prometheus.Metric) {
 		n     uint64
 	}{{"executing", s.Executed}, {"queued", s.Queued}, {"held", s.Held}, {"done", s.Completed}} {
 		ch <- prometheus.MustNewConstMetric(c.states, prometheus.CounterValue, float64(e.n), e.state)
+	}
+	for _, e := range [...]struct {
+		budget string
+		n      uint64
+	}{{"controllers", s.BusyControllers}, {"discovery", s.BusyDiscovery}, {"discovery_per_source", s.BusyDiscoverySource}} {
+		ch <- prometheus.MustNewConstMetric(c.busy, prometheus.CounterValue, float64(e.n), e.budget)
 	}
 	c.top.collect(ch, &s)
 	for i := range s.Namespaces {

@@ -18,7 +18,9 @@ func NewTCPPortCollector(p *tcp.Port) *TCPPortCollector {
 	type S = tcp.Stats
 	return &TCPPortCollector{p: p, t: newTable(prometheus.Labels{"port": p.Addr().String()}, nil,
 		counter("tcp_accepts_total", "NVMe/TCP connections accepted.", func(s *S) uint64 { return s.Accepts }),
-		counter("tcp_rejected_total", "NVMe/TCP connections closed as they were accepted: too many were waiting to connect (MaxPending).", func(s *S) uint64 { return s.Rejected }),
+		counter("tcp_rejected_total", "NVMe/TCP connections closed as they were accepted: too many of the port (MaxPending) or of their source address (MaxPendingPerSource) were waiting to connect.", func(s *S) uint64 { return s.Rejected }),
+		counter("tcp_rejected_per_source_total", "NVMe/TCP connections closed as they were accepted because their source address had MaxPendingPerSource waiting to connect (of tcp_rejected_total).", func(s *S) uint64 { return s.RejectedSource }),
+		counter("tcp_evicted_total", "Pending NVMe/TCP connections closed so that a connection of a source address with fewer pending got their place (MaxPending full).", func(s *S) uint64 { return s.Evicted }),
 		gauge("tcp_pending_connections", "NVMe/TCP connections accepted and not connected yet.", func(s *S) float64 { return float64(s.Pending) }),
 		counter("tcp_connect_timeouts_total", "NVMe/TCP connections closed for sending no ICReq or no command in time.", func(s *S) uint64 { return s.ConnectTimeouts }),
 		gauge("tcp_connections", "NVMe/TCP connections open.", func(s *S) float64 { return float64(s.Connections) }),

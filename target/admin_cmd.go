@@ -29,6 +29,9 @@ func (q *Queue) execAdmin(r *Request) {
 	c := q.ctrl.Load()
 	c.sawCommand()
 	cmd := &r.Cmd
+	if c.disc && !(cmd.IsFabrics() && nvme.FabricsType(uint8(cmd.NSID)) == nvme.FabricsConnect) {
+		c.spoke()
+	}
 	switch {
 	case cmd.Fuse() != 0:
 		q.complete(r, nvme.StatusInvalidField.WithDNR())

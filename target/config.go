@@ -57,8 +57,39 @@ type Config struct {
 
 	// MaxControllers bounds the live controllers of the target,
 	// discovery controllers included; a Connect beyond it gets Connect
-	// Controller Busy. Default 1024, at most 0xFFEF (the CNTLID range).
+	// Controller Busy (without DNR: the host may retry). Default 1024, at
+	// most 0xFFEF (the CNTLID range).
 	MaxControllers int `json:"max_controllers"`
+
+	// MaxDiscoveryControllers bounds the live discovery controllers, a
+	// share of MaxControllers: discovery is open to any host NQN, so
+	// without it anyone who reaches a port could take every controller
+	// and lock the allowed hosts out. I/O controllers (which only hosts
+	// a subsystem allows can create) always have MaxControllers −
+	// MaxDiscoveryControllers to themselves. Default MaxControllers/4
+	// (256 of the default 1024), at least 1 and below MaxControllers
+	// (a target of one controller shares it).
+	MaxDiscoveryControllers int `json:"max_discovery_controllers"`
+
+	// MaxDiscoveryPerSource bounds the live discovery controllers of one
+	// source address (the host part of QueueParams.RemoteAddr), so one
+	// peer cannot take the whole discovery budget either. Default 16: a
+	// Linux host holds one per persistent discovery connection (one per
+	// discovery port it watches) and one for a moment per nvme discover
+	// or connect-all; 16 leaves room for several tools and referrals at
+	// once, or a few hosts behind one NAT address. At most
+	// MaxDiscoveryControllers.
+	MaxDiscoveryPerSource int `json:"max_discovery_per_source"`
+
+	// DiscoveryIdleTimeout is how long a discovery controller may send
+	// nothing after its Connect before it is torn down, whatever its
+	// KATO: a host that discovers sends its next command (Property Get
+	// CAP, then enable, Identify, Get Log Page) at once — nvme discover
+	// is done in milliseconds, and a persistent discovery controller
+	// enables and arms an AER right away, then keeps alive within its
+	// KATO. A peer that only connects holds its slot this long, not
+	// DiscoveryKATO. Default 10 s, as ConnectTimeout; at least 1 s.
+	DiscoveryIdleTimeout time.Duration `json:"discovery_idle_timeout"`
 
 	// MaxNSID is the largest namespace ID (Identify Controller NN). Default
 	// 1024, at most 0xFFFFFFFE.
@@ -114,6 +145,12 @@ const (
 	DefaultDiscoverySerial  = "blk-discovery"
 	DefaultAuthTimeout      = 30 * time.Second
 	DefaultConnectTimeout   = 10 * time.Second
+	// DefaultMaxDiscoveryPerSource and DefaultDiscoveryIdleTimeout are
+	// explained on the fields; MaxDiscoveryControllers defaults to
+	// MaxControllers/discoveryShare.
+	DefaultMaxDiscoveryPerSource = 16
+	DefaultDiscoveryIdleTimeout  = 10 * time.Second
+	discoveryShare               = 4
 )
 
 // WithDefaults returns c with every zero field set to its default.
@@ -126,6 +163,15 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxControllers == 0 {
 		c.MaxControllers = DefaultMaxControllers
+	}
+	if c.MaxDiscoveryControllers == 0 {
+		c.MaxDiscoveryControllers = max(1, c.MaxControllers/discoveryShare)
+	}
+	if c.MaxDiscoveryPerSource == 0 {
+		c.MaxDiscoveryPerSource = min(DefaultMaxDiscoveryPerSource, c.MaxDiscoveryControllers)
+	}
+	if c.DiscoveryIdleTimeout == 0 {
+		c.DiscoveryIdleTimeout = DefaultDiscoveryIdleTimeout
 	}
 	if c.MaxNSID == 0 {
 		c.MaxNSID = DefaultMaxNSID
@@ -172,6 +218,15 @@ func (c Config) Validate() error {
 	}
 	if c.MaxControllers < 1 || c.MaxControllers > int(nvme.CNTLIDMax) {
 		bad("MaxControllers %d is outside [1, %d]", c.MaxControllers, nvme.CNTLIDMax)
+	}
+	if c.MaxDiscoveryControllers < 1 || (c.MaxControllers > 1 && c.MaxDiscoveryControllers >= c.MaxControllers) {
+		bad("MaxDiscoveryControllers %d is outside [1, MaxControllers %d): I/O controllers must keep room of their own", c.MaxDiscoveryControllers, c.MaxControllers)
+	}
+	if c.MaxDiscoveryPerSource < 1 || c.MaxDiscoveryPerSource > c.MaxDiscoveryControllers {
+		bad("MaxDiscoveryPerSource %d is outside [1, MaxDiscoveryControllers %d]", c.MaxDiscoveryPerSource, c.MaxDiscoveryControllers)
+	}
+	if c.DiscoveryIdleTimeout < time.Second {
+		bad("DiscoveryIdleTimeout %v is below 1s", c.DiscoveryIdleTimeout)
 	}
 	if c.MaxNSID > nvme.NSIDMax {
 		bad("MaxNSID %#x is above %#x", c.MaxNSID, nvme.NSIDMax)

@@ -16,7 +16,10 @@ func TestConfigDefaults(t *testing.T) {
 	if c.SyncWorkers != target.DefaultSyncWorkers || c.SyncQueue != target.DefaultSyncQueue ||
 		c.MaxControllers != target.DefaultMaxControllers || c.MaxNSID != target.DefaultMaxNSID ||
 		c.ErrorLogEntries != target.DefaultErrorLogEntries || c.DiscoveryKATO != target.DefaultDiscoveryKATO ||
-		c.FirmwareRevision != target.DefaultFirmwareRevision || c.DiscoverySerial != target.DefaultDiscoverySerial {
+		c.FirmwareRevision != target.DefaultFirmwareRevision || c.DiscoverySerial != target.DefaultDiscoverySerial ||
+		c.MaxDiscoveryControllers != target.DefaultMaxControllers/4 ||
+		c.MaxDiscoveryPerSource != target.DefaultMaxDiscoveryPerSource ||
+		c.DiscoveryIdleTimeout != target.DefaultDiscoveryIdleTimeout {
 		t.Fatalf("defaults %+v", c)
 	}
 	if err := c.Validate(); err != nil {
@@ -32,7 +35,8 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if back.Limits != c.Limits || back.SyncWorkers != c.SyncWorkers || back.DiscoveryKATO != c.DiscoveryKATO ||
-		back.FirmwareRevision != c.FirmwareRevision {
+		back.FirmwareRevision != c.FirmwareRevision || back.MaxDiscoveryControllers != c.MaxDiscoveryControllers ||
+		back.MaxDiscoveryPerSource != c.MaxDiscoveryPerSource || back.DiscoveryIdleTimeout != c.DiscoveryIdleTimeout {
 		t.Fatalf("round trip %s -> %+v", b, back)
 	}
 }
@@ -55,6 +59,10 @@ func TestConfigValidate(t *testing.T) {
 		{"nsid", func(c *target.Config) { c.MaxNSID = 0xFFFFFFFF }, "MaxNSID"},
 		{"error log", func(c *target.Config) { c.ErrorLogEntries = 300 }, "ErrorLogEntries"},
 		{"discovery kato", func(c *target.Config) { c.DiscoveryKATO = time.Millisecond }, "DiscoveryKATO"},
+		{"discovery takes every controller", func(c *target.Config) { c.MaxControllers, c.MaxDiscoveryControllers = 8, 8 }, "MaxDiscoveryControllers"},
+		{"discovery negative", func(c *target.Config) { c.MaxDiscoveryControllers = -1 }, "MaxDiscoveryControllers"},
+		{"discovery per source above the total", func(c *target.Config) { c.MaxDiscoveryControllers, c.MaxDiscoveryPerSource = 4, 5 }, "MaxDiscoveryPerSource"},
+		{"discovery idle", func(c *target.Config) { c.DiscoveryIdleTimeout = time.Millisecond }, "DiscoveryIdleTimeout"},
 		{"firmware", func(c *target.Config) { c.FirmwareRevision = "123456789" }, "FirmwareRevision"},
 		{"serial", func(c *target.Config) { c.DiscoverySerial = "é" }, "DiscoverySerial"},
 	} {

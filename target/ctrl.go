@@ -63,7 +63,11 @@ type ctrl struct {
 	cc    nvme.CC
 	csts  nvme.CSTS
 
-	kato       time.Duration // keep-alive timeout, whole seconds; 0 = none
+	kato time.Duration // keep-alive timeout, whole seconds; 0 = none
+	// quiet: a discovery controller that has executed no command since
+	// its Connect; its keep-alive deadline is then at most
+	// Config.DiscoveryIdleTimeout away (budget.go).
+	quiet      bool
 	kaDeadline time.Time
 	kaTimer    Timer
 	kaGen      uint64 // invalidates a timer that fires after a re-arm
@@ -103,6 +107,7 @@ func newCtrl(t *Target, s *Subsystem, cntlid uint16, admin *Queue, d *nvme.Conne
 	if c.disc {
 		c.queues = c.queues[:1]
 		c.nsqa, c.ncqa = 0, 0
+		c.quiet = true
 	}
 	c.aec = newCtrlAEC(c.disc)
 	c.queues[0] = admin
@@ -142,9 +147,27 @@ func (c *ctrl) armKeepAlive() {
 	}
 	// Commands before now are covered by the deadline set below.
 	c.traffic.Store(false)
-	c.kaDeadline = c.t.clock.Now().Add(c.kato)
+	d := c.kato
+	if c.quiet {
+		d = min(d, c.t.cfg.DiscoveryIdleTimeout)
+	}
+	c.kaDeadline = c.t.clock.Now().Add(d)
 	gen := c.kaGen
-	c.kaTimer = c.t.clock.AfterFunc(c.kato, func() { c.keepAliveFired(gen) })
+	c.kaTimer = c.t.clock.AfterFunc(d, func() { c.keepAliveFired(gen) })
+}
+
+// spoke records a command (other than Connect) on a discovery
+// controller's admin queue: the first one ends its quiet time and gives
+// it its whole KATO from now. The timer, armed for the idle timeout,
+// re-arms itself for what is left when it fires. Discovery controllers
+// have no I/O queues: this is never on the I/O path.
+func (c *ctrl) spoke() {
+	c.mu.Lock()
+	if c.quiet {
+		c.quiet = false
+		c.kaDeadline = c.t.clock.Now().Add(c.kato)
+	}
+	c.mu.Unlock()
 }
 
 // keepAlive pushes the deadline back by one KATO. Requires c.mu. The
@@ -177,7 +200,9 @@ func (c *ctrl) sawCommand() {
 // controller's host keeps it alive with Keep Alive alone. As nvmet (reset_tbkas), the command is not timed exactly:
 // the controller expires between KATO and 2 × KATO after its last command,
 // never before (the flag is cleared only here and by Keep Alive, which
-// restarts the timer itself).
+// restarts the timer itself). A discovery controller still quiet at its
+// deadline sent nothing after its Connect within DiscoveryIdleTimeout:
+// it is torn down as idle (ErrDiscoveryIdle).
 func (c *ctrl) keepAliveFired(gen uint64) {
 	c.mu.Lock()
 	if gen != c.kaGen || c.state != ctrlLive || c.kato == 0 {
@@ -188,6 +213,13 @@ func (c *ctrl) keepAliveFired(gen uint64) {
 	if left := c.kaDeadline.Sub(now); left > 0 {
 		c.kaTimer = c.t.clock.AfterFunc(left, func() { c.keepAliveFired(gen) })
 		c.mu.Unlock()
+		return
+	}
+	if c.quiet {
+		c.mu.Unlock()
+		c.t.stats.discoveryIdle.Add(1)
+		c.logDiscoveryIdle()
+		c.teardown(ErrDiscoveryIdle)
 		return
 	}
 	if !c.disc && c.traffic.Swap(false) {
@@ -235,7 +267,7 @@ func (c *ctrl) teardown(reason error) {
 	c.mu.Unlock()
 
 	c.s.removeCtrl(c)
-	c.t.freeCNTLID(c.cntlid, false)
+	c.t.freeCNTLID(c.cntlid, false, c.disc, c.admin.source)
 	c.t.stats.ctrlTornDown.Add(1)
 	c.logDestroyed(reason, nio)
 	for _, r := range aers[:n] {
@@ -258,7 +290,7 @@ func (c *ctrl) abandon() {
 		c.kaTimer = nil
 	}
 	c.mu.Unlock()
-	c.t.freeCNTLID(c.cntlid, true)
+	c.t.freeCNTLID(c.cntlid, true, c.disc, c.admin.source)
 }
 
 // removeQueue forgets a closed I/O queue.

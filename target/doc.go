@@ -22,7 +22,8 @@
 //
 // Files are named for what they do, as in Linux's drivers/nvme/target:
 //
-//	target.go       Target, ports, subsystem registry, CNTLID allocation, NewQueue
+//	target.go       Target, ports, subsystem registry, NewQueue
+//	budget.go       the controller budget: CNTLIDs, discovery per source and in total
 //	subsys.go       Subsystem, hosts, namespaces (copy-on-write table)
 //	ctrl.go         controllers: CC/CSTS, teardown, asynchronous events, error log
 //	queue.go        Queue: Execute, Close, request completion
@@ -64,7 +65,10 @@
 //
 // A controller lives from its admin queue Connect until its admin queue
 // closes, its keep-alive timer expires, or the target removes it
-// (RemoveSubsystem, DenyHost, Close). Teardown calls Disconnect on every
+// (RemoveSubsystem, DenyHost, Close). A discovery controller that sends
+// nothing after its Connect lives DiscoveryIdleTimeout at most; how many
+// controllers may live, of which discovery ones and per source address,
+// is budget.go's. Teardown calls Disconnect on every
 // queue of the controller and completes held Asynchronous Event Requests
 // with Abort SQ Deleted. Closing an I/O queue only removes it.
 //

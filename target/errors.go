@@ -22,6 +22,9 @@ var (
 	// ErrKeepAliveExpired: no Keep Alive within the controller's
 	// keep-alive timeout; the controller was torn down.
 	ErrKeepAliveExpired = errors.New("target: keep-alive timeout expired")
+	// ErrDiscoveryIdle: a discovery controller sent nothing after its
+	// Connect within Config.DiscoveryIdleTimeout; it was torn down.
+	ErrDiscoveryIdle = errors.New("target: discovery controller idle since its Connect")
 	// ErrAdminQueueClosed: the controller's admin queue closed; the
 	// controller was torn down.
 	ErrAdminQueueClosed = errors.New("target: admin queue closed")

@@ -25,6 +25,10 @@ import (
 //	connect timed out      qid, remote_addr, timeout (no Connect succeeded
 //	                       on a new queue in time: its connection is dropped)
 //	keep-alive expired     kind, cntlid, subsystem, host_nqn, remote_addr, kato
+//	discovery idle         cntlid, host_nqn, remote_addr, timeout: a discovery
+//	                       controller sent nothing after its Connect within
+//	                       DiscoveryIdleTimeout and is torn down (Warn: no
+//	                       host does that; a peer probing or flooding does)
 //	controller destroyed   kind, cntlid, subsystem, host_nqn, host_id, reason
 //	                       (disconnect|keep-alive|host-denied|subsystem-removed|shutdown),
 //	                       error, lifetime, io_queues
@@ -38,6 +42,7 @@ const (
 	EventConnectRefused      = "connect refused"
 	EventConnectTimedOut     = "connect timed out"
 	EventKeepAliveExpired    = "keep-alive expired"
+	EventDiscoveryIdle       = "discovery idle"
 	EventControllerDestroyed = "controller destroyed"
 )
 
@@ -192,6 +197,7 @@ func (t *Target) rememberLost(c *ctrl, reason string) {
 const (
 	reasonDisconnect       = "disconnect"
 	reasonKeepAlive        = "keep-alive"
+	reasonDiscoveryIdle    = "discovery-idle"
 	reasonHostDenied       = "host-denied"
 	reasonSubsystemRemoved = "subsystem-removed"
 	reasonShutdown         = "shutdown"
@@ -203,6 +209,8 @@ func destroyReason(err error) string {
 		return reasonDisconnect
 	case errors.Is(err, ErrKeepAliveExpired):
 		return reasonKeepAlive
+	case errors.Is(err, ErrDiscoveryIdle):
+		return reasonDiscoveryIdle
 	case errors.Is(err, errHostRevoked):
 		return reasonHostDenied
 	case errors.Is(err, errSubsystemRemoved):
@@ -248,6 +256,19 @@ func (c *ctrl) logKeepAliveExpired() {
 		slog.String("kind", c.kind()), slog.Int("cntlid", int(c.cntlid)), slog.String("subsystem", c.s.nqn),
 		slog.String("host_nqn", c.hostNQN), slog.String("remote_addr", c.admin.params.RemoteAddr),
 		slog.Duration("kato", c.kato))
+}
+
+// logDiscoveryIdle logs a discovery controller torn down for sending
+// nothing after its Connect (teardown follows).
+func (c *ctrl) logDiscoveryIdle() {
+	t := c.t
+	t.textf("target: discovery controller %d (host %s, %s): nothing after its Connect within %v", c.cntlid, c.hostNQN, c.admin.params.RemoteAddr, t.cfg.DiscoveryIdleTimeout)
+	if !t.logOn(slog.LevelWarn) {
+		return
+	}
+	t.event(slog.LevelWarn, EventDiscoveryIdle, slog.Int("cntlid", int(c.cntlid)),
+		slog.String("host_nqn", c.hostNQN), slog.String("remote_addr", c.admin.params.RemoteAddr),
+		slog.Duration("timeout", t.cfg.DiscoveryIdleTimeout))
 }
 
 // logRefused logs a refused Connect on q: status st with DW0 dw0 (IPO and
@@ -298,7 +319,7 @@ func refusalReason(st nvme.Status, dw0 uint32, qid uint16) string {
 	case nvme.StatusConnectInvalidHost:
 		return "host not allowed on the subsystem"
 	case nvme.StatusConnectControllerBusy:
-		return "no controller ID free (MaxControllers reached)"
+		return "no controller ID free"
 	case nvme.StatusConnectIncompatibleFormat:
 		return "record format not 0"
 	case nvme.StatusSGLInvalidDataLength:

@@ -104,14 +104,19 @@ func (q *Queue) connectAdmin(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme
 	if !s.hostAllowed(string(d.HostNQN.Bytes())) {
 		return nvme.StatusConnectInvalidHost.WithDNR(), nvme.ConnectInvalidParamDW0(ipoHost, true)
 	}
-	// 6. A controller ID is free.
-	cntlid, ok := t.allocCNTLID()
-	if !ok {
-		return nvme.StatusConnectControllerBusy.WithDNR(), 0
+	// 6. A controller ID is free within the budget (budget.go). nvmet
+	// answers a full target with DNR; here a full budget is temporary,
+	// and a Linux host that gets DNR never reconnects: no DNR.
+	disc := s == t.disc
+	cntlid, why := t.allocCNTLID(disc, q.source)
+	if why != busyNone {
+		t.stats.busy[why].Add(1)
+		q.refusal = t.busyRefusal(why, q.source)
+		return nvme.StatusConnectControllerBusy, 0
 	}
 	// 7, 8. SQSIZE.
 	if st, dw0, ok := q.checkSQSize(cc, q.lim.AdminQueueEntries); !ok {
-		t.freeCNTLID(cntlid, true)
+		t.freeCNTLID(cntlid, true, disc, q.source)
 		return st, dw0
 	}
 	c := newCtrl(t, s, cntlid, q, d)

@@ -28,6 +28,9 @@ type Queue struct {
 	// (QueueParams.Limits or Config.Limits), validated by NewQueue and
 	// never changed.
 	lim Limits
+	// source is the host's address the controller budget counts the
+	// queue's controller against (sourceOf(params.RemoteAddr)).
+	source string
 
 	state atomic.Uint32
 	ctrl  atomic.Pointer[ctrl] // set before state becomes connected
@@ -58,7 +61,7 @@ type Queue struct {
 }
 
 func newQueue(t *Target, r Responder, p QueueParams, lim Limits) *Queue {
-	return &Queue{t: t, resp: r, params: p, lim: lim, qid: p.QID, drained: make(chan struct{})}
+	return &Queue{t: t, resp: r, params: p, lim: lim, source: sourceOf(p.RemoteAddr), qid: p.QID, drained: make(chan struct{})}
 }
 
 // armConnectTimer starts the queue's Connect deadline.

@@ -100,7 +100,11 @@ type QueueParams struct {
 	// LocalAddr and LocalPort identify the port the queue arrived on
 	// (discovery lists subsystems with this address).
 	LocalAddr, LocalPort string
-	// RemoteAddr is the host's address, for logs.
+	// RemoteAddr is the host's address (host:port, or an address),
+	// for logs and for the controller budget: its host part is the
+	// source address whose discovery controllers are counted against
+	// Config.MaxDiscoveryPerSource (budget.go). A binding must fill it
+	// from the connection's peer, never from anything the host sends.
 	RemoteAddr string
 	// Limits are the limits of the transport port the queue arrived on;
 	// nil means Config.Limits. NewQueue copies and validates them, so the

@@ -40,11 +40,14 @@ type counters struct {
 	ctrlTornDown     atomic.Uint64
 	connectRefused   atomic.Uint64
 	connectTimedOut  atomic.Uint64
-	eventsDropped    atomic.Uint64
-	authSucceeded    atomic.Uint64
-	authFailed       atomic.Uint64
-	authTimedOut     atomic.Uint64
-	authRequired     atomic.Uint64
+	// busy counts Connects refused by each budget (busyReason).
+	busy          [numBusyReasons]atomic.Uint64
+	discoveryIdle atomic.Uint64
+	eventsDropped atomic.Uint64
+	authSucceeded atomic.Uint64
+	authFailed    atomic.Uint64
+	authTimedOut  atomic.Uint64
+	authRequired  atomic.Uint64
 }
 
 // enter moves r into state s and counts it. It is the only place a
@@ -95,6 +98,17 @@ type Stats struct {
 	// ConnectsTimedOut counts queues dropped because no Connect succeeded
 	// on them within Config.ConnectTimeout.
 	ConnectsTimedOut uint64
+	// BusyControllers, BusyDiscovery and BusyDiscoverySource count the
+	// admin Connects refused with Controller Busy (of ConnectsRefused)
+	// because MaxControllers, MaxDiscoveryControllers or
+	// MaxDiscoveryPerSource was reached (budget.go).
+	BusyControllers, BusyDiscovery, BusyDiscoverySource uint64
+	// DiscoveryControllers are the live discovery controllers (of
+	// Controllers).
+	DiscoveryControllers int
+	// DiscoveryIdle counts discovery controllers torn down for sending
+	// nothing after their Connect (Config.DiscoveryIdleTimeout).
+	DiscoveryIdle uint64
 	// AuthSucceeded counts queues authenticated (DH-HMAC-CHAP), AuthFailed
 	// queues ended by a failed or timed-out authentication (AuthTimedOut
 	// of them by the deadline), AuthRequired commands refused on a queue
@@ -159,6 +173,10 @@ func (t *Target) Stats() Stats {
 		ControllersTornDown: t.stats.ctrlTornDown.Load(),
 		ConnectsRefused:     t.stats.connectRefused.Load(),
 		ConnectsTimedOut:    t.stats.connectTimedOut.Load(),
+		BusyControllers:     t.stats.busy[busyControllers].Load(),
+		BusyDiscovery:       t.stats.busy[busyDiscovery].Load(),
+		BusyDiscoverySource: t.stats.busy[busyDiscoverySource].Load(),
+		DiscoveryIdle:       t.stats.discoveryIdle.Load(),
 		EventsDropped:       t.stats.eventsDropped.Load(),
 		AuthSucceeded:       t.stats.authSucceeded.Load(),
 		AuthFailed:          t.stats.authFailed.Load(),
@@ -172,6 +190,7 @@ func (t *Target) Stats() Stats {
 	}
 	t.mu.Lock()
 	st.Controllers = t.nctrl
+	st.DiscoveryControllers = t.ndisc
 	subs := t.sortedSubsystems()
 	t.mu.Unlock()
 	for _, s := range subs {

@@ -42,7 +42,12 @@ type Target struct {
 	subsystems map[string]*Subsystem
 	nguids     map[[16]byte]string // NGUID -> "subnqn/nsid", for uniqueness
 	cntlids    cntlidSpace
-	nctrl      int // live controllers
+	nctrl      int // live controllers, discovery controllers included
+	// ndisc counts the live discovery controllers, and discBySource
+	// them by source address (an entry is deleted at zero): the
+	// discovery budget (budget.go).
+	ndisc        int
+	discBySource map[string]int
 
 	evMu sync.Mutex           // guards lost; taken alone
 	lost map[hostKey]lostCtrl // controllers hosts lost, for reconnect events
@@ -109,12 +114,13 @@ func New(cfg Config) (*Target, error) {
 	}
 	cfg = cfg.WithDefaults()
 	t := &Target{
-		cfg:        cfg,
-		clock:      cfg.Clock,
-		ports:      make(map[uint16]Port),
-		subsystems: make(map[string]*Subsystem),
-		nguids:     make(map[[16]byte]string),
-		authSem:    make(chan struct{}, authWorkers),
+		cfg:          cfg,
+		clock:        cfg.Clock,
+		ports:        make(map[uint16]Port),
+		subsystems:   make(map[string]*Subsystem),
+		nguids:       make(map[[16]byte]string),
+		discBySource: make(map[string]int),
+		authSem:      make(chan struct{}, authWorkers),
 	}
 	if t.clock == nil {
 		t.clock = realClock{}
@@ -448,26 +454,4 @@ func (s *cntlidSpace) free(id uint16, rollback bool) {
 	if rollback && s.next == id+1 {
 		s.next = id
 	}
-}
-
-// allocCNTLID reserves a controller ID, or reports the target full.
-func (t *Target) allocCNTLID() (uint16, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed || t.nctrl >= t.cfg.MaxControllers {
-		return 0, false
-	}
-	id, ok := t.cntlids.alloc()
-	if ok {
-		t.nctrl++
-	}
-	return id, ok
-}
-
-// freeCNTLID releases a controller ID; rollback says no host saw it.
-func (t *Target) freeCNTLID(id uint16, rollback bool) {
-	t.mu.Lock()
-	t.cntlids.free(id, rollback)
-	t.nctrl--
-	t.mu.Unlock()
 }

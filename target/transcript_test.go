@@ -195,7 +195,7 @@ func (tr *transcript) queue(a *args) *tq {
 // run executes one command line and returns what it prints. Verbs:
 //
 //	let NAME=value                        define $NAME
-//	target maxio= mqes= admq= incapsule= maxxfer= keyed= maxctrl= errlog= [nolimits]
+//	target maxio= mqes= admq= incapsule= maxxfer= keyed= maxctrl= errlog= maxdisc= discsrc= discidle= [nolimits]
 //	limits name= maxio= mqes= admq= incapsule= maxxfer= keyed=
 //	port id= trtype= adrfam= traddr= trsvcid= [treq=] [advaddr=] [advsvc=] [sectype=] [limits=]
 //	rm-port id=
@@ -204,7 +204,7 @@ func (tr *transcript) queue(a *args) *tq {
 //	allow nqn= host= | deny nqn= host= | allow-any nqn= on|off
 //	namespace nqn= nsid= [blocks=] [bs=] [ro]
 //	resize nqn= nsid= blocks=  |  rm-namespace nqn= nsid=
-//	queue name= [qid=] [sqsize=] [laddr=] [lport=] [trtype=] [limits=]
+//	queue name= [qid=] [sqsize=] [laddr=] [lport=] [trtype=] [limits=] [raddr=host:port]
 //	close q=
 //	connect q= host= sub= [qid=] [sqsize=] [kato=] [cntlid=] [hostid=] [recfmt=] [len=] [cattr=]
 //	prop-get q= reg= [size=]   |  prop-set q= reg= value= [size=]
@@ -220,6 +220,7 @@ func (tr *transcript) queue(a *args) *tq {
 //	dsm q= nsid= ranges=slba:n,... [ad] [len=]
 //	raw q= opc= [fctype=] [nsid=] [flags=] [cdw10..15=] [len=]
 //	ns-stats nqn= nsid=
+//	budget                                the controller budget's counters
 func (tr *transcript) run(line string) []string {
 	fields := strings.Fields(line)
 	verb := fields[0]
@@ -241,10 +242,18 @@ func (tr *transcript) run(line string) []string {
 		}
 		maxctrl := int(a.num("maxctrl", 0))
 		errlog := int(a.num("errlog", 0))
+		maxdisc, discsrc := int(a.num("maxdisc", 0)), int(a.num("discsrc", 0))
+		discidle, err := time.ParseDuration(a.str("discidle", "0s"))
+		if err != nil {
+			tr.fatalf("discidle: %v", err)
+		}
 		tr.opts = append(tr.opts, func(c *target.Config) {
 			c.Limits = l
 			c.MaxControllers = maxctrl
 			c.ErrorLogEntries = errlog
+			c.MaxDiscoveryControllers = maxdisc
+			c.MaxDiscoveryPerSource = discsrc
+			c.DiscoveryIdleTimeout = discidle
 		})
 	case "limits":
 		l := tr.parseLimits(a)
@@ -306,7 +315,7 @@ func (tr *transcript) run(line string) []string {
 	case "queue":
 		p := target.QueueParams{QID: uint16(a.num("qid", 0)), SQSize: uint16(a.num("sqsize", 31)),
 			LocalAddr: a.str("laddr", ""), LocalPort: a.str("lport", ""), Transport: uint8(a.num("trtype", 0)),
-			RemoteAddr: "10.0.0.99", Limits: tr.namedLimits(a)}
+			RemoteAddr: a.str("raddr", "10.0.0.99:50000"), Limits: tr.namedLimits(a)}
 		if _, err := tr.harness().newQueue(a.must("name"), p); err != nil {
 			out = append(out, errLine(err))
 		}
@@ -426,6 +435,10 @@ func (tr *transcript) run(line string) []string {
 			c.mu.Unlock()
 		}
 		out = append(out, fmtRsp(c.rsp))
+	case "budget":
+		st := tr.harness().tgt.Stats()
+		out = append(out, fmt.Sprintf("controllers=%d discovery=%d busy-controllers=%d busy-discovery=%d busy-source=%d discovery-idle=%d",
+			st.Controllers, st.DiscoveryControllers, st.BusyControllers, st.BusyDiscovery, st.BusyDiscoverySource, st.DiscoveryIdle))
 	case "ns-stats":
 		s := tr.subsystem(a)
 		nsid := uint32(a.num("nsid", 1))

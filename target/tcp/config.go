@@ -77,8 +77,15 @@ type Config struct {
 	ConnectTimeout time.Duration
 	// MaxPending bounds the connections accepted and not yet connected
 	// (no successful Fabrics Connect on their queue): more are closed as
-	// they are accepted (DefaultMaxPending).
+	// they are accepted, unless their source holds fewer than another,
+	// whose oldest is then closed instead (pending.go;
+	// DefaultMaxPending).
 	MaxPending int
+	// MaxPendingPerSource bounds the pending connections of one source
+	// address (the peer's IP), so that one peer reopening idle
+	// connections cannot take all of MaxPending from the others
+	// (DefaultMaxPendingPerSource; at most MaxPending).
+	MaxPendingPerSource int
 	// Logf receives connection events as text lines; nil is silent.
 	Logf func(format string, args ...any)
 	// Logger receives the connection events as records (events.go):
@@ -128,12 +135,21 @@ const (
 	// Connect right after the TCP handshake; a port scanner or a stalled
 	// host holds a slot no longer than this.
 	DefaultConnectTimeout = 10 * time.Second
-	// DefaultMaxPending is MaxPending: 256 connections of the port that
-	// have not connected yet. Linux hosts connect their queues one at a
-	// time, so this is 256 hosts (re)connecting at the same moment; each
-	// costs about 20 KiB (its receive buffer) until its Connect, so a
-	// flood of idle connections is bounded at ~5 MiB and ConnectTimeout.
-	DefaultMaxPending = 256
+	// DefaultMaxPending is MaxPending: 1024 connections of the port that
+	// have not connected yet. Each costs about 20 KiB (its receive
+	// buffer) until its Connect, so a flood of idle connections is
+	// bounded at ~20 MiB and ConnectTimeout; it is 4 × the per-source
+	// share: four addresses fill it before eviction evens them out.
+	DefaultMaxPending = 1024
+	// DefaultMaxPendingPerSource is MaxPendingPerSource: 256. A Linux
+	// host opens every I/O queue connection of a controller, ICReq
+	// included, before it sends their Connects (nvme_tcp_alloc_io_queues,
+	// then nvme_tcp_start_io_queues), so a controller of MaxIOQueues
+	// (128) queues is 128 pending connections of one address at once;
+	// 256 lets two such controllers of one host (re)connect together.
+	// Past it a host's connection is reset and its reconnect retried
+	// (reconnect_delay), never given up.
+	DefaultMaxPendingPerSource = 256
 	// AdminQueueEntries is the admin queue size: 32, what the Linux host
 	// asks for (NVMF_AQ_DEPTH) and nvmet accepts at most.
 	AdminQueueEntries = 32
@@ -185,6 +201,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxPending == 0 {
 		c.MaxPending = DefaultMaxPending
 	}
+	if c.MaxPendingPerSource == 0 {
+		c.MaxPendingPerSource = min(DefaultMaxPendingPerSource, c.MaxPending)
+	}
 	return c
 }
 
@@ -225,6 +244,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPending < 0 {
 		bad("MaxPending %d is negative", c.MaxPending)
+	}
+	if c.MaxPendingPerSource < 0 || c.MaxPendingPerSource > c.MaxPending {
+		bad("MaxPendingPerSource %d is outside [1, MaxPending %d]", c.MaxPendingPerSource, c.MaxPending)
 	}
 	if c.SmallBuffers < 1 || c.LargeBuffers < 1 {
 		bad("SmallBuffers %d and LargeBuffers %d must be at least 1", c.SmallBuffers, c.LargeBuffers)

@@ -23,3 +23,27 @@ func TestValidateAddrErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestValidatePending: the per-source share of pending connections is
+// within the port's total; by default a quarter of it.
+func TestValidatePending(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  tcp.Config
+		want string
+	}{
+		{tcp.Config{MaxPending: 8, MaxPendingPerSource: 9}, "MaxPendingPerSource 9 is outside [1, MaxPending 8]"},
+		{tcp.Config{MaxPendingPerSource: -1}, "MaxPendingPerSource -1"},
+	} {
+		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%+v): %v, want an error with %q", tc.cfg, err, tc.want)
+		}
+	}
+	for _, ok := range []tcp.Config{{}, {MaxPending: 2}, {MaxPending: 8, MaxPendingPerSource: 8}} {
+		if err := ok.Validate(); err != nil {
+			t.Errorf("Validate(%+v): %v", ok, err)
+		}
+	}
+	if tcp.DefaultMaxPending < 4*tcp.DefaultMaxPendingPerSource {
+		t.Errorf("default MaxPending %d is under 4 sources' share (%d each)", tcp.DefaultMaxPending, tcp.DefaultMaxPendingPerSource)
+	}
+}

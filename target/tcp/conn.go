@@ -115,9 +115,16 @@ type conn struct {
 	sqhd   uint32
 	reason error // why the connection closes
 	gone   bool
-	// pending: accepted, its queue not connected yet (Port.pending
-	// counts it until unpend).
+	// pending: accepted, its queue not connected yet (Port.pending and
+	// Port.pendingBy[src] count it until unpend, pending.go).
 	pending bool
+	src     string // the peer's IP, as sourceOf gives it
+	// counted: in the port's pending budget (guarded by Port.pmu; an
+	// eviction clears it on the accept goroutine).
+	counted bool
+	// registered: the group has put the socket in its epoll set, so a
+	// Disconnect can close it (pending.go evicts only such).
+	registered atomic.Bool
 	// timed: in the group's timed list, until deadline.
 	timed bool
 
@@ -1039,7 +1046,7 @@ func (c *conn) closeSocket(reason error) {
 func (c *conn) unpend() {
 	if c.pending {
 		c.pending = false
-		c.p.pending.Add(-1)
+		c.p.releasePending(c)
 	}
 }
 

@@ -63,11 +63,15 @@
 // A connection has ConnectTimeout (10 s) from its accept to send its
 // ICReq and its first command capsule, which makes the core's queue; the
 // core's own target.Config.ConnectTimeout then bounds its Connect (a
-// queue whose Connect was refused is dropped too). At most MaxPending
-// (256) connections of the port may be in that state: more are closed as
-// they are accepted. A port scanner, a stalled host or a flood of idle
-// connections so holds at most MaxPending receive buffers for at most
-// ConnectTimeout. Accept errors (out of descriptors) back off 5 ms to
+// queue whose Connect was refused is dropped too). At most
+// MaxPendingPerSource (256) connections of one source address and
+// MaxPending (1024) of the port may be in that state: more are closed as
+// they are accepted, with a warning naming the source, but when the port
+// is full a source with fewer pending connections evicts the oldest of
+// the source with the most (pending.go). A port scanner, a stalled host
+// or a flood of idle connections from one address so holds at most
+// MaxPendingPerSource receive buffers for at most ConnectTimeout, and
+// leaves the rest of the port to others. Accept errors (out of descriptors) back off 5 ms to
 // 1 s instead of spinning.
 //
 // # Events

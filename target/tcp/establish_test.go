@@ -126,3 +126,92 @@ func waitPending(t *testing.T, tt *testTarget, n uint64) {
 	t.Helper()
 	waitStat(t, tt, "connections pending", func(s tcp.Stats) uint64 { return s.Pending }, n)
 }
+
+// TestMaxPendingPerSource: one source address gets MaxPendingPerSource
+// pending connections, the next of it is closed as it is accepted (a
+// warning naming the source, counted apart), and another address still
+// gets in although the first keeps trying (issue 21 case 3).
+func TestMaxPendingPerSource(t *testing.T) {
+	lr := &logrec.Recorder{}
+	tt := newTestTarget(t, tcp.Config{MaxPending: 4, MaxPendingPerSource: 2, Logger: slog.New(lr)})
+	from := &net.Dialer{LocalAddr: &net.TCPAddr{IP: attackerIP}, Timeout: rawTimeout}
+	for range 2 {
+		nc, err := from.Dial("tcp", tt.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+	}
+	waitPending(t, tt, 2)
+	for i := range 3 {
+		if nc, err := from.Dial("tcp", tt.addr); err == nil {
+			(&rawHost{t: t, nc: nc}).expectClose()
+		}
+		waitStat(t, tt, "rejected", func(s tcp.Stats) uint64 { return s.RejectedSource }, uint64(i+1))
+	}
+	rej := lr.Wait(t, tcp.EventConnectionRejected, "source", attackerIP.String())
+	if rej.Level != slog.LevelWarn || !strings.Contains(rej.Attrs["reason"], "MaxPendingPerSource") {
+		t.Errorf("rejected: %v %v", rej.Level, rej.Attrs)
+	}
+	good := dialRaw(t, tt.addr)
+	good.mustIC(nvme.TCPDigests{})
+	if rsp := good.connect(0, 31, 0, nvme.CNTLIDDynamic); rsp.Status != 0 {
+		t.Fatalf("admin Connect from another source: %v", rsp.Status)
+	}
+	if st := tt.port.Stats(); st.Rejected != 3 || st.RejectedSource != 3 || st.Pending != 2 {
+		t.Fatalf("Rejected %d, RejectedSource %d, Pending %d; want 3, 3, 2", st.Rejected, st.RejectedSource, st.Pending)
+	}
+}
+
+// TestPendingEviction: with the port's MaxPending full, a connection of a
+// source with fewer pending than the source with the most (by two or
+// more) takes the place of that source's oldest, which is closed and
+// logged; between sources that would only trade places it is refused.
+func TestPendingEviction(t *testing.T) {
+	lr := &logrec.Recorder{}
+	tt := newTestTarget(t, tcp.Config{MaxPending: 4, MaxPendingPerSource: 3, Logger: slog.New(lr)})
+	from := func(ip net.IP) *rawHost {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}, Timeout: rawTimeout}
+		nc, err := d.Dial("tcp", tt.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		h := &rawHost{t: t, nc: nc}
+		h.mustIC(nvme.TCPDigests{}) // answered: the group has it
+		return h
+	}
+	ipA, ipB, ipC := net.IPv4(127, 0, 0, 2), net.IPv4(127, 0, 0, 3), net.IPv4(127, 0, 0, 4)
+	a := []*rawHost{from(ipA), from(ipA), from(ipA)}
+	from(ipB)
+	waitPending(t, tt, 4)
+
+	// The allowed host (127.0.0.1, none pending) takes the place of A's
+	// oldest, and connects.
+	good := dialRaw(t, tt.addr)
+	good.mustIC(nvme.TCPDigests{})
+	if rsp := good.connect(0, 31, 0, nvme.CNTLIDDynamic); rsp.Status != 0 {
+		t.Fatalf("admin Connect: %v", rsp.Status)
+	}
+	a[0].expectClose()
+	ev := lr.Wait(t, tcp.EventConnectionEvicted, "source", ipA.String())
+	if ev.Level != slog.LevelWarn || ev.Attrs["for"] != "127.0.0.1" {
+		t.Errorf("evicted: %v %v", ev.Level, ev.Attrs)
+	}
+	waitPending(t, tt, 3) // A 2, B 1
+
+	// B fills the port again (A 2, B 2): a third of B's would only
+	// trade places with one of A's, so it is refused.
+	from(ipB)
+	waitPending(t, tt, 4)
+	if nc, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: ipB}}).Dial("tcp", tt.addr); err == nil {
+		(&rawHost{t: t, nc: nc}).expectClose()
+	}
+	waitStat(t, tt, "rejected", func(s tcp.Stats) uint64 { return s.Rejected }, 1)
+	// C, with none, takes the place of A's or B's oldest.
+	from(ipC)
+	if st := tt.port.Stats(); st.Evicted != 2 || st.Rejected != 1 || st.RejectedSource != 0 || st.Pending != 4 {
+		t.Fatalf("Evicted %d, Rejected %d, RejectedSource %d, Pending %d; want 2, 1, 0, 4", st.Evicted, st.Rejected, st.RejectedSource, st.Pending)
+	}
+}

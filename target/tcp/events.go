@@ -19,8 +19,13 @@ import (
 //
 //	connection accepted    port, remote_addr, qid, core: its first
 //	                       command capsule made the queue      (Debug)
-//	connection rejected    port, remote_addr, reason: closed as it was
-//	                       accepted (MaxPending)                (Warn)
+//	connection rejected    port, remote_addr, source, reason: closed as
+//	                       it was accepted (MaxPending, or
+//	                       MaxPendingPerSource of source)       (Warn)
+//	connection evicted     port, remote_addr, source, for: a pending
+//	                       connection closed so that one of a source
+//	                       with fewer pending (for) gets its place
+//	                       (MaxPending full; pending.go)         (Warn)
 //	connection terminated  port, remote_addr, qid, fes, fei, reason: a
 //	                       protocol error, answered by a C2HTermReq, or
 //	                       a data digest error                  (Warn)
@@ -37,6 +42,7 @@ import (
 const (
 	EventConnectionAccepted   = "connection accepted"
 	EventConnectionRejected   = "connection rejected"
+	EventConnectionEvicted    = "connection evicted"
 	EventConnectionTerminated = "connection terminated"
 	EventConnectionClosed     = "connection closed"
 	EventPortError            = "port error"
@@ -68,13 +74,27 @@ func (p *Port) logPortError(op, remote string, err error) {
 		slog.String("error", err.Error()))
 }
 
-func (p *Port) logRejected(remote, why string) {
+func (p *Port) logRejected(remote, src, why string) {
 	p.textf("tcp: port %s: reject %s: %s", p.portName(), remote, why)
 	if !p.logOn(slog.LevelWarn) {
 		return
 	}
 	p.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, EventConnectionRejected,
-		slog.String("port", p.portName()), slog.String("remote_addr", remote), slog.String("reason", why))
+		slog.String("port", p.portName()), slog.String("remote_addr", remote), slog.String("source", src),
+		slog.String("reason", why))
+}
+
+// logEvicted logs the eviction of pending connection c for a
+// connection of source src (the caller disconnects c).
+func (c *conn) logEvicted(src string) {
+	p := c.p
+	p.textf("tcp: port %s: evict pending %s for a connection of %s: MaxPending reached", p.portName(), c.remote, src)
+	if !p.logOn(slog.LevelWarn) {
+		return
+	}
+	p.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, EventConnectionEvicted,
+		slog.String("port", p.portName()), slog.String("remote_addr", c.remote), slog.String("source", c.src),
+		slog.String("for", src))
 }
 
 func (c *conn) logAccepted() {

@@ -211,6 +211,7 @@ func (g *group) register(c *conn) {
 		return
 	}
 	c.readable, c.writable = true, true
+	c.registered.Store(true)
 	g.markReady(c)
 	if g.stop.Load() || g.p.isClosing() {
 		c.closeStart(false, errPortClosed)

@@ -43,9 +43,17 @@ type Port struct {
 
 	accepts atomic.Uint64
 	// pending counts connections accepted and not yet connected
-	// (conn.pending); rejected those closed at accept for MaxPending.
-	pending  atomic.Int32
-	rejected atomic.Uint64
+	// (conn.pending), and pendingBy them by source address, both changed
+	// under pmu (pending.go); rejected counts those closed at accept for
+	// MaxPending or MaxPendingPerSource, rejectedSource those of them
+	// for MaxPendingPerSource, evicted those closed to make room for a
+	// source with fewer.
+	pmu            sync.Mutex
+	pending        atomic.Int32
+	pendingBy      map[string]*pendingSource
+	rejected       atomic.Uint64
+	rejectedSource atomic.Uint64
+	evicted        atomic.Uint64
 	// digestConns counts connections that negotiated a digest.
 	digestConns atomic.Uint64
 }
@@ -68,7 +76,7 @@ func Listen(t *target.Target, cfg Config) (p *Port, err error) {
 			return nil, fmt.Errorf("tcp: %w", err)
 		}
 	}
-	p = &Port{t: t, cfg: cfg, limits: lim, id: cfg.PortID,
+	p = &Port{t: t, cfg: cfg, limits: lim, id: cfg.PortID, pendingBy: make(map[string]*pendingSource),
 		maxCapsuleData: max(nvme.TCPAdminInCapsule, lim.InCapsule)}
 	for i := 0; i < cfg.Cores; i++ {
 		g, err := newGroup(p, i)
@@ -192,27 +200,33 @@ func (p *Port) acceptLoop() {
 			continue
 		}
 		backoff = 0
-		if n := p.pending.Load(); n >= int32(p.cfg.MaxPending) {
-			p.rejected.Add(1)
-			p.logRejected(nc.RemoteAddr().String(), fmt.Sprintf("%d connections are already waiting to connect (MaxPending)", n))
+		src := sourceOf(nc.RemoteAddr())
+		victim, why := p.admitPending(src)
+		if why != "" {
+			p.logRejected(nc.RemoteAddr().String(), src, why)
 			_ = nc.SetLinger(0)
 			nc.Close()
 			continue
 		}
+		if victim != nil {
+			victim.logEvicted(src)
+			victim.Disconnect(errEvicted)
+		}
 		_ = nc.SetNoDelay(true)
 		c, err := newConn(p, nc)
 		if err != nil {
+			p.unreserve(src)
 			p.logPortError("accept", nc.RemoteAddr().String(), err)
 			nc.Close()
 			continue
 		}
 		if !p.conns.Add(c) {
+			p.unreserve(src)
 			nc.Close()
 			continue
 		}
 		p.accepts.Add(1)
-		p.pending.Add(1)
-		c.pending = true
+		p.track(c, src)
 		// The group with the fewest connections takes it.
 		g := p.groups[0]
 		for _, o := range p.groups[1:] {
@@ -230,8 +244,11 @@ func (p *Port) acceptLoop() {
 type Stats struct {
 	Accepts uint64 // connections accepted
 	// Rejected were closed as they were accepted: MaxPending connections
-	// were waiting to connect.
-	Rejected uint64
+	// of the port, or MaxPendingPerSource of the same source address,
+	// were waiting to connect. RejectedSource are those of them refused
+	// for MaxPendingPerSource. Evicted were pending connections closed
+	// to make room for a connection of a source with fewer (pending.go).
+	Rejected, RejectedSource, Evicted uint64
 	// Pending are the connections accepted and not connected yet.
 	Pending uint64
 	// ConnectTimeouts were closed for sending no ICReq or no command
@@ -278,7 +295,8 @@ type Stats struct {
 // Stats returns the port's counters.
 func (p *Port) Stats() Stats {
 	s := Stats{Accepts: p.accepts.Load(), DigestConnections: p.digestConns.Load(),
-		Rejected: p.rejected.Load(), Pending: uint64(max(p.pending.Load(), 0))}
+		Rejected: p.rejected.Load(), RejectedSource: p.rejectedSource.Load(),
+		Evicted: p.evicted.Load(), Pending: uint64(max(p.pending.Load(), 0))}
 	for _, g := range p.groups {
 		st := &g.st
 		s.Connections += uint64(max(g.conns.Load(), 0))
