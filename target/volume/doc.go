@@ -38,13 +38,15 @@
 //     it is in pebble's memtable and in the WAL writer's buffer, before any
 //     sync. It is visible to every later read at once. Within
 //     Config.SyncInterval (10 ms by default) of its acknowledgement, plus
-//     the time of at most two WAL syncs (one may be in progress), the
-//     store's background syncer syncs the WAL (sync.go): from then on the
-//     write survives a crash of the process and of the machine. Until then
-//     either crash may lose it, because the WAL's last, partial block is
-//     process memory until it fills or a sync is requested. An idle store
-//     holds no acknowledged write unsynced past that window, and makes no
-//     sync and no wake-up once it has synced.
+//     the time of at most two WAL syncs (one may be in progress) and of
+//     the scheduler waking the store's background syncer, the syncer
+//     syncs the WAL (sync.go): from then on the write survives a crash of
+//     the process and of the machine. Until then either crash may lose
+//     it, because the WAL's last, partial block is process memory until
+//     it fills or a sync is requested; what is lost is a suffix of the
+//     acknowledged operations, never part of one. An idle store holds no
+//     acknowledged write unsynced past that window, and makes no sync and
+//     no wake-up once it has synced.
 //   - Flush (Volume.Flush, Store.Flush) makes every write acknowledged
 //     before it durable: one WAL sync, which covers every volume of the
 //     store since they share the WAL. A flush when nothing was written

@@ -60,6 +60,10 @@ type sigkillOp struct {
 	vol    int
 	lba, n uint64
 	fua    bool
+	// pause: the child idles 20 ms first, so that pebble's WAL flush loop
+	// is waiting again and this write stays in its buffer (the case of
+	// issue 21; on main such a write was lost, the syncer must save it).
+	pause bool
 }
 
 func makeSigkillPlan(seed uint64) sigkillPlan {
@@ -87,12 +91,27 @@ func makeSigkillPlan(seed uint64) sigkillPlan {
 		}
 		return o
 	}
+	// Each phase ends with a few single-block plain writes: small
+	// records that stay in the WAL writer's partial block (issue 21 lost
+	// exactly those), rather than large ones whose filling of a block
+	// wakes pebble's flush loop.
+	small := func() []sigkillOp {
+		var out []sigkillOp
+		for i := range 1 + rng.IntN(3) {
+			o := op(true)
+			o.n, o.pause = 1, i == 0
+			out = append(out, o)
+		}
+		return out
+	}
 	for range 50 + rng.IntN(250) {
 		p.phase1 = append(p.phase1, op(false))
 	}
+	p.phase1 = append(p.phase1, small()...)
 	for range 1 + rng.IntN(100) {
 		p.phase2 = append(p.phase2, op(true))
 	}
+	p.phase2 = append(p.phase2, small()...)
 	return p
 }
 
@@ -131,6 +150,9 @@ func sigkillChild(dir string, seed uint64) {
 	}
 	buf := make([]byte, 16*BlockSize4K)
 	run := func(o sigkillOp, k int) error {
+		if o.pause {
+			time.Sleep(20 * time.Millisecond)
+		}
 		v, m := vols[o.vol], p.vols[o.vol]
 		var fl WriteFlags
 		if o.fua {

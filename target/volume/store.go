@@ -616,11 +616,12 @@ func (s *Store) commit(b *pebble.Batch, sync bool) error {
 }
 
 // flush syncs the WAL unless no plain mutation was acknowledged since the
-// last successful flush. A mutation is counted in plainSeq after pebble
-// queued it in the WAL and before it is acknowledged, and a flush reads
-// plainSeq before it queues its own sync record, so a sync covers every
-// mutation counted by the value it read: if that value equals
-// flushedSeq, an earlier successful sync already covered all of them.
+// last successful flush or background sync. A mutation is counted in
+// plainSeq after pebble queued it in the WAL and before it is
+// acknowledged, and a flush reads plainSeq before it queues its own sync
+// record, so a sync covers every mutation counted by the value it read:
+// if flushedSeq is at least that value, an earlier successful sync
+// already covered all of them.
 func (s *Store) flush() error { return s.syncUnsynced(false) }
 
 // syncUnsynced is flush; background says the syncer calls it, which counts
@@ -629,7 +630,7 @@ func (s *Store) flush() error { return s.syncUnsynced(false) }
 func (s *Store) syncUnsynced(background bool) error {
 	start := s.clock()
 	seq := s.plainSeq.Load()
-	if s.flushedSeq.Load() != seq {
+	if s.flushedSeq.Load() < seq {
 		if err := s.db.LogData(nil, syncWrite); err != nil {
 			return fmt.Errorf("volume: flush: %w: %w", ErrIO, err)
 		}

@@ -15,17 +15,18 @@ import (
 // 3 plain writes lost after 10 s idle.
 //
 // So a goroutine syncs the WAL within Config.SyncInterval of the first
-// plain mutation acknowledged since the last sync (its own or a flush's). The data path only
-// marks the store dirty: a plain commit loads one atomic flag, and the
-// first commit after a sync (at most one per interval) sets it and wakes
-// the syncer through a channel of one slot; no lock, no allocation, no
-// timer per I/O. When no plain write was acknowledged since the last
-// sync, the syncer is blocked on that channel: an idle store neither
-// wakes nor syncs.
+// plain mutation acknowledged since the last sync (its own or a flush's),
+// plus the time it takes to be scheduled and to finish a sync already in
+// progress. The data path only marks the store dirty: a plain commit
+// loads one atomic flag, and the first commit after a sync (at most one
+// per interval) sets it and wakes the syncer through a channel of one
+// slot; no lock, no allocation, no timer per I/O. When no plain write was
+// acknowledged since the last sync, the syncer is blocked on that
+// channel: an idle store neither wakes nor syncs.
 //
 // Ordering. A committer counts its mutation in plainSeq, then loads the
 // flag (arming it if clear). The syncer clears the flag, then reads
-// plainSeq and syncs (Store.flush). If a committer found the flag set,
+// plainSeq and syncs (Store.syncUnsynced). If a committer found the flag set,
 // its load came before the syncer cleared it, so its count came before the
 // syncer's read of plainSeq and that sync covers the mutation; if it found
 // the flag clear, it armed it and woke the syncer for another round. The
