@@ -279,6 +279,7 @@ func TestScrapeAfterIO(t *testing.T) {
 		"blk_volume_disk_bytes":                     "gauge",
 		"blk_volume_store_l0_files":                 "gauge",
 		"blk_volume_store_write_stalls_total":       "counter",
+		"blk_volume_store_background_syncs_total":   "counter",
 		"blk_volume_io_latency_seconds":             "histogram",
 		"blk_initiator_associations_total":          "counter",
 		"blk_initiator_state":                       "gauge",

@@ -81,6 +81,7 @@ func NewStoreCollector(s *volume.Store, names func() map[uint64]VolumeLabel) *St
 			gauge("volume_store_write_stall_seconds", "Total time writes were held back by pebble (a counter in seconds).", func(e *E) float64 { return e.WriteStallSeconds }),
 			gauge("volume_store_disk_bytes", "The store's total on-disk size.", func(e *E) float64 { return float64(e.DiskBytes) }),
 			gauge("volume_store_memtable_bytes", "Memory held by pebble's memtables.", func(e *E) float64 { return float64(e.MemtableBytes) }),
+			counter("volume_store_background_syncs_total", "WAL syncs by the store's background syncer, which syncs acknowledged plain writes within the sync interval (none while idle).", func(e *E) uint64 { return e.BackgroundSyncs }),
 		),
 		info: prometheus.NewDesc("blk_volume_info", "Names a volume ID: 1 for each volume the store holds.", []string{"volume", "name", "nqn"}, nil),
 		errors: prometheus.NewDesc("blk_volume_stats_errors_total",

@@ -9,7 +9,8 @@ import (
 func TestConfigDefaults(t *testing.T) {
 	c := Config{Dir: "/x"}.WithDefaults()
 	if c.MaxTransferBytes != DefaultMaxTransferBytes || c.PointDeleteMaxBlocks != DefaultPointDeleteMaxBlocks ||
-		c.MemTableBytes != DefaultMemTableBytes || c.CacheBytes != DefaultCacheBytes || c.FS == nil {
+		c.MemTableBytes != DefaultMemTableBytes || c.CacheBytes != DefaultCacheBytes || c.FS == nil ||
+		c.SyncInterval != DefaultSyncInterval {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if err := c.Validate(); err != nil {
@@ -33,6 +34,7 @@ func TestConfigValidate(t *testing.T) {
 		{"point deletes too many", Config{Dir: "d", MaxTransferBytes: 4096, MemTableBytes: 1 << 20, PointDeleteMaxBlocks: 9}},
 		{"point deletes negative", Config{Dir: "d", PointDeleteMaxBlocks: -1}},
 		{"negative cache", Config{Dir: "d", CacheBytes: -1}},
+		{"sync interval above the maximum", Config{Dir: "d", SyncInterval: MaxSyncInterval + 1}},
 	} {
 		err := tc.c.Validate()
 		if !errors.Is(err, ErrInvalid) {
@@ -47,7 +49,7 @@ func TestConfigValidate(t *testing.T) {
 // TestConfigRoundTrip: a config dumped as JSON loads back unchanged.
 func TestConfigRoundTrip(t *testing.T) {
 	c := Config{Dir: "/var/lib/blk", MaxTransferBytes: 128 << 10, PointDeleteMaxBlocks: 16,
-		MemTableBytes: 32 << 20, CacheBytes: 1 << 30, ReadOnly: true}
+		MemTableBytes: 32 << 20, CacheBytes: 1 << 30, ReadOnly: true, SyncInterval: -1}
 	b, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)

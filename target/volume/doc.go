@@ -31,16 +31,26 @@
 // # Durability contract
 //
 // A volume behaves as an NVMe namespace with a volatile write cache, which
-// the target advertises (VWC):
+// the target advertises (VWC), and the store bounds how long that cache
+// holds a write:
 //
 //   - A plain write (or write-zeroes, or deallocate) is acknowledged when
-//     it is in pebble's memtable and queued for the WAL, before any sync.
-//     It is visible to every later read at once, and survives a crash of
-//     the process; it may be lost if the machine crashes before a flush.
+//     it is in pebble's memtable and in the WAL writer's buffer, before any
+//     sync. It is visible to every later read at once. Within
+//     Config.SyncInterval (10 ms by default) of its acknowledgement, plus
+//     the time of at most two WAL syncs (one may be in progress) and of
+//     the scheduler waking the store's background syncer, the syncer
+//     syncs the WAL (sync.go): from then on the write survives a crash of
+//     the process and of the machine. Until then either crash may lose
+//     it, because the WAL's last, partial block is process memory until
+//     it fills or a sync is requested; what is lost is a suffix of the
+//     acknowledged operations, never part of one. An idle store holds no
+//     acknowledged write unsynced past that window, and makes no sync and
+//     no wake-up once it has synced.
 //   - Flush (Volume.Flush, Store.Flush) makes every write acknowledged
 //     before it durable: one WAL sync, which covers every volume of the
 //     store since they share the WAL. A flush when nothing was written
-//     since the last one costs nothing.
+//     since the last one (or since the syncer's last sync) costs nothing.
 //   - A write with FUA (and write-zeroes with FUA) is durable when it is
 //     acknowledged: its batch is committed with a WAL sync (pebble groups
 //     concurrent syncs).
@@ -102,6 +112,8 @@
 //
 //   - Acknowledge a FUA write, a flush or an administrative change before
 //     pebble has synced it; disable or bypass pebble's WAL.
+//   - Leave an acknowledged plain write unsynced past Config.SyncInterval
+//     (and the syncs in progress); wake or sync when nothing was written.
 //   - Acknowledge anything after pebble reported a fatal error.
 //   - Read, write or delete a key outside the volume a request names, or
 //     return a block that is not the volume's own (another volume's, a
@@ -110,7 +122,9 @@
 //     (pebble panics on a closed DB).
 //   - Keep a reference to a caller's buffer after the call returns.
 //   - Allocate or take a store-wide lock per request; the only per-request
-//     lock is the volume's own, shared, to exclude resize and delete.
+//     lock is the volume's own, shared, to exclude resize and delete (a
+//     plain write tells the syncer with one atomic load, and a
+//     compare-and-swap at most once per interval).
 //   - Import the transport, the NVMe target or the cluster's meta layer;
 //     register itself in init(); keep a Prometheus registry (counters are
 //     plain and exposed by Volume.Stats).

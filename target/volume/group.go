@@ -102,7 +102,8 @@ func (g *WriteGroup) Add(lba uint64, data []byte) error {
 }
 
 // Commit applies every pending write in one batch (not synced: durable at
-// the next Flush, as Write without FUA) and empties the group for reuse.
+// the next Flush or within Config.SyncInterval, as Write without FUA) and
+// empties the group for reuse.
 // On error nothing was applied and every pending write must be failed
 // with it; the group is empty and usable again.
 func (g *WriteGroup) Commit() error {
@@ -124,6 +125,7 @@ func (g *WriteGroup) Commit() error {
 			g.b = v.s.newGroupBatch()
 		} else if err = v.s.err(); err == nil {
 			v.s.plainSeq.Add(1)
+			v.s.markUnsynced()
 		}
 	}
 	v.mu.RUnlock()

@@ -59,7 +59,8 @@ func (quietLogger) Infof(string, ...any)  {}
 func (quietLogger) Errorf(string, ...any) {}
 
 // memConfig is a small store on fs: a 1 MiB memtable so that tests run
-// through memtable flushes and compactions, not only the memtable.
+// through memtable flushes and compactions, not only the memtable, and a
+// 1 ms background sync interval so that waiting for it is quick.
 func memConfig(fs vfs.FS) Config {
 	return Config{
 		Dir:              "/store",
@@ -68,6 +69,7 @@ func memConfig(fs vfs.FS) Config {
 		MaxTransferBytes: 64 << 10,
 		MemTableBytes:    1 << 20,
 		CacheBytes:       8 << 20,
+		SyncInterval:     time.Millisecond,
 	}
 }
 

@@ -47,6 +47,20 @@ type Store struct {
 	// the WAL sync when they are equal. See Store.flush.
 	plainSeq   atomic.Uint64
 	flushedSeq atomic.Uint64
+	// The background syncer (sync.go): syncArmed is set by the first
+	// plain commit since the syncer's last round, which wakes it through
+	// syncKick; bgSyncs counts the WAL syncs it made.
+	syncArmed          atomic.Bool
+	syncKick           chan struct{}
+	syncStop, syncDone chan struct{}
+	bgSyncs            atomic.Uint64
+	syncRounds         atomic.Uint64 // rounds the syncer finished, synced or not (tests wait on it)
+	testBeforeSync     func()        // tests only: called by the syncer before each sync
+	// syncedAt is the clock() reading taken before the latest flush or
+	// background sync read plainSeq: every mutation acknowledged before
+	// it is synced. opened is the store's time zero.
+	syncedAt atomic.Int64
+	opened   time.Time
 
 	// scratch recycles per-request key buffers and iterator options: pebble
 	// keeps a pointer to the keys until the iterator or Get closer is
@@ -84,7 +98,7 @@ func Open(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	s := &Store{cfg: cfg, vols: make(map[ID]*Volume)}
+	s := &Store{cfg: cfg, vols: make(map[ID]*Volume), opened: time.Now()}
 	s.scratch.New = func() any { return new(scratch) }
 	// Every batch this package makes is at most maxBatch bytes (the
 	// largest write, in 512-byte blocks: the most per-block overhead; the
@@ -160,13 +174,17 @@ func Open(cfg Config) (*Store, error) {
 	}
 	s.db = db
 	// The first Flush after Open always syncs: pebble may have replayed WAL
-	// records that the previous process wrote and never synced.
+	// records that the previous process wrote and never synced. The
+	// syncer, once started, makes that sync at once, so that an idle
+	// store is a synced store (flushedSeq == plainSeq).
 	s.plainSeq.Store(1)
+	s.syncArmed.Store(true)
 	if err := s.load(); err != nil {
 		_ = db.Close()
 		return nil, err
 	}
 	s.startSpaceGuard()
+	s.startSyncer()
 	return s, nil
 }
 
@@ -260,6 +278,10 @@ type EngineStats struct {
 	DiskBytes uint64
 	// MemtableBytes is the memory the memtables hold.
 	MemtableBytes uint64
+	// BackgroundSyncs counts the WAL syncs of the background syncer
+	// (Config.SyncInterval): at most one per interval under plain writes,
+	// none while the store is idle.
+	BackgroundSyncs uint64
 }
 
 // Engine returns the pebble instance's health (cheap: pebble's counters).
@@ -275,6 +297,7 @@ func (s *Store) Engine() EngineStats {
 		WriteStallSeconds:   float64(s.stallNanos.Load()) / 1e9,
 		DiskBytes:           m.DiskSpaceUsage(),
 		MemtableBytes:       m.MemTable.Size,
+		BackgroundSyncs:     s.bgSyncs.Load(),
 	}
 }
 
@@ -515,6 +538,9 @@ func (s *Store) Close() error {
 		v.gen++
 		v.mu.Unlock()
 	}
+	// No request is in flight now; the flush below covers whatever the
+	// syncer had not synced yet.
+	s.stopSyncer()
 	var err error
 	if s.err() == nil && !s.cfg.ReadOnly {
 		err = s.flush()
@@ -584,34 +610,59 @@ func (s *Store) commit(b *pebble.Batch, sync bool) error {
 	}
 	if !sync {
 		s.plainSeq.Add(1)
+		s.markUnsynced()
 	}
 	return b.Close()
 }
 
 // flush syncs the WAL unless no plain mutation was acknowledged since the
-// last successful flush. A mutation is counted in plainSeq after pebble
-// queued it in the WAL and before it is acknowledged, and a flush reads
-// plainSeq before it queues its own sync record, so a sync covers every
-// mutation counted by the value it read: if that value equals
-// flushedSeq, an earlier successful sync already covered all of them.
-func (s *Store) flush() error {
+// last successful flush or background sync. A mutation is counted in
+// plainSeq after pebble queued it in the WAL and before it is
+// acknowledged, and a flush reads plainSeq before it queues its own sync
+// record, so a sync covers every mutation counted by the value it read:
+// if flushedSeq is at least that value, an earlier successful sync
+// already covered all of them.
+func (s *Store) flush() error { return s.syncUnsynced(false) }
+
+// syncUnsynced is flush; background says the syncer calls it, which counts
+// the sync in bgSyncs before it is published in flushedSeq (so a test
+// that waits for flushedSeq then reads a final count).
+func (s *Store) syncUnsynced(background bool) error {
+	start := s.clock()
 	seq := s.plainSeq.Load()
-	if s.flushedSeq.Load() == seq {
-		return nil
+	if s.flushedSeq.Load() < seq {
+		if err := s.db.LogData(nil, syncWrite); err != nil {
+			return fmt.Errorf("volume: flush: %w: %w", ErrIO, err)
+		}
+		if err := s.err(); err != nil {
+			return fmt.Errorf("volume: flush: %w", err)
+		}
+		if background {
+			s.bgSyncs.Add(1)
+		}
+		maxStore(&s.flushedSeq, seq)
 	}
-	if err := s.db.LogData(nil, syncWrite); err != nil {
-		return fmt.Errorf("volume: flush: %w: %w", ErrIO, err)
-	}
-	if err := s.err(); err != nil {
-		return fmt.Errorf("volume: flush: %w", err)
-	}
+	// Every mutation counted before start is synced now: the syncer need
+	// not sync again for interval after start (syncLoop).
+	maxStore(&s.syncedAt, int64(start))
+	return nil
+}
+
+// maxStore raises a to v unless it is already at least v.
+func maxStore[T int64 | uint64](a interface {
+	Load() T
+	CompareAndSwap(old, new T) bool
+}, v T) {
 	for {
-		old := s.flushedSeq.Load()
-		if old >= seq || s.flushedSeq.CompareAndSwap(old, seq) {
-			return nil
+		old := a.Load()
+		if old >= v || a.CompareAndSwap(old, v) {
+			return
 		}
 	}
 }
+
+// clock is the time since Open, from the monotonic clock.
+func (s *Store) clock() time.Duration { return time.Since(s.opened) }
 
 // err returns the store's fatal error, or nil.
 func (s *Store) err() error {
@@ -670,3 +721,7 @@ const rangeDeleteBatchBytes = batchHeader + 1 + 2*5 + 2*dataKeyLen
 // tuneOptions, when set, adjusts pebble's options last: BenchmarkOptions
 // compares the store's options with value separation through it.
 var tuneOptions func(*pebble.Options)
+
+// syncerDisabled, when set, opens stores without the background syncer:
+// BenchmarkSyncInterval's baseline, the write cost of today's main.
+var syncerDisabled bool

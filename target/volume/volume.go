@@ -260,9 +260,11 @@ func (v *Volume) View(lba, n uint64, fn func(lba uint64, data []byte)) error {
 // copied once, straight into the batch, and not retained.
 //
 // Without FUA the write is acknowledged once it is in pebble's memtable
-// and queued for the WAL: it survives a process crash, and it is durable
-// after the next Flush. With FUA it is durable on return. A zero-length
-// write is a no-op.
+// and queued for the WAL: it is durable (against a crash of the process
+// or of the machine) after the next Flush, or once the background syncer
+// has synced it, within Config.SyncInterval (doc.go, "Durability
+// contract"). With FUA it is durable on return. A zero-length write is a
+// no-op.
 func (v *Volume) Write(lba uint64, data []byte, flags WriteFlags) error {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
@@ -300,7 +302,8 @@ func (v *Volume) WriteZeroes(lba, n uint64, flags WriteFlags) error {
 
 // Deallocate (NVMe Dataset Management, deallocate; SCSI UNMAP; "trim")
 // releases the n blocks starting at lba. Deallocated blocks read as zeros,
-// which the target advertises (DLFEAT). Durable after the next Flush.
+// which the target advertises (DLFEAT). Durable as a plain write: after
+// the next Flush, or within Config.SyncInterval.
 func (v *Volume) Deallocate(lba, n uint64) error {
 	return v.remove(opDeallocate, lba, n, 0)
 }
