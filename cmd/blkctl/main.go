@@ -180,7 +180,11 @@ func newEnv(c *cli.Context) (*env, error) {
 // args checks the command got exactly the named positional arguments.
 // Flags may also follow the arguments ("volume create v --size 1GiB"):
 // the standard flag parsing stops at the first argument, so the rest is
-// parsed here with the command's flags and set on the context.
+// parsed here with the command's flags, and each value given there is
+// set on the context again as it was typed, occurrence by occurrence.
+// Re-setting a flag from its parsed value's String() would be wrong for
+// every type whose String() is not its input: a slice flag given twice
+// (--host a --host b) would become the one value "[a b]".
 func args(c *cli.Context, names ...string) ([]string, error) {
 	raw := c.Args().Slice()
 	fs := flag.NewFlagSet(c.Command.Name, flag.ContinueOnError)
@@ -190,6 +194,8 @@ func args(c *cli.Context, names ...string) ([]string, error) {
 			return nil, err
 		}
 	}
+	var given []typed
+	fs.VisitAll(func(f *flag.Flag) { f.Value = record(f.Name, f.Value, &given) })
 	var a []string
 	for len(raw) > 0 {
 		if err := fs.Parse(raw); err != nil {
@@ -200,22 +206,18 @@ func args(c *cli.Context, names ...string) ([]string, error) {
 			a, raw = append(a, raw[0]), raw[1:]
 		}
 	}
-	var serr error
-	fs.Visit(func(f *flag.Flag) {
+	for _, g := range given {
 		// Set the flag under its main name: an alias ("-o") parsed here
 		// is a separate entry of fs, and the context reads the main one.
-		name := f.Name
+		name := g.name
 		for _, cf := range c.Command.Flags {
-			if ns := cf.Names(); slices.Contains(ns, f.Name) {
+			if ns := cf.Names(); slices.Contains(ns, g.name) {
 				name = ns[0]
 			}
 		}
-		if err := c.Set(name, f.Value.String()); err != nil && serr == nil {
-			serr = usageErrorf("%s: -%s: %v", c.Command.FullName(), f.Name, err)
+		if err := c.Set(name, g.value); err != nil {
+			return nil, usageErrorf("%s: -%s: %v", c.Command.FullName(), g.name, err)
 		}
-	})
-	if serr != nil {
-		return nil, serr
 	}
 	if len(a) < len(names) {
 		return nil, usageErrorf("%s: missing %s (usage: %s)", c.Command.FullName(), strings.ToUpper(names[len(a)]), c.Command.UsageText)
@@ -230,6 +232,39 @@ func args(c *cli.Context, names ...string) ([]string, error) {
 	}
 	return a, nil
 }
+
+// typed is one flag occurrence as typed on the command line: a bool
+// flag without a value is "true", as the flag package sets it.
+type typed struct{ name, value string }
+
+// record wraps v so that every value the flag package sets on it is also
+// appended to given. A bool flag stays a bool flag (--force takes no
+// value).
+func record(name string, v flag.Value, given *[]typed) flag.Value {
+	r := recorder{Value: v, name: name, given: given}
+	if b, ok := v.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+		return boolRecorder{r}
+	}
+	return r
+}
+
+type recorder struct {
+	flag.Value
+	name  string
+	given *[]typed
+}
+
+func (r recorder) Set(s string) error {
+	if err := r.Value.Set(s); err != nil {
+		return err
+	}
+	*r.given = append(*r.given, typed{r.name, s})
+	return nil
+}
+
+type boolRecorder struct{ recorder }
+
+func (boolRecorder) IsBoolFlag() bool { return true }
 
 // hostNQNFlag returns --host-nqn, which must be set.
 func hostNQNFlag(c *cli.Context) (string, error) {
