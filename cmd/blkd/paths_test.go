@@ -175,3 +175,16 @@ func TestLegacyNamesLoadAndDelete(t *testing.T) {
 		t.Fatalf("volumes after deleting the legacy ones: %+v", vs)
 	}
 }
+
+// TestNewNodeIDRefused: a node starting on an empty data dir must have a
+// node ID in the name grammar; it exits 1 naming it before writing
+// registry state.
+func TestNewNodeIDRefused(t *testing.T) {
+	for _, id := range []string{"../n1", "a/b", ".", "%2e%2e"} {
+		out, code := runBlkd(t, "--data-dir", t.TempDir(), "--node-id", id, "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t),
+			"--tcp-addr", freeAddr(t), "--api-addr", freeAddr(t))
+		if code != 1 || !strings.Contains(out, fmt.Sprintf("node ID %q", id)) || strings.Contains(out, "\nready\n") {
+			t.Errorf("--node-id %q: exit %d:\n%s", id, code, out)
+		}
+	}
+}
