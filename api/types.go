@@ -21,16 +21,21 @@ const (
 // Volume is one volume (GET /v1/volumes/{name}, and the answer of every
 // change to it).
 type Volume struct {
-	Name      string   `json:"name"`
-	ID        uint64   `json:"id"`
-	SizeBytes uint64   `json:"size_bytes"`
-	BlockSize uint32   `json:"block_size"`
-	Node      string   `json:"node"`
-	State     string   `json:"state"`
-	Reason    string   `json:"reason,omitempty"` // why failed or unavailable
-	NQN       string   `json:"nqn"`
-	AllowAny  bool     `json:"allow_any,omitempty"`
-	Hosts     []string `json:"hosts,omitempty"`
+	Name string `json:"name"`
+	// LegacyName: Name is outside the name grammar (CheckName), written
+	// by an older blkd. Such a volume works, but its name cannot be put
+	// in every API path: delete it with DELETE /v1/volumes?name=NAME
+	// (blkctl volume delete --legacy-name NAME).
+	LegacyName bool     `json:"legacy_name,omitempty"`
+	ID         uint64   `json:"id"`
+	SizeBytes  uint64   `json:"size_bytes"`
+	BlockSize  uint32   `json:"block_size"`
+	Node       string   `json:"node"`
+	State      string   `json:"state"`
+	Reason     string   `json:"reason,omitempty"` // why failed or unavailable
+	NQN        string   `json:"nqn"`
+	AllowAny   bool     `json:"allow_any,omitempty"`
+	Hosts      []string `json:"hosts,omitempty"`
 	// Authentication names the hosts that must authenticate with
 	// DH-HMAC-CHAP and how: AuthHost (they prove their secret) or
 	// AuthBidirectional (the controller proves its own too, when the host

@@ -15,6 +15,13 @@
 // pebble), node.go (Config, Node). Transcripts in testdata/ show each
 // command's results; cluster tests run three Nodes in one process.
 //
+// Names: a new volume name or node ID must fit the name grammar
+// (api.CheckName, shared with blkd's API and blkctl), checked where a
+// command is proposed (CreateVolume.Check, Node.Apply, AddVoter, a new
+// Node); Apply keeps the older, looser check, so a log or snapshot that
+// holds a name from before the grammar replays to the same registry.
+//
 // meta must never import target, transport or any block I/O package: it is
-// the control plane, and the data plane depends on it, not the reverse.
+// the control plane, and the data plane depends on it, not the reverse. Of
+// blk's packages it imports only api (a leaf: the API's shapes and names).
 package meta

@@ -276,6 +276,13 @@ func NewNode(cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("meta: raft state: %w", err)
 	}
 	n.hadState = has
+	if !has {
+		// A new member's ID is held to the name grammar; a node that
+		// already has state keeps the ID it has (checkNewNodeID).
+		if err := CheckNodeID(cfg.ID); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Bootstrap {
 		if !has {
 			boot := raft.Configuration{Servers: []raft.Server{{
@@ -388,6 +395,9 @@ func (n *Node) Apply(ctx context.Context, c Command) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	if err := n.checkProposal(c); err != nil {
+		return Result{}, err
+	}
 	if !n.IsLeader() {
 		return Result{}, n.notLeader()
 	}
@@ -400,6 +410,44 @@ func (n *Node) Apply(ctx context.Context, c Command) (Result, error) {
 		return Result{}, fmt.Errorf("meta: apply returned %T", f.Response())
 	}
 	return r, r.Err
+}
+
+// checkProposal holds new names to the name grammar before they reach
+// the log: a new volume's, and a node's that the registry does not know
+// yet. Apply itself accepts the names older logs hold (see
+// CreateVolume.checkCommitted), so this is the only place the grammar is
+// enforced for commands; a node with a legacy ID still re-registers.
+func (n *Node) checkProposal(c Command) error {
+	switch c := c.(type) {
+	case CreateVolume:
+		return CheckVolumeName(c.Name)
+	case RegisterNode:
+		return n.checkNewNodeID(c.ID)
+	}
+	return nil
+}
+
+// checkNewNodeID checks id against the name grammar unless the registry
+// or the raft configuration already holds it (a member from before the
+// grammar keeps working).
+func (n *Node) checkNewNodeID(id string) error {
+	err := CheckNodeID(id)
+	if err == nil {
+		return nil
+	}
+	known := false
+	n.fsm.Read(func(s *State) { _, known = s.Node(id) })
+	if known {
+		return nil
+	}
+	if f := n.raft.GetConfiguration(); f.Error() == nil {
+		for _, srv := range f.Configuration().Servers {
+			if string(srv.ID) == id {
+				return nil
+			}
+		}
+	}
+	return err
 }
 
 // Linearize returns once this node's FSM reflects every command committed
@@ -432,6 +480,9 @@ func (n *Node) AddVoter(ctx context.Context, id, addr string) error {
 	if !n.IsLeader() {
 		return n.notLeader()
 	}
+	if err := n.checkNewNodeID(id); err != nil {
+		return err
+	}
 	return n.wait(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, n.timeout(ctx)))
 }
 
@@ -441,6 +492,9 @@ func (n *Node) AddVoter(ctx context.Context, id, addr string) error {
 func (n *Node) AddNonvoter(ctx context.Context, id, addr string) error {
 	if !n.IsLeader() {
 		return n.notLeader()
+	}
+	if err := n.checkNewNodeID(id); err != nil {
+		return err
 	}
 	return n.wait(ctx, n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, n.timeout(ctx)))
 }

@@ -7,6 +7,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/blk-project/blk/api"
 )
 
 // Limits. The registry is small and lives in memory on every replica; these
@@ -331,6 +333,29 @@ func checkName(what, v string) error {
 	return nil
 }
 
+// CheckVolumeName checks a new volume's name against the name grammar
+// (api.CheckName: letters, digits, '.', '_', '-', starting with a letter
+// or a digit, at most MaxNameLen bytes). The error wraps ErrInvalid and
+// api.ErrName.
+func CheckVolumeName(name string) error { return checkNewName("volume name", name) }
+
+// CheckNodeID checks a new node's ID against the name grammar, as
+// CheckVolumeName.
+func CheckNodeID(id string) error { return checkNewName("node ID", id) }
+
+func checkNewName(what, v string) error {
+	if err := api.CheckName(what, v); err != nil {
+		return fmt.Errorf("meta: %w: %w", err, ErrInvalid)
+	}
+	return nil
+}
+
+// LegacyName reports whether a volume name or node ID held by the
+// registry is outside the name grammar: written by an older blkd, before
+// the grammar was enforced. Such a name loads and works as before, but
+// cannot be used in an API path; it should be deleted (docs/blkctl.md).
+func LegacyName(name string) bool { return api.CheckName("name", name) != nil }
+
 func checkNQN(v string) error {
 	if len(v) > MaxNQNLen || !strings.HasPrefix(v, "nqn.") {
 		return fmt.Errorf("meta: NQN %q: must start with \"nqn.\" and be at most %d bytes: %w", v, MaxNQNLen, ErrInvalid)
@@ -430,8 +455,24 @@ func checkSize(size uint64, bs uint32) error {
 
 // Check is what CreateVolume requires of its own fields, whatever the
 // registry holds: a caller checks it before proposing the command, so a
-// bad request never reaches the log.
+// bad request never reaches the log. The name must be in the name
+// grammar (CheckVolumeName); Apply does not ask that of a committed
+// entry (see checkCommitted).
 func (c CreateVolume) Check() error {
+	if err := CheckVolumeName(c.Name); err != nil {
+		return err
+	}
+	return c.checkCommitted()
+}
+
+// checkCommitted is what Apply requires of a CreateVolume: Check without
+// the name grammar, which came later. A log or snapshot written before it
+// may hold a volume named ".", "a/b" or "%2e%2e"; replaying it must build
+// the same registry as before, or such a volume (and its data) would
+// vanish on restart. The grammar is enforced where commands are proposed
+// (Check, Node.Apply); such names are reported (LegacyName) and can be
+// deleted.
+func (c CreateVolume) checkCommitted() error {
 	if err := checkName("volume name", c.Name); err != nil {
 		return err
 	}
@@ -449,7 +490,7 @@ func (c CreateVolume) Check() error {
 }
 
 func (s *State) createVolume(c CreateVolume) Result {
-	if err := c.Check(); err != nil {
+	if err := c.checkCommitted(); err != nil {
 		return Result{Err: err}
 	}
 	nqn := c.NQN

@@ -109,4 +109,4 @@ func TestClusterTCP(t *testing.T) {
 
 // TestImports: meta is the control plane; it never imports a data-plane
 // package.
-func TestImports(t *testing.T) { importtest.Only(t, ".") }
+func TestImports(t *testing.T) { importtest.Only(t, ".", "api") }

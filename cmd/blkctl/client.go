@@ -32,7 +32,37 @@ func newClient(api string, stderr io.Writer) (*client, error) {
 	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return nil, usageErrorf("--api %q is not a URL like http://127.0.0.1:7070", api)
 	}
-	return &client{base: base, hc: &http.Client{Timeout: 60 * time.Second}, stderr: stderr}, nil
+	return &client{base: base, hc: &http.Client{Timeout: 60 * time.Second, CheckRedirect: checkRedirect}, stderr: stderr}, nil
+}
+
+// redirectError is a redirect blkctl did not follow.
+type redirectError struct {
+	method, from, to string
+	status           int
+}
+
+func (e *redirectError) Error() string {
+	return fmt.Sprintf("%s %s was answered %d with a redirect to %s; blkctl follows redirects of GET only: a %s sent to another path could act on another resource (blkd never redirects: is --api a proxy?)",
+		e.method, e.from, e.status, e.to, e.method)
+}
+
+// checkRedirect follows a GET's redirects (at most 10) and refuses every
+// other method's: Go's client would repeat a DELETE or POST at the
+// location a 307 or 308 names, which is how "host deny VOL .." once
+// became DELETE /v1/volumes/VOL.
+func checkRedirect(req *http.Request, via []*http.Request) error {
+	first := via[0]
+	if first.Method != http.MethodGet {
+		status := 0
+		if req.Response != nil {
+			status = req.Response.StatusCode
+		}
+		return &redirectError{method: first.Method, from: via[len(via)-1].URL.Redacted(), to: req.URL.Redacted(), status: status}
+	}
+	if len(via) >= 10 {
+		return fmt.Errorf("GET %s: stopped after 10 redirects", first.URL.Redacted())
+	}
+	return nil
 }
 
 // useTLS makes c present an operator certificate and accept only a node
@@ -122,6 +152,10 @@ func (c *client) once(method, path string, body, out any) error {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.hc.Do(req)
+	var re *redirectError
+	if errors.As(err, &re) {
+		return re
+	}
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {

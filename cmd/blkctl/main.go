@@ -18,6 +18,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
+
+	"github.com/blk-project/blk/nvme"
 
 	"github.com/urfave/cli/v2"
 )
@@ -180,7 +183,11 @@ func newEnv(c *cli.Context) (*env, error) {
 // args checks the command got exactly the named positional arguments.
 // Flags may also follow the arguments ("volume create v --size 1GiB"):
 // the standard flag parsing stops at the first argument, so the rest is
-// parsed here with the command's flags and set on the context.
+// parsed here with the command's flags, and each value given there is
+// set on the context again as it was typed, occurrence by occurrence.
+// Re-setting a flag from its parsed value's String() would be wrong for
+// every type whose String() is not its input: a slice flag given twice
+// (--host a --host b) would become the one value "[a b]".
 func args(c *cli.Context, names ...string) ([]string, error) {
 	raw := c.Args().Slice()
 	fs := flag.NewFlagSet(c.Command.Name, flag.ContinueOnError)
@@ -190,6 +197,8 @@ func args(c *cli.Context, names ...string) ([]string, error) {
 			return nil, err
 		}
 	}
+	var given []typed
+	fs.VisitAll(func(f *flag.Flag) { f.Value = record(f.Name, f.Value, &given) })
 	var a []string
 	for len(raw) > 0 {
 		if err := fs.Parse(raw); err != nil {
@@ -200,22 +209,18 @@ func args(c *cli.Context, names ...string) ([]string, error) {
 			a, raw = append(a, raw[0]), raw[1:]
 		}
 	}
-	var serr error
-	fs.Visit(func(f *flag.Flag) {
+	for _, g := range given {
 		// Set the flag under its main name: an alias ("-o") parsed here
 		// is a separate entry of fs, and the context reads the main one.
-		name := f.Name
+		name := g.name
 		for _, cf := range c.Command.Flags {
-			if ns := cf.Names(); slices.Contains(ns, f.Name) {
+			if ns := cf.Names(); slices.Contains(ns, g.name) {
 				name = ns[0]
 			}
 		}
-		if err := c.Set(name, f.Value.String()); err != nil && serr == nil {
-			serr = usageErrorf("%s: -%s: %v", c.Command.FullName(), f.Name, err)
+		if err := c.Set(name, g.value); err != nil {
+			return nil, usageErrorf("%s: -%s: %v", c.Command.FullName(), g.name, err)
 		}
-	})
-	if serr != nil {
-		return nil, serr
 	}
 	if len(a) < len(names) {
 		return nil, usageErrorf("%s: missing %s (usage: %s)", c.Command.FullName(), strings.ToUpper(names[len(a)]), c.Command.UsageText)
@@ -227,15 +232,93 @@ func args(c *cli.Context, names ...string) ([]string, error) {
 		if strings.TrimSpace(v) == "" {
 			return nil, usageErrorf("%s: %s is empty", c.Command.FullName(), strings.ToUpper(names[i]))
 		}
+		if err := checkArg(c, names[i], v); err != nil {
+			return nil, usageErrorf("%s: %v", c.Command.FullName(), err)
+		}
 	}
 	return a, nil
 }
+
+// checkArg checks a positional argument by what it names, before any
+// request is sent: a volume name or node ID (NAME, VOLUME, NODEID) must be
+// in the name grammar (api.CheckName), a host NQN must be an NQN. A name
+// that would not be one path segment as written ("..", "a/b") never
+// reaches a URL. With --legacy-name (volume delete, cluster remove) a
+// name from before the grammar is taken as it is: it then travels in a
+// query or a body, never in a path.
+func checkArg(c *cli.Context, name, v string) error {
+	switch name {
+	case "name", "volume", "nodeid":
+		if c.Bool("legacy-name") {
+			return nil
+		}
+		err := api.CheckName(strings.ToUpper(name), v)
+		if err != nil && slices.ContainsFunc(c.Command.Flags, func(f cli.Flag) bool { return slices.Contains(f.Names(), "legacy-name") }) {
+			err = fmt.Errorf("%w (a name an older blkd accepted: repeat with --legacy-name)", err)
+		}
+		return err
+	case "hostnqn":
+		return checkNQN(strings.ToUpper(name), v)
+	}
+	return nil
+}
+
+// checkNQN checks an NQN as the NVMe Base specification defines it
+// ("NVMe Qualified Names": nqn.yyyy-mm.reverse.domain[:string], or the
+// UUID form nqn.2014-08.org.nvmexpress:uuid:..., at most 223 bytes of
+// UTF-8), with the check the target itself applies (nvme.ValidateNQN).
+func checkNQN(what, v string) error {
+	err := nvme.ValidateNQN(v)
+	if err == nil && !utf8.ValidString(v) {
+		err = errors.New("not UTF-8")
+	}
+	if err != nil {
+		return fmt.Errorf("%s %q is not an NQN (%v): give the host's NQN, nqn.yyyy-mm.reverse.domain:… (its /etc/nvme/hostnqn, e.g. nqn.2014-08.org.nvmexpress:uuid:…)", what, v, err)
+	}
+	return nil
+}
+
+// typed is one flag occurrence as typed on the command line: a bool
+// flag without a value is "true", as the flag package sets it.
+type typed struct{ name, value string }
+
+// record wraps v so that every value the flag package sets on it is also
+// appended to given. A bool flag stays a bool flag (--force takes no
+// value).
+func record(name string, v flag.Value, given *[]typed) flag.Value {
+	r := recorder{Value: v, name: name, given: given}
+	if b, ok := v.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+		return boolRecorder{r}
+	}
+	return r
+}
+
+type recorder struct {
+	flag.Value
+	name  string
+	given *[]typed
+}
+
+func (r recorder) Set(s string) error {
+	if err := r.Value.Set(s); err != nil {
+		return err
+	}
+	*r.given = append(*r.given, typed{r.name, s})
+	return nil
+}
+
+type boolRecorder struct{ recorder }
+
+func (boolRecorder) IsBoolFlag() bool { return true }
 
 // hostNQNFlag returns --host-nqn, which must be set.
 func hostNQNFlag(c *cli.Context) (string, error) {
 	h := c.String("host-nqn")
 	if h == "" {
 		return "", usageErrorf("%s: missing --host-nqn (the NQN of the host, e.g. nqn.2014-08.org.nvmexpress:uuid:…)", c.Command.FullName())
+	}
+	if err := checkNQN("--host-nqn", h); err != nil {
+		return "", usageErrorf("%s: %v", c.Command.FullName(), err)
 	}
 	return h, nil
 }
@@ -297,8 +380,11 @@ func volumeCommand() *cli.Command {
 				Action: volumeResize,
 			},
 			{
-				Name: "delete", Usage: "delete a volume", UsageText: "blkctl volume delete NAME [--force]",
-				Flags:  []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "delete even while hosts are attached (drops their connections)"}},
+				Name: "delete", Usage: "delete a volume", UsageText: "blkctl volume delete NAME [--force] [--legacy-name]",
+				Flags: []cli.Flag{
+					&cli.BoolFlag{Name: "force", Usage: "delete even while hosts are attached (drops their connections)"},
+					&cli.BoolFlag{Name: "legacy-name", Usage: "NAME is outside the name grammar (from an older blkd, e.g. '.' or 'a/b'): take it as it is"},
+				},
 				Action: volumeDelete,
 			},
 		},
@@ -383,7 +469,15 @@ func volumeList(c *cli.Context) error {
 	for _, v := range l.Volumes {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", v.Name, api.HumanSize(v.SizeBytes), v.BlockSize, v.State, v.Node, hostsText(v), v.NQN)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, v := range l.Volumes {
+		if legacyName(v) {
+			fmt.Fprintf(e.stderr, "blkctl: warning: %s\n", legacyText(v))
+		}
+	}
+	return nil
 }
 
 func hostsText(v volume) string {
@@ -435,7 +529,18 @@ func (e *env) showVolume(v volume) error {
 	if v.Reason != "" {
 		kv = append(kv, [2]string{"Reason", v.Reason})
 	}
+	if legacyName(v) {
+		kv = append(kv, [2]string{"Warning", legacyText(v)})
+	}
 	return e.keyValues(kv)
+}
+
+// legacyName says whether v's name is outside the name grammar (an older
+// blkd accepted it); an older blkd does not say so itself.
+func legacyName(v volume) bool { return v.LegacyName || api.CheckName("volume name", v.Name) != nil }
+
+func legacyText(v volume) string {
+	return fmt.Sprintf("volume %q has a name outside the name grammar (from an older blkd): it works, but blkctl can only delete it: copy its data to a volume with a valid name, then blkctl volume delete --legacy-name %q", v.Name, v.Name)
 }
 
 // attachedText lists a volume's attachments: host (node, since).
@@ -484,6 +589,14 @@ func volumeResize(c *cli.Context) error {
 	return nil
 }
 
+// sep is what joins a query parameter to p: "?" or "&".
+func sep(p string) string {
+	if strings.Contains(p, "?") {
+		return "&"
+	}
+	return "?"
+}
+
 func volumeDelete(c *cli.Context) error {
 	a, err := args(c, "name")
 	if err != nil {
@@ -494,8 +607,12 @@ func volumeDelete(c *cli.Context) error {
 		return err
 	}
 	p := volPath(a[0])
+	if c.Bool("legacy-name") {
+		// Any name is one query value; no path could hold ".." or "a/b".
+		p = "/v1/volumes?" + url.Values{"name": {a[0]}}.Encode()
+	}
 	if c.Bool("force") {
-		p += "?force=true"
+		p += sep(p) + "force=true"
 	}
 	if err := e.api.do("DELETE", p, nil, nil); err != nil {
 		var ae *apiError
@@ -617,8 +734,14 @@ func hostDeny(c *cli.Context) error {
 		return err
 	}
 	p := volPath(a[0]) + "/hosts/" + url.PathEscape(a[1])
+	if strings.ContainsAny(a[1], "/\\%") {
+		// A valid NQN may hold these after its ':'; no clean path
+		// segment can (blkd refuses an escaped '/' or '%'): the query
+		// holds any NQN.
+		p = volPath(a[0]) + "/hosts?" + url.Values{"host_nqn": {a[1]}}.Encode()
+	}
 	if c.Bool("force") {
-		p += "?force=true"
+		p += sep(p) + "force=true"
 	}
 	var v volume
 	if err := e.api.do("DELETE", p, nil, &v); err != nil {
@@ -640,7 +763,11 @@ func clusterCommand() *cli.Command {
 		Subcommands: []*cli.Command{
 			{Name: "status", Usage: "show the members and the registry leader", UsageText: "blkctl cluster status", Action: clusterStatus},
 			{Name: "join", Usage: "how to add a node (start blkd with --join)", UsageText: "blkctl cluster join", Action: clusterJoin},
-			{Name: "remove", Usage: "remove a node from the cluster", UsageText: "blkctl cluster remove NODEID", Action: clusterRemove},
+			{
+				Name: "remove", Usage: "remove a node from the cluster", UsageText: "blkctl cluster remove NODEID [--legacy-name]",
+				Flags:  []cli.Flag{&cli.BoolFlag{Name: "legacy-name", Usage: "NODEID is outside the name grammar (from an older blkd): take it as it is"}},
+				Action: clusterRemove,
+			},
 		},
 	}
 }

@@ -7,11 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/control"
@@ -106,6 +110,8 @@ func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// routes is the API: its mux behind cleanPaths, so that only a path in
+// the one form the mux matches reaches it.
 func (d *Daemon) routes() http.Handler {
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", d.reg.Handler())
@@ -115,10 +121,12 @@ func (d *Daemon) routes() http.Handler {
 	w := func(h handler) http.Handler { return d.leaderOnly(h) }
 	m.Handle("POST /v1/volumes", w(d.createVolume))
 	m.Handle("GET /v1/volumes", handler(d.listVolumes))
+	m.Handle("DELETE /v1/volumes", w(d.deleteVolumeByQuery))
 	m.Handle("GET /v1/volumes/{name}", handler(d.getVolume))
 	m.Handle("DELETE /v1/volumes/{name}", w(d.deleteVolume))
 	m.Handle("POST /v1/volumes/{name}/hosts", w(d.allowHost))
 	m.Handle("DELETE /v1/volumes/{name}/hosts/{nqn}", w(d.disallowHost))
+	m.Handle("DELETE /v1/volumes/{name}/hosts", w(d.disallowHostByQuery))
 	m.Handle("POST /v1/volumes/{name}/attach", w(d.attach))
 	m.Handle("POST /v1/volumes/{name}/detach", w(d.detach))
 	m.Handle("POST /v1/volumes/{name}/resize", w(d.resizeVolume))
@@ -131,8 +139,8 @@ func (d *Daemon) routes() http.Handler {
 	// A known path with a method it does not take: 405 naming the ones it
 	// does (a pattern without a method loses to the ones with).
 	for path, allow := range map[string]string{
-		"/metrics": "GET", "/v1/volumes": "GET, POST", "/v1/volumes/{name}": "GET, DELETE",
-		"/v1/volumes/{name}/hosts": "POST", "/v1/volumes/{name}/hosts/{nqn}": "DELETE",
+		"/metrics": "GET", "/v1/volumes": "GET, POST, DELETE", "/v1/volumes/{name}": "GET, DELETE",
+		"/v1/volumes/{name}/hosts": "POST, DELETE", "/v1/volumes/{name}/hosts/{nqn}": "DELETE",
 		"/v1/volumes/{name}/attach": "POST", "/v1/volumes/{name}/detach": "POST",
 		"/v1/volumes/{name}/resize": "POST", "/v1/internal/reconcile": "POST", "/v1/internal/health": "GET",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
@@ -145,7 +153,81 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("/", handler(func(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusNotFound, fmt.Sprintf("no route %s %s: the API is under /v1/volumes and /v1/cluster", r.Method, r.URL.Path)}
 	}))
-	return m
+	return cleanPaths(m)
+}
+
+// cleanPaths refuses, 400 naming the problem, a request whose path is
+// not in its one clean form. http.ServeMux would answer such a path with
+// a redirect (307) to the path cleaned, and a client that follows it
+// with the same method acts on another resource: DELETE
+// /v1/volumes/v/hosts/.. became DELETE /v1/volumes/v and deleted the
+// volume. So nothing is ever redirected: the client must send what it
+// means.
+func cleanPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := checkPath(r.URL.EscapedPath()); err != nil {
+			writeJSON(w, http.StatusBadRequest, api.Error{Error: err.Error()})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// checkPath checks an escaped request path: absolute, no empty segment
+// ("//", a trailing '/'), no dot segment, and no escaped '/', '\\', '.'
+// or '%' (what one stack decodes and another does not), no control
+// character.
+func checkPath(p string) error {
+	bad := func(problem string) error {
+		return fmt.Errorf("path %q: %s: the API takes paths only in their clean form (no '.' or '..' segment, no '//', no trailing '/', no escaped '/', '.' or '%%') and never redirects", p, problem)
+	}
+	if p == "/" {
+		return nil
+	}
+	if !strings.HasPrefix(p, "/") {
+		return bad("not an absolute path")
+	}
+	for i, seg := range strings.Split(p[1:], "/") {
+		dec, err := url.PathUnescape(seg)
+		switch {
+		case err != nil:
+			return bad(fmt.Sprintf("segment %d %q: %v", i+1, seg, err))
+		case seg == "":
+			return bad("an empty segment ('//' or a trailing '/')")
+		case dec == "." || dec == "..":
+			return bad(fmt.Sprintf("a dot segment %q", seg))
+		case strings.ContainsAny(dec, "/\\"):
+			return bad(fmt.Sprintf("segment %q holds a slash or backslash", seg))
+		case strings.Contains(strings.ToLower(seg), "%2e"):
+			return bad(fmt.Sprintf("segment %q holds an escaped '.'", seg))
+		case strings.Contains(dec, "%"):
+			return bad(fmt.Sprintf("segment %q holds an escaped '%%' (an escape escaped twice)", seg))
+		case strings.IndexFunc(dec, func(c rune) bool { return c < 0x20 || c == 0x7f }) >= 0:
+			return bad(fmt.Sprintf("segment %q holds a control character", seg))
+		}
+	}
+	if path.Clean(p) != p { // what the mux would redirect; cannot happen after the checks above
+		return bad("not clean")
+	}
+	return nil
+}
+
+// volumeName is the {name} of r's path. A name outside the name grammar
+// is refused (400 naming it) unless the registry holds it: a legacy
+// volume ("Vol:1", from before the grammar) stays reachable by a path
+// that is clean.
+func (d *Daemon) volumeName(r *http.Request) (string, error) {
+	name := r.PathValue("name")
+	err := api.CheckName("volume name", name)
+	if err == nil {
+		return name, nil
+	}
+	known := false
+	d.node.FSM().Read(func(s *meta.State) { _, known = s.Volume(name) })
+	if !known {
+		return "", badRequest("%v", err)
+	}
+	return name, nil
 }
 
 // decode reads a JSON object into v, refusing unknown fields.
@@ -173,6 +255,8 @@ func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case req.Name == "":
 		return badRequest(`missing "name": give the volume a name, e.g. {"name": "vol1", "size": "10GiB"}`)
+	case api.CheckName("volume name", req.Name) != nil:
+		return badRequest("%v", api.CheckName("volume name", req.Name))
 	case req.Size == nil || *req.Size == 0:
 		return badRequest(`missing "size": give a size in bytes or with a unit, e.g. "size": "10GiB"`)
 	}
@@ -207,7 +291,10 @@ func (d *Daemon) listVolumes(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) getVolume(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
+	name, err := d.volumeName(r)
+	if err != nil {
+		return err
+	}
 	if !d.node.IsLeader() {
 		var v meta.Volume
 		var ok bool
@@ -236,7 +323,26 @@ func (d *Daemon) readVolume(ctx context.Context, name string) (meta.Volume, erro
 }
 
 func (d *Daemon) deleteVolume(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
+	name, err := d.volumeName(r)
+	if err != nil {
+		return err
+	}
+	return d.deleteNamed(w, r, name)
+}
+
+// deleteVolumeByQuery is DELETE /v1/volumes?name=NAME: the name
+// percent-encoded in the query, where any name is one value. It is how a
+// volume whose name an older blkd accepted but no clean path can hold
+// (".", "..", "a/b", "%2e%2e") is deleted; it takes any volume.
+func (d *Daemon) deleteVolumeByQuery(w http.ResponseWriter, r *http.Request) error {
+	names, ok := r.URL.Query()["name"]
+	if !ok || len(names) != 1 || names[0] == "" {
+		return badRequest("DELETE /v1/volumes needs the volume's name once: DELETE /v1/volumes?name=NAME (percent-encoded)")
+	}
+	return d.deleteNamed(w, r, names[0])
+}
+
+func (d *Daemon) deleteNamed(w http.ResponseWriter, r *http.Request, name string) error {
 	force := false
 	if f := r.URL.Query().Get("force"); f != "" {
 		var err error
@@ -264,7 +370,11 @@ func (d *Daemon) resizeVolume(w http.ResponseWriter, r *http.Request) error {
 		return badRequest(`missing "size": give the new size in bytes or with a unit, e.g. {"size": "20GiB"}`)
 	}
 	size := uint64(*req.Size)
-	v, err := d.mgr.Resize(r.Context(), r.PathValue("name"), size)
+	name, err := d.volumeName(r)
+	if err != nil {
+		return err
+	}
+	v, err := d.mgr.Resize(r.Context(), name, size)
 	if err != nil {
 		return metaError(err, "")
 	}
@@ -288,10 +398,23 @@ func (d *Daemon) hostRequest(r *http.Request) (api.HostRequest, error) {
 	if req.HostNQN == "" {
 		return req, badRequest(`missing "host_nqn": give the host's NQN, e.g. {"host_nqn": "nqn.2014-08.org.nvmexpress:uuid:…"}`)
 	}
-	if err := nvme.ValidateNQN(req.HostNQN); err != nil {
+	if err := checkNQN(req.HostNQN); err != nil {
 		return req, badRequest("host_nqn %q is not a valid NQN (%v): use the host's /etc/nvme/hostnqn", req.HostNQN, err)
 	}
 	return req, nil
+}
+
+// checkNQN checks a host NQN: the NVMe grammar (nvme.ValidateNQN:
+// nqn.yyyy-mm.reverse.domain[:...], at most 223 bytes) in valid UTF-8, as
+// the NVMe Base specification has NQNs.
+func checkNQN(s string) error {
+	if err := nvme.ValidateNQN(s); err != nil {
+		return err
+	}
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%w: not UTF-8", nvme.ErrNQN)
+	}
+	return nil
 }
 
 func (d *Daemon) allowHost(w http.ResponseWriter, r *http.Request) error {
@@ -299,7 +422,11 @@ func (d *Daemon) allowHost(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	v, err := d.mgr.AllowHost(r.Context(), r.PathValue("name"), req.HostNQN, meta.HostSecret{Host: req.DHCHAPSecret, Ctrl: req.DHCHAPCtrlSecret})
+	name, err := d.volumeName(r)
+	if err != nil {
+		return err
+	}
+	v, err := d.mgr.AllowHost(r.Context(), name, req.HostNQN, meta.HostSecret{Host: req.DHCHAPSecret, Ctrl: req.DHCHAPCtrlSecret})
 	if err != nil {
 		return metaError(err, "")
 	}
@@ -308,7 +435,36 @@ func (d *Daemon) allowHost(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) disallowHost(w http.ResponseWriter, r *http.Request) error {
-	name, host := r.PathValue("name"), r.PathValue("nqn")
+	name, err := d.volumeName(r)
+	if err != nil {
+		return err
+	}
+	host := r.PathValue("nqn")
+	if err := checkNQN(host); err != nil {
+		return badRequest("host NQN %q in the path: %v: give the host's NQN, e.g. DELETE /v1/volumes/%s/hosts/nqn.2014-08.org.nvmexpress:uuid:…", host, err, name)
+	}
+	return d.disallowNamed(w, r, name, host)
+}
+
+// disallowHostByQuery is DELETE /v1/volumes/{name}/hosts?host_nqn=NQN:
+// an NQN may hold '/' or '%' after its ':', which no clean path segment
+// holds (cleanPaths); any NQN is one query value.
+func (d *Daemon) disallowHostByQuery(w http.ResponseWriter, r *http.Request) error {
+	name, err := d.volumeName(r)
+	if err != nil {
+		return err
+	}
+	hosts, ok := r.URL.Query()["host_nqn"]
+	if !ok || len(hosts) != 1 {
+		return badRequest("DELETE /v1/volumes/%s/hosts needs the host's NQN once: ?host_nqn=NQN (percent-encoded), or DELETE /v1/volumes/%s/hosts/NQN", name, name)
+	}
+	if err := checkNQN(hosts[0]); err != nil {
+		return badRequest("host_nqn %q: %v: give the host's NQN", hosts[0], err)
+	}
+	return d.disallowNamed(w, r, name, hosts[0])
+}
+
+func (d *Daemon) disallowNamed(w http.ResponseWriter, r *http.Request, name, host string) error {
 	force := false
 	if f := r.URL.Query().Get("force"); f != "" {
 		var err error
@@ -332,7 +488,10 @@ func (d *Daemon) attach(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	name := r.PathValue("name")
+	name, err := d.volumeName(r)
+	if err != nil {
+		return err
+	}
 	ctx := r.Context()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -382,7 +541,10 @@ func (d *Daemon) detach(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	name := r.PathValue("name")
+	name, err := d.volumeName(r)
+	if err != nil {
+		return err
+	}
 	ctx := r.Context()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -395,4 +557,45 @@ func (d *Daemon) detach(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// legacyNames remembers which names outside the grammar (volumes, nodes)
+// a node has warned about, and at which registry index it last looked.
+type legacyNames struct {
+	index  uint64
+	warned map[string]bool
+}
+
+// warn logs "legacy name" once per volume or node of the local registry
+// copy whose name is outside the grammar (meta.LegacyName): at start-up,
+// then as the registry changes. Such a name works, but no clean API path
+// holds it; the operator should delete the volume (DELETE
+// /v1/volumes?name=, blkctl volume delete --legacy-name) or remove the
+// node.
+func (l *legacyNames) warn(d *Daemon) {
+	var snap meta.Snapshot
+	d.node.FSM().Read(func(s *meta.State) {
+		if s.Index() != l.index {
+			snap = s.Export()
+		}
+	})
+	if snap.Version == 0 {
+		return
+	}
+	l.index = snap.Index
+	if l.warned == nil {
+		l.warned = map[string]bool{}
+	}
+	say := func(kind, name, fix string) {
+		if key := kind + "\x00" + name; meta.LegacyName(name) && !l.warned[key] {
+			l.warned[key] = true
+			d.log.Warn("legacy name", slog.String("kind", kind), slog.String("name", name), slog.String("fix", fix))
+		}
+	}
+	for _, n := range snap.Nodes {
+		say("node", n.ID, "the ID is outside the name grammar ("+api.NameGrammar+"); the node works, but give a replacement node a valid ID and remove this one (blkctl cluster remove --legacy-name)")
+	}
+	for _, v := range snap.Volumes {
+		say("volume", v.Name, "the name is outside the name grammar ("+api.NameGrammar+"); the volume works, but copy its data to a volume with a valid name and delete it: blkctl volume delete --legacy-name NAME (DELETE /v1/volumes?name=NAME)")
+	}
 }

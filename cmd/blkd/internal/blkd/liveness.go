@@ -151,6 +151,7 @@ func views(s *meta.State, vols ...meta.Volume) []api.Volume {
 			Name: v.Name, ID: v.ID, SizeBytes: v.SizeBytes, BlockSize: v.BlockSize, Node: v.Node,
 			State: v.State.String(), Reason: v.Reason, NQN: v.NQN, AllowAny: v.AllowAny, Hosts: v.Hosts,
 			CreatedAt: v.CreatedAt, Attachments: att[v.Name], Authentication: authModes(v),
+			LegacyName: meta.LegacyName(v.Name),
 		}
 		if n, ok := nodes[v.Node]; ok && n.State == meta.NodeDown && (v.State == meta.VolumeOnline || v.State == meta.VolumeCreating || v.State == meta.VolumeDegraded) {
 			a.State, a.Reason = api.StateUnavailable, fmt.Sprintf("its node %s is down (not heard from)", v.Node)

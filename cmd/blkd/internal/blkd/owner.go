@@ -395,11 +395,14 @@ func (d *Daemon) settle(ctx context.Context) {
 func (d *Daemon) settleLoop(stop <-chan struct{}) {
 	t := time.NewTicker(settleInterval)
 	defer t.Stop()
+	legacy := legacyNames{}
+	legacy.warn(d)
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
+			legacy.warn(d)
 			ctx, cancel := context.WithCancel(context.Background())
 			go func() {
 				select {
