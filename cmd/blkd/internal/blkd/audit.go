@@ -112,8 +112,10 @@ func audited(r *http.Request) bool {
 // back until then, is sent (not written: 500).
 func (d *Daemon) auditCall(w http.ResponseWriter, r *http.Request, who string, h http.Handler) {
 	ctx := r.Context()
+	// The path as sent (escapes kept): a refused "/v1/volumes/%2e%2e"
+	// is recorded as that, not as the ".." it decodes to.
 	call := []slog.Attr{slog.Uint64("call", d.audit.calls.Add(1)), slog.String("who", who),
-		slog.String("method", r.Method), slog.String("path", r.URL.Path)}
+		slog.String("method", r.Method), slog.String("path", r.URL.EscapedPath())}
 	received := append(call[:len(call):len(call)], slog.String("remote_addr", r.RemoteAddr))
 	if b := bodyAttrs(r); len(b) > 0 {
 		received = append(received, slog.Attr{Key: "body", Value: slog.GroupValue(b...)})
