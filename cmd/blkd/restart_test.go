@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -160,7 +161,7 @@ func (c *cluster) stopAll(sig syscall.Signal) {
 
 // settled waits until every node names the same leader, and the leader
 // shows the three nodes as up voters registered with their current API
-// and NVMe/TCP addresses; it returns the leader.
+// and NVMe/TCP addresses (tcp, if not nil); it returns the leader.
 func (c *cluster) settled(tcp map[string]string) string {
 	c.t.Helper()
 	var leader string
@@ -190,7 +191,7 @@ func (c *cluster) settled(tcp map[string]string) string {
 		}
 		for _, m := range cl.Members {
 			a := c.nodes[m.ID]
-			if a == nil || m.Suffrage != "voter" || m.State != "up" || m.APIAddr != a.api || m.TCPAddr != tcp[m.ID] {
+			if a == nil || m.Suffrage != "voter" || m.State != "up" || m.APIAddr != a.api || (tcp != nil && m.TCPAddr != tcp[m.ID]) {
 				return fmt.Errorf("leader %s sees %+v (want voter, up, api %v, tcp %s)", leader, m, a, tcp[m.ID])
 			}
 		}
@@ -211,4 +212,83 @@ func portOf(t *testing.T, hostport string) int {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestRestartOrderings (issue 21 case 2): restarts other than all at
+// once. node2 and node3, started while node1 (the node their --join
+// names) stays down, are members: they skip the join and elect a leader
+// between them (before: "not joined within 1m0s", exit 1). node1, the
+// bootstrap node, started again while they run (with --join, as
+// deploy/local-cluster.sh restart does) catches up and serves its volume
+// again. A member started alone has no quorum: it waits, answering the
+// cluster view (no leader) and 503 elsewhere saying what it waits for,
+// and SIGTERM stops it cleanly (exit 0).
+func TestRestartOrderings(t *testing.T) {
+	c := startCluster(t)
+	leader := c.settled(nil)
+	c.procs[leader].must(t, "POST", "/v1/volumes", `{"name": "first", "size": "1MiB"}`, 201, nil)
+
+	c.stopAll(syscall.SIGKILL)
+	join1 := []string{"--join", c.nodes["node1"].api}
+	delete(c.procs, "node1")
+	ready := map[string]<-chan struct{}{}
+	for _, id := range []string{"node2", "node3"} {
+		a := c.nodes[id]
+		c.procs[id], ready[id] = launchBlkdOn(t, a.dir, a.raft, a.nvme, a.api, append([]string{"--node-id", id}, join1...)...)
+	}
+	for _, id := range []string{"node2", "node3"} {
+		c.procs[id].waitReady(t, ready[id], 90*time.Second)
+		if out := c.procs[id].output(); !strings.Contains(out, "already a member of the cluster") {
+			t.Fatalf("%s does not say it skipped --join:\n%s", id, out)
+		}
+	}
+	eventually(t, 30*time.Second, "a leader between node2 and node3", func() error {
+		var cl clusterJSON
+		if code, msg := c.procs["node2"].call(t, "GET", "/v1/cluster", "", &cl); code != 200 {
+			return fmt.Errorf("%d %s", code, msg)
+		}
+		if cl.LeaderID != "node2" && cl.LeaderID != "node3" {
+			return fmt.Errorf("leader %q", cl.LeaderID)
+		}
+		leader = cl.LeaderID
+		return nil
+	})
+	c.procs[leader].must(t, "POST", "/v1/volumes", `{"name": "without-node1", "size": "1MiB"}`, 201, nil)
+
+	// node1 restarted while the others run.
+	c.start("node1", "--join", c.nodes[leader].api)
+	leader = c.settled(nil)
+	eventually(t, 30*time.Second, "every volume online with node1 back", func() error {
+		vs := c.procs[leader].volumes(t)
+		if len(vs) != 2 {
+			return fmt.Errorf("volumes %+v", vs)
+		}
+		for _, v := range vs {
+			if v.State != "online" {
+				return fmt.Errorf("%s on %s is %s (%s)", v.Name, v.Node, v.State, v.Reason)
+			}
+		}
+		return nil
+	})
+
+	// A member alone waits for a leader, serving what it can.
+	c.stopAll(syscall.SIGTERM)
+	a := c.nodes["node3"]
+	alone, _ := launchBlkdOn(t, a.dir, a.raft, a.nvme, a.api, append([]string{"--node-id", "node3"}, join1...)...)
+	eventually(t, 30*time.Second, "node3 alone waits for a leader", func() error {
+		if !strings.Contains(alone.output(), "waiting for a registry leader") {
+			return fmt.Errorf("output:\n%s", alone.output())
+		}
+		var cl clusterJSON
+		if code, msg := alone.call(t, "GET", "/v1/cluster", "", &cl); code != 200 || cl.LeaderID != "" {
+			return fmt.Errorf("GET /v1/cluster: %d %s %+v", code, msg, cl)
+		}
+		return nil
+	})
+	alone.refuse(t, "GET", "/v1/volumes", "", 503, "node node3 is starting \\(waiting for a registry leader\\)")
+	alone.refuse(t, "GET", "/v1/internal/health", "", 503, "starting")
+	alone.stop(t)
+	if !strings.Contains(alone.output(), "stopped before ready") {
+		t.Fatalf("node3 stopped while waiting:\n%s", alone.output())
+	}
 }
