@@ -292,3 +292,24 @@ func TestRestartOrderings(t *testing.T) {
 		t.Fatalf("node3 stopped while waiting:\n%s", alone.output())
 	}
 }
+
+// TestRemovedNodeRejoins: a member removed from the cluster while it
+// was down never saw its removal, so its own raft state still holds it in
+// the configuration; restarted with --join it must not take itself for a
+// member (it would wait for a leader forever) but learn from its join
+// target that it is none, and join again.
+func TestRemovedNodeRejoins(t *testing.T) {
+	c := startCluster(t)
+	leader := c.settled(nil)
+	victim := "node3"
+	if leader == victim {
+		victim = "node2"
+	}
+	c.procs[victim].stop(t)
+	c.procs[leader].must(t, "POST", "/v1/cluster/remove", `{"node_id": "`+victim+`"}`, 200, nil)
+	c.start(victim, "--join", c.nodes[leader].api)
+	if out := c.procs[victim].output(); !strings.Contains(out, "not a member in the view of --join") || !strings.Contains(out, "joined the cluster through") {
+		t.Fatalf("%s removed while down, restarted with --join:\n%s", victim, out)
+	}
+	c.settled(nil)
+}

@@ -428,6 +428,49 @@ func (d *Daemon) register(ctx context.Context, first string, req JoinRequest) er
 	}
 }
 
+// joinCheckWait bounds checkJoinTarget's question.
+const joinCheckWait = 3 * time.Second
+
+// checkJoinTarget asks a member's --join target about it before the
+// member skips the join. A target of another cluster is refused: the
+// member's data directory is of a cluster of its own (a node started
+// alone once, say), and skipping the join would leave it running that
+// while the operator meant it to join this one. A target whose raft
+// configuration lacks this node (it was removed, and never saw its
+// removal) means it must join again: rejoin. A target that does not
+// answer, or does not know yet (its cluster starting too), lets the
+// member go on as one: that is the restart of a cluster, where --join is
+// a no-op.
+func (d *Daemon) checkJoinTarget(ctx context.Context) (rejoin bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, joinCheckWait)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.peerURL(d.cfg.Join, "/v1/cluster"), nil)
+	if err != nil {
+		return false, nil
+	}
+	resp, err := d.peerClient(joinCheckWait).Do(req)
+	if err != nil {
+		return false, nil
+	}
+	defer resp.Body.Close()
+	var c api.Cluster
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&c) != nil {
+		return false, nil
+	}
+	if own := readClusterID(d.cfg.DataDir); own != "" && c.ClusterID != "" && c.ClusterID != own {
+		return false, fmt.Errorf("data dir %s belongs to cluster %s, in which node %s is a member, but --join %s is node %s of cluster %s: start it with a new, empty --data-dir to join that cluster (the volumes in the old one are not that cluster's), or without --join to run its own", d.cfg.DataDir, own, d.cfg.NodeID, d.cfg.Join, c.NodeID, c.ClusterID)
+	}
+	if len(c.Members) == 0 {
+		return false, nil
+	}
+	for _, m := range c.Members {
+		if m.ID == d.cfg.NodeID {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // registerWait bounds how long Start waits for the registry to record
 // this node's addresses before it goes on (and keeps trying).
 const registerWait = 10 * time.Second

@@ -217,12 +217,23 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 
 	// A node whose own registry holds it in the raft configuration is a
 	// member: it needs nobody's leave to start, so --join is a no-op on
-	// its restarts (its join target may well be down, or starting too).
+	// its restarts (its join target may well be down, or starting too);
+	// it only asks the target whether it is of another cluster, or has
+	// removed it (checkJoinTarget).
 	member, _ := d.node.Member()
-	switch {
-	case cfg.Join != "" && member:
-		fmt.Fprintf(out, "already a member of the cluster (raft state in %s): --join %s not needed, waiting for a registry leader\n", filepath.Join(cfg.DataDir, "meta"), cfg.Join)
-	case cfg.Join != "":
+	if cfg.Join != "" && member {
+		rejoin, err := d.checkJoinTarget(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if rejoin {
+			fmt.Fprintf(out, "not a member in the view of --join %s (removed from the cluster?): joining again\n", cfg.Join)
+			member = false
+		} else {
+			fmt.Fprintf(out, "already a member of the cluster (raft state in %s): --join %s not needed, waiting for a registry leader\n", filepath.Join(cfg.DataDir, "meta"), cfg.Join)
+		}
+	}
+	if cfg.Join != "" && !member {
 		d.setPhase("joining the cluster through " + cfg.Join)
 		jctx, cancel := context.WithTimeout(ctx, joinWait)
 		err := d.register(jctx, cfg.Join, d.joinRequest(d.ln.Addr().String(), cfg.advertisedNVMe(), cfg.advertisedTCP()))
@@ -365,7 +376,7 @@ func (d *Daemon) waitLeader(ctx context.Context, member bool) error {
 			return nil
 		}
 		if now := time.Now(); member && now.After(next) {
-			fmt.Fprintf(d.out, "registry: no leader after %v; waiting for a majority of the voters (%s) to run and reach each other\n", now.Sub(began).Round(time.Second), d.voters())
+			fmt.Fprintf(d.out, "registry: no leader after %v; waiting for a majority of the voters (%s) to run and reach each other (a node removed from the cluster while down: restart it with --join <api address of a member>)\n", now.Sub(began).Round(time.Second), d.voters())
 			next = next.Add(leaderReport)
 		}
 		select {
