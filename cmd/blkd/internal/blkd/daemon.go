@@ -210,7 +210,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err != nil {
 		return nil, fmt.Errorf("management API on %s (--api-addr): %w", cfg.APIAddr, err)
 	}
-	d.setPhase("opening the registry")
+	d.setPhase("checking its membership")
 	d.srv = &http.Server{Handler: d.guard(d.startGate(d.routes())), ReadHeaderTimeout: 10 * time.Second, ConnContext: d.connContext}
 	go func() { d.served <- d.serveAPI(d.ln) }()
 	fmt.Fprintf(out, "api listening on %s (/v1, /metrics)\n", d.peerURL(d.ln.Addr().String(), ""))
