@@ -102,8 +102,9 @@ if [[ ${1:-} == restart ]]; then
 		echo "usage: $0 restart N (N: 1, 2 or 3)" >&2
 		exit 2
 	fi
-	# Its data dir holds its raft state: --join only re-sends its addresses,
-	# through any node that is up.
+	# Its data dir holds its raft state: it is a member, and --join (a node
+	# that is up, for a node that lost its data dir and must join again) is
+	# a no-op; it waits for the leader and re-registers its addresses.
 	join=()
 	for m in 1 2 3; do
 		if [[ $m != "$n" && -f $base/node$m.pid ]] && kill -0 "$(<"$base/node$m.pid")" 2>/dev/null; then
@@ -121,9 +122,10 @@ rm -f "$base/stopping"
 trap 'echo; touch "$base/stopping"; stop_all; exit 0' INT TERM
 
 # All three start at once: on a restart none can finish starting before a
-# quorum of them runs. node2 and node3 retry their join until node1 is up;
-# on a restart their data dirs already hold raft state and --join only
-# re-sends their addresses.
+# quorum of them runs. The first time, node2 and node3 retry their join
+# until node1 is up; on a restart their data dirs hold raft state, they are
+# members, and --join is a no-op: the three elect a leader among themselves
+# (whichever wins serves the others' registrations while it starts).
 launch 1
 launch 2 --join 127.0.0.1:7071
 launch 3 --join 127.0.0.1:7071

@@ -28,6 +28,8 @@ type daemon struct {
 	exited chan struct{}
 	err    error
 	runs   int
+	// logName is the current run's log in the share.
+	logName string
 }
 
 // startDaemon starts blkd with args (plus --data-dir under the share) and
@@ -42,10 +44,19 @@ func (s *scenario) startDaemon(name, api string, args ...string) *daemon {
 }
 
 func (d *daemon) start() {
+	d.s.t.Helper()
+	d.waitReady(d.launch())
+}
+
+// launch starts blkd without waiting: the channel closes when it says
+// ready (waitReady). Nodes of a cluster restarted together are launched
+// first, then waited for: none is ready before a majority runs.
+func (d *daemon) launch() <-chan struct{} {
 	t := d.s.t
 	t.Helper()
 	d.runs++
-	logf, err := os.Create(d.s.path(fmt.Sprintf("%s.log.%d", d.name, d.runs)))
+	d.logName = d.s.path(fmt.Sprintf("%s.log.%d", d.name, d.runs))
+	logf, err := os.Create(d.logName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,13 +83,20 @@ func (d *daemon) start() {
 		logf.Close()
 		close(d.exited)
 	}()
+	return ready
+}
+
+// waitReady waits for a launched blkd to say ready (60 s).
+func (d *daemon) waitReady(ready <-chan struct{}) {
+	t := d.s.t
+	t.Helper()
 	select {
 	case <-ready:
 		t.Logf("%s: blkd ready (run %d, pid %d)", d.name, d.runs, d.cmd.Process.Pid)
 	case <-d.exited:
-		t.Fatalf("%s: blkd exited before ready: %v; log in %s", d.name, d.err, logf.Name())
+		t.Fatalf("%s: blkd exited before ready: %v; log in %s", d.name, d.err, d.logName)
 	case <-time.After(60 * time.Second):
-		t.Fatalf("%s: blkd not ready within 60 s; log in %s", d.name, logf.Name())
+		t.Fatalf("%s: blkd not ready within 60 s; log in %s", d.name, d.logName)
 	}
 }
 

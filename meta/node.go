@@ -503,6 +503,26 @@ func (n *Node) AddNonvoter(ctx context.Context, id, addr string) error {
 // held raft state (a log or a snapshot).
 func (n *Node) HasState() bool { return n.hadState }
 
+// Member says whether this node is in the raft configuration its own log
+// holds (the latest one it knows, committed or not), and whether as a
+// voter. A node that bootstrapped, or was added and then replicated to,
+// is a member across restarts without asking anyone: blkd then skips
+// --join and just waits for a leader. A removed node may still find
+// itself in a configuration it never saw replaced; asking the leader
+// (a join) settles that.
+func (n *Node) Member() (member, voter bool) {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false, false
+	}
+	for _, s := range f.Configuration().Servers {
+		if s.ID == raft.ServerID(n.cfg.ID) {
+			return true, s.Suffrage == raft.Voter
+		}
+	}
+	return false, false
+}
+
 // RemoveServer removes a member. Leader only.
 func (n *Node) RemoveServer(ctx context.Context, id string) error {
 	if !n.IsLeader() {

@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -88,5 +89,48 @@ func TestNotLeaderError(t *testing.T) {
 func TestNewNodeBadConfig(t *testing.T) {
 	if _, err := NewNode(Config{ID: "x"}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("missing DataDir: %v", err)
+	}
+}
+
+// TestNodeMember: Member reads this node's own raft configuration, with
+// no leader needed: a new node without state is no member; one added as
+// a nonvoter is a member once the configuration reached it, and stays
+// one across a restart with the rest of the cluster down (what lets blkd
+// skip --join when a whole cluster restarts); a voter says so.
+func TestNodeMember(t *testing.T) {
+	c := newInmemCluster(t, 2)
+	first := c.start(0, true)
+	if m, v := first.Member(); !m || !v {
+		t.Fatalf("bootstrapped node: member %v voter %v", m, v)
+	}
+	second := c.start(1, false)
+	if m, _ := second.Member(); m {
+		t.Fatal("a new node without state is a member")
+	}
+	c.waitLeader()
+	ctx := context.Background()
+	if err := first.AddNonvoter(ctx, "m1", string(c.addr(1))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "nonvoter sees itself", func() error {
+		if m, v := second.Member(); !m || v {
+			return fmt.Errorf("member %v voter %v", m, v)
+		}
+		return nil
+	})
+	if err := first.AddVoter(ctx, "m1", string(c.addr(1))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "voter sees itself", func() error {
+		if m, v := second.Member(); !m || !v {
+			return fmt.Errorf("member %v voter %v", m, v)
+		}
+		return nil
+	})
+	c.stop(0)
+	c.stop(1)
+	again := c.start(1, false)
+	if m, v := again.Member(); !m || !v || !again.HasState() {
+		t.Fatalf("restarted alone: member %v voter %v state %v", m, v, again.HasState())
 	}
 }

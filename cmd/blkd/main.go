@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -132,6 +133,11 @@ func run(ctx context.Context, cfg blkd.Config, out io.Writer) error {
 	defer stop()
 	d, err := blkd.Start(ctx, cfg, out)
 	if err != nil {
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			// Stopped while it waited (for a leader, say): a clean stop.
+			fmt.Fprintf(out, "stopped before ready: %v\n", err)
+			return nil
+		}
 		return err
 	}
 	select {

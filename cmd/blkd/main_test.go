@@ -131,6 +131,15 @@ func startBlkd(t *testing.T, dir string, extra ...string) *daemon {
 // addresses and waits for "ready".
 func startBlkdOn(t *testing.T, dir, raft, nvme, api string, extra ...string) *daemon {
 	t.Helper()
+	d, ready := launchBlkdOn(t, dir, raft, nvme, api, extra...)
+	d.waitReady(t, ready, 60*time.Second)
+	return d
+}
+
+// launchBlkdOn starts blkd as startBlkdOn does without waiting: ready
+// closes when it prints "ready".
+func launchBlkdOn(t *testing.T, dir, raft, nvme, api string, extra ...string) (*daemon, <-chan struct{}) {
+	t.Helper()
 	args := append([]string{"--data-dir", dir, "--raft-addr", raft, "--nvme-addr", nvme, "--api-addr", api}, extra...)
 	if !slices.Contains(extra, "--tcp-addr") {
 		args = append(args, "--tcp-addr", freeAddr(t))
@@ -163,14 +172,20 @@ func startBlkdOn(t *testing.T, dir, raft, nvme, api string, extra ...string) *da
 			t.Logf("blkd output:\n%s", d.output())
 		}
 	})
+	return d, ready
+}
+
+// waitReady waits for ready (from launchBlkdOn), failing the test if
+// blkd exits first or takes longer than within.
+func (d *daemon) waitReady(t *testing.T, ready <-chan struct{}, within time.Duration) {
+	t.Helper()
 	select {
 	case <-ready:
 	case <-d.exited:
 		t.Fatalf("blkd exited before ready: %v\n%s", d.err, d.output())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("blkd not ready within 60 s:\n%s", d.output())
+	case <-time.After(within):
+		t.Fatalf("blkd not ready within %v:\n%s", within, d.output())
 	}
-	return d
 }
 
 // stop sends SIGTERM and checks blkd exits 0.

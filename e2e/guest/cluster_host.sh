@@ -1,6 +1,8 @@
 # Scenario 4: a kernel host (nvme-rdma over siw) on a volume of a 3-node
 # blkd cluster on the host; the registry's leader (another node) is killed
-# while fio runs: the I/O must go on undisturbed. env.sh: PORT NQN HOSTNQN
+# while fio runs: the I/O must go on undisturbed. Then the whole cluster
+# is killed and restarted together under the host (ride_restart).
+# env.sh: PORT NQN HOSTNQN
 . /share/lib.sh
 net_user
 siw_up
@@ -25,6 +27,12 @@ fio --name=after --filename=$dev --ioengine=libaio --direct=1 --rw=randwrite --b
 if dmesg | grep -E 'nvme0: (Reconnecting|resetting|I/O .* timeout|starting error recovery)'; then
 	fail "the controller was disturbed"
 fi
+# The whole cluster killed and started again together: the host reads
+# through the outage, reconnects by itself, its flushed pattern intact.
+ride_restart "$dev" nvme0
+fio --name=restarted --filename=$dev --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
+	--iodepth=4 --offset=112M --size=8M --verify=crc32c --do_verify=1 --verify_fatal=1 \
+	--output-format=json --output=/share/fio-restarted.json || fail "fio after the whole-cluster restart"
 no_io_errors
 nvme disconnect -n "$NQN" || fail "nvme disconnect"
 log "passed"

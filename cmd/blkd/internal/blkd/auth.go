@@ -156,6 +156,27 @@ func caller(r *http.Request) (who string, role string) {
 	return "unauthenticated " + r.RemoteAddr, ""
 }
 
+// certNode is the node a request's certificate names, and whether the
+// caller may act only as that node: true for a node certificate. An
+// admin certificate is an operator's, who may remove members and delete
+// volumes anyway, and may act for any node (repairing a registration);
+// without --tls-dir the caller is root or blkd's own user (or anyone
+// with --insecure), who can rewrite the data directory anyway: by design
+// it may act for any node too (docs/security.md).
+func certNode(r *http.Request) (name string, bound bool) {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return "", false
+	}
+	id, err := pki.IdentityOf(r.TLS.PeerCertificates[0])
+	switch {
+	case err != nil:
+		return "", true // no identity: may act as no node
+	case id.Role != pki.RoleNode:
+		return "", false
+	}
+	return id.Name, true
+}
+
 // allowed says whether role may call method on path.
 func allowed(role, method, path string) bool {
 	internal := strings.HasPrefix(path, "/v1/internal/") || path == "/v1/cluster/join"

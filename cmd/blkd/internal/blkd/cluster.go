@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"crypto/tls"
@@ -114,6 +115,8 @@ func (d *Daemon) leaderOnly(h http.Handler) http.Handler {
 }
 
 // clusterJoin adds a node, or records a member's new addresses. A node
+// certificate may only act for the node it names (403), and a raft
+// address is one member's (409). A node
 // of another cluster (its data directory says so) is refused; a new node
 // must answer on its raft address and joins as a nonvoter, so a join
 // naming a dead address cannot cost the cluster its quorum; it votes only
@@ -125,6 +128,9 @@ func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 	}
 	if req.NodeID == "" || req.RaftAddr == "" {
 		return badRequest(`"node_id" and "raft_addr" are required, e.g. {"node_id": "node2", "raft_addr": "10.0.0.2:7000"}`)
+	}
+	if name, bound := certNode(r); bound && name != req.NodeID {
+		return &apiError{http.StatusForbidden, fmt.Sprintf("the certificate of node %s may not register or change node %s: a node joins, and updates its registration, only as itself (its certificate's name is its --node-id)", name, req.NodeID)}
 	}
 	ctx := r.Context()
 	d.mu.Lock()
@@ -139,6 +145,8 @@ func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 		for _, srv := range f.Configuration().Servers {
 			if string(srv.ID) == req.NodeID {
 				existing = &srv
+			} else if string(srv.Address) == req.RaftAddr {
+				return &apiError{http.StatusConflict, fmt.Sprintf("raft address %s is member %s's: node %s needs a --raft-addr of its own (the cluster is unchanged)", req.RaftAddr, srv.ID, req.NodeID)}
 			}
 		}
 	}
@@ -346,25 +354,28 @@ func leaderIndex(ctx context.Context, client *http.Client, url, id string) (uint
 	return c.AppliedIndex, nil
 }
 
+// joinRequest is this node's join request with its addresses.
+func (d *Daemon) joinRequest(apiAddr, nvmeAddr, tcpAddr string) JoinRequest {
+	return JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr, TCPAddr: tcpAddr,
+		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity()}
+}
+
 // register makes the cluster know this node: on the leader it applies
 // RegisterNode; elsewhere it POSTs /v1/cluster/join to first (if set) or
-// to the leader, following 421 answers to the leader, with backoff, for
-// up to joinWait. Added as a nonvoter, it waits for its registry copy to
+// to the leader, following 421 answers to the leader, with backoff,
+// until ctx ends. Added as a nonvoter, it waits for its registry copy to
 // reach the leader's catch-up index and asks again to vote. While
 // joining (first set) it never applies locally: a data directory with a
-// one-node registry of its own would make it its own leader.
-func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr, tcpAddr string) error {
-	ctx, cancel := context.WithTimeout(ctx, joinWait)
-	defer cancel()
-	req := JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr, TCPAddr: tcpAddr,
-		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity()}
+// one-node registry of its own would make it its own leader. It returns
+// at once on a refusal retrying cannot help (409, a certificate).
+func (d *Daemon) register(ctx context.Context, first string, req JoinRequest) error {
 	client := d.peerClient(15 * time.Second)
 	backoff := 100 * time.Millisecond
 	target := first
 	var last error
 	for {
 		if first == "" && d.node.IsLeader() {
-			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: nvmeAddr, TCPAddr: tcpAddr, MgmtAddr: apiAddr, CapacityBytes: req.CapacityBytes})
+			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes})
 			if err == nil {
 				return nil
 			}
@@ -402,15 +413,123 @@ func (d *Daemon) register(ctx context.Context, first, apiAddr, nvmeAddr, tcpAddr
 				}
 			}
 		}
+		d.regMu.Lock()
+		d.regLast = last
+		d.regMu.Unlock()
 		select {
 		case <-ctx.Done():
 			if first != "" {
 				return fmt.Errorf("join the cluster through --join %s: not joined within %v: %v", first, joinWait, last)
 			}
-			return fmt.Errorf("register node %s with the registry leader: not done within %v: %v", d.cfg.NodeID, joinWait, last)
+			return fmt.Errorf("register node %s with the registry leader: %w: %v", d.cfg.NodeID, ctx.Err(), last)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// joinCheckWait bounds checkJoinTarget's question.
+const joinCheckWait = 3 * time.Second
+
+// checkJoinTarget asks a member's --join target about it before the
+// member skips the join. A target of another cluster is refused: the
+// member's data directory is of a cluster of its own (a node started
+// alone once, say), and skipping the join would leave it running that
+// while the operator meant it to join this one. A target whose raft
+// configuration lacks this node (it was removed, and never saw its
+// removal) means it must join again: rejoin. A target that does not
+// answer, or does not know yet (its cluster starting too), lets the
+// member go on as one: that is the restart of a cluster, where --join is
+// a no-op.
+func (d *Daemon) checkJoinTarget(ctx context.Context) (rejoin bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, joinCheckWait)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.peerURL(d.cfg.Join, "/v1/cluster"), nil)
+	if err != nil {
+		return false, nil
+	}
+	resp, err := d.peerClient(joinCheckWait).Do(req)
+	if err != nil {
+		return false, nil
+	}
+	defer resp.Body.Close()
+	var c api.Cluster
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&c) != nil {
+		return false, nil
+	}
+	if own := readClusterID(d.cfg.DataDir); own != "" && c.ClusterID != "" && c.ClusterID != own {
+		return false, fmt.Errorf("data dir %s belongs to cluster %s, in which node %s is a member, but --join %s is node %s of cluster %s: start it with a new, empty --data-dir to join that cluster (the volumes in the old one are not that cluster's), or without --join to run its own", d.cfg.DataDir, own, d.cfg.NodeID, d.cfg.Join, c.NodeID, c.ClusterID)
+	}
+	if len(c.Members) == 0 {
+		return false, nil
+	}
+	for _, m := range c.Members {
+		if m.ID == d.cfg.NodeID {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// registerWait bounds how long Start waits for the registry to record
+// this node's addresses before it goes on (and keeps trying).
+const registerWait = 10 * time.Second
+
+// registerRetry is the pause after a registration the leader refused,
+// before asking again.
+const registerRetry = 30 * time.Second
+
+// registerAddrs records this node's addresses and capacity in the
+// registry, through the leader. Start waits for it up to registerWait:
+// the leader's API serves from its start, so this is normally done in a
+// round trip. If it is not (the leader's API unreachable, a refusal), the
+// node goes on starting — it is a member, and the registry keeps its
+// previous addresses meanwhile — and keeps trying in the background until
+// it is done or the node stops, logging why; it never exits over it.
+func (d *Daemon) registerAddrs(ctx context.Context) {
+	req := d.joinRequest(d.ln.Addr().String(), d.AdvertisedNVMeAddr(), d.AdvertisedTCPAddr())
+	bg, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-d.stop:
+		case <-done:
+		}
+		cancel()
+	}()
+	var late atomic.Bool // Start went on without it
+	go func() {
+		defer close(done)
+		for {
+			err := d.register(bg, "", req)
+			if err == nil {
+				if late.Load() {
+					d.log.Info("node registration recorded", slog.String("node", d.cfg.NodeID))
+				}
+				return
+			}
+			if bg.Err() != nil {
+				return
+			}
+			d.log.Error("node registration not recorded: retrying", slog.String("node", d.cfg.NodeID), slog.Duration("retry_in", registerRetry), slog.String("err", err.Error()))
+			select {
+			case <-bg.Done():
+				return
+			case <-time.After(registerRetry):
+			}
+		}
+	}()
+	t := time.NewTimer(registerWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-t.C:
+		late.Store(true)
+		d.regMu.Lock()
+		last := d.regLast
+		d.regMu.Unlock()
+		fmt.Fprintf(d.out, "registry: this node's addresses are not recorded yet after %v (%v); going on, retrying in the background\n", registerWait, last)
 	}
 }
 

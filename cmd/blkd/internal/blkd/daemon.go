@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,13 +84,24 @@ type Daemon struct {
 	// mu serializes attach and detach, and shutdown waits on it.
 	mu sync.Mutex
 
+	// ready is set once the node serves its volumes (startGate);
+	// phaseNow says what it is doing until then.
+	ready    atomic.Bool
+	phaseNow atomic.Pointer[string]
+	// regMu guards regLast, the last reason this node's registration
+	// was not recorded yet (registerAddrs).
+	regMu   sync.Mutex
+	regLast error
+
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// Start brings a node up: registry, store, target, RDMA port, HTTP API.
-// It prints one line per listener to out, then "ready". On error,
-// whatever was started is closed again.
+// Start brings a node up: registry, store, target, HTTP API, NVMe
+// ports. It prints one line per listener to out, then "ready" once the
+// node serves its volumes. The API serves early (see startGate); a
+// member of a cluster waits for a leader for as long as ctx lasts. On
+// error, whatever was started is closed again.
 func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -190,28 +202,64 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, fmt.Errorf("metrics: register raft collector: %w", err)
 	}
 
-	// The API listener is opened early: a joining node names its address.
+	// The API serves from here on, before this node joins, waits for a
+	// leader or registers: in a cluster whose nodes start together (a
+	// power cut, deploy/local-cluster.sh run again), whichever node wins
+	// the first election must take the others' registration and catch-up
+	// calls while it is still starting itself. Until this node serves its
+	// volumes, the routes that need them answer 503 (startGate).
 	d.ln, err = net.Listen("tcp", cfg.APIAddr)
 	if err != nil {
 		return nil, fmt.Errorf("management API on %s (--api-addr): %w", cfg.APIAddr, err)
 	}
-	if cfg.Join != "" {
-		if err := d.register(ctx, cfg.Join, d.ln.Addr().String(), cfg.advertisedNVMe(), cfg.advertisedTCP()); err != nil {
+	d.setPhase("checking its membership")
+	d.srv = &http.Server{Handler: d.guard(d.startGate(d.routes())), ReadHeaderTimeout: 10 * time.Second, ConnContext: d.connContext}
+	go func() { d.served <- d.serveAPI(d.ln) }()
+	fmt.Fprintf(out, "api listening on %s (/v1, /metrics)\n", d.peerURL(d.ln.Addr().String(), ""))
+
+	// A node whose own registry holds it in the raft configuration is a
+	// member: it needs nobody's leave to start, so --join is a no-op on
+	// its restarts (its join target may well be down, or starting too);
+	// it only asks the target whether it is of another cluster, or has
+	// removed it (checkJoinTarget).
+	member, _ := d.node.Member()
+	if cfg.Join != "" && member {
+		rejoin, err := d.checkJoinTarget(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if rejoin {
+			fmt.Fprintf(out, "not a member in the view of --join %s (removed from the cluster?): joining again\n", cfg.Join)
+			member = false
+		} else {
+			fmt.Fprintf(out, "already a member of the cluster (raft state in %s): --join %s not needed, waiting for a registry leader\n", filepath.Join(cfg.DataDir, "meta"), cfg.Join)
+		}
+	}
+	if cfg.Join != "" && !member {
+		d.setPhase("joining the cluster through " + cfg.Join)
+		jctx, cancel := context.WithTimeout(ctx, joinWait)
+		err := d.register(jctx, cfg.Join, d.joinRequest(d.ln.Addr().String(), cfg.advertisedNVMe(), cfg.advertisedTCP()))
+		cancel()
+		if err != nil {
 			return nil, err
 		}
 		fmt.Fprintf(out, "joined the cluster through %s\n", cfg.Join)
+		member = true
 	}
 
 	// The registry must have a leader before anything is applied.
-	if err := d.waitLeader(ctx); err != nil {
+	d.setPhase("waiting for a registry leader")
+	if err := d.waitLeader(ctx, member); err != nil {
 		return nil, err
 	}
 	// Serve the volumes this node owns before the port accepts hosts,
 	// from a copy of the registry that has caught up with the leader's.
+	d.setPhase("catching up with the registry leader")
 	d.catchUp(ctx)
 	if err := d.settleClusterID(ctx); err != nil {
 		return nil, err
 	}
+	d.setPhase("serving its volumes")
 	d.startControl(ctx)
 
 	if cfg.TCPOn() {
@@ -255,24 +303,73 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 
 	// Record (or update) this node's addresses: applied here on the
 	// leader, asked of the leader elsewhere. The NVMe addresses are the
-	// ones hosts connect to.
-	if err := d.register(ctx, "", d.ln.Addr().String(), d.AdvertisedNVMeAddr(), d.AdvertisedTCPAddr()); err != nil {
-		return nil, err
-	}
-	d.srv = &http.Server{Handler: d.guard(d.routes()), ReadHeaderTimeout: 10 * time.Second, ConnContext: d.connContext}
-	go func() { d.served <- d.serveAPI(d.ln) }()
+	// ones hosts connect to. Start waits for it a while, then goes on
+	// and keeps trying in the background (registerAddrs).
+	d.setPhase("registering its addresses")
+	d.registerAddrs(ctx)
+	d.ready.Store(true)
 	go d.settleLoop(d.stop)
 	go d.livenessLoop(d.stop)
-	fmt.Fprintf(out, "api listening on %s (/v1, /metrics)\n", d.peerURL(d.ln.Addr().String(), ""))
 	fmt.Fprintln(out, "ready")
 	return d, nil
 }
 
+// startGate lets through, while the node starts, only the routes other
+// nodes need from it then (join and remove, the cluster view its peers
+// catch up from) and /metrics; every other route answers 503 naming what
+// the node is doing, until it serves its volumes. The health route is
+// one of them, so the leader counts a starting node as not up yet.
+func (d *Daemon) startGate(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d.ready.Load() || earlyRoute(r.Method, r.URL.Path) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": fmt.Sprintf("node %s is starting (%s): retry in a moment", d.cfg.NodeID, d.phase())})
+	})
+}
+
+// earlyRoute says whether a route is served while the node starts.
+func earlyRoute(method, path string) bool {
+	switch method + " " + path {
+	case "GET /metrics", "GET /v1/cluster", "POST /v1/cluster/join", "POST /v1/cluster/remove":
+		return true
+	}
+	return false
+}
+
+func (d *Daemon) setPhase(p string) { d.phaseNow.Store(&p) }
+
+// phase says what a starting node is doing, for its 503 answers.
+func (d *Daemon) phase() string {
+	if p := d.phaseNow.Load(); p != nil {
+		return *p
+	}
+	return "starting"
+}
+
+// leaderReport is how often a member waiting for a leader says so.
+const leaderReport = 10 * time.Second
+
 // waitLeader waits until the registry has a leader and, on a follower,
 // this node's copy has caught up at least to the leader's registration.
-func (d *Daemon) waitLeader(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, leaderWait)
-	defer cancel()
+// A member waits as long as it takes (until ctx ends), saying so every
+// leaderReport: its cluster elects a leader once a majority of its voters
+// run, and a member that gave up would only have to be started again. A
+// node that is no member (no --bootstrap, no --join, no raft state) can
+// never get a leader: it gives up after leaderWait.
+func (d *Daemon) waitLeader(ctx context.Context, member bool) error {
+	began := time.Now()
+	var bound <-chan time.Time
+	if !member {
+		t := time.NewTimer(leaderWait)
+		defer t.Stop()
+		bound = t.C
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	next := began.Add(leaderReport)
 	for {
 		if d.node.IsLeader() {
 			return nil
@@ -280,13 +377,30 @@ func (d *Daemon) waitLeader(ctx context.Context) error {
 		if id, api := d.leaderAPI(); id != "" && api != "" {
 			return nil
 		}
+		if now := time.Now(); member && now.After(next) {
+			fmt.Fprintf(d.out, "registry: no leader after %v; waiting for a majority of the voters (%s) to run and reach each other (a node removed from the cluster while down: restart it with --join <api address of a member>)\n", now.Sub(began).Round(time.Second), d.voters())
+			next = next.Add(leaderReport)
+		}
 		select {
 		case <-ctx.Done():
+			return fmt.Errorf("meta registry: stopped while waiting for a registry leader: %w", ctx.Err())
+		case <-bound:
 			addr, id := d.node.Leader()
 			return fmt.Errorf("meta registry: node %s found no registry leader within %v (leader %q at %q): a new cluster's first node needs --bootstrap, a new member --join <api address of a member>", d.cfg.NodeID, leaderWait, id, addr)
-		case <-time.After(20 * time.Millisecond):
+		case <-tick.C:
 		}
 	}
+}
+
+// voters lists the voters of the raft configuration this node knows.
+func (d *Daemon) voters() string {
+	var ids []string
+	for _, m := range d.members() {
+		if m.Suffrage == "voter" {
+			ids = append(ids, m.ID+" at "+m.RaftAddr)
+		}
+	}
+	return strings.Join(ids, ", ")
 }
 
 // Port IDs of the discovery log.
