@@ -42,21 +42,9 @@ func TestLegacyNamesReplay(t *testing.T) {
 	dir := t.TempDir()
 	fs := vfs.NewMem()
 	start := func() *Node {
-		_, tr := raft.NewInmemTransport("solo")
-		cfg := testConfig(t, "solo", dir)
-		cfg.Transport, cfg.Bootstrap, cfg.FS = tr, true, fs
-		cfg.SnapshotInterval, cfg.SnapshotThreshold = time.Hour, 1<<20 // snapshots only when asked
-		n, err := NewNode(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		eventually(t, "leader", func() error {
-			if !n.IsLeader() {
-				return errors.New("not yet")
-			}
-			return nil
+		return startSolo(t, dir, fs, func(cfg *Config) {
+			cfg.SnapshotInterval, cfg.SnapshotThreshold = time.Hour, 1<<20 // snapshots only when asked
 		})
-		return n
 	}
 	ctx := context.Background()
 	old := func(n *Node, c Command) {

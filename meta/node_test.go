@@ -15,22 +15,7 @@ import (
 func TestNodeSingle(t *testing.T) {
 	dir := t.TempDir()
 	fs := vfs.NewMem()
-	start := func() *Node {
-		_, tr := raft.NewInmemTransport("solo")
-		cfg := testConfig(t, "solo", dir)
-		cfg.Transport, cfg.Bootstrap, cfg.FS = tr, true, fs
-		n, err := NewNode(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		eventually(t, "leader", func() error {
-			if !n.IsLeader() {
-				return errors.New("not yet")
-			}
-			return nil
-		})
-		return n
-	}
+	start := func() *Node { return startSolo(t, dir, fs, nil) }
 	n := start()
 	ctx := context.Background()
 	if r, err := n.Apply(ctx, RegisterNode{ID: "s", TargetAddr: "a:1", MgmtAddr: "a:2"}); err != nil || r.Node.State != NodeUp || r.Index == 0 {
@@ -133,4 +118,27 @@ func TestNodeMember(t *testing.T) {
 	if m, v := again.Member(); !m || !v || !again.HasState() {
 		t.Fatalf("restarted alone: member %v voter %v state %v", m, v, again.HasState())
 	}
+}
+
+// startSolo starts a bootstrapped one-voter node "solo" on dir in fs
+// (edit, if not nil, adjusts its Config first) and waits until it leads.
+func startSolo(t *testing.T, dir string, fs vfs.FS, edit func(*Config)) *Node {
+	t.Helper()
+	_, tr := raft.NewInmemTransport("solo")
+	cfg := testConfig(t, "solo", dir)
+	cfg.Transport, cfg.Bootstrap, cfg.FS = tr, true, fs
+	if edit != nil {
+		edit(&cfg)
+	}
+	n, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "leader", func() error {
+		if !n.IsLeader() {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	return n
 }

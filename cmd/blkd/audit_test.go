@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/tls"
 	"encoding/json"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -28,38 +26,8 @@ func startBlkdLogTo(t *testing.T, dir string, stderr *os.File, extra ...string) 
 	api := freeAddr(t)
 	args := append([]string{"--data-dir", dir, "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--api-addr", api,
 		"--tcp-addr", freeAddr(t)}, extra...)
-	d := &daemon{cmd: exec.Command(binary, args...), api: api, exited: make(chan struct{})}
-	d.cmd.Stderr = stderr
-	stdout, err := d.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lockedWriter{d}.Write([]byte(sc.Text() + "\n"))
-			if sc.Text() == "ready" {
-				close(ready)
-			}
-		}
-		d.err = d.cmd.Wait()
-		close(d.exited)
-	}()
-	t.Cleanup(func() {
-		d.cmd.Process.Kill()
-		<-d.exited
-	})
-	select {
-	case <-ready:
-	case <-d.exited:
-		t.Fatalf("blkd exited before ready: %v\n%s", d.err, d.output())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("blkd not ready within 60 s:\n%s", d.output())
-	}
+	d, ready := launchBlkd(t, api, stderr, args...)
+	d.waitReady(t, ready, 60*time.Second)
 	return d
 }
 
@@ -226,18 +194,7 @@ func TestAuditLogUnwritable(t *testing.T) {
 // can make) are still rate-limited and counted, while every change an
 // admin makes in the same window is recorded with the certificate's name.
 func TestAuditBesideNoise(t *testing.T) {
-	ca, err := pki.NewCA("blk test", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsDir := filepath.Join(t.TempDir(), "tls")
-	if err := ca.Save(tlsDir); err != nil {
-		t.Fatal(err)
-	}
-	c, k, _ := ca.Issue(pki.Request{Name: "node1", Role: pki.RoleNode, Hosts: []string{"127.0.0.1"}})
-	if err := pki.WritePair(tlsDir, "node1", c, k); err != nil {
-		t.Fatal(err)
-	}
+	ca, tlsDir, _ := nodeTLSDir(t, "node1")
 	d := startBlkd(t, t.TempDir(), "--tls-dir", tlsDir)
 	d.useTLS(operatorTLS(t, ca, "alice", pki.RoleAdmin))
 	d.must(t, "POST", "/v1/volumes", `{"name": "v", "size": "1MiB"}`, 201, nil)

@@ -466,23 +466,7 @@ func TestStaleAttachmentRemoved(t *testing.T) {
 // and after the leader is killed the others elect a new one. A node whose
 // --tls-dir lacks its certificate exits saying what to issue.
 func TestRaftOverMutualTLS(t *testing.T) {
-	ca, err := pki.NewCA("blk test", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsDir := filepath.Join(t.TempDir(), "tls")
-	if err := ca.Save(tlsDir); err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range []string{"node1", "node2", "node3"} {
-		c, k, err := ca.Issue(pki.Request{Name: id, Role: pki.RoleNode, Hosts: []string{"127.0.0.1"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := pki.WritePair(tlsDir, id, c, k); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ca, tlsDir, _ := nodeTLSDir(t, "node1", "node2", "node3")
 	c := startCluster(t, "--tls-dir", tlsDir)
 	nodes, procs := c.nodes, c.procs
 	admin := operatorTLS(t, ca, "alice", pki.RoleAdmin)
@@ -561,19 +545,8 @@ func operatorTLS(t *testing.T, ca *pki.CA, name, role string) *tls.Config {
 // handshake. Every change is logged with who made it. Without --tls-dir,
 // an API beyond loopback is refused unless --insecure.
 func TestAPIMutualTLS(t *testing.T) {
-	ca, err := pki.NewCA("blk test", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, tlsDir, _ := nodeTLSDir(t, "node1")
 	other, _ := pki.NewCA("blk other", 0)
-	tlsDir := filepath.Join(t.TempDir(), "tls")
-	if err := ca.Save(tlsDir); err != nil {
-		t.Fatal(err)
-	}
-	c, k, _ := ca.Issue(pki.Request{Name: "node1", Role: pki.RoleNode, Hosts: []string{"127.0.0.1"}})
-	if err := pki.WritePair(tlsDir, "node1", c, k); err != nil {
-		t.Fatal(err)
-	}
 	d := startBlkd(t, t.TempDir(), "--tls-dir", tlsDir)
 	d.useTLS(operatorTLS(t, ca, "alice", pki.RoleAdmin))
 	d.must(t, "POST", "/v1/volumes", `{"name": "v", "size": "8MiB"}`, 201, nil)
@@ -665,4 +638,31 @@ func sampleOf(m, series string) float64 {
 		}
 	}
 	return -1
+}
+
+// nodeTLSDir makes a CA and a --tls-dir holding it and a node
+// certificate (for 127.0.0.1) for each of ids, as blkctl cert does; it
+// returns the CA and the directory, and each node's certificate and key.
+func nodeTLSDir(t *testing.T, ids ...string) (*pki.CA, string, map[string][2][]byte) {
+	t.Helper()
+	ca, err := pki.NewCA("blk test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsDir := filepath.Join(t.TempDir(), "tls")
+	if err := ca.Save(tlsDir); err != nil {
+		t.Fatal(err)
+	}
+	certs := map[string][2][]byte{}
+	for _, id := range ids {
+		c, k, err := ca.Issue(pki.Request{Name: id, Role: pki.RoleNode, Hosts: []string{"127.0.0.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pki.WritePair(tlsDir, id, c, k); err != nil {
+			t.Fatal(err)
+		}
+		certs[id] = [2][]byte{c, k}
+	}
+	return ca, tlsDir, certs
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"path/filepath"
 	"testing"
 
 	"github.com/blk-project/blk/pki"
@@ -18,25 +17,7 @@ import (
 // cluster is unchanged. (Before: 200 and every create then 507; the
 // duplicate raft address 500.)
 func TestJoinOnlyAsItself(t *testing.T) {
-	ca, err := pki.NewCA("blk test", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsDir := filepath.Join(t.TempDir(), "tls")
-	if err := ca.Save(tlsDir); err != nil {
-		t.Fatal(err)
-	}
-	certs := map[string][2][]byte{}
-	for _, id := range []string{"node1", "node2", "node3"} {
-		c, k, err := ca.Issue(pki.Request{Name: id, Role: pki.RoleNode, Hosts: []string{"127.0.0.1"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := pki.WritePair(tlsDir, id, c, k); err != nil {
-			t.Fatal(err)
-		}
-		certs[id] = [2][]byte{c, k}
-	}
+	ca, tlsDir, certs := nodeTLSDir(t, "node1", "node2", "node3")
 	c := startCluster(t, "--tls-dir", tlsDir)
 	admin := operatorTLS(t, ca, "alice", pki.RoleAdmin)
 	for _, p := range c.procs {

@@ -144,8 +144,19 @@ func launchBlkdOn(t *testing.T, dir, raft, nvme, api string, extra ...string) (*
 	if !slices.Contains(extra, "--tcp-addr") {
 		args = append(args, "--tcp-addr", freeAddr(t))
 	}
+	return launchBlkd(t, api, nil, args...)
+}
+
+// launchBlkd starts blkd with args (api is its --api-addr) without
+// waiting: ready closes when it prints "ready". Its standard error goes
+// to stderr, or with nil into its output beside standard output.
+func launchBlkd(t *testing.T, api string, stderr io.Writer, args ...string) (*daemon, <-chan struct{}) {
+	t.Helper()
 	d := &daemon{cmd: exec.Command(binary, args...), api: api, exited: make(chan struct{})}
-	d.cmd.Stderr = lockedWriter{d}
+	d.cmd.Stderr = stderr
+	if stderr == nil {
+		d.cmd.Stderr = lockedWriter{d}
+	}
 	stdout, err := d.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

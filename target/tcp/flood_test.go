@@ -83,68 +83,69 @@ func (a *attacker) holding() int {
 // (its queue has no controller: the protocol allows another Connect),
 // and a connection the target closes is replaced.
 func (a *attacker) discovery(n int) {
-	var left atomic.Int64
-	left.Store(int64(n))
-	var wg sync.WaitGroup
-	for range floodWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var h *rawHost
-			for left.Add(-1) >= 0 {
-				if h == nil {
-					nc, err := a.d.Dial("tcp", a.addr)
-					if err != nil {
-						a.resets.Add(1)
-						continue
-					}
-					a.hold(nc)
-					h = &rawHost{t: a.t, nc: nc}
-					if _, err := h.icreq(nvme.TCPICReqPDU{}); err != nil {
-						a.resets.Add(1)
-						h = nil
-						continue
-					}
-				}
-				cmd, data := connectCapsule(0, 31, 0, nvme.CNTLIDDynamic, nvme.DiscoveryNQN, attackerNQN)
-				res, err := h.exchange(cmd, data, nil, nil)
-				switch {
-				case err != nil:
-					a.resets.Add(1)
-					h = nil
-				case res.rsp.Status == 0:
-					a.controllers.Add(1)
-					h = nil // the controller keeps this connection
-				case res.rsp.Status.Code() == nvme.StatusConnectControllerBusy:
-					a.busy.Add(1)
-					if res.rsp.Status.DNR() {
-						a.busyDNR.Add(1)
-					}
-				}
-			}
-		}()
-	}
-	wg.Wait()
-}
-
-// idle opens n connections that send nothing, floodWorkers at a time,
-// and holds those the target keeps open.
-func (a *attacker) idle(n int) {
-	var left atomic.Int64
-	left.Store(int64(n))
-	var wg sync.WaitGroup
-	for range floodWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for left.Add(-1) >= 0 {
+	shareOut(n, func(next func() bool) {
+		var h *rawHost
+		for next() {
+			if h == nil {
 				nc, err := a.d.Dial("tcp", a.addr)
 				if err != nil {
 					a.resets.Add(1)
 					continue
 				}
 				a.hold(nc)
+				h = &rawHost{t: a.t, nc: nc}
+				if _, err := h.icreq(nvme.TCPICReqPDU{}); err != nil {
+					a.resets.Add(1)
+					h = nil
+					continue
+				}
 			}
+			cmd, data := connectCapsule(0, 31, 0, nvme.CNTLIDDynamic, nvme.DiscoveryNQN, attackerNQN)
+			res, err := h.exchange(cmd, data, nil, nil)
+			switch {
+			case err != nil:
+				a.resets.Add(1)
+				h = nil
+			case res.rsp.Status == 0:
+				a.controllers.Add(1)
+				h = nil // the controller keeps this connection
+			case res.rsp.Status.Code() == nvme.StatusConnectControllerBusy:
+				a.busy.Add(1)
+				if res.rsp.Status.DNR() {
+					a.busyDNR.Add(1)
+				}
+			}
+		}
+	})
+}
+
+// idle opens n connections that send nothing, floodWorkers at a time,
+// and holds those the target keeps open.
+func (a *attacker) idle(n int) {
+	shareOut(n, func(next func() bool) {
+		for next() {
+			nc, err := a.d.Dial("tcp", a.addr)
+			if err != nil {
+				a.resets.Add(1)
+				continue
+			}
+			a.hold(nc)
+		}
+	})
+}
+
+// shareOut runs work on floodWorkers goroutines that share n attempts:
+// each calls next before an attempt, which says whether one is left.
+func shareOut(n int, work func(next func() bool)) {
+	var left atomic.Int64
+	left.Store(int64(n))
+	next := func() bool { return left.Add(-1) >= 0 }
+	var wg sync.WaitGroup
+	for range floodWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			work(next)
 		}()
 	}
 	wg.Wait()
