@@ -4,6 +4,7 @@ package aio
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"math/rand/v2"
@@ -139,6 +140,13 @@ func randomRun(t *testing.T, k Kind, depth int, s uint64) {
 	e := newEngine(t, f, Config{Kind: k, Depth: depth, Workers: max(1, depth/2+depth%2)})
 	pool := newPool(t, maxBlks*Align, depth)
 	model := make([]byte, size)
+	// Written data comes from windows of seeded noise (a byte loop per
+	// write is slow under -race).
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], s)
+	key[8] = byte(depth)
+	noise := make([]byte, 2*size)
+	rand.NewChaCha8(key).Read(noise)
 	busy := make([]bool, blocks) // blocks under a request in flight
 	type req struct {
 		buf      int32
@@ -181,9 +189,7 @@ func randomRun(t *testing.T, k Kind, depth int, s uint64) {
 			op := OpRead
 			if rng.IntN(10) < 6 {
 				op = OpWrite
-				for i := range buf {
-					buf[i] = byte(rng.Uint32())
-				}
+				copy(buf, noise[rng.IntN(len(noise)-len(buf)):])
 				copy(model[off:], buf)
 				fua := rng.IntN(8) == 0
 				if fua {
