@@ -135,6 +135,13 @@ type Engine interface {
 	// writes still in flight, as an NVMe Flush covers only commands
 	// completed before it.
 	Sync(tag uint64) error
+	// Register offers the engine a Pool whose buffers most requests
+	// will use, so that it can map them once instead of per request
+	// (io_uring's registered buffers: no page pinning per I/O). Requests
+	// on other buffers keep working. An error (a memlock limit too low,
+	// a second pool) leaves the engine as it was; the caller may log it
+	// and go on. The pool must outlive the engine.
+	Register(p *Pool) error
 	// Submit hands the queued requests to the disk.
 	Submit() error
 	// Reap copies up to len(cs) completions into cs and returns how
@@ -170,6 +177,7 @@ type Stats struct {
 	Doorbells  uint64 // io_uring_enter calls, or worker wake-ups
 	Notifies   uint64 // eventfd signals sent by a worker (the kernel's are not counted)
 	Arms       uint64 // calls to Arm that found nothing pending
+	Fixed      uint64 // requests on registered buffers (io_uring)
 	Unaligned  uint64 // requests refused with ErrAlign
 	FullRefuse uint64 // requests refused with ErrFull
 }

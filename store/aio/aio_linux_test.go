@@ -139,6 +139,14 @@ func randomRun(t *testing.T, k Kind, depth int, s uint64) {
 	f := dataFile(t, size)
 	e := newEngine(t, f, Config{Kind: k, Depth: depth, Workers: max(1, depth/2+depth%2)})
 	pool := newPool(t, maxBlks*Align, depth)
+	// io_uring with registered buffers at depths 1, 7 and 64, without
+	// at 2 and 32.
+	registered := depth%2 == 1 || depth == 64
+	if registered {
+		if err := e.Register(pool); err != nil {
+			t.Fatal(err)
+		}
+	}
 	model := make([]byte, size)
 	// Written data comes from windows of seeded noise (a byte loop per
 	// write is slow under -race).
@@ -263,6 +271,56 @@ func randomRun(t *testing.T, k Kind, depth int, s uint64) {
 	if st.Completed != st.Submitted || st.Errors != 0 {
 		t.Fatalf("stats %+v: completions differ from submissions, or errors", st)
 	}
+	if k == KindURing && (st.Fixed > 0) != registered {
+		t.Fatalf("registered %v, but %d requests went on registered buffers", registered, st.Fixed)
+	}
+}
+
+// TestRegister: on a registered pool io_uring uses its fixed-buffer
+// requests, other buffers keep working, and data crosses between them;
+// a second pool or a closed engine is refused.
+func TestRegister(t *testing.T) {
+	kinds(t, func(t *testing.T, k Kind) {
+		f := dataFile(t, 1<<20)
+		e := newEngine(t, f, Config{Kind: k, Depth: 2})
+		fixed, other := newPool(t, 8*Align, 1), newPool(t, 8*Align, 1)
+		if err := e.Register(fixed); err != nil {
+			t.Fatal(err)
+		}
+		a, b := fixed.Buf(0), other.Buf(0)
+		rand.NewChaCha8([32]byte{1}).Read(a)
+		cs := make([]Completion, 1)
+		do := func(what string, queue func() error) {
+			if err := queue(); err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			e.Submit()
+			waitOne(t, e, cs)
+			if err := cs[0].Err(); err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		}
+		do("write from the registered pool", func() error { return e.Write(1, a, 8*Align, false) })
+		do("read into another buffer", func() error { return e.Read(2, b, 8*Align) })
+		if !bytes.Equal(a, b) {
+			t.Fatal("data written from a registered buffer reads back different")
+		}
+		do("write from another buffer", func() error { return e.Write(3, b[:Align], 0, true) })
+		do("read into the registered pool", func() error { return e.Read(4, a[Align:2*Align], 0) })
+		if !bytes.Equal(a[Align:2*Align], b[:Align]) {
+			t.Fatal("data read into a registered buffer differs")
+		}
+		if fx := e.Stats().Fixed; k == KindURing && fx != 2 {
+			t.Errorf("%d requests on registered buffers, want 2", fx)
+		}
+		if err := e.Register(other); k == KindURing && err == nil {
+			t.Error("a second pool was registered")
+		}
+		e.Close()
+		if err := e.Register(other); !errors.Is(err, ErrClosed) {
+			t.Errorf("register on a closed engine: %v, want ErrClosed", err)
+		}
+	})
 }
 
 // TestRefusedBeforeSubmit: a misaligned buffer, offset or length, an

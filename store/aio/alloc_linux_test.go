@@ -12,6 +12,9 @@ func TestNoAllocPerIO(t *testing.T) {
 		f := dataFile(t, 4<<20)
 		e := newEngine(t, f, Config{Kind: k, Depth: 16})
 		p := newPool(t, Align, 16)
+		if err := e.Register(p); err != nil {
+			t.Fatal(err)
+		}
 		cs := make([]Completion, 16)
 		var tag uint64
 		round := func(n int) {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,7 +21,8 @@ import (
 // O_DIRECT on the same file (the baseline: what a poll group calling the
 // disk inline gets), buffered pread/pwrite (a reference only: the page
 // cache, no durability), the worker pool, io_uring, and io_uring with
-// the owner polling the CQ instead of sleeping (io_uring-busy, the
+// its pool registered (io_uring-fixed: no page pinning per request), and
+// with the owner polling the CQ instead of sleeping (io_uring-busy, the
 // engine without the cost of a wake-up). Engines report IOPS,
 // MB/s, x-pread (÷ the baseline's IOPS of the same run) and, for
 // io_uring, x-workers; doorbells/op and sleeps/op show how the engine
@@ -140,18 +142,24 @@ func BenchmarkAIO(b *testing.B) {
 		b.Run(p.name, func(b *testing.B) {
 			b.Run("pread-direct", func(b *testing.B) { benchSync(b, p, true) })
 			b.Run("pread-buffered", func(b *testing.B) { benchSync(b, p, false) })
-			b.Run("workers", func(b *testing.B) { benchEngine(b, p, KindWorkers, false) })
+			b.Run("workers", func(b *testing.B) { benchEngine(b, p, KindWorkers, false, false) })
 			b.Run("io_uring", func(b *testing.B) {
 				if err := URingUnavailable(); err != nil {
 					b.Skipf("io_uring: %v", err)
 				}
-				benchEngine(b, p, KindURing, false)
+				benchEngine(b, p, KindURing, false, false)
+			})
+			b.Run("io_uring-fixed", func(b *testing.B) {
+				if err := URingUnavailable(); err != nil {
+					b.Skipf("io_uring: %v", err)
+				}
+				benchEngine(b, p, KindURing, false, true)
 			})
 			b.Run("io_uring-busy", func(b *testing.B) {
 				if err := URingUnavailable(); err != nil {
 					b.Skipf("io_uring: %v", err)
 				}
-				benchEngine(b, p, KindURing, true)
+				benchEngine(b, p, KindURing, true, false)
 			})
 		})
 	}
@@ -212,14 +220,40 @@ func benchSync(b *testing.B, p pattern, direct bool) {
 	iops := report(b, p, b.Elapsed())
 	if direct {
 		benchFile.base[p.name] = iops
+		return
 	}
+	// Leave no page of the file cached or dirty: a direct write over a
+	// dirty page must write it back first, and with io_uring's NOWAIT
+	// would go to a kernel worker thread, slowing what is measured next.
+	if err := unix.Fdatasync(fd); err != nil {
+		b.Fatal(err)
+	}
+	if err := unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// ioWorkers counts the process's io_uring worker threads (iou-wrk-*):
+// the kernel starts them for requests it cannot issue without blocking,
+// which then cost a context switch each.
+func ioWorkers() int {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	n := 0
+	for _, t := range tasks {
+		comm, _ := os.ReadFile("/proc/self/task/" + t.Name() + "/comm")
+		if strings.HasPrefix(string(comm), "iou-wrk") {
+			n++
+		}
+	}
+	return n
 }
 
 // benchEngine keeps p.qd requests in flight on an engine of kind k, as
 // a poll group would: queue, Submit, Reap; Arm and sleep on the eventfd
 // when nothing has completed. With busy it never sleeps, as a poll group
 // busy with other queues: the engine's cost without the wake-up's.
-func benchEngine(b *testing.B, p pattern, k Kind, busy bool) {
+// With fixed the pool is registered (io_uring's fixed buffers).
+func benchEngine(b *testing.B, p pattern, k Kind, busy, fixed bool) {
 	size := benchSize(b)
 	path := benchData(b, size)
 	f, err := OpenFile(path, 0)
@@ -237,6 +271,11 @@ func benchEngine(b *testing.B, p pattern, k Kind, busy bool) {
 		b.Fatal(err)
 	}
 	defer pool.Close()
+	if fixed {
+		if err := e.Register(pool); err != nil {
+			b.Skip(err)
+		}
+	}
 	for i := range p.qd {
 		buf := pool.Buf(int32(i))
 		for j := range buf {
@@ -294,12 +333,15 @@ func benchEngine(b *testing.B, p pattern, k Kind, busy bool) {
 	st := e.Stats()
 	b.ReportMetric(float64(st.Doorbells)/float64(b.N), "doorbells/op")
 	b.ReportMetric(float64(sleeps)/float64(b.N), "sleeps/op")
+	if k == KindURing {
+		b.ReportMetric(float64(ioWorkers()), "iou-wrk-threads")
+	}
 	if base := benchFile.base[p.name]; base > 0 {
 		b.ReportMetric(iops/base, "x-pread")
 	}
 	if k == KindWorkers {
 		benchFile.work[p.name] = iops
-	} else if busy {
+	} else if busy || fixed {
 		return
 	} else if w := benchFile.work[p.name]; w > 0 {
 		b.ReportMetric(iops/w, "x-workers")

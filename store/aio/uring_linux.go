@@ -30,15 +30,18 @@ const (
 
 	setupClamp = 1 << 4 // clamp entries to the kernel's maximum instead of failing
 
-	opNop   = 0
-	opFsync = 3
-	opRead  = 22
-	opWrite = 23
+	opNop        = 0
+	opFsync      = 3
+	opReadFixed  = 4
+	opWriteFixed = 5
+	opRead       = 22
+	opWrite      = 23
 
 	fsyncDatasync = 1 // IORING_FSYNC_DATASYNC: fdatasync, not fsync
 
 	enterGetEvents = 1 // IORING_ENTER_GETEVENTS
 
+	registerBuffers   = 0
 	registerEventfd   = 4
 	unregisterEventfd = 5
 )
@@ -304,8 +307,12 @@ type uring struct {
 	s      slots
 	depth  int
 	queued int // filled SQEs not yet handed to the kernel by Submit
-	closed bool
-	st     Stats
+	// fixed is the registered pool's memory, [fixLo, fixHi): a request
+	// inside it goes as READ_FIXED/WRITE_FIXED on buffer index 0.
+	fixLo, fixHi uintptr
+	fixed        *Pool
+	closed       bool
+	st           Stats
 }
 
 func newURing(f *File, cfg Config) (Engine, error) {
@@ -374,7 +381,42 @@ func (u *uring) rw(tag uint64, op Op, buf []byte, off int64) error {
 			s.opFlags = unix.RWF_DSYNC
 		}
 	}
+	if a := uintptr(s.addr); a >= u.fixLo && a+uintptr(len(buf)) <= u.fixHi {
+		s.opcode = opReadFixed
+		if op != OpRead {
+			s.opcode = opWriteFixed
+		}
+		u.st.Fixed++
+	}
 	u.queued++
+	return nil
+}
+
+// maxFixed is the largest buffer io_uring registers: 1 GiB.
+const maxFixed = 1 << 30
+
+func (u *uring) Register(p *Pool) error {
+	switch {
+	case u.closed:
+		return ErrClosed
+	case u.fixed != nil:
+		return fmt.Errorf("aio: register: a pool is registered already")
+	case p == nil || p.mem == nil:
+		return fmt.Errorf("aio: register: no pool, or a closed one")
+	case len(p.mem) > maxFixed:
+		return fmt.Errorf("aio: register: pool of %d bytes exceeds io_uring's %d", len(p.mem), maxFixed)
+	}
+	iov := unix.Iovec{Base: &p.mem[0]}
+	iov.SetLen(len(p.mem))
+	if _, _, errno := unix.Syscall6(unix.SYS_IO_URING_REGISTER, uintptr(u.r.fd), registerBuffers, uintptr(unsafe.Pointer(&iov)), 1, 0, 0); errno != 0 {
+		if errno == unix.ENOMEM {
+			return fmt.Errorf("aio: register %d bytes of buffers: %w (RLIMIT_MEMLOCK too low; requests still work, unregistered)", len(p.mem), errno)
+		}
+		return fmt.Errorf("aio: register %d bytes of buffers: %w", len(p.mem), errno)
+	}
+	u.fixed = p
+	u.fixLo = uintptr(unsafe.Pointer(&p.mem[0]))
+	u.fixHi = u.fixLo + uintptr(len(p.mem))
 	return nil
 }
 
@@ -462,7 +504,8 @@ func (u *uring) Close() error {
 		atomic.StoreUint32(u.r.cqHead, tail)
 	}
 	unix.RawSyscall6(unix.SYS_IO_URING_REGISTER, uintptr(u.r.fd), unregisterEventfd, 0, 0, 0, 0)
-	u.r.close()
+	u.r.close() // unregisters the buffers too
+	u.fixed, u.fixLo, u.fixHi = nil, 0, 0
 	unix.Close(u.efd)
 	for i := range u.s.reqs {
 		u.s.reqs[i].buf = nil

@@ -129,6 +129,14 @@ func (e *workers) queue(tag uint64, op Op, buf []byte, off int64) error {
 	return nil
 }
 
+// Register has nothing to do: pread and pwrite take any buffer.
+func (e *workers) Register(p *Pool) error {
+	if e.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
 func (e *workers) Submit() error {
 	if e.closed {
 		return ErrClosed
