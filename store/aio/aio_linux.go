@@ -114,14 +114,17 @@ func (c *Completion) Err() error {
 // nothing misaligned ever reaches the kernel), Submit hands everything
 // queued to the disk in one go (one io_uring_enter), and Reap takes
 // completions without blocking. A request's buffer belongs to the disk
-// from Submit until its completion is reaped: the caller must not touch
-// it, and it must not be in the Go heap where the collector could free
-// it while the disk writes to it unless the caller keeps it alive (Pool
-// buffers are outside the heap).
+// from the call that queues it until its completion is reaped: the
+// caller must not touch it (the engine keeps a reference, so a buffer
+// from the Go heap is not collected meanwhile; Pool buffers are outside
+// the heap altogether).
 //
 // To sleep, the owner calls Arm: false means nothing is pending and the
-// eventfd will become readable when a completion arrives; true means a
-// completion is already there, reap it instead of sleeping. Park
+// eventfd will become readable when a completion arrives; true means
+// there is work (a completion to reap, or, rarely, requests the kernel
+// did not take yet, which the next Submit hands over): loop instead of
+// sleeping. Call Submit before Arm: queued requests are not at the disk
+// until then. Park
 // EventFD in the poll group's epoll set (internal/epoll.Loop.Add, with
 // Arm as, or inside, the Loop's hasWork).
 type Engine interface {
@@ -147,8 +150,8 @@ type Engine interface {
 	// Reap copies up to len(cs) completions into cs and returns how
 	// many; it never blocks.
 	Reap(cs []Completion) int
-	// Arm prepares a sleep: it reports whether completions are waiting;
-	// if not, EventFD becomes readable when one arrives.
+	// Arm prepares a sleep: it reports whether there is work (see
+	// above); if not, EventFD becomes readable when a completion arrives.
 	Arm() bool
 	// EventFD is readable when completions arrived after an Arm.
 	EventFD() int

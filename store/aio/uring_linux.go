@@ -481,7 +481,9 @@ func (u *uring) Arm() bool {
 		return false
 	}
 	drainEventfd(u.efd)
-	if u.r.cqReady() > 0 {
+	// SQEs the kernel left in the SQ (EAGAIN: short of memory) complete
+	// only once a Submit hands them over again: no sleep until then.
+	if u.r.cqReady() > 0 || u.r.unconsumed() > 0 {
 		return true
 	}
 	u.st.Arms++
