@@ -44,9 +44,10 @@
 //	128 KiB seq write QD8 493 MB/s         2000 MB/s       1893 MB/s       1757 MB/s
 //	128 KiB seq read QD8  652 MB/s         1175 MB/s       1155 MB/s       1113 MB/s
 //
-// io_uring is 2.1× the worker pool at 4 KiB QD1 and QD32 reads, 1.3×
-// at QD32 writes, and even at 128 KiB QD8 (disk-bound; 1.3× in the
-// ratio medians): it is KindAuto's choice, the workers only the fallback.
+// io_uring is 2.1× the worker pool at 4 KiB QD1 and QD32 reads and 1.6×
+// at QD32 writes; at 128 KiB QD8 the two are even within the noise (the
+// disk is the limit). io_uring is KindAuto's choice, the workers only
+// the fallback.
 // The pool pays two thread wake-ups per request (owner → worker →
 // owner) where io_uring pays one syscall per Submit and an eventfd
 // signal per sleep; at QD32 io_uring rang the doorbell once per 30
