@@ -107,8 +107,8 @@ func (c *Completion) Err() error {
 
 // Engine submits requests against one O_DIRECT file and hands their
 // completions back. One Engine belongs to one goroutine (a poll group):
-// every method but EventFD, Kind and Stats is that goroutine's only,
-// and none of them takes a lock.
+// every method but EventFD and Kind is that goroutine's only, and none
+// of them takes a lock.
 //
 // The cycle: Read, Write and Sync queue a request (validated first:
 // nothing misaligned ever reaches the kernel), Submit hands everything
@@ -162,7 +162,8 @@ type Engine interface {
 	Depth() int
 	// Kind is the implementation.
 	Kind() Kind
-	// Stats are the engine's counters; any goroutine.
+	// Stats are the engine's counters (the owner's goroutine: an
+	// exporter asks the poll group for them).
 	Stats() Stats
 	// Close waits for the requests in flight to complete (the disk owns
 	// their buffers until then), then frees the engine. The file stays
@@ -170,9 +171,8 @@ type Engine interface {
 	Close() error
 }
 
-// Stats count an engine's work. They are plain counters the owner
-// updates; another goroutine reads them racily but never tears a word
-// on the platforms blk runs on (64-bit).
+// Stats count an engine's work: plain counters the owner updates, no
+// atomics on the data path.
 type Stats struct {
 	Submitted  uint64 // requests handed to the disk
 	Completed  uint64 // completions reaped
@@ -240,7 +240,7 @@ func New(f *File, cfg Config) (Engine, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if f == nil || f.fd < 0 {
+	if f == nil || f.Fd() < 0 {
 		return nil, ErrClosed
 	}
 	kind := cfg.Kind

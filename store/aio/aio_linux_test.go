@@ -556,6 +556,44 @@ func TestEventFDInLoop(t *testing.T) {
 	})
 }
 
+// TestArmDrains: after a completion is reaped, Arm leaves the eventfd
+// unreadable (a poll group would otherwise wake at once, for ever), and
+// the next completion makes it readable.
+func TestArmDrains(t *testing.T) {
+	kinds(t, func(t *testing.T, k Kind) {
+		f := dataFile(t, 1<<20)
+		e := newEngine(t, f, Config{Kind: k, Depth: 1})
+		p := newPool(t, Align, 1)
+		cs := make([]Completion, 1)
+		readable := func(ms int) bool {
+			pfd := []unix.PollFd{{Fd: int32(e.EventFD()), Events: unix.POLLIN}}
+			n, err := unix.Poll(pfd, ms)
+			if err != nil && err != unix.EINTR {
+				t.Fatal(err)
+			}
+			return n == 1
+		}
+		for i := range 20 {
+			if e.Arm() {
+				t.Fatalf("round %d: Arm found work with nothing in flight", i)
+			}
+			if readable(0) {
+				t.Fatalf("round %d: eventfd readable after Arm with nothing in flight", i)
+			}
+			if err := e.Read(uint64(i), p.Buf(0), 0); err != nil {
+				t.Fatal(err)
+			}
+			e.Submit()
+			if !e.Arm() && !readable(60_000) {
+				t.Fatalf("round %d: no signal within a minute", i)
+			}
+			if n := e.Reap(cs); n != 1 || cs[0].Tag != uint64(i) {
+				t.Fatalf("round %d: reaped %d, tag %d", i, n, cs[0].Tag)
+			}
+		}
+	})
+}
+
 // TestAuto: KindAuto takes io_uring exactly where it is available.
 func TestAuto(t *testing.T) {
 	f := dataFile(t, 1<<20)
