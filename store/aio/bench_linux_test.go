@@ -179,7 +179,7 @@ func benchSize(b *testing.B) int64 {
 }
 
 // report sets the common metrics and returns the IOPS.
-func report(b *testing.B, p pattern, elapsed time.Duration) float64 {
+func report(b *testing.B, elapsed time.Duration) float64 {
 	iops := float64(b.N) / elapsed.Seconds()
 	b.ReportMetric(iops, "IOPS")
 	return iops
@@ -223,7 +223,7 @@ func benchSync(b *testing.B, p pattern, direct bool) {
 		}
 	}
 	b.StopTimer()
-	iops := report(b, p, b.Elapsed())
+	iops := report(b, b.Elapsed())
 	if direct {
 		benchFile.base[p.name] = iops
 		return
@@ -335,7 +335,7 @@ func benchEngine(b *testing.B, p pattern, k Kind, busy, fixed bool) {
 		done += n
 	}
 	b.StopTimer()
-	iops := report(b, p, b.Elapsed())
+	iops := report(b, b.Elapsed())
 	st := e.Stats()
 	b.ReportMetric(float64(st.Doorbells)/float64(b.N), "doorbells/op")
 	b.ReportMetric(float64(sleeps)/float64(b.N), "sleeps/op")

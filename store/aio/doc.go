@@ -13,8 +13,12 @@
 // hands them to the disk at once; Reap copies finished ones into the
 // caller's []Completion without blocking. Before it sleeps the owner
 // calls Arm; EventFD then becomes readable when a completion arrives, and
-// sits in the poll group's internal/epoll.Loop next to its sockets. Pool
-// is a set of page-aligned buffers mapped once outside the Go heap.
+// sits in the poll group's internal/epoll.Loop next to its sockets
+// (Arm as, or inside, the Loop's hasWork). Pool is a set of page-aligned
+// buffers mapped once outside the Go heap, owned by the poll group like
+// its engine; Register lets io_uring map a pool once (fixed buffers)
+// instead of pinning pages per request. Many engines share one File;
+// an engine never outlives it.
 //
 // Two implementations stand behind Engine: io_uring, spoken through raw
 // syscalls (io_uring_setup, the SQ/CQ rings and SQEs mapped, one
@@ -48,6 +52,7 @@
 // at QD32 writes; at 128 KiB QD8 the two are even within the noise (the
 // disk is the limit). io_uring is KindAuto's choice, the workers only
 // the fallback.
+//
 // The pool pays two thread wake-ups per request (owner → worker →
 // owner) where io_uring pays one syscall per Submit and an eventfd
 // signal per sleep; at QD32 io_uring rang the doorbell once per 30
@@ -59,11 +64,14 @@
 // worker thread (iou-wrk-threads 0): every request went to the disk
 // from the submitting syscall, without blocking it.
 //
-// What it must never do: allocate, lock or copy data per request in
-// steady state (a test guards the allocations); hand the kernel a
+// What it must never do: allocate or copy data per request in steady
+// state (a test guards the allocations), or take a lock per request on
+// the io_uring path (the worker pool, only a fallback, pays one channel
+// hand-off per request: Go has no other way to wake a parked
+// goroutine); issue a request past Depth (ErrFull); hand the kernel a
 // misaligned request (checked before anything is queued, ErrAlign); let
 // the disk write into a buffer the caller got back (a buffer belongs to
-// the disk from Submit until its completion is reaped, and Close waits
+// the disk from its queueing until its completion is reaped; Close waits
 // for everything in flight); block in Reap or Arm; be used by two
 // goroutines at once (an Engine is its poll group's); or import a blk
 // package above internal/.
