@@ -32,26 +32,31 @@
 //
 // Measured, and which implementation wins: io_uring. 1 GiB file on
 // ext4 on the virtio disk of a 2-vCPU VM shared with two other builds
-// (load average 4-9, so ±20% between runs), medians of 3 runs of
+// (load average 3-9, so ±25% between runs), medians of 6 runs (two of
 //
 //	go test -run '^$' -bench . -benchtime 1s -count 3 ./store/aio/
 //
-// (BLK_AIO_BENCH_DIR names the directory of the data file if TMPDIR is
-// not on the disk to measure), in IOPS and, in brackets, ÷ synchronous
-// O_DIRECT pread/pwrite on the same file in the same run:
+// BLK_AIO_BENCH_DIR names the directory of the data file if TMPDIR is
+// not on the disk to measure), in IOPS or MB/s and, in brackets, the
+// median of each run's ratio to synchronous O_DIRECT pread/pwrite on the
+// same file in the same run (x-pread):
 //
-//	pattern               pread O_DIRECT   workers         io_uring        io_uring, fixed bufs
-//	4 KiB rand read QD1   25.8 k           16.0 k (0.58×)  33.4 k (1.21×)  29.9 k (1.09×)
-//	4 KiB rand read QD32  29.5 k           29.2 k (1.39×)  62.2 k (2.97×)  48.9 k (2.33×)
-//	4 KiB rand write QD1  21.1 k           16.1 k (0.76×)  16.4 k (0.78×)  22.3 k (1.05×)
-//	4 KiB rand write QD32 19.8 k           22.2 k (0.80×)  35.5 k (1.28×)  30.8 k (1.11×)
-//	128 KiB seq write QD8 493 MB/s         2000 MB/s       1893 MB/s       1757 MB/s
-//	128 KiB seq read QD8  652 MB/s         1175 MB/s       1155 MB/s       1113 MB/s
+//	pattern               pread O_DIRECT   workers          io_uring         io_uring, fixed bufs
+//	4 KiB rand read QD1   27.6 k           15.2 k (0.49×)   30.9 k (1.05×)   29.1 k (0.99×)
+//	4 KiB rand read QD32  33.8 k           33.3 k (1.29×)   68.5 k (2.26×)   63.2 k (2.32×)
+//	4 KiB rand write QD1  27.1 k           14.4 k (0.58×)   21.7 k (0.74×)   24.4 k (0.96×)
+//	4 KiB rand write QD32 31.5 k           30.3 k (0.92×)   62.3 k (1.83×)   60.7 k (1.78×)
+//	128 KiB seq write QD8 1278 MB/s        1919 MB/s (2.31×) 2055 MB/s (2.42×) 1921 MB/s (2.38×)
+//	128 KiB seq read QD8  900 MB/s         1173 MB/s (1.41×) 1169 MB/s (1.44×) 1160 MB/s (1.52×)
 //
-// io_uring is 2.1× the worker pool at 4 KiB QD1 and QD32 reads and 1.6×
-// at QD32 writes; at 128 KiB QD8 the two are even within the noise (the
-// disk is the limit). io_uring is KindAuto's choice, the workers only
-// the fallback.
+// io_uring ÷ workers (x-workers, same runs): 1.94× and 1.71× for 4 KiB
+// reads at QD1 and QD32, 1.59× and 1.97× for 4 KiB writes, 1.24× and
+// 1.05× for 128 KiB writes and reads (the disk is the limit there).
+// io_uring is KindAuto's choice, the workers only the fallback. One gap
+// to watch: a 4 KiB write at QD1 with a sleep per request is 0.74× a
+// blocking pwrite (0.96× with fixed buffers; the spread between runs is
+// as large), the cost of the completion's wake-up through the eventfd
+// against a thread that simply blocked.
 //
 // The pool pays two thread wake-ups per request (owner → worker →
 // owner) where io_uring pays one syscall per Submit and an eventfd
@@ -59,8 +64,9 @@
 // reads and slept once per 30 (doorbells/op, sleeps/op). Registered
 // buffers (Register) showed no gain beyond the noise here; they cost
 // RLIMIT_MEMLOCK for a plain user, so they stay optional. Polling the
-// CQ without sleeping (io_uring-busy) gained nothing and lost up to 2×
-// on the shared cores: sleep on the eventfd. No run started an io_uring
+// CQ without sleeping (io_uring-busy) gained nothing (medians equal or
+// lower) and lost up to 2× in the most loaded runs
+// of the shared cores: sleep on the eventfd. No run started an io_uring
 // worker thread (iou-wrk-threads 0): every request went to the disk
 // from the submitting syscall, without blocking it.
 //
