@@ -65,8 +65,8 @@
 // buffers (Register) showed no gain beyond the noise here; they cost
 // RLIMIT_MEMLOCK for a plain user, so they stay optional. Polling the
 // CQ without sleeping (io_uring-busy) gained nothing (medians equal or
-// lower) and lost up to 2× in the most loaded runs
-// of the shared cores: sleep on the eventfd. No run started an io_uring
+// lower) and lost up to 2× in the most loaded runs on the shared
+// cores: sleep on the eventfd. No run started an io_uring
 // worker thread (iou-wrk-threads 0): every request went to the disk
 // from the submitting syscall, without blocking it.
 //
