@@ -26,6 +26,9 @@ type Geometry struct {
 // Methods are called concurrently from any goroutine. Read and plain
 // Write run on the binding's goroutine and should not block for long;
 // Flush, FUA writes and FUA write-zeroes run on the target's sync workers.
+// The core times every call into the namespace's latency histograms
+// (NamespaceStats.Latency): a backend, or a wrapper around one, never
+// needs to measure itself.
 //
 // Errors are turned into NVMe status codes in one place
 // (target/status.go): errors wrapping a volume sentinel get the status
@@ -46,6 +49,20 @@ type Backend interface {
 	Deallocate(lba, n uint64) error
 	// Flush makes every acknowledged write durable.
 	Flush() error
+	// NewWriteGroup returns an empty group in which plain (not FUA)
+	// writes are committed together, which costs the backend less than
+	// committing each (a volume: one pebble batch and one WAL record
+	// instead of one per write); or nil if the backend commits each write
+	// alone as cheaply (the core then calls Write for each). The core
+	// calls it for each binding goroutine that executes writes with
+	// Request.Group set, and reuses the group.
+	//
+	// It is part of Backend, not an extra found by type assertion, so
+	// that a wrapper embedding a Backend keeps it and a wrapper spelling
+	// out every method must decide about it: none can drop the batching
+	// by accident (issue 22: blkd's latency wrapper did, and every plain
+	// write was a pebble commit of its own).
+	NewWriteGroup() WriteGroup
 }
 
 // Viewer is an optional Backend extra, found by type assertion: it lets
@@ -56,20 +73,13 @@ type Viewer interface {
 	View(lba, n uint64, fn func(lba uint64, data []byte)) error
 }
 
-// GroupWriter is an optional Backend extension: plain (not FUA) writes
-// added to one of its WriteGroups are committed together, which costs the
-// backend less than committing each (a volume: one pebble batch and one
-// WAL record instead of one per write). The core uses it for writes a
-// binding executes with Request.Group set.
-type GroupWriter interface {
-	NewWriteGroup() WriteGroup
-}
-
-// WriteGroup gathers writes until Commit. A write added is neither visible
-// nor acknowledged until Commit returns nil.
+// WriteGroup gathers writes until Commit (Backend.NewWriteGroup). A write
+// added is neither visible nor acknowledged until Commit returns nil.
+// Only one goroutine uses a group at a time.
 type WriteGroup interface {
 	// Add checks a write as Write would and adds it; ErrGroupFull (wrapped
 	// or not) asks for a Commit first, any other error fails the write.
+	// data stays valid and unchanged until the next Commit.
 	Add(lba uint64, data []byte) error
 	// Commit applies every pending write, or none: on error each must be
 	// failed with it. The group is empty afterwards.
@@ -117,6 +127,7 @@ func (b volumeBackend) Deallocate(lba, n uint64) error { return b.v.Deallocate(l
 
 func (b volumeBackend) Flush() error { return b.v.Flush() }
 
+// NewWriteGroup implements Backend: one pebble batch per commit.
 func (b volumeBackend) NewWriteGroup() WriteGroup { return b.v.NewWriteGroup() }
 
 func (b volumeBackend) View(lba, n uint64, fn func(lba uint64, data []byte)) error {
@@ -252,6 +263,10 @@ func (m *MemBackend) Deallocate(lba, n uint64) error { return m.WriteZeroes(lba,
 
 // Flush implements Backend.
 func (m *MemBackend) Flush() error { return nil }
+
+// NewWriteGroup implements Backend: none, a copy into memory costs the
+// same alone or in a group.
+func (m *MemBackend) NewWriteGroup() WriteGroup { return nil }
 
 // View implements Viewer.
 func (m *MemBackend) View(lba, n uint64, fn func(lba uint64, data []byte)) error {

@@ -37,8 +37,9 @@
 //	io_cmd.go       Read, Write, Flush, Write Zeroes, Dataset Management, Compare
 //	workers.go      the sync worker pool
 //	status.go       the one translation from backend errors to status codes
-//	backend.go      Backend, VolumeBackend, MemBackend
-//	stats.go        request states and counters
+//	backend.go      Backend (write groups included), VolumeBackend, MemBackend
+//	group.go        Group: a binding goroutine's plain writes, committed together
+//	stats.go        request states, counters, per-namespace latency histograms
 //
 // # Concurrency
 //

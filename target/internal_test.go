@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target/volume"
@@ -143,5 +144,41 @@ func TestCopyWindow(t *testing.T) {
 	}
 	if copyWindow(dst, page, 12) {
 		t.Fatal("past the end accepted")
+	}
+}
+
+// TestLatencyHistogram: a call lands in the first bucket whose bound it
+// does not exceed (a bound is inclusive), past 1 s in the last; n calls
+// of one duration count n times; Count is the buckets' sum.
+func TestLatencyHistogram(t *testing.T) {
+	var h latencyHist
+	h.observe(0, 1)                           // bucket 0
+	h.observe(10*time.Microsecond, 1)         // bucket 0: bounds are inclusive
+	h.observe(10*time.Microsecond+1, 3)       // bucket 1, three calls
+	h.observe(time.Millisecond, 1)            // bucket 6
+	h.observe(time.Second, 1)                 // bucket 15
+	h.observe(time.Second+time.Nanosecond, 2) // the last bucket
+	var s LatencyHistogram
+	h.snapshot(&s)
+	want := map[int]uint64{0: 2, 1: 3, 6: 1, 15: 1, NumLatencyBuckets - 1: 2}
+	for i, n := range s.Buckets {
+		if n != want[i] {
+			t.Errorf("bucket %d (≤ %v): %d, want %d", i, LatencyBounds()[min(i, len(latencyBounds)-1)], n, want[i])
+		}
+	}
+	if s.Count != 9 {
+		t.Errorf("count %d, want 9", s.Count)
+	}
+	wantSum := 10*time.Microsecond + 3*(10*time.Microsecond+1) + time.Millisecond + time.Second + 2*(time.Second+1)
+	if s.Sum != wantSum {
+		t.Errorf("sum %v, want %v", s.Sum, wantSum)
+	}
+	if b := LatencyBounds(); len(b) != NumLatencyBuckets-1 || b[0] != 10*time.Microsecond || b[len(b)-1] != time.Second {
+		t.Errorf("bounds %v", b)
+	}
+	for o := range NumLatencyOps {
+		if o.String() == "" || o.String() == "unknown" {
+			t.Errorf("op %d has no name", o)
+		}
 	}
 }

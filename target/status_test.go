@@ -438,3 +438,7 @@ func TestStatusTableComplete(t *testing.T) {
 		t.Fatalf("found only %d status constants: %v", len(names), names)
 	}
 }
+
+// NewWriteGroup implements target.Backend: none, so that every write
+// goes through Write and its injected fault.
+func (f *faultBackend) NewWriteGroup() target.WriteGroup { return nil }
