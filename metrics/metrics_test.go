@@ -276,6 +276,8 @@ func TestScrapeAfterIO(t *testing.T) {
 		"blk_volume_store_write_stalls_total":       "counter",
 		"blk_volume_store_background_syncs_total":   "counter",
 		"blk_target_namespace_io_latency_seconds":   "histogram",
+		"blk_target_namespace_grouped_writes_total": "counter",
+		"blk_target_namespace_group_commits_total":  "counter",
 		"blk_initiator_associations_total":          "counter",
 		"blk_initiator_state":                       "gauge",
 	} {
@@ -307,6 +309,10 @@ func TestScrapeAfterIO(t *testing.T) {
 	e.atLeast(t, "blk_rdma_accepts_total", port, 3)
 	e.atLeast(t, "blk_rdma_commands_total", port, ios)
 	e.atLeast(t, "blk_rdma_writes_total", port, reads)
+	if g, _ := e.sum("blk_rdma_grouped_writes_total", port); g != writes {
+		t.Errorf("blk_rdma_grouped_writes_total = %v, want the %d plain writes", g, writes)
+	}
+	e.atLeast(t, "blk_rdma_group_commits_total", port, 1)
 	rr, _ := e.sum("blk_rdma_reads_total", port)
 	ic, _ := e.sum("blk_rdma_in_capsule_writes_total", port)
 	if rr+ic < writes+fuas {
@@ -331,6 +337,14 @@ func TestScrapeAfterIO(t *testing.T) {
 	e.atLeast(t, "blk_target_namespace_write_bytes_total", nsl, writes*4*bs+fuas*bs)
 	e.atLeast(t, "blk_target_namespace_flushes_total", nsl, 1)
 	e.atLeast(t, "blk_target_namespace_write_zeroes_total", nsl, 1)
+	// Plain writes go through the binding's write group (one at a time
+	// here: a commit each); FUA writes never do.
+	if g, _ := e.sum("blk_target_namespace_grouped_writes_total", nsl); g != writes {
+		t.Errorf("blk_target_namespace_grouped_writes_total = %v, want the %d plain writes", g, writes)
+	}
+	if c, _ := e.sum("blk_target_namespace_group_commits_total", nsl); c < 1 || c > writes {
+		t.Errorf("blk_target_namespace_group_commits_total = %v, want 1 to %d", c, writes)
+	}
 
 	// Volume: counters and space.
 	e.atLeast(t, "blk_volume_reads_total", vol, reads)

@@ -78,6 +78,8 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 			counter("target_namespace_write_bytes_total", "Bytes written by successful commands.", func(s *N) uint64 { return s.WriteBytes }),
 			counter("target_namespace_deallocated_blocks_total", "Blocks deallocated by successful commands.", func(s *N) uint64 { return s.DeallocatedBlocks }),
 			counter("target_namespace_errors_total", "Commands that failed after reaching the namespace.", func(s *N) uint64 { return s.Errors }),
+			counter("target_namespace_grouped_writes_total", "Plain writes committed in a write group with others of the same poll group's pass (failed ones included).", func(s *N) uint64 { return s.GroupedWrites }),
+			counter("target_namespace_group_commits_total", "Backend commits of write groups: group_commits/grouped_writes is the commits per grouped write.", func(s *N) uint64 { return s.GroupCommits }),
 		),
 	}
 }
