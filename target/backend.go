@@ -1,11 +1,12 @@
 package target
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"sync"
 
-	"github.com/blk-project/blk/target/volume"
+	"github.com/blk-project/blk/nvme"
 )
 
 // Geometry describes a namespace's storage.
@@ -30,9 +31,9 @@ type Geometry struct {
 // (NamespaceStats.Latency): a backend, or a wrapper around one, never
 // needs to measure itself.
 //
-// Errors are turned into NVMe status codes in one place
-// (target/status.go): errors wrapping a volume sentinel get the status
-// volume/errors.go names; an error implementing StatusError gets its own
+// A backend translates its own errors into NVMe status, in one function
+// (the volume adapter's volumeStatus, as nvmet's blk_to_nvme_status): an
+// error carrying a StatusError in its chain (WithStatus) gets that
 // status; anything else is an Internal Error.
 type Backend interface {
 	// Geometry returns the block size, capacity and write protection.
@@ -89,55 +90,12 @@ type WriteGroup interface {
 
 // ErrGroupFull is returned by WriteGroup.Add when the group must be
 // committed before the write can join it.
-var ErrGroupFull = volume.ErrGroupFull
-
-// VolumeBackend adapts a target/volume Volume. Its errors wrap the volume
-// sentinels, which the core translates.
-func VolumeBackend(v *volume.Volume) Backend { return volumeBackend{v} }
-
-type volumeBackend struct{ v *volume.Volume }
-
-func (b volumeBackend) Geometry() (Geometry, error) {
-	info, err := b.v.Info()
-	if err != nil {
-		return Geometry{}, err
-	}
-	return Geometry{BlockSize: info.BlockSize, Blocks: info.Blocks(), ReadOnly: info.State == volume.StateReadOnly}, nil
-}
-
-func (b volumeBackend) Read(lba uint64, buf []byte) error { return b.v.Read(lba, buf) }
-
-func (b volumeBackend) Write(lba uint64, data []byte, fua bool) error {
-	var f volume.WriteFlags
-	if fua {
-		f = volume.FUA
-	}
-	return b.v.Write(lba, data, f)
-}
-
-func (b volumeBackend) WriteZeroes(lba, n uint64, fua bool) error {
-	var f volume.WriteFlags
-	if fua {
-		f = volume.FUA
-	}
-	return b.v.WriteZeroes(lba, n, f)
-}
-
-func (b volumeBackend) Deallocate(lba, n uint64) error { return b.v.Deallocate(lba, n) }
-
-func (b volumeBackend) Flush() error { return b.v.Flush() }
-
-// NewWriteGroup implements Backend: one pebble batch per commit.
-func (b volumeBackend) NewWriteGroup() WriteGroup { return b.v.NewWriteGroup() }
-
-func (b volumeBackend) View(lba, n uint64, fn func(lba uint64, data []byte)) error {
-	return b.v.View(lba, n, fn)
-}
+var ErrGroupFull = errors.New("target: write group full")
 
 // MemBackend is a Backend in memory, for tests and for bindings' test
 // suites: a byte slice of the whole capacity behind a lock, with no
-// durability (Flush and FUA do nothing). Its errors wrap the volume
-// sentinels, like a volume's.
+// durability (Flush and FUA do nothing). Its errors carry their NVMe
+// status.
 type MemBackend struct {
 	mu       sync.RWMutex
 	shift    uint8
@@ -187,10 +145,14 @@ func (m *MemBackend) Geometry() (Geometry, error) {
 }
 
 var (
-	errMemRange    = fmt.Errorf("target: memory backend: %w", volume.ErrOutOfRange)
-	errMemAlign    = fmt.Errorf("target: memory backend: %w", volume.ErrMisaligned)
-	errMemReadOnly = fmt.Errorf("target: memory backend: %w", volume.ErrReadOnly)
-	errMemTooLarge = fmt.Errorf("target: memory backend: %w", volume.ErrTooLarge)
+	errMemRange = WithStatus(errors.New("target: memory backend: LBA range past the capacity"),
+		nvme.StatusLBAOutOfRange.WithDNR())
+	errMemAlign = WithStatus(errors.New("target: memory backend: length not a whole number of blocks"),
+		nvme.StatusSGLInvalidDataLength.WithDNR())
+	errMemReadOnly = WithStatus(errors.New("target: memory backend: write protected"),
+		nvme.StatusNamespaceWriteProtect.WithDNR())
+	errMemTooLarge = WithStatus(errors.New("target: memory backend: request too large"),
+		nvme.StatusInvalidField.WithDNR())
 )
 
 // span checks a request and returns its byte range. Requires m.mu.

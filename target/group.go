@@ -85,7 +85,7 @@ func (g *Group) add(q *Queue, ns *namespace, r *Request, data []byte) bool {
 		if errors.Is(err, ErrGroupFull) {
 			return false
 		}
-		q.finish(ns, r, statusOf(opWrite, err))
+		q.finish(ns, r, statusOf(err))
 		return true
 	}
 	q.t.enter(r, reqQueued)
@@ -139,7 +139,7 @@ func (g *Group) Commit() {
 	for i := range g.pending {
 		p := &g.pending[i]
 		ns := g.entries[p.entry].ns
-		st := statusOf(opWrite, g.entries[p.entry].err)
+		st := statusOf(g.entries[p.entry].err)
 		if st == nvme.StatusSuccess {
 			ns.c.writes.Add(1)
 			ns.c.writeBytes.Add(uint64(p.bytes))

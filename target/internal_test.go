@@ -52,15 +52,15 @@ func TestCNTLIDSpace(t *testing.T) {
 	}
 }
 
-// TestStatusOf: the one translation of backend errors.
-func TestStatusOf(t *testing.T) {
+// TestVolumeStatus: the volume adapter's one translation of its errors,
+// and what the core reads back from them (statusOf).
+func TestVolumeStatus(t *testing.T) {
 	wrap := func(err error) error { return fmt.Errorf("volume 1: read at LBA 3: %w", err) }
 	for _, c := range []struct {
 		op   ioOp
 		err  error
 		want nvme.Status
 	}{
-		{opRead, nil, nvme.StatusSuccess},
 		{opRead, wrap(volume.ErrOutOfRange), nvme.StatusLBAOutOfRange.WithDNR()},
 		{opWrite, wrap(volume.ErrMisaligned), nvme.StatusSGLInvalidDataLength.WithDNR()},
 		{opWrite, wrap(volume.ErrTooLarge), nvme.StatusInvalidField.WithDNR()},
@@ -83,11 +83,28 @@ func TestStatusOf(t *testing.T) {
 		// An explicit status wins over a wrapped sentinel.
 		{opRead, fmt.Errorf("%w: %w", testStatusErr(nvme.StatusANATransition), volume.ErrIO), nvme.StatusANATransition},
 	} {
-		if got := statusOf(c.op, c.err); got != c.want {
-			t.Errorf("statusOf(%d, %v) = %v, want %v", c.op, c.err, got, c.want)
+		if got := volumeStatus(c.op, c.err); got != c.want {
+			t.Errorf("volumeStatus(%d, %v) = %v, want %v", c.op, c.err, got, c.want)
+		}
+		// What the adapter returns: the status for the core, the
+		// volume's error for anyone who looks.
+		err := volumeError(c.op, c.err)
+		if got := statusOf(err); got != c.want {
+			t.Errorf("statusOf(volumeError(%d, %v)) = %v, want %v", c.op, c.err, got, c.want)
+		}
+		if !errors.Is(err, c.err) || err.Error() != c.err.Error() {
+			t.Errorf("volumeError(%d, %v) = %v: lost the volume's error", c.op, c.err, err)
 		}
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = statusOf(opRead, nil) }); n != 0 {
+	if volumeError(opRead, nil) != nil || statusOf(nil) != nvme.StatusSuccess {
+		t.Error("success is not success")
+	}
+	// The core translates no storage's errors: an untranslated error is
+	// an Internal Error, whatever it wraps.
+	if got := statusOf(wrap(volume.ErrOutOfRange)); got != nvme.StatusInternalError.WithDNR() {
+		t.Errorf("statusOf(untranslated volume error) = %v, want Internal Error", got)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = statusOf(volumeError(opRead, nil)) }); n != 0 {
 		t.Errorf("statusOf(nil) allocates %v", n)
 	}
 }

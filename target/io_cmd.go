@@ -102,7 +102,7 @@ func (q *Queue) read(c *ctrl, r *Request) {
 		start := time.Now()
 		err := ns.backend.Read(r.Cmd.SLBA(), data)
 		ns.c.lat[LatencyRead].since(start)
-		st = statusOf(opRead, err)
+		st = statusOf(err)
 		if st == nvme.StatusSuccess {
 			ns.c.reads.Add(1)
 			ns.c.readBytes.Add(uint64(len(data)))
@@ -136,7 +136,7 @@ func (q *Queue) write(c *ctrl, r *Request) {
 	start := time.Now()
 	err := ns.backend.Write(r.Cmd.SLBA(), data, false)
 	ns.c.lat[LatencyWrite].since(start)
-	st = statusOf(opWrite, err)
+	st = statusOf(err)
 	if st == nvme.StatusSuccess {
 		ns.c.writes.Add(1)
 		ns.c.writeBytes.Add(uint64(len(data)))
@@ -191,7 +191,7 @@ func (q *Queue) writeZeroes(c *ctrl, r *Request) {
 	if r.Cmd.DEAC() {
 		err := ns.backend.Deallocate(slba, n)
 		ns.c.lat[LatencyDeallocate].since(start)
-		st = statusOf(opDeallocate, err)
+		st = statusOf(err)
 		if st == nvme.StatusSuccess {
 			ns.c.deallocates.Add(1)
 			ns.c.deallocBlocks.Add(n)
@@ -199,7 +199,7 @@ func (q *Queue) writeZeroes(c *ctrl, r *Request) {
 	} else {
 		err := ns.backend.WriteZeroes(slba, n, false)
 		ns.c.lat[LatencyWriteZeroes].since(start)
-		st = statusOf(opWriteZeroes, err)
+		st = statusOf(err)
 		if st == nvme.StatusSuccess {
 			ns.c.writeZeroes.Add(1)
 		}
@@ -247,7 +247,7 @@ func (q *Queue) dsm(c *ctrl, r *Request) {
 		start := time.Now()
 		err := ns.backend.Deallocate(rg.SLBA, uint64(rg.NLB))
 		ns.c.lat[LatencyDeallocate].since(start)
-		if st := statusOf(opDeallocate, err); st != nvme.StatusSuccess {
+		if st := statusOf(err); st != nvme.StatusSuccess {
 			q.finish(ns, r, st)
 			return
 		}
@@ -298,7 +298,7 @@ func (ns *namespace) compare(slba uint64, data []byte) nvme.Status {
 			}
 		})
 		if err != nil {
-			return statusOf(opCompare, err)
+			return statusOf(err)
 		}
 		if !same {
 			return nvme.StatusCompareFailure.WithDNR()
@@ -313,7 +313,7 @@ func (ns *namespace) compare(slba uint64, data []byte) nvme.Status {
 	defer compareBufs.Put(bp)
 	buf := (*bp)[:len(data)]
 	if err := ns.backend.Read(slba, buf); err != nil {
-		return statusOf(opCompare, err)
+		return statusOf(err)
 	}
 	if !bytes.Equal(buf, data) {
 		return nvme.StatusCompareFailure.WithDNR()
@@ -333,7 +333,7 @@ func (t *Target) runSync(r *Request) {
 		start := time.Now()
 		err := ns.backend.Write(c.SLBA(), data, true)
 		ns.c.lat[LatencyWriteFUA].since(start)
-		st = statusOf(opWrite, err)
+		st = statusOf(err)
 		if st == nvme.StatusSuccess {
 			ns.c.writes.Add(1)
 			ns.c.fuaWrites.Add(1)
@@ -343,7 +343,7 @@ func (t *Target) runSync(r *Request) {
 		start := time.Now()
 		err := ns.backend.WriteZeroes(c.SLBA(), uint64(c.Blocks()), true)
 		ns.c.lat[LatencyWriteZeroes].since(start)
-		st = statusOf(opWriteZeroes, err)
+		st = statusOf(err)
 		if st == nvme.StatusSuccess {
 			ns.c.writeZeroes.Add(1)
 		}
@@ -400,5 +400,5 @@ func (ns *namespace) flush() nvme.Status {
 	start := time.Now()
 	err := ns.backend.Flush()
 	ns.c.lat[LatencyFlush].since(start)
-	return statusOf(opFlush, err)
+	return statusOf(err)
 }
