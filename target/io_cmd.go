@@ -279,8 +279,8 @@ func (q *Queue) compare(c *ctrl, r *Request) {
 // compareBufs holds read buffers for Compare on backends without View.
 var compareBufs sync.Pool
 
-// compare compares data with the blocks at slba; the backend's time is
-// timed as a read.
+// compare compares data with the blocks at slba, timed as a read (the
+// comparison, a memcmp beside the backend's read, included).
 func (ns *namespace) compare(slba uint64, data []byte) nvme.Status {
 	start := time.Now()
 	defer ns.c.lat[LatencyRead].since(start)
