@@ -9,22 +9,22 @@
 //	transport.go  EngineCollector: per engine core, labelled {port, core}
 //	port.go       PortCollector: the RDMA binding's counters, {port}
 //	target.go     TargetCollector: commands by status, request states,
-//	              controllers, and per namespace {subsystem, nsid}
+//	              controllers, and per namespace {subsystem, nsid} its
+//	              counters, write batching and latency histograms
 //	volume.go     StoreCollector: per volume {volume} counters and space
 //	initiator.go  ControllerCollector: a host controller, {subsystem, addr}
-//	latency.go    Latency and LatencyBackend: per volume, per operation
-//	              latency histograms, the one thing measured on the I/O path
+//	latency.go    the latency histograms' buckets and exposition
 //	registry.go   Registry (register and forget collectors) and Handler
 //
 // # Cost
 //
 // A scrape costs what the Stats methods cost: atomic loads, a walk of the
 // target's 2048 status counters and, for each volume, a walk of its keys
-// (volume.Volume.Stats counts allocated blocks). Nothing here adds work to
-// the data path except LatencyBackend, which a daemon opts into per
-// namespace: two clock reads and one lock-free, allocation-free histogram
-// Observe per backend call, with the histogram resolved when the backend
-// is wrapped, not per call.
+// (volume.Volume.Stats counts allocated blocks). Nothing here is on the
+// data path: the per-namespace latency histograms are the target's own
+// counters (target.NamespaceStats.Latency), kept with plain atomics, and
+// this package only exports them. (Until issue 22 a wrapper here timed
+// each backend and, by wrapping it, hid the volume's write batching.)
 //
 // # Must never
 //

@@ -36,9 +36,9 @@ type testTarget struct {
 }
 
 // newTestTarget serves one subsystem with one 64 MiB namespace (4 KiB
-// blocks, volume 1, timed by lat) on a soft adapter on loopback, with two
-// cores (as target/rdma's newTestTarget).
-func newTestTarget(t testing.TB, lat *metrics.Latency) *testTarget {
+// blocks, volume 1) on a soft adapter on loopback, with two cores (as
+// target/rdma's newTestTarget).
+func newTestTarget(t testing.TB) *testTarget {
 	t.Helper()
 	a, err := soft.New(soft.Config{})
 	if err != nil {
@@ -60,8 +60,7 @@ func newTestTarget(t testing.TB, lat *metrics.Latency) *testTarget {
 	if err != nil {
 		t.Fatal(err)
 	}
-	be := lat.Wrap("1", target.VolumeBackend(tt.vol))
-	if err = sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: be}); err != nil {
+	if err = sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(tt.vol)}); err != nil {
 		t.Fatal(err)
 	}
 	if tt.port, err = rdma.Listen(tt.t, a, cfg); err != nil {
@@ -203,11 +202,7 @@ func (e exposition) atLeast(t *testing.T, name string, labels map[string]string,
 // handler over HTTP and checks every collector reported the I/O.
 func TestScrapeAfterIO(t *testing.T) {
 	reg := metrics.NewRegistry(prometheus.NewRegistry())
-	lat, err := reg.Latency()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tt := newTestTarget(t, lat)
+	tt := newTestTarget(t)
 	for _, err := range []error{reg.RegisterTarget(tt.t), reg.RegisterPort(tt.port), reg.RegisterStore(tt.store)} {
 		if err != nil {
 			t.Fatal(err)
@@ -280,7 +275,9 @@ func TestScrapeAfterIO(t *testing.T) {
 		"blk_volume_store_l0_files":                 "gauge",
 		"blk_volume_store_write_stalls_total":       "counter",
 		"blk_volume_store_background_syncs_total":   "counter",
-		"blk_volume_io_latency_seconds":             "histogram",
+		"blk_target_namespace_io_latency_seconds":   "histogram",
+		"blk_target_namespace_grouped_writes_total": "counter",
+		"blk_target_namespace_group_commits_total":  "counter",
 		"blk_initiator_associations_total":          "counter",
 		"blk_initiator_state":                       "gauge",
 	} {
@@ -312,6 +309,10 @@ func TestScrapeAfterIO(t *testing.T) {
 	e.atLeast(t, "blk_rdma_accepts_total", port, 3)
 	e.atLeast(t, "blk_rdma_commands_total", port, ios)
 	e.atLeast(t, "blk_rdma_writes_total", port, reads)
+	if g, _ := e.sum("blk_rdma_grouped_writes_total", port); g != writes {
+		t.Errorf("blk_rdma_grouped_writes_total = %v, want the %d plain writes", g, writes)
+	}
+	e.atLeast(t, "blk_rdma_group_commits_total", port, 1)
 	rr, _ := e.sum("blk_rdma_reads_total", port)
 	ic, _ := e.sum("blk_rdma_in_capsule_writes_total", port)
 	if rr+ic < writes+fuas {
@@ -336,6 +337,14 @@ func TestScrapeAfterIO(t *testing.T) {
 	e.atLeast(t, "blk_target_namespace_write_bytes_total", nsl, writes*4*bs+fuas*bs)
 	e.atLeast(t, "blk_target_namespace_flushes_total", nsl, 1)
 	e.atLeast(t, "blk_target_namespace_write_zeroes_total", nsl, 1)
+	// Plain writes go through the binding's write group (one at a time
+	// here: a commit each); FUA writes never do.
+	if g, _ := e.sum("blk_target_namespace_grouped_writes_total", nsl); g != writes {
+		t.Errorf("blk_target_namespace_grouped_writes_total = %v, want the %d plain writes", g, writes)
+	}
+	if c, _ := e.sum("blk_target_namespace_group_commits_total", nsl); c < 1 || c > writes {
+		t.Errorf("blk_target_namespace_group_commits_total = %v, want 1 to %d", c, writes)
+	}
 
 	// Volume: counters and space.
 	e.atLeast(t, "blk_volume_reads_total", vol, reads)
@@ -350,15 +359,15 @@ func TestScrapeAfterIO(t *testing.T) {
 	// Latency histograms: a count per backend call, +Inf equal to the
 	// count, a positive sum, and the buckets cumulative.
 	for op, n := range map[string]float64{"read": reads, "write": writes, "write_fua": fuas, "flush": 1, "write_zeroes": 1} {
-		l := map[string]string{"volume": "1", "op": op}
-		cnt := e.atLeast(t, "blk_volume_io_latency_seconds_count", l, n)
-		if s, _ := e.sum("blk_volume_io_latency_seconds_sum", l); s <= 0 {
+		l := map[string]string{"subsystem": testSubNQN, "nsid": "1", "op": op}
+		cnt := e.atLeast(t, "blk_target_namespace_io_latency_seconds_count", l, n)
+		if s, _ := e.sum("blk_target_namespace_io_latency_seconds_sum", l); s <= 0 {
 			t.Errorf("latency %s: sum %v", op, s)
 		}
 		var prev float64
 		buckets := 0
-		for _, s := range e.samples["blk_volume_io_latency_seconds_bucket"] {
-			if s.labels["volume"] != "1" || s.labels["op"] != op {
+		for _, s := range e.samples["blk_target_namespace_io_latency_seconds_bucket"] {
+			if s.labels["subsystem"] != testSubNQN || s.labels["nsid"] != "1" || s.labels["op"] != op {
 				continue
 			}
 			buckets++

@@ -24,6 +24,8 @@ func NewPortCollector(p *rdma.Port) *PortCollector {
 		counter("rdma_commands_total", "Command capsules received.", func(s *S) uint64 { return s.Commands }),
 		counter("rdma_protocol_errors_total", "Malformed capsules (each dropped its connection).", func(s *S) uint64 { return s.ProtocolErrors }),
 		counter("rdma_in_capsule_writes_total", "Writes whose data came in the command capsule.", func(s *S) uint64 { return s.InCapsuleWrites }),
+		counter("rdma_grouped_writes_total", "Plain writes a core gathered into its write group (target.Group) to commit together.", func(s *S) uint64 { return s.GroupedWrites }),
+		counter("rdma_group_commits_total", "Commits of the cores' write groups, one per namespace with writes per pass: group_commits/grouped_writes is the commits per grouped write.", func(s *S) uint64 { return s.GroupCommits }),
 		counter("rdma_reads_total", "RDMA READs issued to fetch host data.", func(s *S) uint64 { return s.RDMAReads }),
 		counter("rdma_writes_total", "RDMA WRITEs issued to place data in host memory.", func(s *S) uint64 { return s.RDMAWrites }),
 		counter("rdma_data_waits_total", "Commands that waited for a data buffer.", func(s *S) uint64 { return s.DataWaits }),

@@ -39,9 +39,8 @@ func Handler(reg *prometheus.Registry) http.Handler {
 type Registry struct {
 	reg *prometheus.Registry
 
-	mu      sync.Mutex
-	objs    map[any][]prometheus.Collector
-	latency *Latency
+	mu   sync.Mutex
+	objs map[any][]prometheus.Collector
 }
 
 // NewRegistry returns a Registry registering into reg.
@@ -112,21 +111,6 @@ func (r *Registry) RegisterProcess() error {
 // subsystem at addr.
 func (r *Registry) RegisterController(c *initiator.Controller, subsystem, addr string) error {
 	return r.register(c, NewControllerCollector(c, subsystem, addr))
-}
-
-// Latency returns the registry's latency histograms, registering them on
-// the first call. Wrap each namespace's backend with Latency().Wrap.
-func (r *Registry) Latency() (*Latency, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.latency == nil {
-		l := NewLatency()
-		if err := r.reg.Register(l); err != nil {
-			return nil, fmt.Errorf("metrics: register latency histograms: %w", err)
-		}
-		r.latency = l
-	}
-	return r.latency, nil
 }
 
 // Unregister removes the collectors registered for obj (the *Target,

@@ -16,6 +16,8 @@ type TargetCollector struct {
 	commands *prometheus.Desc
 	states   *prometheus.Desc
 	busy     *prometheus.Desc
+	latency  *prometheus.Desc
+	bounds   []float64
 	top      table[target.Stats]
 	ns       table[target.NamespaceStats]
 }
@@ -36,6 +38,10 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 		busy: prometheus.NewDesc("blk_target_connects_busy_total",
 			"Admin Connects refused with Controller Busy (no DNR) because a controller budget was full, by budget: controllers (MaxControllers), discovery (MaxDiscoveryControllers), discovery_per_source (MaxDiscoveryPerSource).",
 			[]string{"budget"}, nil),
+		latency: prometheus.NewDesc("blk_target_namespace_io_latency_seconds",
+			"Time the namespace's backend took per call, by operation, failed calls included; a grouped write is timed by the commit that applied it, a compare as a read.",
+			append(nl, "op"), nil),
+		bounds: LatencyBuckets(),
 		top: newTable(nil, nil,
 			gauge("target_requests_in_flight", "Requests executed and not yet completed.", func(s *S) float64 {
 				if s.Completed >= s.Executed {
@@ -72,6 +78,8 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 			counter("target_namespace_write_bytes_total", "Bytes written by successful commands.", func(s *N) uint64 { return s.WriteBytes }),
 			counter("target_namespace_deallocated_blocks_total", "Blocks deallocated by successful commands.", func(s *N) uint64 { return s.DeallocatedBlocks }),
 			counter("target_namespace_errors_total", "Commands that failed after reaching the namespace.", func(s *N) uint64 { return s.Errors }),
+			counter("target_namespace_grouped_writes_total", "Plain writes committed in a write group with others of the same poll group's pass (failed ones included).", func(s *N) uint64 { return s.GroupedWrites }),
+			counter("target_namespace_group_commits_total", "Backend commits of write groups: group_commits/grouped_writes is the commits per grouped write.", func(s *N) uint64 { return s.GroupCommits }),
 		),
 	}
 }
@@ -81,6 +89,7 @@ func (c *TargetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.commands
 	ch <- c.states
 	ch <- c.busy
+	ch <- c.latency
 	c.top.describe(ch)
 	c.ns.describe(ch)
 }
@@ -107,6 +116,10 @@ func (c *TargetCollector) Collect(ch chan<- prometheus.Metric) {
 	c.top.collect(ch, &s)
 	for i := range s.Namespaces {
 		n := &s.Namespaces[i]
-		c.ns.collect(ch, n, n.Subsystem, strconv.FormatUint(uint64(n.NSID), 10))
+		nsid := strconv.FormatUint(uint64(n.NSID), 10)
+		c.ns.collect(ch, n, n.Subsystem, nsid)
+		for op := range target.NumLatencyOps {
+			ch <- latencyHistogram(c.latency, c.bounds, &n.Latency[op], n.Subsystem, nsid, op.String())
+		}
 	}
 }

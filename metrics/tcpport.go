@@ -39,6 +39,8 @@ func NewTCPPortCollector(p *tcp.Port) *TCPPortCollector {
 		counter("tcp_sent_bytes_total", "Bytes written to the port's sockets.", func(s *S) uint64 { return s.BytesOut }),
 		counter("tcp_copies_total", "User-space copies of host data (staging buffer to data buffer).", func(s *S) uint64 { return s.Copies }),
 		counter("tcp_data_waits_total", "Commands that waited for a data buffer.", func(s *S) uint64 { return s.DataWaits }),
+		counter("tcp_grouped_writes_total", "Plain writes a poll group gathered into its write group (target.Group) to commit together.", func(s *S) uint64 { return s.GroupedWrites }),
+		counter("tcp_group_commits_total", "Commits of the poll groups' write groups, one per namespace with writes per pass: group_commits/grouped_writes is the commits per grouped write.", func(s *S) uint64 { return s.GroupCommits }),
 	)}
 }
 

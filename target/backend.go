@@ -1,11 +1,12 @@
 package target
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"sync"
 
-	"github.com/blk-project/blk/target/volume"
+	"github.com/blk-project/blk/nvme"
 )
 
 // Geometry describes a namespace's storage.
@@ -26,10 +27,13 @@ type Geometry struct {
 // Methods are called concurrently from any goroutine. Read and plain
 // Write run on the binding's goroutine and should not block for long;
 // Flush, FUA writes and FUA write-zeroes run on the target's sync workers.
+// The core times every call into the namespace's latency histograms
+// (NamespaceStats.Latency): a backend, or a wrapper around one, never
+// needs to measure itself.
 //
-// Errors are turned into NVMe status codes in one place
-// (target/status.go): errors wrapping a volume sentinel get the status
-// volume/errors.go names; an error implementing StatusError gets its own
+// A backend translates its own errors into NVMe status, in one function
+// (the volume adapter's volumeStatus, as nvmet's blk_to_nvme_status): an
+// error carrying a StatusError in its chain (WithStatus) gets that
 // status; anything else is an Internal Error.
 type Backend interface {
 	// Geometry returns the block size, capacity and write protection.
@@ -46,6 +50,20 @@ type Backend interface {
 	Deallocate(lba, n uint64) error
 	// Flush makes every acknowledged write durable.
 	Flush() error
+	// NewWriteGroup returns an empty group in which plain (not FUA)
+	// writes are committed together, which costs the backend less than
+	// committing each (a volume: one pebble batch and one WAL record
+	// instead of one per write); or nil if the backend commits each write
+	// alone as cheaply (the core then calls Write for each). The core
+	// calls it for each binding goroutine that executes writes with
+	// Request.Group set, and reuses the group.
+	//
+	// It is part of Backend, not an extra found by type assertion, so
+	// that a wrapper embedding a Backend keeps it and a wrapper spelling
+	// out every method must decide about it: none can drop the batching
+	// by accident (issue 22: blkd's latency wrapper did, and every plain
+	// write was a pebble commit of its own).
+	NewWriteGroup() WriteGroup
 }
 
 // Viewer is an optional Backend extra, found by type assertion: it lets
@@ -56,20 +74,13 @@ type Viewer interface {
 	View(lba, n uint64, fn func(lba uint64, data []byte)) error
 }
 
-// GroupWriter is an optional Backend extension: plain (not FUA) writes
-// added to one of its WriteGroups are committed together, which costs the
-// backend less than committing each (a volume: one pebble batch and one
-// WAL record instead of one per write). The core uses it for writes a
-// binding executes with Request.Group set.
-type GroupWriter interface {
-	NewWriteGroup() WriteGroup
-}
-
-// WriteGroup gathers writes until Commit. A write added is neither visible
-// nor acknowledged until Commit returns nil.
+// WriteGroup gathers writes until Commit (Backend.NewWriteGroup). A write
+// added is neither visible nor acknowledged until Commit returns nil.
+// Only one goroutine uses a group at a time.
 type WriteGroup interface {
 	// Add checks a write as Write would and adds it; ErrGroupFull (wrapped
 	// or not) asks for a Commit first, any other error fails the write.
+	// data stays valid and unchanged until the next Commit.
 	Add(lba uint64, data []byte) error
 	// Commit applies every pending write, or none: on error each must be
 	// failed with it. The group is empty afterwards.
@@ -79,54 +90,12 @@ type WriteGroup interface {
 
 // ErrGroupFull is returned by WriteGroup.Add when the group must be
 // committed before the write can join it.
-var ErrGroupFull = volume.ErrGroupFull
-
-// VolumeBackend adapts a target/volume Volume. Its errors wrap the volume
-// sentinels, which the core translates.
-func VolumeBackend(v *volume.Volume) Backend { return volumeBackend{v} }
-
-type volumeBackend struct{ v *volume.Volume }
-
-func (b volumeBackend) Geometry() (Geometry, error) {
-	info, err := b.v.Info()
-	if err != nil {
-		return Geometry{}, err
-	}
-	return Geometry{BlockSize: info.BlockSize, Blocks: info.Blocks(), ReadOnly: info.State == volume.StateReadOnly}, nil
-}
-
-func (b volumeBackend) Read(lba uint64, buf []byte) error { return b.v.Read(lba, buf) }
-
-func (b volumeBackend) Write(lba uint64, data []byte, fua bool) error {
-	var f volume.WriteFlags
-	if fua {
-		f = volume.FUA
-	}
-	return b.v.Write(lba, data, f)
-}
-
-func (b volumeBackend) WriteZeroes(lba, n uint64, fua bool) error {
-	var f volume.WriteFlags
-	if fua {
-		f = volume.FUA
-	}
-	return b.v.WriteZeroes(lba, n, f)
-}
-
-func (b volumeBackend) Deallocate(lba, n uint64) error { return b.v.Deallocate(lba, n) }
-
-func (b volumeBackend) Flush() error { return b.v.Flush() }
-
-func (b volumeBackend) NewWriteGroup() WriteGroup { return b.v.NewWriteGroup() }
-
-func (b volumeBackend) View(lba, n uint64, fn func(lba uint64, data []byte)) error {
-	return b.v.View(lba, n, fn)
-}
+var ErrGroupFull = errors.New("target: write group full")
 
 // MemBackend is a Backend in memory, for tests and for bindings' test
 // suites: a byte slice of the whole capacity behind a lock, with no
-// durability (Flush and FUA do nothing). Its errors wrap the volume
-// sentinels, like a volume's.
+// durability (Flush and FUA do nothing). Its errors carry their NVMe
+// status.
 type MemBackend struct {
 	mu       sync.RWMutex
 	shift    uint8
@@ -176,10 +145,14 @@ func (m *MemBackend) Geometry() (Geometry, error) {
 }
 
 var (
-	errMemRange    = fmt.Errorf("target: memory backend: %w", volume.ErrOutOfRange)
-	errMemAlign    = fmt.Errorf("target: memory backend: %w", volume.ErrMisaligned)
-	errMemReadOnly = fmt.Errorf("target: memory backend: %w", volume.ErrReadOnly)
-	errMemTooLarge = fmt.Errorf("target: memory backend: %w", volume.ErrTooLarge)
+	errMemRange = WithStatus(errors.New("target: memory backend: LBA range past the capacity"),
+		nvme.StatusLBAOutOfRange.WithDNR())
+	errMemAlign = WithStatus(errors.New("target: memory backend: length not a whole number of blocks"),
+		nvme.StatusSGLInvalidDataLength.WithDNR())
+	errMemReadOnly = WithStatus(errors.New("target: memory backend: write protected"),
+		nvme.StatusNamespaceWriteProtect.WithDNR())
+	errMemTooLarge = WithStatus(errors.New("target: memory backend: request too large"),
+		nvme.StatusInvalidField.WithDNR())
 )
 
 // span checks a request and returns its byte range. Requires m.mu.
@@ -252,6 +225,10 @@ func (m *MemBackend) Deallocate(lba, n uint64) error { return m.WriteZeroes(lba,
 
 // Flush implements Backend.
 func (m *MemBackend) Flush() error { return nil }
+
+// NewWriteGroup implements Backend: none, a copy into memory costs the
+// same alone or in a group.
+func (m *MemBackend) NewWriteGroup() WriteGroup { return nil }
 
 // View implements Viewer.
 func (m *MemBackend) View(lba, n uint64, fn func(lba uint64, data []byte)) error {

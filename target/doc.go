@@ -36,9 +36,12 @@
 //	events.go       structured events (Config.Logger): controllers, refused Connects
 //	io_cmd.go       Read, Write, Flush, Write Zeroes, Dataset Management, Compare
 //	workers.go      the sync worker pool
-//	status.go       the one translation from backend errors to status codes
-//	backend.go      Backend, VolumeBackend, MemBackend
-//	stats.go        request states and counters
+//	status.go       StatusError, WithStatus; statusOf reads a backend error's status
+//	backend.go      Backend (write groups included), MemBackend
+//	volume_backend.go  VolumeBackend, the volume adapter: the one file that
+//	                knows target/volume, translating its errors (volumeStatus)
+//	group.go        Group: a binding goroutine's plain writes, committed together
+//	stats.go        request states, counters, per-namespace latency histograms
 //
 // # Concurrency
 //
@@ -80,7 +83,11 @@
 //   - Complete a request twice, or not at all, whatever races with
 //     teardown; touch a request after completing it.
 //   - Panic on any command a host can send (a fuzz test drives it).
-//   - Turn errors into status codes anywhere but statusOf.
+//   - Know a storage's errors outside its adapter: the volume's are
+//     translated by volumeStatus (volume_backend.go, the one file that
+//     imports target/volume, which a test asserts); the core only reads
+//     a StatusError back (statusOf), and anything else is an Internal
+//     Error.
 //   - Close a namespace's backend: the caller owns it.
 //   - Keep a Prometheus registry: Stats returns plain counters.
 package target

@@ -3,13 +3,14 @@ package target
 import (
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"github.com/blk-project/blk/nvme"
 )
 
 // Group gathers the plain writes one binding goroutine executes between
 // two calls of Commit, so that each backend commits them together (see
-// GroupWriter). The binding makes one per goroutine that executes
+// Backend.NewWriteGroup). The binding makes one per goroutine that executes
 // requests (a transport core) and calls Commit at the end of every batch
 // of completions it handles; writes wait at most that long. Only that
 // goroutine uses the group: it takes no lock.
@@ -36,8 +37,8 @@ func (g *Group) Stats() GroupStats {
 
 type groupEntry struct {
 	ns  *namespace
-	wg  WriteGroup
-	err error // the last Commit's outcome, for its pending writes
+	wg  WriteGroup // nil: the backend commits each write alone
+	err error      // the last Commit's outcome, for its pending writes
 }
 
 type pendingWrite struct {
@@ -65,21 +66,18 @@ func (g *Group) Pending() int { return len(g.pending) }
 // add tries to gather a plain write; it reports false if the write must
 // be executed alone (no room, or the backend cannot group it).
 func (g *Group) add(q *Queue, ns *namespace, r *Request, data []byte) bool {
-	if ns.grouper == nil || len(g.pending) == cap(g.pending) {
+	if len(g.pending) == cap(g.pending) {
 		return false
 	}
 	e := g.entry(ns)
-	if e < 0 {
+	wg := g.entries[e].wg
+	if wg == nil {
 		return false
 	}
-	wg := g.entries[e].wg
 	err := wg.Add(r.Cmd.SLBA(), data)
 	if errors.Is(err, ErrGroupFull) {
 		g.Commit()
 		e = g.entry(ns)
-		if e < 0 {
-			return false
-		}
 		wg = g.entries[e].wg
 		err = wg.Add(r.Cmd.SLBA(), data)
 	}
@@ -87,7 +85,7 @@ func (g *Group) add(q *Queue, ns *namespace, r *Request, data []byte) bool {
 		if errors.Is(err, ErrGroupFull) {
 			return false
 		}
-		q.finish(ns, r, statusOf(opWrite, err))
+		q.finish(ns, r, statusOf(err))
 		return true
 	}
 	q.t.enter(r, reqQueued)
@@ -95,7 +93,9 @@ func (g *Group) add(q *Queue, ns *namespace, r *Request, data []byte) bool {
 	return true
 }
 
-// entry returns the index of ns's entry, making it if needed, or -1.
+// entry returns the index of ns's entry, making it if needed (once per
+// namespace, also for a backend without write groups, so that one is not
+// asked again for every write).
 func (g *Group) entry(ns *namespace) int {
 	for i := range g.entries {
 		if g.entries[i].ns == ns {
@@ -107,11 +107,7 @@ func (g *Group) entry(ns *namespace) int {
 		clear(g.entries)
 		g.entries = g.entries[:0]
 	}
-	wg := ns.grouper.NewWriteGroup()
-	if wg == nil {
-		return -1
-	}
-	g.entries = append(g.entries, groupEntry{ns: ns, wg: wg})
+	g.entries = append(g.entries, groupEntry{ns: ns, wg: ns.backend.NewWriteGroup()})
 	return len(g.entries) - 1
 }
 
@@ -126,15 +122,24 @@ func (g *Group) Commit() {
 	for i := range g.entries {
 		e := &g.entries[i]
 		e.err = nil
-		if e.wg.Len() > 0 {
+		if e.wg == nil {
+			continue
+		}
+		if n := e.wg.Len(); n > 0 {
 			g.commits.Add(1)
+			start := time.Now()
 			e.err = e.wg.Commit()
+			// Each write waited for the whole commit: that is its time
+			// in the backend.
+			e.ns.c.lat[LatencyWrite].observe(time.Since(start), uint64(n))
+			e.ns.c.groupCommits.Add(1)
+			e.ns.c.groupedWrites.Add(uint64(n))
 		}
 	}
 	for i := range g.pending {
 		p := &g.pending[i]
 		ns := g.entries[p.entry].ns
-		st := statusOf(opWrite, g.entries[p.entry].err)
+		st := statusOf(g.entries[p.entry].err)
 		if st == nvme.StatusSuccess {
 			ns.c.writes.Add(1)
 			ns.c.writeBytes.Add(uint64(p.bytes))

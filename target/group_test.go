@@ -62,3 +62,110 @@ func TestGroupedWrites(t *testing.T) {
 		t.Errorf("group stats %+v, want 8 writes in 1 commit", st)
 	}
 }
+
+// timedBackend is a decorator as a daemon writes one (metrics, tracing):
+// it embeds the Backend it wraps and overrides what it measures. Only
+// the Backend's methods are promoted, so whatever batching the backend
+// offers must be part of that interface for a decorator to keep it.
+type timedBackend struct {
+	target.Backend
+	writes int
+}
+
+func (b *timedBackend) Write(lba uint64, data []byte, fua bool) error {
+	b.writes++
+	return b.Backend.Write(lba, data, fua)
+}
+
+// A volume behind a decorator still commits the plain writes of one
+// batch together: blkd wraps every volume (issue 22: its latency wrapper
+// dropped the batching, so every write was its own pebble commit).
+func TestGroupedWritesThroughDecorator(t *testing.T) {
+	store, err := volume.Open(volumeConfig(vfs.NewMem()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	vol, err := store.Create(1, volume.CreateOptions{SizeBytes: 256 * 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapped := &timedBackend{Backend: target.VolumeBackend(vol)}
+	b := newIOBench(t, wrapped)
+	g := b.tgt.NewGroup(16)
+	defer g.Commit()
+	base := b.ir.n
+	for i := range 8 {
+		data := bytes.Repeat([]byte{byte(i + 1)}, 4096)
+		b.io.Execute(&target.Request{Cmd: ioCmd(nvme.IOWrite, 1, uint64(i), 1, 0), Dir: nvme.DirHostToCtrl, Len: 4096, Data: data, Group: g})
+	}
+	g.Commit()
+	if n := b.ir.n - base; n != 8 || b.ir.last != nvme.StatusSuccess {
+		t.Fatalf("%d writes completed, last %v; want 8, success", n, b.ir.last)
+	}
+	if st := g.Stats(); st.Writes != 8 || st.Commits != 1 {
+		t.Errorf("through a decorator: group stats %+v, want 8 writes in 1 commit (%d written alone)", st, wrapped.writes)
+	}
+	got := make([]byte, 4096)
+	for i := range 8 {
+		if err := vol.Read(uint64(i), got); err != nil || got[0] != byte(i+1) {
+			t.Fatalf("block %d: err %v, byte %d", i, err, got[0])
+		}
+	}
+}
+
+// Every backend call is timed into its namespace's latency histogram by
+// the core; a grouped write counts once per write, timed by its commit,
+// and the batching counters say how many commits the writes took.
+func TestNamespaceLatencyAndBatching(t *testing.T) {
+	store, err := volume.Open(volumeConfig(vfs.NewMem()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	vol, err := store.Create(1, volume.CreateOptions{SizeBytes: 256 * 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newIOBench(t, target.VolumeBackend(vol))
+	g := b.tgt.NewGroup(16)
+	defer g.Commit()
+	buf := make([]byte, 4096)
+	exec := func(r *target.Request) {
+		t.Helper()
+		n := b.ir.n
+		b.io.Execute(r)
+		g.Commit()
+		if b.ir.n != n+1 || b.ir.last != nvme.StatusSuccess {
+			t.Fatalf("opcode %#x: %d completions, %v", r.Cmd.Opcode, b.ir.n-n, b.ir.last)
+		}
+	}
+	exec(&target.Request{Cmd: ioCmd(nvme.IOWrite, 1, 1, 1, 0), Dir: nvme.DirHostToCtrl, Len: 4096, Data: buf})
+	exec(&target.Request{Cmd: ioCmd(nvme.IORead, 1, 1, 1, 0), Dir: nvme.DirCtrlToHost, Len: 4096, Data: buf})
+	exec(&target.Request{Cmd: ioCmd(nvme.IOCompare, 1, 1, 1, 0), Dir: nvme.DirHostToCtrl, Len: 4096, Data: buf})
+	exec(&target.Request{Cmd: ioCmd(nvme.IOWriteZeroes, 1, 2, 1, 0)})
+	// Three writes in one pass, then one alone: two commits.
+	for i := range 3 {
+		b.io.Execute(&target.Request{Cmd: ioCmd(nvme.IOWrite, 1, uint64(10+i), 1, 0), Dir: nvme.DirHostToCtrl, Len: 4096, Data: buf, Group: g})
+	}
+	g.Commit()
+	exec(&target.Request{Cmd: ioCmd(nvme.IOWrite, 1, 20, 1, 0), Dir: nvme.DirHostToCtrl, Len: 4096, Data: buf, Group: g})
+
+	st := b.tgt.Stats().Namespaces[0]
+	if st.GroupedWrites != 4 || st.GroupCommits != 2 || st.Writes != 5 {
+		t.Errorf("writes %d, grouped %d in %d commits; want 5, 4 in 2", st.Writes, st.GroupedWrites, st.GroupCommits)
+	}
+	for op, want := range map[target.LatencyOp]uint64{
+		target.LatencyRead: 2, target.LatencyWrite: 5, target.LatencyWriteZeroes: 1,
+		target.LatencyWriteFUA: 0, target.LatencyDeallocate: 0, target.LatencyFlush: 0,
+	} {
+		h := st.Latency[op]
+		var sum uint64
+		for _, n := range h.Buckets {
+			sum += n
+		}
+		if h.Count != want || sum != want || (want > 0) != (h.Sum > 0) {
+			t.Errorf("%s: count %d, buckets %d, sum %v; want %d calls", op, h.Count, sum, h.Sum, want)
+		}
+	}
+}

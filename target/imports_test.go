@@ -2,7 +2,11 @@ package target_test
 
 import (
 	"go/build"
+	"go/parser"
+	"go/token"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -22,6 +26,28 @@ func TestImportGraph(t *testing.T) {
 		}
 		if strings.HasPrefix(imp, mod) && !slices.Contains(allowed, imp) {
 			t.Errorf("package target imports %s", imp)
+		}
+	}
+}
+
+// TestCoreStorageNeutral: of the core's files only the volume adapter
+// knows the volume store (its errors and types); the rest sees a Backend.
+func TestCoreStorageNeutral(t *testing.T) {
+	pkg, err := build.ImportDir(".", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	for _, name := range pkg.GoFiles {
+		f, err := parser.ParseFile(fset, filepath.Join(pkg.Dir, name), nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			if path == "github.com/blk-project/blk/target/volume" && name != "volume_backend.go" {
+				t.Errorf("%s imports %s: only the volume adapter (volume_backend.go) may", name, path)
+			}
 		}
 	}
 }

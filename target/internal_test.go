@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target/volume"
@@ -51,15 +52,15 @@ func TestCNTLIDSpace(t *testing.T) {
 	}
 }
 
-// TestStatusOf: the one translation of backend errors.
-func TestStatusOf(t *testing.T) {
+// TestVolumeStatus: the volume adapter's one translation of its errors,
+// and what the core reads back from them (statusOf).
+func TestVolumeStatus(t *testing.T) {
 	wrap := func(err error) error { return fmt.Errorf("volume 1: read at LBA 3: %w", err) }
 	for _, c := range []struct {
 		op   ioOp
 		err  error
 		want nvme.Status
 	}{
-		{opRead, nil, nvme.StatusSuccess},
 		{opRead, wrap(volume.ErrOutOfRange), nvme.StatusLBAOutOfRange.WithDNR()},
 		{opWrite, wrap(volume.ErrMisaligned), nvme.StatusSGLInvalidDataLength.WithDNR()},
 		{opWrite, wrap(volume.ErrTooLarge), nvme.StatusInvalidField.WithDNR()},
@@ -82,11 +83,28 @@ func TestStatusOf(t *testing.T) {
 		// An explicit status wins over a wrapped sentinel.
 		{opRead, fmt.Errorf("%w: %w", testStatusErr(nvme.StatusANATransition), volume.ErrIO), nvme.StatusANATransition},
 	} {
-		if got := statusOf(c.op, c.err); got != c.want {
-			t.Errorf("statusOf(%d, %v) = %v, want %v", c.op, c.err, got, c.want)
+		if got := volumeStatus(c.op, c.err); got != c.want {
+			t.Errorf("volumeStatus(%d, %v) = %v, want %v", c.op, c.err, got, c.want)
+		}
+		// What the adapter returns: the status for the core, the
+		// volume's error for anyone who looks.
+		err := volumeError(c.op, c.err)
+		if got := statusOf(err); got != c.want {
+			t.Errorf("statusOf(volumeError(%d, %v)) = %v, want %v", c.op, c.err, got, c.want)
+		}
+		if !errors.Is(err, c.err) || err.Error() != c.err.Error() {
+			t.Errorf("volumeError(%d, %v) = %v: lost the volume's error", c.op, c.err, err)
 		}
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = statusOf(opRead, nil) }); n != 0 {
+	if volumeError(opRead, nil) != nil || statusOf(nil) != nvme.StatusSuccess {
+		t.Error("success is not success")
+	}
+	// The core translates no storage's errors: an untranslated error is
+	// an Internal Error, whatever it wraps.
+	if got := statusOf(wrap(volume.ErrOutOfRange)); got != nvme.StatusInternalError.WithDNR() {
+		t.Errorf("statusOf(untranslated volume error) = %v, want Internal Error", got)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = statusOf(volumeError(opRead, nil)) }); n != 0 {
 		t.Errorf("statusOf(nil) allocates %v", n)
 	}
 }
@@ -143,5 +161,41 @@ func TestCopyWindow(t *testing.T) {
 	}
 	if copyWindow(dst, page, 12) {
 		t.Fatal("past the end accepted")
+	}
+}
+
+// TestLatencyHistogram: a call lands in the first bucket whose bound it
+// does not exceed (a bound is inclusive), past 1 s in the last; n calls
+// of one duration count n times; Count is the buckets' sum.
+func TestLatencyHistogram(t *testing.T) {
+	var h latencyHist
+	h.observe(0, 1)                           // bucket 0
+	h.observe(10*time.Microsecond, 1)         // bucket 0: bounds are inclusive
+	h.observe(10*time.Microsecond+1, 3)       // bucket 1, three calls
+	h.observe(time.Millisecond, 1)            // bucket 6
+	h.observe(time.Second, 1)                 // bucket 15
+	h.observe(time.Second+time.Nanosecond, 2) // the last bucket
+	var s LatencyHistogram
+	h.snapshot(&s)
+	want := map[int]uint64{0: 2, 1: 3, 6: 1, 15: 1, NumLatencyBuckets - 1: 2}
+	for i, n := range s.Buckets {
+		if n != want[i] {
+			t.Errorf("bucket %d (≤ %v): %d, want %d", i, LatencyBounds()[min(i, len(latencyBounds)-1)], n, want[i])
+		}
+	}
+	if s.Count != 9 {
+		t.Errorf("count %d, want 9", s.Count)
+	}
+	wantSum := 10*time.Microsecond + 3*(10*time.Microsecond+1) + time.Millisecond + time.Second + 2*(time.Second+1)
+	if s.Sum != wantSum {
+		t.Errorf("sum %v, want %v", s.Sum, wantSum)
+	}
+	if b := LatencyBounds(); len(b) != NumLatencyBuckets-1 || b[0] != 10*time.Microsecond || b[len(b)-1] != time.Second {
+		t.Errorf("bounds %v", b)
+	}
+	for o := range NumLatencyOps {
+		if o.String() == "" || o.String() == "unknown" {
+			t.Errorf("op %d has no name", o)
+		}
 	}
 }

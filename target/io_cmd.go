@@ -3,6 +3,7 @@ package target
 import (
 	"bytes"
 	"sync"
+	"time"
 
 	"github.com/blk-project/blk/nvme"
 )
@@ -13,7 +14,8 @@ import (
 // allocates or takes a mutex on success: the controller's state, the
 // namespace table and the namespace's reference count are atomics, and
 // the backend's own locks are the backend's (a volume takes its RWMutex
-// shared).
+// shared). Every backend call is timed into the namespace's latency
+// histograms (two clock reads and two atomic adds).
 
 // execIO serves an I/O queue.
 func (q *Queue) execIO(r *Request) {
@@ -97,7 +99,10 @@ func (q *Queue) read(c *ctrl, r *Request) {
 	}
 	data, st := c.checkData(ns, r)
 	if st == nvme.StatusSuccess {
-		st = statusOf(opRead, ns.backend.Read(r.Cmd.SLBA(), data))
+		start := time.Now()
+		err := ns.backend.Read(r.Cmd.SLBA(), data)
+		ns.c.lat[LatencyRead].since(start)
+		st = statusOf(err)
 		if st == nvme.StatusSuccess {
 			ns.c.reads.Add(1)
 			ns.c.readBytes.Add(uint64(len(data)))
@@ -128,7 +133,10 @@ func (q *Queue) write(c *ctrl, r *Request) {
 	if r.Group != nil && r.Group.add(q, ns, r, data) {
 		return // completed now, or by the group's Commit
 	}
-	st = statusOf(opWrite, ns.backend.Write(r.Cmd.SLBA(), data, false))
+	start := time.Now()
+	err := ns.backend.Write(r.Cmd.SLBA(), data, false)
+	ns.c.lat[LatencyWrite].since(start)
+	st = statusOf(err)
 	if st == nvme.StatusSuccess {
 		ns.c.writes.Add(1)
 		ns.c.writeBytes.Add(uint64(len(data)))
@@ -179,14 +187,19 @@ func (q *Queue) writeZeroes(c *ctrl, r *Request) {
 		return
 	}
 	slba, n := r.Cmd.SLBA(), uint64(r.Cmd.Blocks())
+	start := time.Now()
 	if r.Cmd.DEAC() {
-		st = statusOf(opDeallocate, ns.backend.Deallocate(slba, n))
+		err := ns.backend.Deallocate(slba, n)
+		ns.c.lat[LatencyDeallocate].since(start)
+		st = statusOf(err)
 		if st == nvme.StatusSuccess {
 			ns.c.deallocates.Add(1)
 			ns.c.deallocBlocks.Add(n)
 		}
 	} else {
-		st = statusOf(opWriteZeroes, ns.backend.WriteZeroes(slba, n, false))
+		err := ns.backend.WriteZeroes(slba, n, false)
+		ns.c.lat[LatencyWriteZeroes].since(start)
+		st = statusOf(err)
 		if st == nvme.StatusSuccess {
 			ns.c.writeZeroes.Add(1)
 		}
@@ -231,7 +244,10 @@ func (q *Queue) dsm(c *ctrl, r *Request) {
 		if rg.NLB == 0 {
 			continue
 		}
-		if st := statusOf(opDeallocate, ns.backend.Deallocate(rg.SLBA, uint64(rg.NLB))); st != nvme.StatusSuccess {
+		start := time.Now()
+		err := ns.backend.Deallocate(rg.SLBA, uint64(rg.NLB))
+		ns.c.lat[LatencyDeallocate].since(start)
+		if st := statusOf(err); st != nvme.StatusSuccess {
 			q.finish(ns, r, st)
 			return
 		}
@@ -263,8 +279,11 @@ func (q *Queue) compare(c *ctrl, r *Request) {
 // compareBufs holds read buffers for Compare on backends without View.
 var compareBufs sync.Pool
 
-// compare compares data with the blocks at slba.
+// compare compares data with the blocks at slba, timed as a read (the
+// comparison, a memcmp beside the backend's read, included).
 func (ns *namespace) compare(slba uint64, data []byte) nvme.Status {
+	start := time.Now()
+	defer ns.c.lat[LatencyRead].since(start)
 	if ns.viewer != nil {
 		same := true
 		bs := uint64(ns.bs)
@@ -279,7 +298,7 @@ func (ns *namespace) compare(slba uint64, data []byte) nvme.Status {
 			}
 		})
 		if err != nil {
-			return statusOf(opCompare, err)
+			return statusOf(err)
 		}
 		if !same {
 			return nvme.StatusCompareFailure.WithDNR()
@@ -294,7 +313,7 @@ func (ns *namespace) compare(slba uint64, data []byte) nvme.Status {
 	defer compareBufs.Put(bp)
 	buf := (*bp)[:len(data)]
 	if err := ns.backend.Read(slba, buf); err != nil {
-		return statusOf(opCompare, err)
+		return statusOf(err)
 	}
 	if !bytes.Equal(buf, data) {
 		return nvme.StatusCompareFailure.WithDNR()
@@ -311,14 +330,20 @@ func (t *Target) runSync(r *Request) {
 	switch nvme.IOOpcode(c.Opcode) {
 	case nvme.IOWrite:
 		data := r.data()
-		st = statusOf(opWrite, ns.backend.Write(c.SLBA(), data, true))
+		start := time.Now()
+		err := ns.backend.Write(c.SLBA(), data, true)
+		ns.c.lat[LatencyWriteFUA].since(start)
+		st = statusOf(err)
 		if st == nvme.StatusSuccess {
 			ns.c.writes.Add(1)
 			ns.c.fuaWrites.Add(1)
 			ns.c.writeBytes.Add(uint64(len(data)))
 		}
 	case nvme.IOWriteZeroes:
-		st = statusOf(opWriteZeroes, ns.backend.WriteZeroes(c.SLBA(), uint64(c.Blocks()), true))
+		start := time.Now()
+		err := ns.backend.WriteZeroes(c.SLBA(), uint64(c.Blocks()), true)
+		ns.c.lat[LatencyWriteZeroes].since(start)
+		st = statusOf(err)
 		if st == nvme.StatusSuccess {
 			ns.c.writeZeroes.Add(1)
 		}
@@ -328,7 +353,7 @@ func (t *Target) runSync(r *Request) {
 			q.complete(r, st)
 			return
 		}
-		st = statusOf(opFlush, ns.backend.Flush())
+		st = ns.flush()
 		if st == nvme.StatusSuccess {
 			ns.c.flushes.Add(1)
 		}
@@ -357,7 +382,7 @@ func (s *Subsystem) flushAll() nvme.Status {
 		if !ns.acquire() {
 			continue
 		}
-		if fs := statusOf(opFlush, ns.backend.Flush()); fs != nvme.StatusSuccess {
+		if fs := ns.flush(); fs != nvme.StatusSuccess {
 			ns.c.errors.Add(1)
 			if st == nvme.StatusSuccess {
 				st = fs
@@ -368,4 +393,12 @@ func (s *Subsystem) flushAll() nvme.Status {
 		ns.release()
 	}
 	return st
+}
+
+// flush flushes the namespace's backend, timed.
+func (ns *namespace) flush() nvme.Status {
+	start := time.Now()
+	err := ns.backend.Flush()
+	ns.c.lat[LatencyFlush].since(start)
+	return statusOf(err)
 }

@@ -2,6 +2,7 @@ package target
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/blk-project/blk/nvme"
 )
@@ -133,6 +134,123 @@ type NamespaceStats struct {
 	Flushes, WriteZeroes, Deallocates        uint64
 	ReadBytes, WriteBytes, DeallocatedBlocks uint64
 	Errors                                   uint64
+
+	// GroupedWrites are the plain writes committed in a write group
+	// (Backend.NewWriteGroup), failed ones included, in GroupCommits
+	// backend commits: GroupCommits/GroupedWrites is the commits per
+	// grouped write. Plain writes not grouped (Writes - FUAWrites -
+	// GroupedWrites, failures aside) cost a commit each.
+	GroupedWrites, GroupCommits uint64
+
+	// Latency holds the time the backend took per call, by operation,
+	// failed calls included.
+	Latency [NumLatencyOps]LatencyHistogram
+}
+
+// LatencyOp is an operation timed in NamespaceStats.Latency.
+type LatencyOp uint8
+
+// The operations timed. A grouped write is timed by the commit that
+// applied it (each write of a group waited for all of it); a Compare is
+// timed as a read.
+const (
+	LatencyRead LatencyOp = iota
+	LatencyWrite
+	LatencyWriteFUA
+	LatencyWriteZeroes
+	LatencyDeallocate
+	LatencyFlush
+	NumLatencyOps
+)
+
+var latencyOpNames = [NumLatencyOps]string{
+	LatencyRead: "read", LatencyWrite: "write", LatencyWriteFUA: "write_fua",
+	LatencyWriteZeroes: "write_zeroes", LatencyDeallocate: "deallocate", LatencyFlush: "flush",
+}
+
+// String returns the operation's name: read, write, write_fua,
+// write_zeroes, deallocate or flush.
+func (o LatencyOp) String() string {
+	if o < NumLatencyOps {
+		return latencyOpNames[o]
+	}
+	return "unknown"
+}
+
+// latencyBounds are the upper bounds of the latency buckets: a 1-2-5
+// series from 10 µs to 1 s (16 buckets and one above), growing by ×2 or
+// ×2.5 per bucket, so any quantile is known to within a factor of about
+// 2.5 and the decade bounds an SLO names (100 µs, 1 ms, 10 ms, 100 ms)
+// are exact.
+//
+//   - 10 µs at the bottom: a backend call that hits memory (MemBackend,
+//     a pebble memtable write, a cached read) takes a few µs to ~20 µs;
+//     finer buckets would only split what the network round trip around
+//     it already hides.
+//   - 100 µs–10 ms: a read from an NVMe SSD, a WAL sync for a FUA write or
+//     Flush (~50 µs–2 ms on NVMe, ~5–10 ms on SATA), a write stalled
+//     behind a memtable flush.
+//   - 1 s at the top: beyond it a request is failing, not slow (a host's
+//     default I/O timeout is 30 s); it lands in the last bucket and is
+//     still counted.
+//
+// observe finds the bucket by a linear scan: at most 16 comparisons, a
+// few ns beside the clock reads.
+var latencyBounds = [...]time.Duration{
+	10 * time.Microsecond, 20 * time.Microsecond, 50 * time.Microsecond,
+	100 * time.Microsecond, 200 * time.Microsecond, 500 * time.Microsecond,
+	time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond,
+	10 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond,
+	100 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond,
+	time.Second,
+}
+
+// NumLatencyBuckets is the buckets of a LatencyHistogram: one per bound
+// of LatencyBounds and one for longer calls.
+const NumLatencyBuckets = len(latencyBounds) + 1
+
+// LatencyBounds returns the upper bounds (inclusive) of a
+// LatencyHistogram's buckets but the last, in increasing order.
+func LatencyBounds() []time.Duration { return append([]time.Duration(nil), latencyBounds[:]...) }
+
+// LatencyHistogram is the distribution of one operation's backend time.
+type LatencyHistogram struct {
+	// Buckets[i] counts the calls that took at most LatencyBounds()[i]
+	// and more than the bound before it; the last bucket counts those
+	// that took longer than every bound. They are not cumulative.
+	Buckets [NumLatencyBuckets]uint64
+	// Count is the calls (the sum of Buckets), Sum their total time.
+	Count uint64
+	Sum   time.Duration
+}
+
+// latencyHist is a LatencyHistogram being filled: plain atomics, so the
+// I/O path neither locks nor allocates to observe.
+type latencyHist struct {
+	buckets [NumLatencyBuckets]atomic.Uint64
+	sum     atomic.Int64 // nanoseconds
+}
+
+// observe counts n calls that took d each.
+func (h *latencyHist) observe(d time.Duration, n uint64) {
+	i := 0
+	for i < len(latencyBounds) && d > latencyBounds[i] {
+		i++
+	}
+	h.buckets[i].Add(n)
+	h.sum.Add(int64(d) * int64(n))
+}
+
+// since counts one call started at start.
+func (h *latencyHist) since(start time.Time) { h.observe(time.Since(start), 1) }
+
+func (h *latencyHist) snapshot(s *LatencyHistogram) {
+	s.Count = 0
+	for i := range h.buckets {
+		s.Buckets[i] = h.buckets[i].Load()
+		s.Count += s.Buckets[i]
+	}
+	s.Sum = time.Duration(h.sum.Load())
 }
 
 // nsCounters are a namespace's counters.
@@ -141,6 +259,9 @@ type nsCounters struct {
 	flushes, writeZeroes, deallocates    atomic.Uint64
 	readBytes, writeBytes, deallocBlocks atomic.Uint64
 	errors                               atomic.Uint64
+	groupedWrites, groupCommits          atomic.Uint64
+
+	lat [NumLatencyOps]latencyHist
 }
 
 func (c *nsCounters) snapshot(s *NamespaceStats) {
@@ -155,6 +276,11 @@ func (c *nsCounters) snapshot(s *NamespaceStats) {
 	s.WriteBytes = c.writeBytes.Load()
 	s.DeallocatedBlocks = c.deallocBlocks.Load()
 	s.Errors = c.errors.Load()
+	s.GroupedWrites = c.groupedWrites.Load()
+	s.GroupCommits = c.groupCommits.Load()
+	for i := range c.lat {
+		c.lat[i].snapshot(&s.Latency[i])
+	}
 }
 
 // Stats returns the target's counters.

@@ -19,7 +19,8 @@ import (
 	"github.com/blk-project/blk/target/volume"
 )
 
-// faultBackend wraps a Backend and fails the operations it is told to.
+// faultBackend wraps a Backend and fails the operations it is told to,
+// with errors as a volume behind its adapter would.
 type faultBackend struct {
 	target.Backend
 	mu   sync.Mutex
@@ -36,10 +37,12 @@ func (f *faultBackend) set(op string, err error) {
 	f.mu.Unlock()
 }
 
+// err is the injected failure of op, as the volume adapter returns it
+// (translated by the adapter's volumeStatus; a geometry error as is).
 func (f *faultBackend) err(op string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.errs[op]
+	return target.VolumeError(op, f.errs[op])
 }
 
 func (f *faultBackend) Geometry() (target.Geometry, error) {
@@ -438,3 +441,7 @@ func TestStatusTableComplete(t *testing.T) {
 		t.Fatalf("found only %d status constants: %v", len(names), names)
 	}
 }
+
+// NewWriteGroup implements target.Backend: none, so that every write
+// goes through Write and its injected fault.
+func (f *faultBackend) NewWriteGroup() target.WriteGroup { return nil }

@@ -313,8 +313,7 @@ type namespace struct {
 	s       *Subsystem
 	nsid    uint32
 	backend Backend
-	viewer  Viewer      // nil if the backend has none
-	grouper GroupWriter // nil if the backend has none
+	viewer  Viewer // nil if the backend has none
 	nguid   [16]byte
 	bs      uint32 // block size, fixed
 	shift   uint8  // log2(bs)
@@ -439,7 +438,6 @@ func (s *Subsystem) AddNamespace(c NamespaceConfig) error {
 	ns := &namespace{s: s, nsid: c.NSID, backend: c.Backend, nguid: c.NGUID, bs: g.BlockSize,
 		shift: uint8(bits.TrailingZeros32(g.BlockSize)), drained: make(chan struct{})}
 	ns.viewer, _ = c.Backend.(Viewer)
-	ns.grouper, _ = c.Backend.(GroupWriter)
 	if ns.nguid == ([16]byte{}) {
 		ns.nguid = derivedNGUID(s.nqn, c.NSID)
 	}

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/blk-project/blk/control"
@@ -94,20 +93,10 @@ func (p storeParts) List() ([]uint64, error) {
 
 // targetParts adapts the NVMe target to control.Target.
 type targetParts struct {
-	d   *Daemon
-	mu  sync.Mutex
-	ids map[string]uint64 // NQN -> volume ID, for the latency labels
+	d *Daemon
 }
 
-func (p *targetParts) Serve(v meta.Volume) error {
-	if err := p.d.serve(v); err != nil {
-		return err
-	}
-	p.mu.Lock()
-	p.ids[v.NQN] = v.ID
-	p.mu.Unlock()
-	return nil
-}
+func (p *targetParts) Serve(v meta.Volume) error { return p.d.serve(v) }
 
 func (p *targetParts) Served(nqn string) bool {
 	_, ok := p.d.tgt.Subsystem(nqn)
@@ -201,12 +190,6 @@ func (p *targetParts) Unserve(nqn string) error {
 	if err := p.d.tgt.RemoveSubsystem(nqn); err != nil && !errors.Is(err, target.ErrNotFound) {
 		return err
 	}
-	p.mu.Lock()
-	if id, ok := p.ids[nqn]; ok {
-		p.d.lat.Forget(strconv.FormatUint(id, 10))
-		delete(p.ids, nqn)
-	}
-	p.mu.Unlock()
 	return nil
 }
 
@@ -336,7 +319,7 @@ func (d *Daemon) internalReconcile(w http.ResponseWriter, r *http.Request) error
 // volume this node owns (the restart path). A volume that cannot be
 // served is reported and left failed; it never stops the node.
 func (d *Daemon) startControl(ctx context.Context) {
-	d.tparts = &targetParts{d: d, ids: make(map[string]uint64)}
+	d.tparts = &targetParts{d: d}
 	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{d.store}, d.tparts, d.audit.logger())
 	d.mgr = control.NewManager(registryParts{d.node}, ownerParts{d})
 	if d.cfg.DetachAfter > 0 {
