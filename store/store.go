@@ -63,14 +63,14 @@ type storeCounters struct {
 type hookPoint uint8
 
 const (
-	hookReserved       hookPoint = iota // a refill's 'R' keys are durable; nothing written yet
-	hookDataWritten                     // a first write's data is in its cluster; its map key is not committed
-	hookMapCommitted                    // the map key is committed (not synced); the entry not published
-	hookFreed                           // a free's {delete 'X', set 'R'} is committed, not synced; clusters in limbo
-	hookLimboZeroed                     // a flush zeroed the limbo clusters; the area is not synced
-	hookAreaSynced                      // a flush synced the area; the WAL is not synced
-	hookReleaseZeroed                   // delete or shrink zeroed and synced its clusters; the map is not changed
-	hookSizeCommitted                   // a shrink's new size is durable; its clusters are not released
+	hookReserved      hookPoint = iota // a refill's 'R' keys are durable; nothing written yet
+	hookDataWritten                    // a first write's data is in its cluster; its map key is not committed
+	hookMapCommitted                   // the map key is committed (not synced); the entry not published
+	hookFreed                          // a free's {delete 'X', set 'R'} is committed, not synced; clusters in limbo
+	hookLimboZeroed                    // a flush zeroed the limbo clusters; the area is not synced
+	hookAreaSynced                     // a flush synced the area; the WAL is not synced
+	hookReleaseZeroed                  // delete or shrink zeroed and synced its clusters; the map is not changed
+	hookSizeCommitted                  // a shrink's new size is durable; its clusters are not released
 	numHookPoints
 )
 

@@ -5,7 +5,6 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
-
 )
 
 // Volume is the handle of one volume. Its methods are safe for concurrent
