@@ -37,7 +37,7 @@ import (
 //     flush every cluster is free or ready: none leaked.
 func TestCrashRecovery(t *testing.T) {
 	seed := testSeed(t)
-	n := iterations(t, 400, 4, 8)
+	n := iterations(t, 300, 6, 10)
 	crashed := make([]int, numHookPoints+1) // per hook point; the last: crashed after the last operation
 	for it := range n {
 		s := seed + uint64(it)
