@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
@@ -56,6 +57,15 @@ type Config struct {
 	// Defaults 16 MiB and 32 MiB.
 	MemTableBytes int   `json:"memtable_bytes"`
 	CacheBytes    int64 `json:"cache_bytes"`
+
+	// SyncInterval bounds how long an acknowledged plain (not FUA) write,
+	// write-zeroes or deallocate stays volatile: a background syncer
+	// flushes within SyncInterval of the first mutation since its last
+	// round (sync.go). Default 10 ms (DefaultSyncInterval), as
+	// target/volume; at most MaxSyncInterval. Negative: no syncer, plain
+	// writes are durable only at a Flush or a FUA write (NVMe's volatile
+	// write cache allows it; tests that must know every sync point use it).
+	SyncInterval time.Duration `json:"sync_interval"`
 
 	// ReadOnly opens the store read-only: writes fail with ErrReadOnly and
 	// Open repairs nothing.
@@ -110,6 +120,9 @@ func (c Config) WithDefaults() Config {
 	if c.CacheBytes == 0 {
 		c.CacheBytes = DefaultCacheBytes
 	}
+	if c.SyncInterval == 0 {
+		c.SyncInterval = DefaultSyncInterval
+	}
 	return c
 }
 
@@ -142,6 +155,9 @@ func (c Config) Validate() error {
 	}
 	if c.CacheBytes < 0 {
 		bad("CacheBytes %d is negative", c.CacheBytes)
+	}
+	if c.SyncInterval > MaxSyncInterval {
+		bad("SyncInterval %v is above %v: a crash could lose that much of acknowledged writes", c.SyncInterval, MaxSyncInterval)
 	}
 	return errors.Join(errs...)
 }

@@ -58,7 +58,8 @@ func (quietLogger) Infof(string, ...any)  {}
 func (quietLogger) Errorf(string, ...any) {}
 
 // memConfig is a small store on fs and area: 16 KiB clusters (requests
-// cross cluster boundaries often), a ready pool of 8 (refills often).
+// cross cluster boundaries often), a ready pool of 8 (refills often), no
+// background syncer.
 func memConfig(fs vfs.FS, area Area) Config {
 	return Config{
 		Dir:              "/store",
@@ -69,6 +70,7 @@ func memConfig(fs vfs.FS, area Area) Config {
 		MaxTransferBytes: 64 << 10,
 		MemTableBytes:    1 << 20,
 		CacheBytes:       1 << 20,
+		SyncInterval:     -1, // every sync point is the test's (sync_test.go runs the syncer)
 		Logger:           quietLogger{},
 	}
 }

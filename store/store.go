@@ -42,6 +42,11 @@ type Store struct {
 	flushMu         sync.Mutex
 	dbClosed        bool
 
+	// The background syncer (sync.go).
+	syncArmed          atomic.Bool
+	syncKick           chan struct{}
+	syncStop, syncDone chan struct{}
+
 	bounce sync.Pool // *[]byte of MaxTransferBytes, aligned: for unaligned caller buffers
 
 	c storeCounters
@@ -56,7 +61,7 @@ type Store struct {
 }
 
 type storeCounters struct {
-	refills, mapCommits, frees, flushes, areaSyncs, bounces atomic.Uint64
+	refills, mapCommits, frees, flushes, areaSyncs, bounces, bgSyncs atomic.Uint64
 }
 
 // hookPoint names a step of the write path, for crash injection.
@@ -132,6 +137,7 @@ func Open(cfg Config) (*Store, error) {
 	}
 	align := s.align
 	s.bounce.New = func() any { b := alignedBuf(cfg.MaxTransferBytes, align); return &b }
+	s.startSyncer()
 	return s, nil
 }
 
@@ -839,6 +845,7 @@ func (s *Store) Close() error {
 		v.gone = ErrClosed
 		v.mu.Unlock()
 	}
+	s.stopSyncer()
 	var err error
 	if s.err() == nil && !s.cfg.ReadOnly {
 		err = s.flush()
@@ -914,8 +921,9 @@ type Stats struct {
 	Clusters, Free, Ready, Limbo, Mapped uint64
 	// Refills of the ready pool (one synced commit each), MapCommits (first
 	// writes), Frees (free batches), Flushes that synced, AreaSyncs,
-	// BounceCopies (requests whose buffer was not aligned).
-	Refills, MapCommits, Frees, Flushes, AreaSyncs, BounceCopies uint64
+	// BounceCopies (requests whose buffer was not aligned), BackgroundSyncs
+	// (flushes of the background syncer).
+	Refills, MapCommits, Frees, Flushes, AreaSyncs, BounceCopies, BackgroundSyncs uint64
 }
 
 // Stats returns the store's space and counters.
@@ -926,6 +934,7 @@ func (s *Store) Stats() Stats {
 	s.al.mu.Unlock()
 	st.Refills, st.MapCommits, st.Frees = s.c.refills.Load(), s.c.mapCommits.Load(), s.c.frees.Load()
 	st.Flushes, st.AreaSyncs, st.BounceCopies = s.c.flushes.Load(), s.c.areaSyncs.Load(), s.c.bounces.Load()
+	st.BackgroundSyncs = s.c.bgSyncs.Load()
 	return st
 }
 

@@ -235,6 +235,7 @@ func (v *Volume) Write(lba uint64, data []byte, flags WriteFlags) error {
 		pos, off = pos+seg, off+seg
 	}
 	s.seq.Add(1)
+	s.markUnsynced()
 	if flags&FUA != 0 {
 		if err := s.flush(); err != nil {
 			return v.fail(opWrite, lba, err)
@@ -354,6 +355,7 @@ func (v *Volume) remove(o op, lba, n uint64, fua bool) error {
 		}
 	}
 	s.seq.Add(1)
+	s.markUnsynced()
 	if fua {
 		if err := s.flush(); err != nil {
 			return v.fail(o, lba, err)
