@@ -38,7 +38,7 @@ import (
 func TestCrashRecovery(t *testing.T) {
 	seed := testSeed(t)
 	n := iterations(t, 300, 6, 10)
-	crashed := make([]int, numHookPoints+1) // per hook point; the last: crashed after the last operation
+	crashed := make([]int, writePathPoints+1) // per hook point; the last: crashed after the last operation
 	for it := range n {
 		s := seed + uint64(it)
 		where, err := crashOnce(s)
@@ -49,13 +49,18 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	t.Logf("crashes per step: %v", crashed)
 	if n >= 100 {
-		for p := range numHookPoints {
+		for p := range writePathPoints {
 			if crashed[p] == 0 {
 				t.Errorf("no iteration crashed at step %v: the harness does not reach it", p)
 			}
 		}
 	}
 }
+
+// writePathPoints are the hook points the write path reaches (the
+// upgrade's are tested in upgrade_test.go); as a crash point it means
+// "after the last operation".
+const writePathPoints = hookMigrated
 
 // cblock is the model of one block: cur is the last value written (0:
 // zeros), durable what it held at its last durable point, later every
@@ -129,7 +134,7 @@ func crashOnce(seed uint64) (hookPoint, error) {
 
 	// The crash: at the k-th time the write path reaches point, or after
 	// the last operation.
-	point := hookPoint(rng.IntN(int(numHookPoints) + 1))
+	point := hookPoint(rng.IntN(int(writePathPoints) + 1))
 	k := 1 + rng.IntN(12)
 	var (
 		fsClone   vfs.FS
@@ -245,7 +250,7 @@ func crashOnce(seed uint64) (hookPoint, error) {
 	}
 	where := point
 	if atCrash == nil {
-		where = numHookPoints
+		where = writePathPoints
 		crash()
 	}
 	s.testHook = nil

@@ -55,6 +55,8 @@ type Store struct {
 	// a hookPoint (crash tests clone the filesystem and area there).
 	testHook func(hookPoint)
 
+	legacy bool // the directory holds target/volume's layout: Open migrates it (upgrade.go)
+
 	mu     sync.Mutex // guards closed and vols; serialises administrative calls
 	closed bool
 	vols   map[ID]*Volume
@@ -76,12 +78,13 @@ const (
 	hookAreaSynced                     // a flush synced the area; the WAL is not synced
 	hookReleaseZeroed                  // delete or shrink zeroed and synced its clusters; the map is not changed
 	hookSizeCommitted                  // a shrink's new size is durable; its clusters are not released
+	hookMigrated                       // an upgrade batch is committed (not synced); its data synced
 	numHookPoints
 )
 
 func (p hookPoint) String() string {
 	return [...]string{"reserved", "data-written", "map-committed", "freed", "limbo-zeroed",
-		"area-synced", "release-zeroed", "size-committed"}[p]
+		"area-synced", "release-zeroed", "size-committed", "migrated"}[p]
 }
 
 func (s *Store) hook(p hookPoint) {
@@ -130,7 +133,14 @@ func Open(cfg Config) (*Store, error) {
 		}
 		return nil, err
 	}
-	if err := s.load(); err != nil {
+	if openHook != nil {
+		openHook(s)
+	}
+	err = s.load()
+	if err == nil && s.legacy {
+		err = s.migrate()
+	}
+	if err != nil {
 		_ = db.Close()
 		_ = s.area.Close()
 		return nil, err
@@ -144,6 +154,14 @@ func Open(cfg Config) (*Store, error) {
 // openArea reads (or, for a new store, writes) the format record and opens
 // the data area, checking that its header names this store.
 func (s *Store) openArea(askedCluster int) error {
+	legacy, err := s.isLegacy()
+	if err != nil {
+		return err
+	}
+	s.legacy = legacy
+	if legacy && s.cfg.ReadOnly {
+		return fmt.Errorf("store: %q holds target/volume's layout: open it read-write once to upgrade it: %w", s.cfg.Dir, ErrReadOnly)
+	}
 	v, closer, err := s.db.Get(formatKey)
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
@@ -201,11 +219,31 @@ func (s *Store) create() error {
 	if s.cfg.ReadOnly {
 		return fmt.Errorf("store: %q holds no store and is opened read-only: %w", s.cfg.Dir, ErrReadOnly)
 	}
-	if err := s.checkEmpty(); err != nil {
-		return err
+	if !s.legacy {
+		if err := s.checkEmpty(); err != nil {
+			return err
+		}
 	}
 	l := uint8(bits.TrailingZeros(uint(s.cfg.ClusterBytes)))
 	s.setCluster(l)
+	if s.legacy {
+		// Refuse an upgrade that cannot fit before anything is written, so
+		// the operator can retry with a larger area.
+		need, err := s.legacyClusters(l)
+		if err != nil {
+			return err
+		}
+		if have := uint64(s.cfg.AreaBytes)>>l - 1; s.cfg.Area != nil {
+			have = uint64(s.cfg.Area.Size())>>l - 1
+			if need > have {
+				return fmt.Errorf("store: upgrading %q needs %d clusters of %d bytes, the data area holds %d: %w", s.cfg.Dir, need, 1<<l, have, ErrNoSpace)
+			}
+		} else if need > have {
+			return fmt.Errorf("store: upgrading %q needs %d clusters of %d bytes: set the data area's size (AreaBytes, now %d) to at least %d: %w",
+				s.cfg.Dir, need, 1<<l, s.cfg.AreaBytes, (need+1)<<l, ErrNoSpace)
+		}
+		s.log.Infof("store: %q holds target/volume's layout: upgrading it into %d-byte clusters (%d needed)", s.cfg.Dir, 1<<l, need)
+	}
 	a := s.cfg.Area
 	if a == nil {
 		var err error
@@ -231,8 +269,7 @@ func (s *Store) create() error {
 }
 
 // checkEmpty refuses a pebble directory that holds keys but no store
-// format: target/volume's store (the upgrade is not built yet) or
-// anything else.
+// format (and is not target/volume's, which Open upgrades).
 func (s *Store) checkEmpty() error {
 	it, err := s.db.NewIter(nil)
 	if err != nil {
@@ -249,7 +286,7 @@ func (s *Store) checkEmpty() error {
 	case first == nil:
 		return nil
 	case first[0] >= 'a' && first[0] <= 'z':
-		return fmt.Errorf("store: %q holds a target/volume store (key %q); its upgrade is not built yet: %w", s.cfg.Dir, first, ErrInvalid)
+		return fmt.Errorf("store: %q holds keys of another layout (key %q) and no format key: %w", s.cfg.Dir, first, ErrCorrupt)
 	}
 	return fmt.Errorf("store: %q holds keys but no store format (key %q): %w", s.cfg.Dir, first, ErrCorrupt)
 }
@@ -950,3 +987,7 @@ func (l pebbleLogger) Errorf(format string, args ...any) { l.out.Errorf(format, 
 func (l pebbleLogger) Fatalf(format string, args ...any) {
 	l.s.fail(fmt.Errorf("store: pebble fatal error: %s: %w", fmt.Sprintf(format, args...), ErrIO))
 }
+
+// openHook, when set (tests), is called by Open before it loads the store:
+// the upgrade's crash test sets testHook there.
+var openHook func(*Store)

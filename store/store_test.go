@@ -78,17 +78,18 @@ func TestFileArea(t *testing.T) {
 	}
 }
 
-// TestRefusesVolumeStore: a pebble directory of target/volume (today's
-// layout: its format key 'f' = "blk-volume/1", block keys 'd'...) is
-// refused with a clear error until the upgrade is built, and left as it
-// was; a directory with keys of no known layout is refused as corrupt.
-func TestRefusesVolumeStore(t *testing.T) {
+// TestRefusesForeignDirectory: a pebble directory holding keys of no
+// layout this release knows (another version of target/volume's format
+// key, keys without a format key) is refused as corrupt and left as it
+// was. (target/volume's own layout is upgraded: upgrade_test.go.)
+func TestRefusesForeignDirectory(t *testing.T) {
 	for _, c := range []struct {
 		key, val string
 		want     error
 	}{
-		{"f", "blk-volume/1", ErrInvalid},
+		{"f", "blk-volume/9", ErrCorrupt},
 		{"Q", "x", ErrCorrupt},
+		{"x", "y", ErrCorrupt},
 	} {
 		fs := vfs.NewMem()
 		db, err := pebble.Open("/store", &pebble.Options{FS: fs})
