@@ -10,13 +10,12 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/blk-project/blk/target/volume"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // The upgrade fixture, testdata/volume-v1, is a pebble directory written
 // by target/volume (the layout "blk-volume/1", issue 21's release) by
-// TestWriteUpgradeFixture from fixtureOps; the tests replay the same
+// TestWriteUpgradeFixture (fixture_test.go) from fixtureOps; the tests replay the same
 // operations on a model to know what every block must read after the
 // upgrade. Regenerate (only if the fixture is lost; it is the old
 // release's output, not something to refresh) with
@@ -26,33 +25,33 @@ import (
 const fixtureDir = "testdata/volume-v1"
 
 type fixtureOp struct {
-	kind  string // create, write, zero, delete, resize, readonly
-	id    ID
-	a, b  uint64 // create: blocks, block size; write/zero: lba, n; resize: blocks
-	force bool
+	Kind  string // create, write, zero, delete, resize, readonly
+	ID    ID
+	A, B  uint64 // create: blocks, block size; write/zero: lba, n; resize: blocks
+	Force bool
 }
 
 var fixtureOps = []fixtureOp{
-	{kind: "create", id: 1, a: 64, b: 4096},
-	{kind: "write", id: 1, a: 0, b: 16}, // a whole 64 KiB cluster
-	{kind: "write", id: 1, a: 17, b: 1},
-	{kind: "write", id: 1, a: 40, b: 3},
-	{kind: "write", id: 1, a: 63, b: 1}, // the last block
-	{kind: "zero", id: 1, a: 41, b: 1},
-	{kind: "create", id: 2, a: 2048, b: 512},
-	{kind: "write", id: 2, a: 0, b: 8},
-	{kind: "write", id: 2, a: 1000, b: 40},
-	{kind: "write", id: 2, a: 2047, b: 1},
-	{kind: "create", id: 3, a: 16, b: 4096}, // deleted: must not come back
-	{kind: "write", id: 3, a: 0, b: 4},
-	{kind: "delete", id: 3},
-	{kind: "create", id: 4, a: 8, b: 4096},
-	{kind: "write", id: 4, a: 5, b: 1},
-	{kind: "readonly", id: 4},
-	{kind: "create", id: 5, a: 32, b: 4096},
-	{kind: "write", id: 5, a: 0, b: 32},
-	{kind: "resize", id: 5, a: 10, force: true}, // blocks 10-31 dropped...
-	{kind: "resize", id: 5, a: 40},              // ...and read zeros after growing back
+	{Kind: "create", ID: 1, A: 64, B: 4096},
+	{Kind: "write", ID: 1, A: 0, B: 16}, // a whole 64 KiB cluster
+	{Kind: "write", ID: 1, A: 17, B: 1},
+	{Kind: "write", ID: 1, A: 40, B: 3},
+	{Kind: "write", ID: 1, A: 63, B: 1}, // the last block
+	{Kind: "zero", ID: 1, A: 41, B: 1},
+	{Kind: "create", ID: 2, A: 2048, B: 512},
+	{Kind: "write", ID: 2, A: 0, B: 8},
+	{Kind: "write", ID: 2, A: 1000, B: 40},
+	{Kind: "write", ID: 2, A: 2047, B: 1},
+	{Kind: "create", ID: 3, A: 16, B: 4096}, // deleted: must not come back
+	{Kind: "write", ID: 3, A: 0, B: 4},
+	{Kind: "delete", ID: 3},
+	{Kind: "create", ID: 4, A: 8, B: 4096},
+	{Kind: "write", ID: 4, A: 5, B: 1},
+	{Kind: "readonly", ID: 4},
+	{Kind: "create", ID: 5, A: 32, B: 4096},
+	{Kind: "write", ID: 5, A: 0, B: 32},
+	{Kind: "resize", ID: 5, A: 10, Force: true}, // blocks 10-31 dropped...
+	{Kind: "resize", ID: 5, A: 40},              // ...and read zeros after growing back
 }
 
 // fixtureModel replays fixtureOps: each volume's info and block tags (a
@@ -60,86 +59,36 @@ var fixtureOps = []fixtureOp{
 func fixtureModel() (map[ID]Info, map[ID][]uint64) {
 	infos, tags := map[ID]Info{}, map[ID][]uint64{}
 	for k, o := range fixtureOps {
-		switch o.kind {
+		switch o.Kind {
 		case "create":
-			infos[o.id] = Info{ID: o.id, SizeBytes: o.a * o.b, BlockSize: uint32(o.b), State: StateOnline}
-			tags[o.id] = make([]uint64, o.a)
+			infos[o.ID] = Info{ID: o.ID, SizeBytes: o.A * o.B, BlockSize: uint32(o.B), State: StateOnline}
+			tags[o.ID] = make([]uint64, o.A)
 		case "write":
-			for i := o.a; i < o.a+o.b; i++ {
-				tags[o.id][i] = uint64(k + 1)
+			for i := o.A; i < o.A+o.B; i++ {
+				tags[o.ID][i] = uint64(k + 1)
 			}
 		case "zero":
-			clear(tags[o.id][o.a : o.a+o.b])
+			clear(tags[o.ID][o.A : o.A+o.B])
 		case "delete":
-			delete(infos, o.id)
-			delete(tags, o.id)
+			delete(infos, o.ID)
+			delete(tags, o.ID)
 		case "resize":
-			in := infos[o.id]
-			old := uint64(len(tags[o.id]))
-			in.SizeBytes = o.a * uint64(in.BlockSize)
-			infos[o.id] = in
-			if o.a < old {
-				tags[o.id] = tags[o.id][:o.a]
+			in := infos[o.ID]
+			old := uint64(len(tags[o.ID]))
+			in.SizeBytes = o.A * uint64(in.BlockSize)
+			infos[o.ID] = in
+			if o.A < old {
+				tags[o.ID] = tags[o.ID][:o.A]
 			} else {
-				tags[o.id] = append(tags[o.id], make([]uint64, o.a-old)...)
+				tags[o.ID] = append(tags[o.ID], make([]uint64, o.A-old)...)
 			}
 		case "readonly":
-			in := infos[o.id]
+			in := infos[o.ID]
 			in.State = StateReadOnly
-			infos[o.id] = in
+			infos[o.ID] = in
 		}
 	}
 	return infos, tags
-}
-
-func TestWriteUpgradeFixture(t *testing.T) {
-	if os.Getenv("BLK_WRITE_FIXTURE") == "" {
-		t.Skip("writes testdata/volume-v1 with target/volume: BLK_WRITE_FIXTURE=1")
-	}
-	_ = os.RemoveAll(fixtureDir)
-	vs, err := volume.Open(volume.Config{Dir: fixtureDir, Logger: quietLogger{}, MemTableBytes: 4 << 20, MaxTransferBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, o := range fixtureOps {
-		var err error
-		switch o.kind {
-		case "create":
-			_, err = vs.Create(volume.ID(o.id), volume.CreateOptions{SizeBytes: o.a * o.b, BlockSize: uint32(o.b)})
-		case "write", "zero":
-			var v *volume.Volume
-			if v, err = vs.Volume(volume.ID(o.id)); err != nil {
-				break
-			}
-			info, _ := v.Info()
-			bs := uint64(info.BlockSize)
-			if o.kind == "zero" {
-				err = v.WriteZeroes(o.a, o.b, 0)
-				break
-			}
-			buf := make([]byte, o.b*bs)
-			for i := range o.b {
-				fillTagged(buf[i*bs:(i+1)*bs], o.id, o.a+i, uint64(k+1))
-			}
-			err = v.Write(o.a, buf, 0)
-		case "delete":
-			err = vs.Delete(volume.ID(o.id))
-		case "resize":
-			var v *volume.Volume
-			if v, err = vs.Volume(volume.ID(o.id)); err == nil {
-				info, _ := v.Info()
-				err = vs.Resize(volume.ID(o.id), o.a*uint64(info.BlockSize), o.force)
-			}
-		case "readonly":
-			err = vs.SetState(volume.ID(o.id), volume.StateReadOnly)
-		}
-		if err != nil {
-			t.Fatalf("op %d %+v: %v", k, o, err)
-		}
-	}
-	if err := vs.Close(); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // copyFixture copies the fixture into fs at dir (a fresh copy per test:
