@@ -67,6 +67,17 @@ type Config struct {
 	// write cache allows it; tests that must know every sync point use it).
 	SyncInterval time.Duration `json:"sync_interval"`
 
+	// ReserveBytes is the free space the store keeps on pebble's
+	// filesystem: below it, writes that need a new cluster fail with
+	// ErrNoSpace (overwrites, reads, zeroes and deallocates go on) until
+	// free space is back above 1.25 × it (space.go). Default (0): 2% of
+	// the filesystem, at least 64 MiB, at most 1 GiB: pebble holds
+	// metadata only.
+	ReserveBytes uint64 `json:"reserve_bytes"`
+
+	// SpaceCheckInterval is how often free space is read. Default 100 ms.
+	SpaceCheckInterval time.Duration `json:"space_check_interval"`
+
 	// ReadOnly opens the store read-only: writes fail with ErrReadOnly and
 	// Open repairs nothing.
 	ReadOnly bool `json:"read_only"`

@@ -42,6 +42,11 @@ type Store struct {
 	flushMu         sync.Mutex
 	dbClosed        bool
 
+	// The space guard (space.go).
+	noSpace, spaceMonitored        atomic.Bool
+	freeBytes, totalBytes, reserve atomic.Uint64
+	spaceStop, spaceDone           chan struct{}
+
 	// The background syncer (sync.go).
 	syncArmed          atomic.Bool
 	syncKick           chan struct{}
@@ -147,6 +152,7 @@ func Open(cfg Config) (*Store, error) {
 	}
 	align := s.align
 	s.bounce.New = func() any { b := alignedBuf(cfg.MaxTransferBytes, align); return &b }
+	s.startSpaceGuard()
 	s.startSyncer()
 	return s, nil
 }
@@ -877,6 +883,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.stopSpaceGuard()
 	for _, v := range s.vols {
 		v.mu.Lock()
 		v.gone = ErrClosed

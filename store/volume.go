@@ -259,6 +259,9 @@ func (v *Volume) firstWrite(idx, in uint64, data []byte) (wrote bool, err error)
 		return false, nil
 	}
 	s := v.s
+	if s.noSpace.Load() {
+		return false, fmt.Errorf("filesystem of the metadata: %d bytes free, reserve %d: %w", s.freeBytes.Load(), s.reserve.Load(), ErrNoSpace)
+	}
 	p, err := s.takeCluster()
 	if err != nil {
 		return false, err
