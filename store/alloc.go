@@ -43,6 +43,17 @@ func (a *allocator) init(clusters uint64) {
 	a.markUsed(0)
 }
 
+// grow extends the allocator to clusters, the new ones free.
+func (a *allocator) grow(clusters uint64) {
+	if clusters <= a.clusters {
+		return
+	}
+	words := (clusters + 63) / 64
+	a.used = append(a.used, make([]uint64, int(words)-len(a.used))...)
+	a.free += clusters - a.clusters
+	a.clusters = clusters
+}
+
 func (a *allocator) isUsed(p uint64) bool { return a.used[p/64]&(1<<(p%64)) != 0 }
 
 // markUsed sets p's bit; false if it was already set.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -36,12 +37,19 @@ type Area interface {
 	Close() error
 }
 
+// Grower is an optional Area extra, found by type assertion: an area that
+// can grow (a file; not a block device). Grow makes the area size bytes,
+// the new bytes reading zeros, durably, before it returns.
+type Grower interface {
+	Grow(size int64) error
+}
+
 // fileArea is a preallocated file (or, later, a block device) opened with
 // O_DIRECT: reads and writes go between the caller's buffer and the disk
 // with no copy through the page cache.
 type fileArea struct {
 	fd    int
-	size  int64
+	size  atomic.Int64
 	align int
 	zero  []byte // aligned zeros, for filesystems without FALLOC_FL_ZERO_RANGE
 	path  string
@@ -87,7 +95,7 @@ func OpenFileArea(path string, size int64, create bool) (a Area, created bool, e
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fail(fmt.Errorf("data area %s: %w: %w", path, ErrIO, err))
 	}
-	fa.size = st.Size
+	fa.size.Store(st.Size)
 	fa.align = dioAlign(fd)
 	fa.zero = alignedBuf(64<<10, fa.align)
 	return fa, created, nil
@@ -127,7 +135,7 @@ func (a *fileArea) ReadAt(p []byte, off int64) error {
 			return fmt.Errorf("data area: read %d bytes at %d: %w", len(p), off, err)
 		}
 		if n == 0 {
-			return fmt.Errorf("data area: read at %d: past the end (%d bytes)", off, a.size)
+			return fmt.Errorf("data area: read at %d: past the end (%d bytes)", off, a.size.Load())
 		}
 		p, off = p[n:], off+int64(n)
 	}
@@ -176,8 +184,22 @@ func (a *fileArea) Sync() error {
 	return nil
 }
 
-func (a *fileArea) Size() int64 { return a.size }
-func (a *fileArea) Align() int  { return a.align }
+func (a *fileArea) Size() int64 { return a.size.Load() }
+
+// Grow extends the file to size bytes with fallocate (so overwrites of
+// the new space never need filesystem space, and it reads zeros) and
+// fsyncs the file's new size.
+func (a *fileArea) Grow(size int64) error {
+	if err := unix.Fallocate(a.fd, 0, 0, size); err != nil {
+		return fmt.Errorf("data area %s: grow to %d bytes: %w", a.path, size, err)
+	}
+	if err := unix.Fsync(a.fd); err != nil {
+		return fmt.Errorf("data area %s: grow: %w", a.path, err)
+	}
+	a.size.Store(size)
+	return nil
+}
+func (a *fileArea) Align() int { return a.align }
 func (a *fileArea) Close() error {
 	if err := unix.Close(a.fd); err != nil {
 		return fmt.Errorf("data area: close %s: %w", a.path, err)

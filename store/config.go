@@ -31,11 +31,17 @@ type Config struct {
 	// preallocated with AreaBytes when the store is created.
 	AreaPath string `json:"area_path"`
 
-	// AreaBytes is the size of the data area file the store creates:
-	// the capacity every volume's data shares. Default 1 GiB. Rounded
-	// down to whole clusters; at least two clusters (the first holds the
-	// header). Ignored once the area exists.
+	// AreaBytes is the size of the data area file the store creates
+	// (it grows from there: AreaMaxBytes). Default 1 GiB. Rounded down to
+	// whole clusters; at least two clusters (the first holds the header).
+	// Ignored once the area exists.
 	AreaBytes int64 `json:"area_bytes"`
+
+	// AreaMaxBytes bounds the data area's growth: a file area grows (by an
+	// eighth, at least ReadyClusters clusters, fallocated) when no cluster
+	// is free, up to this size and never into the space guard's reserve.
+	// Default 0: no bound but the filesystem's free space.
+	AreaMaxBytes int64 `json:"area_max_bytes"`
 
 	// ClusterBytes is the unit of allocation, fixed when the store is
 	// created (a reopen with another value fails). Default 64 KiB
@@ -154,6 +160,9 @@ func (c Config) Validate() error {
 	}
 	if c.AreaBytes < 2*int64(cb) {
 		bad("AreaBytes %d is below two clusters (%d)", c.AreaBytes, 2*cb)
+	}
+	if c.AreaMaxBytes < 0 {
+		bad("AreaMaxBytes %d is negative", c.AreaMaxBytes)
 	}
 	if c.ReadyClusters < 1 {
 		bad("ReadyClusters %d is below 1", c.ReadyClusters)

@@ -16,6 +16,7 @@ import (
 // shrinks, grows and delete-and-recreates on volumes on pebble's crashable
 // filesystem and a MemArea, and crashes once: at the k-th time the write
 // path reaches a chosen step (hookPoint: after a refill's reservations,
+// after the area grew and before the format record says so,
 // between a first write's data and its map commit, between the map commit
 // and its publication, after a free's commit, in a flush after zeroing
 // limbo and after syncing the area, in delete/shrink after zeroing and
@@ -109,8 +110,9 @@ func crashOnce(seed uint64) (hookPoint, error) {
 	rng := rand.New(rand.NewPCG(seed, 0xc4a54))
 	bs := []uint32{BlockSize512, BlockSize4K}[rng.IntN(2)]
 	fs := vfs.NewCrashableMem()
-	area := NewMemArea(256*(16<<10), 512, int(bs)) // room for every volume: no ErrNoSpace here
+	area := NewMemArea(24*(16<<10), 512, int(bs))
 	cfg := memConfig(fs, area)
+	cfg.AreaMaxBytes = 256 * (16 << 10) // grows as volumes fill; room for all of them: no ErrNoSpace here
 	s, err := Open(cfg)
 	if err != nil {
 		return 0, err
@@ -136,6 +138,9 @@ func crashOnce(seed uint64) (hookPoint, error) {
 	// the last operation.
 	point := hookPoint(rng.IntN(int(writePathPoints) + 1))
 	k := 1 + rng.IntN(12)
+	if point == hookGrown {
+		k = 1 + rng.IntN(3) // the area grows a few times per run
+	}
 	var (
 		fsClone   vfs.FS
 		areaClone *MemArea

@@ -59,12 +59,13 @@ func (quietLogger) Errorf(string, ...any) {}
 
 // memConfig is a small store on fs and area: 16 KiB clusters (requests
 // cross cluster boundaries often), a ready pool of 8 (refills often), no
-// background syncer.
+// background syncer, no growth of the area.
 func memConfig(fs vfs.FS, area Area) Config {
 	return Config{
 		Dir:              "/store",
 		FS:               fs,
 		Area:             area,
+		AreaMaxBytes:     area.Size(), // no growth unless a test asks
 		ClusterBytes:     16 << 10,
 		ReadyClusters:    8,
 		MaxTransferBytes: 64 << 10,

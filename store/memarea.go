@@ -133,6 +133,22 @@ func (m *MemArea) CrashClone(rng *rand.Rand, keepPercent int) *MemArea {
 	return c
 }
 
+// Grow extends the area with zeros, durably (as fallocate and fsync).
+func (m *MemArea) Grow(size int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.Fault != nil {
+		if err := m.Fault("grow", size); err != nil {
+			return err
+		}
+	}
+	if size > int64(len(m.cur)) {
+		m.cur = append(m.cur, make([]byte, size-int64(len(m.cur)))...)
+		m.durable = append(m.durable, make([]byte, size-int64(len(m.durable)))...)
+	}
+	return nil
+}
+
 // Pending returns how many writes and zeroes are not yet synced.
 func (m *MemArea) Pending() int {
 	m.mu.Lock()

@@ -40,6 +40,7 @@ func modelOnce(seed uint64, nops int) error {
 	fs := vfs.NewMem()
 	area := NewMemArea(int64(48+rng.IntN(64))*(16<<10), 512, 512)
 	cfg := memConfig(fs, area)
+	cfg.AreaMaxBytes = area.Size() + int64(rng.IntN(32))*(16<<10) // grows a little, then ErrNoSpace
 	s, err := Open(cfg)
 	if err != nil {
 		return err

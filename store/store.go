@@ -83,13 +83,14 @@ const (
 	hookAreaSynced                     // a flush synced the area; the WAL is not synced
 	hookReleaseZeroed                  // delete or shrink zeroed and synced its clusters; the map is not changed
 	hookSizeCommitted                  // a shrink's new size is durable; its clusters are not released
+	hookGrown                          // the area grew (durably); the format record does not say so yet
 	hookMigrated                       // an upgrade batch is committed (not synced); its data synced
 	numHookPoints
 )
 
 func (p hookPoint) String() string {
 	return [...]string{"reserved", "data-written", "map-committed", "freed", "limbo-zeroed",
-		"area-synced", "release-zeroed", "size-committed", "migrated"}[p]
+		"area-synced", "release-zeroed", "size-committed", "grown", "migrated"}[p]
 }
 
 func (s *Store) hook(p hookPoint) {
@@ -207,7 +208,9 @@ func (s *Store) openArea(askedCluster int) error {
 	if err != nil {
 		return fmt.Errorf("store: %q: %w", s.cfg.Dir, err)
 	}
-	if h.uuid != f.uuid || h.clusterL != f.clusterL || h.clusters != f.clusters {
+	// The header keeps the area's size at creation; growth records the
+	// new size in the format record only.
+	if h.uuid != f.uuid || h.clusterL != f.clusterL {
 		return fmt.Errorf("store: the data area belongs to another store (uuid %x, not %x): %w", h.uuid, f.uuid, ErrCorrupt)
 	}
 	return nil
@@ -232,28 +235,33 @@ func (s *Store) create() error {
 	}
 	l := uint8(bits.TrailingZeros(uint(s.cfg.ClusterBytes)))
 	s.setCluster(l)
+	areaBytes := s.cfg.AreaBytes
 	if s.legacy {
-		// Refuse an upgrade that cannot fit before anything is written, so
-		// the operator can retry with a larger area.
+		// Size the area for the old blocks (and a ready pool), or refuse
+		// an upgrade that cannot fit before anything is written, so the
+		// operator can retry with a larger area.
 		need, err := s.legacyClusters(l)
 		if err != nil {
 			return err
 		}
-		if have := uint64(s.cfg.AreaBytes)>>l - 1; s.cfg.Area != nil {
-			have = uint64(s.cfg.Area.Size())>>l - 1
-			if need > have {
-				return fmt.Errorf("store: upgrading %q needs %d clusters of %d bytes, the data area holds %d: %w", s.cfg.Dir, need, 1<<l, have, ErrNoSpace)
-			}
-		} else if need > have {
-			return fmt.Errorf("store: upgrading %q needs %d clusters of %d bytes: set the data area's size (AreaBytes, now %d) to at least %d: %w",
-				s.cfg.Dir, need, 1<<l, s.cfg.AreaBytes, (need+1)<<l, ErrNoSpace)
+		areaBytes = max(areaBytes, int64(need+1+uint64(s.cfg.ReadyClusters))<<l)
+		limit, what := s.cfg.AreaMaxBytes, "AreaMaxBytes"
+		if s.cfg.Area != nil {
+			limit, what = s.cfg.Area.Size(), "the data area's size"
+		}
+		if limit > 0 && int64(need+1)<<l > limit {
+			return fmt.Errorf("store: upgrading %q needs %d clusters of %d bytes, %s (%d) holds %d: %w",
+				s.cfg.Dir, need, 1<<l, what, limit, limit>>l-1, ErrNoSpace)
+		}
+		if limit > 0 {
+			areaBytes = min(areaBytes, limit)
 		}
 		s.log.Infof("store: %q holds target/volume's layout: upgrading it into %d-byte clusters (%d needed)", s.cfg.Dir, 1<<l, need)
 	}
 	a := s.cfg.Area
 	if a == nil {
 		var err error
-		if a, _, err = OpenFileArea(s.cfg.AreaPath, s.cfg.AreaBytes&^int64(s.cmask), true); err != nil {
+		if a, _, err = OpenFileArea(s.cfg.AreaPath, areaBytes&^int64(s.cmask), true); err != nil {
 			return fmt.Errorf("store: %q: %w", s.cfg.Dir, err)
 		}
 	}
@@ -842,14 +850,70 @@ func (s *Store) takeCluster() (uint64, error) {
 			continue
 		}
 		limbo := len(s.al.limbo) > 0
-		s.al.mu.Unlock()
 		if !limbo || attempt > 1 {
+			grew, err := s.grow()
+			s.al.mu.Unlock()
+			if err != nil {
+				return 0, err
+			}
+			if grew && attempt < 4 {
+				continue
+			}
 			return 0, fmt.Errorf("%d clusters of %d bytes, none free: %w", s.al.clusters-1, s.cmask+1, ErrNoSpace)
 		}
+		s.al.mu.Unlock()
 		if err := s.flush(); err != nil {
 			return 0, err
 		}
 	}
+}
+
+// grow extends a growable area by an eighth, at least ReadyClusters
+// clusters, within Config.AreaMaxBytes and the filesystem's free space
+// above the space guard's reserve: fallocate and fsync the file, then
+// record the new cluster count in the format record (synced). A crash in
+// between leaves a larger file than recorded, which the next growth
+// reuses. false if the area cannot grow. Requires s.al.mu.
+func (s *Store) grow() (bool, error) {
+	g, ok := s.area.(Grower)
+	if !ok || s.cfg.ReadOnly {
+		return false, nil
+	}
+	old := s.al.clusters
+	n := max(old/8, uint64(s.cfg.ReadyClusters))
+	if m := s.cfg.AreaMaxBytes; m > 0 {
+		n = min(n, max(uint64(m)>>s.cshift, old)-old)
+	}
+	if s.spaceMonitored.Load() {
+		free, reserve := s.freeBytes.Load(), s.reserve.Load()
+		if free <= reserve {
+			return false, nil
+		}
+		n = min(n, (free-reserve)>>s.cshift)
+	}
+	if n == 0 {
+		return false, nil
+	}
+	size := int64(old+n) << s.cshift
+	if err := g.Grow(size); err != nil {
+		s.log.Errorf("store: the data area could not grow to %d bytes: %v", size, err)
+		return false, nil
+	}
+	s.hook(hookGrown)
+	f := s.format
+	f.clusters = old + n
+	var v [formatLen]byte
+	f.encode(v[:])
+	if err := s.db.Set(formatKey, v[:], pebble.Sync); err != nil {
+		return false, fmt.Errorf("store: record the area's growth: %w: %w", ErrIO, err)
+	}
+	if err := s.err(); err != nil {
+		return false, err
+	}
+	s.format = f
+	s.al.grow(old + n)
+	s.log.Infof("store: data area grown from %d to %d clusters of %d bytes", old, old+n, s.cmask+1)
+	return true, nil
 }
 
 // refill reserves up to ReadyClusters free clusters: their 'R' keys are

@@ -207,9 +207,9 @@ func TestUpgradeFixture(t *testing.T) {
 }
 
 // TestUpgradeReadOnlyAndFull: an old directory opened read-only is
-// refused (nothing can be migrated); one whose data does not fit the area
-// is refused with ErrNoSpace naming the size to set, before anything is
-// written, and upgrades once the area is larger.
+// refused (nothing can be migrated); one whose data cannot fit under
+// AreaMaxBytes is refused with ErrNoSpace before anything is written; an
+// area file smaller than the data is created large enough.
 func TestUpgradeReadOnlyAndFull(t *testing.T) {
 	dir := t.TempDir()
 	meta := filepath.Join(dir, "volumes")
@@ -217,17 +217,19 @@ func TestUpgradeReadOnlyAndFull(t *testing.T) {
 	if _, err := Open(Config{Dir: meta, ReadOnly: true, Logger: quietLogger{}}); !errors.Is(err, ErrReadOnly) {
 		t.Fatalf("read-only open of an old directory: %v, want ErrReadOnly", err)
 	}
-	small := Config{Dir: meta, AreaBytes: 4 << 16, Logger: quietLogger{}}
-	_, err := Open(small)
-	if !errors.Is(err, ErrNoSpace) || !contains(err.Error(), "at least") {
-		t.Fatalf("upgrade into a 3-cluster area: %v, want ErrNoSpace naming the size", err)
+	_, err := Open(Config{Dir: meta, AreaBytes: 4 << 16, AreaMaxBytes: 4 << 16, Logger: quietLogger{}})
+	if !errors.Is(err, ErrNoSpace) || !contains(err.Error(), "AreaMaxBytes") {
+		t.Fatalf("upgrade into at most 4 clusters: %v, want ErrNoSpace naming AreaMaxBytes", err)
 	}
 	if _, serr := os.Stat(meta + ".area"); !errors.Is(serr, os.ErrNotExist) {
 		t.Fatalf("the refused upgrade created its area: %v", serr)
 	}
-	s := openStore(t, Config{Dir: meta, AreaBytes: 16 << 20, Logger: quietLogger{}})
+	s := openStore(t, Config{Dir: meta, AreaBytes: 4 << 16, Logger: quietLogger{}})
 	if err := verifyUpgraded(s); err != nil {
 		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Clusters <= 4 {
+		t.Fatalf("the area was not sized for the old data: %+v", st)
 	}
 }
 
