@@ -21,6 +21,12 @@
 // the WAL. The allocator is rebuilt from pebble at Open and Check
 // recomputes it.
 //
+// Around the core: a background syncer bounds how long a plain write stays
+// volatile (Config.SyncInterval, sync.go); a space guard refuses new
+// clusters when pebble's filesystem runs low (space.go); a file area grows
+// when full (Grower); and Open upgrades a pebble directory written by
+// target/volume in place (upgrade.go).
+//
 // # What this package must never do
 //
 //   - Let a volume read bytes another volume (or an earlier life of a
