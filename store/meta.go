@@ -1,0 +1,181 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math/bits"
+)
+
+// ID is a volume's stable identifier, chosen by the caller and unique in
+// one store.
+type ID uint64
+
+// State is a volume's persisted administrative state.
+type State uint8
+
+const (
+	// StateOnline: the volume serves reads and writes.
+	StateOnline State = 1
+	// StateReadOnly: the volume serves reads; writes fail with ErrReadOnly.
+	StateReadOnly State = 2
+	// stateDeleting is persisted (synced) before Delete releases a
+	// volume's clusters, so that Open finishes a delete a crash
+	// interrupted. Never visible through Info.
+	stateDeleting State = 3
+)
+
+func (s State) String() string {
+	switch s {
+	case StateOnline:
+		return "online"
+	case StateReadOnly:
+		return "read-only"
+	case stateDeleting:
+		return "deleting"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+func (s State) valid() bool { return s == StateOnline || s == StateReadOnly }
+
+// Block sizes a volume may have.
+const (
+	BlockSize4K      = 4096
+	BlockSize512     = 512
+	DefaultBlockSize = BlockSize4K
+)
+
+// MaxSizeBytes bounds a volume's size: 4 PiB keeps the top level of a
+// volume's in-memory map (one pointer per 2^18 clusters) at 2 MiB for the
+// largest thin volume at 64 KiB clusters.
+const MaxSizeBytes = 1 << 52
+
+// Info describes a volume.
+type Info struct {
+	ID        ID     `json:"id"`
+	SizeBytes uint64 `json:"size_bytes"`
+	BlockSize uint32 `json:"block_size"`
+	State     State  `json:"state"`
+}
+
+// Blocks returns the capacity in blocks.
+func (i Info) Blocks() uint64 { return i.SizeBytes / uint64(i.BlockSize) }
+
+// volumeRecord is what 'V'|id holds:
+//
+//	[0]      encoding version (1)
+//	[1]      log2(block size)
+//	[2]      State (stateDeleting included)
+//	[3:8]    zero
+//	[8:16]   size in bytes, big-endian
+//	[16:24]  map ID, big-endian (the volume's ID today; a snapshot will
+//	         hand a volume a new map, docs/store.md)
+type volumeRecord struct {
+	info  Info
+	mapID uint64
+}
+
+const volumeRecordLen = 24
+
+func (r volumeRecord) encode() []byte {
+	v := make([]byte, volumeRecordLen)
+	v[0] = 1
+	v[1] = byte(bits.TrailingZeros32(r.info.BlockSize))
+	v[2] = byte(r.info.State)
+	binary.BigEndian.PutUint64(v[8:16], r.info.SizeBytes)
+	binary.BigEndian.PutUint64(v[16:24], r.mapID)
+	return v
+}
+
+func decodeVolumeRecord(id ID, v []byte) (volumeRecord, error) {
+	if len(v) != volumeRecordLen || v[0] != 1 {
+		return volumeRecord{}, fmt.Errorf("volume %d: record of %d bytes: %w", id, len(v), ErrCorrupt)
+	}
+	r := volumeRecord{
+		info: Info{ID: id, BlockSize: 1 << (v[1] & 31), State: State(v[2]),
+			SizeBytes: binary.BigEndian.Uint64(v[8:16])},
+		mapID: binary.BigEndian.Uint64(v[16:24]),
+	}
+	if err := checkShape(r.info.SizeBytes, r.info.BlockSize); err != nil ||
+		(!r.info.State.valid() && r.info.State != stateDeleting) {
+		return volumeRecord{}, fmt.Errorf("volume %d: record %+v: %w", id, r.info, ErrCorrupt)
+	}
+	return r, nil
+}
+
+// CheckShape says whether Create would accept size and blockSize.
+func CheckShape(size uint64, blockSize uint32) error { return checkShape(size, blockSize) }
+
+func checkShape(size uint64, blockSize uint32) error {
+	if blockSize != BlockSize4K && blockSize != BlockSize512 {
+		return fmt.Errorf("block size %d, want %d or %d: %w", blockSize, BlockSize4K, BlockSize512, ErrInvalid)
+	}
+	if size == 0 || size > MaxSizeBytes || size%uint64(blockSize) != 0 {
+		return fmt.Errorf("size %d bytes, want a positive multiple of %d up to %d: %w",
+			size, blockSize, uint64(MaxSizeBytes), ErrInvalid)
+	}
+	return nil
+}
+
+// formatRecord is what 'F' holds and, with a checksum, what the area's
+// header (the first bytes of cluster 0) holds: both must name the same
+// store, so a store never runs on another store's area.
+//
+//	[0:16]   magic "blk-store/1" padded with zeros
+//	[16]     state: 1 creating (the area is not initialised yet), 2 ready
+//	[17]     log2(cluster size)
+//	[18:24]  zero
+//	[24:32]  clusters in the area, big-endian (cluster 0 is the header)
+//	[32:48]  store UUID (random)
+//	[48:52]  CRC-32C of [0:48] (in the area header only)
+type formatRecord struct {
+	state    uint8
+	clusterL uint8
+	clusters uint64
+	uuid     [16]byte
+}
+
+const (
+	formatLen      = 48
+	headerLen      = 52
+	formatCreating = 1
+	formatReady    = 2
+)
+
+var formatMagic = [16]byte{'b', 'l', 'k', '-', 's', 't', 'o', 'r', 'e', '/', '1'}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func (f formatRecord) encode(dst []byte) {
+	clear(dst[:formatLen])
+	copy(dst[0:16], formatMagic[:])
+	dst[16] = f.state
+	dst[17] = f.clusterL
+	binary.BigEndian.PutUint64(dst[24:32], f.clusters)
+	copy(dst[32:48], f.uuid[:])
+}
+
+func decodeFormat(v []byte) (formatRecord, error) {
+	if len(v) < formatLen || [16]byte(v[0:16]) != formatMagic {
+		return formatRecord{}, fmt.Errorf("format record %q: not a blk store: %w", v[:min(len(v), 16)], ErrCorrupt)
+	}
+	f := formatRecord{state: v[16], clusterL: v[17], clusters: binary.BigEndian.Uint64(v[24:32]), uuid: [16]byte(v[32:48])}
+	if (f.state != formatCreating && f.state != formatReady) || f.clusterL < minClusterShift || f.clusterL > maxClusterShift || f.clusters < 2 {
+		return formatRecord{}, fmt.Errorf("format record %+v: %w", f, ErrCorrupt)
+	}
+	return f, nil
+}
+
+// encodeHeader writes the area header (the format record and its CRC).
+func (f formatRecord) encodeHeader(dst []byte) {
+	f.encode(dst)
+	binary.BigEndian.PutUint32(dst[formatLen:headerLen], crc32.Checksum(dst[:formatLen], castagnoli))
+}
+
+func decodeHeader(b []byte) (formatRecord, error) {
+	if crc32.Checksum(b[:formatLen], castagnoli) != binary.BigEndian.Uint32(b[formatLen:headerLen]) {
+		return formatRecord{}, fmt.Errorf("data area header: bad checksum (not this store's area, or never initialised): %w", ErrCorrupt)
+	}
+	return decodeFormat(b[:formatLen])
+}

@@ -1,0 +1,1064 @@
+package store
+
+import (
+	"cmp"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Store is one storage node's extent store: a pebble instance for the
+// metadata and a data area for the bytes. Safe for concurrent use.
+// Administrative calls (Create, Delete, Resize, SetState, Close) are
+// serialised by one mutex and durable when they return; block I/O goes
+// through *Volume handles and never takes it.
+type Store struct {
+	cfg    Config
+	db     *pebble.DB
+	area   Area
+	align  int
+	cshift uint8  // log2(cluster bytes)
+	cmask  uint64 // cluster bytes - 1
+	format formatRecord
+	log    Logger
+
+	// fatal holds the first error that failed the store (a failed sync of
+	// the area or of pebble's WAL, a pebble fatal error): every request
+	// then returns ErrIO.
+	fatal atomic.Pointer[error]
+
+	al allocator
+
+	// seq counts acknowledged mutations (writes, zeroes, frees);
+	// flushedSeq is the seq the last completed flush covered. flushMu
+	// serialises flushes and Close's closing of pebble (dbClosed).
+	seq, flushedSeq atomic.Uint64
+	flushMu         sync.Mutex
+	dbClosed        bool
+
+	// The space guard (space.go).
+	noSpace, spaceMonitored        atomic.Bool
+	freeBytes, totalBytes, reserve atomic.Uint64
+	spaceStop, spaceDone           chan struct{}
+
+	// The background syncer (sync.go).
+	syncArmed          atomic.Bool
+	syncKick           chan struct{}
+	syncStop, syncDone chan struct{}
+
+	bounce sync.Pool // *[]byte of MaxTransferBytes, aligned: for unaligned caller buffers
+
+	c storeCounters
+
+	// testHook, if set, is called at each step of the write path named by
+	// a hookPoint (crash tests clone the filesystem and area there).
+	testHook func(hookPoint)
+
+	legacy bool // the directory holds target/volume's layout: Open migrates it (upgrade.go)
+
+	mu     sync.Mutex // guards closed and vols; serialises administrative calls
+	closed bool
+	vols   map[ID]*Volume
+}
+
+type storeCounters struct {
+	refills, mapCommits, frees, flushes, areaSyncs, bounces, bgSyncs atomic.Uint64
+}
+
+// hookPoint names a step of the write path, for crash injection.
+type hookPoint uint8
+
+const (
+	hookReserved      hookPoint = iota // a refill's 'R' keys are durable; nothing written yet
+	hookDataWritten                    // a first write's data is in its cluster; its map key is not committed
+	hookMapCommitted                   // the map key is committed (not synced); the entry not published
+	hookFreed                          // a free's {delete 'X', set 'R'} is committed, not synced; clusters in limbo
+	hookLimboZeroed                    // a flush zeroed the limbo clusters; the area is not synced
+	hookAreaSynced                     // a flush synced the area; the WAL is not synced
+	hookReleaseZeroed                  // delete or shrink zeroed and synced its clusters; the map is not changed
+	hookSizeCommitted                  // a shrink's new size is durable; its clusters are not released
+	hookGrown                          // the area grew (durably); the format record does not say so yet
+	hookMigrated                       // an upgrade batch is committed (not synced); its data synced
+	numHookPoints
+)
+
+func (p hookPoint) String() string {
+	return [...]string{"reserved", "data-written", "map-committed", "freed", "limbo-zeroed",
+		"area-synced", "release-zeroed", "size-committed", "grown", "migrated"}[p]
+}
+
+func (s *Store) hook(p hookPoint) {
+	if s.testHook != nil {
+		s.testHook(p)
+	}
+}
+
+// Open opens the store in cfg.Dir (creating it and its data area if new),
+// loads every volume and map, and repairs what a crash left: clusters
+// reserved but not mapped are zeroed and become the ready pool; deletes and
+// shrinks interrupted are finished.
+func Open(cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	askedCluster := cfg.ClusterBytes
+	cfg = cfg.WithDefaults()
+	s := &Store{cfg: cfg, vols: make(map[ID]*Volume), log: cfg.Logger}
+	if s.log == nil {
+		s.log = pebble.DefaultLogger
+	}
+	cache := pebble.NewCache(cfg.CacheBytes)
+	defer cache.Unref()
+	db, err := pebble.Open(cfg.Dir, &pebble.Options{
+		FS:                 cfg.FS,
+		Cache:              cache,
+		MemTableSize:       uint64(cfg.MemTableBytes),
+		FormatMajorVersion: pebble.FormatNewest,
+		ReadOnly:           cfg.ReadOnly,
+		Logger:             pebbleLogger{s: s, out: s.log},
+	})
+	if err != nil {
+		if cfg.Area != nil {
+			_ = cfg.Area.Close()
+		}
+		return nil, fmt.Errorf("store: open %q: %w: %w", cfg.Dir, ErrIO, err)
+	}
+	s.db = db
+	if err := s.openArea(askedCluster); err != nil {
+		_ = db.Close()
+		if s.area != nil {
+			_ = s.area.Close()
+		} else if cfg.Area != nil {
+			_ = cfg.Area.Close()
+		}
+		return nil, err
+	}
+	if openHook != nil {
+		openHook(s)
+	}
+	err = s.load()
+	if err == nil && s.legacy {
+		err = s.migrate()
+	}
+	if err != nil {
+		_ = db.Close()
+		_ = s.area.Close()
+		return nil, err
+	}
+	align := s.align
+	s.bounce.New = func() any { b := alignedBuf(cfg.MaxTransferBytes, align); return &b }
+	s.startSpaceGuard()
+	s.startSyncer()
+	return s, nil
+}
+
+// openArea reads (or, for a new store, writes) the format record and opens
+// the data area, checking that its header names this store.
+func (s *Store) openArea(askedCluster int) error {
+	legacy, err := s.isLegacy()
+	if err != nil {
+		return err
+	}
+	s.legacy = legacy
+	if legacy && s.cfg.ReadOnly {
+		return fmt.Errorf("store: %q holds target/volume's layout: open it read-write once to upgrade it: %w", s.cfg.Dir, ErrReadOnly)
+	}
+	v, closer, err := s.db.Get(formatKey)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		return s.create()
+	case err != nil:
+		return fmt.Errorf("store: %q: read format: %w: %w", s.cfg.Dir, ErrIO, err)
+	}
+	f, err := decodeFormat(v)
+	_ = closer.Close()
+	if err != nil {
+		return fmt.Errorf("store: %q: %w", s.cfg.Dir, err)
+	}
+	if askedCluster != 0 && askedCluster != 1<<f.clusterL {
+		return fmt.Errorf("store: %q was created with %d-byte clusters, not %d: %w", s.cfg.Dir, 1<<f.clusterL, askedCluster, ErrInvalid)
+	}
+	s.format = f
+	s.setCluster(f.clusterL)
+	a := s.cfg.Area
+	if a == nil {
+		if a, _, err = OpenFileArea(s.cfg.AreaPath, 0, false); err != nil {
+			return fmt.Errorf("store: %q: its data area: %w", s.cfg.Dir, err)
+		}
+	}
+	s.area, s.align = a, a.Align()
+	if a.Size() < int64(f.clusters)<<f.clusterL {
+		return fmt.Errorf("store: data area of %d bytes, the store has %d clusters of %d: %w",
+			a.Size(), f.clusters, 1<<f.clusterL, ErrCorrupt)
+	}
+	if f.state == formatCreating {
+		return s.initArea() // a crash interrupted create: the area holds nothing yet
+	}
+	hdr := alignedBuf(max(4096, s.align), s.align)
+	if err := a.ReadAt(hdr, 0); err != nil {
+		return fmt.Errorf("store: read the data area header: %w: %w", ErrIO, err)
+	}
+	h, err := decodeHeader(hdr)
+	if err != nil {
+		return fmt.Errorf("store: %q: %w", s.cfg.Dir, err)
+	}
+	// The header keeps the area's size at creation; growth records the
+	// new size in the format record only.
+	if h.uuid != f.uuid || h.clusterL != f.clusterL {
+		return fmt.Errorf("store: the data area belongs to another store (uuid %x, not %x): %w", h.uuid, f.uuid, ErrCorrupt)
+	}
+	return nil
+}
+
+func (s *Store) setCluster(l uint8) {
+	s.cshift = l
+	s.cmask = 1<<l - 1
+}
+
+// create makes a new store: the format record (state creating, synced),
+// then the area and its header (synced), then the record again (ready).
+// A crash in between leaves "creating", and Open starts again.
+func (s *Store) create() error {
+	if s.cfg.ReadOnly {
+		return fmt.Errorf("store: %q holds no store and is opened read-only: %w", s.cfg.Dir, ErrReadOnly)
+	}
+	if !s.legacy {
+		if err := s.checkEmpty(); err != nil {
+			return err
+		}
+	}
+	l := uint8(bits.TrailingZeros(uint(s.cfg.ClusterBytes)))
+	s.setCluster(l)
+	areaBytes := s.cfg.AreaBytes
+	if s.legacy {
+		// Size the area for the old blocks (and a ready pool), or refuse
+		// an upgrade that cannot fit before anything is written, so the
+		// operator can retry with a larger area.
+		need, err := s.legacyClusters(l)
+		if err != nil {
+			return err
+		}
+		areaBytes = max(areaBytes, int64(need+1+uint64(s.cfg.ReadyClusters))<<l)
+		limit, what := s.cfg.AreaMaxBytes, "AreaMaxBytes"
+		if s.cfg.Area != nil {
+			limit, what = s.cfg.Area.Size(), "the data area's size"
+		}
+		if limit > 0 && int64(need+1)<<l > limit {
+			return fmt.Errorf("store: upgrading %q needs %d clusters of %d bytes, %s (%d) holds %d: %w",
+				s.cfg.Dir, need, 1<<l, what, limit, limit>>l-1, ErrNoSpace)
+		}
+		if limit > 0 {
+			areaBytes = min(areaBytes, limit)
+		}
+		s.log.Infof("store: %q holds target/volume's layout: upgrading it into %d-byte clusters (%d needed)", s.cfg.Dir, 1<<l, need)
+	}
+	a := s.cfg.Area
+	if a == nil {
+		var err error
+		if a, _, err = OpenFileArea(s.cfg.AreaPath, areaBytes&^int64(s.cmask), true); err != nil {
+			return fmt.Errorf("store: %q: %w", s.cfg.Dir, err)
+		}
+	}
+	s.area, s.align = a, a.Align()
+	if a.Align() > 1<<l {
+		return fmt.Errorf("store: data area alignment %d above the cluster size %d: %w", a.Align(), 1<<l, ErrInvalid)
+	}
+	s.format = formatRecord{state: formatCreating, clusterL: l, clusters: uint64(a.Size()) >> l}
+	if s.format.clusters < 2 {
+		return fmt.Errorf("store: data area of %d bytes holds fewer than two clusters: %w", a.Size(), ErrInvalid)
+	}
+	if _, err := rand.Read(s.format.uuid[:]); err != nil {
+		return fmt.Errorf("store: uuid: %w: %w", ErrIO, err)
+	}
+	if err := s.putFormat(); err != nil {
+		return err
+	}
+	return s.initArea()
+}
+
+// checkEmpty refuses a pebble directory that holds keys but no store
+// format (and is not target/volume's, which Open upgrades).
+func (s *Store) checkEmpty() error {
+	it, err := s.db.NewIter(nil)
+	if err != nil {
+		return fmt.Errorf("store: %q: %w: %w", s.cfg.Dir, ErrIO, err)
+	}
+	var first []byte
+	if it.First() {
+		first = slices.Clone(it.Key())
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("store: %q: %w: %w", s.cfg.Dir, ErrIO, err)
+	}
+	switch {
+	case first == nil:
+		return nil
+	case first[0] >= 'a' && first[0] <= 'z':
+		return fmt.Errorf("store: %q holds keys of another layout (key %q) and no format key: %w", s.cfg.Dir, first, ErrCorrupt)
+	}
+	return fmt.Errorf("store: %q holds keys but no store format (key %q): %w", s.cfg.Dir, first, ErrCorrupt)
+}
+
+func (s *Store) putFormat() error {
+	var v [formatLen]byte
+	s.format.encode(v[:])
+	if err := s.db.Set(formatKey, v[:], pebble.Sync); err != nil {
+		return fmt.Errorf("store: write format: %w: %w", ErrIO, err)
+	}
+	return s.err()
+}
+
+// initArea writes the header into cluster 0, syncs, and marks the store
+// ready. Every other cluster of a new area reads zeros (a new file is
+// fallocated; a device will be zeroed or discarded, next session).
+func (s *Store) initArea() error {
+	hdr := alignedBuf(max(4096, s.align), s.align)
+	f := s.format
+	f.state = formatReady
+	f.encodeHeader(hdr)
+	if err := s.area.WriteAt(hdr, 0); err != nil {
+		return fmt.Errorf("store: write the data area header: %w: %w", ErrIO, err)
+	}
+	if err := s.area.Sync(); err != nil {
+		return fmt.Errorf("store: sync the data area: %w: %w", ErrIO, err)
+	}
+	s.format = f
+	return s.putFormat()
+}
+
+// load reads every volume record, map key and reservation, rebuilds the
+// allocator, and repairs (unless read-only) what a crash interrupted.
+func (s *Store) load() error {
+	s.al.init(s.format.clusters)
+	byMap := map[uint64]*Volume{}
+	var deleting []*Volume
+	err := s.scan(familyVolume, func(k, v []byte) error {
+		id, ok := volumeKeyID(k)
+		if !ok {
+			return fmt.Errorf("store: volume key %x: %w", k, ErrCorrupt)
+		}
+		r, err := decodeVolumeRecord(id, v)
+		if err != nil {
+			return err
+		}
+		vol := newVolume(s, r)
+		byMap[r.mapID] = vol
+		if r.info.State == stateDeleting {
+			deleting = append(deleting, vol)
+		} else {
+			s.vols[id] = vol
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	type orphan struct{ m, idx, phys uint64 }
+	var trim []orphan // map keys past a volume's end, of a deleting volume, or of no volume
+	err = s.scan(familyMap, func(k, v []byte) error {
+		m, idx, ok := parseMapKey(k)
+		phys, okv := parsePhys(v)
+		if !ok || !okv || phys == 0 || phys >= s.al.clusters {
+			return fmt.Errorf("store: map key %x = %x: %w", k, v, ErrCorrupt)
+		}
+		if !s.al.markUsed(phys) {
+			return fmt.Errorf("store: cluster %d is mapped twice (map %d index %d): %w", phys, m, idx, ErrCorrupt)
+		}
+		vol := byMap[m]
+		if vol == nil || vol.info.State == stateDeleting || idx >= vol.clusters() {
+			trim = append(trim, orphan{m, idx, phys})
+			return nil
+		}
+		vol.m.set(idx, phys)
+		vol.allocated.Add(1)
+		s.al.mapped++
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var reserved, stale []uint64
+	err = s.scan(familyReserved, func(k, _ []byte) error {
+		p, ok := parseReservedKey(k)
+		if !ok || p == 0 || p >= s.al.clusters {
+			return fmt.Errorf("store: reservation key %x: %w", k, ErrCorrupt)
+		}
+		if !s.al.markUsed(p) {
+			stale = append(stale, p) // mapped: cannot happen (map commits delete it); the map wins
+			return nil
+		}
+		reserved = append(reserved, p)
+		return nil
+	})
+	if err != nil || s.cfg.ReadOnly {
+		return err
+	}
+	// Repair. Every cluster that may hold bytes no map names is zeroed and
+	// the zeroing synced before anything can hand it out.
+	zero := slices.Clone(reserved)
+	for _, o := range trim {
+		zero = append(zero, o.phys)
+	}
+	if err := s.zeroClusters(zero); err != nil {
+		return err
+	}
+	if len(zero) > 0 {
+		if err := s.syncArea(); err != nil {
+			return err
+		}
+	}
+	b := s.db.NewBatch()
+	var key [mapKeyLen]byte
+	for _, o := range trim {
+		putMapKey(key[:], o.m, o.idx)
+		_ = b.Delete(key[:], nil)
+	}
+	for _, p := range stale {
+		putReservedKey(key[:], p)
+		_ = b.Delete(key[:reservedKeyLen], nil)
+		s.log.Errorf("store: cluster %d was both mapped and reserved; kept mapped", p)
+	}
+	for _, vol := range deleting {
+		_ = b.Delete(volumeKey(vol.id), nil)
+	}
+	if b.Empty() {
+		_ = b.Close()
+	} else if err := s.commit(b, true); err != nil {
+		return fmt.Errorf("store: repair: %w", err)
+	}
+	for _, o := range trim {
+		s.al.release(o.phys)
+	}
+	s.al.pushReady(reserved)
+	if n := len(trim) + len(reserved) + len(deleting); n > 0 {
+		s.log.Infof("store: open: %d reserved clusters zeroed, %d clusters of deleted or shrunk volumes released, %d deletes finished",
+			len(reserved), len(trim), len(deleting))
+	}
+	return nil
+}
+
+// scan calls fn for every key of one family.
+func (s *Store) scan(family byte, fn func(k, v []byte) error) error {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{family}, UpperBound: []byte{family + 1}})
+	if err != nil {
+		return fmt.Errorf("store: %w: %w", ErrIO, err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err == nil {
+			err = fn(it.Key(), v)
+		} else {
+			err = fmt.Errorf("store: %w: %w", ErrIO, err)
+		}
+		if err != nil {
+			_ = it.Close()
+			return err
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("store: %w: %w", ErrIO, err)
+	}
+	return nil
+}
+
+// zeroClusters zeroes each cluster, one Area.Zero per run of consecutive
+// clusters. Sorts ps.
+func (s *Store) zeroClusters(ps []uint64) error {
+	slices.Sort(ps)
+	for i := 0; i < len(ps); {
+		j := i + 1
+		for j < len(ps) && ps[j] == ps[j-1]+1 {
+			j++
+		}
+		if err := s.area.Zero(int64(ps[i])<<s.cshift, int64(j-i)<<s.cshift); err != nil {
+			return fmt.Errorf("store: zero clusters %d-%d: %w: %w", ps[i], ps[j-1], ErrIO, err)
+		}
+		i = j
+	}
+	return nil
+}
+
+// syncArea syncs the data area; a failure fails the store (the kernel may
+// have dropped what it could not write: nothing later may be acknowledged
+// on the strength of it).
+func (s *Store) syncArea() error {
+	s.c.areaSyncs.Add(1)
+	if err := s.area.Sync(); err != nil {
+		err = fmt.Errorf("store: sync the data area: %w: %w", ErrIO, err)
+		s.fail(err)
+		return err
+	}
+	return nil
+}
+
+// CreateOptions describes a new volume.
+type CreateOptions struct {
+	SizeBytes uint64 // a positive multiple of BlockSize, at most MaxSizeBytes; nothing is allocated
+	BlockSize uint32 // BlockSize4K or BlockSize512; 0 means DefaultBlockSize
+}
+
+// Create makes a new, empty (all zeros, nothing allocated) volume.
+func (s *Store) Create(id ID, o CreateOptions) (*Volume, error) {
+	if o.BlockSize == 0 {
+		o.BlockSize = DefaultBlockSize
+	}
+	if err := checkShape(o.SizeBytes, o.BlockSize); err != nil {
+		return nil, fmt.Errorf("volume %d: create: %w", id, err)
+	}
+	if int(o.BlockSize) < s.align {
+		return nil, fmt.Errorf("volume %d: create: block size %d below the data area's direct-I/O alignment %d: %w",
+			id, o.BlockSize, s.align, ErrInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.adminCheck(id, "create"); err != nil {
+		return nil, err
+	}
+	if _, ok := s.vols[id]; ok {
+		return nil, fmt.Errorf("volume %d: create: %w", id, ErrExists)
+	}
+	r := volumeRecord{info: Info{ID: id, SizeBytes: o.SizeBytes, BlockSize: o.BlockSize, State: StateOnline}, mapID: uint64(id)}
+	if err := s.putRecord(r); err != nil {
+		return nil, fmt.Errorf("volume %d: create: %w", id, err)
+	}
+	v := newVolume(s, r)
+	s.vols[id] = v
+	return v, nil
+}
+
+func (s *Store) putRecord(r volumeRecord) error {
+	b := s.db.NewBatch()
+	_ = b.Set(volumeKey(r.info.ID), r.encode(), nil)
+	return s.commit(b, true)
+}
+
+// Volume returns the handle of an existing volume.
+func (s *Store) Volume(id ID) (*Volume, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("volume %d: %w", id, ErrClosed)
+	}
+	v, ok := s.vols[id]
+	if !ok {
+		return nil, fmt.Errorf("volume %d: %w", id, ErrNotFound)
+	}
+	return v, nil
+}
+
+// List returns every volume's Info in ID order.
+func (s *Store) List() ([]Info, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("store: list: %w", ErrClosed)
+	}
+	out := make([]Info, 0, len(s.vols))
+	for _, v := range s.vols {
+		v.mu.RLock()
+		out = append(out, v.info)
+		v.mu.RUnlock()
+	}
+	slices.SortFunc(out, func(a, b Info) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// Delete removes a volume and releases its clusters: the record is marked
+// deleting (synced), the clusters are zeroed and the area synced, then the
+// map and the record go in one synced batch and the clusters are free. A
+// crash in between is finished by Open. It waits for requests in flight.
+func (s *Store) Delete(id ID) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.adminCheck(id, "delete"); err != nil {
+		return err
+	}
+	v, ok := s.vols[id]
+	if !ok {
+		return fmt.Errorf("volume %d: delete: %w", id, ErrNotFound)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r := v.record()
+	r.info.State = stateDeleting
+	if err := s.putRecord(r); err != nil {
+		return fmt.Errorf("volume %d: delete: %w", id, err)
+	}
+	v.gone = ErrNotFound
+	delete(s.vols, id)
+	if err := s.release(v, 0, func(b *pebble.Batch) { _ = b.Delete(volumeKey(id), nil) }); err != nil {
+		return fmt.Errorf("volume %d: delete (finished at the next open): %w", id, err)
+	}
+	return nil
+}
+
+// release frees every cluster of v at index from or later: zero them,
+// sync the area, then one synced batch deletes their map keys (plus what
+// extra adds), and they are free at once (their free is durable and they
+// read zeros). Requires v.mu held exclusively.
+func (s *Store) release(v *Volume, from uint64, extra func(*pebble.Batch)) error {
+	var idx, ps []uint64
+	v.m.each(from, ^uint64(0), func(i, p uint64) { idx, ps = append(idx, i), append(ps, p) })
+	if len(ps) > 0 {
+		if err := s.zeroClusters(slices.Clone(ps)); err != nil {
+			return err
+		}
+		if err := s.syncArea(); err != nil {
+			return err
+		}
+	}
+	s.hook(hookReleaseZeroed)
+	b := s.db.NewBatch()
+	var lo, hi [mapKeyLen]byte
+	putMapKey(lo[:], v.mapID, from)
+	putMapEnd(hi[:], v.mapID)
+	_ = b.DeleteRange(lo[:], hi[:], nil)
+	if extra != nil {
+		extra(b)
+	}
+	if err := s.commit(b, true); err != nil {
+		return err
+	}
+	for _, i := range idx {
+		v.m.set(i, 0)
+	}
+	v.allocated.Add(-int64(len(ps)))
+	s.al.mu.Lock()
+	for _, p := range ps {
+		s.al.release(p)
+	}
+	s.al.mapped -= uint64(len(ps))
+	s.al.mu.Unlock()
+	return nil
+}
+
+// Resize changes a volume's size. Growing zeroes the blocks past the old
+// end in its last cluster first (they may hold what a shrink left), so the
+// new blocks read zeros. Shrinking fails with ErrWouldLoseData if a
+// cluster past the new end is allocated, or the blocks past it in the new
+// last cluster are not zeros, unless force; then the new size is committed
+// first and the clusters past it released. It waits for requests in
+// flight.
+func (s *Store) Resize(id ID, sizeBytes uint64, force bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.adminCheck(id, "resize"); err != nil {
+		return err
+	}
+	v, ok := s.vols[id]
+	if !ok {
+		return fmt.Errorf("volume %d: resize: %w", id, ErrNotFound)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r := v.record()
+	if err := checkShape(sizeBytes, r.info.BlockSize); err != nil {
+		return fmt.Errorf("volume %d: resize: %w", id, err)
+	}
+	old := r.info.SizeBytes
+	r.info.SizeBytes = sizeBytes
+	newClusters := (sizeBytes + s.cmask) >> s.cshift
+	if sizeBytes >= old {
+		if err := s.zeroTail(v, old); err != nil {
+			return fmt.Errorf("volume %d: resize: %w", id, err)
+		}
+		v.m.resize(newClusters)
+		if err := s.putRecord(r); err != nil {
+			return fmt.Errorf("volume %d: resize: %w", id, err)
+		}
+		v.setRecord(r)
+		return nil
+	}
+	written, err := s.writtenPast(v, sizeBytes, old)
+	if err != nil {
+		return fmt.Errorf("volume %d: resize: %w", id, err)
+	}
+	if written && !force {
+		return fmt.Errorf("volume %d: resize from %d to %d bytes: %w", id, old, sizeBytes, ErrWouldLoseData)
+	}
+	if err := s.putRecord(r); err != nil {
+		return fmt.Errorf("volume %d: resize: %w", id, err)
+	}
+	v.setRecord(r)
+	s.hook(hookSizeCommitted)
+	if err := s.release(v, newClusters, nil); err != nil {
+		return fmt.Errorf("volume %d: resize (finished at the next open): %w", id, err)
+	}
+	v.m.resize(newClusters)
+	return nil
+}
+
+// zeroTail zeroes the bytes from end to the end of its cluster, if that
+// cluster is allocated, and syncs: a shrink leaves them as they were.
+func (s *Store) zeroTail(v *Volume, end uint64) error {
+	in := end & s.cmask
+	if in == 0 {
+		return nil
+	}
+	p := v.m.get(end >> s.cshift)
+	if p == 0 {
+		return nil
+	}
+	if err := s.area.Zero(int64(p<<s.cshift+in), int64(s.cmask+1-in)); err != nil {
+		return fmt.Errorf("zero past the end: %w: %w", ErrIO, err)
+	}
+	return s.syncArea()
+}
+
+// writtenPast says whether v holds data in [from, to): an allocated
+// cluster wholly past from, or non-zero bytes in the cluster holding from.
+func (s *Store) writtenPast(v *Volume, from, to uint64) (bool, error) {
+	first := (from + s.cmask) >> s.cshift
+	found := false
+	v.m.each(first, ^uint64(0), func(uint64, uint64) { found = true })
+	in := from & s.cmask
+	if found || in == 0 {
+		return found, nil
+	}
+	p := v.m.get(from >> s.cshift)
+	if p == 0 {
+		return false, nil
+	}
+	n := min(s.cmask+1, to-(from&^s.cmask)) - in
+	buf := alignedBuf(int(n), s.align)
+	if err := s.area.ReadAt(buf, int64(p<<s.cshift+in)); err != nil {
+		return false, fmt.Errorf("%w: %w", ErrIO, err)
+	}
+	return slices.ContainsFunc(buf, func(c byte) bool { return c != 0 }), nil
+}
+
+// SetState sets a volume's persisted state. It waits for requests in
+// flight.
+func (s *Store) SetState(id ID, state State) error {
+	if !state.valid() {
+		return fmt.Errorf("volume %d: set state %v: %w", id, state, ErrInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.adminCheck(id, "set state"); err != nil {
+		return err
+	}
+	v, ok := s.vols[id]
+	if !ok {
+		return fmt.Errorf("volume %d: set state: %w", id, ErrNotFound)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r := v.record()
+	r.info.State = state
+	if err := s.putRecord(r); err != nil {
+		return fmt.Errorf("volume %d: set state: %w", id, err)
+	}
+	v.setRecord(r)
+	return nil
+}
+
+// Flush makes every write acknowledged before it durable, on every volume.
+func (s *Store) Flush() error {
+	if err := s.flush(); err != nil {
+		return fmt.Errorf("store: flush: %w", err)
+	}
+	return nil
+}
+
+// flush: zero the limbo clusters, sync the area, sync pebble's WAL, then
+// limbo joins the ready pool. The area first: a WAL sync must never make
+// durable a map key whose data an acknowledged Flush covered but the area
+// had not synced. Free when nothing was written since the last flush.
+func (s *Store) flush() error {
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+	if s.dbClosed {
+		return ErrClosed
+	}
+	if err := s.err(); err != nil {
+		return err
+	}
+	if s.cfg.ReadOnly {
+		return nil
+	}
+	seq := s.seq.Load()
+	s.al.mu.Lock()
+	limbo := s.al.takeLimbo()
+	s.al.mu.Unlock()
+	if s.flushedSeq.Load() >= seq && len(limbo) == 0 {
+		return nil
+	}
+	s.c.flushes.Add(1)
+	back := func(err error) error {
+		s.al.mu.Lock()
+		s.al.limbo = append(s.al.limbo, limbo...)
+		s.al.mu.Unlock()
+		return err
+	}
+	if err := s.zeroClusters(limbo); err != nil {
+		return back(err)
+	}
+	s.hook(hookLimboZeroed)
+	if err := s.syncArea(); err != nil {
+		return back(err)
+	}
+	s.hook(hookAreaSynced)
+	if err := s.db.LogData(nil, pebble.Sync); err != nil {
+		err = fmt.Errorf("store: sync the WAL: %w: %w", ErrIO, err)
+		s.fail(err)
+		return back(err)
+	}
+	if err := s.err(); err != nil {
+		return back(err)
+	}
+	maxStore(&s.flushedSeq, seq)
+	s.al.mu.Lock()
+	s.al.pushReady(limbo)
+	s.al.mu.Unlock()
+	return nil
+}
+
+func maxStore(a *atomic.Uint64, v uint64) {
+	for {
+		old := a.Load()
+		if old >= v || a.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
+// takeCluster pops a ready cluster for a first write: refilling the ready
+// pool from the free clusters (one synced commit of their 'R' keys), or,
+// with none free, flushing so that limbo becomes ready. ErrNoSpace if the
+// area is full.
+func (s *Store) takeCluster() (uint64, error) {
+	for attempt := 0; ; attempt++ {
+		s.al.mu.Lock()
+		if p, ok := s.al.popReady(); ok {
+			s.al.mu.Unlock()
+			return p, nil
+		}
+		if s.al.free > 0 {
+			err := s.refill()
+			s.al.mu.Unlock()
+			if err != nil {
+				return 0, err
+			}
+			s.hook(hookReserved)
+			continue
+		}
+		limbo := len(s.al.limbo) > 0
+		if !limbo || attempt > 1 {
+			grew, err := s.grow()
+			s.al.mu.Unlock()
+			if err != nil {
+				return 0, err
+			}
+			if grew && attempt < 4 {
+				continue
+			}
+			return 0, fmt.Errorf("%d clusters of %d bytes, none free: %w", s.al.clusters-1, s.cmask+1, ErrNoSpace)
+		}
+		s.al.mu.Unlock()
+		if err := s.flush(); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// grow extends a growable area by an eighth, at least ReadyClusters
+// clusters, within Config.AreaMaxBytes and the filesystem's free space
+// above the space guard's reserve: fallocate and fsync the file, then
+// record the new cluster count in the format record (synced). A crash in
+// between leaves a larger file than recorded, which the next growth
+// reuses. false if the area cannot grow. Requires s.al.mu.
+func (s *Store) grow() (bool, error) {
+	g, ok := s.area.(Grower)
+	if !ok || s.cfg.ReadOnly {
+		return false, nil
+	}
+	old := s.al.clusters
+	n := max(old/8, uint64(s.cfg.ReadyClusters))
+	if m := s.cfg.AreaMaxBytes; m > 0 {
+		n = min(n, max(uint64(m)>>s.cshift, old)-old)
+	}
+	if s.spaceMonitored.Load() {
+		free, reserve := s.freeBytes.Load(), s.reserve.Load()
+		if free <= reserve {
+			return false, nil
+		}
+		n = min(n, (free-reserve)>>s.cshift)
+	}
+	if n == 0 {
+		return false, nil
+	}
+	size := int64(old+n) << s.cshift
+	if err := g.Grow(size); err != nil {
+		s.log.Errorf("store: the data area could not grow to %d bytes: %v", size, err)
+		return false, nil
+	}
+	s.hook(hookGrown)
+	f := s.format
+	f.clusters = old + n
+	var v [formatLen]byte
+	f.encode(v[:])
+	if err := s.db.Set(formatKey, v[:], pebble.Sync); err != nil {
+		return false, fmt.Errorf("store: record the area's growth: %w: %w", ErrIO, err)
+	}
+	if err := s.err(); err != nil {
+		return false, err
+	}
+	s.format = f
+	s.al.grow(old + n)
+	s.log.Infof("store: data area grown from %d to %d clusters of %d bytes", old, old+n, s.cmask+1)
+	return true, nil
+}
+
+// refill reserves up to ReadyClusters free clusters: their 'R' keys are
+// committed synced before any of them is written, so Open finds and zeroes
+// any that a crash left written but unmapped. Requires s.al.mu.
+func (s *Store) refill() error {
+	ps := s.al.pickFree(uint64(s.cfg.ReadyClusters))
+	b := s.db.NewBatch()
+	var key [reservedKeyLen]byte
+	for _, p := range ps {
+		putReservedKey(key[:], p)
+		_ = b.Set(key[:], nil, nil)
+	}
+	if err := s.commit(b, true); err != nil {
+		for _, p := range ps {
+			s.al.release(p)
+		}
+		return fmt.Errorf("reserve clusters: %w", err)
+	}
+	s.c.refills.Add(1)
+	s.al.pushReady(ps)
+	return nil
+}
+
+// Close waits for requests in flight, flushes and closes pebble and the
+// area. Every handle fails with ErrClosed afterwards.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	s.stopSpaceGuard()
+	for _, v := range s.vols {
+		v.mu.Lock()
+		v.gone = ErrClosed
+		v.mu.Unlock()
+	}
+	s.stopSyncer()
+	var err error
+	if s.err() == nil && !s.cfg.ReadOnly {
+		err = s.flush()
+	}
+	s.flushMu.Lock()
+	s.dbClosed = true
+	s.flushMu.Unlock()
+	if cerr := s.db.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("store: close: %w: %w", ErrIO, cerr)
+	}
+	if cerr := s.area.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("store: close: %w: %w", ErrIO, cerr)
+	}
+	if ferr := s.err(); ferr != nil && err == nil {
+		err = fmt.Errorf("store: close: %w", ferr)
+	}
+	return err
+}
+
+// adminCheck is the precondition of administrative calls. Requires s.mu.
+func (s *Store) adminCheck(id ID, op string) error {
+	if s.closed {
+		return fmt.Errorf("volume %d: %s: %w", id, op, ErrClosed)
+	}
+	if s.cfg.ReadOnly {
+		return fmt.Errorf("volume %d: %s: store opened read-only: %w", id, op, ErrReadOnly)
+	}
+	if err := s.err(); err != nil {
+		return fmt.Errorf("volume %d: %s: %w", id, op, err)
+	}
+	return nil
+}
+
+// commit applies b (synced if sync), and releases it on success; ErrIO if
+// pebble failed, including a fatal error pebble reported to its logger.
+func (s *Store) commit(b *pebble.Batch, sync bool) error {
+	opts := pebble.NoSync
+	if sync {
+		opts = pebble.Sync
+	}
+	if err := s.db.Apply(b, opts); err != nil {
+		return fmt.Errorf("%w: %w", ErrIO, err)
+	}
+	if err := s.err(); err != nil {
+		return err
+	}
+	return b.Close()
+}
+
+// Health returns nil while the store is usable, else the error that
+// failed it.
+func (s *Store) Health() error { return s.err() }
+
+func (s *Store) err() error {
+	if p := s.fatal.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (s *Store) fail(err error) {
+	if s.fatal.CompareAndSwap(nil, &err) {
+		s.log.Errorf("store: failed, every request now fails until a reopen: %v", err)
+	}
+}
+
+// Stats is the store's space and its counters.
+type Stats struct {
+	ClusterBytes uint64
+	// Clusters in the area (the header's included); Free, Ready (reserved,
+	// zero, next to be handed out), Limbo (freed, waiting for a flush),
+	// Mapped (named by a volume's map).
+	Clusters, Free, Ready, Limbo, Mapped uint64
+	// Refills of the ready pool (one synced commit each), MapCommits (first
+	// writes), Frees (free batches), Flushes that synced, AreaSyncs,
+	// BounceCopies (requests whose buffer was not aligned), BackgroundSyncs
+	// (flushes of the background syncer).
+	Refills, MapCommits, Frees, Flushes, AreaSyncs, BounceCopies, BackgroundSyncs uint64
+}
+
+// Stats returns the store's space and counters.
+func (s *Store) Stats() Stats {
+	s.al.mu.Lock()
+	st := Stats{ClusterBytes: s.cmask + 1, Clusters: s.al.clusters, Free: s.al.free,
+		Ready: uint64(s.al.readyLen()), Limbo: uint64(len(s.al.limbo)), Mapped: s.al.mapped}
+	s.al.mu.Unlock()
+	st.Refills, st.MapCommits, st.Frees = s.c.refills.Load(), s.c.mapCommits.Load(), s.c.frees.Load()
+	st.Flushes, st.AreaSyncs, st.BounceCopies = s.c.flushes.Load(), s.c.areaSyncs.Load(), s.c.bounces.Load()
+	st.BackgroundSyncs = s.c.bgSyncs.Load()
+	return st
+}
+
+// pebbleLogger keeps pebble's fatal errors from exiting the process: the
+// store is failed instead (see target/volume for the reasoning).
+type pebbleLogger struct {
+	s   *Store
+	out Logger
+}
+
+func (l pebbleLogger) Infof(format string, args ...any)  { l.out.Infof(format, args...) }
+func (l pebbleLogger) Errorf(format string, args ...any) { l.out.Errorf(format, args...) }
+func (l pebbleLogger) Fatalf(format string, args ...any) {
+	l.s.fail(fmt.Errorf("store: pebble fatal error: %s: %w", fmt.Sprintf(format, args...), ErrIO))
+}
+
+// openHook, when set (tests), is called by Open before it loads the store:
+// the upgrade's crash test sets testHook there.
+var openHook func(*Store)

@@ -1,0 +1,435 @@
+package store
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+)
+
+// Volume is the handle of one volume. Its methods are safe for concurrent
+// use. Each request holds the volume's lock shared, only to exclude what
+// changes the volume under it (Resize, SetState, Delete, Close, and frees
+// of whole clusters, which must not race a pwrite into the cluster they
+// free); first writes of clusters also take allocMu.
+type Volume struct {
+	s     *Store
+	id    ID
+	mapID uint64
+
+	mu    sync.RWMutex
+	info  Info       // guarded by mu
+	shift uint8      // log2(block size), guarded by mu
+	gone  error      // ErrNotFound after Delete, ErrClosed after Close; guarded by mu
+	m     clusterMap // top replaced under mu held exclusively
+
+	allocMu   sync.Mutex // serialises first writes of clusters (allocation and map commit)
+	allocated atomic.Int64
+
+	c volumeCounters
+}
+
+type volumeCounters struct {
+	reads, writes, readBytes, writeBytes, errors atomic.Uint64
+}
+
+// WriteFlags modify a write.
+type WriteFlags uint8
+
+// FUA: the write is durable when acknowledged.
+const FUA WriteFlags = 1
+
+func newVolume(s *Store, r volumeRecord) *Volume {
+	v := &Volume{s: s, id: r.info.ID, mapID: r.mapID}
+	v.setRecord(r)
+	v.m.resize(v.clusters())
+	return v
+}
+
+func (v *Volume) setRecord(r volumeRecord) {
+	v.info = r.info
+	v.shift = uint8(bits.TrailingZeros32(r.info.BlockSize))
+}
+
+func (v *Volume) record() volumeRecord { return volumeRecord{info: v.info, mapID: v.mapID} }
+
+// clusters is the number of clusters the volume's size spans.
+func (v *Volume) clusters() uint64 { return (v.info.SizeBytes + v.s.cmask) >> v.s.cshift }
+
+// ID returns the volume's ID.
+func (v *Volume) ID() ID { return v.id }
+
+// Info returns the volume's description.
+func (v *Volume) Info() (Info, error) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	if v.gone != nil {
+		return Info{}, fmt.Errorf("volume %d: %w", v.id, v.gone)
+	}
+	return v.info, nil
+}
+
+// VolumeStats are a volume's counters and its allocated space.
+type VolumeStats struct {
+	Reads, Writes, ReadBytes, WriteBytes, Errors uint64
+	// AllocatedBytes: clusters mapped × cluster size (exact).
+	AllocatedBytes uint64
+}
+
+// Stats returns the volume's counters.
+func (v *Volume) Stats() VolumeStats {
+	return VolumeStats{Reads: v.c.reads.Load(), Writes: v.c.writes.Load(), ReadBytes: v.c.readBytes.Load(),
+		WriteBytes: v.c.writeBytes.Load(), Errors: v.c.errors.Load(),
+		AllocatedBytes: uint64(v.allocated.Load()) << v.s.cshift}
+}
+
+type op uint8
+
+const (
+	opRead op = iota
+	opWrite
+	opWriteZeroes
+	opDeallocate
+	opFlush
+)
+
+func (o op) String() string {
+	return [...]string{"read", "write", "write-zeroes", "deallocate", "flush"}[o]
+}
+
+// check validates a request of length bytes (or, length < 0, n blocks) at
+// lba and returns its blocks. Requires v.mu held.
+func (v *Volume) check(o op, lba uint64, length int, n uint64) (uint64, error) {
+	if v.gone != nil {
+		return 0, v.fail(o, lba, v.gone)
+	}
+	if err := v.s.err(); err != nil {
+		return 0, v.fail(o, lba, err)
+	}
+	if length >= 0 {
+		if length&(int(v.info.BlockSize)-1) != 0 {
+			return 0, v.fail(o, lba, fmt.Errorf("%d bytes: %w", length, ErrMisaligned))
+		}
+		if length > v.s.cfg.MaxTransferBytes {
+			return 0, v.fail(o, lba, fmt.Errorf("%d bytes, maximum %d: %w", length, v.s.cfg.MaxTransferBytes, ErrTooLarge))
+		}
+		n = uint64(length) >> v.shift
+	}
+	if blocks := v.info.Blocks(); lba > blocks || n > blocks-lba {
+		return 0, v.fail(o, lba, fmt.Errorf("%d blocks, capacity %d: %w", n, blocks, ErrOutOfRange))
+	}
+	if o != opRead && n > 0 && (v.info.State == StateReadOnly || v.s.cfg.ReadOnly) {
+		return 0, v.fail(o, lba, fmt.Errorf("volume %v, store read-only %v: %w", v.info.State, v.s.cfg.ReadOnly, ErrReadOnly))
+	}
+	return n, nil
+}
+
+func (v *Volume) fail(o op, lba uint64, err error) error {
+	v.c.errors.Add(1)
+	return fmt.Errorf("volume %d: %v at LBA %d: %w", v.id, o, lba, err)
+}
+
+// dio returns an aligned buffer for p: p itself, or a bounce buffer from
+// the store's pool (counted) when p's address is not aligned.
+func (s *Store) dio(p []byte) ([]byte, *[]byte) {
+	if isAligned(p, s.align) {
+		return p, nil
+	}
+	s.c.bounces.Add(1)
+	b := s.bounce.Get().(*[]byte)
+	return (*b)[:len(p)], b
+}
+
+// Read fills buf with the blocks at lba. Unallocated clusters read as
+// zeros without touching the disk; allocated ones straight from the area
+// into buf (O_DIRECT), one read per run of physically contiguous clusters.
+func (v *Volume) Read(lba uint64, buf []byte) error {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	n, err := v.check(opRead, lba, len(buf), 0)
+	if err != nil || n == 0 {
+		return err
+	}
+	s := v.s
+	dst, bounce := s.dio(buf)
+	off := lba << v.shift
+	end := off + uint64(len(buf))
+	for pos := uint64(0); off < end; {
+		idx, in := off>>s.cshift, off&s.cmask
+		seg := min(s.cmask+1-in, end-off)
+		p := v.m.get(idx)
+		if p == 0 {
+			clear(dst[pos : pos+seg])
+		} else {
+			seg = v.run(idx, p, off, seg, end)
+			if err := s.area.ReadAt(dst[pos:pos+seg], int64(p<<s.cshift+in)); err != nil {
+				if bounce != nil {
+					s.bounce.Put(bounce)
+				}
+				return v.fail(opRead, lba, fmt.Errorf("%w: %w", ErrIO, err))
+			}
+		}
+		pos, off = pos+seg, off+seg
+	}
+	if bounce != nil {
+		copy(buf, dst)
+		s.bounce.Put(bounce)
+	}
+	v.c.reads.Add(1)
+	v.c.readBytes.Add(uint64(len(buf)))
+	return nil
+}
+
+// run extends a segment of seg bytes at off (in cluster idx, physical p)
+// over the following clusters while they are allocated and physically
+// contiguous, up to end, and returns its length.
+func (v *Volume) run(idx, p, off, seg, end uint64) uint64 {
+	s := v.s
+	for off+seg < end {
+		next := (off + seg) >> s.cshift
+		if v.m.get(next) != p+(next-idx) {
+			break
+		}
+		seg += min(s.cmask+1, end-off-seg)
+	}
+	return seg
+}
+
+// Write writes data at lba. Into allocated clusters in place (no
+// metadata); a cluster not yet allocated gets one (firstWrite). With FUA,
+// the area and then the WAL are synced before it returns.
+func (v *Volume) Write(lba uint64, data []byte, flags WriteFlags) error {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	n, err := v.check(opWrite, lba, len(data), 0)
+	if err != nil || n == 0 {
+		return err
+	}
+	s := v.s
+	src, bounce := s.dio(data)
+	if bounce != nil {
+		copy(src, data)
+		defer s.bounce.Put(bounce)
+	}
+	off := lba << v.shift
+	end := off + uint64(len(data))
+	for pos := uint64(0); off < end; {
+		idx, in := off>>s.cshift, off&s.cmask
+		seg := min(s.cmask+1-in, end-off)
+		p := v.m.get(idx)
+		if p == 0 {
+			wrote, err := v.firstWrite(idx, in, src[pos:pos+seg])
+			if err != nil {
+				return v.fail(opWrite, lba, err)
+			}
+			if wrote {
+				pos, off = pos+seg, off+seg
+				continue
+			}
+			p = v.m.get(idx) // another write allocated it meanwhile
+		}
+		seg = v.run(idx, p, off, seg, end)
+		if err := s.area.WriteAt(src[pos:pos+seg], int64(p<<s.cshift+in)); err != nil {
+			return v.fail(opWrite, lba, fmt.Errorf("%w: %w", ErrIO, err))
+		}
+		pos, off = pos+seg, off+seg
+	}
+	s.seq.Add(1)
+	s.markUnsynced()
+	if flags&FUA != 0 {
+		if err := s.flush(); err != nil {
+			return v.fail(opWrite, lba, err)
+		}
+	}
+	v.c.writes.Add(1)
+	v.c.writeBytes.Add(uint64(len(data)))
+	return nil
+}
+
+// firstWrite writes data at offset in of cluster idx, which was not
+// allocated when the caller looked: it takes a ready cluster (zeros on
+// durable media, its 'R' key durable), writes the data into it, then
+// commits {map key, delete 'R'} unsynced and publishes the entry. wrote
+// is false if another write allocated the cluster first (the caller then
+// overwrites). See docs/store.md, "Write path", for each crash.
+func (v *Volume) firstWrite(idx, in uint64, data []byte) (wrote bool, err error) {
+	v.allocMu.Lock()
+	defer v.allocMu.Unlock()
+	if v.m.get(idx) != 0 {
+		return false, nil
+	}
+	s := v.s
+	if s.noSpace.Load() {
+		return false, fmt.Errorf("filesystem of the metadata: %d bytes free, reserve %d: %w", s.freeBytes.Load(), s.reserve.Load(), ErrNoSpace)
+	}
+	p, err := s.takeCluster()
+	if err != nil {
+		return false, err
+	}
+	if err := s.area.WriteAt(data, int64(p<<s.cshift+in)); err != nil {
+		s.toLimbo(p) // it may hold part of data now: zeroed before reuse
+		return false, fmt.Errorf("%w: %w", ErrIO, err)
+	}
+	s.hook(hookDataWritten)
+	b := s.db.NewBatch()
+	var key [mapKeyLen]byte
+	var val [8]byte
+	putMapKey(key[:], v.mapID, idx)
+	putPhys(val[:], p)
+	_ = b.Set(key[:], val[:], nil)
+	putReservedKey(key[:], p)
+	_ = b.Delete(key[:reservedKeyLen], nil)
+	if err := s.commit(b, false); err != nil {
+		s.toLimbo(p)
+		return false, err
+	}
+	s.hook(hookMapCommitted)
+	s.c.mapCommits.Add(1)
+	v.m.set(idx, p)
+	v.allocated.Add(1)
+	s.al.mu.Lock()
+	s.al.mapped++
+	s.al.mu.Unlock()
+	return true, nil
+}
+
+// toLimbo puts a taken cluster whose write failed into limbo: it still
+// has its 'R' key, and the next flush zeroes it.
+func (s *Store) toLimbo(p uint64) {
+	s.al.mu.Lock()
+	s.al.limbo = append(s.al.limbo, p)
+	s.al.mu.Unlock()
+}
+
+// WriteZeroes makes n blocks at lba read zeros: whole clusters are freed,
+// the blocks of partial ones zeroed in place. With FUA it is durable when
+// it returns.
+func (v *Volume) WriteZeroes(lba, n uint64, flags WriteFlags) error {
+	return v.remove(opWriteZeroes, lba, n, flags&FUA != 0)
+}
+
+// Deallocate releases n blocks at lba; they read zeros afterwards. Same
+// as WriteZeroes without FUA (the target reports DLFEAT "read zeros").
+func (v *Volume) Deallocate(lba, n uint64) error { return v.remove(opDeallocate, lba, n, false) }
+
+// freeChunk bounds the clusters freed by one pebble batch (two keys each).
+const freeChunk = 1024
+
+func (v *Volume) remove(o op, lba, n uint64, fua bool) error {
+	s := v.s
+	// Freeing whole clusters must exclude every request of the volume (a
+	// pwrite in flight into a freed cluster could land after it is reused),
+	// so it takes the lock exclusively; zeroing inside clusters does not.
+	v.mu.RLock()
+	shift := v.shift
+	v.mu.RUnlock()
+	off, end := lba<<shift, (lba+n)<<shift
+	if lba+n < lba || end>>shift != lba+n {
+		end = ^uint64(0) // overflowing: check refuses it
+	}
+	first, last := (off+s.cmask)>>s.cshift, end>>s.cshift // whole clusters [first, last)
+	whole := first < last
+	if whole {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+	} else {
+		v.mu.RLock()
+		defer v.mu.RUnlock()
+	}
+	if v.shift != shift { // cannot change while the volume exists; guards a stale read
+		return v.fail(o, lba, fmt.Errorf("block size changed: %w", ErrInvalid))
+	}
+	if _, err := v.check(o, lba, -1, n); err != nil || n == 0 {
+		return err
+	}
+	if !whole {
+		if err := v.zeroIn(off, end); err != nil {
+			return v.fail(o, lba, err)
+		}
+	} else {
+		if err := v.zeroIn(off, first<<s.cshift); err != nil {
+			return v.fail(o, lba, err)
+		}
+		if err := v.free(first, last); err != nil {
+			return v.fail(o, lba, err)
+		}
+		if err := v.zeroIn(last<<s.cshift, end); err != nil {
+			return v.fail(o, lba, err)
+		}
+	}
+	s.seq.Add(1)
+	s.markUnsynced()
+	if fua {
+		if err := s.flush(); err != nil {
+			return v.fail(o, lba, err)
+		}
+	}
+	return nil
+}
+
+// zeroIn zeroes bytes [off, end) of the volume in place, in allocated
+// clusters only (the rest reads zeros already).
+func (v *Volume) zeroIn(off, end uint64) error {
+	s := v.s
+	for off < end {
+		idx, in := off>>s.cshift, off&s.cmask
+		seg := min(s.cmask+1-in, end-off)
+		if p := v.m.get(idx); p != 0 {
+			if err := s.area.Zero(int64(p<<s.cshift+in), int64(seg)); err != nil {
+				return fmt.Errorf("%w: %w", ErrIO, err)
+			}
+		}
+		off += seg
+	}
+	return nil
+}
+
+// free releases the allocated clusters with index in [first, last): per
+// chunk, one unsynced batch {delete map key, set 'R'}, then the entries
+// are cleared and the clusters go to limbo, where the next flush zeroes
+// them and syncs before they can be reused. Requires v.mu exclusively.
+func (v *Volume) free(first, last uint64) error {
+	s := v.s
+	var idx, ps []uint64
+	v.m.each(first, last, func(i, p uint64) { idx, ps = append(idx, i), append(ps, p) })
+	var key [mapKeyLen]byte
+	for len(idx) > 0 {
+		k := min(len(idx), freeChunk)
+		b := s.db.NewBatch()
+		for j := range k {
+			putMapKey(key[:], v.mapID, idx[j])
+			_ = b.Delete(key[:], nil)
+			putReservedKey(key[:], ps[j])
+			_ = b.Set(key[:reservedKeyLen], nil, nil)
+		}
+		if err := s.commit(b, false); err != nil {
+			return err
+		}
+		for j := range k {
+			v.m.set(idx[j], 0)
+		}
+		v.allocated.Add(-int64(k))
+		s.al.mu.Lock()
+		s.al.limbo = append(s.al.limbo, ps[:k]...)
+		s.al.mapped -= uint64(k)
+		s.al.mu.Unlock()
+		s.c.frees.Add(1)
+		s.hook(hookFreed)
+		idx, ps = idx[k:], ps[k:]
+	}
+	return nil
+}
+
+// Flush makes every write acknowledged before it durable (the whole
+// store: the area and the WAL are shared).
+func (v *Volume) Flush() error {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	if v.gone != nil {
+		return v.fail(opFlush, 0, v.gone)
+	}
+	if err := v.s.flush(); err != nil {
+		return v.fail(opFlush, 0, err)
+	}
+	return nil
+}
