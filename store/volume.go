@@ -30,7 +30,7 @@ type Volume struct {
 }
 
 type volumeCounters struct {
-	reads, writes, readBytes, writeBytes, errors atomic.Uint64
+	reads, writes, readBytes, writeBytes, errors                atomic.Uint64
 	fuaWrites, writeZeroes, deallocates, flushes, removedBlocks atomic.Uint64
 }
 
