@@ -14,9 +14,9 @@ import (
 
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/metrics"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
-	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target/volume"
 	"github.com/blk-project/blk/transport/soft"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -37,7 +37,7 @@ type testTarget struct {
 	// batches plain writes (the extent store's does not), so that the
 	// write-batching counters are seen moving.
 	batching *volume.Store
-	addr  string
+	addr     string
 }
 
 // newTestTarget serves one subsystem with a 64 MiB namespace 1 (4 KiB

@@ -16,8 +16,8 @@ import (
 	"github.com/blk-project/blk/control"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/nvme/auth"
-	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/store"
+	"github.com/blk-project/blk/target"
 )
 
 // The control plane (package control) runs here on its real parts: the
