@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/meta"
-	"github.com/blk-project/blk/target/volume"
+	"github.com/blk-project/blk/store"
 )
 
 // The fakes below stand for the store, the target and the registry's
@@ -58,7 +58,7 @@ func (s *fakeStore) Full() string { return s.full }
 func (s *fakeStore) Shape(id uint64) (uint64, uint32, error) {
 	v, ok := s.vols[id]
 	if !ok {
-		return 0, 0, fmt.Errorf("volume %d: %w", id, volume.ErrNotFound)
+		return 0, 0, fmt.Errorf("volume %d: %w", id, store.ErrNotFound)
 	}
 	return v.size, v.bs, nil
 }
@@ -69,9 +69,9 @@ func (s *fakeStore) Create(id, size uint64, bs uint32) error {
 		return s.failCreate
 	}
 	if _, ok := s.vols[id]; ok {
-		return fmt.Errorf("volume %d: %w", id, volume.ErrExists)
+		return fmt.Errorf("volume %d: %w", id, store.ErrExists)
 	}
-	if err := volume.CheckShape(size, bs); err != nil {
+	if err := store.CheckShape(size, bs); err != nil {
 		return err
 	}
 	s.vols[id] = shape{size, bs}
@@ -82,9 +82,9 @@ func (s *fakeStore) Grow(id, size uint64) error {
 	s.w.step("store.grow")
 	v, ok := s.vols[id]
 	if !ok {
-		return fmt.Errorf("volume %d: %w", id, volume.ErrNotFound)
+		return fmt.Errorf("volume %d: %w", id, store.ErrNotFound)
 	}
-	if err := volume.CheckShape(size, v.bs); err != nil {
+	if err := store.CheckShape(size, v.bs); err != nil {
 		return err
 	}
 	v.size = size
@@ -95,7 +95,7 @@ func (s *fakeStore) Grow(id, size uint64) error {
 func (s *fakeStore) Delete(id uint64) error {
 	s.w.step("store.delete")
 	if _, ok := s.vols[id]; !ok {
-		return fmt.Errorf("volume %d: %w", id, volume.ErrNotFound)
+		return fmt.Errorf("volume %d: %w", id, store.ErrNotFound)
 	}
 	delete(s.vols, id)
 	return nil

@@ -12,7 +12,7 @@ import (
 
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/nvme/auth"
-	"github.com/blk-project/blk/target/volume"
+	"github.com/blk-project/blk/store"
 )
 
 // Errors of Manager's operations, besides the registry's own (meta.Err*).
@@ -123,7 +123,7 @@ func (m *Manager) lock(name string) func() {
 type CreateRequest struct {
 	Name      string
 	SizeBytes uint64
-	BlockSize uint32 // 0: volume.DefaultBlockSize
+	BlockSize uint32 // 0: store.DefaultBlockSize
 	Node      string
 	NQN       string // "": meta.DefaultNQN(Name)
 }
@@ -134,7 +134,7 @@ type CreateRequest struct {
 // creating and is finished by the owner when it can.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (meta.Volume, error) {
 	if req.BlockSize == 0 {
-		req.BlockSize = volume.DefaultBlockSize
+		req.BlockSize = store.DefaultBlockSize
 	}
 	if err := checkShape(req.SizeBytes, req.BlockSize); err != nil {
 		return meta.Volume{}, fmt.Errorf("%w: volume %q: %v", ErrInvalid, req.Name, err)
@@ -431,16 +431,16 @@ func (m *Manager) checkCapacity(ctx context.Context, node string, more uint64, v
 // with a message that says what to do.
 func checkShape(size uint64, bs uint32) error {
 	switch {
-	case bs != volume.BlockSize4K && bs != volume.BlockSize512:
-		return fmt.Errorf("block size %d: use %d or %d", bs, volume.BlockSize512, volume.BlockSize4K)
+	case bs != store.BlockSize4K && bs != store.BlockSize512:
+		return fmt.Errorf("block size %d: use %d or %d", bs, store.BlockSize512, store.BlockSize4K)
 	case size == 0:
 		return errors.New("size 0: give a positive size")
-	case size > volume.MaxSizeBytes:
-		return fmt.Errorf("size %d bytes is more than the largest volume the store holds, %d bytes (4 EiB)", size, uint64(volume.MaxSizeBytes))
+	case size > store.MaxSizeBytes:
+		return fmt.Errorf("size %d bytes is more than the largest volume the store holds, %d bytes (4 PiB)", size, uint64(store.MaxSizeBytes))
 	case size%uint64(bs) != 0:
 		return fmt.Errorf("size %d is not a multiple of the block size %d: use %d or %d", size, bs, size/uint64(bs)*uint64(bs), (size/uint64(bs)+1)*uint64(bs))
 	}
-	return volume.CheckShape(size, bs)
+	return store.CheckShape(size, bs)
 }
 
 func truncate(s string, n int) string {

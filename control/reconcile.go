@@ -9,12 +9,12 @@ import (
 	"sync"
 
 	"github.com/blk-project/blk/meta"
-	"github.com/blk-project/blk/target/volume"
+	"github.com/blk-project/blk/store"
 )
 
 // Store is what the reconciler needs of the node's block store
-// (target/volume's Store, adapted in cmd/blkd). Errors for an absent
-// volume wrap volume.ErrNotFound.
+// (package store's Store, adapted in cmd/blkd). Errors for an absent
+// volume wrap store.ErrNotFound.
 type Store interface {
 	// Shape returns volume id's size and block size.
 	Shape(id uint64) (size uint64, blockSize uint32, err error)
@@ -206,7 +206,7 @@ func (r *Reconciler) reconcile(st *Status, v meta.Volume) error {
 		if err := r.tgt.Unserve(v.NQN); err != nil {
 			return fmt.Errorf("remove subsystem %s: %w", v.NQN, err)
 		}
-		if err := r.store.Delete(v.ID); err != nil && !errors.Is(err, volume.ErrNotFound) {
+		if err := r.store.Delete(v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return fmt.Errorf("delete store volume %d: %w", v.ID, err)
 		}
 		r.transition(st, StateDeleted, "")
@@ -214,13 +214,13 @@ func (r *Reconciler) reconcile(st *Status, v meta.Volume) error {
 	}
 	size, bs, err := r.store.Shape(v.ID)
 	switch {
-	case errors.Is(err, volume.ErrNotFound) && v.State == meta.VolumeCreating:
+	case errors.Is(err, store.ErrNotFound) && v.State == meta.VolumeCreating:
 		r.transition(st, StateCreating, "")
 		if err := r.store.Create(v.ID, v.SizeBytes, v.BlockSize); err != nil {
 			return fmt.Errorf("create store volume %d: %w", v.ID, err)
 		}
 		size, bs = v.SizeBytes, v.BlockSize
-	case errors.Is(err, volume.ErrNotFound):
+	case errors.Is(err, store.ErrNotFound):
 		// Serving nothing under this NQN is the only safe thing.
 		_ = r.tgt.Unserve(v.NQN)
 		return fmt.Errorf("the store has no volume %d: its data is missing from this node's data directory", v.ID)

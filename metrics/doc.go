@@ -1,7 +1,7 @@
 // Package metrics turns blk's plain counters into Prometheus metrics, at
 // the edge, for the daemon (cmd/blkd) that owns the registry.
 //
-// Library packages (transport, target, target/rdma, target/volume,
+// Library packages (transport, target, target/rdma, store,
 // initiator) keep atomic counters and return them from a Stats method;
 // they never import Prometheus. This package reads those Stats on each
 // scrape with collectors built from const metrics:
@@ -11,7 +11,8 @@
 //	target.go     TargetCollector: commands by status, request states,
 //	              controllers, and per namespace {subsystem, nsid} its
 //	              counters, write batching and latency histograms
-//	volume.go     StoreCollector: per volume {volume} counters and space
+//	volume.go     StoreCollector: the extent store's data area, syncs,
+//	              pebble's health, per volume {volume} counters and space
 //	initiator.go  ControllerCollector: a host controller, {subsystem, addr}
 //	latency.go    the latency histograms' buckets and exposition
 //	registry.go   Registry (register and forget collectors) and Handler
@@ -19,8 +20,8 @@
 // # Cost
 //
 // A scrape costs what the Stats methods cost: atomic loads, a walk of the
-// target's 2048 status counters and, for each volume, a walk of its keys
-// (volume.Volume.Stats counts allocated blocks). Nothing here is on the
+// target's 2048 status counters and, for each volume, its atomic
+// counters (the store keeps its allocated clusters counted). Nothing here is on the
 // data path: the per-namespace latency histograms are the target's own
 // counters (target.NamespaceStats.Latency), kept with plain atomics, and
 // this package only exports them. (Until issue 22 a wrapper here timed

@@ -14,6 +14,7 @@ import (
 
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/metrics"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/volume"
@@ -30,13 +31,18 @@ const (
 type testTarget struct {
 	t     *target.Target
 	port  *rdma.Port
-	store *volume.Store
-	vol   *volume.Volume
-	addr  string
+	store *store.Store
+	vol   *store.Volume
+	// batching is namespace 2's store: target/volume's, whose backend
+	// batches plain writes (the extent store's does not), so that the
+	// write-batching counters are seen moving.
+	batching *volume.Store
+	addr     string
 }
 
-// newTestTarget serves one subsystem with one 64 MiB namespace (4 KiB
-// blocks, volume 1) on a soft adapter on loopback, with two cores (as
+// newTestTarget serves one subsystem with a 64 MiB namespace 1 (4 KiB
+// blocks, volume 1 of an extent store) and a 64 MiB namespace 2 (a
+// target/volume volume, which batches plain writes) on a soft adapter on loopback, with two cores (as
 // target/rdma's newTestTarget).
 func newTestTarget(t testing.TB) *testTarget {
 	t.Helper()
@@ -50,17 +56,30 @@ func newTestTarget(t testing.TB) *testTarget {
 	if tt.t, err = target.New(target.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	if tt.store, err = volume.Open(volume.Config{FS: vfs.NewMem(), Dir: "/vol"}); err != nil {
+	// A thin 64 MiB volume in a 16 MiB area in memory: the test writes
+	// a few clusters.
+	if tt.store, err = store.Open(store.Config{FS: vfs.NewMem(), Dir: "/vol", Area: store.NewMemArea(16<<20, 512, 512),
+		AreaMaxBytes: 16 << 20, ReadyClusters: 8}); err != nil {
 		t.Fatal(err)
 	}
-	if tt.vol, err = tt.store.Create(1, volume.CreateOptions{SizeBytes: 64 << 20}); err != nil {
+	if tt.vol, err = tt.store.Create(1, store.CreateOptions{SizeBytes: 64 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	sub, err := tt.t.AddSubsystem(target.SubsystemConfig{NQN: testSubNQN, Serial: "blk-test-1", Model: "blk test", Hosts: []string{testHostNQN}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err = sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(tt.vol)}); err != nil {
+	if err = sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.StoreBackend(tt.vol)}); err != nil {
+		t.Fatal(err)
+	}
+	if tt.batching, err = volume.Open(volume.Config{FS: vfs.NewMem(), Dir: "/batching"}); err != nil {
+		t.Fatal(err)
+	}
+	bv, err := tt.batching.Create(1, volume.CreateOptions{SizeBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err = sub.AddNamespace(target.NamespaceConfig{NSID: 2, Backend: target.VolumeBackend(bv)}); err != nil {
 		t.Fatal(err)
 	}
 	if tt.port, err = rdma.Listen(tt.t, a, cfg); err != nil {
@@ -71,6 +90,7 @@ func newTestTarget(t testing.TB) *testTarget {
 		tt.port.Close()
 		tt.t.Close()
 		tt.store.Close()
+		tt.batching.Close()
 		a.Close()
 	})
 	return tt
@@ -224,8 +244,15 @@ func TestScrapeAfterIO(t *testing.T) {
 		reads  = 60 // 4 KiB each
 	)
 	buf := bytes.Repeat([]byte{0xA5}, 4*bs)
+	ns2 := c.Namespace(2)
+	if ns2 == nil {
+		t.Fatal("namespace 2 not found")
+	}
 	for i := 0; i < writes; i++ {
 		if _, err := ns.WriteAt(buf, int64(i)*4*bs); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ns2.WriteAt(buf, int64(i)*4*bs); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -288,8 +315,9 @@ func TestScrapeAfterIO(t *testing.T) {
 
 	port := map[string]string{"port": tt.addr}
 	nsl := map[string]string{"subsystem": testSubNQN, "nsid": "1"}
+	nsl2 := map[string]string{"subsystem": testSubNQN, "nsid": "2"}
 	vol := map[string]string{"volume": "1"}
-	ios := float64(writes + fuas + reads + 2)
+	ios := float64(2*writes + fuas + reads + 2)
 
 	// Transport, per core: both cores present, completions moved.
 	for _, core := range []string{"0", "1"} {
@@ -310,7 +338,7 @@ func TestScrapeAfterIO(t *testing.T) {
 	e.atLeast(t, "blk_rdma_commands_total", port, ios)
 	e.atLeast(t, "blk_rdma_writes_total", port, reads)
 	if g, _ := e.sum("blk_rdma_grouped_writes_total", port); g != writes {
-		t.Errorf("blk_rdma_grouped_writes_total = %v, want the %d plain writes", g, writes)
+		t.Errorf("blk_rdma_grouped_writes_total = %v, want namespace 2's %d plain writes", g, writes)
 	}
 	e.atLeast(t, "blk_rdma_group_commits_total", port, 1)
 	rr, _ := e.sum("blk_rdma_reads_total", port)
@@ -337,13 +365,17 @@ func TestScrapeAfterIO(t *testing.T) {
 	e.atLeast(t, "blk_target_namespace_write_bytes_total", nsl, writes*4*bs+fuas*bs)
 	e.atLeast(t, "blk_target_namespace_flushes_total", nsl, 1)
 	e.atLeast(t, "blk_target_namespace_write_zeroes_total", nsl, 1)
-	// Plain writes go through the binding's write group (one at a time
-	// here: a commit each); FUA writes never do.
-	if g, _ := e.sum("blk_target_namespace_grouped_writes_total", nsl); g != writes {
+	// Plain writes to namespace 2 go through the binding's write group
+	// (one at a time here: a commit each); FUA writes never do, nor
+	// writes to the extent store, which has no group (0, exported).
+	if g, _ := e.sum("blk_target_namespace_grouped_writes_total", nsl2); g != writes {
 		t.Errorf("blk_target_namespace_grouped_writes_total = %v, want the %d plain writes", g, writes)
 	}
-	if c, _ := e.sum("blk_target_namespace_group_commits_total", nsl); c < 1 || c > writes {
+	if c, _ := e.sum("blk_target_namespace_group_commits_total", nsl2); c < 1 || c > writes {
 		t.Errorf("blk_target_namespace_group_commits_total = %v, want 1 to %d", c, writes)
+	}
+	if g, n := e.sum("blk_target_namespace_grouped_writes_total", nsl); g != 0 || n != 1 {
+		t.Errorf("blk_target_namespace_grouped_writes_total of the extent store: %v in %d samples, want 0 in 1", g, n)
 	}
 
 	// Volume: counters and space.
@@ -355,6 +387,17 @@ func TestScrapeAfterIO(t *testing.T) {
 	e.atLeast(t, "blk_volume_store_memtable_bytes", nil, 1)
 	e.atLeast(t, "blk_volume_size_bytes", vol, 64<<20)
 	e.atLeast(t, "blk_volume_store_healthy", nil, 1)
+	// The extent store: the 40 writes fill 10 clusters of 64 KiB, the
+	// FUA writes one more; each first write is a map commit; each FUA
+	// write a sync (area, then WAL; the flush after them finds nothing
+	// new to sync); the area is 16 MiB.
+	e.atLeast(t, "blk_volume_disk_bytes", vol, 11*64<<10)
+	e.atLeast(t, "blk_volume_store_map_commits_total", nil, 11)
+	e.atLeast(t, "blk_volume_store_syncs_total", nil, fuas)
+	e.atLeast(t, "blk_volume_store_area_mapped_bytes", nil, 11*64<<10)
+	if a, _ := e.sum("blk_volume_store_area_bytes", nil); a != 16<<20 {
+		t.Errorf("blk_volume_store_area_bytes = %v, want the 16 MiB area", a)
+	}
 
 	// Latency histograms: a count per backend call, +Inf equal to the
 	// count, a positive sum, and the buckets cumulative.

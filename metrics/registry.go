@@ -10,10 +10,10 @@ import (
 	"sync"
 
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/tcp"
-	"github.com/blk-project/blk/target/volume"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -72,7 +72,7 @@ func (r *Registry) RegisterTCPPort(p *tcp.Port) error {
 
 // RegisterStore registers a StoreCollector for s; names (optional)
 // labels blk_volume_info.
-func (r *Registry) RegisterStore(s *volume.Store, names ...func() map[uint64]VolumeLabel) error {
+func (r *Registry) RegisterStore(s *store.Store, names ...func() map[uint64]VolumeLabel) error {
 	var f func() map[uint64]VolumeLabel
 	if len(names) > 0 {
 		f = names[0]

@@ -4,24 +4,26 @@ import (
 	"strconv"
 	"sync/atomic"
 
-	"github.com/blk-project/blk/target/volume"
+	"github.com/blk-project/blk/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// StoreCollector exports a volume store's health (pebble's own: L0,
-// compaction debt, write stalls) and, per volume labelled {volume} (its ID
-// in decimal), its counters and size, plus a blk_volume_info{volume, name,
-// nqn} series naming it when a Names function is given. A scrape reads
+// StoreCollector exports the node's extent store (package store): its
+// data area (clusters total, free, mapped, in the ready pool and in limbo),
+// its counters (map commits, syncs, bounce copies), the space guard's
+// reading of the filesystem, pebble's health (which now holds only the
+// metadata: L0, compaction debt, write stalls) and, per volume labelled
+// {volume} (its ID in decimal), its counters, its size and the exact
+// bytes its clusters take, plus a blk_volume_info{volume, name, nqn}
+// series naming it when a Names function is given. A scrape reads
 // counters and pebble's table metadata only: its cost does not grow with
-// the data the volumes hold. (The exact allocated bytes, which take a walk
-// of a volume's keys, are in Identify Namespace's NUSE and
-// volume.Volume.Stats, not here.)
+// the data the volumes hold.
 type StoreCollector struct {
-	s      *volume.Store
+	s      *store.Store
 	names  func() map[uint64]VolumeLabel
 	vol    table[volStats]
-	store  table[volume.Store]
-	engine table[volume.EngineStats]
+	store  table[storeStats]
+	engine table[store.EngineStats]
 	info   *prometheus.Desc
 	errors *prometheus.Desc
 	// failed counts volumes whose counters failed during a scrape (deleted
@@ -34,16 +36,24 @@ type VolumeLabel struct{ Name, NQN string }
 
 // volStats is what is exported per volume.
 type volStats struct {
-	volume.Stats
-	info volume.Info
+	store.VolumeStats
+	info store.Info
+}
+
+// storeStats is what is exported per store: its counters, space guard
+// and health, read once per scrape.
+type storeStats struct {
+	store.Stats
+	space  store.SpaceStats
+	health error
 }
 
 // NewStoreCollector returns a collector for s; names, if not nil, maps
 // volume IDs to their names for blk_volume_info.
-func NewStoreCollector(s *volume.Store, names func() map[uint64]VolumeLabel) *StoreCollector {
+func NewStoreCollector(s *store.Store, names func() map[uint64]VolumeLabel) *StoreCollector {
 	type V = volStats
-	type St = volume.Store
-	type E = volume.EngineStats
+	type St = storeStats
+	type E = store.EngineStats
 	vl := []string{"volume"}
 	return &StoreCollector{
 		s:     s,
@@ -59,29 +69,40 @@ func NewStoreCollector(s *volume.Store, names func() map[uint64]VolumeLabel) *St
 			counter("volume_read_bytes_total", "Bytes read by successful requests.", func(s *V) uint64 { return s.ReadBytes }),
 			counter("volume_write_bytes_total", "Bytes written by successful requests.", func(s *V) uint64 { return s.WriteBytes }),
 			counter("volume_removed_blocks_total", "Blocks named by successful Write Zeroes and Deallocate requests.", func(s *V) uint64 { return s.RemovedBlocks }),
-			counter("volume_copied_bytes_total", "Bytes copied between callers' buffers and pebble.", func(s *V) uint64 { return s.CopiedBytes }),
-			gauge("volume_disk_bytes", "Pebble's estimate of the on-disk bytes of the volume's sstables.", func(s *V) float64 { return float64(s.DiskBytes) }),
+			gauge("volume_disk_bytes", "Bytes of the data area the volume's clusters take (exact: allocated clusters times the cluster size).", func(s *V) float64 { return float64(s.AllocatedBytes) }),
 			gauge("volume_size_bytes", "The volume's capacity.", func(s *V) float64 { return float64(s.info.SizeBytes) }),
 		),
 		store: newTable(nil, nil,
-			counter("volume_store_background_errors_total", "Pebble background errors (failed flushes and compactions).", func(s *St) uint64 { return s.BackgroundErrors() }),
-			gauge("volume_store_healthy", "1 while the store has not failed.", func(s *St) float64 { return b2f(s.Health() == nil) }),
-			gauge("volume_store_free_bytes", "Free space on the store's filesystem (last reading).", func(s *St) float64 { return float64(s.Space().FreeBytes) }),
-			gauge("volume_store_fs_bytes", "Size of the store's filesystem.", func(s *St) float64 { return float64(s.Space().TotalBytes) }),
-			gauge("volume_store_reserve_bytes", "Free space under which writes are refused (ENOSPC to hosts).", func(s *St) float64 { return float64(s.Space().ReserveBytes) }),
-			gauge("volume_store_full", "1 while writes are refused for lack of space.", func(s *St) float64 { return b2f(s.Space().Full) }),
+			gauge("volume_store_healthy", "1 while the store has not failed.", func(s *St) float64 { return b2f(s.health == nil) }),
+			gauge("volume_store_free_bytes", "Free space on the store's filesystem (last reading).", func(s *St) float64 { return float64(s.space.FreeBytes) }),
+			gauge("volume_store_fs_bytes", "Size of the store's filesystem.", func(s *St) float64 { return float64(s.space.TotalBytes) }),
+			gauge("volume_store_reserve_bytes", "Free space under which writes to unallocated clusters are refused (ENOSPC to hosts).", func(s *St) float64 { return float64(s.space.ReserveBytes) }),
+			gauge("volume_store_full", "1 while writes to unallocated clusters are refused for lack of space.", func(s *St) float64 { return b2f(s.space.Full) }),
+			gauge("volume_store_area_bytes", "Size of the data area (the header's cluster included).", func(s *St) float64 { return float64(s.Clusters * s.ClusterBytes) }),
+			gauge("volume_store_area_free_bytes", "Bytes of the data area in clusters no volume holds and none waits for (the area may still grow).", func(s *St) float64 { return float64(s.Free * s.ClusterBytes) }),
+			gauge("volume_store_area_mapped_bytes", "Bytes of the data area in clusters volumes hold.", func(s *St) float64 { return float64(s.Mapped * s.ClusterBytes) }),
+			gauge("volume_store_area_ready_bytes", "Bytes of the data area reserved, zeroed, next to be handed out.", func(s *St) float64 { return float64(s.Ready * s.ClusterBytes) }),
+			gauge("volume_store_area_limbo_bytes", "Bytes of the data area freed and waiting for a flush before reuse.", func(s *St) float64 { return float64(s.Limbo * s.ClusterBytes) }),
+			gauge("volume_store_cluster_bytes", "The store's unit of allocation.", func(s *St) float64 { return float64(s.ClusterBytes) }),
+			counter("volume_store_map_commits_total", "First writes of clusters (one unsynced pebble commit each).", func(s *St) uint64 { return s.MapCommits }),
+			counter("volume_store_refills_total", "Refills of the ready pool (one synced pebble commit each).", func(s *St) uint64 { return s.Refills }),
+			counter("volume_store_frees_total", "Batches of clusters freed by Deallocate and Write Zeroes.", func(s *St) uint64 { return s.Frees }),
+			counter("volume_store_syncs_total", "Flushes that synced the data area and then pebble's WAL (Flush, FUA, the background syncer).", func(s *St) uint64 { return s.Flushes }),
+			counter("volume_store_area_syncs_total", "fdatasyncs of the data area.", func(s *St) uint64 { return s.AreaSyncs }),
+			counter("volume_store_bounce_copies_total", "Requests whose buffer was not aligned for O_DIRECT and went through a copy.", func(s *St) uint64 { return s.BounceCopies }),
+			counter("volume_store_background_syncs_total", "Flushes by the store's background syncer, which makes acknowledged plain writes durable within the sync interval (none while idle).", func(s *St) uint64 { return s.BackgroundSyncs }),
 		),
 		engine: newTable(nil, nil,
 			gauge("volume_store_l0_files", "Tables in pebble's level 0.", func(e *E) float64 { return float64(e.L0Files) }),
 			gauge("volume_store_l0_sublevels", "Sublevels in pebble's level 0 (read amplification there).", func(e *E) float64 { return float64(e.L0Sublevels) }),
 			gauge("volume_store_compaction_debt_bytes", "Pebble's estimate of the bytes compactions still have to rewrite.", func(e *E) float64 { return float64(e.CompactionDebtBytes) }),
+			counter("volume_store_background_errors_total", "Pebble background errors (failed flushes and compactions).", func(e *E) uint64 { return e.BackgroundErrors }),
 			counter("volume_store_compactions_total", "Pebble compactions completed.", func(e *E) uint64 { return uint64(e.Compactions) }),
 			counter("volume_store_flushes_total", "Pebble memtable flushes completed.", func(e *E) uint64 { return uint64(e.Flushes) }),
-			counter("volume_store_write_stalls_total", "Times pebble held writes back for flushes or compactions to catch up.", func(e *E) uint64 { return e.WriteStalls }),
+			counter("volume_store_write_stalls_total", "Times pebble held writes back for flushes or compactions to catch up (first writes of clusters wait).", func(e *E) uint64 { return e.WriteStalls }),
 			gauge("volume_store_write_stall_seconds", "Total time writes were held back by pebble (a counter in seconds).", func(e *E) float64 { return e.WriteStallSeconds }),
-			gauge("volume_store_disk_bytes", "The store's total on-disk size.", func(e *E) float64 { return float64(e.DiskBytes) }),
+			gauge("volume_store_disk_bytes", "Pebble's on-disk size (the metadata; the data area is volume_store_area_bytes).", func(e *E) float64 { return float64(e.DiskBytes) }),
 			gauge("volume_store_memtable_bytes", "Memory held by pebble's memtables.", func(e *E) float64 { return float64(e.MemtableBytes) }),
-			counter("volume_store_background_syncs_total", "WAL syncs by the store's background syncer, which syncs acknowledged plain writes within the sync interval (none while idle).", func(e *E) uint64 { return e.BackgroundSyncs }),
 		),
 		info: prometheus.NewDesc("blk_volume_info", "Names a volume ID: 1 for each volume the store holds.", []string{"volume", "name", "nqn"}, nil),
 		errors: prometheus.NewDesc("blk_volume_stats_errors_total",
@@ -100,8 +121,9 @@ func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
-	c.store.collect(ch, c.s)
-	if c.s.Health() == nil {
+	st := storeStats{Stats: c.s.Stats(), space: c.s.Space(), health: c.s.Health()}
+	c.store.collect(ch, &st)
+	if st.health == nil {
 		e := c.s.Engine()
 		c.engine.collect(ch, &e)
 	}
@@ -119,11 +141,7 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 			c.failed.Add(1)
 			continue
 		}
-		st := volStats{info: info}
-		if st.Stats, err = v.Counters(); err != nil {
-			c.failed.Add(1)
-			continue
-		}
+		st := volStats{info: info, VolumeStats: v.Stats()}
 		id := strconv.FormatUint(uint64(info.ID), 10)
 		c.vol.collect(ch, &st, id)
 		if n, ok := names[uint64(info.ID)]; ok {

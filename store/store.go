@@ -69,6 +69,11 @@ type Store struct {
 
 type storeCounters struct {
 	refills, mapCommits, frees, flushes, areaSyncs, bounces, bgSyncs atomic.Uint64
+	// pebble's health (events): background errors, write stalls and their
+	// total length; stallStart is the running stall's start (UnixNano), 0
+	// when none.
+	bgErrors, writeStalls, stallNanos atomic.Uint64
+	stallStart                        atomic.Int64
 }
 
 // hookPoint names a step of the write path, for crash injection.
@@ -122,6 +127,7 @@ func Open(cfg Config) (*Store, error) {
 		FormatMajorVersion: pebble.FormatNewest,
 		ReadOnly:           cfg.ReadOnly,
 		Logger:             pebbleLogger{s: s, out: s.log},
+		EventListener:      s.events(),
 	})
 	if err != nil {
 		if cfg.Area != nil {

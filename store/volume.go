@@ -30,7 +30,8 @@ type Volume struct {
 }
 
 type volumeCounters struct {
-	reads, writes, readBytes, writeBytes, errors atomic.Uint64
+	reads, writes, readBytes, writeBytes, errors                atomic.Uint64
+	fuaWrites, writeZeroes, deallocates, flushes, removedBlocks atomic.Uint64
 }
 
 // WriteFlags modify a write.
@@ -69,9 +70,13 @@ func (v *Volume) Info() (Info, error) {
 	return v.info, nil
 }
 
-// VolumeStats are a volume's counters and its allocated space.
+// VolumeStats are a volume's counters (requests that succeeded, and
+// those that failed) and its allocated space.
 type VolumeStats struct {
 	Reads, Writes, ReadBytes, WriteBytes, Errors uint64
+	// FUAWrites are among Writes; RemovedBlocks: the blocks named by
+	// WriteZeroes and Deallocate requests.
+	FUAWrites, WriteZeroes, Deallocates, Flushes, RemovedBlocks uint64
 	// AllocatedBytes: clusters mapped × cluster size (exact).
 	AllocatedBytes uint64
 }
@@ -80,6 +85,8 @@ type VolumeStats struct {
 func (v *Volume) Stats() VolumeStats {
 	return VolumeStats{Reads: v.c.reads.Load(), Writes: v.c.writes.Load(), ReadBytes: v.c.readBytes.Load(),
 		WriteBytes: v.c.writeBytes.Load(), Errors: v.c.errors.Load(),
+		FUAWrites: v.c.fuaWrites.Load(), WriteZeroes: v.c.writeZeroes.Load(), Deallocates: v.c.deallocates.Load(),
+		Flushes: v.c.flushes.Load(), RemovedBlocks: v.c.removedBlocks.Load(),
 		AllocatedBytes: uint64(v.allocated.Load()) << v.s.cshift}
 }
 
@@ -240,6 +247,7 @@ func (v *Volume) Write(lba uint64, data []byte, flags WriteFlags) error {
 		if err := s.flush(); err != nil {
 			return v.fail(opWrite, lba, err)
 		}
+		v.c.fuaWrites.Add(1)
 	}
 	v.c.writes.Add(1)
 	v.c.writeBytes.Add(uint64(len(data)))
@@ -364,6 +372,12 @@ func (v *Volume) remove(o op, lba, n uint64, fua bool) error {
 			return v.fail(o, lba, err)
 		}
 	}
+	if o == opDeallocate {
+		v.c.deallocates.Add(1)
+	} else {
+		v.c.writeZeroes.Add(1)
+	}
+	v.c.removedBlocks.Add(n)
 	return nil
 }
 
@@ -431,5 +445,6 @@ func (v *Volume) Flush() error {
 	if err := v.s.flush(); err != nil {
 		return v.fail(opFlush, 0, err)
 	}
+	v.c.flushes.Add(1)
 	return nil
 }

@@ -12,14 +12,15 @@ import (
 )
 
 // TestImportGraph: the core knows no transport. Of blk's packages it sees
-// only the wire codec (with in-band authentication) and the volume store.
+// only the wire codec (with in-band authentication) and the two stores
+// (target/volume and store, each through its adapter).
 func TestImportGraph(t *testing.T) {
 	const mod = "github.com/blk-project/blk/"
 	pkg, err := build.ImportDir(".", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := []string{mod + "nvme", mod + "nvme/auth", mod + "target/volume"}
+	allowed := []string{mod + "nvme", mod + "nvme/auth", mod + "target/volume", mod + "store"}
 	for _, imp := range pkg.Imports {
 		if strings.HasPrefix(imp, mod+"transport") || strings.HasPrefix(imp, mod+"target/rdma") {
 			t.Errorf("package target imports the transport package %s", imp)
@@ -31,7 +32,8 @@ func TestImportGraph(t *testing.T) {
 }
 
 // TestCoreStorageNeutral: of the core's files only the volume adapter
-// knows the volume store (its errors and types); the rest sees a Backend.
+// knows the volume store and only the store adapter the extent store
+// (their errors and types); the rest sees a Backend.
 func TestCoreStorageNeutral(t *testing.T) {
 	pkg, err := build.ImportDir(".", 0)
 	if err != nil {
@@ -47,6 +49,9 @@ func TestCoreStorageNeutral(t *testing.T) {
 			path, _ := strconv.Unquote(imp.Path.Value)
 			if path == "github.com/blk-project/blk/target/volume" && name != "volume_backend.go" {
 				t.Errorf("%s imports %s: only the volume adapter (volume_backend.go) may", name, path)
+			}
+			if path == "github.com/blk-project/blk/store" && name != "store_backend.go" {
+				t.Errorf("%s imports %s: only the store adapter (store_backend.go) may", name, path)
 			}
 		}
 	}

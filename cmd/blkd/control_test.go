@@ -14,7 +14,7 @@ import (
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/pki"
-	"github.com/blk-project/blk/target/volume"
+	"github.com/blk-project/blk/store"
 	"net/http"
 	"os"
 	"os/exec"
@@ -57,11 +57,11 @@ func TestMissingVolumeFailsAlone(t *testing.T) {
 	d.must(t, "POST", "/v1/volumes", `{"name": "kept", "size": "8MiB"}`, 201, &kept)
 	d.stop(t)
 
-	s, err := volume.Open(volume.Config{Dir: filepath.Join(dir, "volumes")})
+	s, err := store.Open(store.Config{Dir: filepath.Join(dir, "volumes")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Delete(volume.ID(lost.ID)); err != nil {
+	if err := s.Delete(store.ID(lost.ID)); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -320,7 +320,8 @@ func TestThinVolumesBounded(t *testing.T) {
 	if fs <= 0 {
 		t.Fatalf("blk_volume_store_fs_bytes %v", fs)
 	}
-	d.refuse(t, "POST", "/v1/volumes", `{"name": "huge", "size": "4096PiB"}`, 507, `may be promised.*overcommit`)
+	// 4 PiB: the largest volume the store holds, far more than the disk.
+	d.refuse(t, "POST", "/v1/volumes", `{"name": "huge", "size": "4PiB"}`, 507, `may be promised.*overcommit`)
 	twice := uint64(2*fs) / 4096 * 4096
 	body := fmt.Sprintf(`{"name": "twice", "size": %d}`, twice)
 	d.refuse(t, "POST", "/v1/volumes", body, 507, `may be promised`)
@@ -387,14 +388,27 @@ func TestDiskFull(t *testing.T) {
 		}
 		return nil
 	})
-	_, err = ns.WriteAt(block, 4096)
+	// A write that needs a new cluster (here 1 MiB in: the volume's
+	// clusters are 64 KiB) is refused; an overwrite within the cluster
+	// already written goes on, as do reads (docs/store.md: the data area
+	// is preallocated, overwrites need no space).
+	const fresh = 1 << 20
+	_, err = ns.WriteAt(block, fresh)
 	var se *initiator.StatusError
 	if !errors.As(err, &se) || se.Status.Code() != nvme.StatusCapacityExceeded {
 		t.Fatalf("write on a full disk: %v, want Capacity Exceeded", err)
 	}
+	if _, err := ns.WriteAt(block, 4096); err != nil {
+		t.Fatalf("overwrite of an allocated cluster on a full disk: %v", err)
+	}
 	got := make([]byte, 4096)
-	if _, err := ns.ReadAt(got, 0); err != nil || !bytes.Equal(got, block) {
-		t.Fatalf("read on a full disk: %v (equal %v)", err, bytes.Equal(got, block))
+	for _, off := range []int64{0, 4096} {
+		if _, err := ns.ReadAt(got, off); err != nil || !bytes.Equal(got, block) {
+			t.Fatalf("read at %d on a full disk: %v (equal %v)", off, err, bytes.Equal(got, block))
+		}
+	}
+	if _, err := ns.ReadAt(got, fresh); err != nil || !bytes.Equal(got, make([]byte, 4096)) {
+		t.Fatalf("read of the refused write's block: %v (zeros %v)", err, bytes.Equal(got, make([]byte, 4096)))
 	}
 	if v := d.metric(t, "blk_volume_store_healthy"); v != 1 {
 		t.Fatalf("store unhealthy on a full disk: %v", v)
@@ -416,10 +430,10 @@ func TestDiskFull(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := ns.WriteAt(block, 4096); err != nil {
+	if _, err := ns.WriteAt(block, fresh); err != nil {
 		t.Fatalf("write once space is back: %v", err)
 	}
-	if _, err := ns.ReadAt(got, 4096); err != nil || !bytes.Equal(got, block) {
+	if _, err := ns.ReadAt(got, fresh); err != nil || !bytes.Equal(got, block) {
 		t.Fatalf("read back: %v", err)
 	}
 	eventually(t, 25*time.Second, "volume online again", func() error {

@@ -21,7 +21,7 @@ import (
 	"github.com/blk-project/blk/control"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/nvme"
-	"github.com/blk-project/blk/target/volume"
+	"github.com/blk-project/blk/store"
 )
 
 // maxBody bounds a request body: every request is a small JSON object.
@@ -261,7 +261,7 @@ func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
 		return badRequest(`missing "size": give a size in bytes or with a unit, e.g. "size": "10GiB"`)
 	}
 	if req.BlockSize == 0 {
-		req.BlockSize = volume.DefaultBlockSize
+		req.BlockSize = store.DefaultBlockSize
 	}
 	v, err := d.mgr.Create(r.Context(), control.CreateRequest{
 		Name: req.Name, SizeBytes: uint64(*req.Size), BlockSize: req.BlockSize, Node: d.cfg.NodeID,

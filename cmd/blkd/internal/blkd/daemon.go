@@ -21,10 +21,10 @@ import (
 	"github.com/blk-project/blk/internal/ratelog"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/metrics"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/tcp"
-	"github.com/blk-project/blk/target/volume"
 	"github.com/blk-project/blk/transport"
 	"github.com/blk-project/blk/transport/providers"
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,7 +44,7 @@ type Daemon struct {
 	audit *auditLog
 
 	node  *meta.Node
-	store *volume.Store
+	store *store.Store
 	nic   transport.Adapter
 	tgt   *target.Target
 	port  *rdma.Port // nil with --nvme-addr off
@@ -141,9 +141,8 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		}
 	}
 
-	d.store, err = volume.Open(volume.Config{Dir: filepath.Join(cfg.DataDir, "volumes"), Logger: quietLogger{}})
-	if err != nil {
-		return nil, fmt.Errorf("volume store in %s: %w", filepath.Join(cfg.DataDir, "volumes"), err)
+	if d.store, err = openStore(cfg.DataDir, d.log); err != nil {
+		return nil, err
 	}
 
 	// Each port passes its limits with every queue, so the target has
@@ -519,7 +518,7 @@ func (d *Daemon) volumeLabels() map[uint64]metrics.VolumeLabel {
 
 // serve adds the subsystem of v, with v's store volume as namespace 1.
 func (d *Daemon) serve(v meta.Volume) error {
-	vol, err := d.store.Volume(volume.ID(v.ID))
+	vol, err := d.store.Volume(store.ID(v.ID))
 	if err != nil {
 		return err
 	}
@@ -536,17 +535,58 @@ func (d *Daemon) serve(v meta.Volume) error {
 	}
 	// The target times the backend itself (blk_target_namespace_io_latency_seconds):
 	// no wrapper sits between it and the volume.
-	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(vol)}); err != nil {
+	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.StoreBackend(vol)}); err != nil {
 		_ = d.tgt.RemoveSubsystem(v.NQN)
 		return err
 	}
 	return nil
 }
 
-// quietLogger drops pebble's informational messages and keeps its errors.
-type quietLogger struct{}
+// Where a node keeps its volumes (docs/store.md): the extent store's
+// metadata in pebble at <data dir>/volumes, the bytes in the data area
+// <data dir>/volumes.area beside it (store.Config's default AreaPath).
+// A data dir written by a release before issue 22 holds target/volume's
+// layout in <data dir>/volumes: store.Open migrates it in place before
+// it returns, logging its progress (volume by volume, every 256 MiB),
+// so the first start of this release takes the time of copying the data
+// once.
+const (
+	storeDirName = "volumes"
+	// areaInitialBytes is the data area's size when the store creates
+	// it: small, so that a node (or a test) that holds little does not
+	// take a GiB of its filesystem at once; the area grows by an eighth
+	// (at least 64 MiB) whenever it is full, never into the space
+	// guard's reserve.
+	areaInitialBytes = 64 << 20
+)
 
-func (quietLogger) Infof(string, ...any) {}
-func (quietLogger) Errorf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "blkd: pebble: "+format+"\n", args...)
+// openStore opens (creating, or upgrading from target/volume's layout)
+// the node's extent store in dataDir.
+func openStore(dataDir string, log *slog.Logger) (*store.Store, error) {
+	dir := filepath.Join(dataDir, storeDirName)
+	s, err := store.Open(store.Config{Dir: dir, AreaBytes: areaInitialBytes, Logger: storeLogger{log}})
+	if err != nil {
+		return nil, fmt.Errorf("volume store in %s (data area %s): %w", dir, dir+".area", err)
+	}
+	return s, nil
+}
+
+// storeLogger sends the store's own messages (upgrade progress, space
+// guard, area growth, recovery at open: all start with "store: ") to
+// the event log, drops pebble's informational chatter, and keeps every
+// error.
+type storeLogger struct{ log *slog.Logger }
+
+func (l storeLogger) Infof(format string, args ...any) {
+	if strings.HasPrefix(format, "store: ") {
+		l.log.Info(fmt.Sprintf(format, args...))
+	}
+}
+
+func (l storeLogger) Errorf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if !strings.HasPrefix(format, "store: ") {
+		msg = "store: pebble: " + msg
+	}
+	l.log.Error(msg)
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/blk-project/blk/control"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/nvme/auth"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
-	"github.com/blk-project/blk/target/volume"
 )
 
 // The control plane (package control) runs here on its real parts: the
@@ -47,11 +47,11 @@ type reconcileRequest struct {
 	Index uint64 `json:"index"`
 }
 
-// storeParts adapts the volume store to control.Store.
-type storeParts struct{ s *volume.Store }
+// storeParts adapts the extent store to control.Store.
+type storeParts struct{ s *store.Store }
 
 func (p storeParts) Shape(id uint64) (uint64, uint32, error) {
-	v, err := p.s.Volume(volume.ID(id))
+	v, err := p.s.Volume(store.ID(id))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -63,12 +63,12 @@ func (p storeParts) Shape(id uint64) (uint64, uint32, error) {
 }
 
 func (p storeParts) Create(id, size uint64, bs uint32) error {
-	_, err := p.s.Create(volume.ID(id), volume.CreateOptions{SizeBytes: size, BlockSize: bs})
+	_, err := p.s.Create(store.ID(id), store.CreateOptions{SizeBytes: size, BlockSize: bs})
 	return err
 }
 
-func (p storeParts) Grow(id, size uint64) error { return p.s.Resize(volume.ID(id), size, false) }
-func (p storeParts) Delete(id uint64) error     { return p.s.Delete(volume.ID(id)) }
+func (p storeParts) Grow(id, size uint64) error { return p.s.Resize(store.ID(id), size, false) }
+func (p storeParts) Delete(id uint64) error     { return p.s.Delete(store.ID(id)) }
 
 func (p storeParts) Full() string {
 	if sp := p.s.Space(); sp.Full {
