@@ -12,11 +12,13 @@ import (
 //
 //	idle ──Execute──▶ executing ──▶ done               (admin, refused commands)
 //	                      │──▶ backend ──IO.Done──▶ done  (NVM commands, async.go)
-//	                      │──▶ queued ──worker──▶ backend ──▶ done  (sync commands)
+//	                      │──▶ queued ──worker──▶ (backend) ──▶ done  (sync commands)
 //	                      │──▶ queued ──Group.Commit──▶ done  (grouped writes)
 //	                      └──▶ held ──event/teardown──▶ done  (AER)
 //
-// A DSM of several ranges enters backend once per range.
+// A DSM of several ranges enters backend once per range. A synchronous
+// backend's IO (Inline, called directly) completes without entering
+// backend: executing → done, or queued → done on a sync worker.
 // done means Responder.Complete was (or is being) called: the binding owns
 // the request again and may Execute it once more.
 const (
@@ -81,7 +83,9 @@ type Stats struct {
 	// Complete enters Completed; Queued counts commands handed to the sync
 	// workers, Held the Asynchronous Event Requests held for an event.
 	// Executed == Completed when nothing is in flight. AtBackend counts
-	// IOs submitted to a backend (AsyncBackend.Submit).
+	// IOs submitted to an asynchronous backend (AsyncBackend.Submit; a
+	// synchronous backend's, called directly, complete within Execute
+	// or the sync worker's run and are not counted).
 	Executed, Queued, Held, AtBackend, Completed uint64
 	// Misuse counts Execute calls on a request the core had not yet
 	// completed (a binding bug).

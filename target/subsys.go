@@ -319,6 +319,7 @@ type namespace struct {
 	nsid    uint32
 	io      AsyncBackend // the backend the core calls (Inline(Backend) for a synchronous one)
 	backend Backend      // the synchronous backend, nil for an asynchronous one
+	inline  *inline      // io, when it is Inline(backend): called directly
 	viewer  Viewer       // nil if the backend has none
 	// blocking: Flush and FUA may wait for a sync in Submit (sync workers).
 	blocking bool
@@ -450,6 +451,7 @@ func (s *Subsystem) AddNamespace(c NamespaceConfig) error {
 	ns := &namespace{s: s, nsid: c.NSID, io: io, backend: c.Backend, blocking: io.Blocking(), nguid: c.NGUID, bs: g.BlockSize,
 		shift: uint8(bits.TrailingZeros32(g.BlockSize)), drained: make(chan struct{})}
 	if c.Backend != nil {
+		ns.inline = &inline{c.Backend}
 		ns.viewer, _ = c.Backend.(Viewer)
 	} else {
 		ns.viewer, _ = c.Async.(Viewer)
