@@ -85,6 +85,9 @@ func (g *Group) HasCompletions() bool { return !g.doneq.Empty() }
 // oldest first, answering them through their Responder; the owner's
 // goroutine only. It reports whether there were any.
 func (g *Group) Reap() bool {
+	if g.doneq.Empty() {
+		return false // a load, not the swap: the common case of an inline backend
+	}
 	top := g.doneq.TakeAll()
 	if top == nil {
 		return false
