@@ -172,3 +172,35 @@ func TestAsyncCompletionOnGroup(t *testing.T) {
 		t.Fatal("reaped twice")
 	}
 }
+
+// TestNamespaceBackendChoice: a namespace takes exactly one of Backend
+// and Async; a synchronous backend wrapped by the caller (Inline) serves
+// as well as one given as Backend.
+func TestNamespaceBackendChoice(t *testing.T) {
+	h := newHarness(t)
+	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := target.NewMemBackend(4096, 64)
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1}); err == nil {
+		t.Fatal("a namespace without a backend was added")
+	}
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: m, Async: target.Inline(m)}); err == nil {
+		t.Fatal("a namespace with two backends was added")
+	}
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Async: target.Inline(m)}); err != nil {
+		t.Fatal(err)
+	}
+	_, cntlid := h.adminConnect("admin", hostA, subA, 5000)
+	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
+	w := bytes.Repeat([]byte{0x5a}, 4096)
+	mustOK(t, h.exec(io, ioCmd(nvme.IOWrite, 1, 7, 1, nvme.RWFUA), w), "write FUA")
+	mustOK(t, h.exec(io, ioCmd(nvme.IOCompare, 1, 7, 1, 0), w), "compare")
+	if c := h.exec(io, ioCmd(nvme.IORead, 1, 7, 1, 0), make([]byte, 4096)); !bytes.Equal(c.data, w) {
+		t.Fatal("read differs from the write")
+	}
+	if st := h.tgt.Stats(); st.AtBackend != 0 {
+		t.Fatalf("%d IOs of a synchronous backend counted at the backend, want 0 (called directly)", st.AtBackend)
+	}
+}

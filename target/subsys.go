@@ -450,9 +450,14 @@ func (s *Subsystem) AddNamespace(c NamespaceConfig) error {
 	}
 	ns := &namespace{s: s, nsid: c.NSID, io: io, backend: c.Backend, blocking: io.Blocking(), nguid: c.NGUID, bs: g.BlockSize,
 		shift: uint8(bits.TrailingZeros32(g.BlockSize)), drained: make(chan struct{})}
-	if c.Backend != nil {
-		ns.inline = &inline{c.Backend}
-		ns.viewer, _ = c.Backend.(Viewer)
+	if a, ok := io.(inline); ok {
+		// A synchronous backend, given as Backend or wrapped by the
+		// caller: the core calls it directly (Queue.submit).
+		ns.inline = &a
+		ns.backend = a.b
+	}
+	if ns.backend != nil {
+		ns.viewer, _ = ns.backend.(Viewer)
 	} else {
 		ns.viewer, _ = c.Async.(Viewer)
 	}
