@@ -174,9 +174,9 @@ func TestAsyncBackend(t *testing.T) {
 	tt, d := newAsyncTarget(t, seed, 200*time.Microsecond, true)
 	c := connectHost(t, tt.addr, initiator.Config{Queues: 2, QueueDepth: 64})
 	ns := c.Namespace(1)
-	ops := 4000
+	ops := 2000
 	if testing.Short() {
-		ops = 1000
+		ops = 500
 	}
 	all := runAsyncWorkload(t, ns, seed, 64, ops)
 	if err := ns.Flush(); err != nil {
