@@ -363,7 +363,7 @@ func (c *ctrl) shutdown() {
 				if !ns.acquire() {
 					continue
 				}
-				if err := ns.backend.Flush(); err != nil {
+				if err := ns.flushWait(); err != nil {
 					c.t.logf("target: controller %d: shutdown flush of NSID %d: %v", c.cntlid, ns.nsid, err)
 				} else {
 					ns.c.flushes.Add(1)

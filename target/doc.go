@@ -37,10 +37,13 @@
 //	io_cmd.go       Read, Write, Flush, Write Zeroes, Dataset Management, Compare
 //	workers.go      the sync worker pool
 //	status.go       StatusError, WithStatus; statusOf reads a backend error's status
-//	backend.go      Backend (write groups included), MemBackend
+//	async.go        AsyncBackend, IO, Inline: the asynchronous backend contract
+//	delayed.go      DelayedBackend: an asynchronous backend for tests
+//	backend.go      Backend (synchronous; write groups included), MemBackend
 //	volume_backend.go  VolumeBackend, the volume adapter: the one file that
 //	                knows target/volume, translating its errors (volumeStatus)
-//	group.go        Group: a binding goroutine's plain writes, committed together
+//	group.go        Group: a binding goroutine's plain writes, committed together,
+//	                and its completion sink (SetWake, Reap)
 //	stats.go        request states, counters, per-namespace latency histograms
 //
 // # Concurrency
@@ -50,15 +53,22 @@
 // takes no mutex and allocates nothing: the controller's readiness, the
 // subsystem's namespace table (replaced whole on change) and each
 // namespace's reference count are atomics; the backend's own lock is the
-// backend's (a volume takes its RWMutex shared). Commands that may wait
-// for a disk sync — Flush, FUA writes, FUA Write Zeroes, and the flush of
-// a controller shutdown — run on a preallocated pool of sync workers
+// backend's (a volume takes its RWMutex shared). Each NVM command is
+// submitted to the namespace's AsyncBackend as an IO and answered when
+// the backend completes it (async.go): a synchronous Backend, through
+// Inline, completes at once; an asynchronous one later, and the request
+// is then answered on the poll group that submitted it (its Group, which
+// the binding reaps) or, without one, on the completing goroutine.
+// Commands of a Blocking backend that may wait for a disk sync — Flush,
+// FUA writes, FUA Write Zeroes, and the flush of a controller shutdown —
+// are submitted on a preallocated pool of sync workers
 // (Config.SyncWorkers), never on the binding's goroutine. Admin commands
 // run inline under the controller's mutex; they never wait for storage.
 //
 // Responder.Complete is called exactly once per Execute, on the caller's
-// goroutine or on a worker's, and never with a core lock held, so a
-// binding may execute the next command from inside Complete.
+// goroutine, a worker's, the goroutine that reaps its Group or the
+// backend's, and never with a core lock held, so a binding may execute
+// the next command from inside Complete.
 //
 // Lock order: Target.mu, then Subsystem.mu, then ctrl.mu; Subsystem.nsMu
 // is taken alone or before Target.mu. Responder methods are called with
@@ -81,7 +91,9 @@
 //   - Block the caller of Execute on a storage sync, or take a mutex or
 //     allocate per I/O on the Read/Write path (a test guards allocations).
 //   - Complete a request twice, or not at all, whatever races with
-//     teardown; touch a request after completing it.
+//     teardown; touch a request after completing it; answer a request
+//     (and so let its binding reuse its buffer) before its backend's
+//     IO.Done.
 //   - Panic on any command a host can send (a fuzz test drives it).
 //   - Know a storage's errors outside its adapter: the volume's are
 //     translated by volumeStatus (volume_backend.go, the one file that

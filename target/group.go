@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/blk-project/blk/internal/lfstack"
 	"github.com/blk-project/blk/nvme"
 )
 
@@ -18,10 +19,19 @@ import (
 // Ordering is NVMe's: a write is not complete until Commit, so a host
 // cannot rely on it before; a read executed in the same batch may see the
 // old data, as it may for any command in flight at once.
+//
+// A Group is also its goroutine's completion sink for asynchronous
+// backends (async.go): a binding that gives it a wake (SetWake) has every
+// IO its goroutine submitted completed on that goroutine, by Reap.
 type Group struct {
 	t       *Target
 	entries []groupEntry
 	pending []pendingWrite
+
+	// doneq holds requests whose IO a backend completed from another
+	// goroutine (linked by IO.next); wake tells the owner.
+	doneq lfstack.Stack[Request]
+	wake  func()
 
 	commits, writes atomic.Uint64
 }
@@ -58,6 +68,44 @@ const maxGroupEntries = 64
 // core's receive buffers); more are committed alone.
 func (t *Target) NewGroup(capacity int) *Group {
 	return &Group{t: t, pending: make([]pendingWrite, 0, capacity), entries: make([]groupEntry, 0, 4)}
+}
+
+// SetWake makes the group its goroutine's completion sink: a backend's
+// IO.Done from another goroutine queues the request on the group and
+// calls wake, which must make the owner call Reap soon (a poll group's
+// epoll.Loop.Kick); wake is called from any goroutine and must not
+// block. Call it before the group's first Execute.
+func (g *Group) SetWake(wake func()) { g.wake = wake }
+
+// HasCompletions reports whether Reap has work; any goroutine (a poll
+// group asks it before sleeping).
+func (g *Group) HasCompletions() bool { return !g.doneq.Empty() }
+
+// Reap finishes the requests whose IO completed since the last Reap,
+// oldest first, answering them through their Responder; the owner's
+// goroutine only. It reports whether there were any.
+func (g *Group) Reap() bool {
+	if g.doneq.Empty() {
+		return false // a load, not the swap: the common case of an inline backend
+	}
+	top := g.doneq.TakeAll()
+	if top == nil {
+		return false
+	}
+	var rev *Request
+	for r := top; r != nil; {
+		next := r.io.next
+		r.io.next = rev
+		rev = r
+		r = next
+	}
+	for r := rev; r != nil; {
+		next := r.io.next
+		r.io.next = nil
+		r.q.ioDone(r)
+		r = next
+	}
+	return true
 }
 
 // Pending is the number of writes waiting for Commit.
@@ -107,7 +155,7 @@ func (g *Group) entry(ns *namespace) int {
 		clear(g.entries)
 		g.entries = g.entries[:0]
 	}
-	g.entries = append(g.entries, groupEntry{ns: ns, wg: ns.backend.NewWriteGroup()})
+	g.entries = append(g.entries, groupEntry{ns: ns, wg: ns.io.NewWriteGroup()})
 	return len(g.entries) - 1
 }
 

@@ -8,14 +8,17 @@ import (
 	"github.com/blk-project/blk/nvme"
 )
 
-// The I/O path. Reads, plain writes, Write Zeroes and Dataset Management
-// without FUA, and Compare run inline on the binding's goroutine; Flush,
-// FUA writes and FUA Write Zeroes go to the sync workers. Nothing here
-// allocates or takes a mutex on success: the controller's state, the
-// namespace table and the namespace's reference count are atomics, and
-// the backend's own locks are the backend's (a volume takes its RWMutex
-// shared). Every backend call is timed into the namespace's latency
-// histograms (two clock reads and two atomic adds).
+// The I/O path. Each NVM command is checked here, then submitted to the
+// namespace's AsyncBackend as an IO (async.go) and answered when the
+// backend completes it: inline (Inline, a synchronous backend) or later
+// on the submitting poll group. Flush, FUA writes and FUA Write Zeroes of
+// a Blocking backend are submitted on the sync workers instead; plain
+// writes of a binding's goroutine may be gathered in its Group. Nothing
+// here allocates or takes a mutex on success: the controller's state,
+// the namespace table and the namespace's reference count are atomics,
+// and the backend's own locks are the backend's. Every IO is timed, from
+// Submit to Done, into the namespace's latency histograms (two clock
+// reads and two atomic adds).
 
 // execIO serves an I/O queue.
 func (q *Queue) execIO(r *Request) {
@@ -98,17 +101,12 @@ func (q *Queue) read(c *ctrl, r *Request) {
 		return
 	}
 	data, st := c.checkData(ns, r)
-	if st == nvme.StatusSuccess {
-		start := time.Now()
-		err := ns.backend.Read(r.Cmd.SLBA(), data)
-		ns.c.lat[LatencyRead].since(start)
-		st = statusOf(err)
-		if st == nvme.StatusSuccess {
-			ns.c.reads.Add(1)
-			ns.c.readBytes.Add(uint64(len(data)))
-		}
+	if st != nvme.StatusSuccess {
+		q.finish(ns, r, st)
+		return
 	}
-	q.finish(ns, r, st)
+	r.io.set(OpRead, r.Cmd.SLBA(), uint64(len(data))>>ns.shift, data, false)
+	q.submit(ns, r, LatencyRead)
 }
 
 func (q *Queue) write(c *ctrl, r *Request) {
@@ -125,27 +123,25 @@ func (q *Queue) write(c *ctrl, r *Request) {
 		q.finish(ns, r, st)
 		return
 	}
-	if r.Cmd.FUA() {
+	fua := r.Cmd.FUA()
+	if fua && ns.blocking {
 		r.ns = ns
 		q.t.pool.submit(r)
 		return
 	}
-	if r.Group != nil && r.Group.add(q, ns, r, data) {
+	if !fua && r.Group != nil && r.Group.add(q, ns, r, data) {
 		return // completed now, or by the group's Commit
 	}
-	start := time.Now()
-	err := ns.backend.Write(r.Cmd.SLBA(), data, false)
-	ns.c.lat[LatencyWrite].since(start)
-	st = statusOf(err)
-	if st == nvme.StatusSuccess {
-		ns.c.writes.Add(1)
-		ns.c.writeBytes.Add(uint64(len(data)))
+	r.io.set(OpWrite, r.Cmd.SLBA(), uint64(len(data))>>ns.shift, data, fua)
+	lat := LatencyWrite
+	if fua {
+		lat = LatencyWriteFUA
 	}
-	q.finish(ns, r, st)
+	q.submit(ns, r, lat)
 }
 
-// flush flushes one namespace, or all of them for NSID 0xFFFFFFFF, on a
-// sync worker.
+// flush flushes one namespace, or all of them for NSID 0xFFFFFFFF: on a
+// sync worker unless the backend's Flush does not block.
 func (q *Queue) flush(c *ctrl, r *Request) {
 	if r.Len != 0 {
 		q.complete(r, nvme.StatusSGLInvalidDataLength.WithDNR())
@@ -157,13 +153,18 @@ func (q *Queue) flush(c *ctrl, r *Request) {
 			q.complete(r, nvme.StatusInvalidNamespace.WithDNR())
 			return
 		}
+		if !ns.blocking {
+			r.io.set(OpFlush, 0, 0, nil, false)
+			q.submit(ns, r, LatencyFlush)
+			return
+		}
 		r.ns = ns
 	}
 	q.t.pool.submit(r)
 }
 
-// writeZeroes zeroes a range: inline unless FUA. With DEAC (and no FUA)
-// the range is deallocated, which reads back as zeros (DLFEAT).
+// writeZeroes zeroes a range. With DEAC (and no FUA) the range is
+// deallocated, which reads back as zeros (DLFEAT).
 func (q *Queue) writeZeroes(c *ctrl, r *Request) {
 	ns := c.s.acquireNS(r.Cmd.NSID)
 	if ns == nil {
@@ -181,35 +182,26 @@ func (q *Queue) writeZeroes(c *ctrl, r *Request) {
 		q.finish(ns, r, st)
 		return
 	}
-	if r.Cmd.FUA() {
+	fua := r.Cmd.FUA()
+	if fua && ns.blocking {
 		r.ns = ns
 		q.t.pool.submit(r)
 		return
 	}
 	slba, n := r.Cmd.SLBA(), uint64(r.Cmd.Blocks())
-	start := time.Now()
-	if r.Cmd.DEAC() {
-		err := ns.backend.Deallocate(slba, n)
-		ns.c.lat[LatencyDeallocate].since(start)
-		st = statusOf(err)
-		if st == nvme.StatusSuccess {
-			ns.c.deallocates.Add(1)
-			ns.c.deallocBlocks.Add(n)
-		}
-	} else {
-		err := ns.backend.WriteZeroes(slba, n, false)
-		ns.c.lat[LatencyWriteZeroes].since(start)
-		st = statusOf(err)
-		if st == nvme.StatusSuccess {
-			ns.c.writeZeroes.Add(1)
-		}
+	if r.Cmd.DEAC() && !fua {
+		r.io.set(OpDeallocate, slba, n, nil, false)
+		q.submit(ns, r, LatencyDeallocate)
+		return
 	}
-	q.finish(ns, r, st)
+	r.io.set(OpWriteZeroes, slba, n, nil, fua)
+	q.submit(ns, r, LatencyWriteZeroes)
 }
 
 // dsm serves Dataset Management: with AD, each of the NR+1 ranges is
-// deallocated; without, the hints are accepted and ignored. The data may
-// be longer than the ranges (Linux always sends 4096 bytes).
+// deallocated, one IO after the other (dsmNext); without, the hints are
+// accepted and ignored. The data may be longer than the ranges (Linux
+// always sends 4096 bytes).
 func (q *Queue) dsm(c *ctrl, r *Request) {
 	ns := c.s.acquireNS(r.Cmd.NSID)
 	if ns == nil {
@@ -239,26 +231,38 @@ func (q *Queue) dsm(c *ctrl, r *Request) {
 			return
 		}
 	}
-	for i := range nr {
+	r.io.step = 0
+	if !q.dsmNext(ns, r) {
+		ns.c.deallocates.Add(1)
+		q.finish(ns, r, nvme.StatusSuccess)
+	}
+}
+
+// isDSM reports whether r is a Dataset Management (its IOs are its
+// ranges').
+func isDSM(r *Request) bool { return nvme.IOOpcode(r.Cmd.Opcode) == nvme.IODatasetManagement }
+
+// dsmNext submits the deallocation of the next non-empty range from
+// r.io.step on; false when none is left.
+func (q *Queue) dsmNext(ns *namespace, r *Request) bool {
+	data := r.data()
+	var rg nvme.DSMRange
+	for i := r.io.step; i < r.Cmd.DSMRanges(); i++ {
 		_ = rg.Unmarshal(data[i*nvme.DSMRangeSize:])
 		if rg.NLB == 0 {
 			continue
 		}
-		start := time.Now()
-		err := ns.backend.Deallocate(rg.SLBA, uint64(rg.NLB))
-		ns.c.lat[LatencyDeallocate].since(start)
-		if st := statusOf(err); st != nvme.StatusSuccess {
-			q.finish(ns, r, st)
-			return
-		}
-		ns.c.deallocBlocks.Add(uint64(rg.NLB))
+		r.io.step = i + 1
+		r.io.set(OpDeallocate, rg.SLBA, uint64(rg.NLB), nil, false)
+		q.submit(ns, r, LatencyDeallocate)
+		return true
 	}
-	ns.c.deallocates.Add(1)
-	q.finish(ns, r, nvme.StatusSuccess)
+	return false
 }
 
 // compare compares the command's data with the stored blocks: Compare
-// Failure on the first difference.
+// Failure on the first difference. A backend with View is looked at in
+// place; any other is read into a pooled buffer (ioDone compares).
 func (q *Queue) compare(c *ctrl, r *Request) {
 	ns := c.s.acquireNS(r.Cmd.NSID)
 	if ns == nil {
@@ -266,12 +270,25 @@ func (q *Queue) compare(c *ctrl, r *Request) {
 		return
 	}
 	data, st := c.checkData(ns, r)
-	if st == nvme.StatusSuccess {
-		st = ns.compare(r.Cmd.SLBA(), data)
-		if st == nvme.StatusSuccess {
-			ns.c.compares.Add(1)
-			ns.c.readBytes.Add(uint64(len(data)))
+	if st != nvme.StatusSuccess {
+		q.finish(ns, r, st)
+		return
+	}
+	if ns.viewer == nil {
+		bp, _ := compareBufs.Get().(*[]byte)
+		if bp == nil || cap(*bp) < len(data) {
+			b := make([]byte, len(data))
+			bp = &b
 		}
+		r.io.set(OpRead, r.Cmd.SLBA(), uint64(len(data))>>ns.shift, (*bp)[:len(data)], false)
+		r.io.cmpBuf = bp
+		q.submit(ns, r, LatencyRead)
+		return
+	}
+	st = ns.view(r.Cmd.SLBA(), data)
+	if st == nvme.StatusSuccess {
+		ns.c.compares.Add(1)
+		ns.c.readBytes.Add(uint64(len(data)))
 	}
 	q.finish(ns, r, st)
 }
@@ -279,88 +296,66 @@ func (q *Queue) compare(c *ctrl, r *Request) {
 // compareBufs holds read buffers for Compare on backends without View.
 var compareBufs sync.Pool
 
-// compare compares data with the blocks at slba, timed as a read (the
-// comparison, a memcmp beside the backend's read, included).
-func (ns *namespace) compare(slba uint64, data []byte) nvme.Status {
-	start := time.Now()
-	defer ns.c.lat[LatencyRead].since(start)
-	if ns.viewer != nil {
-		same := true
-		bs := uint64(ns.bs)
-		err := ns.viewer.View(slba, uint64(len(data))>>ns.shift, func(lba uint64, b []byte) {
-			want := data[(lba-slba)*bs : (lba-slba+1)*bs]
-			if b == nil {
-				for _, x := range want {
-					same = same && x == 0
-				}
-			} else {
-				same = same && bytes.Equal(b, want)
-			}
-		})
-		if err != nil {
-			return statusOf(err)
-		}
-		if !same {
-			return nvme.StatusCompareFailure.WithDNR()
-		}
-		return nvme.StatusSuccess
-	}
-	bp, _ := compareBufs.Get().(*[]byte)
-	if bp == nil || cap(*bp) < len(data) {
-		b := make([]byte, len(data))
-		bp = &b
-	}
-	defer compareBufs.Put(bp)
-	buf := (*bp)[:len(data)]
-	if err := ns.backend.Read(slba, buf); err != nil {
-		return statusOf(err)
-	}
-	if !bytes.Equal(buf, data) {
+// compareStatus is Compare's outcome for stored blocks got and the
+// command's data.
+func compareStatus(got, data []byte) nvme.Status {
+	if !bytes.Equal(got, data) {
 		return nvme.StatusCompareFailure.WithDNR()
 	}
 	return nvme.StatusSuccess
 }
 
-// runSync executes a command handed to a sync worker and completes it.
+// view compares data with the blocks at slba through the backend's
+// Viewer, timed as a read (the comparison included).
+func (ns *namespace) view(slba uint64, data []byte) nvme.Status {
+	start := time.Now()
+	defer ns.c.lat[LatencyRead].since(start)
+	same := true
+	bs := uint64(ns.bs)
+	err := ns.viewer.View(slba, uint64(len(data))>>ns.shift, func(lba uint64, b []byte) {
+		want := data[(lba-slba)*bs : (lba-slba+1)*bs]
+		if b == nil {
+			for _, x := range want {
+				same = same && x == 0
+			}
+		} else {
+			same = same && bytes.Equal(b, want)
+		}
+	})
+	if err != nil {
+		return statusOf(err)
+	}
+	if !same {
+		return nvme.StatusCompareFailure.WithDNR()
+	}
+	return nvme.StatusSuccess
+}
+
+// runSync submits a command handed to a sync worker (a Blocking
+// backend's Flush or FUA, or a Flush of every namespace): the backend
+// completes it on the worker.
 func (t *Target) runSync(r *Request) {
 	q, ns := r.q, r.ns
 	r.ns = nil
 	c := &r.Cmd
-	var st nvme.Status
 	switch nvme.IOOpcode(c.Opcode) {
 	case nvme.IOWrite:
 		data := r.data()
-		start := time.Now()
-		err := ns.backend.Write(c.SLBA(), data, true)
-		ns.c.lat[LatencyWriteFUA].since(start)
-		st = statusOf(err)
-		if st == nvme.StatusSuccess {
-			ns.c.writes.Add(1)
-			ns.c.fuaWrites.Add(1)
-			ns.c.writeBytes.Add(uint64(len(data)))
-		}
+		r.io.set(OpWrite, c.SLBA(), uint64(len(data))>>ns.shift, data, true)
+		q.submit(ns, r, LatencyWriteFUA)
 	case nvme.IOWriteZeroes:
-		start := time.Now()
-		err := ns.backend.WriteZeroes(c.SLBA(), uint64(c.Blocks()), true)
-		ns.c.lat[LatencyWriteZeroes].since(start)
-		st = statusOf(err)
-		if st == nvme.StatusSuccess {
-			ns.c.writeZeroes.Add(1)
-		}
+		r.io.set(OpWriteZeroes, c.SLBA(), uint64(c.Blocks()), nil, true)
+		q.submit(ns, r, LatencyWriteZeroes)
 	case nvme.IOFlush:
 		if ns == nil {
-			st = q.ctrl.Load().s.flushAll()
-			q.complete(r, st)
+			q.complete(r, q.ctrl.Load().s.flushAll())
 			return
 		}
-		st = ns.flush()
-		if st == nvme.StatusSuccess {
-			ns.c.flushes.Add(1)
-		}
+		r.io.set(OpFlush, 0, 0, nil, false)
+		q.submit(ns, r, LatencyFlush)
 	default:
-		st = nvme.StatusInternalError.WithDNR() // not reached: only the above are queued
+		q.finish(ns, r, nvme.StatusInternalError.WithDNR()) // not reached: only the above are queued
 	}
-	q.finish(ns, r, st)
 }
 
 // abortSync completes a queued command without running it (the target
@@ -395,10 +390,27 @@ func (s *Subsystem) flushAll() nvme.Status {
 	return st
 }
 
-// flush flushes the namespace's backend, timed.
+// flush flushes the namespace's backend and waits, timed: for a Flush
+// of every namespace on a sync worker.
 func (ns *namespace) flush() nvme.Status {
 	start := time.Now()
-	err := ns.backend.Flush()
+	err := ns.flushWait()
 	ns.c.lat[LatencyFlush].since(start)
 	return statusOf(err)
+}
+
+// flushWait flushes the namespace's backend and waits for it: a sync
+// backend's Flush, or an IO of its own (allocated: Flush of every
+// namespace and a controller's shutdown are not the I/O path).
+func (ns *namespace) flushWait() error {
+	if ns.backend != nil {
+		return ns.backend.Flush()
+	}
+	io := &IO{Op: OpFlush, wait: make(chan struct{}, 1)}
+	io.phase.Store(ioSubmitting)
+	ns.io.Submit(io)
+	if io.phase.CompareAndSwap(ioSubmitting, ioAtBackend) {
+		<-io.wait
+	}
+	return io.err
 }

@@ -68,7 +68,8 @@ type Request struct {
 	// core-private state
 	q     *Queue
 	state uint8      // reqIdle, reqExecuting, ... (stats.go)
-	ns    *namespace // the namespace a sync worker runs it on
+	ns    *namespace // the namespace a sync worker or the backend runs it on
+	io    IO         // the backend operation (async.go)
 }
 
 // Queue returns the queue the request arrived on.

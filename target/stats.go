@@ -10,10 +10,15 @@ import (
 // Request states. Request.state holds one; enter is the only function
 // that changes it, and every entry into a state is counted.
 //
-//	idle ──Execute──▶ executing ──▶ done               (inline commands)
-//	                      │──▶ queued ──worker──▶ done  (sync commands)
+//	idle ──Execute──▶ executing ──▶ done               (admin, refused commands)
+//	                      │──▶ backend ──IO.Done──▶ done  (NVM commands, async.go)
+//	                      │──▶ queued ──worker──▶ (backend) ──▶ done  (sync commands)
+//	                      │──▶ queued ──Group.Commit──▶ done  (grouped writes)
 //	                      └──▶ held ──event/teardown──▶ done  (AER)
 //
+// A DSM of several ranges enters backend once per range. A synchronous
+// backend's IO (Inline, called directly) completes without entering
+// backend: executing → done, or queued → done on a sync worker.
 // done means Responder.Complete was (or is being) called: the binding owns
 // the request again and may Execute it once more.
 const (
@@ -21,6 +26,7 @@ const (
 	reqExecuting              // inside Execute, on the binding's goroutine
 	reqQueued                 // waiting for or running on a sync worker
 	reqHeld                   // an Asynchronous Event Request waiting for an event
+	reqBackend                // at the backend: submitted, IO.Done due (async.go)
 	reqDone                   // completed; the binding owns it
 	numReqStates
 )
@@ -76,8 +82,11 @@ type Stats struct {
 	// Request state entries: every Execute enters Executed, every
 	// Complete enters Completed; Queued counts commands handed to the sync
 	// workers, Held the Asynchronous Event Requests held for an event.
-	// Executed == Completed when nothing is in flight.
-	Executed, Queued, Held, Completed uint64
+	// Executed == Completed when nothing is in flight. AtBackend counts
+	// IOs submitted to an asynchronous backend (AsyncBackend.Submit; a
+	// synchronous backend's, called directly, complete within Execute
+	// or the sync worker's run and are not counted).
+	Executed, Queued, Held, AtBackend, Completed uint64
 	// Misuse counts Execute calls on a request the core had not yet
 	// completed (a binding bug).
 	Misuse uint64
@@ -290,6 +299,7 @@ func (t *Target) Stats() Stats {
 		Executed:            t.stats.states[reqExecuting].Load(),
 		Queued:              t.stats.states[reqQueued].Load(),
 		Held:                t.stats.states[reqHeld].Load(),
+		AtBackend:           t.stats.states[reqBackend].Load(),
 		Completed:           t.stats.states[reqDone].Load(),
 		Misuse:              t.stats.misuse.Load(),
 		SyncOverflow:        t.stats.syncOverflow.Load(),

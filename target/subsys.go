@@ -39,8 +39,13 @@ type SubsystemConfig struct {
 type NamespaceConfig struct {
 	// NSID is the namespace ID, 1..Config.MaxNSID.
 	NSID uint32
-	// Backend is the namespace's storage; the subsystem does not close it.
+	// Backend is the namespace's storage, synchronous; the core calls it
+	// through Inline. The subsystem does not close it. Set Backend or
+	// Async, not both.
 	Backend Backend
+	// Async is the namespace's storage, asynchronous (async.go): IOs are
+	// submitted and completed later, on the submitting poll group.
+	Async AsyncBackend
 	// NGUID is the namespace's globally unique identifier. Zero: derived
 	// from the subsystem NQN and the NSID (SHA-256), so it is stable
 	// across restarts and the same on every target that serves the
@@ -312,11 +317,15 @@ func (s *Subsystem) removeCtrl(c *ctrl) {
 type namespace struct {
 	s       *Subsystem
 	nsid    uint32
-	backend Backend
-	viewer  Viewer // nil if the backend has none
-	nguid   [16]byte
-	bs      uint32 // block size, fixed
-	shift   uint8  // log2(bs)
+	io      AsyncBackend // the backend the core calls (Inline(Backend) for a synchronous one)
+	backend Backend      // the synchronous backend, nil for an asynchronous one
+	inline  *inline      // io, when it is Inline(backend): called directly
+	viewer  Viewer       // nil if the backend has none
+	// blocking: Flush and FUA may wait for a sync in Submit (sync workers).
+	blocking bool
+	nguid    [16]byte
+	bs       uint32 // block size, fixed
+	shift    uint8  // log2(bs)
 
 	blocks   atomic.Uint64 // capacity, refreshed by revalidate
 	readOnly atomic.Bool
@@ -424,10 +433,14 @@ func (s *Subsystem) AddNamespace(c NamespaceConfig) error {
 	if c.NSID == 0 || c.NSID > s.t.cfg.MaxNSID {
 		return fmt.Errorf("target: subsystem %s: NSID %d outside [1, %d]: %w", s.nqn, c.NSID, s.t.cfg.MaxNSID, ErrInvalid)
 	}
-	if c.Backend == nil {
-		return fmt.Errorf("target: subsystem %s: NSID %d: no backend: %w", s.nqn, c.NSID, ErrInvalid)
+	if (c.Backend == nil) == (c.Async == nil) {
+		return fmt.Errorf("target: subsystem %s: NSID %d: want one of Backend and Async: %w", s.nqn, c.NSID, ErrInvalid)
 	}
-	g, err := c.Backend.Geometry()
+	io := c.Async
+	if c.Backend != nil {
+		io = Inline(c.Backend)
+	}
+	g, err := io.Geometry()
 	if err != nil {
 		return fmt.Errorf("target: subsystem %s: NSID %d: geometry: %w", s.nqn, c.NSID, err)
 	}
@@ -435,9 +448,19 @@ func (s *Subsystem) AddNamespace(c NamespaceConfig) error {
 		return fmt.Errorf("target: subsystem %s: NSID %d: block size %d, %d blocks: %w",
 			s.nqn, c.NSID, g.BlockSize, g.Blocks, ErrInvalid)
 	}
-	ns := &namespace{s: s, nsid: c.NSID, backend: c.Backend, nguid: c.NGUID, bs: g.BlockSize,
+	ns := &namespace{s: s, nsid: c.NSID, io: io, backend: c.Backend, blocking: io.Blocking(), nguid: c.NGUID, bs: g.BlockSize,
 		shift: uint8(bits.TrailingZeros32(g.BlockSize)), drained: make(chan struct{})}
-	ns.viewer, _ = c.Backend.(Viewer)
+	if a, ok := io.(inline); ok {
+		// A synchronous backend, given as Backend or wrapped by the
+		// caller: the core calls it directly (Queue.submit).
+		ns.inline = &a
+		ns.backend = a.b
+	}
+	if ns.backend != nil {
+		ns.viewer, _ = ns.backend.(Viewer)
+	} else {
+		ns.viewer, _ = c.Async.(Viewer)
+	}
 	if ns.nguid == ([16]byte{}) {
 		ns.nguid = derivedNGUID(s.nqn, c.NSID)
 	}
@@ -520,7 +543,7 @@ func (s *Subsystem) RevalidateNamespace(nsid uint32) error {
 // revalidate refreshes the cached capacity and write protection and
 // reports whether they changed.
 func (ns *namespace) revalidate() (bool, error) {
-	g, err := ns.backend.Geometry()
+	g, err := ns.io.Geometry()
 	if err != nil {
 		return false, err
 	}

@@ -69,7 +69,9 @@ var teardowns = []struct {
 // while the controller is torn down (or its namespace removed) in each
 // of the possible ways, and checks that every command is completed
 // exactly once (the harness's finish) and that Disconnect reaches every
-// queue it should.
+// queue it should: on a synchronous backend (slow flushes and FUA on the
+// sync workers) and on an asynchronous one (every IO completed late, out
+// of order, from the backend's goroutines).
 func TestTeardownRaces(t *testing.T) {
 	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 1))
@@ -79,82 +81,103 @@ func TestTeardownRaces(t *testing.T) {
 	}
 	for round := range rounds {
 		for _, td := range teardowns {
-			t.Run(fmt.Sprintf("%s/%d", td.name, round), func(t *testing.T) {
-				h := newHarness(t)
-				s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, Hosts: []string{hostA}})
-				if err != nil {
-					t.Fatal(err)
+			for _, async := range []bool{false, true} {
+				kind := "sync"
+				if async {
+					kind = "async"
 				}
-				m, _ := target.NewMemBackend(4096, 256)
-				if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: slowBackend{m, 200 * time.Microsecond}}); err != nil {
-					t.Fatal(err)
-				}
-				admin, cntlid := h.adminConnect("admin", hostA, subA, 5000)
-				ios := []*tq{h.ioConnect("io1", 1, hostA, subA, cntlid), h.ioConnect("io2", 2, hostA, subA, cntlid)}
-				for range 2 {
-					if _, done := h.execMayHold(admin, adminCmd(nvme.AdminAsyncEvent), nil); done {
-						t.Fatal("AER completed at once")
-					}
-				}
-				var wg sync.WaitGroup
-				workers := 4
-				seeds := make([]uint64, workers)
-				for i := range seeds {
-					seeds[i] = rng.Uint64()
-				}
-				delay := time.Duration(rng.IntN(2000)) * time.Microsecond
-				for w := range workers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						r := rand.New(rand.NewPCG(seeds[w], 2))
-						for range 200 {
-							q := ios[r.IntN(len(ios))]
-							lba := uint64(r.IntN(250))
-							var cmd nvme.Command
-							var data []byte
-							switch r.IntN(9) {
-							case 0, 1:
-								cmd, data = ioCmd(nvme.IORead, 1, lba, 2, 0), make([]byte, 8192)
-							case 2, 3:
-								cmd, data = ioCmd(nvme.IOWrite, 1, lba, 2, 0), make([]byte, 8192)
-							case 4:
-								cmd, data = ioCmd(nvme.IOWrite, 1, lba, 1, nvme.RWFUA), make([]byte, 4096)
-							case 5:
-								cmd = nvme.Command{Opcode: uint8(nvme.IOFlush), Flags: nvme.FlagSGLMetaBuf, NSID: 1}
-							case 6:
-								cmd = ioCmd(nvme.IOWriteZeroes, 1, lba, 4, nvme.RWFUA)
-							case 7:
-								q = admin
-								cmd = adminCmd(nvme.AdminKeepAlive)
-							case 8:
-								q = admin
-								cmd, data = identifyCmd(nvme.CNSNamespace, 1), make([]byte, 4096)
-							}
-							h.execMayHold(q, cmd, data)
-						}
-					}()
-				}
-				time.Sleep(delay)
-				td.do(h, s, admin)
-				wg.Wait()
-				if td.name == "namespace removed" {
-					return
-				}
-				if td.all && admin.disconnected() == 0 {
-					t.Errorf("admin queue not disconnected")
-				}
-				for _, q := range ios {
-					if q.disconnected() == 0 {
-						t.Errorf("%s not disconnected", q.name)
-					}
-				}
-				// The controller is gone: its ID is free, its queues abort.
-				if c := h.exec(ios[0], ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096)); c.status() != nvme.StatusAbortSQDeleted {
-					t.Errorf("I/O after teardown: %s", fmtStatus(c.status()))
-				}
-			})
+				t.Run(fmt.Sprintf("%s/%s/%d", kind, td.name, round), func(t *testing.T) {
+					teardownRace(t, rng, td.name, td.all, td.do, async)
+				})
+			}
 		}
+	}
+}
+
+func teardownRace(t *testing.T, rng *rand.Rand, name string, all bool, do func(h *harness, s *target.Subsystem, admin *tq), async bool) {
+	nc := target.NamespaceConfig{NSID: 1}
+	if async {
+		d, err := target.NewDelayedBackend(target.DelayedConfig{BlockSize: 4096, Blocks: 256, Seed: rng.Uint64(), MaxDelay: 200 * time.Microsecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(d.Close) // after the harness's checks
+		nc.Async = d
+	} else {
+		m, _ := target.NewMemBackend(4096, 256)
+		nc.Backend = slowBackend{m, 200 * time.Microsecond}
+	}
+	h := newHarness(t)
+	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, Hosts: []string{hostA}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddNamespace(nc); err != nil {
+		t.Fatal(err)
+	}
+	admin, cntlid := h.adminConnect("admin", hostA, subA, 5000)
+	ios := []*tq{h.ioConnect("io1", 1, hostA, subA, cntlid), h.ioConnect("io2", 2, hostA, subA, cntlid)}
+	for range 2 {
+		if _, done := h.execMayHold(admin, adminCmd(nvme.AdminAsyncEvent), nil); done {
+			t.Fatal("AER completed at once")
+		}
+	}
+	var wg sync.WaitGroup
+	workers := 4
+	seeds := make([]uint64, workers)
+	for i := range seeds {
+		seeds[i] = rng.Uint64()
+	}
+	delay := time.Duration(rng.IntN(2000)) * time.Microsecond
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seeds[w], 2))
+			for range 200 {
+				q := ios[r.IntN(len(ios))]
+				lba := uint64(r.IntN(250))
+				var cmd nvme.Command
+				var data []byte
+				switch r.IntN(9) {
+				case 0, 1:
+					cmd, data = ioCmd(nvme.IORead, 1, lba, 2, 0), make([]byte, 8192)
+				case 2, 3:
+					cmd, data = ioCmd(nvme.IOWrite, 1, lba, 2, 0), make([]byte, 8192)
+				case 4:
+					cmd, data = ioCmd(nvme.IOWrite, 1, lba, 1, nvme.RWFUA), make([]byte, 4096)
+				case 5:
+					cmd = nvme.Command{Opcode: uint8(nvme.IOFlush), Flags: nvme.FlagSGLMetaBuf, NSID: 1}
+				case 6:
+					cmd = ioCmd(nvme.IOWriteZeroes, 1, lba, 4, nvme.RWFUA)
+				case 7:
+					q = admin
+					cmd = adminCmd(nvme.AdminKeepAlive)
+				case 8:
+					q = admin
+					cmd, data = identifyCmd(nvme.CNSNamespace, 1), make([]byte, 4096)
+				}
+				h.execMayHold(q, cmd, data)
+			}
+		}()
+	}
+	time.Sleep(delay)
+	do(h, s, admin)
+	wg.Wait()
+	if name == "namespace removed" {
+		return
+	}
+	if all && admin.disconnected() == 0 {
+		t.Errorf("admin queue not disconnected")
+	}
+	for _, q := range ios {
+		if q.disconnected() == 0 {
+			t.Errorf("%s not disconnected", q.name)
+		}
+	}
+	// The controller is gone: its ID is free, its queues abort.
+	if c := h.exec(ios[0], ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096)); c.status() != nvme.StatusAbortSQDeleted {
+		t.Errorf("I/O after teardown: %s", fmtStatus(c.status()))
 	}
 }
 

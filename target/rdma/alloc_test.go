@@ -4,6 +4,7 @@ package rdma_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/target/rdma"
@@ -18,8 +19,18 @@ import (
 // served from pebble's memtable: a read served from an sstable costs one
 // allocation inside pebble (a point iterator's block-property filter,
 // see docs/volume.md), which is pebble's, not the request path's.
+//
+// So do they on an asynchronous backend (a DelayedBackend: completions
+// from its goroutines).
 func TestSteadyStateAllocations(t *testing.T) {
-	tt := newTestTarget(t, rdma.Config{})
+	t.Run("volume", func(t *testing.T) { steadyStateAllocations(t, newTestTarget(t, rdma.Config{})) })
+	t.Run("async", func(t *testing.T) {
+		tt, _ := newAsyncTarget(t, 1, 20*time.Microsecond, false)
+		steadyStateAllocations(t, tt)
+	})
+}
+
+func steadyStateAllocations(t *testing.T, tt *testTarget) {
 	c := connectHost(t, tt.addr, initiator.Config{Queues: 1, QueueDepth: 8})
 	ns := c.Namespace(1)
 	done := make(initiator.DoneChan, 1)

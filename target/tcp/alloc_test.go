@@ -4,6 +4,7 @@ package tcp_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/blk-project/blk/target/tcp"
 )
@@ -12,9 +13,18 @@ import (
 // by R2T and H2CData, and reads of both sizes, through the allocation-free
 // bench host, the binding, the core and a memory namespace, all in this
 // process, allocate nothing in steady state. testing.AllocsPerRun counts
-// every goroutine's allocations, host's and target's.
+// every goroutine's allocations, host's and target's. So do they on an
+// asynchronous backend (a DelayedBackend: completions from its goroutines,
+// reaped by the poll group).
 func TestSteadyStateAllocations(t *testing.T) {
-	tt := newTestTarget(t, tcp.Config{})
+	t.Run("inline", func(t *testing.T) { steadyStateAllocations(t, newTestTarget(t, tcp.Config{})) })
+	t.Run("async", func(t *testing.T) {
+		tt, _ := newAsyncTarget(t, 1, 20*time.Microsecond, false)
+		steadyStateAllocations(t, tt)
+	})
+}
+
+func steadyStateAllocations(t *testing.T, tt *testTarget) {
 	for _, tc := range []struct {
 		name  string
 		write bool

@@ -24,9 +24,11 @@ import (
 //
 //   - reads every connection with input, non-blocking, and parses whole
 //     PDUs (conn.pump), executing commands on this goroutine;
-//   - handles completions (handed over by any goroutine through the
-//     lock-free done stack), commits its write group, starts commands
-//     that waited for a buffer;
+//   - handles completions: a backend's IOs completed from another
+//     goroutine (the target.Group is the group's completion sink and
+//     kicks its loop; Reap answers them here), and answers handed over
+//     by any goroutine through the lock-free done stack; commits its
+//     write group, starts commands that waited for a buffer;
 //   - writes each connection's queued PDUs with one writev; a socket that
 //     takes less waits for EPOLLOUT.
 //
@@ -95,13 +97,16 @@ func newGroup(p *Port, idx int) (*group, error) {
 	g.large = newPool(p.cfg.LargeBuffers, p.cfg.MaxTransfer)
 	g.capsule = newPool(p.cfg.CapsuleBuffers, p.maxCapsuleData)
 	g.tg = p.t.NewGroup(groupPending)
+	// The group is its goroutine's completion sink: an asynchronous
+	// backend's completions come back here (settle reaps them).
+	g.tg.SetWake(g.kick)
 	return g, nil
 }
 
 // handedOver reports work handed over to the group, or a stop: the
 // loop's last look before it sleeps (epoll.Loop.Init).
 func (g *group) handedOver() bool {
-	return !g.done.Empty() || !g.adoptq.Empty() || !g.ctlq.Empty() || g.stop.Load()
+	return !g.done.Empty() || g.tg.HasCompletions() || !g.adoptq.Empty() || !g.ctlq.Empty() || g.stop.Load()
 }
 
 // kick makes the loop look again (epoll.Loop.Kick).
@@ -161,7 +166,8 @@ func (g *group) run(started chan<- struct{}) {
 		// Sleep unless this pass left work of its own: input not yet
 		// read, output not yet written, completions, or waiting commands
 		// a freed buffer can start.
-		block = !(len(g.ready) > 0 || len(g.flushq) > 0 || !g.done.Empty() || g.freed && g.waiting.n+g.waitingCapsule.n > 0)
+		block = !(len(g.ready) > 0 || len(g.flushq) > 0 || !g.done.Empty() || g.tg.HasCompletions() ||
+			g.freed && g.waiting.n+g.waitingCapsule.n > 0)
 	}
 }
 
@@ -271,11 +277,13 @@ func (g *group) readPass() {
 	g.readyAlt = cur[:0]
 }
 
-// settle handles completions, commits the write group and starts
-// commands that waited for a buffer, until none of them has work.
+// settle handles completions (the backends' IOs, then the core's
+// answers), commits the write group and starts commands that waited for
+// a buffer, until none of them has work.
 func (g *group) settle() {
 	for {
-		worked := g.drainDone()
+		worked := g.tg.Reap() // answers land on the done stack
+		worked = g.drainDone() || worked
 		if g.tg.Pending() > 0 {
 			g.tg.Commit() // its completions land on the done stack
 			worked = g.drainDone() || worked
@@ -303,7 +311,7 @@ func (g *group) flushPass() bool {
 		}
 	}
 	g.flushAlt = cur[:0]
-	return g.freed && g.waiting.n+g.waitingCapsule.n > 0 || !g.done.Empty()
+	return g.freed && g.waiting.n+g.waitingCapsule.n > 0 || !g.done.Empty() || g.tg.HasCompletions()
 }
 
 // drainDone handles the requests completed since the last look, in the

@@ -24,7 +24,14 @@ const (
 	// reqR2T: an R2T for its data is queued or sent; H2CData is due (it
 	// stays here while its H2CData PDUs arrive; the last executes it).
 	reqR2T
-	// reqExec: handed to the core (Queue.Execute); Complete is due.
+	// reqExec: handed to the core (Queue.Execute); Complete is due. The
+	// core tracks where it is meanwhile — checked, then at the backend
+	// (target.Stats.AtBackend) until the backend's IO.Done, reaped on
+	// this poll group (target.Group.Reap) — and the binding holds it
+	// here: its data buffer stays attached and a closing connection
+	// never reclaims it (closeSocket skips reqExec; completed does, once
+	// the core gives it back), since the disk may still be reading or
+	// filling the buffer.
 	reqExec
 	// reqSend: its response (C2HData, CapsuleResp) is queued on the
 	// connection; the slot is free once those bytes are written.
