@@ -6,7 +6,8 @@
 # on a file of the same size in the same scratch directory (the same disk).
 # Each target is pinned to one CPU and the client to another (taskset), each
 # is written once with 128 KiB writes, then every pattern runs RUNS times,
-# alternating blkd and SPDK, and the medians go into one markdown table:
+# alternating blkd and SPDK, and the medians go into one markdown table (each
+# ratio the median of the runs' ratios to the SPDK run beside them):
 # throughput, mean and p99 latency, and the target's CPU time per I/O (from
 # /proc/PID/stat; SPDK's reactor busy-polls, so its figure is an upper bound).
 #
@@ -310,6 +311,7 @@ measure() {
 		say "$target, ${ROW_LABEL[$row]}, run $run: spdk_nvme_perf failed:"
 		tail -n 5 "$log" >&2
 		echo fail >>"$WORK/res/$row.$target"
+		FAILS="$FAILS $target failed ${ROW_LABEL[$row]} run $run (spdk_nvme_perf exited with an error)."
 		return 0
 	fi
 	t1="$(cpu_ticks "$pid")"
@@ -320,12 +322,19 @@ measure() {
 			if (iops == "" || iops + 0 == 0) { print "fail"; exit }
 			printf "%.2f %.2f %.2f %.3f\n", iops, avg, p99, ticks / hz * 1e6 / (iops * secs)
 		}' "$log" >>"$WORK/res/$row.$target"
+	if [[ "$(tail -n 1 "$WORK/res/$row.$target")" == fail ]]; then
+		say "$target, ${ROW_LABEL[$row]}, run $run: spdk_nvme_perf reported no I/O:"
+		tail -n 8 "$log" >&2
+		FAILS="$FAILS $target failed ${ROW_LABEL[$row]} run $run (no I/O completed)."
+		return 0
+	fi
 	say "$target, ${ROW_LABEL[$row]}, run $run: $(tail -n 1 "$WORK/res/$row.$target" | awk '$1 != "fail" {printf "%.0f IOPS, avg %.0f us, p99 %.0f us, target CPU %.1f us/IO", $1, $2, $3, $4; next} {print}')"
 }
 
 # --- pre-write: both targets written in full with 128 KiB writes --------------------
 
 IOS_PER_PASS=$((SIZE_BYTES / (128 << 10)))
+FAILS=""
 for target in blkd spdk; do
 	for ((round = 1; round <= PREWRITE_ROUNDS; round++)); do
 		start=$(date +%s.%N)
@@ -368,6 +377,29 @@ medians() {
 			print m[1], m[2], m[3], m[4]
 		}'
 }
+# paired ROW: "throughput p99 cpu" ratios blkd ÷ SPDK, the median over the runs
+# of each run's ratio to the SPDK run beside it (robust to a load that drifts
+# over the minutes of a run), or nothing.
+paired() {
+	local b="$WORK/res/$1.blkd" s="$WORK/res/$1.spdk"
+	[[ -f "$b" && -f "$s" ]] || return 0
+	awk '
+		FNR == NR { line[FNR] = $0; next }
+		{
+			split(line[FNR], x)
+			if (x[1] == "fail" || $1 == "fail" || x[1] + 0 == 0 || $1 + 0 == 0 || $3 + 0 == 0 || $4 + 0 == 0) next
+			n++; v[1, n] = x[1] / $1; v[2, n] = x[3] / $3; v[3, n] = x[4] / $4
+		}
+		END {
+			if (n == 0) exit
+			for (i = 1; i <= 3; i++) {
+				for (j = 1; j <= n; j++) a[j] = v[i, j]
+				for (j = 2; j <= n; j++) for (k = j; k > 1 && a[k - 1] > a[k]; k--) { t = a[k]; a[k] = a[k - 1]; a[k - 1] = t }
+				m[i] = (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+			}
+			print m[1], m[2], m[3]
+		}' "$b" "$s"
+}
 lat() { awk -v u="$1" 'BEGIN { if (u < 1000) printf "%.0f µs", u; else printf "%.1f ms", u / 1000 }'; }
 cell() { # bs iops avg p99
 	awk -v bs="$1" -v iops="$2" 'BEGIN {
@@ -376,14 +408,15 @@ cell() { # bs iops avg p99
 		else printf "%.0f IOPS", iops }'
 	printf ', avg %s, p99 %s' "$(lat "$3")" "$(lat "$4")"
 }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f×", a / b; else printf "n/a" }'; }
+times() { awk -v r="$1" 'BEGIN { printf "%.2f×", r }'; }
 
 COMMIT="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 git -C "$REPO" diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+changes"
 {
 	echo "blkd ($COMMIT) beside $SPDK_VERSION nvmf_tgt (AIO bdev on a file in the same directory), $(date -u +%Y-%m-%d), $(nproc) CPUs ($(uname -r))."
 	echo "spdk_nvme_perf over NVMe/TCP on loopback; targets on CPU $TARGET_CPU, client on CPU $CLIENT_CPU; $((SIZE_BYTES >> 20)) MiB written $PREWRITE_ROUNDS× with 128 KiB writes first;"
-	echo "${RUNTIME} s runs, medians of $RUNS, blkd and SPDK alternating. Load average before $LOAD_BEFORE, after $LOAD_AFTER."
+	echo "${RUNTIME} s runs, medians of $RUNS, blkd and SPDK alternating; each ratio is the median of the runs' ratios to the SPDK run beside them."
+	echo "Load average before $LOAD_BEFORE, after $LOAD_AFTER.$FAILS"
 	echo "Data on disk afterwards: blkd $DISK_BLKD MiB, SPDK's file $DISK_SPDK MiB. SPDK's CPU per I/O is an upper bound (its reactor busy-polls)."
 	echo
 	echo "| pattern | blkd | SPDK, AIO file | blkd ÷ SPDK | p99, blkd ÷ SPDK | target CPU per I/O, blkd ÷ SPDK |"
@@ -396,13 +429,14 @@ git -C "$REPO" diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+changes"
 		s="failed"
 		[[ -n "${b_iops:-}" ]] && b="$(cell "${ROW_BS[$row]}" "$b_iops" "$b_avg" "$b_p99")"
 		[[ -n "${s_iops:-}" ]] && s="$(cell "${ROW_BS[$row]}" "$s_iops" "$s_avg" "$s_p99")"
-		if [[ -n "${b_iops:-}" && -n "${s_iops:-}" ]]; then
+		read -r r_io r_p99 r_cpu <<<"$(paired "$row")" || true
+		if [[ -n "${r_io:-}" ]]; then
 			printf '| %s | %s | %s | %s | %s | %s (%.1f / %.1f µs) |\n' "${ROW_LABEL[$row]}" "$b" "$s" \
-				"$(ratio "$b_iops" "$s_iops")" "$(ratio "$b_p99" "$s_p99")" "$(ratio "$b_cpu" "$s_cpu")" "$b_cpu" "$s_cpu"
+				"$(times "$r_io")" "$(times "$r_p99")" "$(times "$r_cpu")" "$b_cpu" "$s_cpu"
 		else
 			printf '| %s | %s | %s | n/a | n/a | n/a |\n' "${ROW_LABEL[$row]}" "$b" "$s"
 		fi
-		unset b_iops b_avg b_p99 b_cpu s_iops s_avg s_p99 s_cpu
+		unset b_iops b_avg b_p99 b_cpu s_iops s_avg s_p99 s_cpu r_io r_p99 r_cpu
 	done
 } >"$WORK/table.md"
 cp "$WORK/table.md" "$OUT"
