@@ -23,6 +23,9 @@
 # Environment (defaults in brackets):
 #   SPDK_DIR          SPDK build with build/bin/nvmf_tgt, build/bin/spdk_nvme_perf, scripts/rpc.py
 #   SIZE              volume and AIO file size, bytes or with KiB/MiB/GiB/TiB [1GiB]
+#   SPDK_BDEV         aio: SPDK serves a file in the scratch directory (the disk, opened
+#                     O_DIRECT); malloc: a RAM bdev, SPDK's ceiling, which takes the disk out
+#                     of SPDK's side when other work shares it [aio]
 #   RUNTIME           seconds per run [10]
 #   RUNS              runs per pattern and target; the table shows medians [3]
 #   PREWRITE_ROUNDS   full sequential 128 KiB write passes before measuring;
@@ -34,7 +37,8 @@
 #                     (below the ephemeral range, so other jobs' connections do not take them)
 #   BENCH_DIR         where the scratch directory goes: the disk under test [/var/tmp]
 #   OUT               the table's file [./spdk-compare-YYYYMMDDTHHMMZ.md]
-#   HUGE_MB           hugepage memory the two SPDK processes need, MiB [1024]
+#   HUGE_MB           hugepage memory the two SPDK processes need, MiB [1024; with
+#                     malloc, 1024 more than SIZE]
 #
 # Everything it starts (blkd, nvmf_tgt, spdk_nvme_perf) is stopped and the
 # scratch directory removed on exit, error or Ctrl-C. Only loopback is used.
@@ -95,7 +99,13 @@ TARGET_CPU="${TARGET_CPU:-0}"
 CLIENT_CPU="${CLIENT_CPU:-1}"
 BASE_PORT="${BASE_PORT:-24420}"
 BENCH_DIR="${BENCH_DIR:-/var/tmp}"
-HUGE_MB="${HUGE_MB:-1024}"
+SPDK_BDEV="${SPDK_BDEV:-aio}"
+case "$SPDK_BDEV" in
+aio) TGT_MB=512 SPDK_LABEL="SPDK, AIO file" ;;
+malloc) TGT_MB=$((512 + (SIZE_BYTES >> 20))) SPDK_LABEL="SPDK, RAM bdev" ;;
+*) die "SPDK_BDEV=$SPDK_BDEV: want aio or malloc" ;;
+esac
+HUGE_MB="${HUGE_MB:-$((TGT_MB + 512))}"
 OUT="${OUT:-./spdk-compare-$(date -u +%Y%m%dT%H%MZ).md}"
 for v in RUNTIME RUNS PREWRITE_ROUNDS TARGET_CPU CLIENT_CPU BASE_PORT HUGE_MB; do
 	[[ "${!v}" =~ ^[0-9]+$ ]] || die "$v=${!v}: want a whole number"
@@ -234,9 +244,13 @@ BLK_NQN="$("${BLKCTL[@]}" -o json volume show "$VOL" | sed -n 's/^ *"nqn": *"\([
 
 # --- nvmf_tgt with an AIO bdev on a file beside blkd's data -------------------------
 
-say "starting nvmf_tgt on CPU $TARGET_CPU (NVMe/TCP 127.0.0.1:$SPDK_PORT, AIO bdev on $WORK/aio.img)"
-truncate -s "$SIZE_BYTES" "$WORK/aio.img"
-taskset -c "$TARGET_CPU" "$TGT" -m "$(printf '0x%x' $((1 << TARGET_CPU)))" --no-pci -s 512 \
+if [[ $SPDK_BDEV == aio ]]; then
+	say "starting nvmf_tgt on CPU $TARGET_CPU (NVMe/TCP 127.0.0.1:$SPDK_PORT, AIO bdev on $WORK/aio.img)"
+	truncate -s "$SIZE_BYTES" "$WORK/aio.img"
+else
+	say "starting nvmf_tgt on CPU $TARGET_CPU (NVMe/TCP 127.0.0.1:$SPDK_PORT, RAM bdev of $((SIZE_BYTES >> 20)) MiB)"
+fi
+taskset -c "$TARGET_CPU" "$TGT" -m "$(printf '0x%x' $((1 << TARGET_CPU)))" --no-pci -s "$TGT_MB" \
 	-r "$WORK/spdk.sock" "${HUGE_DIR_ARGS[@]}" >"$WORK/nvmf_tgt.log" 2>&1 &
 TGT_PID=$!
 rpc() { python3 "$RPC_PY" -s "$WORK/spdk.sock" "$@"; }
@@ -249,7 +263,11 @@ done
 SPDK_VERSION="$(rpc spdk_get_version | sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p')"
 {
 	rpc nvmf_create_transport -t TCP
-	rpc bdev_aio_create "$WORK/aio.img" bdev0 4096
+	if [[ $SPDK_BDEV == aio ]]; then
+		rpc bdev_aio_create "$WORK/aio.img" bdev0 4096
+	else
+		rpc bdev_malloc_create -b bdev0 $((SIZE_BYTES >> 20)) 4096
+	fi
 	rpc nvmf_create_subsystem "$SPDK_NQN" -s SPDKCOMPARE0001
 	rpc nvmf_subsystem_add_host "$SPDK_NQN" "$HOSTNQN"
 	rpc nvmf_subsystem_add_ns "$SPDK_NQN" bdev0
@@ -357,7 +375,8 @@ for r in "${SELECTED[@]}"; do
 done
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 DISK_BLKD="$(du -sm "$WORK/blk-data" | cut -f1)"
-DISK_SPDK="$(du -sm "$WORK/aio.img" | cut -f1)"
+DISK_SPDK="RAM"
+[[ $SPDK_BDEV == aio ]] && DISK_SPDK="$(du -sm "$WORK/aio.img" | cut -f1) MiB"
 
 # --- the table -------------------------------------------------------------------------
 
@@ -413,13 +432,13 @@ times() { awk -v r="$1" 'BEGIN { printf "%.2f×", r }'; }
 COMMIT="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 git -C "$REPO" diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+changes"
 {
-	echo "blkd ($COMMIT) beside $SPDK_VERSION nvmf_tgt (AIO bdev on a file in the same directory), $(date -u +%Y-%m-%d), $(nproc) CPUs ($(uname -r))."
+	echo "blkd ($COMMIT) beside $SPDK_VERSION nvmf_tgt ($([[ $SPDK_BDEV == aio ]] && echo "AIO bdev on a file in the same directory" || echo "RAM bdev")), $(date -u +%Y-%m-%d), $(nproc) CPUs ($(uname -r))."
 	echo "spdk_nvme_perf over NVMe/TCP on loopback; targets on CPU $TARGET_CPU, client on CPU $CLIENT_CPU; $((SIZE_BYTES >> 20)) MiB written $PREWRITE_ROUNDS× with 128 KiB writes first;"
 	echo "${RUNTIME} s runs, medians of $RUNS, blkd and SPDK alternating; each ratio is the median of the runs' ratios to the SPDK run beside them."
 	echo "Load average before $LOAD_BEFORE, after $LOAD_AFTER.$FAILS"
-	echo "Data on disk afterwards: blkd $DISK_BLKD MiB, SPDK's file $DISK_SPDK MiB. SPDK's CPU per I/O is an upper bound (its reactor busy-polls)."
+	echo "Data on disk afterwards: blkd $DISK_BLKD MiB, SPDK $DISK_SPDK. SPDK's CPU per I/O is an upper bound (its reactor busy-polls)."
 	echo
-	echo "| pattern | blkd | SPDK, AIO file | blkd ÷ SPDK | p99, blkd ÷ SPDK | target CPU per I/O, blkd ÷ SPDK |"
+	echo "| pattern | blkd | $SPDK_LABEL | blkd ÷ SPDK | p99, blkd ÷ SPDK | target CPU per I/O, blkd ÷ SPDK |"
 	echo "| --- | ---: | ---: | ---: | ---: | ---: |"
 	for r in "${SELECTED[@]}"; do
 		row=$((r - 1))
