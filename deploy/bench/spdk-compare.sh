@@ -37,6 +37,7 @@
 #                     (below the ephemeral range, so other jobs' connections do not take them)
 #   BENCH_DIR         where the scratch directory goes: the disk under test [/var/tmp]
 #   OUT               the table's file [./spdk-compare-YYYYMMDDTHHMMZ.md]
+#   BLK_REPO          the blk checkout whose blkd is measured [the one holding this script]
 #   HUGE_MB           hugepage memory the two SPDK processes need, MiB [1024; with
 #                     malloc, 1024 more than SIZE]
 #
@@ -131,7 +132,8 @@ SPDK_NQN="nqn.2016-06.io.spdk:spdk-compare"
 VOL="spdk-compare"
 API="http://127.0.0.1:$API_PORT"
 CLK_TCK="$(getconf CLK_TCK)"
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+REPO="${BLK_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
+[[ -f "$REPO/go.mod" && -d "$REPO/cmd/blkd" ]] || die "BLK_REPO=$REPO is not a blk checkout"
 
 # The patterns of issue 22's table: label, queue depth, I/O size, pattern, read %.
 ROW_LABEL=("4 KiB rand read QD1" "4 KiB rand read QD32" "4 KiB rand write QD1" "4 KiB rand write QD32"
