@@ -12,9 +12,10 @@
 # /proc/PID/stat; SPDK's reactor busy-polls, so its figure is an upper bound).
 #
 # Nothing of SPDK is built or kept here: point SPDK_DIR at an SPDK build
-# (docs: ../shared/docs/spdk-peer.md in the workspace; v24.01 is what the
-# figures in README.md used). Without SPDK_DIR, or with an incomplete build,
-# the script says so and exits 0. It needs root only for hugepages: with
+# made outside this repository (README.md's figures used v24.01, configured
+# --with-dpdk against Debian's libdpdk-dev with the optional parts off;
+# spdk_nvme_perf is built with the apps). Without SPDK_DIR, or with an
+# incomplete build, the script says so and exits 0. It needs root only for hugepages: with
 # fewer than HUGE_MB free it raises vm.nr_hugepages (and mounts hugetlbfs in
 # its scratch directory when none is mounted), and puts both back on exit.
 #
