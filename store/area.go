@@ -53,6 +53,30 @@ type fileArea struct {
 	align int
 	zero  []byte // aligned zeros, for filesystems without FALLOC_FL_ZERO_RANGE
 	path  string
+	// direct says the file is open with O_DIRECT; without (a filesystem
+	// that refuses it: tmpfs before Linux 6.6, some FUSE and network
+	// filesystems) reads and writes go through the page cache.
+	direct bool
+}
+
+// openDirect opens path with O_DIRECT; a test replaces it to stand for a
+// filesystem that refuses O_DIRECT (EINVAL) where this one does not.
+var openDirect = func(path string, flags int, mode uint32) (int, error) {
+	return unix.Open(path, flags|unix.O_DIRECT, mode)
+}
+
+// openArea opens path with O_DIRECT or, on a filesystem that refuses it,
+// without: the store must not keep a node from starting where its data
+// directory happens to be (tmpfs in a test VM, a developer's /tmp).
+// Buffered I/O keeps every promise: Flush and FUA fdatasync the file,
+// which writes the page cache back; it only costs a copy and the cache.
+func openArea(path string, flags int, mode uint32) (fd int, direct bool, err error) {
+	fd, err = openDirect(path, flags, mode)
+	if !errors.Is(err, unix.EINVAL) {
+		return fd, err == nil, err
+	}
+	fd, err = unix.Open(path, flags, mode)
+	return fd, false, err
 }
 
 // OpenFileArea opens the data area file at path with O_DIRECT, creating it
@@ -60,19 +84,16 @@ type fileArea struct {
 // unwritten ranges read zeros) if it does not exist and create is set.
 // created says it was made now.
 func OpenFileArea(path string, size int64, create bool) (a Area, created bool, err error) {
-	flags := unix.O_RDWR | unix.O_DIRECT | unix.O_CLOEXEC
-	fd, err := unix.Open(path, flags, 0)
+	flags := unix.O_RDWR | unix.O_CLOEXEC
+	fd, direct, err := openArea(path, flags, 0)
 	if errors.Is(err, unix.ENOENT) && create {
-		fd, err = unix.Open(path, flags|unix.O_CREAT|unix.O_EXCL, 0o600)
+		fd, direct, err = openArea(path, flags|unix.O_CREAT|unix.O_EXCL, 0o600)
 		created = err == nil
-	}
-	if errors.Is(err, unix.EINVAL) {
-		return nil, false, fmt.Errorf("data area %s: its filesystem does not support O_DIRECT: %w: %w", path, ErrInvalid, err)
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("data area %s: open: %w: %w", path, ErrIO, err)
 	}
-	fa := &fileArea{fd: fd, path: path}
+	fa := &fileArea{fd: fd, path: path, direct: direct}
 	fail := func(err error) (Area, bool, error) {
 		_ = unix.Close(fd)
 		if created {
@@ -96,7 +117,10 @@ func OpenFileArea(path string, size int64, create bool) (a Area, created bool, e
 		return fail(fmt.Errorf("data area %s: %w: %w", path, ErrIO, err))
 	}
 	fa.size.Store(st.Size)
-	fa.align = dioAlign(fd)
+	fa.align = 512 // buffered: any sector-sized I/O
+	if direct {
+		fa.align = dioAlign(fd)
+	}
 	fa.zero = alignedBuf(64<<10, fa.align)
 	return fa, created, nil
 }
@@ -200,6 +224,10 @@ func (a *fileArea) Grow(size int64) error {
 	return nil
 }
 func (a *fileArea) Align() int { return a.align }
+
+// Direct says whether the area is read and written with O_DIRECT (false:
+// through the page cache, on a filesystem that refuses O_DIRECT).
+func (a *fileArea) Direct() bool { return a.direct }
 func (a *fileArea) Close() error {
 	if err := unix.Close(a.fd); err != nil {
 		return fmt.Errorf("data area: close %s: %w", a.path, err)

@@ -198,7 +198,7 @@ func (s *Store) openArea(askedCluster int) error {
 			return fmt.Errorf("store: %q: its data area: %w", s.cfg.Dir, err)
 		}
 	}
-	s.area, s.align = a, a.Align()
+	s.useArea(a)
 	if a.Size() < int64(f.clusters)<<f.clusterL {
 		return fmt.Errorf("store: data area of %d bytes, the store has %d clusters of %d: %w",
 			a.Size(), f.clusters, 1<<f.clusterL, ErrCorrupt)
@@ -271,7 +271,7 @@ func (s *Store) create() error {
 			return fmt.Errorf("store: %q: %w", s.cfg.Dir, err)
 		}
 	}
-	s.area, s.align = a, a.Align()
+	s.useArea(a)
 	if a.Align() > 1<<l {
 		return fmt.Errorf("store: data area alignment %d above the cluster size %d: %w", a.Align(), 1<<l, ErrInvalid)
 	}
@@ -1068,3 +1068,12 @@ func (l pebbleLogger) Fatalf(format string, args ...any) {
 // openHook, when set (tests), is called by Open before it loads the store:
 // the upgrade's crash test sets testHook there.
 var openHook func(*Store)
+
+// useArea makes a the store's data area, saying in the log when it is a
+// file the filesystem would not open with O_DIRECT.
+func (s *Store) useArea(a Area) {
+	s.area, s.align = a, a.Align()
+	if d, ok := a.(interface{ Direct() bool }); ok && !d.Direct() {
+		s.log.Infof("store: data area %s: its filesystem does not support O_DIRECT (tmpfs before Linux 6.6?): reads and writes go through the page cache, Flush and FUA still fdatasync it", s.cfg.AreaPath)
+	}
+}
