@@ -75,7 +75,10 @@ func openArea(path string, flags int, mode uint32) (fd int, direct bool, err err
 	if !errors.Is(err, unix.EINVAL) {
 		return fd, err == nil, err
 	}
-	fd, err = unix.Open(path, flags, mode)
+	// Linux creates the file before it refuses O_DIRECT, so a refused
+	// O_CREAT|O_EXCL leaves it behind: it is ours (the data directory's
+	// lock keeps other blkds out), opened again without O_EXCL.
+	fd, err = unix.Open(path, flags&^unix.O_EXCL, mode)
 	return fd, false, err
 }
 

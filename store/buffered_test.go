@@ -11,14 +11,25 @@ import (
 
 // TestFileAreaWithoutODirect: on a filesystem that refuses O_DIRECT
 // (EINVAL: tmpfs before Linux 6.6, where the e2e guests keep blkd's data
-// dir) the store opens, says so in its log, and keeps its promises
+// dir, which Linux creates before it refuses O_DIRECT) the store opens, says so in its log, and keeps its promises
 // through the page cache: data of both block sizes reads back, also after
 // a reopen, and Check agrees. Before, Open failed and blkd would not
 // start.
 func TestFileAreaWithoutODirect(t *testing.T) {
 	real := openDirect
 	t.Cleanup(func() { openDirect = real })
-	openDirect = func(string, int, uint32) (int, error) { return -1, unix.EINVAL }
+	// As Linux does on tmpfs before 6.6: the file is created, then
+	// O_DIRECT refused.
+	openDirect = func(path string, flags int, mode uint32) (int, error) {
+		if flags&unix.O_CREAT != 0 {
+			fd, err := unix.Open(path, flags, mode)
+			if err != nil {
+				return -1, err
+			}
+			unix.Close(fd)
+		}
+		return -1, unix.EINVAL
+	}
 
 	dir := t.TempDir()
 	log := &recordLogger{}
