@@ -1,8 +1,6 @@
 package target
 
 import (
-	"errors"
-
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/store"
 )
@@ -31,70 +29,21 @@ func StoreBackend(v *store.Volume) Backend { return storeBackend{v} }
 
 type storeBackend struct{ v *store.Volume }
 
-// storeStatus turns an error of a store operation into the NVMe status
-// the host gets. It is the only place where store errors become status
-// codes; store/errors.go says what each sentinel is meant to become:
-//
-//	ErrOutOfRange     LBA Out of Range + DNR
-//	ErrMisaligned     Data SGL Length Invalid + DNR
-//	ErrTooLarge       Invalid Field in Command + DNR
-//	ErrNotFound       Invalid Namespace or Format + DNR
-//	ErrReadOnly       Namespace is Write Protected + DNR
-//	ErrClosed         Namespace Not Ready (retryable: a store reopened
-//	                  or a path elsewhere may serve it)
-//	ErrIO             reads and compares: Unrecovered Read Error + DNR;
-//	                  writes, write-zeroes, deallocates: Write Fault + DNR;
-//	                  flush: Internal Error + DNR (a failed store stays
-//	                  failed until reopened)
-//	ErrInvalid,
-//	ErrWouldLoseData  Invalid Field in Command + DNR
-//	ErrCorrupt        Internal Error + DNR
-//	ErrNoSpace        Capacity Exceeded + DNR (the Linux host: ENOSPC)
-//	anything else     Internal Error + DNR
-//
-// An error that already carries a status (a StatusError) keeps it. The
-// order matters: ErrIO is tested after the sentinels a failed store does
-// not wrap, and a store error wraps exactly one sentinel.
-func storeStatus(op ioOp, err error) nvme.Status {
-	var se StatusError
-	switch {
-	case errors.As(err, &se):
-		return se.NVMeStatus()
-	case errors.Is(err, store.ErrOutOfRange):
-		return nvme.StatusLBAOutOfRange.WithDNR()
-	case errors.Is(err, store.ErrMisaligned):
-		return nvme.StatusSGLInvalidDataLength.WithDNR()
-	case errors.Is(err, store.ErrTooLarge), errors.Is(err, store.ErrInvalid),
-		errors.Is(err, store.ErrWouldLoseData):
-		return nvme.StatusInvalidField.WithDNR()
-	case errors.Is(err, store.ErrNotFound):
-		return nvme.StatusInvalidNamespace.WithDNR()
-	case errors.Is(err, store.ErrReadOnly):
-		return nvme.StatusNamespaceWriteProtect.WithDNR()
-	case errors.Is(err, store.ErrClosed):
-		return nvme.StatusNamespaceNotReady
-	case errors.Is(err, store.ErrNoSpace):
-		return nvme.StatusCapacityExceeded.WithDNR()
-	case errors.Is(err, store.ErrIO):
-		switch op {
-		case opRead, opCompare:
-			return nvme.StatusUnrecoveredReadError.WithDNR()
-		case opWrite, opWriteZeroes, opDeallocate:
-			return nvme.StatusWriteFault.WithDNR()
-		}
-		return nvme.StatusInternalError.WithDNR()
-	}
-	return nvme.StatusInternalError.WithDNR()
+// storeErrors are store's sentinels, translated by storeSentinels'
+// table (store_errors.go): the only place where store errors become
+// status codes.
+var storeErrors = storeSentinels{
+	outOfRange: store.ErrOutOfRange, misaligned: store.ErrMisaligned, tooLarge: store.ErrTooLarge,
+	invalid: store.ErrInvalid, wouldLoseData: store.ErrWouldLoseData, notFound: store.ErrNotFound,
+	readOnly: store.ErrReadOnly, closed: store.ErrClosed, noSpace: store.ErrNoSpace, io: store.ErrIO,
 }
 
-// storeError is err, from a store operation op, with its status. nil
-// stays nil (no allocation on success).
-func storeError(op ioOp, err error) error {
-	if err == nil {
-		return nil
-	}
-	return WithStatus(err, storeStatus(op, err))
-}
+// storeStatus is the NVMe status of err, from a store operation op.
+func storeStatus(op ioOp, err error) nvme.Status { return storeErrors.status(op, err) }
+
+// storeError is err, from a store operation op, with its status: what the
+// adapter returns. nil stays nil (no allocation on success).
+func storeError(op ioOp, err error) error { return storeErrors.wrap(op, err) }
 
 // Geometry implements Backend. Its error is not a command's: returned as
 // the store gave it.

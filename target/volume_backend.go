@@ -32,68 +32,21 @@ const (
 	opCompare
 )
 
-// volumeStatus turns an error of a volume operation into the NVMe status
-// the host gets. It is the only place where volume errors become status
-// codes; volume/errors.go says what each sentinel is meant to become:
-//
-//	ErrOutOfRange     LBA Out of Range + DNR
-//	ErrMisaligned     Data SGL Length Invalid + DNR
-//	ErrTooLarge       Invalid Field in Command + DNR
-//	ErrNotFound       Invalid Namespace or Format + DNR
-//	ErrReadOnly       Namespace is Write Protected + DNR
-//	ErrClosed         Namespace Not Ready (retryable: a store reopened
-//	                  or a path elsewhere may serve it)
-//	ErrIO             reads and compares: Unrecovered Read Error + DNR;
-//	                  writes, write-zeroes, deallocates: Write Fault + DNR;
-//	                  flush: Internal Error + DNR (as nvmet's
-//	                  blk_to_nvme_status: a failed store stays failed)
-//	ErrInvalid,
-//	ErrWouldLoseData  Invalid Field in Command + DNR
-//	ErrCorrupt        Internal Error + DNR
-//	ErrNoSpace        Capacity Exceeded + DNR (the Linux host: ENOSPC)
-//	anything else     Internal Error + DNR
-//
-// An error that already carries a status (a StatusError) keeps it.
-func volumeStatus(op ioOp, err error) nvme.Status {
-	var se StatusError
-	switch {
-	case errors.As(err, &se):
-		return se.NVMeStatus()
-	case errors.Is(err, volume.ErrOutOfRange):
-		return nvme.StatusLBAOutOfRange.WithDNR()
-	case errors.Is(err, volume.ErrMisaligned):
-		return nvme.StatusSGLInvalidDataLength.WithDNR()
-	case errors.Is(err, volume.ErrTooLarge), errors.Is(err, volume.ErrInvalid),
-		errors.Is(err, volume.ErrWouldLoseData):
-		return nvme.StatusInvalidField.WithDNR()
-	case errors.Is(err, volume.ErrNotFound):
-		return nvme.StatusInvalidNamespace.WithDNR()
-	case errors.Is(err, volume.ErrReadOnly):
-		return nvme.StatusNamespaceWriteProtect.WithDNR()
-	case errors.Is(err, volume.ErrClosed):
-		return nvme.StatusNamespaceNotReady
-	case errors.Is(err, volume.ErrNoSpace):
-		return nvme.StatusCapacityExceeded.WithDNR()
-	case errors.Is(err, volume.ErrIO):
-		switch op {
-		case opRead, opCompare:
-			return nvme.StatusUnrecoveredReadError.WithDNR()
-		case opWrite, opWriteZeroes, opDeallocate:
-			return nvme.StatusWriteFault.WithDNR()
-		}
-		return nvme.StatusInternalError.WithDNR()
-	}
-	return nvme.StatusInternalError.WithDNR()
+// volumeErrors are volume's sentinels, translated by storeSentinels'
+// table (store_errors.go): the only place where volume errors become
+// status codes.
+var volumeErrors = storeSentinels{
+	outOfRange: volume.ErrOutOfRange, misaligned: volume.ErrMisaligned, tooLarge: volume.ErrTooLarge,
+	invalid: volume.ErrInvalid, wouldLoseData: volume.ErrWouldLoseData, notFound: volume.ErrNotFound,
+	readOnly: volume.ErrReadOnly, closed: volume.ErrClosed, noSpace: volume.ErrNoSpace, io: volume.ErrIO,
 }
 
-// volumeError is err, from a volume operation op, with its status: what
-// the adapter returns. nil stays nil (no allocation on success).
-func volumeError(op ioOp, err error) error {
-	if err == nil {
-		return nil
-	}
-	return WithStatus(err, volumeStatus(op, err))
-}
+// volumeStatus is the NVMe status of err, from a volume operation op.
+func volumeStatus(op ioOp, err error) nvme.Status { return volumeErrors.status(op, err) }
+
+// volumeError is err, from a volume operation op, with its status: what the
+// adapter returns. nil stays nil (no allocation on success).
+func volumeError(op ioOp, err error) error { return volumeErrors.wrap(op, err) }
 
 // Geometry implements Backend. Its error is not a command's: returned as
 // the volume gave it.
