@@ -1,6 +1,7 @@
 package target
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -119,6 +120,23 @@ func (d *DelayedBackend) Durable() *MemBackend { return d.durable }
 // changed while at the backend.
 func (d *DelayedBackend) IOs() uint64     { return d.ios.Load() }
 func (d *DelayedBackend) Corrupt() uint64 { return d.corrupt.Load() }
+
+// CheckFlushed fails unless, after a Flush the host saw complete, the
+// durable image is want (every acknowledged write) and no write's data
+// changed while it was at the backend.
+func (d *DelayedBackend) CheckFlushed(want []byte) error {
+	durable := make([]byte, len(want))
+	if err := d.durable.Read(0, durable); err != nil {
+		return err
+	}
+	if !bytes.Equal(durable, want) {
+		return errors.New("after a Flush, the durable image lacks acknowledged writes")
+	}
+	if n := d.Corrupt(); n != 0 {
+		return fmt.Errorf("%d writes changed while at the backend", n)
+	}
+	return nil
+}
 
 // Pause holds every IO at the backend (submitted, not completed) until
 // Resume: a test can then act while they are there.
