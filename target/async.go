@@ -89,6 +89,13 @@ type IO struct {
 	cmpBuf *[]byte
 	// wait, for an IO of no request (flushWait), is signalled by Done.
 	wait chan struct{}
+	// parts and partErr: a backend's bookkeeping of an IO it splits
+	// (the store's segments): pieces still at the disk, the first error.
+	parts   int32
+	partErr error
+	// sync: submitted by a sync worker, not on the request's poll group
+	// (IO.Poller gives none).
+	sync bool
 }
 
 // set fills the IO's operation.
@@ -227,6 +234,7 @@ func (q *Queue) ioDone(r *Request) {
 	ns.c.lat[io.lat].since(io.start)
 	st := statusOf(io.err)
 	io.err = nil
+	io.sync = false
 	ok := st.Code() == 0
 	switch io.Op {
 	case OpRead:

@@ -32,6 +32,9 @@ import (
 //	controller destroyed   kind, cntlid, subsystem, host_nqn, host_id, reason
 //	                       (disconnect|keep-alive|host-denied|subsystem-removed|shutdown),
 //	                       error, lifetime, io_queues
+//	backend poller failed  error: a poll group could not make (or register) an
+//	                       asynchronous backend's engine; that group's IOs take
+//	                       the backend's blocking path (Warn, once per group)
 //
 // Levels: refused Connects, timed-out Connects and expired keep-alives of I/O controllers are
 // Warn, the other events of I/O controllers Info; every event of a
@@ -44,6 +47,7 @@ const (
 	EventKeepAliveExpired    = "keep-alive expired"
 	EventDiscoveryIdle       = "discovery idle"
 	EventControllerDestroyed = "controller destroyed"
+	EventPollerFailed        = "backend poller failed"
 )
 
 // reconnectWindow is how long after losing a controller (its admin queue

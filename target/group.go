@@ -33,6 +33,11 @@ type Group struct {
 	doneq lfstack.Stack[Request]
 	wake  func()
 
+	// pollers are the backends' engines on this group (poller.go);
+	// addPoller registers one with the binding. The group's goroutine.
+	pollers   []groupPoller
+	addPoller func(fd int) error
+
 	commits, writes atomic.Uint64
 }
 

@@ -20,7 +20,7 @@ func TestImportGraph(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := []string{mod + "nvme", mod + "nvme/auth", mod + "target/volume", mod + "store"}
+	allowed := []string{mod + "nvme", mod + "nvme/auth", mod + "target/volume", mod + "store", mod + "store/aio"}
 	for _, imp := range pkg.Imports {
 		if strings.HasPrefix(imp, mod+"transport") || strings.HasPrefix(imp, mod+"target/rdma") {
 			t.Errorf("package target imports the transport package %s", imp)
@@ -51,7 +51,7 @@ func TestCoreStorageNeutral(t *testing.T) {
 			if path == "github.com/blk-project/blk/target/volume" && name != "volume_backend.go" {
 				t.Errorf("%s imports %s: only the volume adapter (volume_backend.go) may", name, path)
 			}
-			if path == "github.com/blk-project/blk/store" && name != "store_backend.go" {
+			if (path == "github.com/blk-project/blk/store" || path == "github.com/blk-project/blk/store/aio") && name != "store_backend.go" {
 				t.Errorf("%s imports %s: only the store adapter (store_backend.go) may", name, path)
 			}
 		}

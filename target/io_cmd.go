@@ -337,6 +337,7 @@ func (ns *namespace) view(slba uint64, data []byte) nvme.Status {
 func (t *Target) runSync(r *Request) {
 	q, ns := r.q, r.ns
 	r.ns = nil
+	r.io.sync = true // not on the poll group: the backend may block, has no poller
 	c := &r.Cmd
 	switch nvme.IOOpcode(c.Opcode) {
 	case nvme.IOWrite:
@@ -348,6 +349,7 @@ func (t *Target) runSync(r *Request) {
 		q.submit(ns, r, LatencyWriteZeroes)
 	case nvme.IOFlush:
 		if ns == nil {
+			r.io.sync = false // no IO: ioDone will not reset it
 			q.complete(r, q.ctrl.Load().s.flushAll())
 			return
 		}

@@ -16,7 +16,16 @@ type File struct {
 	path   string
 	fd     int
 	closed atomic.Bool
+	// borrowed: the descriptor belongs to someone else (Borrow); Close
+	// leaves it open.
+	borrowed bool
 }
+
+// Borrow makes a File of a descriptor its owner opened (with O_DIRECT, or
+// without where the filesystem refuses it: the engines work on both) and
+// keeps: the store's data area. Close then only stops the File's use;
+// the owner closes the descriptor, after the engines on it.
+func Borrow(path string, fd int) *File { return &File{path: path, fd: fd, borrowed: true} }
 
 // OpenFile opens path for reading and writing with O_DIRECT. A regular
 // file is created if missing and, when size > 0 and it is smaller,
@@ -94,7 +103,7 @@ func (f *File) Size() (int64, error) {
 // on a closed descriptor fails, or lands on a file reopened under the
 // same number.
 func (f *File) Close() error {
-	if f.closed.Swap(true) {
+	if f.closed.Swap(true) || f.borrowed {
 		return nil
 	}
 	if err := unix.Close(f.fd); err != nil {

@@ -100,14 +100,29 @@ func newGroup(p *Port, idx int) (*group, error) {
 	// The group is its goroutine's completion sink: an asynchronous
 	// backend's completions come back here (settle reaps them).
 	g.tg.SetWake(g.kick)
+	// Backends' disk engines (an io_uring per group) are reaped here:
+	// their eventfds wake the loop, settle polls them.
+	g.tg.SetPollerHook(g.addPoller)
 	return g, nil
 }
 
 // handedOver reports work handed over to the group, or a stop: the
-// loop's last look before it sleeps (epoll.Loop.Init).
+// loop's last look before it sleeps (epoll.Loop.Init). It arms the
+// backends' engines (target.Group.Arm): their next completion wakes the
+// loop.
 func (g *group) handedOver() bool {
-	return !g.done.Empty() || g.tg.HasCompletions() || !g.adoptq.Empty() || !g.ctlq.Empty() || g.stop.Load()
+	return !g.done.Empty() || g.tg.HasCompletions() || !g.adoptq.Empty() || !g.ctlq.Empty() || g.stop.Load() ||
+		g.tg.Arm()
 }
+
+// pollerSlot is the epoll slot of a backend engine's eventfd: past every
+// connection's, so the event names no connection (slots.Get is nil); it
+// only wakes the loop, whose settle polls the engines.
+const pollerSlot = 1<<31 - 1
+
+// addPoller registers a backend engine's eventfd, level-triggered: it
+// stays readable until the engine's Arm drains it.
+func (g *group) addPoller(fd int) error { return g.loop.Add(fd, unix.EPOLLIN, pollerSlot, 0) }
 
 // kick makes the loop look again (epoll.Loop.Kick).
 func (g *group) kick() { g.loop.Kick() }
@@ -160,6 +175,7 @@ func (g *group) run(started chan<- struct{}) {
 			g.checkDeadlines()
 		}
 		if g.stop.Load() && g.conns.Load() == 0 && g.adoptq.Empty() {
+			g.tg.ClosePollers()
 			g.loop.End() // the group takes no Holds: it always ends
 			return
 		}
@@ -282,7 +298,8 @@ func (g *group) readPass() {
 // a buffer, until none of them has work.
 func (g *group) settle() {
 	for {
-		worked := g.tg.Reap() // answers land on the done stack
+		worked := g.tg.Poll()          // the disk: submit, reap (IO.Done)
+		worked = g.tg.Reap() || worked // answers land on the done stack
 		worked = g.drainDone() || worked
 		if g.tg.Pending() > 0 {
 			g.tg.Commit() // its completions land on the done stack
