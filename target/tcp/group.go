@@ -60,6 +60,7 @@ type group struct {
 	waiting          reqFIFO
 	waitingCapsule   reqFIFO
 	freed            bool // a data buffer was given back since runWaiters looked
+	passWorked       bool // settle handled completions this pass (PollSpin)
 	tg               *target.Group
 	iov              [maxIOV]syscall.Iovec
 	iovN             int
@@ -84,7 +85,7 @@ type groupCounters struct {
 	commands, inCapsule, r2ts, h2c, c2h, resps, successFlags atomic.Uint64
 	hdgstErrs, ddgstErrs, terms, hostTerms, dataWaits        atomic.Uint64
 	bytesIn, bytesOut, copies, copiedBytes, reads, writes    atomic.Uint64
-	passes, connectTimeouts                                  atomic.Uint64
+	passes, connectTimeouts, spins                           atomic.Uint64
 	states                                                   [numReqStates]atomic.Uint64
 }
 
@@ -156,11 +157,15 @@ func (g *group) run(started chan<- struct{}) {
 	g.tid.Store(int32(unix.Gettid()))
 	close(started)
 	block := false // first pass: look at once
+	spin := g.p.cfg.PollSpin
+	var lastWork time.Time
 	for {
 		evs := g.loop.Wait(block)
 		g.st.passes.Add(1)
 		for i := range evs {
-			g.event(&evs[i])
+			if g.event(&evs[i]) {
+				g.passWorked = true
+			}
 		}
 		g.takeAdopt()
 		g.takeCtl()
@@ -184,14 +189,29 @@ func (g *group) run(started chan<- struct{}) {
 		// a freed buffer can start.
 		block = !(len(g.ready) > 0 || len(g.flushq) > 0 || !g.done.Empty() || g.tg.HasCompletions() ||
 			g.freed && g.waiting.n+g.waitingCapsule.n > 0)
+		// Spin (look without sleeping) for PollSpin after the last
+		// work: a wake from sleep costs more than a few empty looks.
+		if spin > 0 {
+			now := time.Now()
+			if g.passWorked {
+				lastWork = now
+			}
+			if block && now.Sub(lastWork) < spin {
+				block = false
+				g.st.spins.Add(1)
+			}
+		}
+		g.passWorked = false
 	}
 }
 
-// event takes one epoll event of a connection's socket.
-func (g *group) event(ev *unix.EpollEvent) {
+// event takes one epoll event of a connection's socket; false if it was
+// not a connection's (a disk engine's eventfd, which only wakes the loop:
+// it stays readable until the engine is armed, so it is no sign of work).
+func (g *group) event(ev *unix.EpollEvent) bool {
 	c := g.slots.Get(ev)
 	if c == nil {
-		return
+		return false
 	}
 	if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		c.readable = true
@@ -203,6 +223,7 @@ func (g *group) event(ev *unix.EpollEvent) {
 			g.markFlush(c)
 		}
 	}
+	return true
 }
 
 // takeAdopt registers the connections handed over since the last pass.
@@ -312,6 +333,7 @@ func (g *group) settle() {
 		if !worked {
 			return
 		}
+		g.passWorked = true
 	}
 }
 
