@@ -223,3 +223,60 @@ func TestCloseOfFailedStoreKeepsReservations(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCloseReleasesFragmentedPool: a ready pool of more runs of
+// consecutive clusters than one release batch holds (every other cluster
+// deallocated) is released whole, durably.
+func TestCloseReleasesFragmentedPool(t *testing.T) {
+	const clusters = 2*releaseRunsPerBatch + 100
+	fs := vfs.NewCrashableMem()
+	area := NewMemArea((clusters+1)*4096, 512, 4096)
+	cfg := memConfig(fs, area)
+	cfg.ClusterBytes = 4096
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := mustCreate(t, s, 1, clusters, BlockSize4K)
+	buf := alignedBuf(64<<10, 4096)
+	for lba := uint64(0); lba < clusters; lba += 16 {
+		n := min(16, clusters-lba)
+		for i := range n {
+			fillTagged(buf[i*4096:(i+1)*4096], 1, lba+i, 1)
+		}
+		if err := v.Write(lba, buf[:n*4096], 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tags := make([]uint64, clusters)
+	for lba := range uint64(clusters) {
+		tags[lba] = 1
+		if lba%2 == 1 {
+			if err := v.Deallocate(lba, 1); err != nil {
+				t.Fatal(err)
+			}
+			tags[lba] = 0
+		}
+	}
+	if st := s.Stats(); st.Limbo <= releaseRunsPerBatch {
+		t.Fatalf("%+v: want more than %d clusters in limbo", st, releaseRunsPerBatch)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.FS = fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+	cfg.Area = area.CrashClone(rand.New(rand.NewPCG(1, 1)), 0)
+	s2 := openStore(t, cfg)
+	if st := s2.Stats(); st.ZeroedAtOpen != 0 || st.Free != clusters/2 {
+		t.Fatalf("open after a clean Close: %+v, want nothing zeroed and %d free", st, clusters/2)
+	}
+	if err := s2.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if err := readModel(s2, map[ID][]uint64{1: tags}); err != nil {
+		t.Fatal(err)
+	}
+	if err := scrub(s2); err != nil {
+		t.Fatal(err)
+	}
+}
