@@ -54,7 +54,7 @@ func TestStoreSurvivesSIGKILL(t *testing.T) {
 		t.Skip("re-executes the test binary")
 	}
 	seed := testSeed(t)
-	for it := range iterations(t, 8, 2, 1) {
+	for it := range iterations(t, 24, 3, 1) {
 		s := seed + uint64(it)
 		if err := sigkillRound(t, s); err != nil {
 			t.Fatalf("round %d: %v\nreplay it alone with BLK_SEED=%d BLK_ITERS=1", it, err, s)
