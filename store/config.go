@@ -50,9 +50,9 @@ type Config struct {
 
 	// ReadyClusters is how many clusters one refill of the ready pool
 	// reserves with one synced pebble commit: first writes cost one WAL
-	// sync per ReadyClusters clusters, and Open zeroes at most that many
-	// (plus those freed since the last Flush). Default 1024 (64 MiB at the
-	// default cluster size).
+	// sync per ReadyClusters clusters, and Open after a crash zeroes at
+	// most that many (plus those freed since the last Flush; none after a
+	// clean Close). Default 1024 (64 MiB at the default cluster size).
 	ReadyClusters int `json:"ready_clusters"`
 
 	// MaxTransferBytes bounds one Read or Write (the MDTS the target will

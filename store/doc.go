@@ -15,10 +15,10 @@
 // The crash rules (docs/store.md, "Write path"): a cluster handed out
 // reads zeros on durable media; reservations ('R' keys) are durable before
 // a reserved cluster is written, so Open zeroes any a crash left written
-// but unmapped; a freed cluster waits in limbo until a flush has zeroed
-// it, synced the area and synced the WAL, so the commit that freed it is
-// durable before any other volume can get it; Flush syncs the area before
-// the WAL. The allocator is rebuilt from pebble at Open and Check
+// but unmapped (a clean Close releases the ready pool's, never written); a
+// freed cluster waits in limbo until a flush has zeroed it, synced the area
+// and synced the WAL, so the commit that freed it is durable before any
+// other volume can get it; Flush syncs the area before the WAL. The allocator is rebuilt from pebble at Open and Check
 // recomputes it.
 //
 // Around the core: a background syncer bounds how long a plain write stays

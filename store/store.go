@@ -68,7 +68,7 @@ type Store struct {
 }
 
 type storeCounters struct {
-	refills, mapCommits, frees, flushes, areaSyncs, bounces, bgSyncs atomic.Uint64
+	refills, mapCommits, frees, flushes, areaSyncs, bounces, bgSyncs, zeroedAtOpen atomic.Uint64
 	// pebble's health (events): background errors, write stalls and their
 	// total length; stallStart is the running stall's start (UnixNano), 0
 	// when none.
@@ -414,6 +414,7 @@ func (s *Store) load() error {
 	if err := s.zeroClusters(zero); err != nil {
 		return err
 	}
+	s.c.zeroedAtOpen.Store(uint64(len(zero)))
 	if len(zero) > 0 {
 		if err := s.syncArea(); err != nil {
 			return err
@@ -944,8 +945,9 @@ func (s *Store) refill() error {
 	return nil
 }
 
-// Close waits for requests in flight, flushes and closes pebble and the
-// area. Every handle fails with ErrClosed afterwards.
+// Close waits for requests in flight, flushes, releases the ready pool
+// (releaseReady: the next Open has nothing to zero) and closes pebble and
+// the area. Every handle fails with ErrClosed afterwards.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -962,7 +964,9 @@ func (s *Store) Close() error {
 	s.stopSyncer()
 	var err error
 	if s.err() == nil && !s.cfg.ReadOnly {
-		err = s.flush()
+		if err = s.flush(); err == nil {
+			err = s.releaseReady()
+		}
 	}
 	s.flushMu.Lock()
 	s.dbClosed = true
@@ -1038,6 +1042,10 @@ type Stats struct {
 	// BounceCopies (requests whose buffer was not aligned), BackgroundSyncs
 	// (flushes of the background syncer).
 	Refills, MapCommits, Frees, Flushes, AreaSyncs, BounceCopies, BackgroundSyncs uint64
+	// ZeroedAtOpen: clusters Open zeroed (and synced) before reuse, the
+	// reservations and interrupted deletes or shrinks a crash left; 0
+	// after a clean Close, which releases the ready pool.
+	ZeroedAtOpen uint64
 }
 
 // Stats returns the store's space and counters.
@@ -1048,7 +1056,7 @@ func (s *Store) Stats() Stats {
 	s.al.mu.Unlock()
 	st.Refills, st.MapCommits, st.Frees = s.c.refills.Load(), s.c.mapCommits.Load(), s.c.frees.Load()
 	st.Flushes, st.AreaSyncs, st.BounceCopies = s.c.flushes.Load(), s.c.areaSyncs.Load(), s.c.bounces.Load()
-	st.BackgroundSyncs = s.c.bgSyncs.Load()
+	st.BackgroundSyncs, st.ZeroedAtOpen = s.c.bgSyncs.Load(), s.c.zeroedAtOpen.Load()
 	return st
 }
 
