@@ -4,8 +4,11 @@
 #
 # blkd (built from this checkout) serves a volume; nvmf_tgt serves an AIO bdev
 # on a file of the same size in the same scratch directory (the same disk).
-# Each target is pinned to one CPU and the client to another (taskset), each
-# is written once with 128 KiB writes, then every pattern runs RUNS times,
+# Each target is pinned to one CPU and the client to another (taskset); the
+# target not being measured is stopped (SIGSTOP) meanwhile, because both share
+# that CPU and nvmf_tgt's reactor busy-polls it even with no host connected
+# (before this, every blkd figure was taken beside a reactor spinning on its
+# CPU). Each is written once with 128 KiB writes, then every pattern runs RUNS times,
 # alternating blkd and SPDK, and the medians go into one markdown table (each
 # ratio the median of the runs' ratios to the SPDK run beside them):
 # throughput, mean and p99 latency, and the target's CPU time per I/O (from
@@ -176,6 +179,9 @@ stop() { # pid signal seconds: signal, wait, then SIGKILL
 cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
+	for pid in "$TGT_PID" "$BLKD_PID"; do
+		[[ -n "$pid" ]] && kill -CONT "$pid" 2>/dev/null
+	done
 	stop "$PERF_PID" INT 5
 	stop "$TGT_PID" INT 10
 	[[ -n "$TGT_PID" ]] && rm -f "/dev/shm/nvmf_trace.pid$TGT_PID"
@@ -286,6 +292,14 @@ target_trid() {
 	spdk) echo "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$SPDK_PORT subnqn:$SPDK_NQN hostnqn:$HOSTNQN" ;;
 	esac
 }
+# only TARGET: lets TARGET run and stops the other one (they share TARGET_CPU,
+# and nvmf_tgt's reactor polls it whether or not a host is connected).
+only() {
+	local other=spdk
+	[[ $1 == spdk ]] && other=blkd
+	kill -CONT "$(target_pid "$1")" 2>/dev/null || true
+	kill -STOP "$(target_pid "$other")" 2>/dev/null || true
+}
 cpu_ticks() { awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$1/stat"; }
 
 # start_perf TARGET LOG ARGS...: starts spdk_nvme_perf on CLIENT_CPU against
@@ -325,6 +339,7 @@ measure() {
 	pid="$(target_pid "$target")"
 	kill -0 "$pid" 2>/dev/null || die "$target (pid $pid) is gone; see its log"
 	[[ -n "${ROW_MIX[$row]}" ]] && mix=(-M "${ROW_MIX[$row]}")
+	only "$target"
 	start_perf "$target" "$log" -q "${ROW_QD[$row]}" -o "${ROW_BS[$row]}" -w "${ROW_RW[$row]}" "${mix[@]}" -t "$RUNTIME" -L
 	launched "$log"
 	t0="$(cpu_ticks "$pid")"
@@ -357,6 +372,7 @@ measure() {
 IOS_PER_PASS=$((SIZE_BYTES / (128 << 10)))
 FAILS=""
 for target in blkd spdk; do
+	only "$target"
 	for ((round = 1; round <= PREWRITE_ROUNDS; round++)); do
 		start=$(date +%s.%N)
 		run_perf "$target" "$WORK/prewrite.$target.log" -q 8 -o 131072 -w write -d "$IOS_PER_PASS" -t 36000 ||
@@ -436,7 +452,7 @@ COMMIT="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 git -C "$REPO" diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+changes"
 {
 	echo "blkd ($COMMIT) beside $SPDK_VERSION nvmf_tgt ($([[ $SPDK_BDEV == aio ]] && echo "AIO bdev on a file in the same directory" || echo "RAM bdev")), $(date -u +%Y-%m-%d), $(nproc) CPUs ($(uname -r))."
-	echo "spdk_nvme_perf over NVMe/TCP on loopback; targets on CPU $TARGET_CPU, client on CPU $CLIENT_CPU; $((SIZE_BYTES >> 20)) MiB written $PREWRITE_ROUNDS× with 128 KiB writes first;"
+	echo "spdk_nvme_perf over NVMe/TCP on loopback; targets on CPU $TARGET_CPU (each stopped while the other is measured), client on CPU $CLIENT_CPU; $((SIZE_BYTES >> 20)) MiB written $PREWRITE_ROUNDS× with 128 KiB writes first;"
 	echo "${RUNTIME} s runs, medians of $RUNS, blkd and SPDK alternating; each ratio is the median of the runs' ratios to the SPDK run beside them."
 	echo "Load average before $LOAD_BEFORE, after $LOAD_AFTER.$FAILS"
 	echo "Data on disk afterwards: blkd $DISK_BLKD MiB, SPDK $DISK_SPDK. SPDK's CPU per I/O is an upper bound (its reactor busy-polls)."

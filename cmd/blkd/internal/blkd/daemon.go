@@ -47,15 +47,15 @@ type Daemon struct {
 	store *store.Store
 	// sio serves the store's volumes asynchronously: an io_uring per
 	// NVMe/TCP poll group (target.StoreIO).
-	sio *target.StoreIO
-	nic   transport.Adapter
-	tgt   *target.Target
-	port  *rdma.Port // nil with --nvme-addr off
-	tcp   *tcp.Port  // nil with --tcp-addr off
-	disc  *tcp.Port  // the discovery-only port; nil with --discovery-addr off
-	reg   *metrics.Registry
-	ln    net.Listener
-	srv   *http.Server
+	sio  *target.StoreIO
+	nic  transport.Adapter
+	tgt  *target.Target
+	port *rdma.Port // nil with --nvme-addr off
+	tcp  *tcp.Port  // nil with --tcp-addr off
+	disc *tcp.Port  // the discovery-only port; nil with --discovery-addr off
+	reg  *metrics.Registry
+	ln   net.Listener
+	srv  *http.Server
 
 	served chan error // the HTTP server's exit
 	// Mutual TLS (auth.go), nil without --tls-dir: the API's server
