@@ -80,6 +80,11 @@ func (r *Registry) RegisterStore(s *store.Store, names ...func() map[uint64]Volu
 	return r.register(s, NewStoreCollector(s, f))
 }
 
+// RegisterStoreIO registers a StoreIOCollector for x.
+func (r *Registry) RegisterStoreIO(x *target.StoreIO) error {
+	return r.register(x, NewStoreIOCollector(x))
+}
+
 // RegisterProcess registers the Go runtime and process collectors and
 // blk_build_info{version, revision, goversion}.
 func (r *Registry) RegisterProcess() error {

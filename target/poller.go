@@ -29,6 +29,9 @@ type Poller interface {
 	Arm() bool
 	// EventFD becomes readable when a completion arrives after Arm.
 	EventFD() int
+	// InFlight is the number of I/Os at the disk (a binding may keep
+	// polling rather than sleep while there are some).
+	InFlight() int
 	// Close completes what is in flight (waiting for the disk), then
 	// frees the poller. The group calls it when its binding closes it.
 	Close()
@@ -109,6 +112,18 @@ func (g *Group) Arm() bool {
 		}
 	}
 	return work
+}
+
+// InFlight is the number of I/Os the group's pollers have at the disk;
+// the group's goroutine.
+func (g *Group) InFlight() int {
+	n := 0
+	for i := range g.pollers {
+		if p := g.pollers[i].p; p != nil {
+			n += p.InFlight()
+		}
+	}
+	return n
 }
 
 // ClosePollers closes the group's pollers (each completes what it has in

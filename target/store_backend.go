@@ -157,7 +157,7 @@ type StoreIO struct {
 	overflow sync.WaitGroup
 	closed   atomic.Bool
 
-	direct, zeros, deferred, overflows, engineErrs atomic.Uint64
+	requests, direct, zeros, deferred, overflows, engineErrs atomic.Uint64
 }
 
 type slowIO struct {
@@ -167,6 +167,7 @@ type slowIO struct {
 
 // StoreIOStats count how a StoreIO served its requests.
 type StoreIOStats struct {
+	Requests   uint64 // reads and writes served through a poll group's engine
 	Direct     uint64 // disk I/Os through a poll group's engine (a request split over discontiguous clusters makes several)
 	Zeros      uint64 // reads of unwritten clusters, served without the disk
 	Deferred   uint64 // requests served by the workers (slow path)
@@ -201,7 +202,7 @@ func NewStoreIO(s *store.Store, cfg StoreIOConfig) (*StoreIO, error) {
 
 // Stats returns the service's counters; any goroutine.
 func (x *StoreIO) Stats() StoreIOStats {
-	return StoreIOStats{Direct: x.direct.Load(), Zeros: x.zeros.Load(), Deferred: x.deferred.Load(),
+	return StoreIOStats{Requests: x.requests.Load(), Direct: x.direct.Load(), Zeros: x.zeros.Load(), Deferred: x.deferred.Load(),
 		Overflows: x.overflows.Load(), EngineErrs: x.engineErrs.Load()}
 }
 
@@ -379,7 +380,9 @@ func (p *storePoller) submit(v *store.Volume, io *IO) bool {
 	}
 	if io.parts == 0 {
 		io.Done(storeError(ioOpOf(write), v.EndDirect(write, io.LBA, 0, io.partErr)))
+		return true
 	}
+	p.x.requests.Add(1)
 	return true
 }
 
@@ -431,8 +434,9 @@ func (p *storePoller) Poll() bool {
 	}
 }
 
-func (p *storePoller) Arm() bool    { return p.queued > 0 || p.e.Arm() }
-func (p *storePoller) EventFD() int { return p.e.EventFD() }
+func (p *storePoller) Arm() bool     { return p.queued > 0 || p.e.Arm() }
+func (p *storePoller) EventFD() int  { return p.e.EventFD() }
+func (p *storePoller) InFlight() int { return p.e.InFlight() }
 
 // Close completes what is in flight (the disk owns those buffers and
 // their volumes are pinned), then frees the engine.

@@ -34,7 +34,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, node_id, raft_addr, tcp_addr, nvme_addr, discovery_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, overcommit, tls_dir, insecure); flags and BLK_* variables override it"},
+			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, node_id, raft_addr, tcp_addr, nvme_addr, discovery_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, sync_interval, overcommit, tls_dir, insecure); flags and BLK_* variables override it"},
 			&cli.StringFlag{Name: "data-dir", EnvVars: []string{"BLK_DATA_DIR"}, Value: blkd.DefaultDataDir, Usage: "directory for the registry (meta/) and the volumes (volumes/)"},
 			&cli.StringFlag{Name: "node-id", EnvVars: []string{"BLK_NODE_ID"}, Value: blkd.DefaultNodeID, Usage: "this node's ID in the cluster, stable across restarts"},
 			&cli.StringFlag{Name: "raft-addr", EnvVars: []string{"BLK_RAFT_ADDR"}, Value: blkd.DefaultRaftAddr, Usage: "registry raft address, host:port"},
@@ -54,6 +54,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.BoolFlag{Name: "insecure", EnvVars: []string{"BLK_INSECURE"}, Usage: "allow an API or raft address beyond loopback without --tls-dir (anyone who reaches it can manage the cluster)"},
 			&cli.Float64Flag{Name: "overcommit", EnvVars: []string{"BLK_OVERCOMMIT"}, Value: 1, Usage: "bytes of thin volumes this node may promise per byte of its disk (1: no more than the disk holds)"},
 			&cli.StringSliceFlag{Name: "dhchap-dhgroups", EnvVars: []string{"BLK_DHCHAP_DHGROUPS"}, Usage: "DH-HMAC-CHAP groups accepted from authenticating hosts, preferred first (ffdhe2048,...,ffdhe8192,null; default all, any group before none)"},
+			&cli.DurationFlag{Name: "sync-interval", EnvVars: []string{"BLK_SYNC_INTERVAL"}, Value: blkd.DefaultSyncInterval, Usage: "make acknowledged writes durable within this time even without a host's Flush (at most 1s; negative: only Flush and FUA do, as NVMe allows)"},
 			&cli.DurationFlag{Name: "detach-after", EnvVars: []string{"BLK_DETACH_AFTER"}, Value: blkd.DefaultDetachAfter, Usage: "remove an attachment whose host has had no live controller this long (negative: never)"},
 		},
 		Action: func(c *cli.Context) error {
@@ -119,6 +120,9 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 	}
 	if c.IsSet("dhchap-dhgroups") {
 		cfg.DHCHAPDHGroups = c.StringSlice("dhchap-dhgroups")
+	}
+	if c.IsSet("sync-interval") {
+		cfg.SyncInterval = blkd.Duration(c.Duration("sync-interval"))
 	}
 	if c.IsSet("detach-after") {
 		cfg.DetachAfter = blkd.Duration(c.Duration("detach-after"))

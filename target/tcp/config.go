@@ -77,7 +77,8 @@ type Config struct {
 	ConnectTimeout time.Duration
 	// PollSpin is how long a poll group keeps looking (epoll without
 	// sleeping, and the disk engines' completion rings) after its last
-	// work before it sleeps (DefaultPollSpin; negative: sleep at once).
+	// work before it sleeps (DefaultPollSpin; negative: sleep at once),
+	// and up to 1 ms (diskSpin) while a backend has I/Os at the disk.
 	// A sleeping group is woken through Go's netpoller and a hand-off to
 	// its locked thread, tens of µs on a small VM: at queue depth 1 that
 	// is most of a command's latency. Spinning spends at most PollSpin of

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/blk-project/blk/nvme/auth"
+	"github.com/blk-project/blk/store"
 	"io"
 	"log/slog"
 	"net"
@@ -90,6 +91,14 @@ type Config struct {
 	// duration in the config file ("5m"). Zero: DefaultDetachAfter;
 	// negative: never.
 	DetachAfter Duration `json:"detach_after,omitempty"`
+	// SyncInterval bounds how long an acknowledged plain write may stay
+	// volatile: the store's background syncer makes it durable within
+	// this time of the first write since its last round (a Go duration,
+	// "10ms"; zero: store.DefaultSyncInterval, at most
+	// store.MaxSyncInterval). Negative: never; only a host's Flush or a
+	// FUA write makes writes durable, which is all NVMe promises with a
+	// volatile write cache (docs/volume.md, "Durability").
+	SyncInterval Duration `json:"sync_interval,omitempty"`
 	// DHCHAPDHGroups are the DH-HMAC-CHAP groups the target accepts from
 	// hosts that must authenticate, in its order of preference ("ffdhe2048",
 	// ..., "null"). Empty: every group, any before none. A Linux host
@@ -109,6 +118,10 @@ type Config struct {
 	// TLSDir: anyone who reaches it can then manage the cluster.
 	Insecure bool `json:"insecure,omitempty"`
 }
+
+// DefaultSyncInterval is Config.SyncInterval's default: the store's
+// (10 ms).
+const DefaultSyncInterval = store.DefaultSyncInterval
 
 // Duration is a time.Duration that reads "5m" or "90s" from JSON.
 type Duration time.Duration
@@ -177,6 +190,9 @@ func (c Config) WithDefaults() Config {
 	if c.Overcommit == 0 {
 		c.Overcommit = 1
 	}
+	if c.SyncInterval == 0 {
+		c.SyncInterval = Duration(store.DefaultSyncInterval)
+	}
 	return c
 }
 
@@ -232,6 +248,9 @@ func (c Config) Validate() error {
 					"or listen on that address", ErrConfig, a.name, a.v)
 			}
 		}
+	}
+	if time.Duration(c.SyncInterval) > store.MaxSyncInterval {
+		return fmt.Errorf("%w: --sync-interval %v is above %v (a negative value turns the background sync off)", ErrConfig, time.Duration(c.SyncInterval), store.MaxSyncInterval)
 	}
 	if c.Join != "" {
 		if _, _, err := net.SplitHostPort(c.Join); err != nil {

@@ -144,7 +144,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		}
 	}
 
-	if d.store, err = openStore(cfg.DataDir, d.log); err != nil {
+	if d.store, err = openStore(cfg.DataDir, time.Duration(cfg.SyncInterval), d.log); err != nil {
 		return nil, err
 	}
 	if d.sio, err = target.NewStoreIO(d.store, target.StoreIOConfig{}); err != nil {
@@ -188,6 +188,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 
 	d.reg = metrics.NewRegistry(prometheus.NewRegistry())
 	if err := d.reg.RegisterTarget(d.tgt); err != nil {
+		return nil, err
+	}
+	if err := d.reg.RegisterStoreIO(d.sio); err != nil {
 		return nil, err
 	}
 	if err := d.reg.RegisterStore(d.store, d.volumeLabels); err != nil {
@@ -572,9 +575,9 @@ const (
 
 // openStore opens (creating, or upgrading from target/volume's layout)
 // the node's extent store in dataDir.
-func openStore(dataDir string, log *slog.Logger) (*store.Store, error) {
+func openStore(dataDir string, syncInterval time.Duration, log *slog.Logger) (*store.Store, error) {
 	dir := filepath.Join(dataDir, storeDirName)
-	s, err := store.Open(store.Config{Dir: dir, AreaBytes: areaInitialBytes, Logger: storeLogger{log}})
+	s, err := store.Open(store.Config{Dir: dir, AreaBytes: areaInitialBytes, SyncInterval: syncInterval, Logger: storeLogger{log}})
 	if err != nil {
 		return nil, fmt.Errorf("volume store in %s (data area %s): %w", dir, dir+".area", err)
 	}
