@@ -42,6 +42,11 @@
 #   BENCH_DIR         where the scratch directory goes: the disk under test [/var/tmp]
 #   OUT               the table's file [./spdk-compare-YYYYMMDDTHHMMZ.md]
 #   BLK_REPO          the blk checkout whose blkd is measured [the one holding this script]
+#   SUSTAIN           instead of the table: N back-to-back RUNTIME-second runs of
+#                     4 KiB random writes at QD32 on each target (blkd's N, then
+#                     SPDK's N), one line per run (IOPS, p99, max) and a summary:
+#                     the spread of the runs around the median and the worst
+#                     latencies, issue 22's "no stalls" test [0: off]
 #   HUGE_MB           hugepage memory the two SPDK processes need, MiB [1024; with
 #                     malloc, 1024 more than SIZE]
 #
@@ -112,7 +117,8 @@ malloc) TGT_MB=$((512 + (SIZE_BYTES >> 20))) SPDK_LABEL="SPDK, RAM bdev" ;;
 esac
 HUGE_MB="${HUGE_MB:-$((TGT_MB + 512))}"
 OUT="${OUT:-./spdk-compare-$(date -u +%Y%m%dT%H%MZ).md}"
-for v in RUNTIME RUNS PREWRITE_ROUNDS TARGET_CPU CLIENT_CPU BASE_PORT HUGE_MB; do
+SUSTAIN="${SUSTAIN:-0}"
+for v in RUNTIME RUNS PREWRITE_ROUNDS TARGET_CPU CLIENT_CPU BASE_PORT HUGE_MB SUSTAIN; do
 	[[ "${!v}" =~ ^[0-9]+$ ]] || die "$v=${!v}: want a whole number"
 done
 ((RUNTIME >= 1 && RUNS >= 1 && PREWRITE_ROUNDS >= 1)) || die "RUNTIME, RUNS and PREWRITE_ROUNDS must be at least 1"
@@ -380,6 +386,47 @@ for target in blkd spdk; do
 		say "$target written in full with 128 KiB writes (pass $round of $PREWRITE_ROUNDS, $(awk -v s="$start" -v e="$(date +%s.%N)" -v b="$SIZE_BYTES" 'BEGIN {printf "%.0f MB/s", b / (e - s) / 1e6}'))"
 	done
 done
+
+# --- SUSTAIN: back-to-back runs of 4 KiB random writes at QD32 ---------------------
+
+if ((SUSTAIN > 0)); then
+	for target in blkd spdk; do
+		only "$target"
+		: >"$WORK/sustain.$target"
+		for ((run = 1; run <= SUSTAIN; run++)); do
+			log="$WORK/sustain.$target.$run.log"
+			run_perf "$target" "$log" -q 32 -o 4096 -w randwrite -t "$RUNTIME" -L ||
+				{ tail -n 5 "$log" >&2; die "$target: spdk_nvme_perf failed in sustained run $run"; }
+			awk '/^Total *:/ { iops = $3; max = $7 } /^ *99\.00000% *:/ { p99 = $3; sub(/us$/, "", p99) }
+				END { printf "%.0f %.0f %.0f\n", iops, p99, max }' "$log" >>"$WORK/sustain.$target"
+			say "$target, sustained run $run of $SUSTAIN: $(tail -n 1 "$WORK/sustain.$target" | awk '{printf "%d IOPS, p99 %d us, max %d us", $1, $2, $3}')"
+		done
+	done
+	COMMIT="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+	git -C "$REPO" diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+changes"
+	{
+		echo "Sustained 4 KiB random writes at QD32: blkd ($COMMIT) and $SPDK_VERSION nvmf_tgt ($SPDK_LABEL), each $SUSTAIN back-to-back ${RUNTIME} s runs of spdk_nvme_perf"
+		echo "on a $((SIZE_BYTES >> 20)) MiB volume written $PREWRITE_ROUNDS× first, $(date -u +%Y-%m-%d), $(nproc) CPUs; the other target stopped meanwhile."
+		echo
+		echo "| target | median IOPS | lowest, highest run ÷ median | worst run's p99 | worst max latency |"
+		echo "| --- | ---: | ---: | ---: | ---: |"
+		for target in blkd spdk; do
+			sort -n -k1 "$WORK/sustain.$target" | awk -v t="$target" '
+				{ iops[NR] = $1; if ($2 > p99) p99 = $2; if ($3 > max) max = $3 }
+				END {
+					m = (NR % 2) ? iops[(NR + 1) / 2] : (iops[NR / 2] + iops[NR / 2 + 1]) / 2
+					printf "| %s | %.1f k | %.2f, %.2f | %.2f ms | %.1f ms |\n", t, m / 1000, iops[1] / m, iops[NR] / m, p99 / 1000, max / 1000
+				}'
+		done
+		echo
+		echo "Per run (IOPS, p99 µs, max µs): blkd: $(awk '{printf "%s%d/%d/%d", (NR > 1 ? ", " : ""), $1, $2, $3}' "$WORK/sustain.blkd")"
+		echo "SPDK: $(awk '{printf "%s%d/%d/%d", (NR > 1 ? ", " : ""), $1, $2, $3}' "$WORK/sustain.spdk")"
+	} >"$WORK/table.md"
+	cp "$WORK/table.md" "$OUT"
+	cat "$WORK/table.md"
+	say "written to $OUT"
+	exit 0
+fi
 
 # --- the runs: each pattern RUNS times, blkd and SPDK alternating ------------------
 
