@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"golang.org/x/sys/unix"
 )
 
@@ -217,6 +218,61 @@ func TestDeviceRefusesData(t *testing.T) {
 }
 
 func hexUUID(u [16]byte) string { return fmt.Sprintf("%x", u) }
+
+// TestDeviceCreateInterrupted: a crash after the format record said
+// "creating" and before the header was written leaves a device the next
+// Open checks again and zeroes before it finishes the store; if the
+// device was swapped meanwhile for one holding a filesystem, that Open
+// refuses it like a first create.
+func TestDeviceCreateInterrupted(t *testing.T) {
+	dev := loopDevice(t, 16<<20)
+	cfg := deviceConfig(t, dev)
+	s := openStore(t, cfg)
+	f := s.format
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The state a crash between putFormat(creating) and initArea leaves:
+	// the record says creating, the device is zeroed, no header.
+	f.state = formatCreating
+	setFormat := func() {
+		db, err := pebble.Open(cfg.Dir, &pebble.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Set(formatKey, f.record(), pebble.Sync); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setFormat()
+	writeDevice(t, dev, make([]byte, 4096), 0)
+	s = openStore(t, cfg)
+	if s.format.state != formatReady || s.format.uuid != f.uuid {
+		t.Fatalf("format after the interrupted create: %+v", s.format)
+	}
+	if h := readDevice(t, dev, 4096, 0); !bytes.HasPrefix(h, []byte("blk-store/2\x00")) {
+		t.Fatalf("no header after the interrupted create was finished: %q", h[:16])
+	}
+	v := mustCreate(t, s, 1, 16, BlockSize4K)
+	if err := v.Write(0, alignedBuf(4096, 4096), FUA); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Creating again, and the device now holds a filesystem.
+	setFormat()
+	ext4 := make([]byte, 4096)
+	copy(ext4[1080:], "\x53\xef")
+	writeDevice(t, dev, ext4, 0)
+	if _, err := Open(cfg); !errors.Is(err, ErrNotBlank) || !strings.Contains(err.Error(), "ext2/3/4") {
+		t.Fatalf("an interrupted create on a device now holding ext4: %v, want ErrNotBlank", err)
+	}
+}
 
 // TestDeviceInUse: a device someone holds open exclusively (as the
 // kernel does for a mounted filesystem, dm, md, or another blkd's store)
