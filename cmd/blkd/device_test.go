@@ -53,7 +53,8 @@ func loopDevice(t *testing.T, size int64) string {
 // initiator and reads the same bytes after a restart. A second blkd on
 // the device while the first runs, a new data dir on the device without
 // --data-device-wipe, and the data dir started without its device are
-// each refused with exit 1 and a message saying why.
+// each refused with exit 1 and a message saying why. Reads go to the
+// device through the asynchronous path.
 func TestDataDevice(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
@@ -142,6 +143,15 @@ func TestDataDevice(t *testing.T) {
 			i++
 		}
 		t.Fatalf("after a restart the volume differs from what was written, first at byte %d (seed %d)", i, seed)
+	}
+	// The reads went straight to the device through the poll groups'
+	// asynchronous engine (the device's descriptor, O_DIRECT), not only
+	// through the store's synchronous path.
+	if n := d.metric(t, "blk_store_io_direct_requests_total"); n == 0 {
+		t.Errorf("no request went to the device asynchronously (blk_store_io_direct_requests_total %v)", n)
+	}
+	if n := d.metric(t, "blk_store_io_engine_errors_total"); n != 0 {
+		t.Errorf("blk_store_io_engine_errors_total %v on a device", n)
 	}
 	d.stop(t)
 }
