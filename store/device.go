@@ -139,7 +139,7 @@ func recognise(b []byte, start bool, size int64) string {
 		return off >= 0 && off+len(magic) <= len(b) && string(b[off:off+len(magic)]) == magic
 	}
 	if !start {
-		if at(len(b)-512, "EFI PART") {
+		if at(len(b)-512, "EFI PART") || at(len(b)-4096, "EFI PART") { // the last LBA, 512 or 4096 bytes
 			return "a GPT partition table (backup header at the end)"
 		}
 		// md 0.90's superblock is in the last 64 KiB-aligned 64 KiB, 1.0's
@@ -162,7 +162,7 @@ func recognise(b []byte, start bool, size int64) string {
 		return "a LUKS encrypted volume"
 	case at(512, "LABELONE") || at(24+512, "LVM2 001"):
 		return "an LVM physical volume"
-	case at(512, "EFI PART"):
+	case at(512, "EFI PART") || at(4096, "EFI PART"): // LBA 1
 		return "a GPT partition table"
 	case at(1080, "\x53\xef"):
 		return "an ext2/3/4 filesystem"
