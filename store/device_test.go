@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -497,5 +498,50 @@ func TestDeviceConfig(t *testing.T) {
 	if _, err := Open(Config{Dir: filepath.Join(t.TempDir(), "v"), AreaDevice: notDev, Logger: quietLogger{}}); !errors.Is(err, ErrInvalid) ||
 		!strings.Contains(err.Error(), "not a block device") {
 		t.Errorf("a plain file as the device: %v, want ErrInvalid", err)
+	}
+}
+
+// TestUpgradeOntoDevice: a target/volume directory upgraded with its
+// data area on a device: every block is there afterwards; a device too
+// small for the data is refused with ErrNoSpace naming its size before
+// anything is written to it or to the directory.
+func TestUpgradeOntoDevice(t *testing.T) {
+	small := loopDevice(t, 4<<16)
+	meta := filepath.Join(t.TempDir(), "volumes")
+	copyFixture(t, vfs.Default, meta)
+	before := readDevice(t, small, 4<<16, 0)
+	_, err := Open(Config{Dir: meta, AreaDevice: small, Logger: quietLogger{}})
+	if !errors.Is(err, ErrNoSpace) || !strings.Contains(err.Error(), "the data area's size") {
+		t.Fatalf("upgrade onto a 4-cluster device: %v, want ErrNoSpace naming the area's size", err)
+	}
+	if !bytes.Equal(readDevice(t, small, 4<<16, 0), before) {
+		t.Fatal("a refused upgrade wrote to the device")
+	}
+	db, err := pebble.Open(meta, &pebble.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := db.Get(formatKey); !errors.Is(err, pebble.ErrNotFound) {
+		t.Fatalf("a refused upgrade wrote a format record: %v", err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	dev := loopDevice(t, 32<<20)
+	cfg := Config{Dir: meta, AreaDevice: dev, Logger: quietLogger{}}
+	s := openStore(t, cfg)
+	if err := verifyUpgraded(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, cfg)
+	if err := verifyUpgraded(s); err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	if ai := s.AreaInfo(); !ai.Device || ai.Path != dev {
+		t.Fatalf("AreaInfo %+v", ai)
 	}
 }
