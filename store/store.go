@@ -302,10 +302,16 @@ func (s *Store) prepareDevice() error {
 	}
 	start := time.Now()
 	s.log.Infof("store: zeroing the data device %s (%d bytes)", dev, s.area.Size())
-	const chunk = 1 << 30 // one fallocate each, so a slow device's progress can be seen in a stack
-	for off := int64(0); off < s.area.Size(); off += chunk {
-		if err := s.area.Zero(off, min(chunk, s.area.Size()-off)); err != nil {
+	// A GiB per call: on a device without Write Zeroes the kernel writes
+	// the zeros, and the operator sees progress every 64 GiB.
+	const chunk, report = 1 << 30, 64 << 30
+	size := s.area.Size()
+	for off := int64(0); off < size; off += chunk {
+		if err := s.area.Zero(off, min(chunk, size-off)); err != nil {
 			return fmt.Errorf("store: data device %s: zero: %w: %w", dev, ErrIO, err)
+		}
+		if done := off + chunk; done%report == 0 && done < size {
+			s.log.Infof("store: zeroing the data device %s: %d of %d bytes in %v", dev, done, size, time.Since(start).Round(time.Second))
 		}
 	}
 	if err := s.area.Sync(); err != nil {
@@ -991,7 +997,6 @@ func (s *Store) takeCluster() (uint64, error) {
 func (s *Store) grow() (bool, error) {
 	g, ok := s.area.(Grower)
 	if !ok || s.cfg.ReadOnly || s.format.device { // a device is the whole area
-
 		return false, nil
 	}
 	old := s.al.clusters
