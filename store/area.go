@@ -44,9 +44,10 @@ type Grower interface {
 	Grow(size int64) error
 }
 
-// fileArea is a preallocated file (or, later, a block device) opened with
-// O_DIRECT: reads and writes go between the caller's buffer and the disk
-// with no copy through the page cache.
+// fileArea is a preallocated file or a block device (device.go) opened
+// with O_DIRECT: reads and writes go between the caller's buffer and the
+// disk with no copy through the page cache. One type for both, so that
+// the asynchronous path (DirectFD) serves either.
 type fileArea struct {
 	fd    int
 	size  atomic.Int64
@@ -57,6 +58,9 @@ type fileArea struct {
 	// that refuses it: tmpfs before Linux 6.6, some FUSE and network
 	// filesystems) reads and writes go through the page cache.
 	direct bool
+	// device says the area is a block device: its size is fixed, it
+	// never grows.
+	device bool
 }
 
 // openDirect opens path with O_DIRECT; a test replaces it to stand for a
@@ -217,6 +221,9 @@ func (a *fileArea) Size() int64 { return a.size.Load() }
 // the new space never need filesystem space, and it reads zeros) and
 // fsyncs the file's new size.
 func (a *fileArea) Grow(size int64) error {
+	if a.device {
+		return fmt.Errorf("data device %s: a block device does not grow: %w", a.path, ErrNoSpace)
+	}
 	if err := unix.Fallocate(a.fd, 0, 0, size); err != nil {
 		return fmt.Errorf("data area %s: grow to %d bytes: %w", a.path, size, err)
 	}
@@ -231,6 +238,10 @@ func (a *fileArea) Align() int { return a.align }
 // Direct says whether the area is read and written with O_DIRECT (false:
 // through the page cache, on a filesystem that refuses O_DIRECT).
 func (a *fileArea) Direct() bool { return a.direct }
+
+// Device says whether the area is a block device (Config.AreaDevice).
+func (a *fileArea) Device() bool { return a.device }
+
 func (a *fileArea) Close() error {
 	if err := unix.Close(a.fd); err != nil {
 		return fmt.Errorf("data area: close %s: %w", a.path, err)

@@ -27,9 +27,25 @@ type Config struct {
 	// Otherwise the store opens AreaPath with O_DIRECT.
 	Area Area `json:"-"`
 
-	// AreaPath is the data area file. Default: Dir + ".area". Created and
-	// preallocated with AreaBytes when the store is created.
+	// AreaPath is the data area file. Default: Dir + ".area" (none when
+	// AreaDevice is set). Created and preallocated with AreaBytes when the
+	// store is created.
 	AreaPath string `json:"area_path"`
+
+	// AreaDevice, if set, is a block device that is the data area instead
+	// of AreaPath's file (docs/store.md, "Data area on a block device"):
+	// opened O_DIRECT|O_EXCL (refused while mounted or held), its whole
+	// size used, never grown; AreaBytes and AreaMaxBytes do not apply.
+	// Fixed when the store is created: a store created with a file area
+	// refuses to open with a device, and the reverse. Default: none.
+	AreaDevice string `json:"area_device,omitempty"`
+
+	// WipeDevice allows creating the store on an AreaDevice that holds
+	// data (a filesystem, a partition table, LVM, another blk store):
+	// without it, Open refuses such a device with ErrNotBlank and names
+	// what it found. Creating a store zeroes the whole device either way.
+	// Ignored once the store exists. Default false.
+	WipeDevice bool `json:"wipe_device,omitempty"`
 
 	// AreaBytes is the size of the data area file the store creates
 	// (it grows from there: AreaMaxBytes). Default 1 GiB. Rounded down to
@@ -116,7 +132,7 @@ func (c Config) WithDefaults() Config {
 	if c.FS == nil {
 		c.FS = vfs.Default
 	}
-	if c.AreaPath == "" && c.Dir != "" {
+	if c.AreaPath == "" && c.Dir != "" && c.AreaDevice == "" {
 		c.AreaPath = c.Dir + ".area"
 	}
 	if c.AreaBytes == 0 {
@@ -160,6 +176,12 @@ func (c Config) Validate() error {
 	}
 	if c.AreaBytes < 2*int64(cb) {
 		bad("AreaBytes %d is below two clusters (%d)", c.AreaBytes, 2*cb)
+	}
+	if c.AreaDevice != "" && c.AreaPath != "" {
+		bad("AreaPath %q and AreaDevice %q are both set: the data area is one or the other", c.AreaPath, c.AreaDevice)
+	}
+	if c.WipeDevice && c.AreaDevice == "" {
+		bad("WipeDevice is set without AreaDevice")
 	}
 	if c.AreaMaxBytes < 0 {
 		bad("AreaMaxBytes %d is negative", c.AreaMaxBytes)

@@ -6,7 +6,8 @@
 //
 // A Store is a pebble directory (volume records, each volume's map from
 // cluster index to physical cluster, reservations) and a data area (a
-// preallocated file opened with O_DIRECT, or an injected Area). Space is
+// preallocated file opened with O_DIRECT, a block device the operator
+// names (Config.AreaDevice, device.go), or an injected Area). Space is
 // handed out in clusters (64 KiB by default). A read or an overwrite of an
 // allocated cluster goes between the caller's buffer and the area with no
 // copy and no metadata; the first write of a cluster takes one from a
@@ -39,6 +40,10 @@
 //   - Allocate, take a store-wide lock or touch pebble on the overwrite
 //     and read paths (the volume's shared lock is the only one).
 //   - Panic on any input, or keep a caller's buffer after a call returns.
+//   - Write to a block device that is in use, that holds anything when a
+//     store is created on it (unless Config.WipeDevice), or whose header
+//     names another store; open a store on another kind of area than it
+//     was created with.
 //   - Import the target, the transports or the cluster's meta layer;
 //     register itself in init(); keep a Prometheus registry.
 package store

@@ -45,4 +45,11 @@ var (
 	// did not write, or a map that names a cluster twice. NVMe: Internal
 	// Error (0x06).
 	ErrCorrupt = errors.New("store: corrupt")
+	// ErrInUse: the data device is mounted, held by a device mapper or md
+	// array, or open exclusively by another process (Open only).
+	ErrInUse = errors.New("store: data device in use")
+	// ErrNotBlank: creating a store on a data device that holds data (a
+	// filesystem, a partition table, another blk store...) without
+	// Config.WipeDevice (Open only).
+	ErrNotBlank = errors.New("store: data device holds data")
 )

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
@@ -122,18 +123,29 @@ func checkShape(size uint64, blockSize uint32) error {
 // header (the first bytes of cluster 0) holds: both must name the same
 // store, so a store never runs on another store's area.
 //
-//	[0:16]   magic "blk-store/1" padded with zeros
+//	[0:16]   magic "blk-store/1" (data area in a file) or "blk-store/2"
+//	         (on a block device), padded with zeros
 //	[16]     state: 1 creating (the area is not initialised yet), 2 ready
 //	[17]     log2(cluster size)
-//	[18:24]  zero
+//	[18]     area kind: 0 file (always, in /1), 1 block device (/2)
+//	[19:24]  zero
 //	[24:32]  clusters in the area, big-endian (cluster 0 is the header)
 //	[32:48]  store UUID (random)
 //	[48:52]  CRC-32C of [0:48] (in the area header only)
+//	[48:]    the device's path at creation (in 'F' of /2 only; for
+//	         messages: paths change across reboots, the UUID decides)
+//
+// A file store keeps "blk-store/1", byte for byte what releases before
+// block devices wrote, so it still opens with them; a device store is
+// "/2", which they refuse as not a store of theirs rather than look for
+// an area file.
 type formatRecord struct {
 	state    uint8
 	clusterL uint8
+	device   bool
 	clusters uint64
 	uuid     [16]byte
+	path     string // device stores: the device at creation
 }
 
 const (
@@ -141,27 +153,58 @@ const (
 	headerLen      = 52
 	formatCreating = 1
 	formatReady    = 2
+	areaKindFile   = 0
+	areaKindDevice = 1
+	maxDevicePath  = 4096
 )
 
-var formatMagic = [16]byte{'b', 'l', 'k', '-', 's', 't', 'o', 'r', 'e', '/', '1'}
+var (
+	formatMagic       = [16]byte{'b', 'l', 'k', '-', 's', 't', 'o', 'r', 'e', '/', '1'}
+	formatMagicDevice = [16]byte{'b', 'l', 'k', '-', 's', 't', 'o', 'r', 'e', '/', '2'}
+)
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func (f formatRecord) encode(dst []byte) {
 	clear(dst[:formatLen])
 	copy(dst[0:16], formatMagic[:])
+	if f.device {
+		copy(dst[0:16], formatMagicDevice[:])
+		dst[18] = areaKindDevice
+	}
 	dst[16] = f.state
 	dst[17] = f.clusterL
 	binary.BigEndian.PutUint64(dst[24:32], f.clusters)
 	copy(dst[32:48], f.uuid[:])
 }
 
-func decodeFormat(v []byte) (formatRecord, error) {
-	if len(v) < formatLen || [16]byte(v[0:16]) != formatMagic {
-		return formatRecord{}, fmt.Errorf("format record %q: not a blk store: %w", v[:min(len(v), 16)], ErrCorrupt)
+// record is the value of the 'F' key.
+func (f formatRecord) record() []byte {
+	v := make([]byte, formatLen, formatLen+len(f.path))
+	f.encode(v)
+	if f.device {
+		v = append(v, f.path...)
 	}
-	f := formatRecord{state: v[16], clusterL: v[17], clusters: binary.BigEndian.Uint64(v[24:32]), uuid: [16]byte(v[32:48])}
-	if (f.state != formatCreating && f.state != formatReady) || f.clusterL < minClusterShift || f.clusterL > maxClusterShift || f.clusters < 2 {
+	return v
+}
+
+func decodeFormat(v []byte) (formatRecord, error) {
+	if len(v) < formatLen {
+		return formatRecord{}, fmt.Errorf("format record %q: not a blk store: %w", v, ErrCorrupt)
+	}
+	magic := [16]byte(v[0:16])
+	if magic != formatMagic && magic != formatMagicDevice {
+		return formatRecord{}, fmt.Errorf("format record %q: not a blk store: %w", bytes.TrimRight(v[:16], "\x00"), ErrCorrupt)
+	}
+	f := formatRecord{state: v[16], clusterL: v[17], device: magic == formatMagicDevice,
+		clusters: binary.BigEndian.Uint64(v[24:32]), uuid: [16]byte(v[32:48])}
+	kind := byte(areaKindFile)
+	if f.device {
+		kind = areaKindDevice
+		f.path = string(v[formatLen:min(len(v), formatLen+maxDevicePath)])
+	}
+	if (f.state != formatCreating && f.state != formatReady) || f.clusterL < minClusterShift || f.clusterL > maxClusterShift ||
+		f.clusters < 2 || v[18] != kind {
 		return formatRecord{}, fmt.Errorf("format record %+v: %w", f, ErrCorrupt)
 	}
 	return f, nil

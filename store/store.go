@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -192,33 +193,131 @@ func (s *Store) openArea(askedCluster int) error {
 	}
 	s.format = f
 	s.setCluster(f.clusterL)
+	if err := s.checkAreaKind(); err != nil {
+		return err
+	}
 	a := s.cfg.Area
-	if a == nil {
+	switch {
+	case a != nil:
+	case f.device:
+		if a, err = OpenDeviceArea(s.cfg.AreaDevice); err != nil {
+			return fmt.Errorf("store: %q: %w", s.cfg.Dir, err)
+		}
+	default:
 		if a, _, err = OpenFileArea(s.cfg.AreaPath, 0, false); err != nil {
 			return fmt.Errorf("store: %q: its data area: %w", s.cfg.Dir, err)
 		}
 	}
 	s.useArea(a)
 	if a.Size() < int64(f.clusters)<<f.clusterL {
+		if f.device {
+			return fmt.Errorf("store: data device %s holds %d bytes, store %x (created on %s) has %d clusters of %d: a smaller or another device: %w",
+				s.cfg.AreaDevice, a.Size(), f.uuid, f.path, f.clusters, 1<<f.clusterL, ErrCorrupt)
+		}
 		return fmt.Errorf("store: data area of %d bytes, the store has %d clusters of %d: %w",
 			a.Size(), f.clusters, 1<<f.clusterL, ErrCorrupt)
 	}
 	if f.state == formatCreating {
-		return s.initArea() // a crash interrupted create: the area holds nothing yet
+		// A crash interrupted create: the area holds nothing yet (a
+		// device was zeroed before the record was written, and is checked
+		// again: it may have been swapped since).
+		if f.device {
+			if err := s.prepareDevice(); err != nil {
+				return err
+			}
+		}
+		return s.initArea()
 	}
 	hdr := alignedBuf(max(4096, s.align), s.align)
 	if err := a.ReadAt(hdr, 0); err != nil {
 		return fmt.Errorf("store: read the data area header: %w: %w", ErrIO, err)
 	}
 	h, err := decodeHeader(hdr)
+	if err != nil && f.device {
+		what, derr := deviceContents(a)
+		if derr != nil || what == "" {
+			what = "no store header"
+		}
+		return fmt.Errorf("store: data device %s holds %s, not store %x of %q (created on %s): the device was swapped or overwritten; "+
+			"start with the device that holds store %x: %w", s.cfg.AreaDevice, what, f.uuid, s.cfg.Dir, f.path, f.uuid, ErrCorrupt)
+	}
 	if err != nil {
 		return fmt.Errorf("store: %q: %w", s.cfg.Dir, err)
 	}
 	// The header keeps the area's size at creation; growth records the
 	// new size in the format record only.
 	if h.uuid != f.uuid || h.clusterL != f.clusterL {
+		if f.device {
+			return fmt.Errorf("store: data device %s holds blk store %x, but %q is store %x (created on %s): the device was swapped; "+
+				"start with the device that holds store %x: %w", s.cfg.AreaDevice, h.uuid, s.cfg.Dir, f.uuid, f.path, f.uuid, ErrCorrupt)
+		}
 		return fmt.Errorf("store: the data area belongs to another store (uuid %x, not %x): %w", h.uuid, f.uuid, ErrCorrupt)
 	}
+	return nil
+}
+
+// checkAreaKind refuses to open a store on another kind of area than it
+// was created with: a file store's data is in its file, a device store's
+// on its device, and starting on the other would find an empty area, or
+// none, where the volumes should be.
+func (s *Store) checkAreaKind() error {
+	f := s.format
+	switch {
+	case f.device && s.cfg.AreaDevice == "":
+		return fmt.Errorf("store: %q was created on the block device %s (store %x): its data is there, not in a file; "+
+			"start with the data device setting (blkd --data-device) naming that device: %w", s.cfg.Dir, f.path, f.uuid, ErrInvalid)
+	case !f.device && s.cfg.AreaDevice != "":
+		return fmt.Errorf("store: %q was created with its data area in the file %s (store %x), not on a block device: "+
+			"its data is in that file, so it will not start on %s; drop the data device setting, or give the device a new data directory: %w",
+			s.cfg.Dir, s.cfg.Dir+".area", f.uuid, s.cfg.AreaDevice, ErrInvalid)
+	}
+	return nil
+}
+
+// prepareDevice readies a block device for a new store: it refuses one
+// that holds anything but zeros or this store's own header (a crashed
+// create) unless Config.WipeDevice says to destroy it, then zeroes the
+// whole device and syncs, so that every cluster reads zeros before the
+// first is handed out (a device's past contents must never show through
+// a new volume).
+func (s *Store) prepareDevice() error {
+	dev := s.cfg.AreaDevice
+	hdr := alignedBuf(max(4096, s.align), s.align)
+	if err := s.area.ReadAt(hdr, 0); err != nil {
+		return fmt.Errorf("store: data device %s: read: %w: %w", dev, ErrIO, err)
+	}
+	if h, err := decodeHeader(hdr); err != nil || h.uuid != s.format.uuid {
+		what, err := deviceContents(s.area)
+		if err != nil {
+			return fmt.Errorf("store: data device %s: %w", dev, err)
+		}
+		switch {
+		case what == "":
+		case !s.cfg.WipeDevice:
+			return fmt.Errorf("store: data device %s holds %s: refusing to create a store on it (is it the right device?); "+
+				"to destroy what it holds, confirm with the wipe setting (blkd --data-device-wipe %s): %w", dev, what, dev, ErrNotBlank)
+		default:
+			s.log.Infof("store: data device %s held %s: wiping it, as confirmed", dev, what)
+		}
+	}
+	start := time.Now()
+	s.log.Infof("store: zeroing the data device %s (%d bytes)", dev, s.area.Size())
+	// A GiB per call: on a device without Write Zeroes the kernel writes
+	// the zeros, and the operator sees progress every 64 GiB.
+	const chunk, report = 1 << 30, 64 << 30
+	size := s.area.Size()
+	for off := int64(0); off < size; off += chunk {
+		if err := s.area.Zero(off, min(chunk, size-off)); err != nil {
+			return fmt.Errorf("store: data device %s: zero: %w: %w", dev, ErrIO, err)
+		}
+		if done := off + chunk; done%report == 0 && done < size {
+			s.log.Infof("store: zeroing the data device %s: %d of %d bytes in %v", dev, done, size, time.Since(start).Round(time.Second))
+		}
+	}
+	if err := s.area.Sync(); err != nil {
+		return fmt.Errorf("store: data device %s: sync: %w: %w", dev, ErrIO, err)
+	}
+	s.log.Infof("store: data device %s zeroed in %v", dev, time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -242,6 +341,14 @@ func (s *Store) create() error {
 	l := uint8(bits.TrailingZeros(uint(s.cfg.ClusterBytes)))
 	s.setCluster(l)
 	areaBytes := s.cfg.AreaBytes
+	a := s.cfg.Area
+	if a == nil && s.cfg.AreaDevice != "" {
+		var err error
+		if a, err = OpenDeviceArea(s.cfg.AreaDevice); err != nil {
+			return fmt.Errorf("store: %q: %w", s.cfg.Dir, err)
+		}
+		s.useArea(a) // closed by Open on any error from here
+	}
 	if s.legacy {
 		// Size the area for the old blocks (and a ready pool), or refuse
 		// an upgrade that cannot fit before anything is written, so the
@@ -252,8 +359,8 @@ func (s *Store) create() error {
 		}
 		areaBytes = max(areaBytes, int64(need+1+uint64(s.cfg.ReadyClusters))<<l)
 		limit, what := s.cfg.AreaMaxBytes, "AreaMaxBytes"
-		if s.cfg.Area != nil {
-			limit, what = s.cfg.Area.Size(), "the data area's size"
+		if a != nil {
+			limit, what = a.Size(), "the data area's size"
 		}
 		if limit > 0 && int64(need+1)<<l > limit {
 			return fmt.Errorf("store: upgrading %q needs %d clusters of %d bytes, %s (%d) holds %d: %w",
@@ -264,7 +371,6 @@ func (s *Store) create() error {
 		}
 		s.log.Infof("store: %q holds target/volume's layout: upgrading it into %d-byte clusters (%d needed)", s.cfg.Dir, 1<<l, need)
 	}
-	a := s.cfg.Area
 	if a == nil {
 		var err error
 		if a, _, err = OpenFileArea(s.cfg.AreaPath, areaBytes&^int64(s.cmask), true); err != nil {
@@ -275,12 +381,21 @@ func (s *Store) create() error {
 	if a.Align() > 1<<l {
 		return fmt.Errorf("store: data area alignment %d above the cluster size %d: %w", a.Align(), 1<<l, ErrInvalid)
 	}
-	s.format = formatRecord{state: formatCreating, clusterL: l, clusters: uint64(a.Size()) >> l}
+	device := s.cfg.AreaDevice != ""
+	s.format = formatRecord{state: formatCreating, clusterL: l, clusters: uint64(a.Size()) >> l, device: device}
+	if device {
+		s.format.path = s.cfg.AreaDevice
+	}
 	if s.format.clusters < 2 {
 		return fmt.Errorf("store: data area of %d bytes holds fewer than two clusters: %w", a.Size(), ErrInvalid)
 	}
 	if _, err := rand.Read(s.format.uuid[:]); err != nil {
 		return fmt.Errorf("store: uuid: %w: %w", ErrIO, err)
+	}
+	if device {
+		if err := s.prepareDevice(); err != nil {
+			return err
+		}
 	}
 	if err := s.putFormat(); err != nil {
 		return err
@@ -312,9 +427,7 @@ func (s *Store) checkEmpty() error {
 }
 
 func (s *Store) putFormat() error {
-	var v [formatLen]byte
-	s.format.encode(v[:])
-	if err := s.db.Set(formatKey, v[:], pebble.Sync); err != nil {
+	if err := s.db.Set(formatKey, s.format.record(), pebble.Sync); err != nil {
 		return fmt.Errorf("store: write format: %w: %w", ErrIO, err)
 	}
 	return s.err()
@@ -322,7 +435,7 @@ func (s *Store) putFormat() error {
 
 // initArea writes the header into cluster 0, syncs, and marks the store
 // ready. Every other cluster of a new area reads zeros (a new file is
-// fallocated; a device will be zeroed or discarded, next session).
+// fallocated; a device was zeroed by prepareDevice).
 func (s *Store) initArea() error {
 	hdr := alignedBuf(max(4096, s.align), s.align)
 	f := s.format
@@ -883,7 +996,7 @@ func (s *Store) takeCluster() (uint64, error) {
 // reuses. false if the area cannot grow. Requires s.al.mu.
 func (s *Store) grow() (bool, error) {
 	g, ok := s.area.(Grower)
-	if !ok || s.cfg.ReadOnly {
+	if !ok || s.cfg.ReadOnly || s.format.device { // a device is the whole area
 		return false, nil
 	}
 	old := s.al.clusters
@@ -909,9 +1022,7 @@ func (s *Store) grow() (bool, error) {
 	s.hook(hookGrown)
 	f := s.format
 	f.clusters = old + n
-	var v [formatLen]byte
-	f.encode(v[:])
-	if err := s.db.Set(formatKey, v[:], pebble.Sync); err != nil {
+	if err := s.db.Set(formatKey, f.record(), pebble.Sync); err != nil {
 		return false, fmt.Errorf("store: record the area's growth: %w: %w", ErrIO, err)
 	}
 	if err := s.err(); err != nil {
@@ -1081,7 +1192,37 @@ var openHook func(*Store)
 // file the filesystem would not open with O_DIRECT.
 func (s *Store) useArea(a Area) {
 	s.area, s.align = a, a.Align()
-	if d, ok := a.(interface{ Direct() bool }); ok && !d.Direct() {
+	if d, ok := a.(interface{ Direct() bool }); ok && !d.Direct() && s.cfg.AreaDevice == "" {
 		s.log.Infof("store: data area %s: its filesystem does not support O_DIRECT (tmpfs before Linux 6.6?): reads and writes go through the page cache, Flush and FUA still fdatasync it", s.cfg.AreaPath)
 	}
+}
+
+// AreaInfo describes the data area, for the operator (blkd's start-up
+// log) and for capacity planning.
+type AreaInfo struct {
+	// Path is the file or the block device; "" for an area a test
+	// injected (Config.Area).
+	Path string
+	// Device says the area is a block device: Bytes is all it will ever
+	// hold. A file grows (Config.AreaMaxBytes).
+	Device bool
+	// Bytes is the area's size now.
+	Bytes int64
+	// Align is its direct-I/O alignment.
+	Align int
+	// Direct says reads and writes bypass the page cache (O_DIRECT).
+	Direct bool
+}
+
+// AreaInfo describes the data area.
+func (s *Store) AreaInfo() AreaInfo {
+	ai := AreaInfo{Device: s.format.device, Bytes: s.area.Size(), Align: s.align}
+	if d, ok := s.area.(interface{ Direct() bool }); ok {
+		ai.Direct = d.Direct()
+		ai.Path = s.cfg.AreaPath
+		if ai.Device {
+			ai.Path = s.cfg.AreaDevice
+		}
+	}
+	return ai
 }

@@ -34,8 +34,10 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, node_id, raft_addr, tcp_addr, nvme_addr, discovery_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, sync_interval, overcommit, tls_dir, insecure); flags and BLK_* variables override it"},
+			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, data_device, data_device_wipe, node_id, raft_addr, tcp_addr, nvme_addr, discovery_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, sync_interval, overcommit, tls_dir, insecure); flags and BLK_* variables override it"},
 			&cli.StringFlag{Name: "data-dir", EnvVars: []string{"BLK_DATA_DIR"}, Value: blkd.DefaultDataDir, Usage: "directory for the registry (meta/) and the volumes (volumes/)"},
+			&cli.StringFlag{Name: "data-device", EnvVars: []string{"BLK_DATA_DEVICE"}, Usage: "a block device (absolute path, e.g. /dev/disk/by-id/...) for the volumes' data instead of the file <data-dir>/volumes.area; opened O_DIRECT and exclusively (refused while mounted or in use); fixed when the data dir's store is created"},
+			&cli.StringFlag{Name: "data-device-wipe", EnvVars: []string{"BLK_DATA_DEVICE_WIPE"}, Usage: "repeat --data-device's path to let the first start destroy what the device holds (a filesystem, partitions, LVM, another store); without it a device that is not blank is refused"},
 			&cli.StringFlag{Name: "node-id", EnvVars: []string{"BLK_NODE_ID"}, Value: blkd.DefaultNodeID, Usage: "this node's ID in the cluster, stable across restarts"},
 			&cli.StringFlag{Name: "raft-addr", EnvVars: []string{"BLK_RAFT_ADDR"}, Value: blkd.DefaultRaftAddr, Usage: "registry raft address, host:port"},
 			&cli.StringFlag{Name: "tcp-addr", EnvVars: []string{"BLK_TCP_ADDR"}, Value: blkd.DefaultTCPAddr, Usage: "NVMe/TCP port (and discovery), host:port, or off"},
@@ -86,6 +88,12 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 		}
 	}
 	str(&cfg.DataDir, "data-dir")
+	if c.IsSet("data-device") {
+		cfg.DataDevice = c.String("data-device")
+	}
+	if c.IsSet("data-device-wipe") {
+		cfg.DataDeviceWipe = c.String("data-device-wipe")
+	}
 	str(&cfg.NodeID, "node-id")
 	str(&cfg.RaftAddr, "raft-addr")
 	str(&cfg.NVMeAddr, "nvme-addr")

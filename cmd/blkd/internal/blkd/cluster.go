@@ -620,14 +620,20 @@ func (d *Daemon) settleClusterID(ctx context.Context) error {
 }
 
 // capacity is how many bytes of volumes this node may be promised: its
-// store's filesystem times --overcommit; 0 (no limit) if the filesystem
-// cannot say.
+// store's filesystem (where a file area grows) or its data device (all
+// the area will ever be) times --overcommit; 0 (no limit) if the
+// filesystem cannot say.
 func (d *Daemon) capacity() uint64 {
-	sp := d.store.Space()
-	if !sp.Monitored || sp.TotalBytes == 0 {
+	total := uint64(0)
+	if ai := d.store.AreaInfo(); ai.Device {
+		total = uint64(ai.Bytes)
+	} else if sp := d.store.Space(); sp.Monitored {
+		total = sp.TotalBytes
+	}
+	if total == 0 {
 		return 0
 	}
-	c := float64(sp.TotalBytes) * d.cfg.Overcommit
+	c := float64(total) * d.cfg.Overcommit
 	if c >= float64(^uint64(0)) {
 		return ^uint64(0)
 	}

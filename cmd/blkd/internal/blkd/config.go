@@ -26,6 +26,22 @@ type Config struct {
 	// log, stable store and snapshots) and DataDir/volumes (the pebble
 	// volume store). Default "./blk-data".
 	DataDir string `json:"data_dir"`
+	// DataDevice, if set, is a block device (an absolute path; prefer a
+	// stable name such as /dev/disk/by-id/...) that holds the volumes'
+	// data instead of the file DataDir/volumes.area; the metadata stays
+	// in DataDir/volumes. Opened O_DIRECT|O_EXCL: a device that is
+	// mounted or in use is refused. Fixed when the store is created: a
+	// data dir created with a file area refuses to start with a device,
+	// and the reverse. Creating the store refuses a device that holds
+	// anything (a filesystem, a partition table, LVM, another store)
+	// unless DataDeviceWipe names it. Default: none (the file).
+	DataDevice string `json:"data_device,omitempty"`
+	// DataDeviceWipe confirms that creating the store may destroy what
+	// DataDevice holds: it must repeat DataDevice's path exactly, so a
+	// confirmation left in a config file cannot follow a changed
+	// DataDevice to another disk. Used only when the store is created
+	// (the first start with a new data dir); ignored after.
+	DataDeviceWipe string `json:"data_device_wipe,omitempty"`
 	// NodeID is this node's raft server ID and its name in the registry;
 	// stable across restarts. Default "node1".
 	NodeID string `json:"node_id"`
@@ -249,6 +265,9 @@ func (c Config) Validate() error {
 			}
 		}
 	}
+	if err := c.validateDevice(); err != nil {
+		return err
+	}
 	if time.Duration(c.SyncInterval) > store.MaxSyncInterval {
 		return fmt.Errorf("%w: --sync-interval %v is above %v (a negative value turns the background sync off)", ErrConfig, time.Duration(c.SyncInterval), store.MaxSyncInterval)
 	}
@@ -281,6 +300,19 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --cores %d: must be 0 (all CPUs) or more", ErrConfig, c.Cores)
 	case len(c.NodeID) > 128:
 		return fmt.Errorf("%w: --node-id is %d bytes long; at most 128", ErrConfig, len(c.NodeID))
+	}
+	return nil
+}
+
+// validateDevice checks --data-device and --data-device-wipe.
+func (c Config) validateDevice() error {
+	switch {
+	case c.DataDevice != "" && !filepath.IsAbs(c.DataDevice):
+		return fmt.Errorf("%w: --data-device %q is not an absolute path: name the block device, for example /dev/disk/by-id/nvme-...", ErrConfig, c.DataDevice)
+	case c.DataDeviceWipe != "" && c.DataDevice == "":
+		return fmt.Errorf("%w: --data-device-wipe %q without --data-device: there is no device to wipe", ErrConfig, c.DataDeviceWipe)
+	case c.DataDeviceWipe != "" && c.DataDeviceWipe != c.DataDevice:
+		return fmt.Errorf("%w: --data-device-wipe %q does not repeat --data-device %q: the confirmation must name the device whose contents are destroyed", ErrConfig, c.DataDeviceWipe, c.DataDevice)
 	}
 	return nil
 }

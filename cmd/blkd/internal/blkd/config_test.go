@@ -53,6 +53,9 @@ func TestConfig(t *testing.T) {
 		{Config{DiscoveryAddr: "0.0.0.0:8009"}, `--discovery-addr "0.0.0.0:8009" listens on every local address`},
 		{Config{LogFormat: "xml"}, `--log-format "xml": use text or json`},
 		{Config{LogLevel: "loud"}, `--log-level "loud": use debug, info, warn or error`},
+		{Config{DataDevice: "sdb"}, `--data-device "sdb" is not an absolute path`},
+		{Config{DataDeviceWipe: "/dev/sdb"}, `--data-device-wipe "/dev/sdb" without --data-device`},
+		{Config{DataDevice: "/dev/sdb", DataDeviceWipe: "/dev/sdc"}, `--data-device-wipe "/dev/sdc" does not repeat --data-device "/dev/sdb"`},
 	} {
 		err := tc.c.Validate()
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {

@@ -144,7 +144,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		}
 	}
 
-	if d.store, err = openStore(cfg.DataDir, time.Duration(cfg.SyncInterval), d.log); err != nil {
+	if d.store, err = openStore(cfg, d.log); err != nil {
 		return nil, err
 	}
 	if d.sio, err = target.NewStoreIO(d.store, target.StoreIOConfig{}); err != nil {
@@ -574,13 +574,27 @@ const (
 )
 
 // openStore opens (creating, or upgrading from target/volume's layout)
-// the node's extent store in dataDir.
-func openStore(dataDir string, syncInterval time.Duration, log *slog.Logger) (*store.Store, error) {
-	dir := filepath.Join(dataDir, storeDirName)
-	s, err := store.Open(store.Config{Dir: dir, AreaBytes: areaInitialBytes, SyncInterval: syncInterval, Logger: storeLogger{log}})
-	if err != nil {
-		return nil, fmt.Errorf("volume store in %s (data area %s): %w", dir, dir+".area", err)
+// the node's extent store in cfg.DataDir, its data area the file beside
+// it or cfg.DataDevice, and says in the log which and how large.
+func openStore(cfg Config, log *slog.Logger) (*store.Store, error) {
+	dir := filepath.Join(cfg.DataDir, storeDirName)
+	sc := store.Config{Dir: dir, AreaBytes: areaInitialBytes, SyncInterval: time.Duration(cfg.SyncInterval), Logger: storeLogger{log}}
+	area := "data area " + dir + ".area"
+	if cfg.DataDevice != "" {
+		sc.AreaDevice, sc.WipeDevice = cfg.DataDevice, cfg.DataDeviceWipe == cfg.DataDevice
+		area = "data device " + cfg.DataDevice
 	}
+	s, err := store.Open(sc)
+	if err != nil {
+		return nil, fmt.Errorf("volume store in %s (%s): %w", dir, area, err)
+	}
+	ai := s.AreaInfo()
+	kind := "file"
+	if ai.Device {
+		kind = "block device"
+	}
+	log.Info("volume store opened", "dir", dir, "area", ai.Path, "area_kind", kind, "area_bytes", ai.Bytes,
+		"grows", !ai.Device, "direct_io", ai.Direct, "align", ai.Align)
 	return s, nil
 }
 

@@ -17,7 +17,7 @@ func TestOpenStoreLayout(t *testing.T) {
 	dir := t.TempDir()
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-	s, err := openStore(dir, 0, log)
+	s, err := openStore(Config{DataDir: dir}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
