@@ -994,13 +994,22 @@ func (s *Store) takeCluster() (uint64, error) {
 // record the new cluster count in the format record (synced). A crash in
 // between leaves a larger file than recorded, which the next growth
 // reuses. false if the area cannot grow. Requires s.al.mu.
+// growStep bounds one growth of a file area: 256 MiB, so a 16 GiB area
+// holds at most 1.6% of its size ahead of the data (an eighth would be 2
+// GiB); a growth (an fallocate and a synced format record) costs a few
+// ms, once per 256 MiB of first writes.
+const growStep = 256 << 20
+
 func (s *Store) grow() (bool, error) {
 	g, ok := s.area.(Grower)
 	if !ok || s.cfg.ReadOnly || s.format.device { // a device is the whole area
 		return false, nil
 	}
 	old := s.al.clusters
-	n := max(old/8, uint64(s.cfg.ReadyClusters))
+	// An eighth of the area, at most growStep (the space taken ahead of
+	// the data stays under 1/8 of a small area and growStep of a large
+	// one), at least a ready pool's worth.
+	n := max(min(old/8, growStep>>s.cshift), uint64(s.cfg.ReadyClusters))
 	if m := s.cfg.AreaMaxBytes; m > 0 {
 		n = min(n, max(uint64(m)>>s.cshift, old)-old)
 	}
