@@ -4,47 +4,18 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/blk-project/blk/internal/loopdev"
 )
 
-// loopDevice attaches a loop device over a sparse file of size bytes in
-// t.TempDir() and detaches it when the test ends, failed or not; it
-// skips the test where loop devices cannot be made (not root, no
-// /dev/loop-control, no losetup).
+// loopDevice is loopdev.Attach.
 func loopDevice(t *testing.T, size int64) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: a loop device needs root")
-	}
-	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		t.Skipf("skipped: no loop devices here (%v)", err)
-	}
-	losetup, err := exec.LookPath("losetup")
-	if err != nil {
-		t.Skipf("skipped: no losetup (%v)", err)
-	}
-	backing := filepath.Join(t.TempDir(), "disk")
-	if err := os.WriteFile(backing, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(backing, size); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(losetup, "--find", "--show", backing).CombinedOutput()
-	if err != nil {
-		t.Skipf("skipped: losetup --find --show: %v: %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() {
-		if out, err := exec.Command(losetup, "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-		}
-	})
-	return dev
+	return loopdev.Attach(t, size)
 }
 
 // TestDataDevice: blkd --data-device keeps the volumes' data on a block

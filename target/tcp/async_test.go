@@ -25,6 +25,19 @@ func newAsyncTarget(t testing.TB, seed uint64, maxDelay time.Duration, durable b
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Close) // last: after the port and the target
+	tt := serveAsync(t, d)
+	t.Cleanup(func() {
+		tt.port.Close()
+		tt.t.Close()
+	})
+	return tt, d
+}
+
+// serveAsync serves testSubNQN with one namespace on b through a port on
+// loopback with 2 poll groups; the caller closes the port, then the
+// target.
+func serveAsync(t testing.TB, b target.AsyncBackend) *testTarget {
+	t.Helper()
 	cfg := tcp.Config{Addr: "127.0.0.1:0", Cores: 2}
 	lim, err := tcp.Limits(cfg)
 	if err != nil {
@@ -38,18 +51,14 @@ func newAsyncTarget(t testing.TB, seed uint64, maxDelay time.Duration, durable b
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err = sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: d}); err != nil {
+	if err = sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: b}); err != nil {
 		t.Fatal(err)
 	}
 	if tt.port, err = tcp.Listen(tt.t, cfg); err != nil {
 		t.Fatal(err)
 	}
 	tt.addr = tt.port.Addr().String()
-	t.Cleanup(func() {
-		tt.port.Close()
-		tt.t.Close()
-	})
-	return tt, d
+	return tt
 }
 
 // TestAsyncBackend: seeded random reads, writes (some FUA), write zeroes

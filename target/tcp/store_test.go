@@ -8,7 +8,6 @@ import (
 	"github.com/blk-project/blk/initiator/initiatortest"
 	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
-	"github.com/blk-project/blk/target/tcp"
 )
 
 // newStoreTarget serves testSubNQN with one 64 MiB volume of an extent
@@ -30,26 +29,7 @@ func newStoreTarget(t *testing.T, dir string) (*testTarget, *target.StoreIO, fun
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := tcp.Config{Addr: "127.0.0.1:0", Cores: 2}
-	lim, err := tcp.Limits(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tt := &testTarget{}
-	if tt.t, err = target.New(target.Config{Limits: lim}); err != nil {
-		t.Fatal(err)
-	}
-	sub, err := tt.t.AddSubsystem(target.SubsystemConfig{NQN: testSubNQN, Serial: "blk-test-1", Model: "blk test", Hosts: []string{testHostNQN}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err = sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: sio.Backend(v)}); err != nil {
-		t.Fatal(err)
-	}
-	if tt.port, err = tcp.Listen(tt.t, cfg); err != nil {
-		t.Fatal(err)
-	}
-	tt.addr = tt.port.Addr().String()
+	tt := serveAsync(t, sio.Backend(v))
 	closed := false
 	closeAll := func() {
 		if closed {
