@@ -19,15 +19,7 @@ func asyncLive(t *testing.T, blocks uint64) (*harness, *tq, *tq, *target.Delayed
 	}
 	t.Cleanup(d.Close) // after the harness's checks
 	h := newHarness(t)
-	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Async: d}); err != nil {
-		t.Fatal(err)
-	}
-	admin, cntlid := h.adminConnect("admin", hostA, subA, 5000)
-	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
+	_, admin, io, _ := h.serve(target.NamespaceConfig{NSID: 1, Async: d})
 	return h, admin, io, d
 }
 

@@ -10,19 +10,27 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
-// Plain writes executed with a Group are completed by its Commit, all
-// visible afterwards; a bad write completes at once. (FUA writes never
-// reach the group: they go to the sync workers, see io_cmd.go.)
-func TestGroupedWrites(t *testing.T) {
+// groupVolume is a volume of 256 blocks of 4 KiB in a fresh in-memory
+// pebble store (its writes group), closed when the test ends.
+func groupVolume(t *testing.T) *volume.Volume {
+	t.Helper()
 	store, err := volume.Open(volumeConfig(vfs.NewMem()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
+	t.Cleanup(func() { store.Close() })
 	vol, err := store.Create(1, volume.CreateOptions{SizeBytes: 256 * 4096})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return vol
+}
+
+// Plain writes executed with a Group are completed by its Commit, all
+// visible afterwards; a bad write completes at once. (FUA writes never
+// reach the group: they go to the sync workers, see io_cmd.go.)
+func TestGroupedWrites(t *testing.T) {
+	vol := groupVolume(t)
 	b := newIOBench(t, target.VolumeBackend(vol))
 	g := b.tgt.NewGroup(16)
 	defer g.Commit() // never leave requests pending: Close waits for them
@@ -81,15 +89,7 @@ func (b *timedBackend) Write(lba uint64, data []byte, fua bool) error {
 // batch together: blkd wraps every volume (issue 22: its latency wrapper
 // dropped the batching, so every write was its own pebble commit).
 func TestGroupedWritesThroughDecorator(t *testing.T) {
-	store, err := volume.Open(volumeConfig(vfs.NewMem()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	vol, err := store.Create(1, volume.CreateOptions{SizeBytes: 256 * 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
+	vol := groupVolume(t)
 	wrapped := &timedBackend{Backend: target.VolumeBackend(vol)}
 	b := newIOBench(t, wrapped)
 	g := b.tgt.NewGroup(16)
@@ -118,15 +118,7 @@ func TestGroupedWritesThroughDecorator(t *testing.T) {
 // the core; a grouped write counts once per write, timed by its commit,
 // and the batching counters say how many commits the writes took.
 func TestNamespaceLatencyAndBatching(t *testing.T) {
-	store, err := volume.Open(volumeConfig(vfs.NewMem()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	vol, err := store.Create(1, volume.CreateOptions{SizeBytes: 256 * 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
+	vol := groupVolume(t)
 	b := newIOBench(t, target.VolumeBackend(vol))
 	g := b.tgt.NewGroup(16)
 	defer g.Commit()

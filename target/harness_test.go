@@ -510,6 +510,22 @@ func (h *harness) ioConnect(name string, qid uint16, host, sub string, cntlid ui
 	return q
 }
 
+// serve adds subA, open to any host, with ns as its namespace, and
+// connects hostA: an admin queue and I/O queue 1.
+func (h *harness) serve(ns target.NamespaceConfig) (sub *target.Subsystem, admin, io *tq, cntlid uint16) {
+	h.tb.Helper()
+	sub, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
+	if err != nil {
+		h.tb.Fatal(err)
+	}
+	if err := sub.AddNamespace(ns); err != nil {
+		h.tb.Fatal(err)
+	}
+	admin, cntlid = h.adminConnect("admin", hostA, subA, 5000)
+	io = h.ioConnect("io1", 1, hostA, subA, cntlid)
+	return sub, admin, io, cntlid
+}
+
 // live sets up a subsystem with one namespace and a controller with one
 // I/O queue.
 func (h *harness) live(blocks uint64) (admin, io *tq, cntlid uint16, m *target.MemBackend) {

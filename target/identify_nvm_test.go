@@ -81,15 +81,7 @@ func TestWriteZeroesAtWZSL(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := newHarness(t)
-	sub, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(v)}); err != nil {
-		t.Fatal(err)
-	}
-	admin, cntlid := h.adminConnect("admin", hostA, subA, 5000)
-	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
+	_, admin, io, _ := h.serve(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(v)})
 	c := h.exec(admin, identifyCS(nvme.CSINVM, 0), make([]byte, 4096))
 	mustOK(t, c, "identify CNS 0x06")
 	var id nvme.IdentifyControllerNVM

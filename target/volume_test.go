@@ -45,15 +45,7 @@ func newVolumeFixture(t *testing.T, fs vfs.FS, bs uint32) *volumeFixture {
 		t.Fatal(err)
 	}
 	h := newHarness(t)
-	sub, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(v)}); err != nil {
-		t.Fatal(err)
-	}
-	admin, cntlid := h.adminConnect("admin", hostA, subA, 5000)
-	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
+	sub, admin, io, _ := h.serve(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(v)})
 	return &volumeFixture{h: h, store: s, vol: v, sub: sub, admin: admin, io: io}
 }
 
