@@ -5,20 +5,18 @@ import "fmt"
 // The direct path: reads and overwrites handed to an asynchronous engine
 // (store/aio on a poll group) instead of a blocking pread/pwrite. The
 // caller asks BeginDirect how a request resolves; for DirectIO it submits
-// one read or write of the whole buffer at the returned area offset and,
-// when the engine completes it, calls EndDirect exactly once. Between the
-// two the volume is pinned as a synchronous Read or Write pins it (its
-// lock held shared), so nothing frees, reuses or zeroes the cluster under
-// the I/O: Deallocate, WriteZeroes of whole clusters, Resize, Delete and
-// Close wait for EndDirect.
+// one I/O per segment (a run of physically contiguous clusters) and, when
+// the engine has completed them all, calls EndDirect exactly once.
+// Between the two the volume is pinned as a synchronous Read or Write
+// pins it (its lock held shared), so nothing frees, reuses or zeroes a
+// cluster under the I/O: Deallocate, WriteZeroes of whole clusters,
+// Resize, Delete and Close wait for EndDirect.
 //
 // BeginDirect never blocks: it only tries the lock (a request that finds
 // a writer waiting for it, a Deallocate say, is DirectSlow), so a poll
 // group that calls it can never wait for an EndDirect that only it will
 // call. DirectSlow requests go through Read or Write on a goroutine that
-// may block (a first write allocates a cluster and commits its map key;
-// a read mixing holes and data, or spanning physically discontiguous
-// clusters, is several I/Os).
+// may block (a first write allocates a cluster and commits its map key).
 
 // DirectKind says how BeginDirect resolved a request.
 type DirectKind uint8
@@ -128,19 +126,10 @@ func (v *Volume) BeginDirect(write bool, lba uint64, buf []byte, segs []Segment)
 	return n, DirectIO, nil
 }
 
-// unallocated reports whether clusters first..last are all unallocated.
-func (v *Volume) unallocated(first, last uint64) bool {
-	for i := first; i <= last; i++ {
-		if v.m.get(i) != 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // EndDirect ends a DirectIO request of n bytes at lba whose segments the
-// engine completed, ioErr the first error among them: it unpins the volume and counts the request; a
-// write is then covered by the next Flush (and the background syncer).
+// engine completed, ioErr the first error among them: it unpins the
+// volume and counts the request; a write is then covered by the next
+// Flush (and the background syncer).
 // It returns the request's error: nil, or ioErr as an ErrIO.
 func (v *Volume) EndDirect(write bool, lba uint64, n int, ioErr error) error {
 	defer v.mu.RUnlock()

@@ -95,11 +95,12 @@ func (b storeBackend) NewWriteGroup() WriteGroup { return nil }
 // the disk through an io_uring (store/aio) on the submitting poll group,
 // completed there, so a poll group never waits for the disk and a queue
 // depth of 32 is 32 I/Os at it. The store resolves each request
-// (Volume.BeginDirect): into one I/O at an area offset (the volume pinned
-// until EndDirect), or done already (a read of unwritten clusters), or
-// "slow" — a first write (it allocates a cluster and commits its map
-// key), a read mixing holes and data, a request split over discontiguous
-// clusters, a volume an administrative change is waiting for. Slow
+// (Volume.BeginDirect): into one I/O per run of physically contiguous
+// clusters (the volume pinned until EndDirect; a read's unwritten
+// clusters zeroed in its buffer), or done already (a read of unwritten
+// clusters only), or "slow" — a first write (it allocates a cluster and
+// commits its map key), more than maxDirectSegments runs, an unaligned
+// buffer, a volume an administrative change is waiting for. Slow
 // requests, Deallocate and Write Zeroes go to the StoreIO's workers, which
 // may block; Flush and FUA writes go to the core's sync workers
 // (Blocking), which serve them with the synchronous methods.
