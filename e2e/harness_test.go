@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -269,6 +270,16 @@ func (s *scenario) boot(cfg vmConfig) *vm {
 			"-device", "virtio-net-pci,netdev=l0,romfile=,mac="+l.mac)
 		args[slices.Index(args, "-append")+1] += " blk.linkip=" + l.ip
 	}
+	// QEMU's monitor, polled every 5 s for the user network's socket
+	// table (info usernet: each slirp socket's state and queues) into
+	// usernet-NAME.txt: with the guest's own net-NAME.txt, it tells a
+	// stall of the emulated network from one of the product.
+	monDir, err := os.MkdirTemp("", "blk-e2e-mon")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	mon := filepath.Join(monDir, "m.sock")
+	args = append(args, "-monitor", "unix:"+mon+",server=on,wait=off")
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
 	f, err := os.Create(v.console)
@@ -293,8 +304,10 @@ func (s *scenario) boot(cfg vmConfig) *vm {
 		s.t.Fatalf("starting QEMU for %s: %v", cfg.name, err)
 	}
 	s.t.Logf("%s: booting (script %s, timeout %v)", cfg.name, cfg.script, cfg.timeout)
+	go pollMonitor(ctx, mon, s.path("usernet-"+cfg.name+".txt"))
 	go func() {
 		defer close(v.done)
+		defer os.RemoveAll(monDir)
 		defer cancel()
 		werr := cmd.Wait()
 		f.Close()
@@ -321,6 +334,42 @@ func (s *scenario) boot(cfg vmConfig) *vm {
 		}
 	})
 	return v
+}
+
+// pollMonitor asks QEMU's human monitor at sock for "info usernet" every
+// 5 s until ctx ends, appending each answer, timed, to out.
+func pollMonitor(ctx context.Context, sock, out string) {
+	f, err := os.Create(out)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	start := time.Now()
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		c, err := net.DialTimeout("unix", sock, time.Second)
+		if err != nil {
+			continue
+		}
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		_, err = c.Write([]byte("info usernet\n"))
+		var b bytes.Buffer
+		buf := make([]byte, 4096)
+		// The answer ends at the prompt after the command's echo.
+		for err == nil && bytes.Count(b.Bytes(), []byte("(qemu)")) < 2 {
+			var n int
+			n, err = c.Read(buf)
+			b.Write(buf[:n])
+		}
+		c.Close()
+		fmt.Fprintf(f, "== %.1fs\n%s\n", time.Since(start).Seconds(), b.Bytes())
+	}
 }
 
 // waitSocket waits for a listening guest's link socket to exist.
@@ -358,6 +407,16 @@ func (s *scenario) dumpVM(v *vm) {
 			continue
 		}
 		s.t.Logf("---- last lines of %s ----\n%s", f, lastLines(b, 80))
+	}
+	// The network's state at the end, from both sides of QEMU's user
+	// network (the files keep every 5 s sample).
+	for _, f := range []string{s.path("usernet-" + v.name + ".txt"), s.path("net-" + v.name + ".txt")} {
+		if b, err := os.ReadFile(f); err == nil {
+			if i := bytes.LastIndex(b, []byte("\n== ")); i >= 0 {
+				b = b[i+1:]
+			}
+			s.t.Logf("---- last sample of %s ----\n%s", f, lastLines(b, 40))
+		}
 	}
 }
 
