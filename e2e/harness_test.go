@@ -368,7 +368,14 @@ func pollMonitor(ctx context.Context, sock, out string) {
 			b.Write(buf[:n])
 		}
 		c.Close()
-		fmt.Fprintf(f, "== %.1fs\n%s\n", time.Since(start).Seconds(), b.Bytes())
+		// Keep the table: drop the banner, the prompts and the
+		// monitor's line-editing echo of the command.
+		fmt.Fprintf(f, "== %.1fs\n", time.Since(start).Seconds())
+		for _, l := range strings.Split(strings.ReplaceAll(b.String(), "\r", ""), "\n") {
+			if l != "" && !strings.Contains(l, "\x1b[") && !strings.HasPrefix(l, "QEMU ") && !strings.HasPrefix(l, "(qemu)") {
+				fmt.Fprintln(f, l)
+			}
+		}
 	}
 }
 
