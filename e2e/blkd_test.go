@@ -61,6 +61,7 @@ func (d *daemon) launch() <-chan struct{} {
 		t.Fatal(err)
 	}
 	d.cmd = exec.Command(filepath.Join(env.bin, "blkd"), d.args...)
+	d.cmd.Env = append(os.Environ(), "GOTRACEBACK=all")
 	d.cmd.Stderr = logf
 	stdout, err := d.cmd.StdoutPipe()
 	if err != nil {
@@ -109,6 +110,17 @@ func (d *daemon) kill() {
 	case <-d.exited:
 		return
 	default:
+	}
+	if d.s.t.Failed() {
+		// SIGQUIT first: the Go runtime writes every goroutine's stack
+		// to the log (GOTRACEBACK=all), which shows a stuck engine.
+		d.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-d.exited:
+			d.s.t.Logf("%s: goroutines at the failure in %s", d.name, d.logName)
+			return
+		case <-time.After(10 * time.Second):
+		}
 	}
 	d.cmd.Process.Signal(syscall.SIGKILL)
 	<-d.exited

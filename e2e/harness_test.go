@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -327,6 +328,9 @@ func (s *scenario) boot(cfg vmConfig) *vm {
 		}
 	}()
 	s.t.Cleanup(func() {
+		if s.t.Failed() {
+			s.dumpGoroutines()
+		}
 		cancel()
 		<-v.done
 		if v.err != nil || s.t.Failed() {
@@ -401,6 +405,19 @@ func (s *scenario) wait(v *vm) {
 		s.t.Fatalf("%s: %v", v.name, v.err)
 	}
 	s.t.Logf("%s: script passed", v.name)
+}
+
+// dumpGoroutines writes the test process's goroutines (blk's initiator
+// runs in it) to goroutines-test.txt in the share, once: a stuck engine
+// shows there.
+func (s *scenario) dumpGoroutines() {
+	f, err := os.OpenFile(s.path("goroutines-test.txt"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	pprof.Lookup("goroutine").WriteTo(f, 2)
+	s.t.Logf("goroutines of the test process in %s", f.Name())
 }
 
 // dumpVM prints the tails of a guest's console and dmesg.
