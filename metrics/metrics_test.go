@@ -17,7 +17,6 @@ import (
 	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
-	"github.com/blk-project/blk/target/volume"
 	"github.com/blk-project/blk/transport/soft"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,17 +32,17 @@ type testTarget struct {
 	port  *rdma.Port
 	store *store.Store
 	vol   *store.Volume
-	// batching is namespace 2's store: target/volume's, whose backend
-	// batches plain writes (the extent store's does not), so that the
+	// batching is namespace 2: a memory backend whose plain writes group
+	// (the extent store's do not: an overwrite is one pwrite), so that the
 	// write-batching counters are seen moving.
-	batching *volume.Store
+	batching *target.MemBackend
 	addr     string
 }
 
 // newTestTarget serves one subsystem with a 64 MiB namespace 1 (4 KiB
-// blocks, volume 1 of an extent store) and a 64 MiB namespace 2 (a
-// target/volume volume, which batches plain writes) on a soft adapter on loopback, with two cores (as
-// target/rdma's newTestTarget).
+// blocks, volume 1 of an extent store) and a 64 MiB namespace 2 (a memory
+// backend that groups plain writes) on a soft adapter on loopback, with
+// two cores (as target/rdma's newTestTarget).
 func newTestTarget(t testing.TB) *testTarget {
 	t.Helper()
 	a, err := soft.New(soft.Config{})
@@ -72,14 +71,11 @@ func newTestTarget(t testing.TB) *testTarget {
 	if err = sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.StoreBackend(tt.vol)}); err != nil {
 		t.Fatal(err)
 	}
-	if tt.batching, err = volume.Open(volume.Config{FS: vfs.NewMem(), Dir: "/batching"}); err != nil {
+	if tt.batching, err = target.NewMemBackend(4096, 16384); err != nil {
 		t.Fatal(err)
 	}
-	bv, err := tt.batching.Create(1, volume.CreateOptions{SizeBytes: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err = sub.AddNamespace(target.NamespaceConfig{NSID: 2, Backend: target.VolumeBackend(bv)}); err != nil {
+	tt.batching.SetWriteGroups(64)
+	if err = sub.AddNamespace(target.NamespaceConfig{NSID: 2, Backend: tt.batching}); err != nil {
 		t.Fatal(err)
 	}
 	if tt.port, err = rdma.Listen(tt.t, a, cfg); err != nil {
@@ -90,7 +86,6 @@ func newTestTarget(t testing.TB) *testTarget {
 		tt.port.Close()
 		tt.t.Close()
 		tt.store.Close()
-		tt.batching.Close()
 		a.Close()
 	})
 	return tt

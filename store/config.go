@@ -83,8 +83,8 @@ type Config struct {
 	// SyncInterval bounds how long an acknowledged plain (not FUA) write,
 	// write-zeroes or deallocate stays volatile: a background syncer
 	// flushes within SyncInterval of the first mutation since its last
-	// round (sync.go). Default 10 ms (DefaultSyncInterval), as
-	// target/volume; at most MaxSyncInterval. Negative: no syncer, plain
+	// round (sync.go). Default 10 ms (DefaultSyncInterval), as the
+	// store before it (target/volume); at most MaxSyncInterval. Negative: no syncer, plain
 	// writes are durable only at a Flush or a FUA write (NVMe's volatile
 	// write cache allows it; tests that must know every sync point use it).
 	SyncInterval time.Duration `json:"sync_interval"`

@@ -72,3 +72,24 @@ func TestSpaceGuard(t *testing.T) {
 		t.Fatalf("%+v", st)
 	}
 }
+
+// TestSpaceReserveDefault: the reserve is 2% of the filesystem, within
+// [64 MiB, 1 GiB]; a filesystem that cannot say (a plain MemFS) is not
+// monitored. (target/volume's test of its own default, ported when it was
+// retired.)
+func TestSpaceReserveDefault(t *testing.T) {
+	for _, tc := range []struct{ total, want uint64 }{
+		{1 << 30, minReserve}, {10 << 30, (10 << 30) / 50}, {1 << 40, maxReserve},
+	} {
+		fs := vfs.NewMem()
+		fs.TestingSetDiskUsage(vfs.DiskUsage{AvailBytes: tc.total, TotalBytes: tc.total})
+		s := openStore(t, memConfig(fs, NewMemArea(64*(16<<10), 512, 512)))
+		if sp := s.Space(); !sp.Monitored || sp.ReserveBytes != tc.want {
+			t.Errorf("disk of %d bytes: %+v, want monitored with a reserve of %d", tc.total, sp, tc.want)
+		}
+	}
+	s := openStore(t, memConfig(vfs.NewMem(), NewMemArea(64*(16<<10), 512, 512)))
+	if s.Space().Monitored {
+		t.Error("a MemFS without disk usage is monitored")
+	}
+}

@@ -1180,8 +1180,13 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-// pebbleLogger keeps pebble's fatal errors from exiting the process: the
-// store is failed instead (see target/volume for the reasoning).
+// pebbleLogger is the pebble.Logger the store runs pebble with. Pebble
+// calls Fatalf where it cannot continue (a failed WAL write or sync in the
+// commit pipeline, a failed MANIFEST write) and expects it not to return;
+// its default exits the process. A storage node must not exit because one
+// disk failed, so Fatalf fails the store instead; commit checks the
+// store's state after pebble returns, so a commit that pebble went on to
+// report as successful is still reported as failed.
 type pebbleLogger struct {
 	s   *Store
 	out Logger

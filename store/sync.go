@@ -5,8 +5,7 @@ import (
 )
 
 // The background syncer bounds how long an acknowledged plain write stays
-// volatile, as target/volume's does (docs/volume.md, "Background WAL
-// sync"): within Config.SyncInterval of the first mutation since its last
+// volatile (docs/volume.md, "Durability"): within Config.SyncInterval of the first mutation since its last
 // round it runs a flush (zero limbo, sync the area, sync the WAL), so a
 // plain write survives a crash of the process or the machine from then
 // on, and clusters freed since the last round become reusable. Idle, it

@@ -123,3 +123,66 @@ func TestSyncerIdle(t *testing.T) {
 		t.Fatal("the syncer still runs after Close")
 	}
 }
+
+// TestSyncerCoveredByFlush: a plain write followed by a host Flush costs
+// one sync, whichever of the Flush and the syncer's round (woken by the
+// write) runs first: the other finds everything synced and syncs nothing.
+// One mutation, so that every interleaving must give exactly one.
+// (target/volume's TestSyncerSparedByFlush, ported when it was retired.)
+func TestSyncerCoveredByFlush(t *testing.T) {
+	cfg := memConfig(vfs.NewMem(), NewMemArea(64*(16<<10), 512, 512))
+	cfg.SyncInterval = time.Millisecond
+	s := openStore(t, cfg)
+	v := mustCreate(t, s, 1, 64, BlockSize4K)
+	buf := alignedBuf(4096, 4096)
+	if err := v.Write(3, buf, 0); err != nil { // allocate the cluster
+		t.Fatal(err)
+	}
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Stats().Flushes
+	buf[0] = 1
+	if err := v.Write(3, buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Let the syncer's round run: it disarms when it starts, then flushes
+	// under flushMu, which the empty critical section below waits for. (Were
+	// the round not started yet, it would find the write synced: the count
+	// could only be checked too early, never come out wrong.)
+	deadline := time.Now().Add(20 * time.Second)
+	for s.syncArmed.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the syncer never started its round")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.flushMu.Lock()
+	s.flushMu.Unlock()
+	if n := s.Stats().Flushes - before; n != 1 {
+		t.Fatalf("%d syncs for a write one Flush covered, want 1", n)
+	}
+	if s.flushedSeq.Load() != s.seq.Load() {
+		t.Fatal("writes left unsynced")
+	}
+}
+
+// TestSyncerReadOnly: a read-only store runs no syncer. (Ported from
+// target/volume when it was retired.)
+func TestSyncerReadOnly(t *testing.T) {
+	fs, area := vfs.NewMem(), NewMemArea(64*(16<<10), 512, 512)
+	cfg := memConfig(fs, area)
+	cfg.SyncInterval = time.Millisecond
+	s := openStore(t, cfg)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ReadOnly = true
+	ro := openStore(t, cfg)
+	if ro.syncStop != nil || ro.syncKick != nil {
+		t.Fatal("a read-only store started a syncer")
+	}
+}

@@ -14,14 +14,10 @@ import (
 )
 
 // The upgrade fixture, testdata/volume-v1, is a pebble directory written
-// by target/volume (the layout "blk-volume/1", issue 21's release) by
-// TestWriteUpgradeFixture (fixture_test.go) from fixtureOps; the tests replay the same
-// operations on a model to know what every block must read after the
-// upgrade. Regenerate (only if the fixture is lost; it is the old
-// release's output, not something to refresh) with
-//
-//	BLK_WRITE_FIXTURE=1 go test ./store -run TestWriteUpgradeFixture
-
+// by target/volume (the layout "blk-volume/1", issue 21's release) from
+// fixtureOps, committed (testdata/README.md says how it was made); the
+// tests replay the same operations on a model to know what every block
+// must read after the upgrade.
 const fixtureDir = "testdata/volume-v1"
 
 type fixtureOp struct {

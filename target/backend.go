@@ -32,7 +32,7 @@ type Geometry struct {
 // needs to measure itself.
 //
 // A backend translates its own errors into NVMe status, in one function
-// (the volume adapter's volumeStatus, as nvmet's blk_to_nvme_status): an
+// (the store adapter's storeStatus, as nvmet's blk_to_nvme_status): an
 // error carrying a StatusError in its chain (WithStatus) gets that
 // status; anything else is an Internal Error.
 type Backend interface {
@@ -52,9 +52,10 @@ type Backend interface {
 	Flush() error
 	// NewWriteGroup returns an empty group in which plain (not FUA)
 	// writes are committed together, which costs the backend less than
-	// committing each (a volume: one pebble batch and one WAL record
-	// instead of one per write); or nil if the backend commits each write
-	// alone as cheaply (the core then calls Write for each). The core
+	// committing each (a backend on a log-structured store: one batch and
+	// one log record instead of one per write); or nil if the backend
+	// commits each write alone as cheaply (the core then calls Write for
+	// each; the store adapter's case: an overwrite is one pwrite). The core
 	// calls it for each binding goroutine that executes writes with
 	// Request.Group set, and reuses the group.
 	//
@@ -95,13 +96,15 @@ var ErrGroupFull = errors.New("target: write group full")
 // MemBackend is a Backend in memory, for tests and for bindings' test
 // suites: a byte slice of the whole capacity behind a lock, with no
 // durability (Flush and FUA do nothing). Its errors carry their NVMe
-// status.
+// status. With SetWriteGroups it also groups plain writes, so that the
+// core's batching (Group) and its counters are tested on it.
 type MemBackend struct {
 	mu       sync.RWMutex
 	shift    uint8
 	blocks   uint64
 	data     []byte
 	readOnly bool
+	group    int // the most writes of a WriteGroup; 0: none
 }
 
 // NewMemBackend returns a zeroed in-memory backend of blocks blocks of
@@ -190,18 +193,10 @@ func (m *MemBackend) Read(lba uint64, buf []byte) error {
 func (m *MemBackend) Write(lba uint64, data []byte, fua bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.readOnly {
-		return errMemReadOnly
-	}
-	n, err := m.blocksOf(len(data))
-	if err != nil {
+	if err := m.checkWrite(lba, data); err != nil {
 		return err
 	}
-	lo, hi, err := m.span(lba, n)
-	if err != nil {
-		return err
-	}
-	copy(m.data[lo:hi], data)
+	copy(m.data[lba<<m.shift:], data)
 	return nil
 }
 
@@ -226,9 +221,92 @@ func (m *MemBackend) Deallocate(lba, n uint64) error { return m.WriteZeroes(lba,
 // Flush implements Backend.
 func (m *MemBackend) Flush() error { return nil }
 
-// NewWriteGroup implements Backend: none, a copy into memory costs the
-// same alone or in a group.
-func (m *MemBackend) NewWriteGroup() WriteGroup { return nil }
+// SetWriteGroups makes NewWriteGroup return groups of up to max writes
+// each (0, the default: none, a copy into memory costs the same alone or
+// in a group). A group holds its writes, unseen, until Commit applies them
+// all under one lock, or none. Call it before the backend serves a
+// namespace: groups made before keep their size.
+func (m *MemBackend) SetWriteGroups(max int) {
+	m.mu.Lock()
+	m.group = max
+	m.mu.Unlock()
+}
+
+// NewWriteGroup implements Backend: nil unless SetWriteGroups asked for
+// groups.
+func (m *MemBackend) NewWriteGroup() WriteGroup {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.group <= 0 {
+		return nil
+	}
+	return &memGroup{m: m, writes: make([]memWrite, 0, m.group)}
+}
+
+// memGroup is a MemBackend's WriteGroup: the writes added, applied by
+// Commit. Its slice is made once: Add and Commit allocate nothing.
+type memGroup struct {
+	m      *MemBackend
+	writes []memWrite
+}
+
+type memWrite struct {
+	lba  uint64
+	data []byte
+}
+
+// checkWrite refuses a write as Write would. Requires m.mu.
+func (m *MemBackend) checkWrite(lba uint64, data []byte) error {
+	if m.readOnly {
+		return errMemReadOnly
+	}
+	n, err := m.blocksOf(len(data))
+	if err != nil {
+		return err
+	}
+	_, _, err = m.span(lba, n)
+	return err
+}
+
+// Add implements WriteGroup.
+func (g *memGroup) Add(lba uint64, data []byte) error {
+	if len(g.writes) == cap(g.writes) {
+		return ErrGroupFull
+	}
+	g.m.mu.RLock()
+	err := g.m.checkWrite(lba, data)
+	g.m.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	g.writes = append(g.writes, memWrite{lba: lba, data: data})
+	return nil
+}
+
+// Commit implements WriteGroup: every write is checked again (the backend
+// may have shrunk or become read-only since Add), then all are applied,
+// or none.
+func (g *memGroup) Commit() error {
+	m := g.m
+	m.mu.Lock()
+	defer func() {
+		m.mu.Unlock()
+		clear(g.writes) // drop the callers' buffers
+		g.writes = g.writes[:0]
+	}()
+	for _, w := range g.writes {
+		if err := m.checkWrite(w.lba, w.data); err != nil {
+			return err
+		}
+	}
+	for _, w := range g.writes {
+		copy(m.data[w.lba<<m.shift:], w.data)
+	}
+	return nil
+}
+
+// Len implements WriteGroup.
+func (g *memGroup) Len() int { return len(g.writes) }
 
 // View implements Viewer.
 func (m *MemBackend) View(lba, n uint64, fn func(lba uint64, data []byte)) error {

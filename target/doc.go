@@ -40,8 +40,8 @@
 //	async.go        AsyncBackend, IO, Inline: the asynchronous backend contract
 //	delayed.go      DelayedBackend: an asynchronous backend for tests
 //	backend.go      Backend (synchronous; write groups included), MemBackend
-//	volume_backend.go  VolumeBackend, the volume adapter: the one file that
-//	                knows target/volume, translating its errors (volumeStatus)
+//	store_backend.go  the store adapter (StoreBackend, StoreIO): the one file
+//	                that knows package store, translating its errors (storeStatus)
 //	group.go        Group: a binding goroutine's plain writes, committed together,
 //	                and its completion sink (SetWake, Reap)
 //	stats.go        request states, counters, per-namespace latency histograms
@@ -53,7 +53,7 @@
 // takes no mutex and allocates nothing: the controller's readiness, the
 // subsystem's namespace table (replaced whole on change) and each
 // namespace's reference count are atomics; the backend's own lock is the
-// backend's (a volume takes its RWMutex shared). Each NVM command is
+// backend's (a store volume takes its RWMutex shared). Each NVM command is
 // submitted to the namespace's AsyncBackend as an IO and answered when
 // the backend completes it (async.go): a synchronous Backend, through
 // Inline, completes at once; an asynchronous one later, and the request
@@ -95,9 +95,9 @@
 //     (and so let its binding reuse its buffer) before its backend's
 //     IO.Done.
 //   - Panic on any command a host can send (a fuzz test drives it).
-//   - Know a storage's errors outside its adapter: the volume's are
-//     translated by volumeStatus (volume_backend.go, the one file that
-//     imports target/volume, which a test asserts); the core only reads
+//   - Know a storage's errors outside its adapter: the store's are
+//     translated by storeStatus (store_backend.go, the one file that
+//     imports package store, which a test asserts); the core only reads
 //     a StatusError back (statusOf), and anything else is an Internal
 //     Error.
 //   - Close a namespace's backend: the caller owns it.

@@ -1,14 +1,14 @@
 package target
 
-// VolumeError is what the volume adapter returns for err from the volume
+// StoreError is what the store adapter returns for err from the store
 // operation op ("read", "write", "writezeroes", "deallocate", "flush"):
-// for tests that inject a volume's failure behind another backend.
-func VolumeError(op string, err error) error {
+// for tests that inject a store's failure behind another backend.
+func StoreError(op string, err error) error {
 	ops := map[string]ioOp{"read": opRead, "write": opWrite, "writezeroes": opWriteZeroes,
 		"deallocate": opDeallocate, "flush": opFlush}
 	o, ok := ops[op]
 	if !ok {
 		return err
 	}
-	return volumeError(o, err)
+	return storeError(o, err)
 }

@@ -6,32 +6,28 @@ import (
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
-	"github.com/blk-project/blk/target/volume"
-	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
-// groupVolume is a volume of 256 blocks of 4 KiB in a fresh in-memory
-// pebble store (its writes group), closed when the test ends.
-func groupVolume(t *testing.T) *volume.Volume {
+// groupBackend is a memory backend of 256 blocks of 4 KiB whose plain
+// writes group (up to 64 per group), as a backend on a log-structured
+// store would: no product backend groups today (the store's overwrite is
+// one pwrite), but the core's batching is part of the Backend contract.
+func groupBackend(t *testing.T) *target.MemBackend {
 	t.Helper()
-	store, err := volume.Open(volumeConfig(vfs.NewMem()))
+	m, err := target.NewMemBackend(4096, 256)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.Close() })
-	vol, err := store.Create(1, volume.CreateOptions{SizeBytes: 256 * 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return vol
+	m.SetWriteGroups(64)
+	return m
 }
 
 // Plain writes executed with a Group are completed by its Commit, all
 // visible afterwards; a bad write completes at once. (FUA writes never
 // reach the group: they go to the sync workers, see io_cmd.go.)
 func TestGroupedWrites(t *testing.T) {
-	vol := groupVolume(t)
-	b := newIOBench(t, target.VolumeBackend(vol))
+	mem := groupBackend(t)
+	b := newIOBench(t, mem)
 	g := b.tgt.NewGroup(16)
 	defer g.Commit() // never leave requests pending: Close waits for them
 	base := b.ir.n
@@ -45,7 +41,7 @@ func TestGroupedWrites(t *testing.T) {
 		t.Fatalf("before Commit: %d completed, %d pending; want 0 and 8", b.ir.n-base, g.Pending())
 	}
 	got := make([]byte, 4096)
-	if err := vol.Read(10, got); err != nil || got[0] != 0 {
+	if err := mem.Read(10, got); err != nil || got[0] != 0 {
 		t.Fatalf("a pending write is visible (err %v)", err)
 	}
 	// Out of range: refused at once, not held.
@@ -62,7 +58,7 @@ func TestGroupedWrites(t *testing.T) {
 		if reqs[i].Rsp.Status != nvme.StatusSuccess {
 			t.Fatalf("grouped write %d: %v", i, reqs[i].Rsp.Status)
 		}
-		if err := vol.Read(uint64(10+i), got); err != nil || got[0] != byte(i+1) || got[4095] != byte(i+1) {
+		if err := mem.Read(uint64(10+i), got); err != nil || got[0] != byte(i+1) || got[4095] != byte(i+1) {
 			t.Fatalf("block %d after Commit: err %v, byte %d", 10+i, err, got[0])
 		}
 	}
@@ -85,12 +81,13 @@ func (b *timedBackend) Write(lba uint64, data []byte, fua bool) error {
 	return b.Backend.Write(lba, data, fua)
 }
 
-// A volume behind a decorator still commits the plain writes of one
-// batch together: blkd wraps every volume (issue 22: its latency wrapper
-// dropped the batching, so every write was its own pebble commit).
+// A backend behind a decorator still commits the plain writes of one
+// batch together: a daemon may wrap every backend (issue 22: blkd's
+// latency wrapper dropped the batching, so every write was its own pebble
+// commit).
 func TestGroupedWritesThroughDecorator(t *testing.T) {
-	vol := groupVolume(t)
-	wrapped := &timedBackend{Backend: target.VolumeBackend(vol)}
+	mem := groupBackend(t)
+	wrapped := &timedBackend{Backend: mem}
 	b := newIOBench(t, wrapped)
 	g := b.tgt.NewGroup(16)
 	defer g.Commit()
@@ -108,7 +105,7 @@ func TestGroupedWritesThroughDecorator(t *testing.T) {
 	}
 	got := make([]byte, 4096)
 	for i := range 8 {
-		if err := vol.Read(uint64(i), got); err != nil || got[0] != byte(i+1) {
+		if err := mem.Read(uint64(i), got); err != nil || got[0] != byte(i+1) {
 			t.Fatalf("block %d: err %v, byte %d", i, err, got[0])
 		}
 	}
@@ -118,8 +115,8 @@ func TestGroupedWritesThroughDecorator(t *testing.T) {
 // the core; a grouped write counts once per write, timed by its commit,
 // and the batching counters say how many commits the writes took.
 func TestNamespaceLatencyAndBatching(t *testing.T) {
-	vol := groupVolume(t)
-	b := newIOBench(t, target.VolumeBackend(vol))
+	mem := groupBackend(t)
+	b := newIOBench(t, mem)
 	g := b.tgt.NewGroup(16)
 	defer g.Commit()
 	buf := make([]byte, 4096)
@@ -159,5 +156,71 @@ func TestNamespaceLatencyAndBatching(t *testing.T) {
 		if h.Count != want || sum != want || (want > 0) != (h.Sum > 0) {
 			t.Errorf("%s: count %d, buckets %d, sum %v; want %d calls", op, h.Count, sum, h.Sum, want)
 		}
+	}
+}
+
+// A group's writes are applied by Commit all together or not at all: the
+// memory backend turned read-only between Add and Commit fails every
+// pending write with Write Protect and applies none; a full group asks
+// for a Commit (ErrGroupFull).
+func TestMemWriteGroup(t *testing.T) {
+	mem := groupBackend(t)
+	mem.SetWriteGroups(2)
+	b := newIOBench(t, mem)
+	g := b.tgt.NewGroup(16)
+	defer g.Commit()
+	base := b.ir.n
+	reqs := make([]*target.Request, 3)
+	for i := range reqs {
+		data := bytes.Repeat([]byte{byte(i + 1)}, 4096)
+		reqs[i] = &target.Request{Cmd: ioCmd(nvme.IOWrite, 1, uint64(i), 1, 0), Dir: nvme.DirHostToCtrl, Len: 4096, Data: data, Group: g}
+		b.io.Execute(reqs[i])
+	}
+	// The third write found the backend's group full: the first two were
+	// committed to make room.
+	if n := b.ir.n - base; n != 2 || g.Pending() != 1 {
+		t.Fatalf("after three writes into groups of two: %d completed, %d pending; want 2 and 1", n, g.Pending())
+	}
+	mem.SetReadOnly(true)
+	g.Commit()
+	if reqs[2].Rsp.Status != nvme.StatusNamespaceWriteProtect.WithDNR() {
+		t.Fatalf("write committed after the backend became read-only: %v", reqs[2].Rsp.Status)
+	}
+	got := make([]byte, 4096)
+	for i, want := range []byte{1, 2, 0} {
+		if err := mem.Read(uint64(i), got); err != nil || got[0] != want {
+			t.Fatalf("block %d: err %v, byte %d, want %d", i, err, got[0], want)
+		}
+	}
+	if st := g.Stats(); st.Writes != 3 || st.Commits != 2 {
+		t.Errorf("group stats %+v, want 3 writes in 2 commits", st)
+	}
+
+	// Straight on the backend: a refused write is refused at Add, a bad
+	// one at Commit fails the whole group.
+	mem.SetReadOnly(false)
+	wg := mem.NewWriteGroup()
+	if err := wg.Add(256, got); err == nil {
+		t.Fatal("write past the end added")
+	}
+	if err := wg.Add(0, got[:100]); err == nil {
+		t.Fatal("partial block added")
+	}
+	one := bytes.Repeat([]byte{9}, 4096)
+	if err := wg.Add(4, one); err != nil {
+		t.Fatal(err)
+	}
+	if err := wg.Add(250, one); err != nil {
+		t.Fatal(err)
+	}
+	if err := wg.Add(5, one); err != target.ErrGroupFull {
+		t.Fatalf("third write in a group of two: %v, want ErrGroupFull", err)
+	}
+	mem.Resize(200) // block 250 is gone before the commit
+	if err := wg.Commit(); err == nil || wg.Len() != 0 {
+		t.Fatalf("commit with a write past the new end: %v, %d left", err, wg.Len())
+	}
+	if err := mem.Read(4, got); err != nil || got[0] != 0 {
+		t.Fatalf("block 4 after a failed commit: err %v, byte %d (a partial commit)", err, got[0])
 	}
 }

@@ -5,9 +5,6 @@ import (
 	"testing"
 
 	"github.com/blk-project/blk/nvme"
-	"github.com/blk-project/blk/target"
-	"github.com/blk-project/blk/target/volume"
-	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // identifyCS is Identify CNS 0x06 for command set csi.
@@ -67,21 +64,12 @@ func TestIdentifyControllerNVM(t *testing.T) {
 }
 
 // TestWriteZeroesAtWZSL: a Write Zeroes as long as WZSL allows (32 MiB,
-// 65536 blocks of 512 bytes, NLB 0xFFFF) is served by a volume with DEAC,
+// 65536 blocks of 512 bytes, NLB 0xFFFF) is served by a store volume with DEAC,
 // without, and with FUA, and zeroes exactly its range.
 func TestWriteZeroesAtWZSL(t *testing.T) {
-	const bs, wz = 512, 1 << 16 // block size, blocks of one WZSL-sized Write Zeroes
-	s, err := volume.Open(volumeConfig(vfs.NewMem()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	v, err := s.Create(1, volume.CreateOptions{SizeBytes: (wz + 2) * bs, BlockSize: volume.BlockSize512})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHarness(t)
-	_, admin, io, _ := h.serve(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(v)})
+	const bs, wz = 512, 1 << 16              // block size, blocks of one WZSL-sized Write Zeroes
+	f := newStoreFixture(t, bs, wz+2, 4<<20) // thin: five clusters are written
+	h, admin, io := f.h, f.admin, f.io
 	c := h.exec(admin, identifyCS(nvme.CSINVM, 0), make([]byte, 4096))
 	mustOK(t, c, "identify CNS 0x06")
 	var id nvme.IdentifyControllerNVM

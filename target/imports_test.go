@@ -12,15 +12,15 @@ import (
 )
 
 // TestImportGraph: the core knows no transport. Of blk's packages it sees
-// only the wire codec (with in-band authentication) and the two stores
-// (target/volume and store, each through its adapter).
+// only the wire codec (with in-band authentication) and the store (through
+// its adapter).
 func TestImportGraph(t *testing.T) {
 	const mod = "github.com/blk-project/blk/"
 	pkg, err := build.ImportDir(".", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := []string{mod + "nvme", mod + "nvme/auth", mod + "target/volume", mod + "store", mod + "store/aio"}
+	allowed := []string{mod + "nvme", mod + "nvme/auth", mod + "store", mod + "store/aio"}
 	for _, imp := range pkg.Imports {
 		if strings.HasPrefix(imp, mod+"transport") || strings.HasPrefix(imp, mod+"target/rdma") {
 			t.Errorf("package target imports the transport package %s", imp)
@@ -32,9 +32,8 @@ func TestImportGraph(t *testing.T) {
 	}
 }
 
-// TestCoreStorageNeutral: of the core's files only the volume adapter
-// knows the volume store and only the store adapter the extent store
-// (their errors and types); the rest sees a Backend.
+// TestCoreStorageNeutral: of the core's files only the store adapter knows
+// the store (its errors and types); the rest sees a Backend.
 func TestCoreStorageNeutral(t *testing.T) {
 	pkg, err := build.ImportDir(".", 0)
 	if err != nil {
@@ -48,9 +47,6 @@ func TestCoreStorageNeutral(t *testing.T) {
 		}
 		for _, imp := range f.Imports {
 			path, _ := strconv.Unquote(imp.Path.Value)
-			if path == "github.com/blk-project/blk/target/volume" && name != "volume_backend.go" {
-				t.Errorf("%s imports %s: only the volume adapter (volume_backend.go) may", name, path)
-			}
 			if (path == "github.com/blk-project/blk/store" || path == "github.com/blk-project/blk/store/aio") && name != "store_backend.go" {
 				t.Errorf("%s imports %s: only the store adapter (store_backend.go) may", name, path)
 			}

@@ -1,13 +1,10 @@
 package target
 
 import (
-	"errors"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/blk-project/blk/nvme"
-	"github.com/blk-project/blk/target/volume"
 )
 
 // TestCNTLIDSpace: next-fit over 1..0xFFEF, wrap-around, exhaustion, and
@@ -49,63 +46,6 @@ func TestCNTLIDSpace(t *testing.T) {
 	}
 	if s.used[0]&1 != 0 || s.used[len(s.used)-1]>>((0xFFF0)%64) != 0 {
 		t.Fatal("IDs 0 or above 0xFFEF handed out")
-	}
-}
-
-// TestVolumeStatus: the volume adapter's one translation of its errors,
-// and what the core reads back from them (statusOf).
-func TestVolumeStatus(t *testing.T) {
-	wrap := func(err error) error { return fmt.Errorf("volume 1: read at LBA 3: %w", err) }
-	for _, c := range []struct {
-		op   ioOp
-		err  error
-		want nvme.Status
-	}{
-		{opRead, wrap(volume.ErrOutOfRange), nvme.StatusLBAOutOfRange.WithDNR()},
-		{opWrite, wrap(volume.ErrMisaligned), nvme.StatusSGLInvalidDataLength.WithDNR()},
-		{opWrite, wrap(volume.ErrTooLarge), nvme.StatusInvalidField.WithDNR()},
-		{opRead, wrap(volume.ErrNotFound), nvme.StatusInvalidNamespace.WithDNR()},
-		{opWrite, wrap(volume.ErrExists), nvme.StatusInternalError.WithDNR()},
-		{opWrite, wrap(volume.ErrReadOnly), nvme.StatusNamespaceWriteProtect.WithDNR()},
-		{opRead, wrap(volume.ErrClosed), nvme.StatusNamespaceNotReady},
-		{opWrite, wrap(volume.ErrNoSpace), nvme.StatusCapacityExceeded.WithDNR()},
-		{opRead, wrap(volume.ErrIO), nvme.StatusUnrecoveredReadError.WithDNR()},
-		{opCompare, wrap(volume.ErrIO), nvme.StatusUnrecoveredReadError.WithDNR()},
-		{opWrite, wrap(volume.ErrIO), nvme.StatusWriteFault.WithDNR()},
-		{opWriteZeroes, wrap(volume.ErrIO), nvme.StatusWriteFault.WithDNR()},
-		{opDeallocate, wrap(volume.ErrIO), nvme.StatusWriteFault.WithDNR()},
-		{opFlush, wrap(volume.ErrIO), nvme.StatusInternalError.WithDNR()},
-		{opWrite, wrap(volume.ErrInvalid), nvme.StatusInvalidField.WithDNR()},
-		{opWrite, wrap(volume.ErrWouldLoseData), nvme.StatusInvalidField.WithDNR()},
-		{opRead, wrap(volume.ErrCorrupt), nvme.StatusInternalError.WithDNR()},
-		{opRead, errors.New("other"), nvme.StatusInternalError.WithDNR()},
-		{opRead, fmt.Errorf("x: %w", testStatusErr(nvme.StatusReservationConflict)), nvme.StatusReservationConflict},
-		// An explicit status wins over a wrapped sentinel.
-		{opRead, fmt.Errorf("%w: %w", testStatusErr(nvme.StatusANATransition), volume.ErrIO), nvme.StatusANATransition},
-	} {
-		if got := volumeStatus(c.op, c.err); got != c.want {
-			t.Errorf("volumeStatus(%d, %v) = %v, want %v", c.op, c.err, got, c.want)
-		}
-		// What the adapter returns: the status for the core, the
-		// volume's error for anyone who looks.
-		err := volumeError(c.op, c.err)
-		if got := statusOf(err); got != c.want {
-			t.Errorf("statusOf(volumeError(%d, %v)) = %v, want %v", c.op, c.err, got, c.want)
-		}
-		if !errors.Is(err, c.err) || err.Error() != c.err.Error() {
-			t.Errorf("volumeError(%d, %v) = %v: lost the volume's error", c.op, c.err, err)
-		}
-	}
-	if volumeError(opRead, nil) != nil || statusOf(nil) != nvme.StatusSuccess {
-		t.Error("success is not success")
-	}
-	// The core translates no storage's errors: an untranslated error is
-	// an Internal Error, whatever it wraps.
-	if got := statusOf(wrap(volume.ErrOutOfRange)); got != nvme.StatusInternalError.WithDNR() {
-		t.Errorf("statusOf(untranslated volume error) = %v, want Internal Error", got)
-	}
-	if n := testing.AllocsPerRun(100, func() { _ = statusOf(volumeError(opRead, nil)) }); n != 0 {
-		t.Errorf("statusOf(nil) allocates %v", n)
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 // StatusError is implemented by backend errors that carry their NVMe
 // status. A backend adapter translates its own errors into them, in one
 // function, as nvmet's io-cmd-bdev.c does with blk_to_nvme_status: the
-// volume adapter's is volumeStatus (volume_backend.go), MemBackend's
+// store adapter's is storeStatus (store_backend.go), MemBackend's
 // errors carry theirs, fault injection makes its own.
 type StatusError interface {
 	error

@@ -15,12 +15,12 @@ import (
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/nvme/auth"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
-	"github.com/blk-project/blk/target/volume"
 )
 
 // faultBackend wraps a Backend and fails the operations it is told to,
-// with errors as a volume behind its adapter would.
+// with errors as a store volume behind its adapter would.
 type faultBackend struct {
 	target.Backend
 	mu   sync.Mutex
@@ -37,12 +37,12 @@ func (f *faultBackend) set(op string, err error) {
 	f.mu.Unlock()
 }
 
-// err is the injected failure of op, as the volume adapter returns it
-// (translated by the adapter's volumeStatus; a geometry error as is).
+// err is the injected failure of op, as the store adapter returns it
+// (translated by the adapter's storeStatus; a geometry error as is).
 func (f *faultBackend) err(op string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return target.VolumeError(op, f.errs[op])
+	return target.StoreError(op, f.errs[op])
 }
 
 func (f *faultBackend) Geometry() (target.Geometry, error) {
@@ -192,7 +192,7 @@ var statusCases = []struct {
 		return f.read(1, 4096)
 	}},
 	{"internal error: failed flush", nvme.StatusInternalError.WithDNR(), func(t *testing.T, f *fixture) *call {
-		f.fault.set("flush", fmt.Errorf("sync: %w", volume.ErrIO))
+		f.fault.set("flush", fmt.Errorf("sync: %w", store.ErrIO))
 		return f.h.exec(f.io, nvme.Command{Opcode: uint8(nvme.IOFlush), Flags: nvme.FlagSGLMetaBuf, NSID: 1}, nil)
 	}},
 	{"abort SQ deleted: held AER at teardown", nvme.StatusAbortSQDeleted, func(t *testing.T, f *fixture) *call {
@@ -216,7 +216,7 @@ var statusCases = []struct {
 		return f.h.exec(f.io, ioCmd(nvme.IORead, 9, 0, 1, 0), make([]byte, 4096))
 	}},
 	{"invalid namespace: volume deleted", nvme.StatusInvalidNamespace.WithDNR(), func(t *testing.T, f *fixture) *call {
-		f.fault.set("read", fmt.Errorf("volume 1: %w", volume.ErrNotFound))
+		f.fault.set("read", fmt.Errorf("volume 1: %w", store.ErrNotFound))
 		return f.read(1, 4096)
 	}},
 	{"command sequence error: before CSTS.RDY", nvme.StatusCommandSequenceError.WithDNR(), func(t *testing.T, f *fixture) *call {
@@ -235,7 +235,7 @@ var statusCases = []struct {
 		return f.h.exec(q, connectCmd(0, 31, 0), connectData(hostA, subA, 0xFFFF, hostIDA)[:1000])
 	}},
 	{"data SGL length invalid: misaligned for the volume", nvme.StatusSGLInvalidDataLength.WithDNR(), func(t *testing.T, f *fixture) *call {
-		f.fault.set("read", fmt.Errorf("%w", volume.ErrMisaligned))
+		f.fault.set("read", fmt.Errorf("%w", store.ErrMisaligned))
 		return f.read(1, 4096)
 	}},
 	{"authentication required: a host with secrets before it authenticated", nvme.StatusAuthenticationRequired.WithDNR(), func(t *testing.T, f *fixture) *call {
@@ -254,18 +254,18 @@ var statusCases = []struct {
 		return f.h.exec(f.admin, adminCmd(nvme.AdminKeepAlive), nil)
 	}},
 	{"namespace write protected", nvme.StatusNamespaceWriteProtect.WithDNR(), func(t *testing.T, f *fixture) *call {
-		f.fault.set("write", fmt.Errorf("volume 1: %w", volume.ErrReadOnly))
+		f.fault.set("write", fmt.Errorf("volume 1: %w", store.ErrReadOnly))
 		return f.h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), f.data4k)
 	}},
 	{"LBA out of range", nvme.StatusLBAOutOfRange.WithDNR(), func(t *testing.T, f *fixture) *call {
 		return f.h.exec(f.io, ioCmd(nvme.IORead, 1, 63, 2, 0), f.data8k)
 	}},
 	{"namespace not ready: store closed", nvme.StatusNamespaceNotReady, func(t *testing.T, f *fixture) *call {
-		f.fault.set("read", fmt.Errorf("volume 1: %w", volume.ErrClosed))
+		f.fault.set("read", fmt.Errorf("volume 1: %w", store.ErrClosed))
 		return f.read(1, 4096)
 	}},
 	{"capacity exceeded: disk under the store's reserve", nvme.StatusCapacityExceeded.WithDNR(), func(t *testing.T, f *fixture) *call {
-		f.fault.set("write", fmt.Errorf("volume 1: %w", volume.ErrNoSpace))
+		f.fault.set("write", fmt.Errorf("volume 1: %w", store.ErrNoSpace))
 		return f.h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), f.data4k)
 	}},
 
@@ -313,15 +313,15 @@ var statusCases = []struct {
 
 	// Media and data integrity errors.
 	{"write fault", nvme.StatusWriteFault.WithDNR(), func(t *testing.T, f *fixture) *call {
-		f.fault.set("write", fmt.Errorf("wal: %w", volume.ErrIO))
+		f.fault.set("write", fmt.Errorf("wal: %w", store.ErrIO))
 		return f.h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), f.data4k)
 	}},
 	{"write fault: deallocate", nvme.StatusWriteFault.WithDNR(), func(t *testing.T, f *fixture) *call {
-		f.fault.set("deallocate", fmt.Errorf("wal: %w", volume.ErrIO))
+		f.fault.set("deallocate", fmt.Errorf("wal: %w", store.ErrIO))
 		return f.h.exec(f.io, ioCmd(nvme.IOWriteZeroes, 1, 0, 1, nvme.RWDEAC), nil)
 	}},
 	{"unrecovered read error", nvme.StatusUnrecoveredReadError.WithDNR(), func(t *testing.T, f *fixture) *call {
-		f.fault.set("read", fmt.Errorf("sstable: %w", volume.ErrIO))
+		f.fault.set("read", fmt.Errorf("data area: %w", store.ErrIO))
 		return f.read(1, 4096)
 	}},
 	{"compare failure", nvme.StatusCompareFailure.WithDNR(), func(t *testing.T, f *fixture) *call {

@@ -13,10 +13,10 @@ import (
 )
 
 // The store adapter: the one file of the target that knows the extent
-// store (package store, docs/store.md). As the volume adapter does for
-// target/volume, it calls a store volume for each backend operation and
-// translates the store's errors into NVMe status (storeStatus), as
-// nvmet's io-cmd-bdev.c does for a block device with blk_to_nvme_status.
+// store (package store, docs/store.md). It calls a store volume for each
+// backend operation and translates the store's errors into NVMe status
+// (storeStatus), as nvmet's io-cmd-bdev.c does for a block device with
+// blk_to_nvme_status; the core only reads the status back (statusOf).
 //
 // It has no write group: a plain write into an allocated cluster is one
 // pwrite with no metadata, and a first write's map commit is made under
@@ -36,21 +36,80 @@ func StoreBackend(v *store.Volume) Backend { return storeBackend{v} }
 
 type storeBackend struct{ v *store.Volume }
 
-// storeErrors are store's sentinels, translated by storeSentinels'
-// table (store_errors.go): the only place where store errors become
-// status codes.
-var storeErrors = storeSentinels{
-	outOfRange: store.ErrOutOfRange, misaligned: store.ErrMisaligned, tooLarge: store.ErrTooLarge,
-	invalid: store.ErrInvalid, wouldLoseData: store.ErrWouldLoseData, notFound: store.ErrNotFound,
-	readOnly: store.ErrReadOnly, closed: store.ErrClosed, noSpace: store.ErrNoSpace, io: store.ErrIO,
-}
+// ioOp is the operation a store error came from: I/O errors become media
+// errors of the matching direction.
+type ioOp uint8
 
-// storeStatus is the NVMe status of err, from a store operation op.
-func storeStatus(op ioOp, err error) nvme.Status { return storeErrors.status(op, err) }
+const (
+	opRead ioOp = iota
+	opWrite
+	opWriteZeroes
+	opDeallocate
+	opFlush
+	opCompare
+)
+
+// storeStatus is the NVMe status of err, from a store operation op: the
+// only place where store errors become status codes (store/errors.go
+// names them).
+//
+//	ErrOutOfRange      LBA Out of Range + DNR
+//	ErrMisaligned      Data SGL Length Invalid + DNR
+//	ErrTooLarge,
+//	ErrInvalid,
+//	ErrWouldLoseData   Invalid Field in Command + DNR
+//	ErrNotFound        Invalid Namespace or Format + DNR
+//	ErrReadOnly        Namespace is Write Protected + DNR
+//	ErrClosed          Namespace Not Ready (retryable: a store reopened
+//	                   or a path elsewhere may serve it)
+//	ErrNoSpace         Capacity Exceeded + DNR (the Linux host: ENOSPC)
+//	ErrIO              reads and compares: Unrecovered Read Error + DNR;
+//	                   writes, write-zeroes, deallocates: Write Fault + DNR;
+//	                   flush: Internal Error + DNR (as nvmet's
+//	                   blk_to_nvme_status: a failed store stays failed)
+//	anything else      Internal Error + DNR (ErrCorrupt, ErrExists too)
+//
+// An error that already carries a status (a StatusError) keeps it. ErrIO
+// is tested last: a failed store answers it to everything, and a store
+// error wraps exactly one of the others.
+func storeStatus(op ioOp, err error) nvme.Status {
+	var se StatusError
+	switch {
+	case errors.As(err, &se):
+		return se.NVMeStatus()
+	case errors.Is(err, store.ErrOutOfRange):
+		return nvme.StatusLBAOutOfRange.WithDNR()
+	case errors.Is(err, store.ErrMisaligned):
+		return nvme.StatusSGLInvalidDataLength.WithDNR()
+	case errors.Is(err, store.ErrTooLarge), errors.Is(err, store.ErrInvalid), errors.Is(err, store.ErrWouldLoseData):
+		return nvme.StatusInvalidField.WithDNR()
+	case errors.Is(err, store.ErrNotFound):
+		return nvme.StatusInvalidNamespace.WithDNR()
+	case errors.Is(err, store.ErrReadOnly):
+		return nvme.StatusNamespaceWriteProtect.WithDNR()
+	case errors.Is(err, store.ErrClosed):
+		return nvme.StatusNamespaceNotReady
+	case errors.Is(err, store.ErrNoSpace):
+		return nvme.StatusCapacityExceeded.WithDNR()
+	case errors.Is(err, store.ErrIO):
+		switch op {
+		case opRead, opCompare:
+			return nvme.StatusUnrecoveredReadError.WithDNR()
+		case opWrite, opWriteZeroes, opDeallocate:
+			return nvme.StatusWriteFault.WithDNR()
+		}
+	}
+	return nvme.StatusInternalError.WithDNR()
+}
 
 // storeError is err, from a store operation op, with its status: what the
 // adapter returns. nil stays nil (no allocation on success).
-func storeError(op ioOp, err error) error { return storeErrors.wrap(op, err) }
+func storeError(op ioOp, err error) error {
+	if err == nil {
+		return nil
+	}
+	return WithStatus(err, storeStatus(op, err))
+}
 
 // Geometry implements Backend. Its error is not a command's: returned as
 // the store gave it.

@@ -2,12 +2,15 @@ package target_test
 
 import (
 	"bytes"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 )
 
 // storeFixture is a live controller whose namespace 1 is a store volume
@@ -23,7 +26,13 @@ type storeFixture struct {
 
 func newStoreFixture(t *testing.T, bs uint32, blocks uint64, areaBytes int64) *storeFixture {
 	t.Helper()
-	s, err := store.Open(store.Config{Dir: "/store", FS: vfs.NewMem(), Area: store.NewMemArea(areaBytes, 512, 512),
+	return newStoreFixtureOn(t, vfs.NewMem(), bs, blocks, areaBytes)
+}
+
+// newStoreFixtureOn is newStoreFixture with pebble on fs.
+func newStoreFixtureOn(t *testing.T, fs vfs.FS, bs uint32, blocks uint64, areaBytes int64) *storeFixture {
+	t.Helper()
+	s, err := store.Open(store.Config{Dir: "/store", FS: fs, Area: store.NewMemArea(areaBytes, 512, 512),
 		AreaMaxBytes: areaBytes, ClusterBytes: 16 << 10, ReadyClusters: 4, Logger: quietLogger{},
 		MemTableBytes: 1 << 20, CacheBytes: 8 << 20, SyncInterval: -1})
 	if err != nil {
@@ -37,6 +46,19 @@ func newStoreFixture(t *testing.T, bs uint32, blocks uint64, areaBytes int64) *s
 	h := newHarness(t)
 	sub, admin, io, _ := h.serve(target.NamespaceConfig{NSID: 1, Backend: target.StoreBackend(v)})
 	return &storeFixture{h: h, store: s, vol: v, sub: sub, admin: admin, io: io}
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any)  {}
+func (quietLogger) Errorf(string, ...any) {}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7) + byte(i>>12)
+	}
+	return b
 }
 
 // TestStoreIO runs every NVM command against a real store volume and
@@ -121,14 +143,20 @@ func TestStoreIO(t *testing.T) {
 	}
 }
 
-// TestStoreStates: the store's refusals reach the host with the statuses
-// store/errors.go names: write protection, capacity exceeded (ENOSPC at
-// a Linux host) while overwrites go on, growth, deletion, closing.
+// TestStoreStates: the store's refusals and state changes reach the host
+// with the statuses store/errors.go names: write protection (the volume
+// says so before the target has noticed; Identify then shows it and an
+// AER tells the host), capacity exceeded (ENOSPC at a Linux host) while
+// overwrites go on, growth, deletion, closing.
 func TestStoreStates(t *testing.T) {
 	// An area of 8 clusters of 16 KiB: the header's, and 7 for data.
 	f := newStoreFixture(t, 4096, 1024, 8*16<<10)
 	h := f.h
 	data := pattern(4096, 3)
+	aer, done := h.execMayHold(f.admin, adminCmd(nvme.AdminAsyncEvent), nil)
+	if done {
+		t.Fatal("AER completed")
+	}
 
 	if err := f.store.SetState(1, store.StateReadOnly); err != nil {
 		t.Fatal(err)
@@ -141,6 +169,10 @@ func TestStoreStates(t *testing.T) {
 	_ = id.Unmarshal(c.data)
 	if id.NSATTR != nvme.NSAttrRO {
 		t.Fatalf("NSATTR %#x", id.NSATTR)
+	}
+	aer.wait(t)
+	if aer.dw0() != nvme.AsyncEventResult(nvme.AERTypeNotice, nvme.AERNoticeNS, nvme.LogChangedNSList) {
+		t.Fatalf("AER dw0 %#x", aer.dw0())
 	}
 	if err := f.store.SetState(1, store.StateOnline); err != nil {
 		t.Fatal(err)
@@ -182,6 +214,12 @@ func TestStoreStates(t *testing.T) {
 	if id.NSZE != 2048 {
 		t.Fatalf("NSZE %d after growing to 2048 blocks", id.NSZE)
 	}
+	// The grown range is addressable (and unwritten: zeros).
+	c = h.exec(f.io, ioCmd(nvme.IORead, 1, 2047, 1, 0), make([]byte, 4096))
+	mustOK(t, c, "read in the grown range")
+	if !bytes.Equal(c.data, make([]byte, 4096)) {
+		t.Fatal("the grown range does not read zeros")
+	}
 
 	// Deleted: Invalid Namespace.
 	if err := f.store.Delete(1); err != nil {
@@ -201,5 +239,55 @@ func TestStoreStates(t *testing.T) {
 	_ = f.store.Close()
 	if s := h.exec(f.io, ioCmd(nvme.IORead, 2, 0, 1, 0), make([]byte, 4096)).status(); s != nvme.StatusNamespaceNotReady {
 		t.Fatalf("read of a closed store: %s", fmtStatus(s))
+	}
+}
+
+// TestStoreWALFault: once the disk fails pebble's WAL, a FUA write is a
+// Write Fault, a flush an Internal Error, and every later read an
+// Unrecovered Read Error (the store stays failed), all with DNR; each
+// error is logged and counted.
+func TestStoreWALFault(t *testing.T) {
+	var on atomic.Bool
+	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if !on.Load() || !strings.HasSuffix(op.Path, ".log") {
+			return nil
+		}
+		switch op.Kind {
+		case errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo, errorfs.OpFileFlush,
+			errorfs.OpFileWrite, errorfs.OpFileWriteAt:
+			return errorfs.ErrInjected
+		}
+		return nil
+	}))
+	f := newStoreFixtureOn(t, fs, 4096, 256, 4<<20)
+	h := f.h
+	data := pattern(4096, 5)
+	mustOK(t, h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), data), "write before the fault")
+	on.Store(true)
+	if s := h.exec(f.io, ioCmd(nvme.IOWrite, 1, 1, 1, nvme.RWFUA), data).status(); s != nvme.StatusWriteFault.WithDNR() {
+		t.Fatalf("FUA write: %s", fmtStatus(s))
+	}
+	if s := h.exec(f.io, nvme.Command{Opcode: uint8(nvme.IOFlush), Flags: nvme.FlagSGLMetaBuf, NSID: 1}, nil).status(); s != nvme.StatusInternalError.WithDNR() {
+		t.Fatalf("flush: %s", fmtStatus(s))
+	}
+	if s := h.exec(f.io, ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096)).status(); s != nvme.StatusUnrecoveredReadError.WithDNR() {
+		t.Fatalf("read of a failed store: %s", fmtStatus(s))
+	}
+	if s := h.exec(f.io, ioCmd(nvme.IOWriteZeroes, 1, 0, 1, 0), nil).status(); s != nvme.StatusWriteFault.WithDNR() {
+		t.Fatalf("write zeroes on a failed store: %s", fmtStatus(s))
+	}
+	if f.store.Health() == nil {
+		t.Fatal("the store is not failed")
+	}
+	c := h.exec(f.admin, getLogCmd(nvme.LogSMART, nvme.NSIDAll, 512, 0, false), make([]byte, 512))
+	var sl nvme.SMARTLog
+	_ = sl.Unmarshal(c.data)
+	if sl.NumErrLogEntries.Lo != 4 {
+		t.Fatalf("error log entries %d", sl.NumErrLogEntries.Lo)
+	}
+	for _, n := range h.tgt.Stats().Namespaces {
+		if n.Errors != 4 {
+			t.Fatalf("namespace errors %d", n.Errors)
+		}
 	}
 }

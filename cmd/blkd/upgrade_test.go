@@ -3,81 +3,108 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/blk-project/blk/target/volume"
 )
+
+// The upgrade fixture, testdata/volumes-v1 (README there), is the
+// volumes directory of a node of the release before issue 22: pebble in
+// target/volume's one-key-per-block layout, written by that release's code
+// and committed. It holds upgradeVolumes, each written by upgradeWrites in
+// order with fixtureBlock's contents, so the test knows every byte.
+const upgradeFixture = "testdata/volumes-v1"
+
+// upgradeVolumes are the fixture's volumes: the IDs a fresh registry
+// gives the test's first two volumes.
+var upgradeVolumes = []struct {
+	id, size uint64
+	bs       uint32
+	name     string
+}{{1, 8 << 20, 4096, "old"}, {2, 1 << 20, 512, "old512"}}
+
+type upgradeWrite struct{ lba, n uint64 }
+
+// upgradeWrites are the writes to a volume of blocks blocks, in order:
+// whole runs, the last block, a run across the middle, scattered blocks
+// (some landing on earlier runs: overwrites).
+func upgradeWrites(blocks uint64) []upgradeWrite {
+	w := []upgradeWrite{{0, 64}, {blocks - 1, 1}, {blocks/2 - 3, 40}}
+	for k := range uint64(50) {
+		w = append(w, upgradeWrite{(k*7919 + 13) % blocks, 1})
+	}
+	return w
+}
+
+// fixtureBlock fills dst, one block, with a record of 61 bytes (a prime:
+// no block or sector shift maps it onto itself) derived from the volume,
+// the block and the write that wrote it, repeated: unique to that write
+// of that block, and small once git compresses it.
+func fixtureBlock(dst []byte, id, lba, gen uint64) {
+	var rec [61]byte
+	x := id<<48 ^ lba<<8 ^ gen
+	for i := range rec {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		rec[i] = byte(x >> 32)
+	}
+	for i := 0; i < len(dst); i += len(rec) {
+		copy(dst[i:], rec[:])
+	}
+}
+
+// upgradeImages is what each fixture volume must read, by name.
+func upgradeImages() map[string][]byte {
+	want := map[string][]byte{}
+	for _, uv := range upgradeVolumes {
+		img := make([]byte, uv.size)
+		bs := uint64(uv.bs)
+		for k, w := range upgradeWrites(uv.size / bs) {
+			for i := w.lba; i < w.lba+w.n; i++ {
+				fixtureBlock(img[i*bs:(i+1)*bs], uv.id, i, uint64(k+1))
+			}
+		}
+		want[uv.name] = img
+	}
+	return want
+}
 
 // TestUpgradeFromVolumeStore: a node whose data dir was written by the
 // release before issue 22 (the registry as today, the volumes in
-// target/volume's one-key-per-block pebble layout) starts on the extent
-// store: Open migrates the volumes in place, saying so in the log, and
-// the host reads the same bytes through NVMe/TCP with blk's initiator;
-// a second start does not migrate again and serves them still.
+// target/volume's one-key-per-block pebble layout, from the fixture)
+// starts on the extent store: Open migrates the volumes in place, saying
+// so in the log, and the host reads the same bytes through NVMe/TCP with
+// blk's initiator; a second start does not migrate again and serves them
+// still.
 func TestUpgradeFromVolumeStore(t *testing.T) {
-	seed := time.Now().UnixNano()
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	dir := t.TempDir()
 
-	// The registry: a volume of 8 MiB (4 KiB blocks) and a 512-byte one.
+	// The registry: a volume of 8 MiB (4 KiB blocks) and a 512-byte one,
+	// the fixture's.
 	d := startBlkd(t, dir)
-	var big, small volumeJSON
-	d.must(t, "POST", "/v1/volumes", `{"name": "old", "size": "8MiB"}`, 201, &big)
-	d.must(t, "POST", "/v1/volumes", `{"name": "old512", "size": "1MiB", "block_size": 512}`, 201, &small)
-	for _, n := range []string{"old", "old512"} {
-		d.must(t, "POST", "/v1/volumes/"+n+"/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	for _, uv := range upgradeVolumes {
+		var v volumeJSON
+		body := fmt.Sprintf(`{"name": %q, "size": "%dMiB", "block_size": %d}`, uv.name, uv.size>>20, uv.bs)
+		d.must(t, "POST", "/v1/volumes", body, 201, &v)
+		if v.ID != uv.id {
+			t.Fatalf("volume %s got ID %d, the fixture's is %d", uv.name, v.ID, uv.id)
+		}
+		d.must(t, "POST", "/v1/volumes/"+uv.name+"/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
 	}
 	d.stop(t)
 
 	// The volumes, as the previous release's store wrote them: the new
-	// store's files are removed and target/volume's written in their
-	// place, holding whole runs, scattered blocks, the last block.
+	// store's files are removed and the fixture copied in their place.
 	storeDir := filepath.Join(dir, "volumes")
 	for _, p := range []string{storeDir, storeDir + ".area"} {
 		if err := os.RemoveAll(p); err != nil {
 			t.Fatal(err)
 		}
 	}
-	old, err := volume.Open(volume.Config{Dir: storeDir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string][]byte{"old": make([]byte, 8<<20), "old512": make([]byte, 1<<20)}
-	for _, v := range []struct {
-		j  volumeJSON
-		bs int
-	}{{big, 4096}, {small, 512}} {
-		img := want[v.j.Name]
-		vol, err := old.Create(volume.ID(v.j.ID), volume.CreateOptions{SizeBytes: uint64(len(img)), BlockSize: uint32(v.bs)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		blocks := len(img) / v.bs
-		put := func(lba, n int) {
-			b := img[lba*v.bs : (lba+n)*v.bs]
-			for i := range b {
-				b[i] = byte(rng.Uint32())
-			}
-			if err := vol.Write(uint64(lba), b, 0); err != nil {
-				t.Fatal(err)
-			}
-		}
-		put(0, 64)          // a run from the start
-		put(blocks-1, 1)    // the last block
-		put(blocks/2-3, 40) // a run across the middle
-		for range 50 {      // scattered blocks
-			put(rng.IntN(blocks), 1)
-		}
-	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
+	copyDir(t, upgradeFixture, storeDir)
+	want := upgradeImages()
 
 	readAll := func(d *daemon, name string) []byte {
 		var a attachJSON
@@ -105,14 +132,14 @@ func TestUpgradeFromVolumeStore(t *testing.T) {
 				for got[i] == want[name][i] {
 					i++
 				}
-				t.Fatalf("%s: volume %s differs from what the previous release wrote, first at byte %d (seed %d)", when, name, i, seed)
+				t.Fatalf("%s: volume %s differs from what the previous release wrote, first at byte %d", when, name, i)
 			}
 		}
 	}
 
 	d = startBlkd(t, dir)
 	out := d.output()
-	for _, line := range []string{"from target/volume's layout: 2 volumes to migrate", fmt.Sprintf("upgrade: volume %d done", big.ID), "done: 2 volumes"} {
+	for _, line := range []string{"from target/volume's layout: 2 volumes to migrate", fmt.Sprintf("upgrade: volume %d done", upgradeVolumes[0].id), "done: 2 volumes"} {
 		if !strings.Contains(out, line) {
 			t.Errorf("the start's log lacks %q:\n%s", line, out)
 		}
@@ -128,4 +155,29 @@ func TestUpgradeFromVolumeStore(t *testing.T) {
 		t.Errorf("second start migrated again:\n%s", d.output())
 	}
 	check(d, "after a restart")
+}
+
+// copyDir copies the files of src into a new directory dst (the fixture
+// is flat; pebble rewrites what it opens, so the test works on a copy).
+func copyDir(t *testing.T, src, dst string) {
+	t.Helper()
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatalf("the upgrade fixture: %v", err)
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			t.Fatalf("the upgrade fixture: %s is not a plain file", e.Name())
+		}
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

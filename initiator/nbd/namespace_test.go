@@ -8,9 +8,9 @@ import (
 
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/initiator/nbd"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
-	"github.com/blk-project/blk/target/volume"
 	"github.com/blk-project/blk/transport/soft"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
@@ -36,12 +36,15 @@ func connectNamespace(t *testing.T) *initiator.Namespace {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tgt.Close() })
-	store, err := volume.Open(volume.Config{FS: vfs.NewMem(), Dir: "/vol"})
+	// A thin volume of an extent store, pebble and the data area in
+	// memory (the test writes a few clusters).
+	st, err := store.Open(store.Config{FS: vfs.NewMem(), Dir: "/vol", Area: store.NewMemArea(8<<20, 512, 512),
+		AreaMaxBytes: 8 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.Close() })
-	vol, err := store.Create(1, volume.CreateOptions{SizeBytes: 64 << 20})
+	t.Cleanup(func() { st.Close() })
+	vol, err := st.Create(1, store.CreateOptions{SizeBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +52,7 @@ func connectNamespace(t *testing.T) *initiator.Namespace {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(vol)}); err != nil {
+	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.StoreBackend(vol)}); err != nil {
 		t.Fatal(err)
 	}
 	port, err := rdma.Listen(tgt, ta, rcfg)

@@ -77,8 +77,9 @@ import (
 //	                 against NVMe/RDMA on the soft provider
 //	full-retries/op  (nvme) submissions the initiator refused as queue
 //	                 full although a slot was free, retried (retryFull)
-//	vol-copies/op    (nvme) bytes the volume copied between the target's
-//	                 buffers and pebble, per byte moved (1: one full copy)
+//	vol-bounces/op   (nvme) requests the store copied through a bounce
+//	                 buffer (the target's buffer not aligned for O_DIRECT),
+//	                 per request of the volume (0: no copy in the store)
 //	x-bare           (nvme) IOPS of nvme ÷ IOPS of this benchmark's bare
 //	                 runs in the same process (their median, see
 //	                 bareResults): what the protocol, our initiator, the
@@ -345,8 +346,8 @@ func benchNVMe(b *testing.B, bc benchCase, transport string) {
 	}
 	b.ReportMetric(float64(retries.Load())/float64(b.N), "full-retries/op")
 	verifyNVMe(b, bc, ns, cur.Load(), bufs)
-	if n, ok := r.counters["volbytes"]; ok && n > 0 {
-		b.ReportMetric(float64(r.counters["volcopied"])/float64(n), "vol-copies/op")
+	if n, ok := r.counters["volrequests"]; ok && n > 0 {
+		b.ReportMetric(float64(r.counters["volbounces"])/float64(n), "vol-bounces/op")
 	}
 	if bare, ok := bareResults.Median(bc.name); ok {
 		b.ReportMetric(r.iops/bare, "x-bare")

@@ -17,17 +17,17 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/internal/benchbook"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/tcp"
-	"github.com/blk-project/blk/target/volume"
 )
 
 // The test binary doubles as a server process, in one of two modes:
 //
-//   - with BLK_TEST_TARGET_DIR set it serves a pebble store in that
+//   - with BLK_TEST_TARGET_DIR set it serves an extent store in that
 //     directory (volume 1, 256 MiB, as namespace 1 of testSubNQN, any host
-//     allowed) on BLK_TEST_TARGET_ADDR, with the port's Cores, QPsPerCore
+//     allowed, through a StoreIO as blkd does) on BLK_TEST_TARGET_ADDR, with the port's Cores, QPsPerCore
 //     and QueueEntries from BLK_TEST_TARGET_CORES, _QPS_PER_CORE and
 //     _QUEUE_ENTRIES where set (the defaults otherwise); with
 //     BLK_TEST_TARGET_TRANSPORT=tcp it serves the same through an
@@ -104,18 +104,25 @@ func runChildTarget(dir, addr string) error {
 	if os.Getenv("BLK_TEST_TARGET_LOG") != "" {
 		cfg.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "child target: "+format+"\n", args...) }
 	}
-	store, err := volume.Open(volume.Config{Dir: dir, Logger: quietLogger{}})
+	// The store as blkd opens it (defaults: a data area file beside dir,
+	// 64 KiB clusters), served through a StoreIO as blkd serves it.
+	st, err := store.Open(store.Config{Dir: dir, AreaBytes: childVolumeSize, Logger: quietLogger{}})
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	vol, err := store.Volume(1)
-	if errors.Is(err, volume.ErrNotFound) {
-		vol, err = store.Create(1, volume.CreateOptions{SizeBytes: childVolumeSize})
+	defer st.Close()
+	vol, err := st.Volume(1)
+	if errors.Is(err, store.ErrNotFound) {
+		vol, err = st.Create(1, store.CreateOptions{SizeBytes: childVolumeSize})
 	}
 	if err != nil {
 		return err
 	}
+	sio, err := target.NewStoreIO(st, target.StoreIOConfig{})
+	if err != nil {
+		return err
+	}
+	defer sio.Close() // after the target (deferred later, closed first)
 	t, err := target.New(target.Config{})
 	if err != nil {
 		return err
@@ -125,11 +132,11 @@ func runChildTarget(dir, addr string) error {
 	if err != nil {
 		return err
 	}
-	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(vol)}); err != nil {
+	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: sio.Backend(vol)}); err != nil {
 		return err
 	}
 	if os.Getenv(childTransportEnv) == "tcp" {
-		return serveChildTCP(t, vol, tcp.Config{Addr: addr, Cores: cfg.Cores, Logf: cfg.Logf})
+		return serveChildTCP(t, st, tcp.Config{Addr: addr, Cores: cfg.Cores, Logf: cfg.Logf})
 	}
 	port, err := rdma.Listen(t, a, cfg)
 	if err != nil {
@@ -145,18 +152,14 @@ func runChildTarget(dir, addr string) error {
 		s := port.Stats()
 		line := fmt.Sprintf("commands=%d incapsule=%d rdmareads=%d rdmawrites=%d waits=%d completions=%d notifications=%d groupedwrites=%d groupcommits=%d accepts=%d rejects=%d",
 			s.Commands, s.InCapsuleWrites, s.RDMAReads, s.RDMAWrites, s.DataWaits, s.Engine.Completions, s.Engine.Notifications, s.GroupedWrites, s.GroupCommits, s.Accepts, s.Rejects)
-		line += sizes
-		if vs, err := vol.Stats(); err == nil {
-			line += fmt.Sprintf(" volcopied=%d volbytes=%d", vs.CopiedBytes, vs.ReadBytes+vs.WriteBytes)
-		}
-		return line
+		return line + sizes + storeCounters(st)
 	})
 	return port.Close()
 }
 
 // serveChildTCP serves t through an NVMe/TCP port until childServe
 // returns.
-func serveChildTCP(t *target.Target, vol *volume.Volume, cfg tcp.Config) error {
+func serveChildTCP(t *target.Target, st *store.Store, cfg tcp.Config) error {
 	port, err := tcp.Listen(t, cfg)
 	if err != nil {
 		return err
@@ -166,16 +169,25 @@ func serveChildTCP(t *target.Target, vol *volume.Volume, cfg tcp.Config) error {
 		s := port.Stats()
 		line := fmt.Sprintf("commands=%d incapsule=%d r2ts=%d c2h=%d copies=%d waits=%d groupedwrites=%d groupcommits=%d accepts=%d",
 			s.Commands, s.InCapsule, s.R2Ts, s.C2HData, s.Copies, s.DataWaits, s.GroupedWrites, s.GroupCommits, s.Accepts)
-		if vs, err := vol.Stats(); err == nil {
-			line += fmt.Sprintf(" volcopied=%d volbytes=%d", vs.CopiedBytes, vs.ReadBytes+vs.WriteBytes)
-		}
-		return line
+		return line + storeCounters(st)
 	})
 	return port.Close()
 }
 
-// quietLogger drops pebble's informational messages (they would land in
-// the middle of benchmark output) and keeps its errors.
+// storeCounters are the store's copies for the stats line: requests whose
+// buffer the store copied through a bounce buffer (not aligned for
+// O_DIRECT), and the requests of volume 1 (bench_test.go: vol-bounces/op).
+func storeCounters(s *store.Store) string {
+	line := fmt.Sprintf(" volbounces=%d", s.Stats().BounceCopies)
+	if v, err := s.Volume(1); err == nil {
+		vs := v.Stats()
+		line += fmt.Sprintf(" volrequests=%d", vs.Reads+vs.Writes)
+	}
+	return line
+}
+
+// quietLogger drops the store's and pebble's informational messages
+// (they would land in the middle of benchmark output) and keeps errors.
 type quietLogger struct{}
 
 func (quietLogger) Infof(string, ...any) {}

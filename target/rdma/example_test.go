@@ -7,24 +7,25 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
-	"github.com/blk-project/blk/target/volume"
 	"github.com/blk-project/blk/transport/soft"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
-// A target serving one pebble-backed volume over the soft iWARP transport,
-// and the initiator writing and reading it, on loopback.
+// A target serving one volume of an extent store over the soft iWARP
+// transport, and the initiator writing and reading it, on loopback.
 func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	// Storage node: a volume store, a target, a subsystem with the volume
-	// as namespace 1, and an RDMA port.
-	store, _ := volume.Open(volume.Config{FS: vfs.NewMem(), Dir: "/data"})
-	defer store.Close()
-	vol, _ := store.Create(1, volume.CreateOptions{SizeBytes: 16 << 20})
+	// Storage node: a store (pebble and the data area in memory here; a
+	// directory and an area file in blkd), a target, a subsystem with the
+	// volume as namespace 1, and an RDMA port.
+	s, _ := store.Open(store.Config{FS: vfs.NewMem(), Dir: "/data", Area: store.NewMemArea(4<<20, 512, 512)})
+	defer s.Close()
+	vol, _ := s.Create(1, store.CreateOptions{SizeBytes: 16 << 20})
 	nic, _ := soft.New(soft.Config{})
 	defer nic.Close()
 	cfg := rdma.Config{Addr: "127.0.0.1:0"}
@@ -35,7 +36,7 @@ func Example() {
 		NQN: "nqn.2026-11.io.blk:example", Serial: "blk-example", Model: "blk",
 		Hosts: []string{"nqn.2026-11.io.blk:host-a"},
 	})
-	sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(vol)})
+	sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.StoreBackend(vol)})
 	port, err := rdma.Listen(tgt, nic, cfg)
 	if err != nil {
 		fmt.Println(err)

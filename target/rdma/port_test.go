@@ -3,17 +3,17 @@ package rdma_test
 import (
 	"bytes"
 	"math/rand"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
-	"github.com/blk-project/blk/target/volume"
 	"github.com/blk-project/blk/transport"
 	"github.com/blk-project/blk/transport/soft"
-	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 const (
@@ -24,14 +24,16 @@ const (
 type testTarget struct {
 	t     *target.Target
 	port  *rdma.Port
-	store *volume.Store
-	vol   *volume.Volume
+	store *store.Store
+	vol   *store.Volume
+	sio   *target.StoreIO
 	sub   *target.Subsystem
 	addr  string
 }
 
 // newTestTarget serves one subsystem with one 64 MiB namespace (4 KiB
-// blocks) on a soft adapter on loopback.
+// blocks, a volume of an extent store in a temporary directory, served
+// through a StoreIO as blkd serves it) on a soft adapter on loopback.
 func newTestTarget(t testing.TB, cfg rdma.Config) *testTarget {
 	t.Helper()
 	return newTestTargetOn(t, cfg, soft.Config{})
@@ -56,16 +58,21 @@ func newTestTargetOn(t testing.TB, cfg rdma.Config, sc soft.Config) *testTarget 
 	if tt.t, err = target.New(target.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	if tt.store, err = volume.Open(volume.Config{FS: vfs.NewMem(), Dir: "/vol"}); err != nil {
+	// A thin volume on an O_DIRECT area file that grows as it fills.
+	if tt.store, err = store.Open(store.Config{Dir: filepath.Join(t.TempDir(), "vol"), AreaBytes: 16 << 20,
+		Logger: quietLogger{}}); err != nil {
 		t.Fatal(err)
 	}
-	if tt.vol, err = tt.store.Create(1, volume.CreateOptions{SizeBytes: 64 << 20}); err != nil {
+	if tt.vol, err = tt.store.Create(1, store.CreateOptions{SizeBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if tt.sio, err = target.NewStoreIO(tt.store, target.StoreIOConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	if tt.sub, err = tt.t.AddSubsystem(target.SubsystemConfig{NQN: testSubNQN, Serial: "blk-test-1", Model: "blk test", Hosts: []string{testHostNQN}}); err != nil {
 		t.Fatal(err)
 	}
-	if err = tt.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: target.VolumeBackend(tt.vol)}); err != nil {
+	if err = tt.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: tt.sio.Backend(tt.vol)}); err != nil {
 		t.Fatal(err)
 	}
 	if tt.port, err = rdma.Listen(tt.t, a, cfg); err != nil {
@@ -75,7 +82,10 @@ func newTestTargetOn(t testing.TB, cfg rdma.Config, sc soft.Config) *testTarget 
 	t.Cleanup(func() {
 		tt.port.Close()
 		tt.t.Close()
-		tt.store.Close()
+		tt.sio.Close()
+		if err := tt.store.Close(); err != nil {
+			t.Error(err)
+		}
 		a.Close()
 	})
 	return tt

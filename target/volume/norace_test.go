@@ -1,5 +1,0 @@
-//go:build !race
-
-package volume
-
-const raceEnabled = false
