@@ -30,7 +30,9 @@ type coreState struct {
 	whead, wn int
 
 	// group gathers the plain writes executed during one notification;
-	// committed by HandleBatchEnd at its end.
+	// committed by HandleBatchEnd at its end. With the core's poll set it
+	// is also the core's completion sink and holds its backends' disk
+	// engines (see HandlePoll).
 	group *target.Group
 
 	st coreCounters
@@ -38,6 +40,10 @@ type coreState struct {
 
 type coreCounters struct {
 	commands, protocolErrors, inCapsule, reads, writes, waits atomic.Uint64
+	// diskNow and diskPeak are the I/Os the core's pollers have at the
+	// disk as of the core's last pass, and the most they had (written by
+	// the core only).
+	diskNow, diskPeak atomic.Uint64
 }
 
 func newCoreState(p *Port, c *transport.Core) (cs *coreState, err error) {
@@ -48,6 +54,16 @@ func newCoreState(p *Port, c *transport.Core) (cs *coreState, err error) {
 	}
 	cs.wait = make([]*req, int(cfg.Buffers)+int(cfg.QPsPerCore)*AdminQueueEntries)
 	cs.group = p.t.NewGroup(len(cs.wait))
+	if c.Polling() && !p.cfg.syncDisk {
+		// The group is the core's completion sink: an IO completed on
+		// another goroutine (a store's worker) is queued on it and the
+		// core woken, to be answered in HandlePoll. And backends keep
+		// their disk engines (an io_uring) here: each eventfd joins the
+		// core's poll set. Both or neither: IO.Poller hands out engines
+		// only to a group whose completions come back to its goroutine.
+		cs.group.SetWake(c.Wake)
+		cs.group.SetPollerHook(c.AddPollFD)
+	}
 	z := p.size
 	for i, c := range [len(cs.pools)]struct{ n, size uint32 }{
 		{z.SmallBuffers, smallBufferSize}, {z.MidBuffers, z.MidBufferSize}, {z.LargeBuffers, z.Limits.MaxTransfer},
@@ -60,8 +76,16 @@ func newCoreState(p *Port, c *transport.Core) (cs *coreState, err error) {
 	return cs, nil
 }
 
+// close frees the core's disk engines and buffers; the engine is closed
+// (no handler call runs any more, so the group is the caller's) and every
+// queue has drained. An engine's I/Os still at the disk (none, once the
+// queues drained) are waited for before the data buffers they use go.
 func (cs *coreState) close() error {
 	var errs []error
+	if cs.group != nil {
+		cs.group.ClosePollers()
+		cs.group.Reap()
+	}
 	for _, p := range cs.pools {
 		if p != nil {
 			errs = append(errs, p.close())
@@ -172,6 +196,44 @@ func (h *handler) HandleCompletion(core *transport.Core, c *transport.Completion
 // notification executed are committed together, then answered.
 func (h *handler) HandleBatchEnd(core *transport.Core) {
 	(*Port)(h).cores[core.Index()].group.Commit()
+}
+
+// HandlePoll implements transport.PollHandler: the core's disk, served
+// as a TCP poll group serves it (target/tcp's settle), serialized with
+// HandleCompletion. The engine calls it after every CQ notification (so
+// the I/Os the notification's commands queued reach the disk with one
+// doorbell), when a disk engine's eventfd fires, and when a completion
+// from another goroutine woke the core.
+func (h *handler) HandlePoll(core *transport.Core) bool {
+	return (*Port)(h).cores[core.Index()].poll()
+}
+
+// poll submits what the core's commands queued for the disk and reaps
+// what completed, answers the IOs completed here or handed back by other
+// goroutines, commits the writes that gathered meanwhile and starts
+// commands a freed buffer lets run, until none of it has work; then arms
+// the disk engines (true: one has work already, call again).
+func (cs *coreState) poll() bool {
+	g := cs.group
+	for {
+		worked := g.Poll() // the disk: submit, reap (IO.Done)
+		n := uint64(g.InFlight())
+		cs.st.diskNow.Store(n)
+		if n > cs.st.diskPeak.Load() {
+			cs.st.diskPeak.Store(n)
+		}
+		worked = g.Reap() || worked // answers
+		if g.Pending() > 0 {
+			g.Commit()
+			worked = true
+		}
+		if cs.wn > 0 {
+			cs.runWaiters()
+		}
+		if !worked {
+			return g.Arm()
+		}
+	}
 }
 
 // receive starts a command that arrived in r's buffer (n bytes).

@@ -337,7 +337,12 @@ type Stats struct {
 	// GroupedWrites were committed together in GroupCommits backend
 	// commits (target.Group, one per core).
 	GroupedWrites, GroupCommits uint64
-	Engine                      transport.Stats
+	// DiskInFlight is the I/Os the cores have at the disk through their
+	// backends' engines (target.Poller) as of each core's last pass;
+	// DiskInFlightPeak the most one core had at once (both 0 when no
+	// backend serves this port's cores asynchronously).
+	DiskInFlight, DiskInFlightPeak uint64
+	Engine                         transport.Stats
 }
 
 type counters struct {
@@ -361,6 +366,8 @@ func (p *Port) Stats() Stats {
 		gs := cs.group.Stats()
 		s.GroupedWrites += gs.Writes
 		s.GroupCommits += gs.Commits
+		s.DiskInFlight += cs.st.diskNow.Load()
+		s.DiskInFlightPeak = max(s.DiskInFlightPeak, cs.st.diskPeak.Load())
 	}
 	return s
 }
