@@ -159,7 +159,7 @@ func runChildTarget(dir, addr string) error {
 		s := port.Stats()
 		line := fmt.Sprintf("commands=%d incapsule=%d rdmareads=%d rdmawrites=%d waits=%d completions=%d notifications=%d groupedwrites=%d groupcommits=%d accepts=%d rejects=%d",
 			s.Commands, s.InCapsuleWrites, s.RDMAReads, s.RDMAWrites, s.DataWaits, s.Engine.Completions, s.Engine.Notifications, s.GroupedWrites, s.GroupCommits, s.Accepts, s.Rejects)
-		line += fmt.Sprintf(" diskpeak=%d pollwakes=%d", s.DiskInFlightPeak, s.Engine.PollWakes)
+		line += fmt.Sprintf(" diskpeak=%d pollwakes=%d capsulecopies=%d", s.DiskInFlightPeak, s.Engine.PollWakes, s.CapsuleCopies)
 		ss := sio.Stats()
 		line += fmt.Sprintf(" storedirect=%d storedeferred=%d", ss.Direct, ss.Deferred)
 		return line + sizes + storeCounters(st)

@@ -328,10 +328,13 @@ func (p *Port) coalesce(threshold, time100us uint8) error {
 
 // Stats are the port's counters.
 type Stats struct {
-	Accepts, Rejects      uint64
-	Commands              uint64 // capsules received
-	ProtocolErrors        uint64 // malformed capsules (connection dropped)
-	InCapsuleWrites       uint64 // host data taken from the capsule (no copy, no READ)
+	Accepts, Rejects uint64
+	Commands         uint64 // capsules received
+	ProtocolErrors   uint64 // malformed capsules (connection dropped)
+	InCapsuleWrites  uint64 // host data taken from the capsule (no READ)
+	// CapsuleCopies are in-capsule writes copied into an aligned data
+	// buffer for the disk engine (of InCapsuleWrites; see alignData).
+	CapsuleCopies         uint64
 	RDMAReads, RDMAWrites uint64
 	DataWaits             uint64 // commands that waited for a data buffer
 	// GroupedWrites were committed together in GroupCommits backend
@@ -360,6 +363,7 @@ func (p *Port) Stats() Stats {
 		s.Commands += cs.st.commands.Load()
 		s.ProtocolErrors += cs.st.protocolErrors.Load()
 		s.InCapsuleWrites += cs.st.inCapsule.Load()
+		s.CapsuleCopies += cs.st.capsuleCopies.Load()
 		s.RDMAReads += cs.st.reads.Load()
 		s.RDMAWrites += cs.st.writes.Load()
 		s.DataWaits += cs.st.waits.Load()
