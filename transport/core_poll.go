@@ -46,11 +46,14 @@ import (
 // and has not yet drained it. Every write to an eventfd is an edge,
 // whether or not the counter was drained.
 //
-// Why no spin: a core whose source still has work says so (HandlePoll
-// returns true) and is called again at once; with nothing left it sleeps
-// until its descriptor fires, which an io_uring's eventfd does at each
-// completion. A poll-mode consumer that wants to look again before
-// sleeping does it inside HandlePoll.
+// Polling: a core whose source still has work, or that wants to look
+// again before it sleeps (a disk with I/Os in flight), says so
+// (HandlePoll returns true) and is called again at once, after a drain
+// of its CQ: the goroutine holding the token may be the CQ's own
+// notification goroutine, which cannot deliver the CQ's next
+// notification while it keeps polling, so the token's holder polls the
+// CQ itself meanwhile. With nothing left the core sleeps until a
+// descriptor fires, which an io_uring's eventfd does at each completion.
 
 // PollHandler is an optional extension of Handler: a handler with work
 // on a core beside its CQ (see above). NewEngine gives each core a poll
@@ -72,6 +75,7 @@ const (
 	runCQ                        // a CQ notification to handle
 	runCQFail                    // a CQ failure to report (Core.cqErr)
 	runPoll                      // HandlePoll to call
+	runCQLook                    // a look at the CQ by a core that keeps polling
 )
 
 // Polling reports whether the core has a poll set: AddPollFD and Wake
@@ -137,13 +141,16 @@ func (c *Core) runToken() {
 				c.cqFailed(*err)
 			}
 		}
-		if work&runCQ != 0 {
-			c.handleCQ()
+		if work&(runCQ|runCQLook) != 0 {
+			c.handleCQ(work&runCQ != 0)
 		}
 		more := c.ph.HandlePoll(c)
 		c.handling.Add(1)
 		if more {
-			c.sched.Or(runPoll)
+			// The CQ too: the token's holder may be the CQ's own
+			// notification goroutine, which cannot deliver the CQ's next
+			// notification while it is busy here.
+			c.sched.Or(runPoll | runCQLook)
 		}
 		if c.sched.CompareAndSwap(runBusy, 0) {
 			return

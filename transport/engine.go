@@ -610,12 +610,14 @@ func (c *Core) cqNotified(status error) {
 		}
 		return
 	}
-	c.handleCQ()
+	c.handleCQ(true)
 }
 
 // handleCQ drains the CQ into the handler, re-arms it and moderates: the
-// body of a CQ notification, on the core's notification goroutine.
-func (c *Core) handleCQ() {
+// body of a CQ notification (notified), or a look at the CQ by a core
+// that keeps polling (core_poll.go), which counts as a notification only
+// when it finds completions. On the core's notification goroutine.
+func (c *Core) handleCQ(notified bool) {
 	now := time.Now()
 	n, recvs := c.drain()
 	// Arm, then poll once more: a completion that landed between the
@@ -635,12 +637,16 @@ func (c *Core) handleCQ() {
 		c.bh.HandleBatchEnd(c)
 	}
 
-	c.st.notifications.Add(1)
+	if notified || n > 0 {
+		c.st.notifications.Add(1)
+	}
 	if f := c.fixed.Swap(nil); f != nil {
 		c.applyFixed(f)
 	}
 	if n == 0 {
-		c.st.emptyNotifications.Add(1)
+		if notified {
+			c.st.emptyNotifications.Add(1)
+		}
 		return
 	}
 	c.st.completions.Add(uint64(n))

@@ -120,6 +120,9 @@ func TestStoreAsync(t *testing.T) {
 	if ss.EngineErrs != 0 {
 		t.Fatalf("engine errors: %+v", ss)
 	}
+	if ps.CapsuleCopies == 0 || ps.CapsuleCopies > ps.InCapsuleWrites {
+		t.Fatalf("%d in-capsule writes, %d copied into a data buffer: want some copied", ps.InCapsuleWrites, ps.CapsuleCopies)
+	}
 	if err := ns.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +250,7 @@ func TestStoreAsyncConcurrent(t *testing.T) {
 			peak := st.port.Stats().DiskInFlightPeak
 			t.Logf("%d rounds of 32 reads; most at the disk at once %d; store I/O %+v", rounds, peak, after)
 			if sync {
-				if peak != 0 || after.Requests != before.Requests {
+				if peak != 0 || after.Requests != before.Requests || st.port.Stats().CapsuleCopies != 0 {
 					t.Fatalf("poller hook off: %d I/Os at the disk at once, %d requests through an engine; want none", peak, after.Requests-before.Requests)
 				}
 				return
