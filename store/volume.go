@@ -70,6 +70,23 @@ func (v *Volume) Info() (Info, error) {
 	return v.info, nil
 }
 
+// TryInfo is Info without waiting: ok is false, and nothing else is
+// set, when the volume's lock is held or wanted by a writer (a
+// Deallocate, a Write Zeroes of whole clusters, a resize, waiting for the
+// direct I/Os in flight to end). A poll group asks it: the direct I/Os
+// such a writer waits for may be its own, which it could never reap while
+// blocked in Info.
+func (v *Volume) TryInfo() (info Info, ok bool, err error) {
+	if !v.mu.TryRLock() {
+		return Info{}, false, nil
+	}
+	defer v.mu.RUnlock()
+	if v.gone != nil {
+		return Info{}, true, fmt.Errorf("volume %d: %w", v.id, v.gone)
+	}
+	return v.info, true, nil
+}
+
 // VolumeStats are a volume's counters (requests that succeeded, and
 // those that failed) and its allocated space.
 type VolumeStats struct {

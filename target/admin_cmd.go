@@ -247,8 +247,9 @@ func (c *ctrl) identifyNamespace(nsid uint32, buf *[nvme.IdentifySize]byte) nvme
 	}
 	defer ns.release()
 	// As nvmet_ns_revalidate: pick up a resized or write-protected
-	// backend, and tell every controller if it changed.
-	if changed, err := ns.revalidate(); err != nil {
+	// backend, and tell every controller if it changed. Without waiting:
+	// this runs on a poll group (revalidateNow).
+	if changed, err := ns.revalidateNow(); err != nil {
 		c.t.logf("target: %s NSID %d: revalidate: %v", c.s.nqn, nsid, err)
 	} else if changed {
 		c.s.nsChanged(nsid)

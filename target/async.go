@@ -157,6 +157,17 @@ type AsyncBackend interface {
 	NewWriteGroup() WriteGroup
 }
 
+// GeometryTrier is an optional extension of AsyncBackend: Geometry
+// without waiting, for Identify Namespace, which runs on a poll group. A
+// backend whose Geometry can wait for I/Os only a poll group completes (a
+// store volume's lock, wanted by a Deallocate waiting for the direct
+// I/Os in flight) implements it; ok false means "busy, ask later": the
+// namespace then keeps the geometry it has. RevalidateNamespace, called
+// off the poll groups, still uses Geometry and waits.
+type GeometryTrier interface {
+	TryGeometry() (g Geometry, ok bool, err error)
+}
+
 // Inline adapts a synchronous Backend to the asynchronous contract: each
 // IO is served by the matching method and completed before Submit
 // returns. It is Blocking (Flush and FUA go to the sync workers, as they

@@ -118,7 +118,11 @@ func (b storeBackend) Geometry() (Geometry, error) {
 	if err != nil {
 		return Geometry{}, err
 	}
-	return Geometry{BlockSize: info.BlockSize, Blocks: info.Blocks(), ReadOnly: info.State == store.StateReadOnly}, nil
+	return storeGeometry(info), nil
+}
+
+func storeGeometry(info store.Info) Geometry {
+	return Geometry{BlockSize: info.BlockSize, Blocks: info.Blocks(), ReadOnly: info.State == store.StateReadOnly}
 }
 
 func (b storeBackend) Read(lba uint64, buf []byte) error {
@@ -334,6 +338,17 @@ type storeAsync struct {
 }
 
 func (b *storeAsync) Geometry() (Geometry, error) { return b.sync.Geometry() }
+
+// TryGeometry implements GeometryTrier: Identify Namespace asks it on a
+// poll group, where waiting for the volume could deadlock (see
+// store.Volume.TryInfo).
+func (b *storeAsync) TryGeometry() (Geometry, bool, error) {
+	info, ok, err := b.v.TryInfo()
+	if !ok || err != nil {
+		return Geometry{}, ok, err
+	}
+	return storeGeometry(info), true, nil
+}
 
 // Blocking: Flush and FUA writes sync the disk; the core runs them on its
 // sync workers.

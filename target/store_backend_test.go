@@ -5,6 +5,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/store"
@@ -289,5 +291,79 @@ func TestStoreWALFault(t *testing.T) {
 		if n.Errors != 4 {
 			t.Fatalf("namespace errors %d", n.Errors)
 		}
+	}
+}
+
+// TestStoreTryGeometry: while a Deallocate waits for a direct read in
+// flight (the volume pinned, as a poll group's engine pins it), the
+// asynchronous adapter's TryGeometry — what Identify Namespace asks on a
+// poll group — answers "busy" at once instead of queueing behind the
+// Deallocate, which only that poll group's reaping of the read would let
+// go on: the deadlock a host's Identify during a Deallocate used to make.
+// Once the read ends, the Deallocate completes and TryGeometry answers.
+func TestStoreTryGeometry(t *testing.T) {
+	s, err := store.Open(store.Config{Dir: "/store", FS: vfs.NewMem(), Area: store.NewMemArea(1<<20, 512, 512),
+		AreaMaxBytes: 1 << 20, ClusterBytes: 16 << 10, Logger: quietLogger{}, SyncInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v, err := s.Create(1, store.CreateOptions{SizeBytes: 256 << 10, BlockSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Write(0, pattern(16<<10, 3), 0); err != nil {
+		t.Fatal(err)
+	}
+	sio, err := target.NewStoreIO(s, target.StoreIOConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sio.Close()
+	gt, ok := sio.Backend(v).(target.GeometryTrier)
+	if !ok {
+		t.Fatal("the store's asynchronous backend is no GeometryTrier")
+	}
+	if g, ok, err := gt.TryGeometry(); !ok || err != nil || g.Blocks != 64 || g.BlockSize != 4096 {
+		t.Fatalf("TryGeometry = %+v, %v, %v; want 64 blocks of 4096", g, ok, err)
+	}
+	raw := make([]byte, 2*store.DirectAlign)
+	off := store.DirectAlign - int(uintptr(unsafe.Pointer(&raw[0]))%store.DirectAlign)
+	buf := raw[off%store.DirectAlign:][:store.DirectAlign]
+	segs := make([]store.Segment, 4)
+	if _, k, err := v.BeginDirect(false, 0, buf, segs); k != store.DirectIO || err != nil {
+		t.Fatalf("BeginDirect = %v, %v; want a direct read", k, err)
+	}
+	dealloc := make(chan error, 1)
+	go func() { dealloc <- v.Deallocate(0, 4) }()
+	// The Deallocate holds the lock wanted: TryInfo sees it.
+	deadline := time.Now().Add(10 * time.Second)
+	for _, ok, _ := v.TryInfo(); ok; _, ok, _ = v.TryInfo() {
+		if time.Now().After(deadline) {
+			t.Fatal("the Deallocate never waited for the direct read")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	answered := make(chan bool, 1)
+	go func() {
+		_, ok, _ := gt.TryGeometry()
+		answered <- ok
+	}()
+	select {
+	case ok := <-answered:
+		if ok {
+			t.Fatal("TryGeometry answered while a Deallocate held the volume")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("TryGeometry waited for the Deallocate (which waits for the read it blocks)")
+	}
+	if err := v.EndDirect(false, 0, len(buf), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-dealloc; err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := gt.TryGeometry(); !ok || err != nil {
+		t.Fatalf("TryGeometry after the Deallocate: %v, %v", ok, err)
 	}
 }

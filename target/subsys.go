@@ -547,6 +547,26 @@ func (ns *namespace) revalidate() (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	return ns.setGeometry(g)
+}
+
+// revalidateNow is revalidate on a poll group: with a backend that can
+// answer without waiting (GeometryTrier), a busy one leaves the cached
+// geometry as it is (a resize is announced by RevalidateNamespace anyway,
+// and the next Identify picks it up).
+func (ns *namespace) revalidateNow() (bool, error) {
+	t, ok := ns.io.(GeometryTrier)
+	if !ok {
+		return ns.revalidate()
+	}
+	g, ok, err := t.TryGeometry()
+	if err != nil || !ok {
+		return false, err
+	}
+	return ns.setGeometry(g)
+}
+
+func (ns *namespace) setGeometry(g Geometry) (bool, error) {
 	if g.BlockSize != ns.bs {
 		return false, fmt.Errorf("block size changed from %d to %d: %w", ns.bs, g.BlockSize, ErrInvalid)
 	}

@@ -33,7 +33,10 @@
 // On top of the provider API sits the Engine (engine.go): one CQ per core,
 // one SRQ per core shared by the QPs placed there, a registered receive
 // buffer pool replenished from the SRQ threshold notification, QP placement
-// in one function, and adaptive interrupt moderation.
+// in one function, and adaptive interrupt moderation; for a handler with
+// work of its own beside the CQ (a PollHandler: a disk engine's eventfd,
+// completions handed over by other goroutines), a poll set per core whose
+// events are handled serialized with the CQ's (core_poll.go).
 //
 // What this package must never do: know about NVMe, block I/O or any upper
 // protocol; allocate or lock per I/O in the engine's steady state; block in

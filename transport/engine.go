@@ -31,7 +31,10 @@ import (
 // The engine relies on the API's promise that a CQ's notifications run on
 // that CQ's own goroutine, one at a time: the completion array, the
 // moderation controller and ControlInterruptModeration (M13) are touched
-// by that goroutine only.
+// by that goroutine only. A core with a poll set (a PollHandler,
+// core_poll.go) keeps the promise by serializing: its CQ's notifications
+// and its poll set's events are handled one at a time by whichever
+// goroutine holds the core's run token.
 type Engine struct {
 	adapter Adapter
 	pd      PD
@@ -47,8 +50,9 @@ type Engine struct {
 
 // Handler receives every completion of the engine's CQs.
 type Handler interface {
-	// HandleCompletion runs on core's notification goroutine, once per
-	// completion, in CQ order. c points into the core's completion array
+	// HandleCompletion runs on core's notification goroutine (with a
+	// poll set: serialized with the core's other handler calls, see
+	// PollHandler), once per completion, in CQ order. c points into the core's completion array
 	// and is valid only during the call. For a receive completion of an
 	// engine buffer (core.RecvBuf(c) != nil), the handler owns the buffer
 	// from then on, whatever c.Status says, and must give it back with
@@ -340,6 +344,15 @@ type Core struct {
 	h  Handler
 	eh ErrorHandler
 	bh BatchHandler
+	ph PollHandler // nil: no poll set (core_poll.go)
+
+	// The poll set (core_poll.go): ps and psDone are set by newCore and
+	// not changed until close; sched is the run token serializing the
+	// handler calls; cqErr a CQ failure for the token's holder to report.
+	ps     *pollSet
+	psDone chan struct{}
+	sched  atomic.Uint32
+	cqErr  atomic.Pointer[error]
 
 	// Owned by the CQ's notification goroutine.
 	batch    []Completion
@@ -394,6 +407,7 @@ const (
 
 func newCore(e *Engine, index, cpu int, h Handler, eh ErrorHandler, moderate bool) (c *Core, err error) {
 	bh, _ := h.(BatchHandler)
+	ph, _ := h.(PollHandler)
 	cfg := &e.cfg
 	c = &Core{
 		e: e, index: index, cpu: cpu,
@@ -458,10 +472,30 @@ func newCore(e *Engine, index, cpu int, h Handler, eh ErrorHandler, moderate boo
 	if err = c.srq.Modify(0, c.threshold); err != nil {
 		return c, fmt.Errorf("arm SRQ threshold: %w", err)
 	}
+	if ph != nil {
+		if err = c.openPollSet(ph); err != nil {
+			return c, fmt.Errorf("core poll set: %w", err)
+		}
+	}
 	if err = c.cq.Arm(NotifyAny); err != nil {
 		return c, fmt.Errorf("arm CQ: %w", err)
 	}
 	return c, nil
+}
+
+// openPollSet gives the core its poll set and starts its goroutine
+// (core_poll.go); where there is no epoll the core simply has none.
+func (c *Core) openPollSet(ph PollHandler) error {
+	ps, err := newPollSet()
+	if errors.Is(err, errNoPollSet) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	c.ph, c.ps, c.psDone = ph, ps, make(chan struct{})
+	go c.pollLoop()
+	return nil
 }
 
 // Index is the core's number in Engine.Cores.
@@ -542,17 +576,32 @@ func (c *Core) exit() { c.gate.Add(-1) }
 func (c *Core) stopCallbacks() {
 	c.gate.Or(gateClosed)
 	c.srqState.Store(srqClosed)
+	c.stopPollSet()
 	for c.gate.Load() != gateClosed {
 		time.Sleep(50 * time.Microsecond)
 	}
 }
 
 // cqNotified is the CQ notification: drain, moderate, arm, drain again.
+// A core with a poll set hands it to the run token (core_poll.go).
 func (c *Core) cqNotified(status error) {
 	if !c.enter() {
 		return
 	}
 	defer c.exit()
+	if c.ph != nil {
+		switch {
+		case status == nil:
+			c.schedule(runCQ)
+		case !errors.Is(status, ErrClosed):
+			// A copy: the parameter's address would move it to the heap
+			// on every notification.
+			err := status
+			c.cqErr.Store(&err)
+			c.schedule(runCQFail)
+		}
+		return
+	}
 	c.handling.Add(1)
 	defer c.handling.Add(1)
 	if status != nil {
@@ -561,6 +610,14 @@ func (c *Core) cqNotified(status error) {
 		}
 		return
 	}
+	c.handleCQ(true)
+}
+
+// handleCQ drains the CQ into the handler, re-arms it and moderates: the
+// body of a CQ notification (notified), or a look at the CQ by a core
+// that keeps polling (core_poll.go), which counts as a notification only
+// when it finds completions. On the core's notification goroutine.
+func (c *Core) handleCQ(notified bool) {
 	now := time.Now()
 	n, recvs := c.drain()
 	// Arm, then poll once more: a completion that landed between the
@@ -580,12 +637,16 @@ func (c *Core) cqNotified(status error) {
 		c.bh.HandleBatchEnd(c)
 	}
 
-	c.st.notifications.Add(1)
+	if notified || n > 0 {
+		c.st.notifications.Add(1)
+	}
 	if f := c.fixed.Swap(nil); f != nil {
 		c.applyFixed(f)
 	}
 	if n == 0 {
-		c.st.emptyNotifications.Add(1)
+		if notified {
+			c.st.emptyNotifications.Add(1)
+		}
 		return
 	}
 	c.st.completions.Add(uint64(n))
@@ -919,6 +980,7 @@ type coreCounters struct {
 	moderationUps, moderationDowns                       atomic.Uint64
 	moderationFailedProbes, moderationIdleResets         atomic.Uint64
 	moderationLevel, moderationInterval, moderationCount atomic.Uint32
+	pollSetCounters
 }
 
 // Stats are an engine's or a core's counters.
@@ -948,6 +1010,9 @@ type Stats struct {
 	ModerationFailedProbes, ModerationIdleResets uint64
 	// CQErrors: CQ overruns and failed re-arms.
 	CQErrors uint64
+	// PollWakes: times a core's poll set woke its goroutine (a watched
+	// descriptor fired, or Wake found the core idle); see PollHandler.
+	PollWakes uint64
 	// QPs placed (engine: on all cores).
 	QPs int
 	// Moderation is the core's current setting (engine: of core 0).
@@ -984,6 +1049,7 @@ func (s *Stats) add(o Stats) {
 	s.ModerationFailedProbes += o.ModerationFailedProbes
 	s.ModerationIdleResets += o.ModerationIdleResets
 	s.CQErrors += o.CQErrors
+	s.PollWakes += o.PollWakes
 	s.QPs += o.QPs
 	s.SRQQueued += o.SRQQueued
 }
@@ -1009,6 +1075,7 @@ func (c *Core) Stats() Stats {
 		ModerationFailedProbes: c.st.moderationFailedProbes.Load(),
 		ModerationIdleResets:   c.st.moderationIdleResets.Load(),
 		CQErrors:               c.st.cqErrors.Load(),
+		PollWakes:              c.st.pollWakes.Load(),
 		QPs:                    c.QPs(),
 		Moderation: ModerationLevel{
 			Interval: c.st.moderationInterval.Load(),

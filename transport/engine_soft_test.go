@@ -254,6 +254,13 @@ func newEchoRig(t testing.TB, qps, depth int) *echoRig {
 
 func newEchoRigConfig(t testing.TB, qps, depth int, cfg transport.EngineConfig) *echoRig {
 	t.Helper()
+	return newEchoRigWith(t, qps, depth, cfg, nil)
+}
+
+// newEchoRigWith is newEchoRigConfig with the server's handler made by
+// srv (nil: the rig's serve).
+func newEchoRigWith(t testing.TB, qps, depth int, cfg transport.EngineConfig, srv func(*echoRig) transport.Handler) *echoRig {
+	t.Helper()
 	r := &echoRig{depth: depth}
 	var err error
 	if r.srvA, err = soft.New(soft.Config{FirstFPDUDelay: -1, PollGroup: echoPollGroup}); err != nil {
@@ -271,7 +278,11 @@ func newEchoRigConfig(t testing.TB, qps, depth int, cfg transport.EngineConfig) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.srv, err = transport.NewEngine(r.srvA, spd, cfg, transport.HandlerFunc(r.serve)); err != nil {
+	var h transport.Handler = transport.HandlerFunc(r.serve)
+	if srv != nil {
+		h = srv(r)
+	}
+	if r.srv, err = transport.NewEngine(r.srvA, spd, cfg, h); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.srv.Close() })

@@ -76,6 +76,10 @@ const (
 	childCoresEnv        = "BLK_TEST_TARGET_CORES"
 	childQPsPerCoreEnv   = "BLK_TEST_TARGET_QPS_PER_CORE"
 	childQueueEntriesEnv = "BLK_TEST_TARGET_QUEUE_ENTRIES"
+	// childSyncDiskEnv (any value) serves the RDMA port with its cores'
+	// poller hook off (rdma.WithSyncDisk): every I/O inline on the core,
+	// BenchmarkStoreDisk's baseline.
+	childSyncDiskEnv = "BLK_TEST_TARGET_SYNC_DISK"
 )
 
 func runChildTarget(dir, addr string) error {
@@ -100,6 +104,9 @@ func runChildTarget(dir, addr string) error {
 			}
 			f.set(uint32(v))
 		}
+	}
+	if os.Getenv(childSyncDiskEnv) != "" {
+		cfg = rdma.WithSyncDisk(cfg)
 	}
 	if os.Getenv("BLK_TEST_TARGET_LOG") != "" {
 		cfg.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "child target: "+format+"\n", args...) }
@@ -152,6 +159,9 @@ func runChildTarget(dir, addr string) error {
 		s := port.Stats()
 		line := fmt.Sprintf("commands=%d incapsule=%d rdmareads=%d rdmawrites=%d waits=%d completions=%d notifications=%d groupedwrites=%d groupcommits=%d accepts=%d rejects=%d",
 			s.Commands, s.InCapsuleWrites, s.RDMAReads, s.RDMAWrites, s.DataWaits, s.Engine.Completions, s.Engine.Notifications, s.GroupedWrites, s.GroupCommits, s.Accepts, s.Rejects)
+		line += fmt.Sprintf(" diskpeak=%d pollwakes=%d capsulecopies=%d", s.DiskInFlightPeak, s.Engine.PollWakes, s.CapsuleCopies)
+		ss := sio.Stats()
+		line += fmt.Sprintf(" storedirect=%d storedeferred=%d", ss.Direct, ss.Deferred)
 		return line + sizes + storeCounters(st)
 	})
 	return port.Close()

@@ -61,6 +61,11 @@ type Config struct {
 	// warnings. Nil: no events. Give it a rate-limiting handler: a host
 	// can provoke rejected connections at will.
 	Logger *slog.Logger
+
+	// syncDisk: the cores take no disk engines (no poller hook), so
+	// asynchronous backends serve their I/Os inline as before: the
+	// benchmarks' baseline (export_test.go).
+	syncDisk bool
 }
 
 // NoInCapsule as Config.InCapsule turns in-capsule data off (every write

@@ -328,16 +328,24 @@ func (p *Port) coalesce(threshold, time100us uint8) error {
 
 // Stats are the port's counters.
 type Stats struct {
-	Accepts, Rejects      uint64
-	Commands              uint64 // capsules received
-	ProtocolErrors        uint64 // malformed capsules (connection dropped)
-	InCapsuleWrites       uint64 // host data taken from the capsule (no copy, no READ)
+	Accepts, Rejects uint64
+	Commands         uint64 // capsules received
+	ProtocolErrors   uint64 // malformed capsules (connection dropped)
+	InCapsuleWrites  uint64 // host data taken from the capsule (no READ)
+	// CapsuleCopies are in-capsule writes copied into an aligned data
+	// buffer for the disk engine (of InCapsuleWrites; see alignData).
+	CapsuleCopies         uint64
 	RDMAReads, RDMAWrites uint64
 	DataWaits             uint64 // commands that waited for a data buffer
 	// GroupedWrites were committed together in GroupCommits backend
 	// commits (target.Group, one per core).
 	GroupedWrites, GroupCommits uint64
-	Engine                      transport.Stats
+	// DiskInFlight is the I/Os the cores have at the disk through their
+	// backends' engines (target.Poller) as of each core's last pass;
+	// DiskInFlightPeak the most one core had at once (both 0 when no
+	// backend serves this port's cores asynchronously).
+	DiskInFlight, DiskInFlightPeak uint64
+	Engine                         transport.Stats
 }
 
 type counters struct {
@@ -355,12 +363,15 @@ func (p *Port) Stats() Stats {
 		s.Commands += cs.st.commands.Load()
 		s.ProtocolErrors += cs.st.protocolErrors.Load()
 		s.InCapsuleWrites += cs.st.inCapsule.Load()
+		s.CapsuleCopies += cs.st.capsuleCopies.Load()
 		s.RDMAReads += cs.st.reads.Load()
 		s.RDMAWrites += cs.st.writes.Load()
 		s.DataWaits += cs.st.waits.Load()
 		gs := cs.group.Stats()
 		s.GroupedWrites += gs.Writes
 		s.GroupCommits += gs.Commits
+		s.DiskInFlight += cs.st.diskNow.Load()
+		s.DiskInFlightPeak = max(s.DiskInFlightPeak, cs.st.diskPeak.Load())
 	}
 	return s
 }
