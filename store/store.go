@@ -892,23 +892,30 @@ func (s *Store) Flush() error {
 // durable a map key whose data an acknowledged Flush covered but the area
 // had not synced. Free when nothing was written since the last flush.
 func (s *Store) flush() error {
+	_, err := s.flushRound()
+	return err
+}
+
+// flushRound is flush, also reporting whether it had anything to make
+// durable (the background syncer counts only the rounds that did).
+func (s *Store) flushRound() (synced bool, err error) {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
 	if s.dbClosed {
-		return ErrClosed
+		return false, ErrClosed
 	}
 	if err := s.err(); err != nil {
-		return err
+		return false, err
 	}
 	if s.cfg.ReadOnly {
-		return nil
+		return false, nil
 	}
 	seq := s.seq.Load()
 	s.al.mu.Lock()
 	limbo := s.al.takeLimbo()
 	s.al.mu.Unlock()
 	if s.flushedSeq.Load() >= seq && len(limbo) == 0 {
-		return nil
+		return false, nil
 	}
 	s.c.flushes.Add(1)
 	back := func(err error) error {
@@ -918,26 +925,26 @@ func (s *Store) flush() error {
 		return err
 	}
 	if err := s.zeroClusters(limbo); err != nil {
-		return back(err)
+		return false, back(err)
 	}
 	s.hook(hookLimboZeroed)
 	if err := s.syncArea(); err != nil {
-		return back(err)
+		return false, back(err)
 	}
 	s.hook(hookAreaSynced)
 	if err := s.db.LogData(nil, pebble.Sync); err != nil {
 		err = fmt.Errorf("store: sync the WAL: %w: %w", ErrIO, err)
 		s.fail(err)
-		return back(err)
+		return false, back(err)
 	}
 	if err := s.err(); err != nil {
-		return back(err)
+		return false, back(err)
 	}
 	maxStore(&s.flushedSeq, seq)
 	s.al.mu.Lock()
 	s.al.pushReady(limbo)
 	s.al.mu.Unlock()
-	return nil
+	return true, nil
 }
 
 func maxStore(a *atomic.Uint64, v uint64) {

@@ -62,7 +62,7 @@ func (s *Store) syncLoop(every time.Duration) {
 		// Disarm before the flush reads seq: a mutation counted after
 		// that read finds the syncer disarmed and wakes it again.
 		s.syncArmed.Store(false)
-		if err := s.flush(); err == nil {
+		if synced, err := s.flushRound(); err == nil && synced {
 			s.c.bgSyncs.Add(1)
 		}
 	}

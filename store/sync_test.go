@@ -141,7 +141,7 @@ func TestSyncerCoveredByFlush(t *testing.T) {
 	if err := s.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	before := s.Stats().Flushes
+	before, bgBefore := s.Stats().Flushes, s.Stats().BackgroundSyncs
 	buf[0] = 1
 	if err := v.Write(3, buf, 0); err != nil {
 		t.Fatal(err)
@@ -167,6 +167,13 @@ func TestSyncerCoveredByFlush(t *testing.T) {
 	}
 	if s.flushedSeq.Load() != s.seq.Load() {
 		t.Fatal("writes left unsynced")
+	}
+	// The round found nothing to sync: it is not a background sync
+	// (blk_volume_store_background_syncs_total). Stopping the syncer
+	// waits for the round's end, where it counts.
+	s.stopSyncer()
+	if n := s.Stats().BackgroundSyncs - bgBefore; n != 0 {
+		t.Fatalf("%d background syncs counted for a round that synced nothing", n)
 	}
 }
 
