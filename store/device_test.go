@@ -18,18 +18,18 @@ import (
 )
 
 // loopDevice is loopdev.Attach.
-func loopDevice(t *testing.T, size int64) string {
+func loopDevice(t testing.TB, size int64) string {
 	t.Helper()
 	return loopdev.Attach(t, size)
 }
 
 // deviceConfig is a store in a temporary directory on dev.
-func deviceConfig(t *testing.T, dev string) Config {
+func deviceConfig(t testing.TB, dev string) Config {
 	return Config{Dir: filepath.Join(t.TempDir(), "volumes"), AreaDevice: dev, SyncInterval: -1, Logger: quietLogger{}}
 }
 
 // writeDevice writes b at off on dev, bypassing the store.
-func writeDevice(t *testing.T, dev string, b []byte, off int64) {
+func writeDevice(t testing.TB, dev string, b []byte, off int64) {
 	t.Helper()
 	f, err := os.OpenFile(dev, os.O_WRONLY, 0)
 	if err != nil {
