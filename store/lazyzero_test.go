@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -471,4 +472,64 @@ func TestZeroedWatermarkCorrupt(t *testing.T) {
 	if err := s.Check(); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "watermark") {
 		t.Fatalf("a watermark in a store that is not lazy: Check %v, want ErrCorrupt", err)
 	}
+}
+
+// TestLazyZeroConcurrentRefills: a refill zeroing past the watermark
+// does not hold the allocator: while its zeroing is held up, a Flush
+// completes and another volume's first write refills, zeroes its own run
+// and commits a higher watermark; the first refill then commits without
+// moving the watermark back, and Check passes (every reserved or mapped
+// cluster below it).
+func TestLazyZeroConcurrentRefills(t *testing.T) {
+	area := NewUnzeroedMemArea(64*(16<<10), 512, 512, 3)
+	gate := &gatedZero{MemArea: area, entered: make(chan struct{}), release: make(chan struct{})}
+	s := openStore(t, memConfig(vfs.NewMem(), gate))
+	v1, v2 := mustCreate(t, s, 1, 8*4, BlockSize4K), mustCreate(t, s, 2, 8*4, BlockSize4K)
+	one, two := alignedBuf(4096, 4096), alignedBuf(4096, 4096)
+	one[0], two[0] = 1, 2
+	done := make(chan error, 1)
+	go func() { done <- v1.Write(0, one, 0) }() // refill: clusters 1-8, zeroing held
+	<-gate.entered
+	if err := s.Flush(); err != nil {
+		t.Fatalf("a flush while a refill zeroes: %v", err)
+	}
+	if err := v2.Write(0, two, 0); err != nil { // refill: clusters 9-16, zeroed and committed
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Zeroed != 17 {
+		t.Fatalf("the second refill's watermark: %d, want 17", st.Zeroed)
+	}
+	close(gate.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st, w := s.Stats(), readZeroed(t, s); st.Zeroed != 17 || w != 17 {
+		t.Fatalf("after the first refill committed: watermark %d in memory, %d in pebble; want 17 (never back)", st.Zeroed, w)
+	}
+	got := alignedBuf(16<<10, 4096)
+	for i, v := range []*Volume{v1, v2} {
+		if err := v.Read(0, got); err != nil || got[0] != byte(i+1) || !isZero(got[1:]) {
+			t.Fatalf("volume %d's first cluster: %v, want its byte then zeros", i+1, err)
+		}
+	}
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// gatedZero holds up the first Zero until release is closed.
+type gatedZero struct {
+	*MemArea
+	once             sync.Once
+	entered, release chan struct{}
+}
+
+func (g *gatedZero) Zero(off, n int64) error {
+	first := false
+	g.once.Do(func() { first = true })
+	if first {
+		close(g.entered)
+		<-g.release
+	}
+	return g.MemArea.Zero(off, n)
 }

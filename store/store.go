@@ -1106,7 +1106,12 @@ func (s *Store) grow() (bool, error) {
 // the run [watermark, highest picked], the area synced, and the new
 // watermark committed with the 'R' keys: a crash before that commit
 // leaves the watermark where it was and the run is zeroed again next
-// time. Requires s.al.mu.
+// time. The zeroing runs without s.al.mu (tens of ms for 64 MiB where the
+// device writes the zeros: flushes and other volumes' refills go on
+// meanwhile); the picked clusters are marked used, so nobody else takes
+// them, and a concurrent refill that crosses the watermark zeroes (and
+// syncs) its own run from the same watermark, so whichever commits last
+// keeps the higher one. Requires s.al.mu (released and taken again).
 func (s *Store) refill() error {
 	ps := s.al.pickFree(uint64(s.cfg.ReadyClusters))
 	release := func() {
@@ -1118,11 +1123,15 @@ func (s *Store) refill() error {
 	for _, p := range ps {
 		w = max(w, p+1)
 	}
-	if w > s.al.zeroed {
-		if err := s.zeroAhead(s.al.zeroed, w); err != nil {
+	if from := s.al.zeroed; w > from {
+		s.al.mu.Unlock()
+		err := s.zeroAhead(from, w)
+		s.al.mu.Lock()
+		if err != nil {
 			release()
 			return fmt.Errorf("reserve clusters: %w", err)
 		}
+		w = max(w, s.al.zeroed) // another refill may have moved it further meanwhile
 	}
 	b := s.db.NewBatch()
 	var key [reservedKeyLen]byte
