@@ -43,6 +43,11 @@ type allocator struct {
 	head     int
 	limbo    []uint64
 	mapped   uint64 // clusters named by a map
+	// zeroing says a refill is zeroing past zeroed without mu; zeroDone
+	// (on mu) wakes the refills that wait for it (Store.refill).
+	zeroing     bool
+	zeroDone    sync.Cond
+	zeroWaiters int // refills waiting on zeroDone (tests)
 }
 
 func (a *allocator) init(clusters uint64) {
@@ -50,6 +55,7 @@ func (a *allocator) init(clusters uint64) {
 	a.used = make([]uint64, (clusters+63)/64)
 	a.free = clusters
 	a.zeroed = clusters
+	a.zeroDone.L = &a.mu
 	a.cursor = 1
 	a.markUsed(0)
 }

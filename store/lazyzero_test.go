@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -476,35 +477,57 @@ func TestZeroedWatermarkCorrupt(t *testing.T) {
 
 // TestLazyZeroConcurrentRefills: a refill zeroing past the watermark
 // does not hold the allocator: while its zeroing is held up, a Flush
-// completes and another volume's first write refills, zeroes its own run
-// and commits a higher watermark; the first refill then commits without
-// moving the watermark back, and Check passes (every reserved or mapped
-// cluster below it).
+// completes. Another volume's first write that needs a refill meanwhile
+// waits for it (it must not zero from the same watermark: it could zero a
+// cluster the first refill hands out and a write fills), then finds the
+// pool refilled; the next refill zeroes from where the first ended, and
+// Check passes.
 func TestLazyZeroConcurrentRefills(t *testing.T) {
 	area := NewUnzeroedMemArea(64*(16<<10), 512, 512, 3)
-	gate := &gatedZero{MemArea: area, entered: make(chan struct{}), release: make(chan struct{})}
+	var zeroes [][2]int64
+	gate := &gatedZero{MemArea: area, calls: &zeroes, entered: make(chan struct{}), release: make(chan struct{})}
 	s := openStore(t, memConfig(vfs.NewMem(), gate))
-	v1, v2 := mustCreate(t, s, 1, 8*4, BlockSize4K), mustCreate(t, s, 2, 8*4, BlockSize4K)
+	var opened sync.Once
+	unblock := func() { opened.Do(func() { close(gate.release) }) }
+	t.Cleanup(unblock) // before the store's Close, which waits for the held write
+	v1, v2 := mustCreate(t, s, 1, 16*4, BlockSize4K), mustCreate(t, s, 2, 16*4, BlockSize4K)
 	one, two := alignedBuf(4096, 4096), alignedBuf(4096, 4096)
 	one[0], two[0] = 1, 2
-	done := make(chan error, 1)
-	go func() { done <- v1.Write(0, one, 0) }() // refill: clusters 1-8, zeroing held
+	done1, done2 := make(chan error, 1), make(chan error, 1)
+	go func() { done1 <- v1.Write(0, one, 0) }() // refill: clusters 1-8, zeroing held
 	<-gate.entered
 	if err := s.Flush(); err != nil {
 		t.Fatalf("a flush while a refill zeroes: %v", err)
 	}
-	if err := v2.Write(0, two, 0); err != nil { // refill: clusters 9-16, zeroed and committed
+	go func() { done2 <- v2.Write(0, two, 0) }() // needs a refill too: must wait
+	for waiting := false; !waiting; {
+		select {
+		case err := <-done2:
+			t.Fatalf("a second refill went on while the first was zeroing (%v): it must wait", err)
+		default:
+		}
+		s.al.mu.Lock()
+		waiting = s.al.zeroWaiters > 0
+		s.al.mu.Unlock()
+		runtime.Gosched()
+	}
+	unblock()
+	if err := errors.Join(<-done1, <-done2); err != nil {
 		t.Fatal(err)
 	}
-	if st := s.Stats(); st.Zeroed != 17 {
-		t.Fatalf("the second refill's watermark: %d, want 17", st.Zeroed)
+	if st := s.Stats(); st.Zeroed != 9 || st.Refills != 1 {
+		t.Fatalf("after both first writes: watermark %d, %d refills; want 9 and 1 (the second took from the first's pool)", st.Zeroed, st.Refills)
 	}
-	close(gate.release)
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	for i := range uint64(8) { // empties the pool and refills: clusters 9-16
+		if err := v1.Write((i+1)*4, one, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := [][2]int64{{1 << 14, 8 << 14}, {9 << 14, 8 << 14}}; fmt.Sprint(zeroes) != fmt.Sprint(want) {
+		t.Fatalf("zeroes %v, want %v", zeroes, want)
 	}
 	if st, w := s.Stats(), readZeroed(t, s); st.Zeroed != 17 || w != 17 {
-		t.Fatalf("after the first refill committed: watermark %d in memory, %d in pebble; want 17 (never back)", st.Zeroed, w)
+		t.Fatalf("watermark %d in memory, %d in pebble; want 17", st.Zeroed, w)
 	}
 	got := alignedBuf(16<<10, 4096)
 	for i, v := range []*Volume{v1, v2} {
@@ -517,14 +540,20 @@ func TestLazyZeroConcurrentRefills(t *testing.T) {
 	}
 }
 
-// gatedZero holds up the first Zero until release is closed.
+// gatedZero records the Zero calls and holds up the first until release
+// is closed.
 type gatedZero struct {
 	*MemArea
 	once             sync.Once
+	mu               sync.Mutex
+	calls            *[][2]int64
 	entered, release chan struct{}
 }
 
 func (g *gatedZero) Zero(off, n int64) error {
+	g.mu.Lock()
+	*g.calls = append(*g.calls, [2]int64{off, n})
+	g.mu.Unlock()
 	first := false
 	g.once.Do(func() { first = true })
 	if first {

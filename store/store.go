@@ -1107,12 +1107,24 @@ func (s *Store) grow() (bool, error) {
 // watermark committed with the 'R' keys: a crash before that commit
 // leaves the watermark where it was and the run is zeroed again next
 // time. The zeroing runs without s.al.mu (tens of ms for 64 MiB where the
-// device writes the zeros: flushes and other volumes' refills go on
-// meanwhile); the picked clusters are marked used, so nobody else takes
-// them, and a concurrent refill that crosses the watermark zeroes (and
-// syncs) its own run from the same watermark, so whichever commits last
-// keeps the higher one. Requires s.al.mu (released and taken again).
+// device writes the zeros: flushes, frees and Stats go on meanwhile); the
+// picked clusters are marked used, so nobody else takes them. One refill
+// zeroes at a time: another waits for it before it picks (its run would
+// start at the same watermark and could zero, late, a cluster the first
+// had handed out and a write filled; or commit a watermark above a run
+// not yet synced), then returns if the pool is no longer empty. Requires
+// s.al.mu (released and taken again).
 func (s *Store) refill() error {
+	if s.al.zeroing {
+		for s.al.zeroing {
+			s.al.zeroWaiters++
+			s.al.zeroDone.Wait()
+			s.al.zeroWaiters--
+		}
+		if s.al.readyLen() > 0 {
+			return nil
+		}
+	}
 	ps := s.al.pickFree(uint64(s.cfg.ReadyClusters))
 	release := func() {
 		for _, p := range ps {
@@ -1124,14 +1136,16 @@ func (s *Store) refill() error {
 		w = max(w, p+1)
 	}
 	if from := s.al.zeroed; w > from {
+		s.al.zeroing = true
 		s.al.mu.Unlock()
 		err := s.zeroAhead(from, w)
 		s.al.mu.Lock()
+		s.al.zeroing = false
+		s.al.zeroDone.Broadcast()
 		if err != nil {
 			release()
 			return fmt.Errorf("reserve clusters: %w", err)
 		}
-		w = max(w, s.al.zeroed) // another refill may have moved it further meanwhile
 	}
 	b := s.db.NewBatch()
 	var key [reservedKeyLen]byte
