@@ -23,9 +23,19 @@ import (
 //
 // Every state but free has its bit set in used. Check recomputes all of it
 // from pebble and compares.
+//
+// zeroed is the area's zeroed watermark (docs/store.md): "free ⇒ reads
+// zeros" holds for the clusters below it; every cluster at or above it is
+// free and may hold anything (a block device's previous contents). A
+// refill zeroes the clusters it picks at or above it (and syncs) before
+// they become ready, and advances it in the commit of their 'R' keys. It
+// is the area's end, always, on an area whose new bytes read zeros (a
+// file: grow keeps it there); on a lazily zeroed one (format.lazy) it is
+// the 'Z' key's value.
 type allocator struct {
 	mu       sync.Mutex
 	clusters uint64   // in the area, cluster 0 included
+	zeroed   uint64   // the zeroed watermark, in [1, clusters]
 	used     []uint64 // bit per cluster: set unless free
 	free     uint64   // clusters with their bit clear
 	cursor   uint64   // where the next search for free clusters starts
@@ -33,12 +43,19 @@ type allocator struct {
 	head     int
 	limbo    []uint64
 	mapped   uint64 // clusters named by a map
+	// zeroing says a refill is zeroing past zeroed without mu; zeroDone
+	// (on mu) wakes the refills that wait for it (Store.refill).
+	zeroing     bool
+	zeroDone    sync.Cond
+	zeroWaiters int // refills waiting on zeroDone (tests)
 }
 
 func (a *allocator) init(clusters uint64) {
 	a.clusters = clusters
 	a.used = make([]uint64, (clusters+63)/64)
 	a.free = clusters
+	a.zeroed = clusters
+	a.zeroDone.L = &a.mu
 	a.cursor = 1
 	a.markUsed(0)
 }

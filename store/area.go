@@ -44,6 +44,23 @@ type Grower interface {
 	Grow(size int64) error
 }
 
+// Unzeroed is an optional Area extra, found by type assertion: an area
+// whose bytes may hold anything when a store is created on it (a block
+// device keeps what its previous owner wrote), where a new file's read
+// zeros. The store then zeroes clusters as it first hands them out, past
+// a durable watermark, instead of the whole area at creation
+// (docs/store.md, "Zeroed watermark"). Asked only at creation.
+type Unzeroed interface {
+	Unzeroed() bool
+}
+
+// unzeroed says whether a store created on a must zero its clusters
+// before it first hands them out.
+func unzeroed(a Area) bool {
+	u, ok := a.(Unzeroed)
+	return ok && u.Unzeroed()
+}
+
 // fileArea is a preallocated file or a block device (device.go) opened
 // with O_DIRECT: reads and writes go between the caller's buffer and the
 // disk with no copy through the page cache. One type for both, so that
@@ -241,6 +258,10 @@ func (a *fileArea) Direct() bool { return a.direct }
 
 // Device says whether the area is a block device (Config.AreaDevice).
 func (a *fileArea) Device() bool { return a.device }
+
+// Unzeroed: a block device holds its previous contents; a new file (or
+// its growth) reads zeros.
+func (a *fileArea) Unzeroed() bool { return a.device }
 
 func (a *fileArea) Close() error {
 	if err := unix.Close(a.fd); err != nil {

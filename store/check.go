@@ -4,13 +4,18 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // Check recomputes the allocator from pebble (every map key and
 // reservation) and compares it with the running store: no cluster mapped
 // twice, every map key in its volume's in-memory map and nothing else
 // there, every cluster free, ready, in limbo or mapped and in exactly one
-// of them (none leaked), and the counts. It reads every key of the
+// of them (none leaked), the counts, and the zeroed watermark (the 'Z'
+// key of a lazily zeroed area equals the allocator's, which is the
+// area's end on any other; no cluster at or past it is anything but
+// free). It reads every key of the
 // store: for tests and for an operator's fsck, not for the data path.
 // Call it while no request is in flight (a first write between its pop
 // and its map commit would show as leaked).
@@ -86,6 +91,14 @@ func (s *Store) Check() error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkZeroed(bad); err != nil {
+		return err
+	}
+	for p := s.al.zeroed; p < s.al.clusters; p++ {
+		if state[p] != stFree || s.al.isUsed(p) {
+			bad("cluster %d is in use (reserved, mapped or taken) at or past the zeroed watermark %d: it was never zeroed", p, s.al.zeroed)
+		}
+	}
 	held := append(slices.Clone(s.al.ready[s.al.head:]), s.al.limbo...)
 	seen := map[uint64]bool{}
 	for _, p := range held {
@@ -118,4 +131,31 @@ func (s *Store) Check() error {
 		bad("counts: %d mapped, %d free; the allocator says %d and %d", mapped, free, s.al.mapped, s.al.free)
 	}
 	return errors.Join(errs...)
+}
+
+// checkZeroed compares the allocator's zeroed watermark with pebble's.
+func (s *Store) checkZeroed(bad func(string, ...any)) error {
+	v, closer, err := s.db.Get(zeroedKey)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		if s.format.lazy {
+			bad("a lazily zeroed area has no zeroed watermark")
+		} else if s.al.zeroed != s.al.clusters {
+			bad("zeroed watermark %d in memory, the area's end %d on an area that reads zeros", s.al.zeroed, s.al.clusters)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("store: check: %w: %w", ErrIO, err)
+	}
+	w, ok := parseZeroed(v)
+	_ = closer.Close()
+	switch {
+	case !s.format.lazy:
+		bad("a zeroed watermark (%x) in a store whose area reads zeros", v)
+	case !ok || w < 1 || w > s.al.clusters:
+		bad("zeroed watermark %x outside the area of %d clusters", v, s.al.clusters)
+	case w != s.al.zeroed:
+		bad("zeroed watermark %d in pebble, %d in memory", w, s.al.zeroed)
+	}
+	return nil
 }

@@ -14,10 +14,23 @@ import (
 // whole clusters and readers, on two volumes, with flushes. Each writer
 // owns distinct blocks, so after all is done every block holds its
 // writer's last tag, or zeros if its last operation deallocated it; no
-// cluster is mapped twice or leaked. Run it under -race.
+// cluster is mapped twice or leaked. On an area full of a pattern
+// ("unzeroed"), the refills of the two volumes zero their runs past the
+// watermark concurrently. Run it under -race.
 func TestConcurrentIO(t *testing.T) {
-	seed := testSeed(t)
-	s := openStore(t, memConfig(vfs.NewMem(), NewMemArea(512*(16<<10), 512, 512)))
+	for _, unzeroed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "zeroed", true: "unzeroed"}[unzeroed], func(t *testing.T) {
+			seed := testSeed(t)
+			area := NewMemArea(512*(16<<10), 512, 512)
+			if unzeroed {
+				area = NewUnzeroedMemArea(512*(16<<10), 512, 512, seed)
+			}
+			testConcurrentIO(t, seed, openStore(t, memConfig(vfs.NewMem(), area)))
+		})
+	}
+}
+
+func testConcurrentIO(t *testing.T, seed uint64, s *Store) {
 	const writers, blocks = 4, 256 // 4 KiB blocks: 4 per 16 KiB cluster, one per writer
 	vols := []*Volume{mustCreate(t, s, 1, blocks, BlockSize4K), mustCreate(t, s, 2, blocks, BlockSize4K)}
 	final := make([][]uint64, len(vols))

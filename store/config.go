@@ -43,7 +43,9 @@ type Config struct {
 	// WipeDevice allows creating the store on an AreaDevice that holds
 	// data (a filesystem, a partition table, LVM, another blk store):
 	// without it, Open refuses such a device with ErrNotBlank and names
-	// what it found. Creating a store zeroes the whole device either way.
+	// what it found. With it, creating the store zeroes the device's first
+	// and last MiB (the signatures); either way every other cluster is
+	// zeroed when first handed out, never the whole device at creation.
 	// Ignored once the store exists. Default false.
 	WipeDevice bool `json:"wipe_device,omitempty"`
 

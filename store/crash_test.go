@@ -16,14 +16,19 @@ import (
 // shrinks, grows and delete-and-recreates on volumes on pebble's crashable
 // filesystem and a MemArea, and crashes once: at the k-th time the write
 // path reaches a chosen step (hookPoint: after a refill's reservations,
-// after the area grew and before the format record says so,
+// after the area grew and before the format record says so, after a
+// refill zeroed clusters past the zeroed watermark and after it synced
+// them (before the commit of their 'R' keys and the new watermark),
 // between a first write's data and its map commit, between the map commit
 // and its publication, after a free's commit, in a flush after zeroing
 // limbo and after syncing the area, in delete/shrink after zeroing and
 // after the new size), or after the last operation. Both the filesystem
 // and the area are cloned at that instant, keeping what was synced and a
-// random part of the rest (the area torn per block). The store is reopened
-// on the clones, and:
+// random part of the rest (the area torn per block: a crash mid-batch of
+// a zeroing keeps part of it). Half the iterations (all that crash at the
+// watermark's steps) run on an area that starts full of a random pattern,
+// as a used block device does (lazily zeroed); none of it may ever be
+// read. The store is reopened on the clones, and:
 //
 //   - every block reads back whole (never torn, never another volume's or
 //     another LBA's data) and holds a value it may hold: what it held at
@@ -110,7 +115,14 @@ func crashOnce(seed uint64) (hookPoint, error) {
 	rng := rand.New(rand.NewPCG(seed, 0xc4a54))
 	bs := []uint32{BlockSize512, BlockSize4K}[rng.IntN(2)]
 	fs := vfs.NewCrashableMem()
+	// The crash: at the k-th time the write path reaches point, or after
+	// the last operation.
+	point := hookPoint(rng.IntN(int(writePathPoints) + 1))
+	lazy := point == hookAheadZeroed || point == hookAheadSynced || rng.IntN(2) == 0
 	area := NewMemArea(24*(16<<10), 512, int(bs))
+	if lazy {
+		area = NewUnzeroedMemArea(24*(16<<10), 512, int(bs), seed)
+	}
 	cfg := memConfig(fs, area)
 	cfg.AreaMaxBytes = 256 * (16 << 10) // grows as volumes fill; room for all of them: no ErrNoSpace here
 	s, err := Open(cfg)
@@ -134,9 +146,9 @@ func crashOnce(seed uint64) (hookPoint, error) {
 		}
 	}
 
-	// The crash: at the k-th time the write path reaches point, or after
-	// the last operation.
-	point := hookPoint(rng.IntN(int(writePathPoints) + 1))
+	if s.format.lazy != lazy {
+		return 0, fmt.Errorf("a store on an area with Unzeroed %v is lazy %v", lazy, s.format.lazy)
+	}
 	k := 1 + rng.IntN(12)
 	if point == hookGrown {
 		k = 1 + rng.IntN(3) // the area grows a few times per run
@@ -264,14 +276,14 @@ func crashOnce(seed uint64) (hookPoint, error) {
 	cfg.FS, cfg.Area = fsClone, areaClone
 	s2, err := Open(cfg)
 	if err != nil {
-		return where, fmt.Errorf("crash at %v (unsynced kept %d%%): reopen: %w", where, unsynced, err)
+		return where, fmt.Errorf("crash at %v (unsynced kept %d%%, lazy %v): reopen: %w", where, unsynced, lazy, err)
 	}
 	defer func() { _ = s2.Close() }()
 	if err := verifyCrash(s2, atCrash); err != nil {
-		return where, fmt.Errorf("crash at %v #%d (unsynced kept %d%%): %w", where, k, unsynced, err)
+		return where, fmt.Errorf("crash at %v #%d (unsynced kept %d%%, lazy %v): %w", where, k, unsynced, lazy, err)
 	}
 	if err := scrub(s2); err != nil {
-		return where, fmt.Errorf("crash at %v #%d (unsynced kept %d%%): %w", where, k, unsynced, err)
+		return where, fmt.Errorf("crash at %v #%d (unsynced kept %d%%, lazy %v): %w", where, k, unsynced, lazy, err)
 	}
 	if err := drain(s2); err != nil {
 		return where, fmt.Errorf("crash at %v #%d: %w", where, k, err)

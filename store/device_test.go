@@ -18,18 +18,18 @@ import (
 )
 
 // loopDevice is loopdev.Attach.
-func loopDevice(t *testing.T, size int64) string {
+func loopDevice(t testing.TB, size int64) string {
 	t.Helper()
 	return loopdev.Attach(t, size)
 }
 
 // deviceConfig is a store in a temporary directory on dev.
-func deviceConfig(t *testing.T, dev string) Config {
+func deviceConfig(t testing.TB, dev string) Config {
 	return Config{Dir: filepath.Join(t.TempDir(), "volumes"), AreaDevice: dev, SyncInterval: -1, Logger: quietLogger{}}
 }
 
 // writeDevice writes b at off on dev, bypassing the store.
-func writeDevice(t *testing.T, dev string, b []byte, off int64) {
+func writeDevice(t testing.TB, dev string, b []byte, off int64) {
 	t.Helper()
 	f, err := os.OpenFile(dev, os.O_WRONLY, 0)
 	if err != nil {
@@ -61,10 +61,12 @@ func readDevice(t *testing.T, dev string, n int, off int64) []byte {
 }
 
 // TestDeviceArea: a store created on a blank block device uses all of it
-// (no file area beside pebble), zeroes it (bytes a previous user left in
-// the middle, where the blank check does not look, are gone), writes its
-// header as a device store, and keeps data across a reopen; the
-// asynchronous path gets the device's descriptor.
+// (no file area beside pebble), does not zero it (bytes a previous user
+// left in the middle, where the blank check does not look, stay until
+// their clusters are first handed out: the zeroed watermark is at the
+// header), writes its header as a lazily zeroed device store, and keeps
+// data across a reopen; the asynchronous path gets the device's
+// descriptor.
 func TestDeviceArea(t *testing.T) {
 	const size = 64 << 20
 	dev := loopDevice(t, size)
@@ -81,10 +83,13 @@ func TestDeviceArea(t *testing.T) {
 	if fd, path, ok := s.DirectFD(); !ok || fd < 0 || path != dev {
 		t.Fatalf("DirectFD: %d %q %v", fd, path, ok)
 	}
-	if !isZero(readDevice(t, dev, 1<<20, 32<<20)) {
-		t.Fatal("a new store left the device's old bytes in place")
+	if !bytes.Equal(readDevice(t, dev, 1<<20, 32<<20), junk) {
+		t.Fatal("creating a store wrote to the middle of the device: it zeroes clusters when they are first handed out")
 	}
-	if h := readDevice(t, dev, 4096, 0); !bytes.HasPrefix(h, []byte("blk-store/2\x00")) {
+	if st := s.Stats(); st.Zeroed != 1 || st.ZeroedAhead != 0 {
+		t.Fatalf("a new device store: watermark %d, %d zeroed ahead; want 1 (the header's cluster) and 0", st.Zeroed, st.ZeroedAhead)
+	}
+	if h := readDevice(t, dev, 4096, 0); !bytes.HasPrefix(h, []byte("blk-store/3\x00")) {
 		t.Fatalf("device header %q", h[:16])
 	}
 	v := mustCreate(t, s, 3, 4096, BlockSize4K)
@@ -226,7 +231,7 @@ func TestDeviceCreateInterrupted(t *testing.T) {
 	if s.format.state != formatReady || s.format.uuid != f.uuid {
 		t.Fatalf("format after the interrupted create: %+v", s.format)
 	}
-	if h := readDevice(t, dev, 4096, 0); !bytes.HasPrefix(h, []byte("blk-store/2\x00")) {
+	if h := readDevice(t, dev, 4096, 0); !bytes.HasPrefix(h, []byte("blk-store/3\x00")) {
 		t.Fatalf("no header after the interrupted create was finished: %q", h[:16])
 	}
 	v := mustCreate(t, s, 1, 16, BlockSize4K)

@@ -14,7 +14,10 @@
 // ready pool and commits one map key. Unallocated clusters read zeros.
 //
 // The crash rules (docs/store.md, "Write path"): a cluster handed out
-// reads zeros on durable media; reservations ('R' keys) are durable before
+// reads zeros on durable media (on a block device, which keeps its
+// previous owner's bytes, a refill zeroes and syncs the clusters past a
+// durable zeroed watermark before it reserves them, and advances the
+// watermark in the same commit); reservations ('R' keys) are durable before
 // a reserved cluster is written, so Open zeroes any a crash left written
 // but unmapped (a clean Close releases the ready pool's, never written); a
 // freed cluster waits in limbo until a flush has zeroed it, synced the area

@@ -10,6 +10,7 @@ const (
 	familyVolume   = 'V' // 'V' | volume ID -> volume record
 	familyMap      = 'X' // 'X' | map ID | cluster index -> physical cluster
 	familyReserved = 'R' // 'R' | physical cluster -> (empty): may hold bytes no map names
+	familyZeroed   = 'Z' // 'Z' -> zeroed watermark (lazily zeroed areas only): clusters below it read zeros when free
 )
 
 const (
@@ -18,7 +19,23 @@ const (
 	reservedKeyLen = 1 + 8
 )
 
-var formatKey = []byte{familyFormat}
+var (
+	formatKey = []byte{familyFormat}
+	zeroedKey = []byte{familyZeroed}
+)
+
+const zeroedValueLen = 8
+
+// zeroedValue encodes the zeroed watermark: a cluster number, 8 bytes
+// big-endian.
+func zeroedValue(w uint64) []byte { return binary.BigEndian.AppendUint64(nil, w) }
+
+func parseZeroed(v []byte) (uint64, bool) {
+	if len(v) != zeroedValueLen {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(v), true
+}
 
 func volumeKey(id ID) []byte {
 	k := make([]byte, volumeKeyLen)

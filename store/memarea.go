@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -19,6 +20,7 @@ type MemArea struct {
 	cur         []byte  // what reads see
 	durable     []byte  // what survives any crash
 	pending     []memOp // writes and zeroes since the last Sync, in order
+	unzeroed    bool    // made by NewUnzeroedMemArea: holds a pattern, as a used device does
 	// Fault, if set, is called before every operation ("read", "write",
 	// "zero", "sync") and its error returned instead of doing it.
 	Fault func(op string, off int64) error
@@ -36,6 +38,24 @@ type memOp struct {
 func NewMemArea(size int64, align, unit int) *MemArea {
 	return &MemArea{align: align, unit: unit, cur: make([]byte, size), durable: make([]byte, size)}
 }
+
+// NewUnzeroedMemArea returns an area of size bytes that holds, durably, a
+// pseudo-random pattern from seed (as a block device holds what its
+// previous owner wrote) and says so (Unzeroed): a store created on it
+// zeroes each cluster before it first hands it out. Growth reads zeros.
+func NewUnzeroedMemArea(size int64, align, unit int, seed uint64) *MemArea {
+	m := NewMemArea(size, align, unit)
+	r := rand.New(rand.NewPCG(seed, 0x0ff))
+	for i := 0; i+8 <= len(m.durable); i += 8 {
+		binary.LittleEndian.PutUint64(m.durable[i:], r.Uint64()|1) // never a whole zero word
+	}
+	copy(m.cur, m.durable)
+	m.unzeroed = true
+	return m
+}
+
+// Unzeroed says whether the area was made by NewUnzeroedMemArea.
+func (m *MemArea) Unzeroed() bool { return m.unzeroed }
 
 func (m *MemArea) check(op string, off int64, n int) error {
 	if off < 0 || int64(n) > int64(len(m.cur))-off {
@@ -117,7 +137,7 @@ func (m *MemArea) Close() error { return nil }
 func (m *MemArea) CrashClone(rng *rand.Rand, keepPercent int) *MemArea {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	c := &MemArea{align: m.align, unit: m.unit, durable: append([]byte(nil), m.durable...)}
+	c := &MemArea{align: m.align, unit: m.unit, durable: append([]byte(nil), m.durable...), unzeroed: m.unzeroed}
 	u := int64(m.unit)
 	for _, o := range m.pending {
 		for from := int64(0); from < o.n; {

@@ -123,26 +123,33 @@ func checkShape(size uint64, blockSize uint32) error {
 // header (the first bytes of cluster 0) holds: both must name the same
 // store, so a store never runs on another store's area.
 //
-//	[0:16]   magic "blk-store/1" (data area in a file) or "blk-store/2"
-//	         (on a block device), padded with zeros
+//	[0:16]   magic "blk-store/1" (data area in a file), "blk-store/2"
+//	         (on a block device zeroed whole at creation) or "blk-store/3"
+//	         (an area zeroed lazily: its free clusters read zeros only
+//	         below the 'Z' key's watermark), padded with zeros
 //	[16]     state: 1 creating (the area is not initialised yet), 2 ready
 //	[17]     log2(cluster size)
-//	[18]     area kind: 0 file (always, in /1), 1 block device (/2)
+//	[18]     area kind: 0 file (always, in /1), 1 block device (always,
+//	         in /2); either in /3
 //	[19:24]  zero
 //	[24:32]  clusters in the area, big-endian (cluster 0 is the header)
 //	[32:48]  store UUID (random)
 //	[48:52]  CRC-32C of [0:48] (in the area header only)
-//	[48:]    the device's path at creation (in 'F' of /2 only; for
+//	[48:]    the device's path at creation (in 'F' of a device store only; for
 //	         messages: paths change across reboots, the UUID decides)
 //
 // A file store keeps "blk-store/1", byte for byte what releases before
 // block devices wrote, so it still opens with them; a device store is
 // "/2", which they refuse as not a store of theirs rather than look for
-// an area file.
+// an area file. A store created on a device by this release is "/3"
+// (lazy): the releases that wrote "/2" refuse it rather than hand out
+// clusters above its watermark as if they read zeros (a previous
+// owner's data would show through a partial first write).
 type formatRecord struct {
 	state    uint8
 	clusterL uint8
 	device   bool
+	lazy     bool // the area's clusters are zeroed as they are first handed out (docs/store.md, "Zeroed watermark")
 	clusters uint64
 	uuid     [16]byte
 	path     string // device stores: the device at creation
@@ -161,6 +168,7 @@ const (
 var (
 	formatMagic       = [16]byte{'b', 'l', 'k', '-', 's', 't', 'o', 'r', 'e', '/', '1'}
 	formatMagicDevice = [16]byte{'b', 'l', 'k', '-', 's', 't', 'o', 'r', 'e', '/', '2'}
+	formatMagicLazy   = [16]byte{'b', 'l', 'k', '-', 's', 't', 'o', 'r', 'e', '/', '3'}
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -171,6 +179,9 @@ func (f formatRecord) encode(dst []byte) {
 	if f.device {
 		copy(dst[0:16], formatMagicDevice[:])
 		dst[18] = areaKindDevice
+	}
+	if f.lazy {
+		copy(dst[0:16], formatMagicLazy[:])
 	}
 	dst[16] = f.state
 	dst[17] = f.clusterL
@@ -193,11 +204,14 @@ func decodeFormat(v []byte) (formatRecord, error) {
 		return formatRecord{}, fmt.Errorf("format record %q: not a blk store: %w", v, ErrCorrupt)
 	}
 	magic := [16]byte(v[0:16])
-	if magic != formatMagic && magic != formatMagicDevice {
+	if magic != formatMagic && magic != formatMagicDevice && magic != formatMagicLazy {
 		return formatRecord{}, fmt.Errorf("format record %q: not a blk store: %w", bytes.TrimRight(v[:16], "\x00"), ErrCorrupt)
 	}
-	f := formatRecord{state: v[16], clusterL: v[17], device: magic == formatMagicDevice,
+	f := formatRecord{state: v[16], clusterL: v[17], device: magic == formatMagicDevice, lazy: magic == formatMagicLazy,
 		clusters: binary.BigEndian.Uint64(v[24:32]), uuid: [16]byte(v[32:48])}
+	if f.lazy {
+		f.device = v[18] == areaKindDevice
+	}
 	kind := byte(areaKindFile)
 	if f.device {
 		kind = areaKindDevice

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -69,7 +68,7 @@ type Store struct {
 }
 
 type storeCounters struct {
-	refills, mapCommits, frees, flushes, areaSyncs, bounces, bgSyncs, zeroedAtOpen atomic.Uint64
+	refills, mapCommits, frees, flushes, areaSyncs, bounces, bgSyncs, zeroedAtOpen, zeroedAhead atomic.Uint64
 	// pebble's health (events): background errors, write stalls and their
 	// total length; stallStart is the running stall's start (UnixNano), 0
 	// when none.
@@ -90,13 +89,15 @@ const (
 	hookReleaseZeroed                  // delete or shrink zeroed and synced its clusters; the map is not changed
 	hookSizeCommitted                  // a shrink's new size is durable; its clusters are not released
 	hookGrown                          // the area grew (durably); the format record does not say so yet
+	hookAheadZeroed                    // a refill zeroed clusters at or past the zeroed watermark; the area is not synced
+	hookAheadSynced                    // ... and synced the area; its 'R' keys and the new watermark are not committed
 	hookMigrated                       // an upgrade batch is committed (not synced); its data synced
 	numHookPoints
 )
 
 func (p hookPoint) String() string {
 	return [...]string{"reserved", "data-written", "map-committed", "freed", "limbo-zeroed",
-		"area-synced", "release-zeroed", "size-committed", "grown", "migrated"}[p]
+		"area-synced", "release-zeroed", "size-committed", "grown", "watermark-zeroed", "watermark-synced", "migrated"}[p]
 }
 
 func (s *Store) hook(p hookPoint) {
@@ -218,11 +219,18 @@ func (s *Store) openArea(askedCluster int) error {
 			a.Size(), f.clusters, 1<<f.clusterL, ErrCorrupt)
 	}
 	if f.state == formatCreating {
-		// A crash interrupted create: the area holds nothing yet (a
-		// device was zeroed before the record was written, and is checked
-		// again: it may have been swapped since).
+		// A crash interrupted create: the area holds nothing yet. A device
+		// is checked again (it may have been swapped since), and its
+		// watermark set back to the header: a record written by a release
+		// that zeroed the whole device first becomes a lazy one too.
 		if f.device {
 			if err := s.prepareDevice(); err != nil {
+				return err
+			}
+		}
+		if unzeroed(a) {
+			s.format.lazy = true
+			if err := s.startFormat(); err != nil {
 				return err
 			}
 		}
@@ -276,48 +284,44 @@ func (s *Store) checkAreaKind() error {
 
 // prepareDevice readies a block device for a new store: it refuses one
 // that holds anything but zeros or this store's own header (a crashed
-// create) unless Config.WipeDevice says to destroy it, then zeroes the
-// whole device and syncs, so that every cluster reads zeros before the
-// first is handed out (a device's past contents must never show through
-// a new volume).
+// create) unless Config.WipeDevice says to destroy it. With the wipe
+// confirmed, it zeroes the first and last deviceScanBytes (where every
+// signature recognise knows lives: blkid, and the next store's blank
+// check, then see none of the old contents) and syncs. It zeroes nothing
+// else: the store is lazy (format.lazy), its clusters zeroed as they are
+// first handed out (refill), so the old bytes in between are never read
+// by anyone (docs/store.md, "Zeroed watermark").
 func (s *Store) prepareDevice() error {
 	dev := s.cfg.AreaDevice
 	hdr := alignedBuf(max(4096, s.align), s.align)
 	if err := s.area.ReadAt(hdr, 0); err != nil {
 		return fmt.Errorf("store: data device %s: read: %w: %w", dev, ErrIO, err)
 	}
-	if h, err := decodeHeader(hdr); err != nil || h.uuid != s.format.uuid {
-		what, err := deviceContents(s.area)
-		if err != nil {
-			return fmt.Errorf("store: data device %s: %w", dev, err)
-		}
-		switch {
-		case what == "":
-		case !s.cfg.WipeDevice:
-			return fmt.Errorf("store: data device %s holds %s: refusing to create a store on it (is it the right device?); "+
-				"to destroy what it holds, confirm with the wipe setting (blkd --data-device-wipe %s): %w", dev, what, dev, ErrNotBlank)
-		default:
-			s.log.Infof("store: data device %s held %s: wiping it, as confirmed", dev, what)
-		}
+	if h, err := decodeHeader(hdr); err == nil && h.uuid == s.format.uuid {
+		return nil // this store's own create, interrupted: its ends hold nothing else
 	}
-	start := time.Now()
-	s.log.Infof("store: zeroing the data device %s (%d bytes)", dev, s.area.Size())
-	// A GiB per call: on a device without Write Zeroes the kernel writes
-	// the zeros, and the operator sees progress every 64 GiB.
-	const chunk, report = 1 << 30, 64 << 30
+	what, err := deviceContents(s.area)
+	if err != nil {
+		return fmt.Errorf("store: data device %s: %w", dev, err)
+	}
+	switch {
+	case what == "":
+		return nil
+	case !s.cfg.WipeDevice:
+		return fmt.Errorf("store: data device %s holds %s: refusing to create a store on it (is it the right device?); "+
+			"to destroy what it holds, confirm with the wipe setting (blkd --data-device-wipe %s): %w", dev, what, dev, ErrNotBlank)
+	}
+	s.log.Infof("store: data device %s held %s: wiping it, as confirmed (its ends now; each cluster before its first use)", dev, what)
 	size := s.area.Size()
-	for off := int64(0); off < size; off += chunk {
-		if err := s.area.Zero(off, min(chunk, size-off)); err != nil {
-			return fmt.Errorf("store: data device %s: zero: %w: %w", dev, ErrIO, err)
-		}
-		if done := off + chunk; done%report == 0 && done < size {
-			s.log.Infof("store: zeroing the data device %s: %d of %d bytes in %v", dev, done, size, time.Since(start).Round(time.Second))
+	n := min(int64(deviceScanBytes), size) &^ int64(s.align-1)
+	for _, off := range []int64{0, size - n} {
+		if err := s.area.Zero(off, n); err != nil {
+			return fmt.Errorf("store: data device %s: zero %d bytes at %d: %w: %w", dev, n, off, ErrIO, err)
 		}
 	}
 	if err := s.area.Sync(); err != nil {
 		return fmt.Errorf("store: data device %s: sync: %w: %w", dev, ErrIO, err)
 	}
-	s.log.Infof("store: data device %s zeroed in %v", dev, time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -382,7 +386,7 @@ func (s *Store) create() error {
 		return fmt.Errorf("store: data area alignment %d above the cluster size %d: %w", a.Align(), 1<<l, ErrInvalid)
 	}
 	device := s.cfg.AreaDevice != ""
-	s.format = formatRecord{state: formatCreating, clusterL: l, clusters: uint64(a.Size()) >> l, device: device}
+	s.format = formatRecord{state: formatCreating, clusterL: l, clusters: uint64(a.Size()) >> l, device: device, lazy: unzeroed(a)}
 	if device {
 		s.format.path = s.cfg.AreaDevice
 	}
@@ -397,7 +401,7 @@ func (s *Store) create() error {
 			return err
 		}
 	}
-	if err := s.putFormat(); err != nil {
+	if err := s.startFormat(); err != nil {
 		return err
 	}
 	return s.initArea()
@@ -426,6 +430,22 @@ func (s *Store) checkEmpty() error {
 	return fmt.Errorf("store: %q holds keys but no store format (key %q): %w", s.cfg.Dir, first, ErrCorrupt)
 }
 
+// startFormat writes the format record (state creating) and, for a lazy
+// area, the zeroed watermark at cluster 1 (only the header's cluster is
+// ours), in one synced batch: no moment exists where a lazy store's
+// record is durable without its watermark.
+func (s *Store) startFormat() error {
+	b := s.db.NewBatch()
+	_ = b.Set(formatKey, s.format.record(), nil)
+	if s.format.lazy {
+		_ = b.Set(zeroedKey, zeroedValue(1), nil)
+	}
+	if err := s.commit(b, true); err != nil {
+		return fmt.Errorf("store: write format: %w", err)
+	}
+	return nil
+}
+
 func (s *Store) putFormat() error {
 	if err := s.db.Set(formatKey, s.format.record(), pebble.Sync); err != nil {
 		return fmt.Errorf("store: write format: %w: %w", ErrIO, err)
@@ -434,8 +454,8 @@ func (s *Store) putFormat() error {
 }
 
 // initArea writes the header into cluster 0, syncs, and marks the store
-// ready. Every other cluster of a new area reads zeros (a new file is
-// fallocated; a device was zeroed by prepareDevice).
+// ready. Every other cluster of a new file area reads zeros (it is
+// fallocated); a lazy area's are zeroed as refills first pick them.
 func (s *Store) initArea() error {
 	hdr := alignedBuf(max(4096, s.align), s.align)
 	f := s.format
@@ -455,6 +475,9 @@ func (s *Store) initArea() error {
 // allocator, and repairs (unless read-only) what a crash interrupted.
 func (s *Store) load() error {
 	s.al.init(s.format.clusters)
+	if err := s.loadZeroed(); err != nil {
+		return err
+	}
 	byMap := map[uint64]*Volume{}
 	var deleting []*Volume
 	err := s.scan(familyVolume, func(k, v []byte) error {
@@ -486,6 +509,9 @@ func (s *Store) load() error {
 		if !ok || !okv || phys == 0 || phys >= s.al.clusters {
 			return fmt.Errorf("store: map key %x = %x: %w", k, v, ErrCorrupt)
 		}
+		if phys >= s.al.zeroed {
+			return fmt.Errorf("store: map %d index %d names cluster %d, at or past the zeroed watermark %d (never zeroed): %w", m, idx, phys, s.al.zeroed, ErrCorrupt)
+		}
 		if !s.al.markUsed(phys) {
 			return fmt.Errorf("store: cluster %d is mapped twice (map %d index %d): %w", phys, m, idx, ErrCorrupt)
 		}
@@ -507,6 +533,9 @@ func (s *Store) load() error {
 		p, ok := parseReservedKey(k)
 		if !ok || p == 0 || p >= s.al.clusters {
 			return fmt.Errorf("store: reservation key %x: %w", k, ErrCorrupt)
+		}
+		if p >= s.al.zeroed {
+			return fmt.Errorf("store: cluster %d reserved at or past the zeroed watermark %d (never zeroed): %w", p, s.al.zeroed, ErrCorrupt)
 		}
 		if !s.al.markUsed(p) {
 			stale = append(stale, p) // mapped: cannot happen (map commits delete it); the map wins
@@ -560,6 +589,30 @@ func (s *Store) load() error {
 		s.log.Infof("store: open: %d reserved clusters zeroed, %d clusters of deleted or shrunk volumes released, %d deletes finished",
 			len(reserved), len(trim), len(deleting))
 	}
+	return nil
+}
+
+// loadZeroed sets the allocator's zeroed watermark: the 'Z' key of a lazy
+// store (ErrCorrupt if missing or outside the area), else the area's end
+// (a file; a device store written by a release that zeroed the whole
+// device at creation, which wrote no key).
+func (s *Store) loadZeroed() error {
+	if !s.format.lazy {
+		return nil
+	}
+	v, closer, err := s.db.Get(zeroedKey)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return fmt.Errorf("store: %q: a lazily zeroed area without its zeroed watermark: %w", s.cfg.Dir, ErrCorrupt)
+	}
+	if err != nil {
+		return fmt.Errorf("store: %q: read the zeroed watermark: %w: %w", s.cfg.Dir, ErrIO, err)
+	}
+	w, ok := parseZeroed(v)
+	_ = closer.Close()
+	if !ok || w < 1 || w > s.al.clusters {
+		return fmt.Errorf("store: %q: zeroed watermark %x in an area of %d clusters: %w", s.cfg.Dir, v, s.al.clusters, ErrCorrupt)
+	}
+	s.al.zeroed = w
 	return nil
 }
 
@@ -1046,29 +1099,92 @@ func (s *Store) grow() (bool, error) {
 	}
 	s.format = f
 	s.al.grow(old + n)
+	if !f.lazy {
+		s.al.zeroed = s.al.clusters // the new bytes read zeros (Grower)
+	}
 	s.log.Infof("store: data area grown from %d to %d clusters of %d bytes", old, old+n, s.cmask+1)
 	return true, nil
 }
 
 // refill reserves up to ReadyClusters free clusters: their 'R' keys are
 // committed synced before any of them is written, so Open finds and zeroes
-// any that a crash left written but unmapped. Requires s.al.mu.
+// any that a crash left written but unmapped. Clusters picked at or past
+// the zeroed watermark (a lazy area) are zeroed first, one Area.Zero for
+// the run [watermark, highest picked], the area synced, and the new
+// watermark committed with the 'R' keys: a crash before that commit
+// leaves the watermark where it was and the run is zeroed again next
+// time. The zeroing runs without s.al.mu (tens of ms for 64 MiB where the
+// device writes the zeros: flushes, frees and Stats go on meanwhile); the
+// picked clusters are marked used, so nobody else takes them. One refill
+// zeroes at a time: another waits for it before it picks (its run would
+// start at the same watermark and could zero, late, a cluster the first
+// had handed out and a write filled; or commit a watermark above a run
+// not yet synced), then returns if the pool is no longer empty. Requires
+// s.al.mu (released and taken again).
 func (s *Store) refill() error {
+	if s.al.zeroing {
+		for s.al.zeroing {
+			s.al.zeroWaiters++
+			s.al.zeroDone.Wait()
+			s.al.zeroWaiters--
+		}
+		if s.al.readyLen() > 0 {
+			return nil
+		}
+	}
 	ps := s.al.pickFree(uint64(s.cfg.ReadyClusters))
+	release := func() {
+		for _, p := range ps {
+			s.al.release(p)
+		}
+	}
+	w := s.al.zeroed
+	for _, p := range ps {
+		w = max(w, p+1)
+	}
+	if from := s.al.zeroed; w > from {
+		s.al.zeroing = true
+		s.al.mu.Unlock()
+		err := s.zeroAhead(from, w)
+		s.al.mu.Lock()
+		s.al.zeroing = false
+		s.al.zeroDone.Broadcast()
+		if err != nil {
+			release()
+			return fmt.Errorf("reserve clusters: %w", err)
+		}
+	}
 	b := s.db.NewBatch()
 	var key [reservedKeyLen]byte
 	for _, p := range ps {
 		putReservedKey(key[:], p)
 		_ = b.Set(key[:], nil, nil)
 	}
+	if w > s.al.zeroed {
+		_ = b.Set(zeroedKey, zeroedValue(w), nil)
+	}
 	if err := s.commit(b, true); err != nil {
-		for _, p := range ps {
-			s.al.release(p)
-		}
+		release()
 		return fmt.Errorf("reserve clusters: %w", err)
 	}
 	s.c.refills.Add(1)
+	s.c.zeroedAhead.Add(w - s.al.zeroed)
+	s.al.zeroed = w
 	s.al.pushReady(ps)
+	return nil
+}
+
+// zeroAhead zeroes clusters [from, to), which lie at or past the zeroed
+// watermark (all free, holding anything), and syncs the area.
+func (s *Store) zeroAhead(from, to uint64) error {
+	if err := s.area.Zero(int64(from)<<s.cshift, int64(to-from)<<s.cshift); err != nil {
+		return fmt.Errorf("zero clusters %d-%d: %w: %w", from, to-1, ErrIO, err)
+	}
+	s.hook(hookAheadZeroed)
+	if err := s.syncArea(); err != nil {
+		return err
+	}
+	s.hook(hookAheadSynced)
 	return nil
 }
 
@@ -1173,17 +1289,23 @@ type Stats struct {
 	// reservations and interrupted deletes or shrinks a crash left; 0
 	// after a clean Close, which releases the ready pool.
 	ZeroedAtOpen uint64
+	// Zeroed is the zeroed watermark (docs/store.md): every cluster below
+	// it reads zeros when free; Clusters on a file area, where every new
+	// cluster does. ZeroedAhead counts the clusters refills zeroed (and
+	// synced) at or past it, on a lazily zeroed area (a block device),
+	// before first handing them out.
+	Zeroed, ZeroedAhead uint64
 }
 
 // Stats returns the store's space and counters.
 func (s *Store) Stats() Stats {
 	s.al.mu.Lock()
 	st := Stats{ClusterBytes: s.cmask + 1, Clusters: s.al.clusters, Free: s.al.free,
-		Ready: uint64(s.al.readyLen()), Limbo: uint64(len(s.al.limbo)), Mapped: s.al.mapped}
+		Ready: uint64(s.al.readyLen()), Limbo: uint64(len(s.al.limbo)), Mapped: s.al.mapped, Zeroed: s.al.zeroed}
 	s.al.mu.Unlock()
 	st.Refills, st.MapCommits, st.Frees = s.c.refills.Load(), s.c.mapCommits.Load(), s.c.frees.Load()
 	st.Flushes, st.AreaSyncs, st.BounceCopies = s.c.flushes.Load(), s.c.areaSyncs.Load(), s.c.bounces.Load()
-	st.BackgroundSyncs, st.ZeroedAtOpen = s.c.bgSyncs.Load(), s.c.zeroedAtOpen.Load()
+	st.BackgroundSyncs, st.ZeroedAtOpen, st.ZeroedAhead = s.c.bgSyncs.Load(), s.c.zeroedAtOpen.Load(), s.c.zeroedAhead.Load()
 	return st
 }
 
