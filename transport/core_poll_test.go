@@ -67,14 +67,7 @@ func (d *deferEcho) HandleCompletion(core *transport.Core, c *transport.Completi
 	defer dc.exit()
 	r := d.r
 	if c.Status != nil {
-		if r.running() {
-			r.fail("server: %v completion failed: %v", c.Type, c.Status)
-		}
-		if b := core.RecvBuf(c); b != nil {
-			b.Release()
-		} else if b, ok := c.RequestContext.(*transport.RecvBuf); ok {
-			b.Release()
-		}
+		r.serverFailed(core, c)
 		return
 	}
 	switch c.Type {

@@ -126,14 +126,7 @@ func giveBack(b *transport.RecvBuf, seq uint32) {
 // buffer; give the buffer back when the echo is sent.
 func (r *echoRig) serve(core *transport.Core, c *transport.Completion) {
 	if c.Status != nil {
-		if r.running() {
-			r.fail("server: %v completion failed: %v", c.Type, c.Status)
-		}
-		if b := core.RecvBuf(c); b != nil {
-			b.Release()
-		} else if b, ok := c.RequestContext.(*transport.RecvBuf); ok {
-			b.Release()
-		}
+		r.serverFailed(core, c)
 		return
 	}
 	switch c.Type {
@@ -161,6 +154,21 @@ func (r *echoRig) serve(core *transport.Core, c *transport.Completion) {
 }
 
 func (r *echoRig) running() bool { return r.left.Load() > 0 && !r.failed.Load() }
+
+// serverFailed handles a server completion with an error: a failure
+// while the rig runs (flushed completions at teardown are expected), and
+// the receive buffer it holds — the receive's own, or the one a SEND
+// echoed from — given back.
+func (r *echoRig) serverFailed(core *transport.Core, c *transport.Completion) {
+	if r.running() {
+		r.fail("server: %v completion failed: %v", c.Type, c.Status)
+	}
+	if b := core.RecvBuf(c); b != nil {
+		b.Release()
+	} else if b, ok := c.RequestContext.(*transport.RecvBuf); ok {
+		b.Release()
+	}
+}
 
 // client is the client engine's handler.
 func (r *echoRig) client(core *transport.Core, c *transport.Completion) {
