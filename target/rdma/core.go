@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
@@ -30,12 +31,13 @@ type coreState struct {
 	wait      []*req
 	whead, wn int
 
-	// alignCapsule: in-capsule writes are copied into a data buffer
-	// when one is free (alignData); set with the poller hook.
+	// alignCapsule: in-capsule writes not on a page are copied into a
+	// data buffer when one is free (alignData); set with the poller hook.
 	alignCapsule bool
 	// lastDisk is when poll last found work (the core's only): it keeps
 	// polling a disk with I/Os in flight for diskSpin after it.
 	lastDisk time.Time
+	spin     time.Duration // diskSpin, unless the port's config says other
 
 	// group gathers the plain writes executed during one notification;
 	// committed by HandleBatchEnd at its end. With the core's poll set it
@@ -73,6 +75,10 @@ func newCoreState(p *Port, c *transport.Core) (cs *coreState, err error) {
 		cs.group.SetWake(c.Wake)
 		cs.group.SetPollerHook(c.AddPollFD)
 		cs.alignCapsule = true
+	}
+	cs.spin = diskSpin
+	if d := p.cfg.diskSpin; d != 0 {
+		cs.spin = max(d, 0)
 	}
 	z := p.size
 	for i, c := range [len(cs.pools)]struct{ n, size uint32 }{
@@ -114,7 +120,11 @@ type req struct {
 	rb    *transport.RecvBuf // SRQ buffer; nil on an admin queue
 	ownRQ bool               // buffer of an admin queue's private receive queue
 	buf   []byte             // the receive buffer (capsule in, response out)
-	sge   [1]transport.SGE   // admin: the receive buffer's SGE
+	// inl is where in-capsule data lands: the receive buffer past its
+	// SQE, or, split (engine HeaderSize), the buffer's own payload
+	// pages.
+	inl   []byte
+	sge   [1]transport.SGE // admin: the receive buffer's SGE
 	data  *dataBuf
 	raddr uint64
 	rkey  uint32
@@ -144,6 +154,9 @@ func (h *handler) HandleCompletion(core *transport.Core, c *transport.Completion
 			r = &cs.reqs[rb.Index()]
 			r.rb = rb
 			r.buf = rb.Bytes()
+			if r.inl = rb.Payload(); r.inl == nil {
+				r.inl = r.buf[capsuleSize:]
+			}
 		} else if ar, ok := c.RequestContext.(*req); ok {
 			r = ar
 		} else {
@@ -244,7 +257,7 @@ func (cs *coreState) poll() bool {
 			cs.lastDisk = time.Now()
 			continue
 		}
-		if g.InFlight() > 0 && time.Since(cs.lastDisk) < diskSpin {
+		if g.InFlight() > 0 && time.Since(cs.lastDisk) < cs.spin {
 			return true // look again rather than sleep (see diskSpin)
 		}
 		return g.Arm()
@@ -316,7 +329,7 @@ func (cs *coreState) receive(r *req, n uint32) {
 		}
 		limit := uint64(cs.p.size.Limits.InCapsule)
 		if r.conn.admin {
-			limit = uint64(len(r.buf) - capsuleSize)
+			limit = uint64(len(r.inl))
 		}
 		end := sgl.Addr + uint64(sgl.Length)
 		if end < sgl.Addr || end > limit || capsuleSize+end > uint64(n) {
@@ -325,8 +338,8 @@ func (cs *coreState) receive(r *req, n uint32) {
 		}
 		cs.st.inCapsule.Add(1)
 		r.Len = sgl.Length
-		r.Data = r.buf[capsuleSize+sgl.Addr : capsuleSize+end]
-		if cs.alignCapsule && !r.conn.admin {
+		r.Data = r.inl[sgl.Addr:end]
+		if cs.alignCapsule && !r.conn.admin && !pageAligned(r.Data) {
 			cs.alignData(r)
 		}
 	default:
@@ -336,8 +349,17 @@ func (cs *coreState) receive(r *req, n uint32) {
 	r.conn.q.Execute(&r.Request)
 }
 
+// pageAligned reports whether b starts on a page: where O_DIRECT takes it.
+func pageAligned(b []byte) bool {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%pageSize == 0
+}
+
 // alignData moves an in-capsule write's data into a small data buffer
-// when one is free. In the capsule the data sits 64 bytes into its
+// when one is free. It runs only where the data is not on a page: the
+// receive buffers are not split (splitHeader: an adapter with one SGE
+// per receive, or in-capsule data that is not whole pages), or the host
+// put the data at an offset into the capsule. There the data sits 64
+// bytes (or the offset) into its
 // receive buffer, an address O_DIRECT cannot take: a store would serve
 // the write on its workers (a hand-off to another goroutine and a bounce
 // copy there); from a data buffer (page-aligned pools) it goes to the
