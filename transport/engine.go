@@ -469,7 +469,7 @@ func newCore(e *Engine, index, cpu int, h Handler, eh ErrorHandler, moderate boo
 	// headers packed after them.
 	size, hdr := cfg.BufferSize, cfg.HeaderSize
 	pay := size - hdr
-	c.mr, err = e.pd.AllocateMemory(int(cfg.receiveBytes()), AccessLocalWrite)
+	c.mr, err = e.pd.AllocateMemory(int(cfg.ReceiveBytes()), AccessLocalWrite)
 	if err != nil {
 		return c, fmt.Errorf("register receive buffers: %w", err)
 	}

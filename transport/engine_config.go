@@ -235,8 +235,8 @@ func (c EngineConfig) Validate() error {
 	case c.PollBatch < 1:
 		return bad("PollBatch %d < 1", c.PollBatch)
 	}
-	if c.receiveBytes() > uint64(maxInt) {
-		return bad("Buffers × BufferSize = %d bytes does not fit in memory", c.receiveBytes())
+	if c.ReceiveBytes() > uint64(maxInt) {
+		return bad("Buffers × BufferSize = %d bytes does not fit in memory", c.ReceiveBytes())
 	}
 	depth := c.CQDepth()
 	if depth > uint64(MaxUint32) {
@@ -250,10 +250,10 @@ func (c EngineConfig) Validate() error {
 
 const maxInt = int(^uint(0) >> 1)
 
-// receiveBytes is the size of a core's receive buffer region: Buffers ×
+// ReceiveBytes is the size of a core's receive buffer region: Buffers ×
 // BufferSize, and, split (HeaderSize), one page more, so that the
 // payloads can start on a page wherever the region starts.
-func (c EngineConfig) receiveBytes() uint64 {
+func (c EngineConfig) ReceiveBytes() uint64 {
 	n := uint64(c.Buffers) * uint64(c.BufferSize)
 	if c.HeaderSize != 0 {
 		n += receivePage
@@ -284,8 +284,8 @@ func (c EngineConfig) ValidateFor(info AdapterInfo) error {
 	case c.CQDepth() > uint64(info.MaxCqDepth):
 		return bad("CQ depth %d = Buffers %d + QPsPerCore %d × InitiatorDepth %d > adapter MaxCqDepth %d (C2); lower QPsPerCore or InitiatorDepth",
 			c.CQDepth(), c.Buffers, c.QPsPerCore, c.InitiatorDepth, info.MaxCqDepth)
-	case info.MaxRegistrationSize != 0 && c.receiveBytes() > info.MaxRegistrationSize:
-		return bad("receive pool %d bytes > adapter MaxRegistrationSize %d", c.receiveBytes(), info.MaxRegistrationSize)
+	case info.MaxRegistrationSize != 0 && c.ReceiveBytes() > info.MaxRegistrationSize:
+		return bad("receive pool %d bytes > adapter MaxRegistrationSize %d", c.ReceiveBytes(), info.MaxRegistrationSize)
 	}
 	return nil
 }

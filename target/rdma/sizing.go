@@ -362,10 +362,11 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 }
 
 // BufferBytesPerCore is the registered memory of one engine core: its
-// receive buffers (Engine.Buffers × Engine.BufferSize) and its data
-// buffers. The port allocates it all at start, per core.
+// receive buffers (Engine.Buffers × Engine.BufferSize, and a page to
+// align them when split: Engine.ReceiveBytes) and its data buffers. The
+// port allocates it all at start, per core.
 func (s Sizing) BufferBytesPerCore() uint64 {
-	return uint64(s.Engine.Buffers)*uint64(s.Engine.BufferSize) +
+	return s.Engine.ReceiveBytes() +
 		uint64(s.SmallBuffers)*smallBufferSize +
 		uint64(s.MidBuffers)*uint64(s.MidBufferSize) +
 		uint64(s.LargeBuffers)*uint64(s.Limits.MaxTransfer)
