@@ -286,6 +286,10 @@ func TestScrapeAfterIO(t *testing.T) {
 		"blk_transport_completions_total":           "counter",
 		"blk_transport_moderation_interval_seconds": "gauge",
 		"blk_rdma_commands_total":                   "counter",
+		"blk_rdma_capsule_copies_total":             "counter",
+		"blk_rdma_disk_in_flight":                   "gauge",
+		"blk_rdma_disk_in_flight_peak":              "gauge",
+		"blk_transport_poll_wakes_total":            "counter",
 		"blk_target_commands_total":                 "counter",
 		"blk_target_controllers":                    "gauge",
 		"blk_target_discovery_controllers":          "gauge",
@@ -340,6 +344,19 @@ func TestScrapeAfterIO(t *testing.T) {
 	ic, _ := e.sum("blk_rdma_in_capsule_writes_total", port)
 	if rr+ic < writes+fuas {
 		t.Errorf("RDMA reads %v + in-capsule writes %v < %d writes", rr, ic, writes+fuas)
+	}
+	// The port's receive buffers are split (the in-capsule data on a
+	// page of its own): no in-capsule write is copied.
+	if cc, n := e.sum("blk_rdma_capsule_copies_total", port); n != 1 || cc != 0 || ic == 0 {
+		t.Errorf("blk_rdma_capsule_copies_total = %v (%d samples) with %v in-capsule writes, want one sample of 0 and some in-capsule writes", cc, n, ic)
+	}
+	for _, g := range []string{"blk_rdma_disk_in_flight", "blk_rdma_disk_in_flight_peak"} {
+		if _, n := e.sum(g, port); n != 1 {
+			t.Errorf("%s: %d samples, want 1", g, n)
+		}
+	}
+	if _, n := e.sum("blk_transport_poll_wakes_total", port); n != 2 {
+		t.Errorf("blk_transport_poll_wakes_total: %d samples, want one per core (2)", n)
 	}
 
 	// Target: successes by status, states, namespace counters.

@@ -29,6 +29,9 @@ func NewPortCollector(p *rdma.Port) *PortCollector {
 		counter("rdma_reads_total", "RDMA READs issued to fetch host data.", func(s *S) uint64 { return s.RDMAReads }),
 		counter("rdma_writes_total", "RDMA WRITEs issued to place data in host memory.", func(s *S) uint64 { return s.RDMAWrites }),
 		counter("rdma_data_waits_total", "Commands that waited for a data buffer.", func(s *S) uint64 { return s.DataWaits }),
+		counter("rdma_capsule_copies_total", "In-capsule writes copied into an aligned data buffer before going to the disk: 0 while the receive buffers place in-capsule data on a page; rising with in_capsule_writes means every small write pays a copy.", func(s *S) uint64 { return s.CapsuleCopies }),
+		gauge("rdma_disk_in_flight", "I/Os the cores have at the disk through their own engines (io_uring), as of each core's last pass: near the hosts' queue depth means the disk, not the target, holds the work; 0 under load means the backend serves I/O inline or on workers.", func(s *S) float64 { return float64(s.DiskInFlight) }),
+		gauge("rdma_disk_in_flight_peak", "The most I/Os one core has had at the disk at once since the port opened: the depth the disk was actually given.", func(s *S) float64 { return float64(s.DiskInFlightPeak) }),
 	)}
 }
 

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Engine is the layer the target and the initiator build on: given an
@@ -388,6 +389,18 @@ type Core struct {
 
 const gateClosed = int64(1) << 40
 
+// receivePage is the alignment of a split receive's payload
+// (EngineConfig.HeaderSize): the page O_DIRECT I/O wants its buffers on.
+const receivePage = 4096
+
+// recvSGEs is the SGEs of one receive: two when split.
+func recvSGEs(cfg *EngineConfig) uint32 {
+	if cfg.HeaderSize != 0 {
+		return 2
+	}
+	return 1
+}
+
 // SRQ refill states; refill owns the transitions (see refill).
 const (
 	srqArmed     uint32 = iota // threshold notification armed
@@ -440,7 +453,7 @@ func newCore(e *Engine, index, cpu int, h Handler, eh ErrorHandler, moderate boo
 	// and arming it now could fire at once.
 	c.srq, err = e.pd.CreateSRQ(SRQConfig{
 		Depth:    cfg.SRQDepth,
-		MaxSge:   1,
+		MaxSge:   recvSGEs(cfg),
 		Notify:   notifySRQ,
 		Context:  c,
 		Affinity: cpu,
@@ -450,21 +463,41 @@ func newCore(e *Engine, index, cpu int, h Handler, eh ErrorHandler, moderate boo
 	}
 	// Provider-owned: the buffers live as long as the core (closed in
 	// close, after the QPs and the callbacks that hand them out).
-	c.mr, err = e.pd.AllocateMemory(int(cfg.Buffers)*int(cfg.BufferSize), AccessLocalWrite)
+	// Split (HeaderSize): the payloads first, a whole number of pages
+	// each from the region's first page boundary (its start, where the
+	// provider maps it; one page is added in case it does not), then the
+	// headers packed after them.
+	size, hdr := cfg.BufferSize, cfg.HeaderSize
+	pay := size - hdr
+	c.mr, err = e.pd.AllocateMemory(int(cfg.ReceiveBytes()), AccessLocalWrite)
 	if err != nil {
 		return c, fmt.Errorf("register receive buffers: %w", err)
 	}
 	reg := c.mr.Bytes()
-	size := cfg.BufferSize
+	var skip uint32 // to the region's first page boundary
+	if hdr != 0 {
+		skip = uint32(-uintptr(unsafe.Pointer(unsafe.SliceData(reg))) % receivePage)
+	}
 	for i := range c.bufs {
 		b := &c.bufs[i]
-		off := uint32(i) * size
 		b.core = c
 		b.index = uint32(i)
-		b.data = reg[off : off+size : off+size]
-		b.sge[0] = c.mr.SGE(off, size)
+		if hdr == 0 {
+			off := uint32(i) * size
+			b.data = reg[off : off+size : off+size]
+			b.sge[0] = c.mr.SGE(off, size)
+			b.nsge = 1
+		} else {
+			off := skip + uint32(i)*pay
+			b.payload = reg[off : off+pay : off+pay]
+			b.sge[1] = c.mr.SGE(off, pay)
+			off = skip + cfg.Buffers*pay + uint32(i)*hdr
+			b.data = reg[off : off+hdr : off+hdr]
+			b.sge[0] = c.mr.SGE(off, hdr)
+			b.nsge = 2
+		}
 		b.state.Store(bufPosted)
-		if err = c.srq.PostReceive(b, b.sge[:]); err != nil {
+		if err = c.srq.PostReceive(b, b.sge[:b.nsge]); err != nil {
 			return c, fmt.Errorf("post receive buffer %d: %w", i, err)
 		}
 	}
@@ -740,17 +773,27 @@ func (c *Core) drain() (n, recvs int) {
 // context of the receive that uses it, so a receive completion leads back
 // to it without a lookup or an allocation.
 type RecvBuf struct {
-	core  *Core
-	index uint32
-	state atomic.Uint32
-	sge   [1]SGE
-	data  []byte
+	core    *Core
+	index   uint32
+	state   atomic.Uint32
+	nsge    uint8
+	sge     [2]SGE // the buffer; split: the header, then the payload
+	data    []byte
+	payload []byte
 }
 
-// Bytes is the whole buffer (BufferSize bytes).
+// Bytes is the whole buffer (BufferSize bytes); with a split receive
+// (EngineConfig.HeaderSize), the header: a message's first HeaderSize
+// bytes.
 func (b *RecvBuf) Bytes() []byte { return b.data }
 
-// SGE names the first n bytes of the buffer (at most BufferSize), so that
+// Payload is, with a split receive (EngineConfig.HeaderSize), the rest
+// of the buffer: a message's bytes past its header, starting on a page.
+// Nil without one.
+func (b *RecvBuf) Payload() []byte { return b.payload }
+
+// SGE names the first n bytes of the buffer (at most BufferSize; split,
+// at most HeaderSize: of the header), so that
 // a handler can send or write straight from a received buffer while it
 // holds it (and give it back when that request completes).
 func (b *RecvBuf) SGE(n uint32) SGE {
@@ -784,7 +827,8 @@ func (c *Core) RecvBuf(comp *Completion) *RecvBuf {
 }
 
 // RecvBuffer returns the message a receive completion delivered: the first
-// comp.Bytes bytes of its buffer, or nil if comp is not a receive of one of
+// comp.Bytes bytes of its buffer (split: of its header; the rest is in
+// Payload), or nil if comp is not a receive of one of
 // this core's buffers. The bytes stay valid until the buffer is given back.
 func (c *Core) RecvBuffer(comp *Completion) []byte {
 	b := c.RecvBuf(comp)
@@ -803,7 +847,7 @@ func (c *Core) Repost(b *RecvBuf) error {
 	if !b.state.CompareAndSwap(bufHeld, bufPosted) {
 		panic(fmt.Sprintf("transport: engine core %d: buffer %d given back twice or never received (state %d)", c.index, b.index, b.state.Load()))
 	}
-	if err := c.srq.PostReceive(b, b.sge[:]); err != nil {
+	if err := c.srq.PostReceive(b, b.sge[:b.nsge]); err != nil {
 		b.state.Store(bufFree)
 		c.pushFree(b)
 		c.st.repostFailures.Add(1)
@@ -861,7 +905,7 @@ func (c *Core) postFree() int {
 		b := &c.bufs[v-1]
 		v = c.freeNext[b.index]
 		b.state.Store(bufPosted)
-		if err := c.srq.PostReceive(b, b.sge[:]); err != nil {
+		if err := c.srq.PostReceive(b, b.sge[:b.nsge]); err != nil {
 			b.state.Store(bufFree)
 			c.pushFree(b)
 			for v != 0 {

@@ -75,6 +75,18 @@ type EngineConfig struct {
 	// a peer may send). Default DefaultBufferSize, capped at
 	// MaxTransferLength.
 	BufferSize uint32
+	// HeaderSize, when not 0, splits every receive buffer in two: the
+	// first HeaderSize bytes of a message land in a small header and the
+	// rest in a payload of BufferSize − HeaderSize bytes that starts on
+	// a page (receivePage), each receive posted as those two SGEs. It is
+	// for a protocol whose messages are a fixed header and then data
+	// that goes to O_DIRECT I/O: NVMe/RDMA's 64-byte command and its
+	// in-capsule data, as Linux's nvmet-rdma posts its receives. The
+	// adapter must take two SGEs per receive (MaxReceiveRequestSge), and
+	// BufferSize − HeaderSize must be a whole number of pages, so every
+	// payload starts on one. RecvBuf.Bytes is then the header, and
+	// RecvBuf.Payload the rest. 0 (the default): one contiguous buffer.
+	HeaderSize uint32
 	// RefillThreshold is the SRQ NotifyThreshold: when fewer receives
 	// than this are queued, the SRQ notification posts every free buffer
 	// back. It is the margin that must absorb the messages arriving
@@ -214,6 +226,8 @@ func (c EngineConfig) Validate() error {
 		return bad("Buffers %d > SRQDepth %d", c.Buffers, c.SRQDepth)
 	case c.BufferSize < 1:
 		return bad("BufferSize %d < 1", c.BufferSize)
+	case c.HeaderSize != 0 && (c.HeaderSize >= c.BufferSize || (c.BufferSize-c.HeaderSize)%receivePage != 0):
+		return bad("HeaderSize %d leaves a payload of BufferSize %d − HeaderSize that is not a positive whole number of %d-byte pages", c.HeaderSize, c.BufferSize, receivePage)
 	case c.RefillThreshold < 1 || c.RefillThreshold >= c.Buffers:
 		// 0 would never refill; ≥ Buffers would fire on the first
 		// receive and keep firing while any buffer is in use.
@@ -221,8 +235,8 @@ func (c EngineConfig) Validate() error {
 	case c.PollBatch < 1:
 		return bad("PollBatch %d < 1", c.PollBatch)
 	}
-	if uint64(c.Buffers)*uint64(c.BufferSize) > uint64(maxInt) {
-		return bad("Buffers × BufferSize = %d bytes does not fit in memory", uint64(c.Buffers)*uint64(c.BufferSize))
+	if c.ReceiveBytes() > uint64(maxInt) {
+		return bad("Buffers × BufferSize = %d bytes does not fit in memory", c.ReceiveBytes())
 	}
 	depth := c.CQDepth()
 	if depth > uint64(MaxUint32) {
@@ -235,6 +249,17 @@ func (c EngineConfig) Validate() error {
 }
 
 const maxInt = int(^uint(0) >> 1)
+
+// ReceiveBytes is the size of a core's receive buffer region: Buffers ×
+// BufferSize, and, split (HeaderSize), one page more, so that the
+// payloads can start on a page wherever the region starts.
+func (c EngineConfig) ReceiveBytes() uint64 {
+	n := uint64(c.Buffers) * uint64(c.BufferSize)
+	if c.HeaderSize != 0 {
+		n += receivePage
+	}
+	return n
+}
 
 // ValidateFor checks a completed configuration against an adapter's
 // limits (after Validate). Errors wrap ErrInvalidParameter.
@@ -250,6 +275,8 @@ func (c EngineConfig) ValidateFor(info AdapterInfo) error {
 		return bad("SRQDepth %d > adapter MaxSrqDepth %d (S2)", c.SRQDepth, info.MaxSrqDepth)
 	case info.MaxReceiveRequestSge < 1:
 		return bad("adapter MaxReceiveRequestSge is 0; receive buffers need one SGE")
+	case c.HeaderSize != 0 && info.MaxReceiveRequestSge < 2:
+		return bad("HeaderSize %d: a split receive needs two SGEs, adapter MaxReceiveRequestSge is %d", c.HeaderSize, info.MaxReceiveRequestSge)
 	case c.InitiatorDepth > info.MaxInitiatorQueueDepth:
 		return bad("InitiatorDepth %d > adapter MaxInitiatorQueueDepth %d (Q2)", c.InitiatorDepth, info.MaxInitiatorQueueDepth)
 	case c.InitiatorSGE > info.MaxInitiatorRequestSge:
@@ -257,8 +284,8 @@ func (c EngineConfig) ValidateFor(info AdapterInfo) error {
 	case c.CQDepth() > uint64(info.MaxCqDepth):
 		return bad("CQ depth %d = Buffers %d + QPsPerCore %d × InitiatorDepth %d > adapter MaxCqDepth %d (C2); lower QPsPerCore or InitiatorDepth",
 			c.CQDepth(), c.Buffers, c.QPsPerCore, c.InitiatorDepth, info.MaxCqDepth)
-	case info.MaxRegistrationSize != 0 && uint64(c.Buffers)*uint64(c.BufferSize) > info.MaxRegistrationSize:
-		return bad("receive pool %d bytes > adapter MaxRegistrationSize %d", uint64(c.Buffers)*uint64(c.BufferSize), info.MaxRegistrationSize)
+	case info.MaxRegistrationSize != 0 && c.ReceiveBytes() > info.MaxRegistrationSize:
+		return bad("receive pool %d bytes > adapter MaxRegistrationSize %d", c.ReceiveBytes(), info.MaxRegistrationSize)
 	}
 	return nil
 }

@@ -80,6 +80,9 @@ const (
 	// poller hook off (rdma.WithSyncDisk): every I/O inline on the core,
 	// BenchmarkStoreDisk's baseline.
 	childSyncDiskEnv = "BLK_TEST_TARGET_SYNC_DISK"
+	// childDiskSpinEnv (a duration; 0: none) sets the cores' disk spin
+	// (rdma.WithDiskSpin).
+	childDiskSpinEnv = "BLK_TEST_TARGET_DISK_SPIN"
 )
 
 func runChildTarget(dir, addr string) error {
@@ -107,6 +110,13 @@ func runChildTarget(dir, addr string) error {
 	}
 	if os.Getenv(childSyncDiskEnv) != "" {
 		cfg = rdma.WithSyncDisk(cfg)
+	}
+	if s := os.Getenv(childDiskSpinEnv); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("%s: %w", childDiskSpinEnv, err)
+		}
+		cfg = rdma.WithDiskSpin(cfg, d)
 	}
 	if os.Getenv("BLK_TEST_TARGET_LOG") != "" {
 		cfg.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "child target: "+format+"\n", args...) }

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/blk-project/blk/transport"
 )
@@ -66,6 +67,9 @@ type Config struct {
 	// asynchronous backends serve their I/Os inline as before: the
 	// benchmarks' baseline (export_test.go).
 	syncDisk bool
+	// diskSpin replaces the cores' disk spin (diskSpin) when not 0;
+	// negative: none (export_test.go, for the benchmarks).
+	diskSpin time.Duration
 }
 
 // NoInCapsule as Config.InCapsule turns in-capsule data off (every write

@@ -68,6 +68,7 @@ func (p *Port) createAdminQP(c *conn) (transport.QP, *coreState, error) {
 		off := uint32(i) * size
 		r.init(cs)
 		r.buf = reg[off : off+size : off+size]
+		r.inl = r.buf[capsuleSize:]
 		r.sge[0] = mr.SGE(off, size)
 		r.ownRQ = true
 		if err := qp.PostReceive(r, r.sge[:]); err != nil {

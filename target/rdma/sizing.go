@@ -182,6 +182,10 @@ type Sizing struct {
 //     8 MiB, the largest power of two a keyed SGL's 24-bit length holds.
 //   - Receive buffer (engine BufferSize) = 64-byte SQE + InCapsule: the
 //     largest capsule a host may SEND on an I/O queue (IOCCSZ × 16).
+//     Received in two pieces (engine HeaderSize = 64) when InCapsule is a
+//     whole number of pages and the adapter takes two SGEs per receive:
+//     the SQE, then the in-capsule data on a page of its own, so that a
+//     write's data goes to O_DIRECT I/O where it landed (no copy).
 //   - Engine InitiatorDepth = 4 × QueueEntries (sendSlotsPerEntry; 6 when
 //     each READ's sink is fast-registered and invalidated, ReadSinkPerRead): per
 //     queue entry one command in progress (a data transfer and a response
@@ -301,6 +305,7 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 		SRQDepth:       buffers,
 		Buffers:        buffers,
 		BufferSize:     recvSize,
+		HeaderSize:     splitHeader(cfg.InCapsule, info),
 		// Every buffer is reposted when its command's response is
 		// posted, so the threshold refill is only a safety net.
 		RefillThreshold: max(buffers/4, 1),
@@ -357,11 +362,28 @@ func Size(info transport.AdapterInfo, cfg Config) (Sizing, error) {
 }
 
 // BufferBytesPerCore is the registered memory of one engine core: its
-// receive buffers (Engine.Buffers × Engine.BufferSize) and its data
-// buffers. The port allocates it all at start, per core.
+// receive buffers (Engine.Buffers × Engine.BufferSize, and a page to
+// align them when split: Engine.ReceiveBytes) and its data buffers. The
+// port allocates it all at start, per core.
 func (s Sizing) BufferBytesPerCore() uint64 {
-	return uint64(s.Engine.Buffers)*uint64(s.Engine.BufferSize) +
+	return s.Engine.ReceiveBytes() +
 		uint64(s.SmallBuffers)*smallBufferSize +
 		uint64(s.MidBuffers)*uint64(s.MidBufferSize) +
 		uint64(s.LargeBuffers)*uint64(s.Limits.MaxTransfer)
 }
+
+// splitHeader is the engine's HeaderSize for in-capsule data of
+// inCapsule bytes on an adapter reporting info: the SQE's 64 bytes when
+// the data can start on a page of its own (a whole number of pages, two
+// SGEs per receive), else 0 (one contiguous buffer, the data 64 bytes
+// into it: copied into a data buffer before a disk engine takes it,
+// alignData).
+func splitHeader(inCapsule uint32, info transport.AdapterInfo) uint32 {
+	if inCapsule == 0 || inCapsule%pageSize != 0 || info.MaxReceiveRequestSge < 2 {
+		return 0
+	}
+	return capsuleSize
+}
+
+// pageSize is the alignment O_DIRECT I/O wants of a buffer.
+const pageSize = 4096

@@ -44,13 +44,14 @@ func TestSizeDefaults(t *testing.T) {
 	switch {
 	case l.MaxIOQueues != 2*64-1:
 		t.Errorf("MaxIOQueues %d", l.MaxIOQueues)
-	case e.QPsPerCore != 64 || e.Buffers != 1024 || e.SRQDepth != e.Buffers || e.BufferSize != 64+4096:
-		t.Errorf("SRQ: %d QPs per core, %d buffers of %d bytes, depth %d", e.QPsPerCore, e.Buffers, e.BufferSize, e.SRQDepth)
+	case e.QPsPerCore != 64 || e.Buffers != 1024 || e.SRQDepth != e.Buffers || e.BufferSize != 64+4096 || e.HeaderSize != 64:
+		t.Errorf("SRQ: %d QPs per core, %d buffers of %d bytes (header %d), depth %d", e.QPsPerCore, e.Buffers, e.BufferSize, e.HeaderSize, e.SRQDepth)
 	case e.CQDepth() != 1024+64*4*256:
 		t.Errorf("CQ depth %d", e.CQDepth())
 	}
-	// 4.06 MiB of receive buffers + 4 + 8 + 16 MiB of data buffers.
-	const want = 1024*(64+4096) + (1024*4+64*128+16*1024)<<10
+	// 4.06 MiB of receive buffers (split: a 64-byte header and a page
+	// each, and one page to align them) + 4 + 8 + 16 MiB of data buffers.
+	const want = 1024*(64+4096) + 4096 + (1024*4+64*128+16*1024)<<10
 	if got := s.BufferBytesPerCore(); got != want {
 		t.Errorf("%d bytes registered per core, want %d", got, want)
 	}
@@ -84,7 +85,7 @@ func TestSizeUnshared(t *testing.T) {
 		t.Errorf("data buffers %d small, %d × %d mid, %d large", s.SmallBuffers, s.MidBuffers, s.MidBufferSize, s.LargeBuffers)
 	}
 	// 16.25 MiB of receive buffers + 4 + 8 + 16 MiB of data buffers.
-	const want = 16*256*(64+4096) + (1024*4+64*128+16*1024)<<10
+	const want = 16*256*(64+4096) + 4096 + (1024*4+64*128+16*1024)<<10
 	if got := s.BufferBytesPerCore(); got != want || got > 48<<20 {
 		t.Errorf("%d bytes registered per core, want %d (under the 48 MiB budget)", got, want)
 	}
@@ -105,7 +106,7 @@ func TestSizeSmallTransfer(t *testing.T) {
 	if s.MidBuffers != 0 || s.MidBufferSize != 0 || s.LargeBuffers != 16+64 || s.Limits.MDTS() != 5 {
 		t.Errorf("mid %d × %d, large %d, MDTS %d", s.MidBuffers, s.MidBufferSize, s.LargeBuffers, s.Limits.MDTS())
 	}
-	if got, want := s.BufferBytesPerCore(), uint64(16*256*(64+4096)+(1024*4+80*128)<<10); got != want {
+	if got, want := s.BufferBytesPerCore(), uint64(16*256*(64+4096)+4096+(1024*4+80*128)<<10); got != want {
 		t.Errorf("%d bytes per core, want %d", got, want)
 	}
 }

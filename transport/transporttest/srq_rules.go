@@ -1,10 +1,12 @@
 package transporttest
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
+	"unsafe"
 
 	"github.com/blk-project/blk/transport"
 )
@@ -501,5 +503,55 @@ func testSRQReceiverWait(t *T) {
 	t.expectNoMore(p.srv.rcq, "after every held message was taken")
 	if p.srv.qp.Err() != nil || p.cli.qp.Err() != nil {
 		t.Fatalf("a QP failed: server %v, client %v", p.srv.qp.Err(), p.cli.qp.Err())
+	}
+}
+
+// SRQSplitReceive: an SRQ receive of two SGEs in two regions — a 64-byte
+// header, then a page-aligned 4 KiB payload, as a target posts them so
+// that a command's in-capsule data lands on a page of its own — scatters
+// a message across them in order: its first 64 bytes in the header, the
+// rest from the payload's start. A message shorter than the header
+// leaves the payload untouched, and nothing past a message's end
+// changes. Receives complete in order and report the message length.
+func testSRQSplitReceive(t *T) {
+	t.skipUnless(t.adapter().Info().MaxReceiveRequestSge >= 2, "adapter takes one SGE per receive")
+	const hdr, page = 64, 4096
+	sizes := []int{hdr + page, hdr + 512, hdr, hdr / 2, hdr + 1, 1, hdr + page - 8}
+	p, s := t.srqPair(uint32(len(sizes)))
+	hmr := t.register(p.srv.pd, hdr*len(sizes), allAccess)
+	// One page more than needed, so that the payloads can start on a
+	// page whatever the registered buffer's own alignment.
+	pmr := t.register(p.srv.pd, page*(len(sizes)+1), allAccess)
+	base := uint32((page - uintptr(unsafe.Pointer(unsafe.SliceData(pmr.Bytes())))%page) % page)
+	// Taken before the receives are posted: the buffers are the
+	// adapter's from then on.
+	hbefore, pbefore := bytes.Clone(hmr.Bytes()), bytes.Clone(pmr.Bytes())
+	for i := range sizes {
+		sges := []transport.SGE{hmr.SGE(uint32(hdr*i), hdr), pmr.SGE(base+uint32(page*i), page)}
+		if err := s.PostReceive(i, sges); err != nil {
+			t.Fatalf("SRQ PostReceive of two SGEs (header, payload) %d: %v", i, err)
+		}
+	}
+	src := t.register(p.cli.pd, hdr+page, allAccess)
+	for i, n := range sizes {
+		t.fill(src.Bytes())
+		msg := bytes.Clone(src.Bytes()[:n])
+		if err := p.cli.qp.Send(i, []transport.SGE{src.SGE(0, uint32(n))}, 0); err != nil {
+			t.Fatalf("Send %d (%d bytes): %v", i, n, err)
+		}
+		t.checkOK(t.waitN(p.cli.icq, 1, "send"), transport.OpSend, p.cli.tag, "send")
+		got := t.waitN(p.srv.rcq, 1, "split receive")
+		t.checkOK(got, transport.OpReceive, p.srv.tag, "split receive")
+		if got[0].RequestContext != any(i) || int(got[0].Bytes) != n {
+			t.Fatalf("message %d of %d bytes completed as receive %v of %d bytes", i, n, got[0].RequestContext, got[0].Bytes)
+		}
+		h := hmr.Bytes()[hdr*i : hdr*(i+1)]
+		pl := pmr.Bytes()[int(base)+page*i : int(base)+page*(i+1)]
+		want := append(bytes.Clone(hbefore[hdr*i:hdr*(i+1)]), pbefore[int(base)+page*i:int(base)+page*(i+1)]...)
+		copy(want, msg)
+		all := append(bytes.Clone(h), pl...)
+		if !bytes.Equal(all, want) {
+			t.Fatalf("message %d (%d bytes) over a %d-byte header and a %d-byte payload: %s", i, n, hdr, page, firstDiff(all, want))
+		}
 	}
 }

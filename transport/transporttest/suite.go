@@ -71,6 +71,7 @@ var cases = []testCase{
 	{"MemoryWindows", testMemoryWindows},
 	{"SRQThresholdRefill", testSRQThresholdRefill},
 	{"SRQReceiverWait", testSRQReceiverWait},
+	{"SRQSplitReceive", testSRQSplitReceive},
 	{"AllocateMemory", testAllocateMemory},
 }
 
