@@ -161,7 +161,7 @@ touch "$r/etc/fstab"
 printf '127.0.0.1 localhost\n' >"$r/etc/hosts"
 
 # Modules: what the tests load, with their dependencies.
-mods="virtio_pci virtio_net 9pnet_virtio 9p configfs crc32c_generic crc32c-intel crc32_generic libcrc32c
+mods="e1000 virtio_pci virtio_net 9pnet_virtio 9p configfs crc32c_generic crc32c-intel crc32_generic libcrc32c
 ib_core ib_uverbs rdma_ucm rdma_cm iw_cm ib_cm rdma_rxe nvme-core nvme-fabrics nvme-rdma nvme-tcp
 nvmet nvmet-rdma nvmet-tcp nbd brd null_blk ext4"
 mdir="$k/lib/modules/$KREL"
