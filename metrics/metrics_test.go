@@ -301,6 +301,7 @@ func TestScrapeAfterIO(t *testing.T) {
 		"blk_volume_store_l0_files":                 "gauge",
 		"blk_volume_store_write_stalls_total":       "counter",
 		"blk_volume_store_background_syncs_total":   "counter",
+		"blk_volume_store_zeroed_at_open_clusters":  "gauge",
 		"blk_target_namespace_io_latency_seconds":   "histogram",
 		"blk_target_namespace_grouped_writes_total": "counter",
 		"blk_target_namespace_group_commits_total":  "counter",
@@ -310,6 +311,11 @@ func TestScrapeAfterIO(t *testing.T) {
 		if e.types[name] != typ {
 			t.Errorf("%s: TYPE %q, want %q", name, e.types[name], typ)
 		}
+	}
+
+	// A store opened fresh zeroed nothing at open.
+	if v, n := e.sum("blk_volume_store_zeroed_at_open_clusters", nil); n != 1 || v != 0 {
+		t.Errorf("blk_volume_store_zeroed_at_open_clusters: %v over %d samples, want 0 over 1", v, n)
 	}
 
 	port := map[string]string{"port": tt.addr}

@@ -85,6 +85,7 @@ func NewStoreCollector(s *store.Store, names func() map[uint64]VolumeLabel) *Sto
 			gauge("volume_store_area_limbo_bytes", "Bytes of the data area freed and waiting for a flush before reuse.", func(s *St) float64 { return float64(s.Limbo * s.ClusterBytes) }),
 			gauge("volume_store_cluster_bytes", "The store's unit of allocation.", func(s *St) float64 { return float64(s.ClusterBytes) }),
 			gauge("volume_store_area_zeroed_bytes", "Bytes of the data area below its zeroed watermark (free clusters there read zeros); below volume_store_area_bytes on a block device not used up once, whose clusters are zeroed as they are first handed out.", func(s *St) float64 { return float64(s.Zeroed * s.ClusterBytes) }),
+			gauge("volume_store_zeroed_at_open_clusters", "Clusters the store zeroed (and synced) when this process opened it: the reservations and interrupted deletes or shrinks a crash or kill left behind; 0 after a clean stop, which releases them. Large values mean slow starts after crashes.", func(s *St) float64 { return float64(s.ZeroedAtOpen) }),
 			counter("volume_store_zeroed_ahead_clusters_total", "Clusters of a block device zeroed (and synced) by refills of the ready pool before their first use.", func(s *St) uint64 { return s.ZeroedAhead }),
 			counter("volume_store_map_commits_total", "First writes of clusters (one unsynced pebble commit each).", func(s *St) uint64 { return s.MapCommits }),
 			counter("volume_store_refills_total", "Refills of the ready pool (one synced pebble commit each).", func(s *St) uint64 { return s.Refills }),
