@@ -4,13 +4,11 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/blk-project/blk/internal/loopdev"
 )
 
 // TestKernelTCPHostDataDevice: blkd on the host keeps its volumes on a
@@ -21,7 +19,7 @@ import (
 // data intact.
 func TestKernelTCPHostDataDevice(t *testing.T) {
 	s := newScenario(t)
-	dev := loopDevice(t, 256<<20)
+	dev := loopdev.Attach(t, 256<<20)
 	port := ports(24600)
 	tcpPort, api := port(), addr(port())
 	d := s.startDaemon("blkd", api, "--raft-addr", addr(port()), "--tcp-addr", addr(tcpPort), "--nvme-addr", addr(port()),
@@ -52,31 +50,4 @@ func TestKernelTCPHostDataDevice(t *testing.T) {
 	for _, f := range []string{"blkd.log.1", "blkd.log.2"} {
 		mustContain(t, f, string(s.readShare(f)), `msg="volume store opened"`, "area="+dev, `area_kind="block device"`, "area_bytes=268435456")
 	}
-}
-
-// loopDevice attaches a loop device over a sparse file of size bytes and
-// detaches it when the test ends, failed or not.
-func loopDevice(t *testing.T, size int64) string {
-	t.Helper()
-	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		t.Skipf("skipped: no loop devices here (%v)", err)
-	}
-	backing := filepath.Join(t.TempDir(), "disk")
-	if err := os.WriteFile(backing, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(backing, size); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", backing).CombinedOutput()
-	if err != nil {
-		t.Skipf("skipped: losetup --find --show: %v: %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() {
-		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-		}
-	})
-	return dev
 }
