@@ -1,7 +1,6 @@
 package rdma_test
 
 import (
-	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
@@ -11,6 +10,7 @@ import (
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/initiator/initiatortest"
 	"github.com/blk-project/blk/store"
+	"github.com/blk-project/blk/store/storetest"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/transport/soft"
@@ -129,28 +129,7 @@ func TestStoreAsync(t *testing.T) {
 	c.Close()
 	st.close()
 
-	s, err := store.Open(store.Config{Dir: dir, Logger: quietLogger{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	v, err := s.Volume(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(all))
-	for off := 0; off < len(got); off += 128 << 10 {
-		if err := v.Read(uint64(off/4096), got[off:off+128<<10]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if !bytes.Equal(got, all) {
-		i := firstDiff(got, all)
-		t.Fatalf("after reopen: byte %d (block %d) is %#x, want %#x", i, i/4096, got[i], all[i])
-	}
-	if err := s.Check(); err != nil {
-		t.Fatal(err)
-	}
+	storetest.Reopened(t, store.Config{Dir: dir, Logger: quietLogger{}}, 1, all)
 }
 
 // storePattern is the byte at offset off of the region the concurrency

@@ -1,12 +1,12 @@
 package tcp_test
 
 import (
-	"bytes"
 	"testing"
 
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/initiator/initiatortest"
 	"github.com/blk-project/blk/store"
+	"github.com/blk-project/blk/store/storetest"
 	"github.com/blk-project/blk/target"
 )
 
@@ -82,29 +82,5 @@ func TestStoreAsync(t *testing.T) {
 	c.Close()
 	closeAll()
 
-	s, err := store.Open(store.Config{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	v, err := s.Volume(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(all))
-	for off := 0; off < len(got); off += 128 << 10 {
-		if err := v.Read(uint64(off/testBlock), got[off:off+128<<10]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if !bytes.Equal(got, all) {
-		for i := range got {
-			if got[i] != all[i] {
-				t.Fatalf("after reopen: byte %d (block %d) is %#x, want %#x", i, i/testBlock, got[i], all[i])
-			}
-		}
-	}
-	if err := s.Check(); err != nil {
-		t.Fatal(err)
-	}
+	storetest.Reopened(t, store.Config{Dir: dir}, 1, all)
 }
