@@ -82,7 +82,7 @@ const (
 // work, and the handler's HandlePoll is called.
 func (c *Core) Polling() bool { return c.ps != nil }
 
-// ErrNoPollSet: AddPollFD on a core without a poll set.
+// errNoPollSet: AddPollFD on a core without a poll set.
 var errNoPollSet = errors.New("transport: engine core has no poll set (the handler is no PollHandler, or no epoll on this platform)")
 
 // Wake makes the core call HandlePoll soon, serialized with its other
