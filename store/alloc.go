@@ -48,6 +48,10 @@ type allocator struct {
 	zeroing     bool
 	zeroDone    sync.Cond
 	zeroWaiters int // refills waiting on zeroDone (tests)
+	// refillKicked: the background refill was woken and has not started
+	// its round; refillFailed: its last round failed, and no first write
+	// refilled since (it is not woken again until one did: refill.go).
+	refillKicked, refillFailed bool
 }
 
 func (a *allocator) init(clusters uint64) {

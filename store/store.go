@@ -52,6 +52,10 @@ type Store struct {
 	syncKick           chan struct{}
 	syncStop, syncDone chan struct{}
 
+	// The background refill of the ready pool (refill.go).
+	refillKick             chan struct{}
+	refillStop, refillDone chan struct{}
+
 	bounce sync.Pool // *[]byte of MaxTransferBytes, aligned: for unaligned caller buffers
 
 	c storeCounters
@@ -69,6 +73,7 @@ type Store struct {
 
 type storeCounters struct {
 	refills, mapCommits, frees, flushes, areaSyncs, bounces, bgSyncs, zeroedAtOpen, zeroedAhead atomic.Uint64
+	bgRefills, bgRefillErrors                                                                   atomic.Uint64
 	// pebble's health (events): background errors, write stalls and their
 	// total length; stallStart is the running stall's start (UnixNano), 0
 	// when none.
@@ -163,6 +168,7 @@ func Open(cfg Config) (*Store, error) {
 	s.bounce.New = func() any { b := alignedBuf(cfg.MaxTransferBytes, align); return &b }
 	s.startSpaceGuard()
 	s.startSyncer()
+	s.startRefiller()
 	return s, nil
 }
 
@@ -1012,16 +1018,21 @@ func maxStore(a *atomic.Uint64, v uint64) {
 // takeCluster pops a ready cluster for a first write: refilling the ready
 // pool from the free clusters (one synced commit of their 'R' keys), or,
 // with none free, flushing so that limbo becomes ready. ErrNoSpace if the
-// area is full.
+// area is full. A pop that leaves the pool below its low-water mark wakes
+// the background refill (refill.go).
 func (s *Store) takeCluster() (uint64, error) {
 	for attempt := 0; ; attempt++ {
 		s.al.mu.Lock()
 		if p, ok := s.al.popReady(); ok {
+			s.kickRefill()
 			s.al.mu.Unlock()
 			return p, nil
 		}
 		if s.al.free > 0 {
-			err := s.refill()
+			_, err := s.refill(s.cfg.ReadyClusters, 1)
+			if err == nil {
+				s.al.refillFailed = false // the path works again: the background may retry
+			}
 			s.al.mu.Unlock()
 			if err != nil {
 				return 0, err
@@ -1106,7 +1117,10 @@ func (s *Store) grow() (bool, error) {
 	return true, nil
 }
 
-// refill reserves up to ReadyClusters free clusters: their 'R' keys are
+// refill tops the ready pool up to target clusters from the free ones,
+// unless it holds enough already (the first write that found it empty
+// asks for ReadyClusters with enough 1; the background refill for
+// ReadyClusters with enough its low-water mark). Their 'R' keys are
 // committed synced before any of them is written, so Open finds and zeroes
 // any that a crash left written but unmapped. Clusters picked at or past
 // the zeroed watermark (a lazy area) are zeroed first, one Area.Zero for
@@ -1114,25 +1128,28 @@ func (s *Store) grow() (bool, error) {
 // watermark committed with the 'R' keys: a crash before that commit
 // leaves the watermark where it was and the run is zeroed again next
 // time. The zeroing runs without s.al.mu (tens of ms for 64 MiB where the
-// device writes the zeros: flushes, frees and Stats go on meanwhile); the
-// picked clusters are marked used, so nobody else takes them. One refill
-// zeroes at a time: another waits for it before it picks (its run would
-// start at the same watermark and could zero, late, a cluster the first
-// had handed out and a write filled; or commit a watermark above a run
-// not yet synced), then returns if the pool is no longer empty. Requires
-// s.al.mu (released and taken again).
-func (s *Store) refill() error {
-	if s.al.zeroing {
-		for s.al.zeroing {
-			s.al.zeroWaiters++
-			s.al.zeroDone.Wait()
-			s.al.zeroWaiters--
-		}
-		if s.al.readyLen() > 0 {
-			return nil
-		}
+// device writes the zeros: flushes, frees, Stats and the first writes
+// that find a ready cluster go on meanwhile); the picked clusters are
+// marked used, so nobody else takes them. One refill zeroes at a time:
+// another waits for it before it picks (its run would start at the same
+// watermark and could zero, late, a cluster the first had handed out and
+// a write filled; or commit a watermark above a run not yet synced), then
+// returns if the pool holds enough. Requires s.al.mu (released and taken
+// again). n is the clusters it reserved.
+func (s *Store) refill(target, enough int) (n int, err error) {
+	for s.al.zeroing {
+		s.al.zeroWaiters++
+		s.al.zeroDone.Wait()
+		s.al.zeroWaiters--
 	}
-	ps := s.al.pickFree(uint64(s.cfg.ReadyClusters))
+	have := s.al.readyLen()
+	if have >= enough || have >= target {
+		return 0, nil
+	}
+	ps := s.al.pickFree(uint64(target - have))
+	if len(ps) == 0 {
+		return 0, nil
+	}
 	release := func() {
 		for _, p := range ps {
 			s.al.release(p)
@@ -1151,7 +1168,7 @@ func (s *Store) refill() error {
 		s.al.zeroDone.Broadcast()
 		if err != nil {
 			release()
-			return fmt.Errorf("reserve clusters: %w", err)
+			return 0, fmt.Errorf("reserve clusters: %w", err)
 		}
 	}
 	b := s.db.NewBatch()
@@ -1165,13 +1182,13 @@ func (s *Store) refill() error {
 	}
 	if err := s.commit(b, true); err != nil {
 		release()
-		return fmt.Errorf("reserve clusters: %w", err)
+		return 0, fmt.Errorf("reserve clusters: %w", err)
 	}
 	s.c.refills.Add(1)
 	s.c.zeroedAhead.Add(w - s.al.zeroed)
 	s.al.zeroed = w
 	s.al.pushReady(ps)
-	return nil
+	return len(ps), nil
 }
 
 // zeroAhead zeroes clusters [from, to), which lie at or past the zeroed
@@ -1204,6 +1221,7 @@ func (s *Store) Close() error {
 		v.gone = ErrClosed
 		v.mu.Unlock()
 	}
+	s.stopRefiller()
 	s.stopSyncer()
 	var err error
 	if s.err() == nil && !s.cfg.ReadOnly {
@@ -1295,6 +1313,12 @@ type Stats struct {
 	// synced) at or past it, on a lazily zeroed area (a block device),
 	// before first handing them out.
 	Zeroed, ZeroedAhead uint64
+	// BackgroundRefills are the Refills the background refill made (a
+	// first write left the pool below Config.ReadyLowClusters; the rest
+	// were made by a first write that found the pool empty, on its path);
+	// BackgroundRefillErrors the rounds that failed (logged; the pool is
+	// then refilled by first writes, as without it, until one succeeds).
+	BackgroundRefills, BackgroundRefillErrors uint64
 }
 
 // Stats returns the store's space and counters.
@@ -1306,6 +1330,7 @@ func (s *Store) Stats() Stats {
 	st.Refills, st.MapCommits, st.Frees = s.c.refills.Load(), s.c.mapCommits.Load(), s.c.frees.Load()
 	st.Flushes, st.AreaSyncs, st.BounceCopies = s.c.flushes.Load(), s.c.areaSyncs.Load(), s.c.bounces.Load()
 	st.BackgroundSyncs, st.ZeroedAtOpen, st.ZeroedAhead = s.c.bgSyncs.Load(), s.c.zeroedAtOpen.Load(), s.c.zeroedAhead.Load()
+	st.BackgroundRefills, st.BackgroundRefillErrors = s.c.bgRefills.Load(), s.c.bgRefillErrors.Load()
 	return st
 }
 

@@ -3,6 +3,7 @@ package store
 import (
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -11,7 +12,8 @@ import (
 // use. Each request holds the volume's lock shared, only to exclude what
 // changes the volume under it (Resize, SetState, Delete, Close, and frees
 // of whole clusters, which must not race a pwrite into the cluster they
-// free); first writes of clusters also take allocMu.
+// free); first writes of clusters also take allocMu, briefly, to claim
+// their cluster index and to publish its entry (firstWrite).
 type Volume struct {
 	s     *Store
 	id    ID
@@ -23,7 +25,12 @@ type Volume struct {
 	gone  error      // ErrNotFound after Delete, ErrClosed after Close; guarded by mu
 	m     clusterMap // top replaced under mu held exclusively
 
-	allocMu   sync.Mutex // serialises first writes of clusters (allocation and map commit)
+	// allocMu guards claims (the cluster indices whose first write is in
+	// flight: claim) and serialises clusterMap.set for first writes;
+	// claimDone (on allocMu) wakes first writes waiting for a claim.
+	allocMu   sync.Mutex
+	claims    []uint64
+	claimDone sync.Cond
 	allocated atomic.Int64
 
 	c volumeCounters
@@ -42,6 +49,7 @@ const FUA WriteFlags = 1
 
 func newVolume(s *Store, r volumeRecord) *Volume {
 	v := &Volume{s: s, id: r.info.ID, mapID: r.mapID}
+	v.claimDone.L = &v.allocMu
 	v.setRecord(r)
 	v.m.resize(v.clusters())
 	return v
@@ -272,17 +280,25 @@ func (v *Volume) Write(lba uint64, data []byte, flags WriteFlags) error {
 }
 
 // firstWrite writes data at offset in of cluster idx, which was not
-// allocated when the caller looked: it takes a ready cluster (zeros on
-// durable media, its 'R' key durable), writes the data into it, then
-// commits {map key, delete 'R'} unsynced and publishes the entry. wrote
-// is false if another write allocated the cluster first (the caller then
-// overwrites). See docs/store.md, "Write path", for each crash.
+// allocated when the caller looked: it claims the index, takes a ready
+// cluster (zeros on durable media, its 'R' key durable), writes the data
+// into it, then commits {map key, delete 'R'} unsynced and publishes the
+// entry. wrote is false if another write allocated the cluster first (the
+// caller then overwrites). See docs/store.md, "Write path", for each
+// crash.
+//
+// allocMu is held only to claim the index and to publish: first writes
+// of different clusters of the volume take their clusters, write their
+// data and commit their map keys side by side (their disk writes overlap).
+// A first write that finds its index claimed waits for the claim's end,
+// then overwrites what the claimant published (or, if the claimant
+// failed, claims it itself): never two clusters for one index, never a
+// write lost to a cluster nobody maps.
 func (v *Volume) firstWrite(idx, in uint64, data []byte) (wrote bool, err error) {
-	v.allocMu.Lock()
-	defer v.allocMu.Unlock()
-	if v.m.get(idx) != 0 {
+	if !v.claim(idx) {
 		return false, nil
 	}
+	defer v.unclaim(idx)
 	s := v.s
 	if s.noSpace.Load() {
 		return false, fmt.Errorf("filesystem of the metadata: %d bytes free, reserve %d: %w", s.freeBytes.Load(), s.reserve.Load(), ErrNoSpace)
@@ -310,12 +326,52 @@ func (v *Volume) firstWrite(idx, in uint64, data []byte) (wrote bool, err error)
 	}
 	s.hook(hookMapCommitted)
 	s.c.mapCommits.Add(1)
-	v.m.set(idx, p)
-	v.allocated.Add(1)
+	v.publish(idx, p)
 	s.al.mu.Lock()
 	s.al.mapped++
 	s.al.mu.Unlock()
 	return true, nil
+}
+
+// claim makes the caller the one first write of cluster idx: false if the
+// cluster is allocated (now, or by the claimant the caller waited for).
+// The claims are a short list (one per first write in flight, a few per
+// queue), searched under allocMu: no allocation once it has grown.
+func (v *Volume) claim(idx uint64) bool {
+	v.allocMu.Lock()
+	defer v.allocMu.Unlock()
+	for {
+		if v.m.get(idx) != 0 {
+			return false
+		}
+		if !slices.Contains(v.claims, idx) {
+			v.claims = append(v.claims, idx)
+			return true
+		}
+		v.claimDone.Wait()
+	}
+}
+
+// unclaim ends the claim of idx, published or failed, and wakes the first
+// writes waiting for a claim.
+func (v *Volume) unclaim(idx uint64) {
+	v.allocMu.Lock()
+	i := slices.Index(v.claims, idx)
+	last := len(v.claims) - 1
+	v.claims[i] = v.claims[last]
+	v.claims = v.claims[:last]
+	v.allocMu.Unlock()
+	v.claimDone.Broadcast() // cheap without waiters: an atomic load
+}
+
+// publish makes idx -> p visible to the volume's requests. Under allocMu:
+// clusterMap.set makes pages, and two first writes making the same page
+// at once would lose one's entry.
+func (v *Volume) publish(idx, p uint64) {
+	v.allocMu.Lock()
+	v.m.set(idx, p)
+	v.allocated.Add(1)
+	v.allocMu.Unlock()
 }
 
 // toLimbo puts a taken cluster whose write failed into limbo: it still
