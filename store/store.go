@@ -64,6 +64,11 @@ type Store struct {
 	// a hookPoint (crash tests clone the filesystem and area there).
 	testHook func(hookPoint)
 
+	// serialFirstWrites makes each volume's first writes one at a time,
+	// data write and map commit included, as before their claims: the
+	// baseline of BenchmarkFirstWriteConcurrent. Set before any I/O.
+	serialFirstWrites bool
+
 	legacy bool // the directory holds target/volume's layout: Open migrates it (upgrade.go)
 
 	mu     sync.Mutex // guards closed and vols; serialises administrative calls

@@ -28,10 +28,12 @@ type Volume struct {
 	// allocMu guards claims (the cluster indices whose first write is in
 	// flight: claim) and serialises clusterMap.set for first writes;
 	// claimDone (on allocMu) wakes first writes waiting for a claim.
-	allocMu   sync.Mutex
-	claims    []uint64
-	claimDone sync.Cond
-	allocated atomic.Int64
+	allocMu      sync.Mutex
+	claims       []uint64
+	claimDone    sync.Cond
+	claimWaiters int        // first writes waiting for a claim (tests)
+	serialMu     sync.Mutex // held across a first write with Store.serialFirstWrites (benchmarks)
+	allocated    atomic.Int64
 
 	c volumeCounters
 }
@@ -295,6 +297,10 @@ func (v *Volume) Write(lba uint64, data []byte, flags WriteFlags) error {
 // failed, claims it itself): never two clusters for one index, never a
 // write lost to a cluster nobody maps.
 func (v *Volume) firstWrite(idx, in uint64, data []byte) (wrote bool, err error) {
+	if v.s.serialFirstWrites {
+		v.serialMu.Lock() // the old behaviour, a benchmark's baseline
+		defer v.serialMu.Unlock()
+	}
 	if !v.claim(idx) {
 		return false, nil
 	}
@@ -348,7 +354,9 @@ func (v *Volume) claim(idx uint64) bool {
 			v.claims = append(v.claims, idx)
 			return true
 		}
+		v.claimWaiters++
 		v.claimDone.Wait()
+		v.claimWaiters--
 	}
 }
 
