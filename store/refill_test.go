@@ -315,3 +315,64 @@ type countLogger struct{ errors atomic.Int64 }
 
 func (*countLogger) Infof(string, ...any)    {}
 func (l *countLogger) Errorf(string, ...any) { l.errors.Add(1) }
+
+// TestBackgroundRefillLastClusters: a background round zeroing the area's
+// last free clusters while first writes drain the pool: the first write
+// that finds the pool empty and nothing free waits for the round and
+// takes one of its clusters; it does not fail for space. Every cluster is
+// then written, and the next first write fails with ErrNoSpace.
+func TestBackgroundRefillLastClusters(t *testing.T) {
+	area := &heldZero{MemArea: NewUnzeroedMemArea(13*(16<<10), 512, 512, 7)} // the header and 12 clusters
+	s := openStore(t, refillConfig(vfs.NewMem(), area))
+	v := mustCreate(t, s, 1, 13*4, BlockSize4K)
+	if err := writeCluster(v, 0); err != nil { // inline: clusters 1-8
+		t.Fatal(err)
+	}
+	entered, release := area.arm()
+	var released sync.Once
+	unblock := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	var c uint64 = 1
+	for ; c < 5; c++ { // the pool falls to 3: a round picks the last 4 (9-12)
+		if err := writeCluster(v, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-entered
+	for ; c < 8; c++ { // the pool's last 3
+		if err := writeCluster(v, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := s.Stats(); st.Ready != 0 || st.Free != 0 {
+		t.Fatalf("with the round's zeroing held: %+v; want the pool empty and nothing free", st)
+	}
+	done := make(chan error, 1)
+	go func() { done <- writeCluster(v, c) }()
+	for waiting := false; !waiting; {
+		select {
+		case err := <-done:
+			t.Fatalf("a first write returned (%v) while the area's last free clusters were being zeroed for the pool: it must wait for them", err)
+		default:
+		}
+		s.al.mu.Lock()
+		waiting = s.al.zeroWaiters > 0
+		s.al.mu.Unlock()
+		runtime.Gosched()
+	}
+	unblock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for c++; c < 12; c++ {
+		if err := writeCluster(v, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writeCluster(v, 12); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("a first write into a full area: %v, want ErrNoSpace", err)
+	}
+	if err := errors.Join(readClusters(v, 12), s.Check()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1028,6 +1028,14 @@ func maxStore(a *atomic.Uint64, v uint64) {
 func (s *Store) takeCluster() (uint64, error) {
 	for attempt := 0; ; attempt++ {
 		s.al.mu.Lock()
+		for s.al.readyLen() == 0 && s.al.free == 0 && s.al.zeroing {
+			// A refill (the background's, say) is zeroing what were the
+			// last free clusters: they are ready when it ends (or free
+			// again if it fails), not a reason to fail for space.
+			s.al.zeroWaiters++
+			s.al.zeroDone.Wait()
+			s.al.zeroWaiters--
+		}
 		if p, ok := s.al.popReady(); ok {
 			s.kickRefill()
 			s.al.mu.Unlock()

@@ -304,18 +304,32 @@ func (v *Volume) firstWrite(idx, in uint64, data []byte) (wrote bool, err error)
 	if !v.claim(idx) {
 		return false, nil
 	}
-	defer v.unclaim(idx)
-	s := v.s
-	if s.noSpace.Load() {
-		return false, fmt.Errorf("filesystem of the metadata: %d bytes free, reserve %d: %w", s.freeBytes.Load(), s.reserve.Load(), ErrNoSpace)
-	}
-	p, err := s.takeCluster()
+	p, err := v.allocate(idx, in, data)
+	v.unclaim(idx, p)
 	if err != nil {
 		return false, err
 	}
+	s := v.s
+	s.al.mu.Lock()
+	s.al.mapped++
+	s.al.mu.Unlock()
+	return true, nil
+}
+
+// allocate is a claimed first write: it takes a ready cluster, writes
+// data into it and commits its map key; p is the cluster, to publish.
+func (v *Volume) allocate(idx, in uint64, data []byte) (p uint64, err error) {
+	s := v.s
+	if s.noSpace.Load() {
+		return 0, fmt.Errorf("filesystem of the metadata: %d bytes free, reserve %d: %w", s.freeBytes.Load(), s.reserve.Load(), ErrNoSpace)
+	}
+	p, err = s.takeCluster()
+	if err != nil {
+		return 0, err
+	}
 	if err := s.area.WriteAt(data, int64(p<<s.cshift+in)); err != nil {
 		s.toLimbo(p) // it may hold part of data now: zeroed before reuse
-		return false, fmt.Errorf("%w: %w", ErrIO, err)
+		return 0, fmt.Errorf("%w: %w", ErrIO, err)
 	}
 	s.hook(hookDataWritten)
 	b := s.db.NewBatch()
@@ -328,15 +342,11 @@ func (v *Volume) firstWrite(idx, in uint64, data []byte) (wrote bool, err error)
 	_ = b.Delete(key[:reservedKeyLen], nil)
 	if err := s.commit(b, false); err != nil {
 		s.toLimbo(p)
-		return false, err
+		return 0, err
 	}
 	s.hook(hookMapCommitted)
 	s.c.mapCommits.Add(1)
-	v.publish(idx, p)
-	s.al.mu.Lock()
-	s.al.mapped++
-	s.al.mu.Unlock()
-	return true, nil
+	return p, nil
 }
 
 // claim makes the caller the one first write of cluster idx: false if the
@@ -360,26 +370,23 @@ func (v *Volume) claim(idx uint64) bool {
 	}
 }
 
-// unclaim ends the claim of idx, published or failed, and wakes the first
-// writes waiting for a claim.
-func (v *Volume) unclaim(idx uint64) {
+// unclaim ends the claim of idx, publishing idx -> p (unless p is 0: the
+// first write failed) in the same critical section, and wakes the first
+// writes waiting for a claim. The entry is set under allocMu:
+// clusterMap.set makes pages, and two first writes making the same page
+// at once would lose one's entry.
+func (v *Volume) unclaim(idx, p uint64) {
 	v.allocMu.Lock()
+	if p != 0 {
+		v.m.set(idx, p)
+		v.allocated.Add(1)
+	}
 	i := slices.Index(v.claims, idx)
 	last := len(v.claims) - 1
 	v.claims[i] = v.claims[last]
 	v.claims = v.claims[:last]
 	v.allocMu.Unlock()
 	v.claimDone.Broadcast() // cheap without waiters: an atomic load
-}
-
-// publish makes idx -> p visible to the volume's requests. Under allocMu:
-// clusterMap.set makes pages, and two first writes making the same page
-// at once would lose one's entry.
-func (v *Volume) publish(idx, p uint64) {
-	v.allocMu.Lock()
-	v.m.set(idx, p)
-	v.allocated.Add(1)
-	v.allocMu.Unlock()
 }
 
 // toLimbo puts a taken cluster whose write failed into limbo: it still
