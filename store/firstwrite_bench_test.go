@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // BenchmarkFirstWriteConcurrent: a fill of a fresh volume with 128 KiB
@@ -63,6 +64,7 @@ func BenchmarkFirstWriteConcurrent(b *testing.B) {
 					}
 				}
 				before := s.Stats()
+				lat := make([]time.Duration, b.N)
 				var next atomic.Uint64
 				var wg sync.WaitGroup
 				errs := make(chan error, qd)
@@ -78,10 +80,12 @@ func BenchmarkFirstWriteConcurrent(b *testing.B) {
 							if i >= uint64(b.N) {
 								return
 							}
+							start := time.Now()
 							if err := v.Write(i*wbytes/BlockSize4K, bufs[w], 0); err != nil {
 								errs <- err
 								return
 							}
+							lat[i] = time.Since(start)
 						}
 					}()
 				}
@@ -91,6 +95,7 @@ func BenchmarkFirstWriteConcurrent(b *testing.B) {
 				for err := range errs {
 					b.Fatal(err)
 				}
+				reportLatency(b, lat)
 				st := s.Stats()
 				refills := st.Refills - before.Refills
 				bg := st.BackgroundRefills - before.BackgroundRefills

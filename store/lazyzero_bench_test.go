@@ -4,6 +4,7 @@ package store
 
 import (
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -67,12 +68,16 @@ func BenchmarkDeviceCreate(b *testing.B) {
 // "prezeroed", is a store whose device was zeroed whole at creation (as
 // before the watermark): refills only reserve; "lazy" refills also zero
 // the clusters they pick (ReadyClusters, 64 MiB, per refill) and sync.
-// zeroed/op is the clusters zeroed ahead per write.
+// zeroed/op is the clusters zeroed ahead per write. "lazy-inline" is
+// "lazy" without the background refill (Config.ReadyLowClusters -1):
+// each refill, its zeroing included, on the path of the write that found
+// the pool empty, as before the background refill.
 func BenchmarkDeviceFirstWrite(b *testing.B) {
 	const wbytes = 128 << 10
 	for _, writes := range []bool{false, true} {
-		for _, pre := range []bool{true, false} {
-			name := map[bool]string{true: "prezeroed", false: "lazy"}[pre]
+		for _, mode := range []string{"prezeroed", "lazy-inline", "lazy"} {
+			pre, inline := mode == "prezeroed", mode == "lazy-inline"
+			name := mode
 			if writes {
 				name += "/writes"
 			}
@@ -81,7 +86,11 @@ func BenchmarkDeviceFirstWrite(b *testing.B) {
 					b.Fatalf("%d writes of %d bytes do not fit the %d-byte device as first writes", b.N, wbytes, benchDeviceBytes)
 				}
 				dev := loopDevice(b, benchDeviceBytes)
-				s, err := Open(benchDeviceConfig(b, dev, writes))
+				cfg := benchDeviceConfig(b, dev, writes)
+				if inline {
+					cfg.ReadyLowClusters = -1
+				}
+				s, err := Open(cfg)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -98,15 +107,19 @@ func BenchmarkDeviceFirstWrite(b *testing.B) {
 					buf[i] = byte(i*13 + 1)
 				}
 				before := s.Stats()
+				lat := make([]time.Duration, b.N)
 				b.SetBytes(wbytes)
 				b.ReportAllocs()
 				b.ResetTimer()
 				for i := range uint64(b.N) {
+					start := time.Now()
 					if err := v.Write(i*wbytes/BlockSize4K, buf, 0); err != nil {
 						b.Fatal(err)
 					}
+					lat[i] = time.Since(start)
 				}
 				b.StopTimer()
+				reportLatency(b, lat)
 				st := s.Stats()
 				b.ReportMetric(float64(st.ZeroedAhead-before.ZeroedAhead)/float64(b.N), "zeroed/op")
 				b.ReportMetric(float64(st.Refills-before.Refills)/float64(b.N), "refills/op")
@@ -167,4 +180,12 @@ func zeroRest(tb testing.TB, s *Store, chunk int64) {
 		tb.Fatal(err)
 	}
 	s.al.zeroed = s.al.clusters
+}
+
+// reportLatency reports the 99th percentile and the largest of the
+// writes' latencies, in ms (a refill on a first write's path shows there).
+func reportLatency(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
+	b.ReportMetric(float64(lat[len(lat)-1])/1e6, "max-ms")
 }
