@@ -19,7 +19,7 @@ import (
 // store: for tests and for an operator's fsck, not for the data path.
 // Call it while no request is in flight (a first write between its pop
 // and its map commit would show as leaked); it waits for a refill that is
-// zeroing (the background refill's, say).
+// reserving (the background refill's, say).
 func (s *Store) Check() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -28,8 +28,8 @@ func (s *Store) Check() error {
 	}
 	s.al.mu.Lock()
 	defer s.al.mu.Unlock()
-	for s.al.zeroing { // a refill's picked clusters are neither free nor ready yet
-		s.al.zeroDone.Wait()
+	for s.al.refilling { // a refill's picked clusters are neither free nor ready yet
+		s.al.refillEnd.Wait()
 	}
 	var errs []error
 	bad := func(format string, args ...any) {

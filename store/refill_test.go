@@ -25,13 +25,13 @@ func refillConfig(fs vfs.FS, area Area) Config {
 	return cfg
 }
 
-// waitRefillIdle waits until no background round is woken or zeroing
-// (a round that is committing holds s.al.mu, so it is over when this
-// sees neither).
+// waitRefillIdle waits until no background round is woken or reserving
+// (refilling covers a round's zeroing, sync and commit; it publishes its
+// clusters under s.al.mu before clearing it).
 func waitRefillIdle(s *Store) {
 	for {
 		s.al.mu.Lock()
-		idle := !s.al.refillKicked && !s.al.zeroing
+		idle := !s.al.refillKicked && !s.al.refilling
 		s.al.mu.Unlock()
 		if idle {
 			return
@@ -134,7 +134,7 @@ func TestBackgroundRefill(t *testing.T) {
 		}
 		c++
 		s.al.mu.Lock()
-		kicked := s.al.refillKicked || s.al.zeroing
+		kicked := s.al.refillKicked || s.al.refilling
 		s.al.mu.Unlock()
 		if kicked {
 			break
@@ -169,7 +169,7 @@ func TestBackgroundRefill(t *testing.T) {
 		default:
 		}
 		s.al.mu.Lock()
-		waiting = s.al.zeroWaiters > 0
+		waiting = s.al.refillWaiters > 0
 		s.al.mu.Unlock()
 		runtime.Gosched()
 	}
@@ -356,7 +356,7 @@ func TestBackgroundRefillLastClusters(t *testing.T) {
 		default:
 		}
 		s.al.mu.Lock()
-		waiting = s.al.zeroWaiters > 0
+		waiting = s.al.refillWaiters > 0
 		s.al.mu.Unlock()
 		runtime.Gosched()
 	}

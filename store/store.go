@@ -1028,13 +1028,13 @@ func maxStore(a *atomic.Uint64, v uint64) {
 func (s *Store) takeCluster() (uint64, error) {
 	for attempt := 0; ; attempt++ {
 		s.al.mu.Lock()
-		for s.al.readyLen() == 0 && s.al.free == 0 && s.al.zeroing {
-			// A refill (the background's, say) is zeroing what were the
+		for s.al.readyLen() == 0 && s.al.free == 0 && s.al.refilling {
+			// A refill (the background's, say) is reserving what were the
 			// last free clusters: they are ready when it ends (or free
 			// again if it fails), not a reason to fail for space.
-			s.al.zeroWaiters++
-			s.al.zeroDone.Wait()
-			s.al.zeroWaiters--
+			s.al.refillWaiters++
+			s.al.refillEnd.Wait()
+			s.al.refillWaiters--
 		}
 		if p, ok := s.al.popReady(); ok {
 			s.kickRefill()
@@ -1140,20 +1140,21 @@ func (s *Store) grow() (bool, error) {
 // the run [watermark, highest picked], the area synced, and the new
 // watermark committed with the 'R' keys: a crash before that commit
 // leaves the watermark where it was and the run is zeroed again next
-// time. The zeroing runs without s.al.mu (tens of ms for 64 MiB where the
-// device writes the zeros: flushes, frees, Stats and the first writes
-// that find a ready cluster go on meanwhile); the picked clusters are
-// marked used, so nobody else takes them. One refill zeroes at a time:
+// time. The zeroing, the sync and the commit run without s.al.mu (tens
+// of ms for 64 MiB where the device writes the zeros, a WAL sync
+// anyway: flushes, frees, Stats and the first writes that find a ready
+// cluster go on meanwhile); the picked clusters are marked used, so
+// nobody else takes them. One refill runs so at a time (refilling):
 // another waits for it before it picks (its run would start at the same
 // watermark and could zero, late, a cluster the first had handed out and
 // a write filled; or commit a watermark above a run not yet synced), then
 // returns if the pool holds enough. Requires s.al.mu (released and taken
 // again). n is the clusters it reserved.
 func (s *Store) refill(target, enough int) (n int, err error) {
-	for s.al.zeroing {
-		s.al.zeroWaiters++
-		s.al.zeroDone.Wait()
-		s.al.zeroWaiters--
+	for s.al.refilling {
+		s.al.refillWaiters++
+		s.al.refillEnd.Wait()
+		s.al.refillWaiters--
 	}
 	have := s.al.readyLen()
 	if have >= enough || have >= target {
@@ -1163,25 +1164,36 @@ func (s *Store) refill(target, enough int) (n int, err error) {
 	if len(ps) == 0 {
 		return 0, nil
 	}
-	release := func() {
-		for _, p := range ps {
-			s.al.release(p)
-		}
-	}
-	w := s.al.zeroed
+	from, w := s.al.zeroed, s.al.zeroed
 	for _, p := range ps {
 		w = max(w, p+1)
 	}
-	if from := s.al.zeroed; w > from {
-		s.al.zeroing = true
-		s.al.mu.Unlock()
-		err := s.zeroAhead(from, w)
-		s.al.mu.Lock()
-		s.al.zeroing = false
-		s.al.zeroDone.Broadcast()
-		if err != nil {
-			release()
-			return 0, fmt.Errorf("reserve clusters: %w", err)
+	s.al.refilling = true
+	s.al.mu.Unlock()
+	err = s.reserveRun(ps, from, w)
+	s.al.mu.Lock()
+	s.al.refilling = false
+	s.al.refillEnd.Broadcast()
+	if err != nil {
+		for _, p := range ps {
+			s.al.release(p)
+		}
+		return 0, fmt.Errorf("reserve clusters: %w", err)
+	}
+	s.c.refills.Add(1)
+	s.c.zeroedAhead.Add(w - from)
+	s.al.zeroed = w
+	s.al.pushReady(ps)
+	return len(ps), nil
+}
+
+// reserveRun is a refill's work without s.al.mu: zero and sync the clusters
+// [from, w) past the zeroed watermark from (none unless w > from), then
+// commit the 'R' keys of ps and the new watermark w in one synced batch.
+func (s *Store) reserveRun(ps []uint64, from, w uint64) error {
+	if w > from {
+		if err := s.zeroAhead(from, w); err != nil {
+			return err
 		}
 	}
 	b := s.db.NewBatch()
@@ -1190,18 +1202,10 @@ func (s *Store) refill(target, enough int) (n int, err error) {
 		putReservedKey(key[:], p)
 		_ = b.Set(key[:], nil, nil)
 	}
-	if w > s.al.zeroed {
+	if w > from {
 		_ = b.Set(zeroedKey, zeroedValue(w), nil)
 	}
-	if err := s.commit(b, true); err != nil {
-		release()
-		return 0, fmt.Errorf("reserve clusters: %w", err)
-	}
-	s.c.refills.Add(1)
-	s.c.zeroedAhead.Add(w - s.al.zeroed)
-	s.al.zeroed = w
-	s.al.pushReady(ps)
-	return len(ps), nil
+	return s.commit(b, true)
 }
 
 // zeroAhead zeroes clusters [from, to), which lie at or past the zeroed
