@@ -1072,6 +1072,28 @@ func (s *Store) takeCluster() (uint64, error) {
 	}
 }
 
+// takeFollowing pops into out the ready clusters that follow p physically
+// (p+1, p+2, ...) while they are next in the pool, and returns how many:
+// a first write of several clusters then writes them with one write. The
+// pool hands out a fresh area's clusters in ascending runs, so a first
+// write gets a contiguous run unless another took a cluster in between.
+func (s *Store) takeFollowing(p uint64, out []uint64) int {
+	if len(out) == 0 {
+		return 0
+	}
+	s.al.mu.Lock()
+	defer s.al.mu.Unlock()
+	n := 0
+	for n < len(out) && s.al.readyLen() > 0 && s.al.ready[s.al.head] == p+uint64(n)+1 {
+		out[n], _ = s.al.popReady()
+		n++
+	}
+	if n > 0 {
+		s.kickRefill()
+	}
+	return n
+}
+
 // grow extends a growable area by an eighth, at least ReadyClusters
 // clusters, within Config.AreaMaxBytes and the filesystem's free space
 // above the space guard's reserve: fallocate and fsync the file, then
