@@ -4,6 +4,7 @@ package store
 
 import (
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,7 +15,9 @@ import (
 // writes (two clusters each) from 8 goroutines, each taking the next
 // offset (QD8 sequential, what a host's fill does), on a file area and on
 // a 4 GiB loop device (its zeroing the loop's fallocate, and "/writes":
-// zeros written, a device without Write Zeroes). "serial" is the baseline
+// zeros written, a device without Write Zeroes), each also with the loop
+// device in direct-I/O mode ("/dio": BenchmarkDeviceFirstWrite says why).
+// "serial" is the baseline
 // in the same run: each volume's first writes one at a time, data write
 // and map commit included, and every refill on the first write that finds
 // the pool empty (the behaviour before first writes claimed their
@@ -27,7 +30,7 @@ func BenchmarkFirstWriteConcurrent(b *testing.B) {
 		wbytes = 128 << 10
 		qd     = 8
 	)
-	for _, area := range []string{"file", "device", "device/writes"} {
+	for _, area := range []string{"file", "device", "device/writes", "device/dio", "device/writes/dio"} {
 		for _, serial := range []bool{true, false} {
 			name := area + "/" + map[bool]string{true: "serial", false: "parallel"}[serial]
 			b.Run(name, func(b *testing.B) {
@@ -41,7 +44,8 @@ func BenchmarkFirstWriteConcurrent(b *testing.B) {
 					cfg = Config{Dir: filepath.Join(dir, "meta"), AreaPath: filepath.Join(dir, "area"),
 						AreaBytes: int64(size) + 128<<20, Logger: quietLogger{}}
 				} else {
-					cfg = benchDeviceConfig(b, loopDevice(b, benchDeviceBytes), area == "device/writes")
+					writes := strings.HasPrefix(area, "device/writes")
+					cfg = benchDeviceConfig(b, loopDevice(b, benchDeviceBytes), writes, strings.HasSuffix(area, "/dio"))
 				}
 				if serial {
 					cfg.ReadyLowClusters = -1

@@ -203,11 +203,13 @@ func TestBackgroundRefillClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := mustCreate(t, s, 1, 60*4, BlockSize4K)
-	if err := writeCluster(v, 0); err != nil { // the first refill, inline
+	if err := writeCluster(v, 0); err != nil { // a small refill inline (cluster 1), the pool's rest in the background (2-9)
 		t.Fatal(err)
 	}
+	waitRefillIdle(s)
 	entered, release := area.arm()
-	for c := uint64(1); c < 5; c++ { // the pool falls to 3: a background round
+	c := uint64(1)
+	for ; c < 6; c++ { // the pool falls to 3: a background round (10-14), held
 		if err := writeCluster(v, c); err != nil {
 			t.Fatal(err)
 		}
@@ -230,18 +232,18 @@ func TestBackgroundRefillClose(t *testing.T) {
 	default:
 		t.Fatal("Close returned with the background refill still running")
 	}
-	if st := s.Stats(); st.BackgroundRefills != 1 || st.Zeroed != 14 {
-		t.Fatalf("the round in progress at Close: %+v; want it completed (watermark 14)", st)
+	if st := s.Stats(); st.BackgroundRefills != 2 || st.Zeroed != 15 {
+		t.Fatalf("the round in progress at Close: %+v; want it completed (watermark 15)", st)
 	}
 	s2 := openStore(t, cfg)
-	if st := s2.Stats(); st.ZeroedAtOpen != 0 || st.Zeroed != 14 {
-		t.Fatalf("after Close with a round in progress: %+v; want nothing zeroed at open, watermark 14", st)
+	if st := s2.Stats(); st.ZeroedAtOpen != 0 || st.Zeroed != 15 {
+		t.Fatalf("after Close with a round in progress: %+v; want nothing zeroed at open, watermark 15", st)
 	}
 	v2, err := s2.Volume(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := errors.Join(readClusters(v2, 5), s2.Check()); err != nil {
+	if err := errors.Join(readClusters(v2, c), s2.Check()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -265,37 +267,38 @@ func TestBackgroundRefillError(t *testing.T) {
 	cfg.Logger = logged
 	s := openStore(t, cfg)
 	v := mustCreate(t, s, 1, 60*4, BlockSize4K)
-	if err := writeCluster(v, 0); err != nil {
+	if err := writeCluster(v, 0); err != nil { // cluster 1 inline, 2-9 in the background
 		t.Fatal(err)
 	}
+	waitRefillIdle(s)
 	fail.Store(true)
 	var c uint64 = 1
-	for ; c < 5; c++ { // the pool falls to 3: a background round, which fails
+	for ; c < 6; c++ { // the pool falls to 3: a background round, which fails
 		if err := writeCluster(v, c); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitRefillIdle(s)
 	st := s.Stats()
-	if st.BackgroundRefillErrors != 1 || st.BackgroundRefills != 0 || st.Zeroed != 9 || logged.errors.Load() != 1 {
-		t.Fatalf("after a failed round: %+v, %d errors logged; want one error counted and logged, watermark 9", st, logged.errors.Load())
+	if st.BackgroundRefillErrors != 1 || st.BackgroundRefills != 1 || st.Zeroed != 10 || logged.errors.Load() != 1 {
+		t.Fatalf("after a failed round: %+v, %d errors logged; want one error counted and logged, watermark 10", st, logged.errors.Load())
 	}
-	for ; c < 8; c++ { // drains the pool: no new round after a failed one
+	for ; c < 9; c++ { // drains the pool: no new round after a failed one
 		if err := writeCluster(v, c); err != nil {
 			t.Fatal(err)
 		}
 		waitRefillIdle(s)
 	}
-	if st := s.Stats(); st.Refills != 1 || st.BackgroundRefillErrors != 1 || st.Ready != 0 {
+	if st := s.Stats(); st.Refills != 2 || st.BackgroundRefillErrors != 1 || st.Ready != 0 {
 		t.Fatalf("a failed round was retried before a first write refilled: %+v", st)
 	}
-	for ; c < 20; c++ { // refills inline once, then in the background again
+	for ; c < 24; c++ { // refills inline once, then in the background again
 		if err := writeCluster(v, c); err != nil {
 			t.Fatal(err)
 		}
 		waitRefillIdle(s)
 	}
-	if st := s.Stats(); st.Refills-st.BackgroundRefills != 2 || st.BackgroundRefills == 0 {
+	if st := s.Stats(); st.Refills-st.BackgroundRefills != 2 || st.BackgroundRefills < 2 {
 		t.Fatalf("after the inline refill: %+v; want the background refill resumed", st)
 	}
 	if err := errors.Join(readClusters(v, c), s.Check(), s.Close()); err != nil {
@@ -325,21 +328,22 @@ func TestBackgroundRefillLastClusters(t *testing.T) {
 	area := &heldZero{MemArea: NewUnzeroedMemArea(13*(16<<10), 512, 512, 7)} // the header and 12 clusters
 	s := openStore(t, refillConfig(vfs.NewMem(), area))
 	v := mustCreate(t, s, 1, 13*4, BlockSize4K)
-	if err := writeCluster(v, 0); err != nil { // inline: clusters 1-8
+	if err := writeCluster(v, 0); err != nil { // cluster 1 inline, 2-9 in the background
 		t.Fatal(err)
 	}
+	waitRefillIdle(s)
 	entered, release := area.arm()
 	var released sync.Once
 	unblock := func() { released.Do(func() { close(release) }) }
 	t.Cleanup(unblock)
 	var c uint64 = 1
-	for ; c < 5; c++ { // the pool falls to 3: a round picks the last 4 (9-12)
+	for ; c < 6; c++ { // the pool falls to 3: a round picks the last 3 (10-12)
 		if err := writeCluster(v, c); err != nil {
 			t.Fatal(err)
 		}
 	}
 	<-entered
-	for ; c < 8; c++ { // the pool's last 3
+	for ; c < 9; c++ { // the pool's last 3
 		if err := writeCluster(v, c); err != nil {
 			t.Fatal(err)
 		}

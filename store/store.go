@@ -1042,7 +1042,7 @@ func (s *Store) takeCluster() (uint64, error) {
 			return p, nil
 		}
 		if s.al.free > 0 {
-			_, err := s.refill(s.cfg.ReadyClusters, 1)
+			_, err := s.refill(s.inlineRefill(), 1)
 			if err == nil {
 				s.al.refillFailed = false // the path works again: the background may retry
 			}
@@ -1092,6 +1092,19 @@ func (s *Store) takeFollowing(p uint64, out []uint64) int {
 		s.kickRefill()
 	}
 	return n
+}
+
+// inlineRefill is how many clusters a first write that found the pool
+// empty reserves on its path: ReadyClusters without the background
+// refill; with it an eighth of that (8 MiB at the defaults), the
+// background refill, which its take wakes, reserving the rest. So the
+// first write of a fresh store, or one that outran the background, pays
+// for a small run (its zeroing and the syncs), not a pool's.
+func (s *Store) inlineRefill() int {
+	if s.refillKick == nil {
+		return s.cfg.ReadyClusters
+	}
+	return max(s.cfg.ReadyClusters/8, 1)
 }
 
 // grow extends a growable area by an eighth, at least ReadyClusters
