@@ -1167,7 +1167,7 @@ func (s *Store) grow() (bool, error) {
 
 // refill tops the ready pool up to target clusters from the free ones,
 // unless it holds enough already (the first write that found it empty
-// asks for ReadyClusters with enough 1; the background refill for
+// asks for inlineRefill with enough 1; the background refill for
 // ReadyClusters with enough its low-water mark). Their 'R' keys are
 // committed synced before any of them is written, so Open finds and zeroes
 // any that a crash left written but unmapped. Clusters picked at or past
