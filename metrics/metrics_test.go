@@ -313,6 +313,12 @@ func TestScrapeAfterIO(t *testing.T) {
 		}
 	}
 
+	for _, name := range []string{"blk_volume_store_background_refills_total", "blk_volume_store_background_refill_errors_total"} {
+		if e.types[name] != "counter" {
+			t.Errorf("%s: TYPE %q, want counter", name, e.types[name])
+		}
+	}
+
 	// A store opened fresh zeroed nothing at open.
 	if v, n := e.sum("blk_volume_store_zeroed_at_open_clusters", nil); n != 1 || v != 0 {
 		t.Errorf("blk_volume_store_zeroed_at_open_clusters: %v over %d samples, want 0 over 1", v, n)

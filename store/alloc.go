@@ -43,11 +43,16 @@ type allocator struct {
 	head     int
 	limbo    []uint64
 	mapped   uint64 // clusters named by a map
-	// zeroing says a refill is zeroing past zeroed without mu; zeroDone
-	// (on mu) wakes the refills that wait for it (Store.refill).
-	zeroing     bool
-	zeroDone    sync.Cond
-	zeroWaiters int // refills waiting on zeroDone (tests)
+	// refilling says a refill is zeroing past zeroed, syncing and
+	// committing its reservations without mu; refillEnd (on mu) wakes the
+	// refills and takes that wait for it (Store.refill).
+	refilling     bool
+	refillEnd     sync.Cond
+	refillWaiters int // refills and takes waiting on refillEnd (tests)
+	// refillKicked: the background refill was woken and has not started
+	// its round; refillFailed: its last round failed, and no first write
+	// refilled since (it is not woken again until one did: refill.go).
+	refillKicked, refillFailed bool
 }
 
 func (a *allocator) init(clusters uint64) {
@@ -55,7 +60,7 @@ func (a *allocator) init(clusters uint64) {
 	a.used = make([]uint64, (clusters+63)/64)
 	a.free = clusters
 	a.zeroed = clusters
-	a.zeroDone.L = &a.mu
+	a.refillEnd.L = &a.mu
 	a.cursor = 1
 	a.markUsed(0)
 }

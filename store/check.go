@@ -18,7 +18,8 @@ import (
 // free). It reads every key of the
 // store: for tests and for an operator's fsck, not for the data path.
 // Call it while no request is in flight (a first write between its pop
-// and its map commit would show as leaked).
+// and its map commit would show as leaked); it waits for a refill that is
+// reserving (the background refill's, say).
 func (s *Store) Check() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -27,6 +28,9 @@ func (s *Store) Check() error {
 	}
 	s.al.mu.Lock()
 	defer s.al.mu.Unlock()
+	for s.al.refilling { // a refill's picked clusters are neither free nor ready yet
+		s.al.refillEnd.Wait()
+	}
 	var errs []error
 	bad := func(format string, args ...any) {
 		if len(errs) < 20 {

@@ -73,6 +73,22 @@ type Config struct {
 	// clean Close). Default 1024 (64 MiB at the default cluster size).
 	ReadyClusters int `json:"ready_clusters"`
 
+	// ReadyLowClusters is the ready pool's low-water mark: when a first
+	// write leaves fewer clusters than this in the pool, a background
+	// refill tops it up to ReadyClusters (refill.go), so that first writes
+	// find a ready cluster instead of one of them paying the refill (a
+	// synced pebble commit; on a lazily zeroed device also zeroing up to
+	// ReadyClusters clusters and an area sync, tens of ms where the
+	// device writes its zeros) with every first write queued behind it.
+	// Default ReadyClusters/2 (at least 1): the refill of half a pool
+	// zeroes and syncs half as much as a whole one, in about the time the
+	// other half takes to consume at the disk's rate (both are bound by
+	// the same disk), and the pool never holds more than ReadyClusters
+	// reservations, the most Open after a crash must zero. Negative: no
+	// background refill (every refill on the first write that finds the
+	// pool empty); at most ReadyClusters.
+	ReadyLowClusters int `json:"ready_low_clusters"`
+
 	// MaxTransferBytes bounds one Read or Write (the MDTS the target will
 	// advertise). Default 1 MiB; a multiple of 4096.
 	MaxTransferBytes int `json:"max_transfer_bytes"`
@@ -146,6 +162,9 @@ func (c Config) WithDefaults() Config {
 	if c.ReadyClusters == 0 {
 		c.ReadyClusters = DefaultReadyClusters
 	}
+	if c.ReadyLowClusters == 0 {
+		c.ReadyLowClusters = max(c.ReadyClusters/2, 1)
+	}
 	if c.MaxTransferBytes == 0 {
 		c.MaxTransferBytes = DefaultMaxTransferBytes
 	}
@@ -190,6 +209,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReadyClusters < 1 {
 		bad("ReadyClusters %d is below 1", c.ReadyClusters)
+	}
+	if c.ReadyLowClusters > c.ReadyClusters {
+		bad("ReadyLowClusters %d is above ReadyClusters %d", c.ReadyLowClusters, c.ReadyClusters)
 	}
 	if c.MaxTransferBytes < 4096 || c.MaxTransferBytes%4096 != 0 {
 		bad("MaxTransferBytes %d is not a positive multiple of 4096", c.MaxTransferBytes)

@@ -22,7 +22,11 @@ import (
 // between a first write's data and its map commit, between the map commit
 // and its publication, after a free's commit, in a flush after zeroing
 // limbo and after syncing the area, in delete/shrink after zeroing and
-// after the new size), or after the last operation. Both the filesystem
+// after the new size), or after the last operation. Rounds of the
+// background refill (refillAhead, called between operations as its
+// goroutine would run them; the goroutine itself is off) reach the
+// refill's steps too, and every one of those steps is crashed inside a
+// background round in some iteration. Both the filesystem
 // and the area are cloned at that instant, keeping what was synced and a
 // random part of the rest (the area torn per block: a crash mid-batch of
 // a zeroing keeps part of it). Half the iterations (all that crash at the
@@ -45,19 +49,28 @@ func TestCrashRecovery(t *testing.T) {
 	seed := testSeed(t)
 	n := iterations(t, 300, 6, 10)
 	crashed := make([]int, writePathPoints+1) // per hook point; the last: crashed after the last operation
+	inRound := make([]int, writePathPoints+1) // crashes inside a background refill round
 	for it := range n {
 		s := seed + uint64(it)
-		where, err := crashOnce(s)
+		where, bg, err := crashOnce(s)
 		if err != nil {
 			t.Fatalf("iteration %d: %v\nreplay it alone with BLK_SEED=%d BLK_ITERS=1", it, err, s)
 		}
 		crashed[where]++
+		if bg {
+			inRound[where]++
+		}
 	}
-	t.Logf("crashes per step: %v", crashed)
+	t.Logf("crashes per step: %v; of them in a background refill: %v", crashed, inRound)
 	if n >= 100 {
 		for p := range writePathPoints {
 			if crashed[p] == 0 {
 				t.Errorf("no iteration crashed at step %v: the harness does not reach it", p)
+			}
+		}
+		for _, p := range []hookPoint{hookReserved, hookAheadZeroed, hookAheadSynced} {
+			if inRound[p] == 0 {
+				t.Errorf("no iteration crashed at step %v in a background refill: the harness does not reach it", p)
 			}
 		}
 	}
@@ -111,7 +124,7 @@ func (v *cvol) durable(lba, n uint64) {
 	}
 }
 
-func crashOnce(seed uint64) (hookPoint, error) {
+func crashOnce(seed uint64) (where hookPoint, inRound bool, err error) {
 	rng := rand.New(rand.NewPCG(seed, 0xc4a54))
 	bs := []uint32{BlockSize512, BlockSize4K}[rng.IntN(2)]
 	fs := vfs.NewCrashableMem()
@@ -127,9 +140,18 @@ func crashOnce(seed uint64) (hookPoint, error) {
 	cfg.AreaMaxBytes = 256 * (16 << 10) // grows as volumes fill; room for all of them: no ErrNoSpace here
 	s, err := Open(cfg)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer func() { _ = s.Close() }()
+	// The background refill's rounds run between operations, below a
+	// low-water mark of half the pool: in half the iterations that crash
+	// at the refill's steps before every operation (nearly every refill
+	// is then a background one), else before one in eight.
+	bgEvery := 8
+	if (point == hookReserved || point == hookAheadZeroed || point == hookAheadSynced) && rng.IntN(2) == 0 {
+		bgEvery = 1
+	}
+	inBg := false
 
 	model := cmodel{}
 	create := func(id ID) error {
@@ -142,16 +164,16 @@ func crashOnce(seed uint64) (hookPoint, error) {
 	}
 	for id := ID(1); id <= 3; id++ {
 		if err := create(id); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 	}
 
 	if s.format.lazy != lazy {
-		return 0, fmt.Errorf("a store on an area with Unzeroed %v is lazy %v", lazy, s.format.lazy)
+		return 0, false, fmt.Errorf("a store on an area with Unzeroed %v is lazy %v", lazy, s.format.lazy)
 	}
 	k := 1 + rng.IntN(12)
-	if point == hookGrown {
-		k = 1 + rng.IntN(3) // the area grows a few times per run
+	if point == hookGrown || point == hookAheadZeroed || point == hookAheadSynced {
+		k = 1 + rng.IntN(3) // the area grows, the watermark moves, a few times per run
 	}
 	var (
 		fsClone   vfs.FS
@@ -167,6 +189,7 @@ func crashOnce(seed uint64) (hookPoint, error) {
 		fsClone = fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: unsynced, RNG: rand.New(rand.NewPCG(seed, 1))})
 		areaClone = area.CrashClone(rand.New(rand.NewPCG(seed, 2)), unsynced)
 		atCrash = model.clone()
+		inRound = inBg
 	}
 	s.testHook = func(p hookPoint) {
 		if p == point && atCrash == nil {
@@ -179,6 +202,17 @@ func crashOnce(seed uint64) (hookPoint, error) {
 	buf := alignedBuf(64<<10, 4096)
 	nops := 30 + rng.IntN(250)
 	for op := 0; op < nops && atCrash == nil; op++ {
+		if rng.IntN(bgEvery) == 0 {
+			inBg = true
+			_, err := s.refillAhead(cfg.ReadyClusters / 2)
+			inBg = false
+			if err != nil {
+				return 0, false, fmt.Errorf("op %d: background refill: %w", op, err)
+			}
+			if atCrash != nil {
+				break
+			}
+		}
 		ids := make([]ID, 0, len(model))
 		for id := range model {
 			ids = append(ids, id)
@@ -187,7 +221,7 @@ func crashOnce(seed uint64) (hookPoint, error) {
 		m := model[ids[rng.IntN(len(ids))]]
 		v, err := s.Volume(m.id)
 		if err != nil {
-			return 0, fmt.Errorf("op %d: %w", op, err)
+			return 0, false, fmt.Errorf("op %d: %w", op, err)
 		}
 		blocks, B := uint64(len(m.blocks)), uint64(bs)
 		tag := uint64(op + 1)
@@ -201,7 +235,7 @@ func crashOnce(seed uint64) (hookPoint, error) {
 			fua := rng.IntN(5) == 0
 			m.set(lba, n, tag)
 			if err := v.Write(lba, buf[:n*B], map[bool]WriteFlags{true: FUA}[fua]); err != nil {
-				return 0, fmt.Errorf("op %d: write: %w", op, err)
+				return 0, false, fmt.Errorf("op %d: write: %w", op, err)
 			}
 			if fua {
 				m.durable(lba, n)
@@ -217,14 +251,14 @@ func crashOnce(seed uint64) (hookPoint, error) {
 				err = v.Deallocate(lba, n)
 			}
 			if err != nil {
-				return 0, fmt.Errorf("op %d: remove: %w", op, err)
+				return 0, false, fmt.Errorf("op %d: remove: %w", op, err)
 			}
 			if fua {
 				m.durable(lba, n)
 			}
 		case r < 84: // flush
 			if err := s.Flush(); err != nil {
-				return 0, fmt.Errorf("op %d: flush: %w", op, err)
+				return 0, false, fmt.Errorf("op %d: flush: %w", op, err)
 			}
 			for _, mv := range model {
 				mv.durable(0, uint64(len(mv.blocks)))
@@ -235,7 +269,7 @@ func crashOnce(seed uint64) (hookPoint, error) {
 				m.blocks = m.blocks[:nb]
 			}
 			if err := s.Resize(m.id, nb*B, true); err != nil {
-				return 0, fmt.Errorf("op %d: resize: %w", op, err)
+				return 0, false, fmt.Errorf("op %d: resize: %w", op, err)
 			}
 			if nb > blocks {
 				m.blocks = append(m.blocks, make([]cblock, nb-blocks)...)
@@ -243,29 +277,29 @@ func crashOnce(seed uint64) (hookPoint, error) {
 		case r < 93: // delete (gone from its first step on) and re-create
 			delete(model, m.id)
 			if err := s.Delete(m.id); err != nil {
-				return 0, fmt.Errorf("op %d: delete: %w", op, err)
+				return 0, false, fmt.Errorf("op %d: delete: %w", op, err)
 			}
 			if atCrash != nil {
 				break
 			}
 			if err := create(m.id); err != nil {
-				return 0, fmt.Errorf("op %d: create: %w", op, err)
+				return 0, false, fmt.Errorf("op %d: create: %w", op, err)
 			}
 		default: // live read
 			n := 1 + rng.Uint64N(min(blocks, uint64(64<<10)/B))
 			lba := rng.Uint64N(blocks - n + 1)
 			if err := v.Read(lba, buf[:n*B]); err != nil {
-				return 0, fmt.Errorf("op %d: read: %w", op, err)
+				return 0, false, fmt.Errorf("op %d: read: %w", op, err)
 			}
 			for i := range n {
 				got, err := readTag(buf[i*B:(i+1)*B], m.id, lba+i)
 				if err != nil || got != m.blocks[lba+i].cur {
-					return 0, fmt.Errorf("op %d: live read of volume %d block %d: %d (%v), want %d", op, m.id, lba+i, got, err, m.blocks[lba+i].cur)
+					return 0, false, fmt.Errorf("op %d: live read of volume %d block %d: %d (%v), want %d", op, m.id, lba+i, got, err, m.blocks[lba+i].cur)
 				}
 			}
 		}
 	}
-	where := point
+	where = point
 	if atCrash == nil {
 		where = writePathPoints
 		crash()
@@ -276,19 +310,19 @@ func crashOnce(seed uint64) (hookPoint, error) {
 	cfg.FS, cfg.Area = fsClone, areaClone
 	s2, err := Open(cfg)
 	if err != nil {
-		return where, fmt.Errorf("crash at %v (unsynced kept %d%%, lazy %v): reopen: %w", where, unsynced, lazy, err)
+		return where, inRound, fmt.Errorf("crash at %v (unsynced kept %d%%, lazy %v): reopen: %w", where, unsynced, lazy, err)
 	}
 	defer func() { _ = s2.Close() }()
 	if err := verifyCrash(s2, atCrash); err != nil {
-		return where, fmt.Errorf("crash at %v #%d (unsynced kept %d%%, lazy %v): %w", where, k, unsynced, lazy, err)
+		return where, inRound, fmt.Errorf("crash at %v #%d (unsynced kept %d%%, lazy %v): %w", where, k, unsynced, lazy, err)
 	}
 	if err := scrub(s2); err != nil {
-		return where, fmt.Errorf("crash at %v #%d (unsynced kept %d%%, lazy %v): %w", where, k, unsynced, lazy, err)
+		return where, inRound, fmt.Errorf("crash at %v #%d (unsynced kept %d%%, lazy %v): %w", where, k, unsynced, lazy, err)
 	}
 	if err := drain(s2); err != nil {
-		return where, fmt.Errorf("crash at %v #%d: %w", where, k, err)
+		return where, inRound, fmt.Errorf("crash at %v #%d: %w", where, k, err)
 	}
-	return where, nil
+	return where, inRound, nil
 }
 
 func verifyCrash(s *Store, want cmodel) error {

@@ -72,6 +72,7 @@ func memConfig(fs vfs.FS, area Area) Config {
 		MemTableBytes:    1 << 20,
 		CacheBytes:       1 << 20,
 		SyncInterval:     -1, // every sync point is the test's (sync_test.go runs the syncer)
+		ReadyLowClusters: -1, // every refill is a first write's (refill_test.go runs the background one)
 		Logger:           quietLogger{},
 	}
 }

@@ -4,8 +4,11 @@ package store
 
 import (
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The cost of a data device (docs/store.md, "Zeroed watermark"), on a
@@ -39,7 +42,7 @@ func BenchmarkDeviceCreate(b *testing.B) {
 				for range b.N {
 					b.StopTimer()
 					writeDevice(b, dev, make([]byte, 4096), 0) // blank again: no wipe needed
-					cfg := benchDeviceConfig(b, dev, writes)
+					cfg := benchDeviceConfig(b, dev, writes, false)
 					b.StartTimer()
 					start := time.Now()
 					s, err := Open(cfg)
@@ -67,55 +70,91 @@ func BenchmarkDeviceCreate(b *testing.B) {
 // "prezeroed", is a store whose device was zeroed whole at creation (as
 // before the watermark): refills only reserve; "lazy" refills also zero
 // the clusters they pick (ReadyClusters, 64 MiB, per refill) and sync.
-// zeroed/op is the clusters zeroed ahead per write.
+// zeroed/op is the clusters zeroed ahead per write. "lazy-inline" is
+// "lazy" without the background refill (Config.ReadyLowClusters -1):
+// each refill, its zeroing included, on the path of the write that found
+// the pool empty, as before the background refill.
+//
+// "/dio" runs on the loop device in direct-I/O mode (LOOP_SET_DIRECT_IO:
+// its reads and writes bypass the page cache over its backing file, as
+// a disk's do); without it a sync of the device writes back everything
+// the page cache held, which a disk does not have to.
 func BenchmarkDeviceFirstWrite(b *testing.B) {
 	const wbytes = 128 << 10
-	for _, writes := range []bool{false, true} {
-		for _, pre := range []bool{true, false} {
-			name := map[bool]string{true: "prezeroed", false: "lazy"}[pre]
-			if writes {
-				name += "/writes"
-			}
-			b.Run(name, func(b *testing.B) {
-				if uint64(b.N)*wbytes > benchDeviceBytes-(256<<20) {
-					b.Fatalf("%d writes of %d bytes do not fit the %d-byte device as first writes", b.N, wbytes, benchDeviceBytes)
+	for _, dio := range []bool{false, true} {
+		for _, writes := range []bool{false, true} {
+			for _, mode := range []string{"prezeroed", "lazy-inline", "lazy"} {
+				pre, inline := mode == "prezeroed", mode == "lazy-inline"
+				name := mode
+				if writes {
+					name += "/writes"
 				}
-				dev := loopDevice(b, benchDeviceBytes)
-				s, err := Open(benchDeviceConfig(b, dev, writes))
-				if err != nil {
-					b.Fatal(err)
+				if dio {
+					name += "/dio"
 				}
-				b.Cleanup(func() { _ = s.Close() })
-				if pre {
-					zeroRest(b, s, 1<<30)
-				}
-				v, err := s.Create(1, CreateOptions{SizeBytes: benchDeviceBytes - (256 << 20)})
-				if err != nil {
-					b.Fatal(err)
-				}
-				buf := alignedBuf(wbytes, 4096)
-				for i := range buf {
-					buf[i] = byte(i*13 + 1)
-				}
-				before := s.Stats()
-				b.SetBytes(wbytes)
-				b.ReportAllocs()
-				b.ResetTimer()
-				for i := range uint64(b.N) {
-					if err := v.Write(i*wbytes/BlockSize4K, buf, 0); err != nil {
+				b.Run(name, func(b *testing.B) {
+					if uint64(b.N)*wbytes > benchDeviceBytes-(256<<20) {
+						b.Fatalf("%d writes of %d bytes do not fit the %d-byte device as first writes", b.N, wbytes, benchDeviceBytes)
+					}
+					dev := loopDevice(b, benchDeviceBytes)
+					cfg := benchDeviceConfig(b, dev, writes, dio)
+					if inline {
+						cfg.ReadyLowClusters = -1
+					}
+					s, err := Open(cfg)
+					if err != nil {
 						b.Fatal(err)
 					}
-				}
-				b.StopTimer()
-				st := s.Stats()
-				b.ReportMetric(float64(st.ZeroedAhead-before.ZeroedAhead)/float64(b.N), "zeroed/op")
-				b.ReportMetric(float64(st.Refills-before.Refills)/float64(b.N), "refills/op")
-			})
+					b.Cleanup(func() { _ = s.Close() })
+					if pre {
+						zeroRest(b, s, 1<<30)
+					}
+					v, err := s.Create(1, CreateOptions{SizeBytes: benchDeviceBytes - (256 << 20)})
+					if err != nil {
+						b.Fatal(err)
+					}
+					buf := alignedBuf(wbytes, 4096)
+					for i := range buf {
+						buf[i] = byte(i*13 + 1)
+					}
+					before := s.Stats()
+					lat := make([]time.Duration, b.N)
+					b.SetBytes(wbytes)
+					b.ReportAllocs()
+					b.ResetTimer()
+					for i := range uint64(b.N) {
+						start := time.Now()
+						if err := v.Write(i*wbytes/BlockSize4K, buf, 0); err != nil {
+							b.Fatal(err)
+						}
+						lat[i] = time.Since(start)
+					}
+					b.StopTimer()
+					reportLatency(b, lat)
+					st := s.Stats()
+					b.ReportMetric(float64(st.ZeroedAhead-before.ZeroedAhead)/float64(b.N), "zeroed/op")
+					b.ReportMetric(float64(st.Refills-before.Refills)/float64(b.N), "refills/op")
+				})
+			}
 		}
 	}
 }
 
-func benchDeviceConfig(b *testing.B, dev string, writes bool) Config {
+// benchDeviceConfig is a store on the loop device dev: its zeroing the
+// kernel's, or (writes) zeros written; with dio the loop device is put
+// in direct-I/O mode first.
+func benchDeviceConfig(b *testing.B, dev string, writes, dio bool) Config {
+	if dio {
+		fd, err := unix.Open(dev, unix.O_RDWR, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		err = unix.IoctlSetInt(fd, unix.LOOP_SET_DIRECT_IO, 1)
+		_ = unix.Close(fd)
+		if err != nil {
+			b.Skipf("loop device %s: direct I/O: %v", dev, err)
+		}
+	}
 	cfg := Config{Dir: filepath.Join(b.TempDir(), "volumes"), AreaDevice: dev, Logger: quietLogger{}}
 	if writes {
 		a, err := OpenDeviceArea(dev)
@@ -167,4 +206,12 @@ func zeroRest(tb testing.TB, s *Store, chunk int64) {
 		tb.Fatal(err)
 	}
 	s.al.zeroed = s.al.clusters
+}
+
+// reportLatency reports the 99th percentile and the largest of the
+// writes' latencies, in ms (a refill on a first write's path shows there).
+func reportLatency(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
+	b.ReportMetric(float64(lat[len(lat)-1])/1e6, "max-ms")
 }

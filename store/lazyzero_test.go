@@ -507,7 +507,7 @@ func TestLazyZeroConcurrentRefills(t *testing.T) {
 		default:
 		}
 		s.al.mu.Lock()
-		waiting = s.al.zeroWaiters > 0
+		waiting = s.al.refillWaiters > 0
 		s.al.mu.Unlock()
 		runtime.Gosched()
 	}

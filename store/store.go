@@ -52,6 +52,10 @@ type Store struct {
 	syncKick           chan struct{}
 	syncStop, syncDone chan struct{}
 
+	// The background refill of the ready pool (refill.go).
+	refillKick             chan struct{}
+	refillStop, refillDone chan struct{}
+
 	bounce sync.Pool // *[]byte of MaxTransferBytes, aligned: for unaligned caller buffers
 
 	c storeCounters
@@ -59,6 +63,11 @@ type Store struct {
 	// testHook, if set, is called at each step of the write path named by
 	// a hookPoint (crash tests clone the filesystem and area there).
 	testHook func(hookPoint)
+
+	// serialFirstWrites makes each volume's first writes one at a time,
+	// data write and map commit included, as before their claims: the
+	// baseline of BenchmarkFirstWriteConcurrent. Set before any I/O.
+	serialFirstWrites bool
 
 	legacy bool // the directory holds target/volume's layout: Open migrates it (upgrade.go)
 
@@ -69,6 +78,7 @@ type Store struct {
 
 type storeCounters struct {
 	refills, mapCommits, frees, flushes, areaSyncs, bounces, bgSyncs, zeroedAtOpen, zeroedAhead atomic.Uint64
+	bgRefills, bgRefillErrors                                                                   atomic.Uint64
 	// pebble's health (events): background errors, write stalls and their
 	// total length; stallStart is the running stall's start (UnixNano), 0
 	// when none.
@@ -163,6 +173,7 @@ func Open(cfg Config) (*Store, error) {
 	s.bounce.New = func() any { b := alignedBuf(cfg.MaxTransferBytes, align); return &b }
 	s.startSpaceGuard()
 	s.startSyncer()
+	s.startRefiller()
 	return s, nil
 }
 
@@ -1012,16 +1023,29 @@ func maxStore(a *atomic.Uint64, v uint64) {
 // takeCluster pops a ready cluster for a first write: refilling the ready
 // pool from the free clusters (one synced commit of their 'R' keys), or,
 // with none free, flushing so that limbo becomes ready. ErrNoSpace if the
-// area is full.
+// area is full. A pop that leaves the pool below its low-water mark wakes
+// the background refill (refill.go).
 func (s *Store) takeCluster() (uint64, error) {
 	for attempt := 0; ; attempt++ {
 		s.al.mu.Lock()
+		for s.al.readyLen() == 0 && s.al.free == 0 && s.al.refilling {
+			// A refill (the background's, say) is reserving what were the
+			// last free clusters: they are ready when it ends (or free
+			// again if it fails), not a reason to fail for space.
+			s.al.refillWaiters++
+			s.al.refillEnd.Wait()
+			s.al.refillWaiters--
+		}
 		if p, ok := s.al.popReady(); ok {
+			s.kickRefill()
 			s.al.mu.Unlock()
 			return p, nil
 		}
 		if s.al.free > 0 {
-			err := s.refill()
+			_, err := s.refill(s.inlineRefill(), 1)
+			if err == nil {
+				s.al.refillFailed = false // the path works again: the background may retry
+			}
 			s.al.mu.Unlock()
 			if err != nil {
 				return 0, err
@@ -1046,6 +1070,41 @@ func (s *Store) takeCluster() (uint64, error) {
 			return 0, err
 		}
 	}
+}
+
+// takeFollowing pops into out the ready clusters that follow p physically
+// (p+1, p+2, ...) while they are next in the pool, and returns how many:
+// a first write of several clusters then writes them with one write. The
+// pool hands out a fresh area's clusters in ascending runs, so a first
+// write gets a contiguous run unless another took a cluster in between.
+func (s *Store) takeFollowing(p uint64, out []uint64) int {
+	if len(out) == 0 {
+		return 0
+	}
+	s.al.mu.Lock()
+	defer s.al.mu.Unlock()
+	n := 0
+	for n < len(out) && s.al.readyLen() > 0 && s.al.ready[s.al.head] == p+uint64(n)+1 {
+		out[n], _ = s.al.popReady()
+		n++
+	}
+	if n > 0 {
+		s.kickRefill()
+	}
+	return n
+}
+
+// inlineRefill is how many clusters a first write that found the pool
+// empty reserves on its path: ReadyClusters without the background
+// refill; with it an eighth of that (8 MiB at the defaults), the
+// background refill, which its take wakes, reserving the rest. So the
+// first write of a fresh store, or one that outran the background, pays
+// for a small run (its zeroing and the syncs), not a pool's.
+func (s *Store) inlineRefill() int {
+	if s.refillKick == nil {
+		return s.cfg.ReadyClusters
+	}
+	return max(s.cfg.ReadyClusters/8, 1)
 }
 
 // grow extends a growable area by an eighth, at least ReadyClusters
@@ -1106,52 +1165,70 @@ func (s *Store) grow() (bool, error) {
 	return true, nil
 }
 
-// refill reserves up to ReadyClusters free clusters: their 'R' keys are
+// refill tops the ready pool up to target clusters from the free ones,
+// unless it holds enough already (the first write that found it empty
+// asks for inlineRefill with enough 1; the background refill for
+// ReadyClusters with enough its low-water mark). Their 'R' keys are
 // committed synced before any of them is written, so Open finds and zeroes
 // any that a crash left written but unmapped. Clusters picked at or past
 // the zeroed watermark (a lazy area) are zeroed first, one Area.Zero for
 // the run [watermark, highest picked], the area synced, and the new
 // watermark committed with the 'R' keys: a crash before that commit
 // leaves the watermark where it was and the run is zeroed again next
-// time. The zeroing runs without s.al.mu (tens of ms for 64 MiB where the
-// device writes the zeros: flushes, frees and Stats go on meanwhile); the
-// picked clusters are marked used, so nobody else takes them. One refill
-// zeroes at a time: another waits for it before it picks (its run would
-// start at the same watermark and could zero, late, a cluster the first
-// had handed out and a write filled; or commit a watermark above a run
-// not yet synced), then returns if the pool is no longer empty. Requires
-// s.al.mu (released and taken again).
-func (s *Store) refill() error {
-	if s.al.zeroing {
-		for s.al.zeroing {
-			s.al.zeroWaiters++
-			s.al.zeroDone.Wait()
-			s.al.zeroWaiters--
-		}
-		if s.al.readyLen() > 0 {
-			return nil
-		}
+// time. The zeroing, the sync and the commit run without s.al.mu (tens
+// of ms for 64 MiB where the device writes the zeros, a WAL sync
+// anyway: flushes, frees, Stats and the first writes that find a ready
+// cluster go on meanwhile); the picked clusters are marked used, so
+// nobody else takes them. One refill runs so at a time (refilling):
+// another waits for it before it picks (its run would start at the same
+// watermark and could zero, late, a cluster the first had handed out and
+// a write filled; or commit a watermark above a run not yet synced), then
+// returns if the pool holds enough. Requires s.al.mu (released and taken
+// again). n is the clusters it reserved.
+func (s *Store) refill(target, enough int) (n int, err error) {
+	for s.al.refilling {
+		s.al.refillWaiters++
+		s.al.refillEnd.Wait()
+		s.al.refillWaiters--
 	}
-	ps := s.al.pickFree(uint64(s.cfg.ReadyClusters))
-	release := func() {
-		for _, p := range ps {
-			s.al.release(p)
-		}
+	have := s.al.readyLen()
+	if have >= enough || have >= target {
+		return 0, nil
 	}
-	w := s.al.zeroed
+	ps := s.al.pickFree(uint64(target - have))
+	if len(ps) == 0 {
+		return 0, nil
+	}
+	from, w := s.al.zeroed, s.al.zeroed
 	for _, p := range ps {
 		w = max(w, p+1)
 	}
-	if from := s.al.zeroed; w > from {
-		s.al.zeroing = true
-		s.al.mu.Unlock()
-		err := s.zeroAhead(from, w)
-		s.al.mu.Lock()
-		s.al.zeroing = false
-		s.al.zeroDone.Broadcast()
-		if err != nil {
-			release()
-			return fmt.Errorf("reserve clusters: %w", err)
+	s.al.refilling = true
+	s.al.mu.Unlock()
+	err = s.reserveRun(ps, from, w)
+	s.al.mu.Lock()
+	s.al.refilling = false
+	s.al.refillEnd.Broadcast()
+	if err != nil {
+		for _, p := range ps {
+			s.al.release(p)
+		}
+		return 0, fmt.Errorf("reserve clusters: %w", err)
+	}
+	s.c.refills.Add(1)
+	s.c.zeroedAhead.Add(w - from)
+	s.al.zeroed = w
+	s.al.pushReady(ps)
+	return len(ps), nil
+}
+
+// reserveRun is a refill's work without s.al.mu: zero and sync the clusters
+// [from, w) past the zeroed watermark from (none unless w > from), then
+// commit the 'R' keys of ps and the new watermark w in one synced batch.
+func (s *Store) reserveRun(ps []uint64, from, w uint64) error {
+	if w > from {
+		if err := s.zeroAhead(from, w); err != nil {
+			return err
 		}
 	}
 	b := s.db.NewBatch()
@@ -1160,18 +1237,10 @@ func (s *Store) refill() error {
 		putReservedKey(key[:], p)
 		_ = b.Set(key[:], nil, nil)
 	}
-	if w > s.al.zeroed {
+	if w > from {
 		_ = b.Set(zeroedKey, zeroedValue(w), nil)
 	}
-	if err := s.commit(b, true); err != nil {
-		release()
-		return fmt.Errorf("reserve clusters: %w", err)
-	}
-	s.c.refills.Add(1)
-	s.c.zeroedAhead.Add(w - s.al.zeroed)
-	s.al.zeroed = w
-	s.al.pushReady(ps)
-	return nil
+	return s.commit(b, true)
 }
 
 // zeroAhead zeroes clusters [from, to), which lie at or past the zeroed
@@ -1204,6 +1273,7 @@ func (s *Store) Close() error {
 		v.gone = ErrClosed
 		v.mu.Unlock()
 	}
+	s.stopRefiller()
 	s.stopSyncer()
 	var err error
 	if s.err() == nil && !s.cfg.ReadOnly {
@@ -1295,6 +1365,12 @@ type Stats struct {
 	// synced) at or past it, on a lazily zeroed area (a block device),
 	// before first handing them out.
 	Zeroed, ZeroedAhead uint64
+	// BackgroundRefills are the Refills the background refill made (a
+	// first write left the pool below Config.ReadyLowClusters; the rest
+	// were made by a first write that found the pool empty, on its path);
+	// BackgroundRefillErrors the rounds that failed (logged; the pool is
+	// then refilled by first writes, as without it, until one succeeds).
+	BackgroundRefills, BackgroundRefillErrors uint64
 }
 
 // Stats returns the store's space and counters.
@@ -1306,6 +1382,7 @@ func (s *Store) Stats() Stats {
 	st.Refills, st.MapCommits, st.Frees = s.c.refills.Load(), s.c.mapCommits.Load(), s.c.frees.Load()
 	st.Flushes, st.AreaSyncs, st.BounceCopies = s.c.flushes.Load(), s.c.areaSyncs.Load(), s.c.bounces.Load()
 	st.BackgroundSyncs, st.ZeroedAtOpen, st.ZeroedAhead = s.c.bgSyncs.Load(), s.c.zeroedAtOpen.Load(), s.c.zeroedAhead.Load()
+	st.BackgroundRefills, st.BackgroundRefillErrors = s.c.bgRefills.Load(), s.c.bgRefillErrors.Load()
 	return st
 }
 

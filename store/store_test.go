@@ -274,6 +274,7 @@ func TestConfig(t *testing.T) {
 		{Dir: "/d", ClusterBytes: 8 << 20},
 		{Dir: "/d", AreaBytes: 64 << 10},
 		{Dir: "/d", ReadyClusters: -1},
+		{Dir: "/d", ReadyClusters: 8, ReadyLowClusters: 9},
 		{Dir: "/d", MaxTransferBytes: 1000},
 	} {
 		if err := bad.Validate(); !errors.Is(err, ErrInvalid) {

@@ -3,6 +3,7 @@ package store
 import (
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -11,7 +12,8 @@ import (
 // use. Each request holds the volume's lock shared, only to exclude what
 // changes the volume under it (Resize, SetState, Delete, Close, and frees
 // of whole clusters, which must not race a pwrite into the cluster they
-// free); first writes of clusters also take allocMu.
+// free); first writes of clusters also take allocMu, briefly, to claim
+// their cluster index and to publish its entry (firstWrite).
 type Volume struct {
 	s     *Store
 	id    ID
@@ -23,8 +25,15 @@ type Volume struct {
 	gone  error      // ErrNotFound after Delete, ErrClosed after Close; guarded by mu
 	m     clusterMap // top replaced under mu held exclusively
 
-	allocMu   sync.Mutex // serialises first writes of clusters (allocation and map commit)
-	allocated atomic.Int64
+	// allocMu guards claims (the cluster indices whose first write is in
+	// flight: claim) and serialises clusterMap.set for first writes;
+	// claimDone (on allocMu) wakes first writes waiting for a claim.
+	allocMu      sync.Mutex
+	claims       []uint64
+	claimDone    sync.Cond
+	claimWaiters int        // first writes waiting for a claim (tests)
+	serialMu     sync.Mutex // held across a first write with Store.serialFirstWrites (benchmarks)
+	allocated    atomic.Int64
 
 	c volumeCounters
 }
@@ -42,6 +51,7 @@ const FUA WriteFlags = 1
 
 func newVolume(s *Store, r volumeRecord) *Volume {
 	v := &Volume{s: s, id: r.info.ID, mapID: r.mapID}
+	v.claimDone.L = &v.allocMu
 	v.setRecord(r)
 	v.m.resize(v.clusters())
 	return v
@@ -242,12 +252,12 @@ func (v *Volume) Write(lba uint64, data []byte, flags WriteFlags) error {
 		seg := min(s.cmask+1-in, end-off)
 		p := v.m.get(idx)
 		if p == 0 {
-			wrote, err := v.firstWrite(idx, in, src[pos:pos+seg])
+			n, err := v.firstWrite(idx, in, src[pos:])
 			if err != nil {
 				return v.fail(opWrite, lba, err)
 			}
-			if wrote {
-				pos, off = pos+seg, off+seg
+			if n > 0 {
+				pos, off = pos+n, off+n
 				continue
 			}
 			p = v.m.get(idx) // another write allocated it meanwhile
@@ -271,58 +281,156 @@ func (v *Volume) Write(lba uint64, data []byte, flags WriteFlags) error {
 	return nil
 }
 
-// firstWrite writes data at offset in of cluster idx, which was not
-// allocated when the caller looked: it takes a ready cluster (zeros on
-// durable media, its 'R' key durable), writes the data into it, then
-// commits {map key, delete 'R'} unsynced and publishes the entry. wrote
-// is false if another write allocated the cluster first (the caller then
-// overwrites). See docs/store.md, "Write path", for each crash.
-func (v *Volume) firstWrite(idx, in uint64, data []byte) (wrote bool, err error) {
-	v.allocMu.Lock()
-	defer v.allocMu.Unlock()
-	if v.m.get(idx) != 0 {
-		return false, nil
+// maxRun bounds the clusters one first write claims and allocates
+// together (their clusters held in an array on the stack): 32, a 2 MiB
+// run at the default cluster size, above the default MaxTransferBytes.
+const maxRun = 32
+
+// firstWrite writes data, the rest of a request from offset in of
+// cluster idx, which was not allocated when the caller looked, into the
+// run of clusters from idx that are unallocated (at most maxRun): it
+// claims their indices, takes ready clusters (zeros on durable media,
+// their 'R' keys durable; as many as come physically contiguous, at
+// least one), writes the data into them with one write, then commits
+// {map keys, delete 'R' keys} in one unsynced batch and publishes the
+// entries. n is the bytes of data written (from its start); 0 if another
+// write allocated cluster idx first (the caller then overwrites). See
+// docs/store.md, "Write path", for each crash.
+//
+// allocMu is held only to claim the indices and to publish: first writes
+// of different clusters of the volume take their clusters, write their
+// data and commit their map keys side by side (their disk writes overlap).
+// A first write that finds cluster idx claimed waits for the claim's end,
+// then overwrites what the claimant published (or, if the claimant
+// failed, claims it itself); a run stops before an index claimed by
+// another (no write waits while holding claims, so none can wait on
+// another in a cycle): never two clusters for one index, never a write
+// lost to a cluster nobody maps.
+func (v *Volume) firstWrite(idx, in uint64, data []byte) (n uint64, err error) {
+	if v.s.serialFirstWrites {
+		v.serialMu.Lock() // the old behaviour, a benchmark's baseline
+		defer v.serialMu.Unlock()
 	}
 	s := v.s
+	want := min((in+uint64(len(data))+s.cmask)>>s.cshift, maxRun)
+	if v.s.serialFirstWrites {
+		want = 1
+	}
+	claimed := v.claim(idx, want)
+	if claimed == 0 {
+		return 0, nil
+	}
+	var ps [maxRun]uint64
+	taken, err := v.allocate(idx, in, data, ps[:claimed])
+	v.unclaim(idx, claimed, ps[:taken])
+	if err != nil {
+		return 0, err
+	}
+	s.al.mu.Lock()
+	s.al.mapped += uint64(taken)
+	s.al.mu.Unlock()
+	return min(uint64(len(data)), uint64(taken)<<s.cshift-in), nil
+}
+
+// allocate is a claimed first write of len(ps) clusters from idx: it
+// takes ready clusters into ps (taken of them, physically contiguous),
+// writes data into them and commits their map keys.
+func (v *Volume) allocate(idx, in uint64, data []byte, ps []uint64) (taken int, err error) {
+	s := v.s
 	if s.noSpace.Load() {
-		return false, fmt.Errorf("filesystem of the metadata: %d bytes free, reserve %d: %w", s.freeBytes.Load(), s.reserve.Load(), ErrNoSpace)
+		return 0, fmt.Errorf("filesystem of the metadata: %d bytes free, reserve %d: %w", s.freeBytes.Load(), s.reserve.Load(), ErrNoSpace)
 	}
 	p, err := s.takeCluster()
 	if err != nil {
-		return false, err
+		return 0, err
 	}
-	if err := s.area.WriteAt(data, int64(p<<s.cshift+in)); err != nil {
-		s.toLimbo(p) // it may hold part of data now: zeroed before reuse
-		return false, fmt.Errorf("%w: %w", ErrIO, err)
+	ps[0] = p
+	taken = 1 + s.takeFollowing(p, ps[1:])
+	ps = ps[:taken]
+	n := min(uint64(len(data)), uint64(taken)<<s.cshift-in)
+	if err := s.area.WriteAt(data[:n], int64(p<<s.cshift+in)); err != nil {
+		s.toLimbo(ps...) // they may hold part of data now: zeroed before reuse
+		return 0, fmt.Errorf("%w: %w", ErrIO, err)
 	}
 	s.hook(hookDataWritten)
 	b := s.db.NewBatch()
 	var key [mapKeyLen]byte
 	var val [8]byte
-	putMapKey(key[:], v.mapID, idx)
-	putPhys(val[:], p)
-	_ = b.Set(key[:], val[:], nil)
-	putReservedKey(key[:], p)
-	_ = b.Delete(key[:reservedKeyLen], nil)
+	for i, p := range ps {
+		putMapKey(key[:], v.mapID, idx+uint64(i))
+		putPhys(val[:], p)
+		_ = b.Set(key[:], val[:], nil)
+		putReservedKey(key[:], p)
+		_ = b.Delete(key[:reservedKeyLen], nil)
+	}
 	if err := s.commit(b, false); err != nil {
-		s.toLimbo(p)
-		return false, err
+		s.toLimbo(ps...)
+		return 0, err
 	}
 	s.hook(hookMapCommitted)
 	s.c.mapCommits.Add(1)
-	v.m.set(idx, p)
-	v.allocated.Add(1)
-	s.al.mu.Lock()
-	s.al.mapped++
-	s.al.mu.Unlock()
-	return true, nil
+	return taken, nil
 }
 
-// toLimbo puts a taken cluster whose write failed into limbo: it still
-// has its 'R' key, and the next flush zeroes it.
-func (s *Store) toLimbo(p uint64) {
+// claim makes the caller the one first write of clusters [idx,
+// idx+claimed), claimed at most want: 0 if cluster idx is allocated (now,
+// or by the claimant the caller waited for). It waits only for idx; the
+// run ends before the first index allocated or claimed by another. The
+// claims are a short list (a few per first write in flight), searched
+// under allocMu: no allocation once it has grown.
+func (v *Volume) claim(idx, want uint64) (claimed uint64) {
+	v.allocMu.Lock()
+	defer v.allocMu.Unlock()
+	for {
+		if v.m.get(idx) != 0 {
+			return 0
+		}
+		if !slices.Contains(v.claims, idx) {
+			break
+		}
+		v.claimWaiters++
+		v.claimDone.Wait()
+		v.claimWaiters--
+	}
+	for claimed = 1; claimed < want; claimed++ {
+		i := idx + claimed
+		if v.m.get(i) != 0 || slices.Contains(v.claims, i) {
+			break
+		}
+	}
+	for i := range claimed {
+		v.claims = append(v.claims, idx+i)
+	}
+	return claimed
+}
+
+// unclaim ends the claims of clusters [idx, idx+claimed), publishing idx+i
+// -> ps[i] for the clusters allocated (none if the first write failed) in
+// the same critical section, and wakes the first writes waiting for a
+// claim. The entries are set under allocMu: clusterMap.set makes pages,
+// and two first writes making the same page at once would lose one's
+// entry.
+func (v *Volume) unclaim(idx, claimed uint64, ps []uint64) {
+	v.allocMu.Lock()
+	for i, p := range ps {
+		v.m.set(idx+uint64(i), p)
+	}
+	v.allocated.Add(int64(len(ps)))
+	for i := range claimed {
+		j := slices.Index(v.claims, idx+i)
+		last := len(v.claims) - 1
+		v.claims[j] = v.claims[last]
+		v.claims = v.claims[:last]
+	}
+	v.allocMu.Unlock()
+	v.claimDone.Broadcast() // cheap without waiters: an atomic load
+}
+
+// toLimbo puts taken clusters whose write failed into limbo: they still
+// have their 'R' keys, and the next flush zeroes them.
+func (s *Store) toLimbo(ps ...uint64) {
 	s.al.mu.Lock()
-	s.al.limbo = append(s.al.limbo, p)
+	s.al.limbo = append(s.al.limbo, ps...)
 	s.al.mu.Unlock()
 }
 
