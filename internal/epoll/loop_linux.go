@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -192,32 +191,22 @@ func (l *Loop) Wait(block bool) []unix.EpollEvent {
 		l.sleeping.Store(false)
 		n = l.waitN
 	} else {
-		n = l.look()
+		for {
+			k, err := unix.EpollWait(l.epfd, l.events[:], 0)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == nil {
+				n = k
+			}
+			break
+		}
 	}
 	// A hand-over before this store is seen by the pass that follows
 	// (the caller looks after Wait); one after it sets kicked again, and
 	// the next Wait does not sleep.
 	l.kicked.Store(false)
 	return l.callers(n)
-}
-
-// look takes the set's ready events without blocking. It calls
-// epoll_pwait with a zero timeout as a raw system call: one that cannot
-// block needs none of the scheduler's hand-off around it (entersyscall
-// and exitsyscall: ~80 ns of the ~260 a look costs here), and a spinning
-// poll group looks millions of times a second. The loop's goroutine only.
-func (l *Loop) look() int {
-	for {
-		k, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.epfd),
-			uintptr(unsafe.Pointer(&l.events[0])), uintptr(len(l.events)), 0, 0, 0)
-		switch errno {
-		case 0:
-			return int(k)
-		case unix.EINTR:
-			continue
-		}
-		return 0
-	}
 }
 
 // waitFD looks at the set without blocking; false (nothing yet) makes

@@ -32,12 +32,7 @@ func (s *Stack[T]) Push(v *T, next **T) {
 
 // TakeAll empties the stack and returns its former top (nil if it was
 // empty); the rest follow through the link fields, newest first.
-func (s *Stack[T]) TakeAll() *T {
-	if s.top.Load() == nil {
-		return nil // a poll loop asks every pass: a read costs less than a swap
-	}
-	return s.top.Swap(nil)
-}
+func (s *Stack[T]) TakeAll() *T { return s.top.Swap(nil) }
 
 // Empty reports whether the stack holds nothing now.
 func (s *Stack[T]) Empty() bool { return s.top.Load() == nil }

@@ -122,11 +122,6 @@ func (g *group) handedOver() bool {
 // so completions are reaped as they land rather than after a wake-up.
 const diskSpin = time.Millisecond
 
-// spinClockEvery is how many empty passes a spinning group makes between
-// two reads of the clock: 8 passes of ~0.3-0.5 µs, so PollSpin and
-// diskSpin overshoot by ~4 µs at most.
-const spinClockEvery = 8
-
 // pollerSlot is the epoll slot of a backend engine's eventfd: past every
 // connection's, so the event names no connection (slots.Get is nil); it
 // only wakes the loop, whose settle polls the engines.
@@ -169,8 +164,7 @@ func (g *group) run(started chan<- struct{}) {
 	close(started)
 	block := false // first pass: look at once
 	spin := g.p.cfg.PollSpin
-	var idleFrom time.Time // when the passes stopped finding work; zero while they find it
-	looks := 0             // empty passes since the clock was last read
+	var lastWork time.Time
 	for {
 		evs := g.loop.Wait(block)
 		g.st.passes.Add(1)
@@ -203,26 +197,13 @@ func (g *group) run(started chan<- struct{}) {
 			g.freed && g.waiting.n+g.waitingCapsule.n > 0)
 		// Spin (look without sleeping) for PollSpin after the last
 		// work: a wake from sleep costs more than a few empty looks.
-		// The clock is read on the first empty pass and then every
-		// spinClockEvery: a read costs ~80 ns here, a third of an empty
-		// pass, and the spin overshoots by a few passes at most.
-		if g.passWorked {
-			idleFrom = time.Time{}
-		}
-		if spin > 0 && block {
-			switch {
-			case idleFrom.IsZero():
-				idleFrom, looks = time.Now(), 0
-				block = false
-			case looks < spinClockEvery:
-				looks++
-				block = false
-			default:
-				looks = 0
-				idle := time.Since(idleFrom)
-				block = !(idle < spin || idle < diskSpin && g.tg.InFlight() > 0)
+		if spin > 0 {
+			now := time.Now()
+			if g.passWorked {
+				lastWork = now
 			}
-			if !block {
+			if idle := now.Sub(lastWork); block && (idle < spin || idle < diskSpin && g.tg.InFlight() > 0) {
+				block = false
 				g.st.spins.Add(1)
 			}
 		}
