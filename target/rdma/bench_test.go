@@ -300,8 +300,9 @@ type nvmeSlot struct {
 func (s *nvmeSlot) IODone(err error) { s.cur.Load().complete(s.slot, err) }
 
 // benchNVMe runs the case against the target in a child process, serving
-// a pebble volume on a temporary directory, through the binding of
-// transport: NVMe/RDMA (this package) or NVMe/TCP (target/tcp).
+// a volume of the extent store (package store) in a temporary directory,
+// through the binding of transport: NVMe/RDMA (this package) or NVMe/TCP
+// (target/tcp).
 func benchNVMe(b *testing.B, bc benchCase, transport string, childEnv ...string) {
 	env := append([]string{"BLK_TEST_TARGET_DIR=" + b.TempDir(), "BLK_TEST_TARGET_ADDR=" + benchListenAddr()}, childEnv...)
 	cfg := initiator.Config{Queues: bc.nqueues(), QueueDepth: benchQueueDepth(bc.perQueue()), Transport: transport}
