@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -500,17 +499,7 @@ func TestLazyZeroConcurrentRefills(t *testing.T) {
 		t.Fatalf("a flush while a refill zeroes: %v", err)
 	}
 	go func() { done2 <- v2.Write(0, two, 0) }() // needs a refill too: must wait
-	for waiting := false; !waiting; {
-		select {
-		case err := <-done2:
-			t.Fatalf("a second refill went on while the first was zeroing (%v): it must wait", err)
-		default:
-		}
-		s.al.mu.Lock()
-		waiting = s.al.refillWaiters > 0
-		s.al.mu.Unlock()
-		runtime.Gosched()
-	}
+	waitForRefill(t, s, done2, "a second refill went on while the first was zeroing (%v): it must wait")
 	unblock()
 	if err := errors.Join(<-done1, <-done2); err != nil {
 		t.Fatal(err)

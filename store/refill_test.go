@@ -162,17 +162,7 @@ func TestBackgroundRefill(t *testing.T) {
 	}
 	before := s.Stats()
 	go func() { done <- writeCluster(v, c) }() // the pool is empty: waits for the round
-	for waiting := false; !waiting; {
-		select {
-		case err := <-done:
-			t.Fatalf("a first write that found the pool empty returned (%v) while a refill was zeroing", err)
-		default:
-		}
-		s.al.mu.Lock()
-		waiting = s.al.refillWaiters > 0
-		s.al.mu.Unlock()
-		runtime.Gosched()
-	}
+	waitForRefill(t, s, done, "a first write that found the pool empty returned (%v) while a refill was zeroing")
 	unblock()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -353,17 +343,7 @@ func TestBackgroundRefillLastClusters(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- writeCluster(v, c) }()
-	for waiting := false; !waiting; {
-		select {
-		case err := <-done:
-			t.Fatalf("a first write returned (%v) while the area's last free clusters were being zeroed for the pool: it must wait for them", err)
-		default:
-		}
-		s.al.mu.Lock()
-		waiting = s.al.refillWaiters > 0
-		s.al.mu.Unlock()
-		runtime.Gosched()
-	}
+	waitForRefill(t, s, done, "a first write returned (%v) while the area's last free clusters were being zeroed for the pool: it must wait for them")
 	unblock()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -378,5 +358,26 @@ func TestBackgroundRefillLastClusters(t *testing.T) {
 	}
 	if err := errors.Join(readClusters(v, 12), s.Check()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// waitForRefill returns once a first write waits for a refill in
+// progress (s.al.refillWaiters); the write's result arriving on done
+// first fails the test with msg, which takes the write's error as %v.
+func waitForRefill(t *testing.T, s *Store, done <-chan error, msg string) {
+	t.Helper()
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf(msg, err)
+		default:
+		}
+		s.al.mu.Lock()
+		waiting := s.al.refillWaiters > 0
+		s.al.mu.Unlock()
+		if waiting {
+			return
+		}
+		runtime.Gosched()
 	}
 }
