@@ -221,6 +221,18 @@ func (p registryParts) Node(ctx context.Context, id string) (meta.NodeInfo, erro
 	return n, nil
 }
 
+// Place reads the registry linearizably (the caller is the leader): a
+// node marked down or a volume created a moment ago is seen.
+func (p registryParts) Place(ctx context.Context, req meta.PlaceRequest) ([]string, error) {
+	if err := p.n.Linearize(ctx); err != nil {
+		return nil, err
+	}
+	var nodes []string
+	var err error
+	p.n.FSM().Read(func(s *meta.State) { nodes, err = s.Place(req) })
+	return nodes, err
+}
+
 func (p registryParts) Connections(ctx context.Context) ([]meta.Connection, error) {
 	return p.n.FSM().Export().Connections, nil
 }
