@@ -111,7 +111,7 @@ func (s *State) Place(req PlaceRequest) ([]string, error) {
 	}
 	if len(out) < want {
 		// cands is sorted by free capacity: the first is the largest.
-		return nil, fmt.Errorf("meta: a volume of %d bytes fits on %d node(s) in distinct zones, %d needed; the most free on any node up is %d bytes (node %s): choose a smaller size, free space, or raise a node's --overcommit: %w", req.SizeBytes, len(out), want, cands[0].free, cands[0].id, ErrNoCapacity)
+		return nil, fmt.Errorf("meta: a volume of %d bytes fits on %d node(s) up in distinct zones, %d needed: node %s may be promised the most, %d more bytes (its disk times its --overcommit, less its volumes' sizes): choose a smaller size, free space, add a node, or raise a node's --overcommit: %w", req.SizeBytes, len(out), want, cands[0].id, cands[0].free, ErrNoCapacity)
 	}
 	return out, nil
 }

@@ -45,11 +45,11 @@ func TestPlace(t *testing.T) {
 		{name: "no node up", cmds: []Command{reg("a", "", 10*gib), SetNodeState{ID: "a", State: NodeDown}},
 			req: PlaceRequest{SizeBytes: gib}, err: ErrNoPlacement, msg: "0 such zone(s) among 1 nodes"},
 		{name: "too big for the freest", cmds: []Command{reg("a", "", 10*gib), reg("b", "", 20*gib), vol("v", "b", 5*gib)},
-			req: PlaceRequest{SizeBytes: 16 * gib}, err: ErrNoCapacity, msg: fmt.Sprintf("the most free on any node up is %d bytes (node b)", 15*gib)},
+			req: PlaceRequest{SizeBytes: 16 * gib}, err: ErrNoCapacity, msg: fmt.Sprintf("node b may be promised the most, %d more bytes", 15*gib)},
 		{name: "exactly fits", cmds: []Command{reg("a", "", 10*gib)},
 			req: PlaceRequest{SizeBytes: 10 * gib}, want: []string{"a"}},
 		{name: "overcommitted node has nothing free", cmds: []Command{reg("a", "", 10*gib), vol("v", "a", 12*gib)},
-			req: PlaceRequest{SizeBytes: 0x1000}, err: ErrNoCapacity, msg: "the most free on any node up is 0 bytes (node a)"},
+			req: PlaceRequest{SizeBytes: 0x1000}, err: ErrNoCapacity, msg: "node a may be promised the most, 0 more bytes"},
 		// The generalisation replica sets will use: N nodes, N zones.
 		{name: "three replicas three zones", cmds: []Command{reg("a1", "a", 30*gib), reg("a2", "a", 29*gib), reg("b1", "b", 10*gib), reg("c1", "", 5*gib)},
 			req: PlaceRequest{Replicas: 3, SizeBytes: gib}, want: []string{"a1", "b1", "c1"}},

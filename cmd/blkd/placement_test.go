@@ -93,7 +93,7 @@ func TestPlacement(t *testing.T) {
 	}
 	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "8MiB", "node": "ghost"}`, 404, `node "ghost".*unknown node`)
 	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "8MiB", "node": "a/b"}`, 400, `node "a/b" has '/'`)
-	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "3PiB"}`, 507, `the most free on any node up is \d+ bytes`)
+	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "3PiB"}`, 507, `node node\d may be promised the most, \d+ more bytes.*--overcommit`)
 
 	// Every volume is served by its node: attach names the node's NVMe/TCP
 	// address, and a block written there reads back.
