@@ -26,19 +26,11 @@ type placeCand struct {
 	vols int    // volumes it holds, deleting ones included
 }
 
-// Free is how many more bytes of volumes node id may be promised: its
-// CapacityBytes minus the sizes of its volumes that are not being
-// deleted (their space is being given back), or math.MaxUint64 for a
-// node that registered no capacity (no limit). ok is false for an
-// unknown node.
-func (s *State) Free(id string) (free uint64, ok bool) {
-	n, ok := s.nodes[id]
-	if !ok {
-		return 0, false
-	}
-	return s.free(n), true
-}
-
+// free is how many more bytes of volumes node n may be promised: its
+// CapacityBytes minus the sizes of its volumes that are not being deleted
+// (their space is being given back; control's checkCapacity counts the
+// same), or math.MaxUint64 for a node that registered no capacity (no
+// limit).
 func (s *State) free(n *NodeInfo) uint64 {
 	if n.CapacityBytes == 0 {
 		return math.MaxUint64
