@@ -63,6 +63,16 @@ type Owners interface {
 	Reconcile(ctx context.Context, node, name string, index uint64) (Status, error)
 }
 
+// Answerer is an optional interface of Owners: whether node answers now.
+// Create asks it of the node placement chose (not of a node the request
+// names): the registry may still have a node up that died a moment ago,
+// since the leader marks a node down only after it has been silent for a
+// while (seconds; longer after a change of leader), and a volume placed on
+// it would stay creating until the node came back.
+type Answerer interface {
+	Answers(ctx context.Context, node string) bool
+}
+
 // Manager runs the management operations on the registry leader: each
 // is a short sequence of registry commands around one call to the
 // owner's Reconcile, so that a crash between any two steps leaves intent
@@ -421,11 +431,21 @@ func (m *Manager) place(ctx context.Context, cmd meta.CreateVolume) (meta.Result
 	m.placeMu.Lock()
 	defer m.placeMu.Unlock()
 	if cmd.Node == "" {
-		nodes, err := m.reg.Place(ctx, meta.PlaceRequest{Replicas: 1, SizeBytes: cmd.SizeBytes})
-		if err != nil {
-			return meta.Result{}, err
+		req := meta.PlaceRequest{Replicas: 1, SizeBytes: cmd.SizeBytes}
+		a, _ := m.owners.(Answerer)
+		for {
+			nodes, err := m.reg.Place(ctx, req)
+			if err != nil {
+				return meta.Result{}, err
+			}
+			if a == nil || a.Answers(ctx, nodes[0]) {
+				cmd.Node = nodes[0]
+				break
+			}
+			// Place never chooses an excluded node: this ends after at
+			// most one round per node.
+			req.Exclude = append(req.Exclude, nodes[0])
 		}
-		cmd.Node = nodes[0]
 	} else {
 		n, err := m.reg.Node(ctx, cmd.Node)
 		switch {

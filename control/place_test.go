@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -115,5 +117,60 @@ func TestConcurrentPlacement(t *testing.T) {
 	before := reg.index
 	if _, err := m.Create(ctx, CreateRequest{Name: "more", SizeBytes: 30 << 20}); !errors.Is(err, meta.ErrNoCapacity) || reg.index != before {
 		t.Fatalf("a tenth: %v (index %d, was %d), want meta.ErrNoCapacity and nothing written", err, reg.index, before)
+	}
+}
+
+// silentOwners answers every reconcile with the volume online, and
+// Answers (control.Answerer) for every node but those in silent; asked
+// records whom placement asked.
+type silentOwners struct {
+	silent map[string]bool
+	mu     sync.Mutex
+	asked  []string
+}
+
+func (o *silentOwners) Reconcile(_ context.Context, _, name string, _ uint64) (Status, error) {
+	return Status{Name: name, State: StateOnline}, nil
+}
+
+func (o *silentOwners) Answers(_ context.Context, node string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.asked = append(o.asked, node)
+	return !o.silent[node]
+}
+
+// TestPlacementSkipsSilentNodes: a node the registry still has up but
+// that does not answer (killed a moment ago: the leader marks it down
+// only seconds later) is not where placement puts a volume; the next
+// choice is asked in turn. With no node answering, the create fails with
+// meta.ErrNoPlacement naming them and writes nothing. A pinned node is
+// not asked (the request named it).
+func TestPlacementSkipsSilentNodes(t *testing.T) {
+	reg := &lockedRegistry{s: meta.NewState()}
+	ctx := context.Background()
+	for id, capacity := range map[string]uint64{"a": 300 << 20, "b": 200 << 20, "c": 100 << 20} {
+		if _, err := reg.Apply(ctx, meta.RegisterNode{ID: id, TCPAddr: id + ":4420", MgmtAddr: id + ":7070", CapacityBytes: capacity}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owners := &silentOwners{silent: map[string]bool{"a": true}}
+	m := NewManager(reg, owners)
+	v, err := m.Create(ctx, CreateRequest{Name: "v", SizeBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Node != "b" || !slices.Equal(owners.asked, []string{"a", "b"}) {
+		t.Fatalf("placed on %s after asking %v; want b after asking [a b] (a has the most room but does not answer)", v.Node, owners.asked)
+	}
+	owners.silent = map[string]bool{"a": true, "b": true, "c": true}
+	before := reg.index
+	_, err = m.Create(ctx, CreateRequest{Name: "w", SizeBytes: 8 << 20})
+	if !errors.Is(err, meta.ErrNoPlacement) || !strings.Contains(err.Error(), "did not answer") || reg.index != before {
+		t.Fatalf("no node answering: %v (index %d, was %d), want meta.ErrNoPlacement naming them and nothing written", err, reg.index, before)
+	}
+	owners.asked = nil
+	if v, err := m.Create(ctx, CreateRequest{Name: "pinned", SizeBytes: 8 << 20, Node: "a"}); err != nil || v.Node != "a" || len(owners.asked) != 0 {
+		t.Fatalf("pinned to a: %+v, %v, asked %v; want it on a, nobody asked", v, err, owners.asked)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 )
 
 // PlaceRequest asks Place for nodes to hold a new volume.
@@ -16,6 +17,10 @@ type PlaceRequest struct {
 	// SizeBytes is the volume's size: every chosen node must have that
 	// much unpromised capacity.
 	SizeBytes uint64
+	// Exclude names nodes not to choose although the registry has them
+	// up: the caller found they do not answer (the leader marks a silent
+	// node down only after a while).
+	Exclude []string
 }
 
 // placeCand is one eligible node as Place ranks it.
@@ -51,8 +56,8 @@ func (s *State) free(n *NodeInfo) uint64 {
 // first is where a single-replica volume lives). It is a pure function of
 // the registry, so every caller with the same copy gets the same answer.
 //
-// A node is eligible if it is up (not draining or down) and serves a
-// transport (NVMe/TCP or NVMe/RDMA address). Eligible nodes are ranked by
+// A node is eligible if it is up (not draining or down), serves a
+// transport (NVMe/TCP or NVMe/RDMA address) and is not in req.Exclude. Eligible nodes are ranked by
 // unpromised capacity, most first, then by fewer volumes, then by node ID;
 // nodes are taken in that order, skipping any whose zone already holds a
 // chosen node, so no two replicas share a node or a zone (a node without
@@ -70,7 +75,7 @@ func (s *State) Place(req PlaceRequest) ([]string, error) {
 	}
 	var cands []placeCand
 	for _, n := range s.nodes {
-		if n.State != NodeUp || (n.TCPAddr == "" && n.TargetAddr == "") {
+		if n.State != NodeUp || (n.TCPAddr == "" && n.TargetAddr == "") || slices.Contains(req.Exclude, n.ID) {
 			continue
 		}
 		zone := "node:" + n.ID // zone names have no ':' (api.CheckName)
@@ -87,7 +92,11 @@ func (s *State) Place(req PlaceRequest) ([]string, error) {
 		zones[c.zone] = true
 	}
 	if len(zones) < want {
-		return nil, fmt.Errorf("meta: %d replica(s) need %d nodes up and serving NVMe-oF in distinct zones; the registry has %d such zone(s) among %d nodes: %w", want, want, len(zones), len(s.nodes), ErrNoPlacement)
+		unanswered := ""
+		if len(req.Exclude) > 0 {
+			unanswered = fmt.Sprintf(" (not counting %s, which did not answer)", strings.Join(req.Exclude, ", "))
+		}
+		return nil, fmt.Errorf("meta: %d replica(s) need %d nodes up and serving NVMe-oF in distinct zones; the registry has %d such zone(s) among %d nodes%s: %w", want, want, len(zones), len(s.nodes), unanswered, ErrNoPlacement)
 	}
 	var out []string
 	used := make(map[string]bool, want)

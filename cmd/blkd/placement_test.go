@@ -121,11 +121,20 @@ func TestPlacement(t *testing.T) {
 		}
 	}
 
-	// A node that is down: pinning to it is refused naming its state,
-	// and unpinned volumes go to the nodes that are up.
+	// A node killed a moment ago, still up in the registry (the leader
+	// marks it down only after downAfter of silence): unpinned volumes
+	// do not go to it (placement asks the node it chose first), so they
+	// come online at once.
 	victim := follower
 	c.procs[victim].cmd.Process.Signal(syscall.SIGKILL)
 	<-c.procs[victim].exited
+	for i := range 3 {
+		if v := create(leader, fmt.Sprintf(`{"name": "k%d", "size": "8MiB"}`, i)); v.Node == victim || v.State != "online" {
+			t.Fatalf("placed with %s killed and not yet down: %+v", victim, v)
+		}
+	}
+	// Down: pinning to it is refused naming its state, and unpinned
+	// volumes go to the nodes that are up.
 	eventually(t, 25*time.Second, victim+" down", func() error {
 		var cl clusterJSON
 		c.procs[leader].must(t, "GET", "/v1/cluster", "", 200, &cl)

@@ -241,6 +241,24 @@ func (p registryParts) Connections(ctx context.Context) ([]meta.Connection, erro
 // through their internal route.
 type ownerParts struct{ d *Daemon }
 
+// Answers implements control.Answerer: this node answers; another
+// answers if its health route does, as itself, within probeTimeout (the
+// liveness probe, asked once more at the moment a volume is placed).
+func (p ownerParts) Answers(ctx context.Context, node string) bool {
+	if node == p.d.cfg.NodeID {
+		return true
+	}
+	var n meta.NodeInfo
+	var ok bool
+	p.d.node.FSM().Read(func(s *meta.State) { n, ok = s.Node(node) })
+	if !ok || n.MgmtAddr == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	return probe(ctx, p.d.peers, p.d.peerURL(n.MgmtAddr, "/v1/internal/health"), n)
+}
+
 func (p ownerParts) Reconcile(ctx context.Context, node, name string, index uint64) (control.Status, error) {
 	if node == p.d.cfg.NodeID {
 		return p.d.reconcileLocal(ctx, name, index)
