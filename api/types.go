@@ -57,6 +57,10 @@ type CreateVolumeRequest struct {
 	Name      string `json:"name"`
 	Size      *Size  `json:"size"`
 	BlockSize uint32 `json:"block_size,omitempty"`
+	// Node pins the volume to that node (its ID). Empty: the cluster
+	// places it on the node up and serving NVMe-oF with the most
+	// unpromised capacity (then the fewest volumes, then the lowest ID).
+	Node string `json:"node,omitempty"`
 }
 
 // ResizeRequest is POST /v1/volumes/{name}/resize.
@@ -131,6 +135,8 @@ type Member struct {
 	// State is the registry's node state (up, draining, down), or
 	// "unregistered" for a raft member the registry does not know yet.
 	State string `json:"state"`
+	// Zone is the node's failure domain (blkd --zone); "": none.
+	Zone string `json:"zone,omitempty"`
 }
 
 // Cluster is GET /v1/cluster.

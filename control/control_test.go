@@ -218,6 +218,10 @@ func (r *fakeRegistry) Node(_ context.Context, id string) (meta.NodeInfo, error)
 	return n, nil
 }
 
+func (r *fakeRegistry) Place(_ context.Context, req meta.PlaceRequest) ([]string, error) {
+	return r.state.Place(req)
+}
+
 func (r *fakeRegistry) Connections(context.Context) ([]meta.Connection, error) {
 	return r.state.Export().Connections, nil
 }
@@ -711,14 +715,20 @@ func TestCapacity(t *testing.T) {
 	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "b", SizeBytes: 41 << 20, Node: nodeID}); !errors.Is(err, ErrCapacity) {
 		t.Fatalf("create past the capacity: %v, want ErrCapacity", err)
 	}
+	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "b", SizeBytes: 41 << 20}); !errors.Is(err, meta.ErrNoCapacity) {
+		t.Fatalf("placing past every node's capacity: %v, want meta.ErrNoCapacity", err)
+	}
+	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "b", SizeBytes: 1 << 20, Node: "ghost"}); !errors.Is(err, meta.ErrUnknownNode) {
+		t.Fatalf("create on an unknown node: %v, want meta.ErrUnknownNode", err)
+	}
 	if _, err := c.mgr.Resize(ctx, "a", 101<<20); !errors.Is(err, ErrCapacity) {
 		t.Fatalf("grow past the capacity: %v, want ErrCapacity", err)
 	}
 	if c.reg.index != before {
 		t.Fatal("a refused request wrote to the registry")
 	}
-	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "b", SizeBytes: 40 << 20, Node: nodeID}); err != nil {
-		t.Fatalf("create up to the capacity: %v", err)
+	if v, err := c.mgr.Create(ctx, CreateRequest{Name: "b", SizeBytes: 40 << 20}); err != nil || v.Node != nodeID {
+		t.Fatalf("placing up to the capacity: %+v, %v", v, err)
 	}
 	if err := c.mgr.Delete(ctx, "a", false); err != nil {
 		t.Fatal(err)

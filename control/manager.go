@@ -48,6 +48,9 @@ type Registry interface {
 	Connections(ctx context.Context) ([]meta.Connection, error)
 	// Node reads one node.
 	Node(ctx context.Context, id string) (meta.NodeInfo, error)
+	// Place chooses nodes for a new volume (meta.State.Place) from a
+	// linearizable read of the registry.
+	Place(ctx context.Context, req meta.PlaceRequest) ([]string, error)
 }
 
 // Owners reaches the reconciler of a volume's owner node: in process for
@@ -58,6 +61,16 @@ type Owners interface {
 	// the volume's local status there (StateDeleted if the registry no
 	// longer has it). An error means the node did not answer.
 	Reconcile(ctx context.Context, node, name string, index uint64) (Status, error)
+}
+
+// Answerer is an optional interface of Owners: whether node answers now.
+// Create asks it of the node placement chose (not of a node the request
+// names): the registry may still have a node up that died a moment ago,
+// since the leader marks a node down only after it has been silent for a
+// while (seconds; longer after a change of leader), and a volume placed on
+// it would stay creating until the node came back.
+type Answerer interface {
+	Answers(ctx context.Context, node string) bool
 }
 
 // Manager runs the management operations on the registry leader: each
@@ -84,6 +97,11 @@ type Manager struct {
 
 	mu    sync.Mutex
 	locks map[string]*nameLock
+
+	// placeMu serializes choosing a new volume's node (or checking the
+	// capacity of the one asked for) with committing the volume, so that
+	// two creates at once each see the other's bytes promised.
+	placeMu sync.Mutex
 }
 
 type nameLock struct {
@@ -119,19 +137,29 @@ func (m *Manager) lock(name string) func() {
 	}
 }
 
-// CreateRequest asks for a new volume on a node.
+// CreateRequest asks for a new volume.
 type CreateRequest struct {
 	Name      string
 	SizeBytes uint64
 	BlockSize uint32 // 0: store.DefaultBlockSize
-	Node      string
-	NQN       string // "": meta.DefaultNQN(Name)
+	// Node pins the volume to a node; "": the registry places it
+	// (meta.State.Place).
+	Node string
+	NQN  string // "": meta.DefaultNQN(Name)
 }
 
 // Create registers a volume, has its owner create and serve it, and
 // marks it online. If the owner cannot, the volume is deleted again and
 // the error says why; if the owner does not answer, the volume stays
 // creating and is finished by the owner when it can.
+//
+// Placement runs here, on the registry leader, from a linearizable read
+// of the registry: a follower's copy may lag (a node just marked down,
+// a volume just created), so a follower's choice could be stale. The
+// chosen node travels in the CreateVolume command and the state machine
+// checks again, when the entry is applied, that it is known and up; the
+// capacity is checked here, under placeMu, which orders every create's
+// choice after the previous create's commit.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (meta.Volume, error) {
 	if req.BlockSize == 0 {
 		req.BlockSize = store.DefaultBlockSize
@@ -147,10 +175,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (meta.Volume, e
 		return meta.Volume{}, err // the registry's own error: 400 with its hint
 	}
 	defer m.lock(req.Name)()
-	if err := m.checkCapacity(ctx, req.Node, req.SizeBytes, ""); err != nil {
-		return meta.Volume{}, err
-	}
-	res, err := m.reg.Apply(ctx, cmd)
+	res, err := m.place(ctx, cmd)
 	if err != nil {
 		return meta.Volume{}, err
 	}
@@ -396,6 +421,46 @@ func (m *Manager) expireAttachments(ctx context.Context, v meta.Volume, st Statu
 			}
 		}
 	}
+}
+
+// place commits cmd on the node it names, or, if it names none, on the
+// node the registry places it on. A named node must be known, up and
+// have the capacity; that is checked before anything is written, and the
+// registry checks the first two again when it applies the command.
+func (m *Manager) place(ctx context.Context, cmd meta.CreateVolume) (meta.Result, error) {
+	m.placeMu.Lock()
+	defer m.placeMu.Unlock()
+	if cmd.Node == "" {
+		req := meta.PlaceRequest{Replicas: 1, SizeBytes: cmd.SizeBytes}
+		a, _ := m.owners.(Answerer)
+		for {
+			nodes, err := m.reg.Place(ctx, req)
+			if err != nil {
+				return meta.Result{}, err
+			}
+			if a == nil || a.Answers(ctx, nodes[0]) {
+				cmd.Node = nodes[0]
+				break
+			}
+			// Place never chooses an excluded node: this ends after at
+			// most one round per node.
+			req.Exclude = append(req.Exclude, nodes[0])
+		}
+	} else {
+		n, err := m.reg.Node(ctx, cmd.Node)
+		switch {
+		case errors.Is(err, meta.ErrUnknownNode):
+			return meta.Result{}, fmt.Errorf("meta: node %q: %w", cmd.Node, meta.ErrUnknownNode)
+		case err != nil:
+			return meta.Result{}, err
+		case n.State != meta.NodeUp:
+			return meta.Result{}, fmt.Errorf("meta: node %q is %v: %w", n.ID, n.State, meta.ErrNodeNotUp)
+		}
+		if err := m.checkCapacity(ctx, cmd.Node, cmd.SizeBytes, ""); err != nil {
+			return meta.Result{}, err
+		}
+	}
+	return m.reg.Apply(ctx, cmd)
 }
 
 // checkCapacity refuses adding more bytes of volumes to node than its

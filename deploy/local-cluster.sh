@@ -72,6 +72,7 @@ launch() { # n [extra flags...]
 	mkdir -p "$base/node$n"
 	"$bin" --node-id "node$n" --data-dir "$base/node$n" \
 		--raft-addr "127.0.0.1:700$n" --tcp-addr "127.0.0.1:442$n" --nvme-addr "127.0.0.1:443$n" --api-addr "127.0.0.1:707$n" \
+		--zone "zone-$n" \
 		"$@" >"$base/node$n.log" 2>&1 &
 	echo $! >"$base/node$n.pid"
 }

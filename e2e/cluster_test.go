@@ -51,10 +51,11 @@ func TestClusterLeaderLoss(t *testing.T) {
 	start(nodes[1], "--join", nodes[0].api)
 	start(nodes[2], "--join", nodes[0].api)
 
-	// node1 creates (owns) the volume, then hands the leadership over by
-	// restarting, so that the leader to kill is another node.
+	// node1 owns the volume (pinned: placement would choose by free
+	// capacity), then hands the leadership over by restarting, so that
+	// the leader to kill is another node.
 	const hostNQN = "nqn.2026-11.io.blk:e2e-cluster-host"
-	s.blkctl(nodes[0].api, nil, "volume", "create", "cvol", "--size", "128MiB")
+	s.blkctl(nodes[0].api, nil, "volume", "create", "cvol", "--size", "128MiB", "--node", "node1")
 	s.blkctl(nodes[0].api, nil, "host", "allow", "cvol", hostNQN)
 	nodes[0].d.stop()
 	leader := s.waitLeader(nodes[1].api, 30*time.Second, "node2", "node3")

@@ -67,6 +67,12 @@ type RegisterNode struct {
 	// (its store's filesystem times its overcommit ratio); 0: unknown,
 	// no limit. Updated on every registration.
 	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
+	// Zone is the node's failure domain (blkd --zone), in the name
+	// grammar; "": none, the node is a domain of its own. Placement never
+	// puts two replicas of a volume in one zone. Updated on every
+	// registration (a node restarted without --zone leaves its zone);
+	// entries written before zones have none.
+	Zone string `json:"zone,omitempty"`
 }
 
 // SetNodeState moves a node to State.

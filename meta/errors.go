@@ -25,4 +25,9 @@ var (
 	ErrAlreadyConnected = errors.New("meta: host already connected through node")
 	ErrNotConnected     = errors.New("meta: no such connection")
 	ErrBadSnapshot      = errors.New("meta: malformed snapshot")
+	// ErrNoCapacity: Place found no node with room for the volume.
+	ErrNoCapacity = errors.New("meta: no node has the capacity for the volume")
+	// ErrNoPlacement: Place found fewer eligible nodes (up, serving
+	// NVMe-oF, in distinct zones) than replicas asked for.
+	ErrNoPlacement = errors.New("meta: not enough nodes up to place the volume")
 )

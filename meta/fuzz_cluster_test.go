@@ -50,7 +50,7 @@ func TestClusterFuzzy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c.apply(RegisterNode{ID: "s1", TargetAddr: "a:1", MgmtAddr: "a:2"})
+	c.apply(RegisterNode{ID: "s1", TargetAddr: "a:1", MgmtAddr: "a:2", Zone: "z1"})
 
 	acked := map[string]bool{}
 	next := 0

@@ -422,6 +422,11 @@ func (n *Node) checkProposal(c Command) error {
 	case CreateVolume:
 		return CheckVolumeName(c.Name)
 	case RegisterNode:
+		if c.Zone != "" {
+			if err := CheckZone(c.Zone); err != nil {
+				return err
+			}
+		}
 		return n.checkNewNodeID(c.ID)
 	}
 	return nil

@@ -139,6 +139,8 @@ type NodeInfo struct {
 	State      NodeState `json:"state"`
 	// CapacityBytes: see RegisterNode.
 	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
+	// Zone: see RegisterNode. Snapshots written before zones have none.
+	Zone string `json:"zone,omitempty"`
 }
 
 // Volume is one registered volume. Hosts is sorted.
@@ -343,6 +345,10 @@ func CheckVolumeName(name string) error { return checkNewName("volume name", nam
 // CheckVolumeName.
 func CheckNodeID(id string) error { return checkNewName("node ID", id) }
 
+// CheckZone checks a node's zone against the name grammar, as
+// CheckVolumeName. Zones are new, so every zone in the log is in it.
+func CheckZone(zone string) error { return checkNewName("zone", zone) }
+
 func checkNewName(what, v string) error {
 	if err := api.CheckName(what, v); err != nil {
 		return fmt.Errorf("meta: %w: %w", err, ErrInvalid)
@@ -383,6 +389,11 @@ func (s *State) registerNode(c RegisterNode) Result {
 	if err := checkName("management address", c.MgmtAddr); err != nil {
 		return Result{Err: err}
 	}
+	if c.Zone != "" {
+		if err := checkName("zone", c.Zone); err != nil {
+			return Result{Err: err}
+		}
+	}
 	n, ok := s.nodes[c.ID]
 	if !ok {
 		if len(s.nodes) >= MaxNodes {
@@ -391,7 +402,7 @@ func (s *State) registerNode(c RegisterNode) Result {
 		n = &NodeInfo{ID: c.ID, State: NodeUp}
 		s.nodes[c.ID] = n
 	}
-	n.TargetAddr, n.TCPAddr, n.MgmtAddr = c.TargetAddr, c.TCPAddr, c.MgmtAddr
+	n.TargetAddr, n.TCPAddr, n.MgmtAddr, n.Zone = c.TargetAddr, c.TCPAddr, c.MgmtAddr, c.Zone
 	if c.CapacityBytes != 0 {
 		n.CapacityBytes = c.CapacityBytes
 	}

@@ -157,7 +157,11 @@ func describeVolume(v Volume) string {
 }
 
 func describeNode(n NodeInfo) string {
-	return fmt.Sprintf("node %s %v target=%s mgmt=%s", n.ID, n.State, n.TargetAddr, n.MgmtAddr)
+	s := fmt.Sprintf("node %s %v target=%s mgmt=%s", n.ID, n.State, n.TargetAddr, n.MgmtAddr)
+	if n.Zone != "" {
+		s += " zone=" + n.Zone
+	}
+	return s
 }
 
 func describeState(s *State) []string {

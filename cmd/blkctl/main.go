@@ -365,10 +365,11 @@ func volumeCommand() *cli.Command {
 		Usage: "create, list, show, resize and delete volumes",
 		Subcommands: []*cli.Command{
 			{
-				Name: "create", Usage: "create a volume on the registry leader", UsageText: "blkctl volume create NAME --size 10GiB [--block-size 4096]",
+				Name: "create", Usage: "create a volume; the cluster places it on the node with the most free capacity, or --node", UsageText: "blkctl volume create NAME --size 10GiB [--block-size 4096] [--node NODEID]",
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "size", Usage: "volume size: " + api.SizeHelp + "; a multiple of the block size"},
 					&cli.StringFlag{Name: "block-size", Value: "4096", Usage: "logical block size: 512 or 4096"},
+					&cli.StringFlag{Name: "node", Usage: "put the volume on this node (`NODEID`, as blkctl cluster status lists it; it must be up) instead of letting the cluster place it"},
 				},
 				Action: volumeCreate,
 			},
@@ -425,12 +426,20 @@ func volumeCreate(c *cli.Context) error {
 	if size%bs != 0 {
 		return usageErrorf("--size %s (%d bytes) is not a multiple of the block size %d: use a multiple, e.g. %d", c.String("size"), size, bs, (size/bs+1)*bs)
 	}
+	body := map[string]any{"name": a[0], "size": size, "block_size": bs}
+	if c.IsSet("node") {
+		node := c.String("node")
+		if err := api.CheckName("--node", node); err != nil {
+			return usageErrorf("%s: %v", c.Command.FullName(), err)
+		}
+		body["node"] = node
+	}
 	e, err := newEnv(c)
 	if err != nil {
 		return err
 	}
 	var v volume
-	if err := e.api.do("POST", "/v1/volumes", map[string]any{"name": a[0], "size": size, "block_size": bs}, &v); err != nil {
+	if err := e.api.do("POST", "/v1/volumes", body, &v); err != nil {
 		return err
 	}
 	if e.json {
@@ -795,13 +804,13 @@ func clusterStatus(c *cli.Context) error {
 	}
 	fmt.Fprintf(e.stdout, "answered by: %s\nleader:      %s\n\n", ci.NodeID, leader)
 	tw := e.table()
-	fmt.Fprintln(tw, "NODE\tLEADER\tSTATE\tSUFFRAGE\tRAFT\tAPI\tNVME")
+	fmt.Fprintln(tw, "NODE\tLEADER\tSTATE\tZONE\tSUFFRAGE\tRAFT\tAPI\tNVME")
 	for _, m := range ci.Members {
 		l := ""
 		if m.Leader {
 			l = "*"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, l, m.State, m.Suffrage, m.RaftAddr, dash(m.APIAddr), dash(m.NVMeAddr))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, l, m.State, dash(m.Zone), m.Suffrage, m.RaftAddr, dash(m.APIAddr), dash(m.NVMeAddr))
 	}
 	return tw.Flush()
 }

@@ -342,13 +342,21 @@ func TestProviderChoice(t *testing.T) {
 	}
 }
 
-// TestClusterStatus prints the single member as the leader.
+// TestClusterStatus prints the single member as the leader, with its
+// zone; volume create --node pins to it and refuses an unknown node.
 func TestClusterStatus(t *testing.T) {
-	api := startBlkd(t)
+	api := startBlkd(t, "--zone", "rack-1")
 	out := ok(t, api, "cluster", "status")
-	if !regexp.MustCompile(`(?m)^node1\s+\*\s+up\s+voter`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^NODE\s+LEADER\s+STATE\s+ZONE\s+SUFFRAGE.*\n^node1\s+\*\s+up\s+rack-1\s+voter`).MatchString(out) {
 		t.Fatalf("cluster status:\n%s", out)
 	}
+	// --node pins (on one node, what placement would choose anyway; the
+	// cmd/blkd cluster tests pin elsewhere), and refuses a node the
+	// cluster does not have with the API's 404, exit 1.
+	if out := ok(t, api, "volume", "create", "pinned", "--size", "8MiB", "--node", "node1"); !strings.Contains(out, "on node node1") {
+		t.Fatalf("create --node:\n%s", out)
+	}
+	fails(t, api, 1, `node "ghost".*unknown node`, "volume", "create", "lost", "--size", "8MiB", "--node", "ghost")
 	if out := ok(t, api, "cluster", "join"); !strings.Contains(out, "--join") {
 		t.Fatalf("cluster join:\n%s", out)
 	}

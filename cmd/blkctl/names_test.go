@@ -54,6 +54,8 @@ func TestBadNamesRefusedBeforeRequest(t *testing.T) {
 		{[]string{"volume", "create", "..", "--size", "1MiB"}, `NAME "\.\." starts with '\.'`},
 		{[]string{"volume", "create", "a/b", "--size", "1MiB"}, `NAME "a/b" has '/'`},
 		{[]string{"volume", "create", "%2e%2e", "--size", "1MiB"}, `NAME "%2e%2e" starts with '%'`},
+		{[]string{"volume", "create", "v", "--size", "1MiB", "--node", ".."}, `--node "\.\." starts with '\.'`},
+		{[]string{"volume", "create", "v", "--node", "a/b", "--size", "1MiB"}, `--node "a/b" has '/'`},
 		{[]string{"volume", "show", "."}, `NAME "\." starts`},
 		{[]string{"volume", "resize", "../x", "--size", "2MiB"}, `NAME "\.\./x"`},
 		{[]string{"volume", "delete", "."}, `NAME "\." starts.*repeat with --legacy-name`},

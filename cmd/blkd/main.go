@@ -34,7 +34,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, data_device, data_device_wipe, node_id, raft_addr, tcp_addr, nvme_addr, discovery_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, sync_interval, overcommit, tls_dir, insecure); flags and BLK_* variables override it"},
+			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, data_device, data_device_wipe, node_id, raft_addr, tcp_addr, nvme_addr, discovery_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, sync_interval, overcommit, zone, tls_dir, insecure); flags and BLK_* variables override it"},
 			&cli.StringFlag{Name: "data-dir", EnvVars: []string{"BLK_DATA_DIR"}, Value: blkd.DefaultDataDir, Usage: "directory for the registry (meta/) and the volumes (volumes/)"},
 			&cli.StringFlag{Name: "data-device", EnvVars: []string{"BLK_DATA_DEVICE"}, Usage: "a block device (absolute path, e.g. /dev/disk/by-id/...) for the volumes' data instead of the file <data-dir>/volumes.area; opened O_DIRECT and exclusively (refused while mounted or in use); fixed when the data dir's store is created"},
 			&cli.StringFlag{Name: "data-device-wipe", EnvVars: []string{"BLK_DATA_DEVICE_WIPE"}, Usage: "repeat --data-device's path to let the first start destroy what the device holds (a filesystem, partitions, LVM, another store); without it a device that is not blank is refused"},
@@ -54,6 +54,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.StringFlag{Name: "log-level", EnvVars: []string{"BLK_LOG_LEVEL"}, Value: blkd.DefaultLogLevel, Usage: "lowest event log level: debug, info, warn or error"},
 			&cli.StringFlag{Name: "tls-dir", EnvVars: []string{"BLK_TLS_DIR"}, Usage: "directory with ca.crt and NODEID.crt/.key (blkctl cert): raft over mutual TLS with node certificates of that CA"},
 			&cli.BoolFlag{Name: "insecure", EnvVars: []string{"BLK_INSECURE"}, Usage: "allow an API or raft address beyond loopback without --tls-dir (anyone who reaches it can manage the cluster)"},
+			&cli.StringFlag{Name: "zone", EnvVars: []string{"BLK_ZONE"}, Usage: "this node's failure domain (a rack, a room), registered with it: placement never puts two replicas of a volume in one zone (default: none, the node is a zone of its own)"},
 			&cli.Float64Flag{Name: "overcommit", EnvVars: []string{"BLK_OVERCOMMIT"}, Value: 1, Usage: "bytes of thin volumes this node may promise per byte of its disk (1: no more than the disk holds)"},
 			&cli.StringSliceFlag{Name: "dhchap-dhgroups", EnvVars: []string{"BLK_DHCHAP_DHGROUPS"}, Usage: "DH-HMAC-CHAP groups accepted from authenticating hosts, preferred first (ffdhe2048,...,ffdhe8192,null; default all, any group before none)"},
 			&cli.DurationFlag{Name: "sync-interval", EnvVars: []string{"BLK_SYNC_INTERVAL"}, Value: blkd.DefaultSyncInterval, Usage: "make acknowledged writes durable within this time even without a host's Flush (at most 1s; negative: only Flush and FUA do, as NVMe allows)"},
@@ -122,6 +123,9 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 	}
 	if c.IsSet("insecure") {
 		cfg.Insecure = c.Bool("insecure")
+	}
+	if c.IsSet("zone") {
+		cfg.Zone = c.String("zone")
 	}
 	if c.IsSet("overcommit") {
 		cfg.Overcommit = c.Float64("overcommit")

@@ -592,6 +592,7 @@ func TestStartRefusals(t *testing.T) {
 		{"soft with a device", append(ports(), "--data-dir", t.TempDir(), "--rdma-device", "rxe0"), `--rdma-device "rxe0".*the soft provider drives no device`},
 		{"bad address", []string{"--api-addr", "localhost"}, `--api-addr "localhost" is not host:port`},
 		{"join not host:port", []string{"--join", "10.0.0.1"}, `--join "10.0.0.1" is not the host:port`},
+		{"zone not a name", []string{"--zone", "rack/1"}, `--zone "rack/1" has '/'`},
 		{"wildcard without advertise-addr", []string{"--nvme-addr", "0.0.0.0:4420"}, `--nvme-addr "0.0.0.0:4420" listens on every local address.*set --advertise-addr \(BLK_ADVERTISE_ADDR`},
 		{"advertise-addr a name", []string{"--advertise-addr", "storage1.example"}, `--advertise-addr: advertised address "storage1.example" is not an IP address`},
 		{"advertise-addr any", []string{"--nvme-addr", "0.0.0.0:4420", "--advertise-addr", "[::]:4420"}, `--advertise-addr: .*"any" address`},

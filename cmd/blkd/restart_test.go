@@ -226,7 +226,7 @@ func portOf(t *testing.T, hostport string) int {
 func TestRestartOrderings(t *testing.T) {
 	c := startCluster(t)
 	leader := c.settled(nil)
-	c.procs[leader].must(t, "POST", "/v1/volumes", `{"name": "first", "size": "1MiB"}`, 201, nil)
+	c.procs[leader].must(t, "POST", "/v1/volumes", `{"name": "first", "size": "1MiB", "node": "`+leader+`"}`, 201, nil)
 
 	c.stopAll(syscall.SIGKILL)
 	join1 := []string{"--join", c.nodes["node1"].api}
@@ -253,7 +253,7 @@ func TestRestartOrderings(t *testing.T) {
 		leader = cl.LeaderID
 		return nil
 	})
-	c.procs[leader].must(t, "POST", "/v1/volumes", `{"name": "without-node1", "size": "1MiB"}`, 201, nil)
+	c.procs[leader].must(t, "POST", "/v1/volumes", `{"name": "without-node1", "size": "1MiB", "node": "`+leader+`"}`, 201, nil)
 
 	// node1 restarted while the others run.
 	c.start("node1", "--join", c.nodes[leader].api)

@@ -51,6 +51,14 @@ func metaError(err error, hint string) error {
 	switch {
 	case errors.Is(err, meta.ErrUnknownVolume):
 		status, hint = http.StatusNotFound, "list volumes with GET /v1/volumes"
+	case errors.Is(err, meta.ErrUnknownNode):
+		status, hint = http.StatusNotFound, "list nodes with GET /v1/cluster (blkctl cluster status)"
+	case errors.Is(err, meta.ErrNoCapacity):
+		// 507, as control.ErrCapacity: the request is fine, the cluster
+		// has no room for it now; freeing space or adding a node helps.
+		status = http.StatusInsufficientStorage
+	case errors.Is(err, meta.ErrNoPlacement):
+		status, hint = http.StatusConflict, "start a node, or wait for one to be up again (blkctl cluster status)"
 	case errors.Is(err, meta.ErrVolumeExists), errors.Is(err, meta.ErrNQNInUse):
 		status, hint = http.StatusConflict, "choose another name, or delete the existing volume first"
 	case errors.Is(err, meta.ErrHasConnections):
@@ -259,12 +267,14 @@ func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("%v", api.CheckName("volume name", req.Name))
 	case req.Size == nil || *req.Size == 0:
 		return badRequest(`missing "size": give a size in bytes or with a unit, e.g. "size": "10GiB"`)
+	case req.Node != "" && api.CheckName("node", req.Node) != nil:
+		return badRequest("%v", api.CheckName("node", req.Node))
 	}
 	if req.BlockSize == 0 {
 		req.BlockSize = store.DefaultBlockSize
 	}
 	v, err := d.mgr.Create(r.Context(), control.CreateRequest{
-		Name: req.Name, SizeBytes: uint64(*req.Size), BlockSize: req.BlockSize, Node: d.cfg.NodeID,
+		Name: req.Name, SizeBytes: uint64(*req.Size), BlockSize: req.BlockSize, Node: req.Node,
 	})
 	if err != nil {
 		return metaError(err, "")

@@ -51,6 +51,8 @@ type JoinRequest struct {
 	// CapacityBytes: how many bytes of volumes the node may be promised
 	// (meta.RegisterNode).
 	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
+	// Zone: the node's failure domain (meta.RegisterNode).
+	Zone string `json:"zone,omitempty"`
 }
 
 // JoinResponse answers POST /v1/cluster/join. A new node is added as a
@@ -180,7 +182,7 @@ func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 		return metaError(err, "")
 	}
 	if req.APIAddr != "" || req.NVMeAddr != "" || req.TCPAddr != "" {
-		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes}); err != nil {
+		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone}); err != nil {
 			return metaError(err, "")
 		}
 	}
@@ -259,7 +261,7 @@ func (d *Daemon) members() []api.Member {
 				m.Suffrage = "nonvoter"
 			}
 			if n, ok := s.Node(m.ID); ok {
-				m.APIAddr, m.NVMeAddr, m.TCPAddr, m.State = n.MgmtAddr, n.TargetAddr, n.TCPAddr, n.State.String()
+				m.APIAddr, m.NVMeAddr, m.TCPAddr, m.State, m.Zone = n.MgmtAddr, n.TargetAddr, n.TCPAddr, n.State.String(), n.Zone
 			}
 			out = append(out, m)
 		}
@@ -357,7 +359,7 @@ func leaderIndex(ctx context.Context, client *http.Client, url, id string) (uint
 // joinRequest is this node's join request with its addresses.
 func (d *Daemon) joinRequest(apiAddr, nvmeAddr, tcpAddr string) JoinRequest {
 	return JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr, TCPAddr: tcpAddr,
-		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity()}
+		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity(), Zone: d.cfg.Zone}
 }
 
 // register makes the cluster know this node: on the leader it applies
@@ -375,7 +377,7 @@ func (d *Daemon) register(ctx context.Context, first string, req JoinRequest) er
 	var last error
 	for {
 		if first == "" && d.node.IsLeader() {
-			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes})
+			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone})
 			if err == nil {
 				return nil
 			}

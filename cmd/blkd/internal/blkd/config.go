@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/nvme/auth"
 	"github.com/blk-project/blk/store"
 	"io"
@@ -120,6 +121,11 @@ type Config struct {
 	// ..., "null"). Empty: every group, any before none. A Linux host
 	// kernel without CONFIG_CRYPTO_DH_RFC7919_GROUPS needs "null" first.
 	DHCHAPDHGroups []string `json:"dhchap_dhgroups,omitempty"`
+	// Zone is this node's failure domain (a rack, a room, a host of VMs),
+	// registered with the node; placement never puts two replicas of a
+	// volume in one zone. A name (letters, digits, '.', '_', '-'); empty:
+	// the node is a zone of its own.
+	Zone string `json:"zone,omitempty"`
 	// Overcommit is how many bytes of (thin) volumes this node may be
 	// promised per byte of its store's filesystem. Default 1: never more
 	// than the disk holds. Above 1, writes may one day meet a full disk
@@ -282,6 +288,11 @@ func (c Config) Validate() error {
 				return fmt.Errorf("%w: --%s %s is reachable beyond this machine, and without --tls-dir anyone who reaches it could manage the cluster (or vote in it): "+
 					"set --tls-dir to the node's certificates (blkctl cert; docs/security.md), or --insecure to accept that", ErrConfig, a.name, a.v)
 			}
+		}
+	}
+	if c.Zone != "" {
+		if err := api.CheckName("--zone", c.Zone); err != nil {
+			return fmt.Errorf("%w: %v", ErrConfig, err)
 		}
 	}
 	if c.Overcommit < 0.1 || c.Overcommit > 1000 {

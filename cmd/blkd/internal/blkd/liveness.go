@@ -95,7 +95,7 @@ func (d *Daemon) probeAll(client *http.Client, nodes []meta.NodeInfo) map[string
 		wg.Add(1)
 		go func(n meta.NodeInfo) {
 			defer wg.Done()
-			ok := probe(client, d.peerURL(n.MgmtAddr, "/v1/internal/health"), n)
+			ok := probe(context.Background(), client, d.peerURL(n.MgmtAddr, "/v1/internal/health"), n)
 			mu.Lock()
 			alive[n.ID] = ok
 			mu.Unlock()
@@ -105,8 +105,12 @@ func (d *Daemon) probeAll(client *http.Client, nodes []meta.NodeInfo) map[string
 	return alive
 }
 
-func probe(client *http.Client, url string, n meta.NodeInfo) bool {
-	resp, err := client.Get(url)
+func probe(ctx context.Context, client *http.Client, url string, n meta.NodeInfo) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return false
 	}

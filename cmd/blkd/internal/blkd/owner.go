@@ -221,6 +221,18 @@ func (p registryParts) Node(ctx context.Context, id string) (meta.NodeInfo, erro
 	return n, nil
 }
 
+// Place reads the registry linearizably (the caller is the leader): a
+// node marked down or a volume created a moment ago is seen.
+func (p registryParts) Place(ctx context.Context, req meta.PlaceRequest) ([]string, error) {
+	if err := p.n.Linearize(ctx); err != nil {
+		return nil, err
+	}
+	var nodes []string
+	var err error
+	p.n.FSM().Read(func(s *meta.State) { nodes, err = s.Place(req) })
+	return nodes, err
+}
+
 func (p registryParts) Connections(ctx context.Context) ([]meta.Connection, error) {
 	return p.n.FSM().Export().Connections, nil
 }
@@ -228,6 +240,24 @@ func (p registryParts) Connections(ctx context.Context) ([]meta.Connection, erro
 // ownerParts reaches a volume's owner: this node in process, others
 // through their internal route.
 type ownerParts struct{ d *Daemon }
+
+// Answers implements control.Answerer: this node answers; another
+// answers if its health route does, as itself, within probeTimeout (the
+// liveness probe, asked once more at the moment a volume is placed).
+func (p ownerParts) Answers(ctx context.Context, node string) bool {
+	if node == p.d.cfg.NodeID {
+		return true
+	}
+	var n meta.NodeInfo
+	var ok bool
+	p.d.node.FSM().Read(func(s *meta.State) { n, ok = s.Node(node) })
+	if !ok || n.MgmtAddr == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	return probe(ctx, p.d.peers, p.d.peerURL(n.MgmtAddr, "/v1/internal/health"), n)
+}
 
 func (p ownerParts) Reconcile(ctx context.Context, node, name string, index uint64) (control.Status, error) {
 	if node == p.d.cfg.NodeID {

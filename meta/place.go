@@ -1,0 +1,118 @@
+package meta
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+)
+
+// PlaceRequest asks Place for nodes to hold a new volume.
+type PlaceRequest struct {
+	// Replicas is how many nodes to choose, each in a zone of its own;
+	// 0 means 1. Volumes have one replica today; replica sets will ask
+	// for more with the same call.
+	Replicas int
+	// SizeBytes is the volume's size: every chosen node must have that
+	// much unpromised capacity.
+	SizeBytes uint64
+	// Exclude names nodes not to choose although the registry has them
+	// up: the caller found they do not answer (the leader marks a silent
+	// node down only after a while).
+	Exclude []string
+}
+
+// placeCand is one eligible node as Place ranks it.
+type placeCand struct {
+	id   string
+	zone string // failure domain; a node without a zone is its own
+	free uint64 // unpromised capacity; math.MaxUint64 for no limit
+	vols int    // volumes it holds, deleting ones included
+}
+
+// free is how many more bytes of volumes node n may be promised: its
+// CapacityBytes minus the sizes of its volumes that are not being deleted
+// (their space is being given back; control's checkCapacity counts the
+// same), or math.MaxUint64 for a node that registered no capacity (no
+// limit).
+func (s *State) free(n *NodeInfo) uint64 {
+	if n.CapacityBytes == 0 {
+		return math.MaxUint64
+	}
+	var promised uint64
+	for _, v := range s.vols {
+		if v.Node == n.ID && v.State != VolumeDeleting {
+			promised += v.SizeBytes
+		}
+	}
+	if promised >= n.CapacityBytes {
+		return 0
+	}
+	return n.CapacityBytes - promised
+}
+
+// Place chooses req.Replicas nodes for a new volume, best first (the
+// first is where a single-replica volume lives). It is a pure function of
+// the registry, so every caller with the same copy gets the same answer.
+//
+// A node is eligible if it is up (not draining or down), serves a
+// transport (NVMe/TCP or NVMe/RDMA address) and is not in req.Exclude. Eligible nodes are ranked by
+// unpromised capacity, most first, then by fewer volumes, then by node ID;
+// nodes are taken in that order, skipping any whose zone already holds a
+// chosen node, so no two replicas share a node or a zone (a node without
+// a zone is a zone of its own). Nodes without room for req.SizeBytes are
+// never chosen.
+//
+// It fails with ErrNoCapacity, naming the largest free capacity, when
+// some eligible node exists but too few have room, and with
+// ErrNoPlacement when too few eligible nodes (or zones) exist at all.
+func (s *State) Place(req PlaceRequest) ([]string, error) {
+	want := max(req.Replicas, 1)
+	count := make(map[string]int, len(s.nodes))
+	for _, v := range s.vols {
+		count[v.Node]++
+	}
+	var cands []placeCand
+	for _, n := range s.nodes {
+		if n.State != NodeUp || (n.TCPAddr == "" && n.TargetAddr == "") || slices.Contains(req.Exclude, n.ID) {
+			continue
+		}
+		zone := "node:" + n.ID // zone names have no ':' (api.CheckName)
+		if n.Zone != "" {
+			zone = "zone:" + n.Zone
+		}
+		cands = append(cands, placeCand{id: n.ID, zone: zone, free: s.free(n), vols: count[n.ID]})
+	}
+	slices.SortFunc(cands, func(a, b placeCand) int {
+		return cmp.Or(cmp.Compare(b.free, a.free), cmp.Compare(a.vols, b.vols), cmp.Compare(a.id, b.id))
+	})
+	zones := make(map[string]bool, len(cands))
+	for _, c := range cands {
+		zones[c.zone] = true
+	}
+	if len(zones) < want {
+		unanswered := ""
+		if len(req.Exclude) > 0 {
+			unanswered = fmt.Sprintf(" (not counting %s, which did not answer)", strings.Join(req.Exclude, ", "))
+		}
+		return nil, fmt.Errorf("meta: %d replica(s) need %d nodes up and serving NVMe-oF in distinct zones; the registry has %d such zone(s) among %d nodes%s: %w", want, want, len(zones), len(s.nodes), unanswered, ErrNoPlacement)
+	}
+	var out []string
+	used := make(map[string]bool, want)
+	for _, c := range cands {
+		if len(out) == want {
+			break
+		}
+		if used[c.zone] || c.free < req.SizeBytes {
+			continue
+		}
+		used[c.zone] = true
+		out = append(out, c.id)
+	}
+	if len(out) < want {
+		// cands is sorted by free capacity: the first is the largest.
+		return nil, fmt.Errorf("meta: a volume of %d bytes fits on %d node(s) up in distinct zones, %d needed: node %s may be promised the most, %d more bytes (its disk times its --overcommit, less its volumes' sizes): choose a smaller size, free space, add a node, or raise a node's --overcommit: %w", req.SizeBytes, len(out), want, cands[0].id, cands[0].free, ErrNoCapacity)
+	}
+	return out, nil
+}
