@@ -55,6 +55,14 @@ type allocator struct {
 	refillKicked, refillFailed bool
 }
 
+// awaitRefill waits once for the refill in progress (refilling) to end,
+// counted in refillWaiters. Requires mu (released while it waits).
+func (a *allocator) awaitRefill() {
+	a.refillWaiters++
+	a.refillEnd.Wait()
+	a.refillWaiters--
+}
+
 func (a *allocator) init(clusters uint64) {
 	a.clusters = clusters
 	a.used = make([]uint64, (clusters+63)/64)

@@ -1032,9 +1032,7 @@ func (s *Store) takeCluster() (uint64, error) {
 			// A refill (the background's, say) is reserving what were the
 			// last free clusters: they are ready when it ends (or free
 			// again if it fails), not a reason to fail for space.
-			s.al.refillWaiters++
-			s.al.refillEnd.Wait()
-			s.al.refillWaiters--
+			s.al.awaitRefill()
 		}
 		if p, ok := s.al.popReady(); ok {
 			s.kickRefill()
@@ -1187,9 +1185,7 @@ func (s *Store) grow() (bool, error) {
 // again). n is the clusters it reserved.
 func (s *Store) refill(target, enough int) (n int, err error) {
 	for s.al.refilling {
-		s.al.refillWaiters++
-		s.al.refillEnd.Wait()
-		s.al.refillWaiters--
+		s.al.awaitRefill()
 	}
 	have := s.al.readyLen()
 	if have >= enough || have >= target {

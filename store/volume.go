@@ -307,13 +307,11 @@ const maxRun = 32
 // another in a cycle): never two clusters for one index, never a write
 // lost to a cluster nobody maps.
 func (v *Volume) firstWrite(idx, in uint64, data []byte) (n uint64, err error) {
-	if v.s.serialFirstWrites {
-		v.serialMu.Lock() // the old behaviour, a benchmark's baseline
-		defer v.serialMu.Unlock()
-	}
 	s := v.s
 	want := min((in+uint64(len(data))+s.cmask)>>s.cshift, maxRun)
-	if v.s.serialFirstWrites {
+	if s.serialFirstWrites {
+		v.serialMu.Lock() // the old behaviour, a benchmark's baseline: one cluster at a time
+		defer v.serialMu.Unlock()
 		want = 1
 	}
 	claimed := v.claim(idx, want)
