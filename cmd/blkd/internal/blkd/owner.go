@@ -248,10 +248,8 @@ func (p ownerParts) Answers(ctx context.Context, node string) bool {
 	if node == p.d.cfg.NodeID {
 		return true
 	}
-	var n meta.NodeInfo
-	var ok bool
-	p.d.node.FSM().Read(func(s *meta.State) { n, ok = s.Node(node) })
-	if !ok || n.MgmtAddr == "" {
+	n, err := registryParts{p.d.node}.Node(ctx, node)
+	if err != nil || n.MgmtAddr == "" {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
