@@ -478,9 +478,7 @@ func (m *Manager) checkCapacity(ctx context.Context, node string, more uint64, v
 	}
 	var promised uint64
 	for _, v := range vols {
-		if v.Node == node && v.State != meta.VolumeDeleting {
-			promised += v.SizeBytes
-		}
+		promised += v.PromisedOn(node)
 	}
 	if promised > n.CapacityBytes || more > n.CapacityBytes-promised {
 		what := "a new volume"

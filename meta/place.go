@@ -23,6 +23,17 @@ type PlaceRequest struct {
 	Exclude []string
 }
 
+// PromisedOn is how many bytes of node's capacity v takes: its size if it
+// lives there and is not being deleted (its space is being given back),
+// else 0. Placement (State.Place) and control's capacity check count by
+// it, so the two agree on what a node has promised.
+func (v *Volume) PromisedOn(node string) uint64 {
+	if v.Node != node || v.State == VolumeDeleting {
+		return 0
+	}
+	return v.SizeBytes
+}
+
 // placeCand is one eligible node as Place ranks it.
 type placeCand struct {
 	id   string
@@ -32,19 +43,15 @@ type placeCand struct {
 }
 
 // free is how many more bytes of volumes node n may be promised: its
-// CapacityBytes minus the sizes of its volumes that are not being deleted
-// (their space is being given back; control's checkCapacity counts the
-// same), or math.MaxUint64 for a node that registered no capacity (no
-// limit).
+// CapacityBytes minus what its volumes take (Volume.PromisedOn), or
+// math.MaxUint64 for a node that registered no capacity (no limit).
 func (s *State) free(n *NodeInfo) uint64 {
 	if n.CapacityBytes == 0 {
 		return math.MaxUint64
 	}
 	var promised uint64
 	for _, v := range s.vols {
-		if v.Node == n.ID && v.State != VolumeDeleting {
-			promised += v.SizeBytes
-		}
+		promised += v.PromisedOn(n.ID)
 	}
 	if promised >= n.CapacityBytes {
 		return 0
