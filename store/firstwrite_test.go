@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -83,17 +82,7 @@ func TestFirstWritesOverlap(t *testing.T) {
 
 	// The same cluster: waits for A's claim.
 	go func() { doneC <- v.Write(1, c, 0) }() // cluster index 0 again, another block
-	for waiting := false; !waiting; {
-		select {
-		case err := <-doneC:
-			t.Fatalf("a first write of a cluster whose first write is in flight returned (%v) before it: two clusters for one index?", err)
-		default:
-		}
-		v.allocMu.Lock()
-		waiting = v.claimWaiters > 0
-		v.allocMu.Unlock()
-		runtime.Gosched()
-	}
+	waitForClaim(t, v, doneC, "a first write of a cluster whose first write is in flight returned (%v) before it: two clusters for one index?")
 	unblock()
 	if err := errors.Join(<-doneA, <-doneC); err != nil {
 		t.Fatal(err)
@@ -349,17 +338,8 @@ func TestFirstWriteRuns(t *testing.T) {
 	go func() { doneHeld <- v.Write(9, held, 0) }() // takes cluster 1, held in its write
 	<-g.entered
 	go func() { doneSpan <- v.Write(0, span, 0) }()
-	for waiting := false; !waiting; { // clusters 0-1 written, waiting for cluster 2's claim
-		select {
-		case err := <-doneSpan:
-			t.Fatalf("a first write over a cluster whose first write is in flight returned (%v) before it", err)
-		default:
-		}
-		v.allocMu.Lock()
-		waiting = v.claimWaiters > 0
-		v.allocMu.Unlock()
-		runtime.Gosched()
-	}
+	// Until clusters 0-1 are written and it waits for cluster 2's claim.
+	waitForClaim(t, v, doneSpan, "a first write over a cluster whose first write is in flight returned (%v) before it")
 	if v.m.get(0) != 2 || v.m.get(1) != 3 || s.Stats().MapCommits != 1 {
 		t.Fatalf("the run before the claimed cluster: clusters %d, %d, %d map commits; want 2, 3 in one commit", v.m.get(0), v.m.get(1), s.Stats().MapCommits)
 	}

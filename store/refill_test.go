@@ -366,16 +366,30 @@ func TestBackgroundRefillLastClusters(t *testing.T) {
 // first fails the test with msg, which takes the write's error as %v.
 func waitForRefill(t *testing.T, s *Store, done <-chan error, msg string) {
 	t.Helper()
+	waitForWaiter(t, done, msg, &s.al.mu, func() bool { return s.al.refillWaiters > 0 })
+}
+
+// waitForClaim is waitForRefill for a first write waiting for another's
+// claim of its cluster (v.claimWaiters).
+func waitForClaim(t *testing.T, v *Volume, done <-chan error, msg string) {
+	t.Helper()
+	waitForWaiter(t, done, msg, &v.allocMu, func() bool { return v.claimWaiters > 0 })
+}
+
+// waitForWaiter returns once waiting, asked under mu, is true; a result
+// on done first fails the test with msg (%v: the error).
+func waitForWaiter(t *testing.T, done <-chan error, msg string, mu *sync.Mutex, waiting func() bool) {
+	t.Helper()
 	for {
 		select {
 		case err := <-done:
 			t.Fatalf(msg, err)
 		default:
 		}
-		s.al.mu.Lock()
-		waiting := s.al.refillWaiters > 0
-		s.al.mu.Unlock()
-		if waiting {
+		mu.Lock()
+		w := waiting()
+		mu.Unlock()
+		if w {
 			return
 		}
 		runtime.Gosched()
