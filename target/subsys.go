@@ -33,6 +33,27 @@ type SubsystemConfig struct {
 	// HostKeys are the DH-HMAC-CHAP secrets of hosts that must
 	// authenticate, by host NQN (see SetHostKeys).
 	HostKeys map[string]HostKeys
+
+	// ANA makes the subsystem report Asymmetric Namespace Access (ana.go):
+	// one ANA group, ID 1, of all its namespaces, whose state
+	// SetANAState changes. Without it Identify, the logs and the I/O path
+	// are as they always were.
+	ANA bool
+	// ANAState is the group's state at creation, with ANA. Zero:
+	// optimized. A path that must not serve until told otherwise starts
+	// inaccessible, with no window in which it serves.
+	ANAState nvme.ANAState
+
+	// Admit, when set, decides at each admin queue Connect whether a host
+	// may create a controller, in place of AllowAnyHost and Hosts (which
+	// must then be unset); DH-HMAC-CHAP (HostKeys) still applies to an
+	// admitted host. A nil error admits; any other refuses the Connect
+	// with Connect Invalid Host, with DNR (a Linux host stops
+	// reconnecting) unless the error wraps ErrAdmitRetry. Admit runs on
+	// the binding's goroutine, and again if EvictAndDrain ran during the
+	// Connect: it must be quick and must not block. It is also asked
+	// which hosts the discovery log shows the subsystem to. See fence.go.
+	Admit func(hostNQN string) error
 }
 
 // NamespaceConfig describes a namespace.
@@ -75,11 +96,36 @@ type Subsystem struct {
 	keys     map[string]HostKeys
 	ctrls    map[uint16]*ctrl
 	removed  bool
+
+	// admit is SubsystemConfig.Admit; evictGen counts EvictAndDrain
+	// calls, so that a Connect admitted before one re-asks (fence.go).
+	admit    func(hostNQN string) error
+	evictGen atomic.Uint64
+	// ioQueues are the I/O queues connected to the subsystem's
+	// controllers that have not drained yet (Queue.Drained), with their
+	// host NQN: what EvictAndDrain waits for, including the queues of
+	// controllers already torn down. qmu is a leaf lock.
+	qmu      sync.Mutex
+	ioQueues map[*Queue]string
+
+	// ANA (ana.go). ana is fixed at creation; anaIO is the status an I/O
+	// command gets in the current state (0: served), one atomic load per
+	// command. anaMu serialises SetANAState and guards anaState and
+	// anaChg; it is a leaf lock (taken under ctrl.mu by the log).
+	ana      bool
+	anaIO    atomic.Uint32
+	anaMu    sync.Mutex
+	anaState nvme.ANAState
+	anaChg   uint64
 }
 
 func newSubsystem(t *Target, c SubsystemConfig, discovery bool) *Subsystem {
 	s := &Subsystem{t: t, nqn: c.NQN, discovery: discovery, allowAny: c.AllowAnyHost,
-		hosts: make(map[string]bool), ctrls: make(map[uint16]*ctrl)}
+		hosts: make(map[string]bool), ctrls: make(map[uint16]*ctrl), ioQueues: make(map[*Queue]string)}
+	if !discovery {
+		s.admit = c.Admit
+	}
+	s.initANA(c)
 	_ = nvme.SetASCII(s.serial[:], c.Serial)
 	_ = nvme.SetASCII(s.model[:], c.Model)
 	for _, h := range c.Hosts {
@@ -165,10 +211,14 @@ func (s *Subsystem) AuthenticatedHosts() []string {
 	return slices.Sorted(maps.Keys(s.keys))
 }
 
-// AllowHost lets a host NQN connect.
+// AllowHost lets a host NQN connect. A subsystem with Admit has no host
+// list: ErrInvalid.
 func (s *Subsystem) AllowHost(hostNQN string) error {
 	if err := nvme.ValidateNQN(hostNQN); err != nil {
 		return fmt.Errorf("target: subsystem %s: host NQN %q: %w", s.nqn, hostNQN, ErrInvalid)
+	}
+	if s.admit != nil {
+		return fmt.Errorf("target: subsystem %s: hosts are admitted by its Admit, not listed: %w", s.nqn, ErrInvalid)
 	}
 	s.t.mu.Lock()
 	s.mu.Lock()
@@ -251,18 +301,27 @@ func (s *Subsystem) ConnectedHosts() []string {
 }
 
 // hostAllowed reports whether hostNQN may connect. The discovery
-// subsystem admits every host.
+// subsystem admits every host; a subsystem with Admit, the hosts it
+// admits.
 func (s *Subsystem) hostAllowed(hostNQN string) bool {
 	if s.discovery {
 		return true
+	}
+	if s.admit != nil {
+		return s.admit(hostNQN) == nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.allowAny || s.hosts[hostNQN]
 }
 
-// revokeHosts tears down the controllers of hosts no longer allowed.
+// revokeHosts tears down the controllers of hosts no longer allowed. A
+// subsystem with Admit has no host list to revoke from: EvictAndDrain
+// is its revocation.
 func (s *Subsystem) revokeHosts() {
+	if s.admit != nil {
+		return
+	}
 	for _, c := range s.controllers() {
 		if !s.hostAllowed(c.hostNQN) {
 			c.teardown(errHostRevoked)
