@@ -66,7 +66,8 @@ func (q *Queue) admitHost(s *Subsystem, host string) (nvme.Status, bool) {
 // ctx's error (wrapped); the teardown has happened, the drain goes on.
 //
 // Change what Admit answers before calling it: a Connect running
-// meanwhile is then either torn down here or asks Admit again.
+// meanwhile is then either torn down here or asks Admit again. match is
+// called with the subsystem's locks held: it must not call the target.
 func (s *Subsystem) EvictAndDrain(ctx context.Context, match func(hostNQN string) bool) (int, error) {
 	s.mu.Lock()
 	s.evictGen.Add(1)
