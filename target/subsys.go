@@ -54,6 +54,17 @@ type SubsystemConfig struct {
 	// Connect: it must be quick and must not block. It is also asked
 	// which hosts the discovery log shows the subsystem to. See fence.go.
 	Admit func(hostNQN string) error
+
+	// Paths are other targets' ports serving this same subsystem (the
+	// other nodes of a volume exported under one NQN, each an ANA path):
+	// the discovery log lists the subsystem on each, after this target's
+	// own ports, so a host that discovers here learns every path (nvme
+	// connect-all). Each is a Port as the other target reports it: ID its
+	// PORTID there, TrAddr a specific address, Limits (optional) for its
+	// ASQSZ (else as this target's ports); AdvertiseAddr, AdvertiseSvcID
+	// and DiscoveryOnly are not used. Listed in the order given. SetPaths
+	// replaces them.
+	Paths []Port
 }
 
 // NamespaceConfig describes a namespace.
@@ -96,6 +107,7 @@ type Subsystem struct {
 	keys     map[string]HostKeys
 	ctrls    map[uint16]*ctrl
 	removed  bool
+	paths    []Port // replaced whole by SetPaths, never changed in place
 
 	// admit is SubsystemConfig.Admit; evictGen counts EvictAndDrain
 	// calls, so that a Connect admitted before one re-asks (fence.go).
@@ -124,6 +136,7 @@ func newSubsystem(t *Target, c SubsystemConfig, discovery bool) *Subsystem {
 		hosts: make(map[string]bool), ctrls: make(map[uint16]*ctrl), ioQueues: make(map[*Queue]string)}
 	if !discovery {
 		s.admit = c.Admit
+		s.paths = c.Paths
 	}
 	s.initANA(c)
 	_ = nvme.SetASCII(s.serial[:], c.Serial)
@@ -313,6 +326,81 @@ func (s *Subsystem) hostAllowed(hostNQN string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.allowAny || s.hosts[hostNQN]
+}
+
+// checkPath checks a remote path as AddPort checks a port, and returns
+// it with the RDMA TSAS defaulted and its Limits copied.
+func checkPath(p Port) (Port, error) {
+	switch {
+	case len(p.TrAddr) >= 256 || len(p.TrSvcID) >= 32:
+		return p, fmt.Errorf("target: path (port %d): address %q service %q too long: %w", p.ID, p.TrAddr, p.TrSvcID, ErrInvalid)
+	case p.TrAddr == "" || wildcardHost(p.TrAddr) || p.TrSvcID == "":
+		return p, fmt.Errorf("target: path (port %d): address %q service %q: a host must be able to connect to it: %w", p.ID, p.TrAddr, p.TrSvcID, ErrInvalid)
+	case p.AdvertiseAddr != "" || p.AdvertiseSvcID != "" || p.DiscoveryOnly:
+		return p, fmt.Errorf("target: path (port %d): give the address hosts use as TrAddr, no AdvertiseAddr, AdvertiseSvcID or DiscoveryOnly: %w", p.ID, ErrInvalid)
+	case p.TCP.SecType > nvme.TCPSecTypeTLS13:
+		return p, fmt.Errorf("target: path (port %d): TCP SECTYPE %d unknown: %w", p.ID, p.TCP.SecType, ErrInvalid)
+	}
+	if p.Limits != nil {
+		l := *p.Limits
+		if err := l.Validate(); err != nil {
+			return p, fmt.Errorf("target: path (port %d): %w", p.ID, err)
+		}
+		p.Limits = &l
+	}
+	if p.TrType == nvme.TrTypeRDMA && p.RDMA == (nvme.RDMATSAS{}) {
+		p.RDMA = nvme.RDMATSAS{QPType: nvme.RDMAQPTypeConnected, PrType: nvme.RDMAPrTypeNotSpecified, CMS: nvme.RDMACMSRDMACM}
+	}
+	return p, nil
+}
+
+// checkPaths checks every path and returns the checked copies.
+func checkPaths(ps []Port) ([]Port, error) {
+	out := make([]Port, 0, len(ps))
+	for _, p := range ps {
+		c, err := checkPath(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// SetPaths replaces the subsystem's remote paths (SubsystemConfig.Paths):
+// the discovery log changes, and every discovery controller that asked
+// for it gets the discovery log change notice, so a host watching
+// discovery (nvme discover -p) learns of a new path or a gone one.
+func (s *Subsystem) SetPaths(paths []Port) error {
+	if s.discovery {
+		return fmt.Errorf("target: the discovery subsystem has no paths: %w", ErrInvalid)
+	}
+	ps, err := checkPaths(paths)
+	if err != nil {
+		return fmt.Errorf("target: subsystem %s: %w", s.nqn, err)
+	}
+	s.t.mu.Lock()
+	s.mu.Lock()
+	s.paths = ps
+	s.t.genctr.Add(1)
+	s.mu.Unlock()
+	s.t.mu.Unlock()
+	s.t.discoveryChanged()
+	return nil
+}
+
+// Paths returns the subsystem's remote paths.
+func (s *Subsystem) Paths() []Port {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.paths)
+}
+
+// pathList returns the paths slice itself (never changed in place).
+func (s *Subsystem) pathList() []Port {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.paths
 }
 
 // revokeHosts tears down the controllers of hosts no longer allowed. A

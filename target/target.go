@@ -304,6 +304,11 @@ func (t *Target) AddSubsystem(c SubsystemConfig) (*Subsystem, error) {
 	if c.Admit != nil && (c.AllowAnyHost || len(c.Hosts) > 0) {
 		return nil, fmt.Errorf("target: subsystem %s: Admit replaces AllowAnyHost and Hosts, set only one: %w", c.NQN, ErrInvalid)
 	}
+	paths, err := checkPaths(c.Paths)
+	if err != nil {
+		return nil, fmt.Errorf("target: subsystem %s: %w", c.NQN, err)
+	}
+	c.Paths = paths
 	if c.ANAState != 0 && (!c.ANA || !c.ANAState.Valid()) {
 		return nil, fmt.Errorf("target: subsystem %s: ANA state %#x (ANA %v): %w", c.NQN, uint8(c.ANAState), c.ANA, ErrInvalid)
 	}

@@ -246,6 +246,7 @@ func (tr *transcript) queue(a *args) *tq {
 //	subsystem nqn= [serial=] [model=] [any] [hosts=a,b] [ana] [ana-state=] [admit=a,b [later=c]]
 //	ana nqn= state=optimized|non-optimized|inaccessible|persistent-loss|change|N
 //	admit nqn= hosts=a,b [later=c]        change what Admit admits
+//	paths nqn= set=id/trtype/addr/svc,... SetPaths (IPv4), set= empty: none
 //	rm-subsystem nqn=
 //	allow nqn= host= | deny nqn= host= | allow-any nqn= on|off
 //	namespace nqn= nsid= [blocks=] [bs=] [ro]
@@ -337,6 +338,21 @@ func (tr *transcript) run(line string) []string {
 		out = append(out, errLine(err))
 	case "ana":
 		out = append(out, errLine(tr.subsystem(a).SetANAState(tr.anaState(a.must("state")))))
+	case "paths":
+		var ps []target.Port
+		for _, e := range strings.Split(a.str("set", ""), ",") {
+			if e == "" {
+				continue
+			}
+			f := strings.Split(e, "/")
+			if len(f) != 4 {
+				tr.fatalf("path %q: want id/trtype/addr/svc", e)
+			}
+			id, _ := strconv.ParseUint(f[0], 0, 16)
+			tt, _ := strconv.ParseUint(f[1], 0, 8)
+			ps = append(ps, target.Port{ID: uint16(id), TrType: uint8(tt), AdrFam: nvme.AdrFamIPv4, TrAddr: f[2], TrSvcID: f[3]})
+		}
+		out = append(out, errLine(tr.subsystem(a).SetPaths(ps)))
 	case "admit":
 		ad := tr.admits[tr.subsystem(a).NQN()]
 		if ad == nil {
