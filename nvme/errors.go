@@ -31,4 +31,7 @@ var (
 	// ErrNIDLength is returned for a namespace identification descriptor
 	// whose length does not match its type or its buffer.
 	ErrNIDLength = errors.New("nvme: bad namespace identification descriptor length")
+	// ErrANALog is returned by ANALog.Unmarshal for a page whose
+	// descriptors do not fit its length.
+	ErrANALog = errors.New("nvme: ANA log descriptors overrun the page")
 )

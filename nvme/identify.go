@@ -74,6 +74,21 @@ const (
 	AENDiscoveryLogs uint32 = 1 << 31 // discovery log page changed
 )
 
+// ANACAP bits (byte 343): the ANA states a controller may report, and how
+// its ANA group IDs behave.
+const (
+	ANACAPOptimized      uint8 = 1 << 0
+	ANACAPNonOptimized   uint8 = 1 << 1
+	ANACAPInaccessible   uint8 = 1 << 2
+	ANACAPPersistentLoss uint8 = 1 << 3
+	ANACAPChange         uint8 = 1 << 4
+	// ANACAPGroupIDFixed: a namespace's ANAGRPID does not change while it
+	// is attached to a controller.
+	ANACAPGroupIDFixed uint8 = 1 << 6
+	// ANACAPGroupIDMgmt: Namespace Management may set a non-zero ANAGRPID.
+	ANACAPGroupIDMgmt uint8 = 1 << 7
+)
+
 // CTRATT bits (byte 96).
 const (
 	CtrAttHostID128 uint32 = 1 << 0  // 128-bit host identifier
@@ -175,6 +190,10 @@ type IdentifyController struct {
 	WCTEMP    uint16     // 266, kelvin
 	CCTEMP    uint16     // 268, kelvin
 	KAS       uint16     // 320, 100 ms units
+	ANATT     uint8      // 342, seconds
+	ANACAP    uint8      // 343
+	ANAGRPMAX uint32     // 344
+	NANAGRPID uint32     // 348
 	SQES      uint8      // 512
 	CQES      uint8      // 513
 	MAXCMD    uint16     // 514
@@ -236,6 +255,10 @@ func (id *IdentifyController) Marshal(b *[IdentifySize]byte) {
 	le.PutUint16(b[266:], id.WCTEMP)
 	le.PutUint16(b[268:], id.CCTEMP)
 	le.PutUint16(b[320:], id.KAS)
+	b[342] = id.ANATT
+	b[343] = id.ANACAP
+	le.PutUint32(b[344:], id.ANAGRPMAX)
+	le.PutUint32(b[348:], id.NANAGRPID)
 	b[512] = id.SQES
 	b[513] = id.CQES
 	le.PutUint16(b[514:], id.MAXCMD)
@@ -297,6 +320,10 @@ func (id *IdentifyController) Unmarshal(b []byte) error {
 	id.WCTEMP = le.Uint16(b[266:])
 	id.CCTEMP = le.Uint16(b[268:])
 	id.KAS = le.Uint16(b[320:])
+	id.ANATT = b[342]
+	id.ANACAP = b[343]
+	id.ANAGRPMAX = le.Uint32(b[344:])
+	id.NANAGRPID = le.Uint32(b[348:])
 	id.SQES = b[512]
 	id.CQES = b[513]
 	id.MAXCMD = le.Uint16(b[514:])

@@ -301,3 +301,176 @@ func AsyncEventResult(typ, info, lid uint8) uint32 {
 func AsyncEvent(dw0 uint32) (typ, info, lid uint8) {
 	return uint8(dw0) & 7, uint8(dw0 >> 8), uint8(dw0 >> 16)
 }
+
+// ANAState is an Asymmetric Namespace Access state: of an ANA group, as
+// the ANA log page (LID 0x0C) reports it for one controller.
+type ANAState uint8
+
+// The ANA states. A Linux host sends I/O to optimized paths, then to
+// non-optimized ones; inaccessible and persistent-loss paths get none,
+// and a path in change state is retried until it leaves it (for at most
+// 2 × ANATT, then the host resets the controller).
+const (
+	ANAOptimized      ANAState = 0x01
+	ANANonOptimized   ANAState = 0x02
+	ANAInaccessible   ANAState = 0x03
+	ANAPersistentLoss ANAState = 0x04
+	ANAChange         ANAState = 0x0F
+)
+
+// Valid reports whether s is one of the five ANA states.
+func (s ANAState) Valid() bool {
+	switch s {
+	case ANAOptimized, ANANonOptimized, ANAInaccessible, ANAPersistentLoss, ANAChange:
+		return true
+	}
+	return false
+}
+
+// IOStatus is the status an I/O command to a namespace in state s gets
+// before it reaches storage: success (served) for optimized and
+// non-optimized, else the Path Related status of the state, without
+// DNR, so that the host retries the command on another path.
+func (s ANAState) IOStatus() Status {
+	switch s {
+	case ANAInaccessible:
+		return StatusANAInaccessible
+	case ANAPersistentLoss:
+		return StatusANAPersistentLoss
+	case ANAChange:
+		return StatusANATransition
+	}
+	return StatusSuccess
+}
+
+func (s ANAState) String() string {
+	switch s {
+	case ANAOptimized:
+		return "optimized"
+	case ANANonOptimized:
+		return "non-optimized"
+	case ANAInaccessible:
+		return "inaccessible"
+	case ANAPersistentLoss:
+		return "persistent-loss"
+	case ANAChange:
+		return "change"
+	}
+	return "ana-state(" + itoa(uint64(s)) + ")"
+}
+
+func itoa(v uint64) string {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + v%10)
+		v /= 10
+		if v == 0 {
+			return string(b[i:])
+		}
+	}
+}
+
+// ANA log page (LID 0x0C) layout, as struct nvme_ana_rsp_hdr and struct
+// nvme_ana_group_desc in include/linux/nvme.h:
+//
+//	header     bytes 0-7 change count, 8-9 number of descriptors, 10-15 reserved
+//	descriptor bytes 0-3 ANA group ID, 4-7 number of NSIDs, 8-15 change
+//	           count, 16 state (bits 3:0), 17-31 reserved, then the NSIDs,
+//	           4 bytes each, increasing
+//
+// Descriptors follow each other with no padding (a descriptor of one NSID
+// is 36 bytes), as nvmet sends them and nvme_parse_ana_log reads them.
+const (
+	ANALogHeaderSize = 16
+	ANAGroupDescSize = 32
+	// ANALogRGO is Get Log Page LSP bit 0 for the ANA log, Return Groups
+	// Only: every descriptor with no NSID (Number of NSIDs 0).
+	ANALogRGO uint8 = 1 << 0
+)
+
+// ANAGroupDesc is one ANA group descriptor.
+type ANAGroupDesc struct {
+	GroupID     uint32
+	ChangeCount uint64
+	State       ANAState
+	NSIDs       []uint32
+}
+
+// ANALog is the Asymmetric Namespace Access log page.
+type ANALog struct {
+	// ChangeCount counts the ANA changes the controller reported.
+	ChangeCount uint64
+	Groups      []ANAGroupDesc
+}
+
+// Size is the length of the encoded page in bytes.
+func (l *ANALog) Size() int {
+	n := ANALogHeaderSize
+	for i := range l.Groups {
+		n += ANAGroupDescSize + 4*len(l.Groups[i].NSIDs)
+	}
+	return n
+}
+
+// Marshal writes the page into the first Size bytes of b (which it
+// zeroes first) and returns that size; b shorter than Size is
+// ErrShortBuffer.
+func (l *ANALog) Marshal(b []byte) (int, error) {
+	n := l.Size()
+	if len(b) < n {
+		return 0, ErrShortBuffer
+	}
+	clear(b[:n])
+	le := binary.LittleEndian
+	le.PutUint64(b[0:], l.ChangeCount)
+	le.PutUint16(b[8:], uint16(len(l.Groups)))
+	off := ANALogHeaderSize
+	for i := range l.Groups {
+		g := &l.Groups[i]
+		le.PutUint32(b[off:], g.GroupID)
+		le.PutUint32(b[off+4:], uint32(len(g.NSIDs)))
+		le.PutUint64(b[off+8:], g.ChangeCount)
+		b[off+16] = uint8(g.State) & 0x0F
+		off += ANAGroupDescSize
+		for _, id := range g.NSIDs {
+			le.PutUint32(b[off:], id)
+			off += 4
+		}
+	}
+	return n, nil
+}
+
+// Unmarshal reads a page from b (at least its header; b may extend past
+// the last descriptor, as a host's buffer of the largest page does).
+func (l *ANALog) Unmarshal(b []byte) error {
+	if len(b) < ANALogHeaderSize {
+		return ErrShortBuffer
+	}
+	le := binary.LittleEndian
+	l.ChangeCount = le.Uint64(b[0:])
+	ngrps := int(le.Uint16(b[8:]))
+	l.Groups = make([]ANAGroupDesc, 0, min(ngrps, (len(b)-ANALogHeaderSize)/ANAGroupDescSize))
+	off := ANALogHeaderSize
+	for range ngrps {
+		if len(b)-off < ANAGroupDescSize {
+			return ErrANALog
+		}
+		g := ANAGroupDesc{GroupID: le.Uint32(b[off:]), ChangeCount: le.Uint64(b[off+8:]), State: ANAState(b[off+16] & 0x0F)}
+		n := uint64(le.Uint32(b[off+4:]))
+		off += ANAGroupDescSize
+		if n > uint64(len(b)-off)/4 {
+			return ErrANALog
+		}
+		if n > 0 {
+			g.NSIDs = make([]uint32, n)
+			for i := range g.NSIDs {
+				g.NSIDs[i] = le.Uint32(b[off:])
+				off += 4
+			}
+		}
+		l.Groups = append(l.Groups, g)
+	}
+	return nil
+}

@@ -163,3 +163,95 @@ func TestFeatureCommand(t *testing.T) {
 		t.Fatal("coalescing")
 	}
 }
+
+// The ANA log as struct nvme_ana_rsp_hdr (chgcnt 0, ngrps 8) and struct
+// nvme_ana_group_desc (grpid 0, nnsids 4, chgcnt 8, state 16, nsids 32)
+// lay it out: descriptors packed, no padding after the NSID list.
+func TestANALogLayout(t *testing.T) {
+	l := ANALog{ChangeCount: 0x0102030405060708, Groups: []ANAGroupDesc{
+		{GroupID: 1, ChangeCount: 9, State: ANAInaccessible, NSIDs: []uint32{1, 0x0a0b0c0d}},
+		{GroupID: 2, ChangeCount: 10, State: ANAOptimized},
+	}}
+	if l.Size() != 16+32+8+32 {
+		t.Fatalf("size %d", l.Size())
+	}
+	b := make([]byte, 100)
+	for i := range b {
+		b[i] = 0xEE
+	}
+	n, err := l.Marshal(b)
+	if err != nil || n != 88 {
+		t.Fatalf("marshal %d %v", n, err)
+	}
+	equalBytes(t, "page", b[:n], hexBytes(t,
+		"08 07 06 05 04 03 02 01 | 02 00 | 00 00 00 00 00 00"+
+			"| 01 00 00 00 | 02 00 00 00 | 09 00 00 00 00 00 00 00 | 03 | 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"+
+			"| 01 00 00 00 | 0d 0c 0b 0a"+
+			"| 02 00 00 00 | 00 00 00 00 | 0a 00 00 00 00 00 00 00 | 01 | 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"))
+	if b[n] != 0xEE {
+		t.Fatalf("wrote past the page")
+	}
+	var back ANALog
+	if err := back.Unmarshal(b); err != nil {
+		t.Fatal(err)
+	}
+	if back.ChangeCount != l.ChangeCount || len(back.Groups) != 2 ||
+		back.Groups[0].GroupID != 1 || back.Groups[0].State != ANAInaccessible ||
+		!slicesEqual(back.Groups[0].NSIDs, l.Groups[0].NSIDs) || back.Groups[1].NSIDs != nil ||
+		back.Groups[1].ChangeCount != 10 || back.Groups[1].State != ANAOptimized {
+		t.Fatalf("round trip %+v", back)
+	}
+	if _, err := l.Marshal(b[:87]); err != ErrShortBuffer {
+		t.Fatalf("short marshal: %v", err)
+	}
+	// A page cut inside a descriptor or its NSIDs is refused, not read
+	// past its end.
+	for _, cut := range []int{15, 47, 52, 84} {
+		err := back.Unmarshal(b[:cut])
+		if (cut < 16 && err != ErrShortBuffer) || (cut >= 16 && err != ErrANALog) {
+			t.Errorf("cut at %d: %v", cut, err)
+		}
+	}
+	// A huge NSID count does not allocate before it is checked.
+	binary.LittleEndian.PutUint32(b[20:], 0xFFFFFFFF)
+	if err := back.Unmarshal(b[:n]); err != ErrANALog {
+		t.Fatalf("huge nnsids: %v", err)
+	}
+}
+
+func TestANAState(t *testing.T) {
+	for _, c := range []struct {
+		s     ANAState
+		valid bool
+		st    Status
+		name  string
+	}{
+		{ANAOptimized, true, StatusSuccess, "optimized"},
+		{ANANonOptimized, true, StatusSuccess, "non-optimized"},
+		{ANAInaccessible, true, StatusANAInaccessible, "inaccessible"},
+		{ANAPersistentLoss, true, StatusANAPersistentLoss, "persistent-loss"},
+		{ANAChange, true, StatusANATransition, "change"},
+		{0, false, StatusSuccess, "ana-state(0)"},
+		{5, false, StatusSuccess, "ana-state(5)"},
+	} {
+		if c.s.Valid() != c.valid || c.s.IOStatus() != c.st || c.s.String() != c.name {
+			t.Errorf("%#x: valid %v status %v name %q", uint8(c.s), c.s.Valid(), c.s.IOStatus(), c.s.String())
+		}
+		// Path Related (SCT 3h), no DNR: the host retries elsewhere.
+		if st := c.s.IOStatus(); st != StatusSuccess && (st.SCT() != 3 || st.DNR()) {
+			t.Errorf("%v: status %#x", c.s, uint16(st))
+		}
+	}
+}
+
+func slicesEqual(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

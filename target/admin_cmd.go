@@ -229,6 +229,9 @@ func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 		id.NN = t.cfg.MaxNSID
 		id.ONCS = nvme.ONCSCompare | nvme.ONCSDSM | nvme.ONCSWriteZeroes
 		id.VWC = nvme.VWCPresent
+		if c.s.ana {
+			c.setIdentifyANA(&id)
+		}
 	}
 	id.Marshal(buf)
 }
@@ -268,6 +271,9 @@ func (c *ctrl) identifyNamespace(nsid uint32, buf *[nvme.IdentifySize]byte) nvme
 	id.LBAF[0] = nvme.LBAFormat{LBADS: ns.shift}
 	if ns.readOnly.Load() {
 		id.NSATTR = nvme.NSAttrRO
+	}
+	if c.s.ana {
+		id.ANAGRPID = anaGroupID
 	}
 	id.Marshal(buf)
 	return nvme.StatusSuccess

@@ -26,23 +26,28 @@ type ioBench struct {
 	tgt       *target.Target
 	admin, io *target.Queue
 	ar, ir    countResponder
+	sub       *target.Subsystem
 }
 
-func newIOBench(tb testing.TB, backend target.Backend) *ioBench {
+func newIOBench(tb testing.TB, backend target.Backend, opts ...func(*target.SubsystemConfig)) *ioBench {
 	tb.Helper()
 	tgt, err := target.New(target.Config{Limits: testLimits()})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = tgt.Close() })
-	s, err := tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
+	sc := target.SubsystemConfig{NQN: subA, AllowAnyHost: true}
+	for _, o := range opts {
+		o(&sc)
+	}
+	s, err := tgt.AddSubsystem(sc)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	b := &ioBench{tgt: tgt, sub: s}
 	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: backend}); err != nil {
 		tb.Fatal(err)
 	}
-	b := &ioBench{tgt: tgt}
 	b.admin, _ = tgt.NewQueue(&b.ar, target.QueueParams{QID: 0, SQSize: 31})
 	b.io, _ = tgt.NewQueue(&b.ir, target.QueueParams{QID: 1, SQSize: 127})
 	sync := func(q *target.Queue, r *countResponder, cmd nvme.Command, data []byte) {
@@ -141,6 +146,51 @@ func TestZeroAllocIO(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestZeroAllocANA: the ANA state check on the I/O path (one atomic
+// load) allocates nothing, whether the command is served (optimized) or
+// refused before the backend (inaccessible: Asymmetric Access
+// Inaccessible, no DNR, and the backend untouched).
+func TestZeroAllocANA(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	mem, _ := target.NewMemBackend(4096, 1024)
+	b := newIOBench(t, mem, func(c *target.SubsystemConfig) { c.ANA = true })
+	buf := make([]byte, 4096)
+	for i := range buf {
+		buf[i] = 0x5a
+	}
+	wr := &target.Request{Cmd: ioCmd(nvme.IOWrite, 1, 7, 1, 0), Dir: nvme.DirHostToCtrl, Len: 4096, Data: buf}
+	for _, c := range []struct {
+		state nvme.ANAState
+		want  nvme.Status
+	}{{nvme.ANAOptimized, nvme.StatusSuccess}, {nvme.ANAInaccessible, nvme.StatusANAInaccessible},
+		{nvme.ANANonOptimized, nvme.StatusSuccess}} {
+		if err := b.sub.SetANAState(c.state); err != nil {
+			t.Fatal(err)
+		}
+		if c.state == nvme.ANAInaccessible {
+			buf[0] = 0xEE // a write that must not land
+		}
+		run := func() {
+			n := b.ir.n
+			b.io.Execute(wr)
+			if b.ir.n != n+1 || b.ir.last != c.want {
+				t.Fatalf("%v: %s, want %s", c.state, fmtStatus(b.ir.last), fmtStatus(c.want))
+			}
+		}
+		run()
+		if got := testing.AllocsPerRun(200, run); got != 0 {
+			t.Errorf("%v: %.2f allocations per write, want 0", c.state, got)
+		}
+		buf[0] = 0x5a
+		got := make([]byte, 4096)
+		if err := mem.Read(7, got); err != nil || got[0] != 0x5a {
+			t.Fatalf("%v: block 7 starts %#x (%v): a refused write reached the backend", c.state, got[0], err)
+		}
 	}
 }
 

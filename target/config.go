@@ -57,9 +57,19 @@ type Config struct {
 
 	// MaxControllers bounds the live controllers of the target,
 	// discovery controllers included; a Connect beyond it gets Connect
-	// Controller Busy (without DNR: the host may retry). Default 1024, at
-	// most 0xFFEF (the CNTLID range).
+	// Controller Busy (without DNR: the host may retry). Default 1024, or
+	// the size of the CNTLID range if smaller; at most that size.
 	MaxControllers int `json:"max_controllers"`
+
+	// CNTLIDMin and CNTLIDMax are the controller IDs the target hands
+	// out, both included. Default 1 and 0xFFEF, every ID. Several targets
+	// that export one subsystem NQN (ANA paths of one volume) must hand
+	// out disjoint ranges: a Linux host refuses a controller whose CNTLID
+	// another controller of the same subsystem has already
+	// (nvme_validate_cntlid, "Duplicate cntlid"). 1 ≤ CNTLIDMin ≤
+	// CNTLIDMax ≤ 0xFFEF, and the range holds MaxControllers IDs.
+	CNTLIDMin uint16 `json:"cntlid_min"`
+	CNTLIDMax uint16 `json:"cntlid_max"`
 
 	// MaxDiscoveryControllers bounds the live discovery controllers, a
 	// share of MaxControllers: discovery is open to any host NQN, so
@@ -161,8 +171,17 @@ func (c Config) WithDefaults() Config {
 	if c.SyncQueue == 0 {
 		c.SyncQueue = DefaultSyncQueue
 	}
+	if c.CNTLIDMin == 0 {
+		c.CNTLIDMin = nvme.CNTLIDMin
+	}
+	if c.CNTLIDMax == 0 {
+		c.CNTLIDMax = nvme.CNTLIDMax
+	}
 	if c.MaxControllers == 0 {
 		c.MaxControllers = DefaultMaxControllers
+		if c.CNTLIDMax >= c.CNTLIDMin {
+			c.MaxControllers = min(c.MaxControllers, int(c.CNTLIDMax-c.CNTLIDMin)+1)
+		}
 	}
 	if c.MaxDiscoveryControllers == 0 {
 		c.MaxDiscoveryControllers = max(1, c.MaxControllers/discoveryShare)
@@ -215,6 +234,11 @@ func (c Config) Validate() error {
 	}
 	if c.SyncQueue < 1 {
 		bad("SyncQueue %d is below 1", c.SyncQueue)
+	}
+	if c.CNTLIDMin < nvme.CNTLIDMin || c.CNTLIDMax > nvme.CNTLIDMax || c.CNTLIDMin > c.CNTLIDMax {
+		bad("CNTLIDMin %#x and CNTLIDMax %#x are not 1 ≤ min ≤ max ≤ %#x", c.CNTLIDMin, c.CNTLIDMax, nvme.CNTLIDMax)
+	} else if n := int(c.CNTLIDMax-c.CNTLIDMin) + 1; c.MaxControllers > n {
+		bad("MaxControllers %d is above the %d IDs of [CNTLIDMin %#x, CNTLIDMax %#x]", c.MaxControllers, n, c.CNTLIDMin, c.CNTLIDMax)
 	}
 	if c.MaxControllers < 1 || c.MaxControllers > int(nvme.CNTLIDMax) {
 		bad("MaxControllers %d is outside [1, %d]", c.MaxControllers, nvme.CNTLIDMax)

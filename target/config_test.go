@@ -19,7 +19,8 @@ func TestConfigDefaults(t *testing.T) {
 		c.FirmwareRevision != target.DefaultFirmwareRevision || c.DiscoverySerial != target.DefaultDiscoverySerial ||
 		c.MaxDiscoveryControllers != target.DefaultMaxControllers/4 ||
 		c.MaxDiscoveryPerSource != target.DefaultMaxDiscoveryPerSource ||
-		c.DiscoveryIdleTimeout != target.DefaultDiscoveryIdleTimeout {
+		c.DiscoveryIdleTimeout != target.DefaultDiscoveryIdleTimeout ||
+		c.CNTLIDMin != 1 || c.CNTLIDMax != 0xFFEF {
 		t.Fatalf("defaults %+v", c)
 	}
 	if err := c.Validate(); err != nil {
@@ -36,7 +37,8 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if back.Limits != c.Limits || back.SyncWorkers != c.SyncWorkers || back.DiscoveryKATO != c.DiscoveryKATO ||
 		back.FirmwareRevision != c.FirmwareRevision || back.MaxDiscoveryControllers != c.MaxDiscoveryControllers ||
-		back.MaxDiscoveryPerSource != c.MaxDiscoveryPerSource || back.DiscoveryIdleTimeout != c.DiscoveryIdleTimeout {
+		back.MaxDiscoveryPerSource != c.MaxDiscoveryPerSource || back.DiscoveryIdleTimeout != c.DiscoveryIdleTimeout ||
+		back.CNTLIDMin != c.CNTLIDMin || back.CNTLIDMax != c.CNTLIDMax {
 		t.Fatalf("round trip %s -> %+v", b, back)
 	}
 }
@@ -57,6 +59,9 @@ func TestConfigValidate(t *testing.T) {
 		{"sync queue", func(c *target.Config) { c.SyncQueue = -1 }, "SyncQueue"},
 		{"controllers", func(c *target.Config) { c.MaxControllers = 0x10000 }, "MaxControllers"},
 		{"nsid", func(c *target.Config) { c.MaxNSID = 0xFFFFFFFF }, "MaxNSID"},
+		{"cntlid min above max", func(c *target.Config) { c.CNTLIDMin, c.CNTLIDMax = 0x500, 0x4FF }, "CNTLIDMin"},
+		{"cntlid max reserved", func(c *target.Config) { c.CNTLIDMax = 0xFFF0 }, "CNTLIDMax"},
+		{"cntlid range below MaxControllers", func(c *target.Config) { c.CNTLIDMin, c.CNTLIDMax, c.MaxControllers = 1, 100, 101 }, "MaxControllers"},
 		{"error log", func(c *target.Config) { c.ErrorLogEntries = 300 }, "ErrorLogEntries"},
 		{"discovery kato", func(c *target.Config) { c.DiscoveryKATO = time.Millisecond }, "DiscoveryKATO"},
 		{"discovery takes every controller", func(c *target.Config) { c.MaxControllers, c.MaxDiscoveryControllers = 8, 8 }, "MaxDiscoveryControllers"},
@@ -77,6 +82,26 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatal("New accepted it")
 			}
 		})
+	}
+}
+
+// TestConfigCNTLIDRange: a CNTLID range smaller than the default
+// MaxControllers makes MaxControllers its size, so the budget (and the
+// discovery share of it) holds; a range of one node's 1024 keeps 1024.
+func TestConfigCNTLIDRange(t *testing.T) {
+	c := target.Config{Limits: testLimits(), CNTLIDMin: 0x101, CNTLIDMax: 0x140}.WithDefaults()
+	if c.MaxControllers != 0x40 || c.MaxDiscoveryControllers != 0x10 {
+		t.Fatalf("MaxControllers %d, MaxDiscoveryControllers %d for a 64-ID range", c.MaxControllers, c.MaxDiscoveryControllers)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c = target.Config{Limits: testLimits(), CNTLIDMin: 1024 + 1, CNTLIDMax: 2 * 1024}.WithDefaults()
+	if c.MaxControllers != target.DefaultMaxControllers {
+		t.Fatalf("MaxControllers %d", c.MaxControllers)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
 	}
 }
 

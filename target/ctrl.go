@@ -109,7 +109,7 @@ func newCtrl(t *Target, s *Subsystem, cntlid uint16, admin *Queue, d *nvme.Conne
 		c.nsqa, c.ncqa = 0, 0
 		c.quiet = true
 	}
-	c.aec = newCtrlAEC(c.disc)
+	c.aec = newCtrlAEC(c.disc, s.ana)
 	c.queues[0] = admin
 	return c
 }
@@ -119,6 +119,9 @@ func newCtrl(t *Target, s *Subsystem, cntlid uint16, admin *Queue, d *nvme.Conne
 func (c *ctrl) oaes() uint32 {
 	if c.disc {
 		return nvme.AENDiscoveryLogs
+	}
+	if c.s.ana {
+		return nvme.AENNSAttr | nvme.AENANAChange
 	}
 	return nvme.AENNSAttr
 }

@@ -120,7 +120,8 @@ func (t *Target) asqsz(p *Port) uint16 {
 // once per port of the target — the arrival port first, then the others
 // by ID — so that a host that discovers over one transport learns every
 // transport that serves the subsystem (nvmet lists the arrival port only;
-// SPDK lists them all). A discovery-only port (Port.DiscoveryOnly) lists
+// SPDK lists them all), then on the other targets' ports its
+// SubsystemConfig.Paths name. A discovery-only port (Port.DiscoveryOnly) lists
 // no NVM subsystem on itself. A connection through no known port sees an empty
 // log. The log and its GENCTR come from one snapshot under t.mu.
 func (t *Target) discoveryLog(host string, p QueueParams) []byte {
@@ -132,12 +133,14 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 	gen := t.genctr.Load()
 	arrival, traddr, trsvcid, ok := t.matchPort(p)
 	var subs []*Subsystem
+	var paths [][]Port // each subsystem's remote paths
 	var ports []listed // where the NVM subsystems are served
 	cur := listed{arrival, traddr, trsvcid}
 	if ok {
 		for _, s := range t.sortedSubsystems() {
 			if s.hostAllowed(host) {
 				subs = append(subs, s)
+				paths = append(paths, s.pathList())
 			}
 		}
 		if !arrival.DiscoveryOnly {
@@ -162,6 +165,9 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 	n := 0
 	if ok {
 		n = 1 + len(subs)*len(ports)
+		for _, ps := range paths {
+			n += len(ps)
+		}
 	}
 	page := make([]byte, nvme.DiscoveryLogHeaderSize+n*nvme.DiscoveryLogEntrySize)
 	h := nvme.DiscoveryLogHeader{GenCtr: gen, NumRec: uint64(n)}
@@ -191,9 +197,13 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 	// The current discovery subsystem: the same information as this
 	// controller, and persistent connections (KATO) are supported.
 	put(&cur, nvme.SubTypeCurrentDiscovery, nvme.DiscoveryNQN, nvme.EFlagDupRetInfo|nvme.EFlagEPCSD)
-	for _, s := range subs {
-		for i := range ports {
-			put(&ports[i], nvme.SubTypeNVM, s.nqn, 0)
+	for i, s := range subs {
+		for j := range ports {
+			put(&ports[j], nvme.SubTypeNVM, s.nqn, 0)
+		}
+		// Then where other targets serve it (SubsystemConfig.Paths).
+		for _, p := range paths[i] {
+			put(&listed{p, p.TrAddr, p.TrSvcID}, nvme.SubTypeNVM, s.nqn, 0)
 		}
 	}
 	return page

@@ -30,7 +30,7 @@ import (
 //	                       DiscoveryIdleTimeout and is torn down (Warn: no
 //	                       host does that; a peer probing or flooding does)
 //	controller destroyed   kind, cntlid, subsystem, host_nqn, host_id, reason
-//	                       (disconnect|keep-alive|host-denied|subsystem-removed|shutdown),
+//	                       (disconnect|keep-alive|host-denied|subsystem-removed|shutdown|evicted),
 //	                       error, lifetime, io_queues
 //	backend poller failed  error: a poll group could not make (or register) an
 //	                       asynchronous backend's engine; that group's IOs take
@@ -205,6 +205,7 @@ const (
 	reasonHostDenied       = "host-denied"
 	reasonSubsystemRemoved = "subsystem-removed"
 	reasonShutdown         = "shutdown"
+	reasonEvicted          = "evicted"
 )
 
 func destroyReason(err error) string {
@@ -221,6 +222,8 @@ func destroyReason(err error) string {
 		return reasonSubsystemRemoved
 	case errors.Is(err, errTargetClosed):
 		return reasonShutdown
+	case errors.Is(err, errEvicted):
+		return reasonEvicted
 	}
 	return "removed"
 }

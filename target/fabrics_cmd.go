@@ -101,8 +101,12 @@ func (q *Queue) connectAdmin(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme
 	if !d.HostNQN.Terminated() || len(d.HostNQN.Bytes()) == 0 {
 		return invalidParam(ipoHost, true)
 	}
-	if !s.hostAllowed(string(d.HostNQN.Bytes())) {
-		return nvme.StatusConnectInvalidHost.WithDNR(), nvme.ConnectInvalidParamDW0(ipoHost, true)
+	// With Admit (fence.go), Admit decides instead of the host list;
+	// gen tells whether an EvictAndDrain ran since it did.
+	host := string(d.HostNQN.Bytes())
+	gen := s.evictGen.Load()
+	if st, ok := q.admitHost(s, host); !ok {
+		return st, nvme.ConnectInvalidParamDW0(ipoHost, true)
 	}
 	// 6. A controller ID is free within the budget (budget.go). nvmet
 	// answers a full target with DNR; here a full budget is temporary,
@@ -138,6 +142,17 @@ func (q *Queue) connectAdmin(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme
 		q.ctrl.Store(nil)
 		c.abandon()
 		return invalidParam(ipoSubNQN, true)
+	}
+	if s.admit != nil && s.evictGen.Load() != gen {
+		// An eviction ran since Admit said yes, and may not have seen
+		// this controller: ask again, under what the fence says now.
+		if err := s.admit(host); err != nil {
+			s.removeCtrl(c)
+			q.ctrl.Store(nil)
+			c.abandon()
+			q.refusal = "not admitted (after an eviction): " + err.Error()
+			return admitStatus(err), nvme.ConnectInvalidParamDW0(ipoHost, true)
+		}
 	}
 	t.stats.ctrlCreated.Add(1)
 	if t.isClosed() {
@@ -215,6 +230,7 @@ func (q *Queue) connectIO(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme.St
 		return nvme.StatusCommandSequenceError.WithDNR(), 0
 	}
 	q.auth = qa
+	s.trackIO(q, c.hostNQN)
 	c.queues[cc.QID] = q
 	c.nioq++
 	q.depth = int(cc.SQSize) + 1

@@ -139,7 +139,7 @@ func (c *ctrl) getFeatures(r *Request) nvme.Status {
 		}
 	case nvme.FeatureAsyncEventConfig:
 		if def {
-			r.Rsp.DW0 = newCtrlAEC(c.disc)
+			r.Rsp.DW0 = newCtrlAEC(c.disc, c.s.ana)
 		} else {
 			r.Rsp.DW0 = c.aec
 		}
@@ -152,12 +152,16 @@ func (c *ctrl) getFeatures(r *Request) nvme.Status {
 }
 
 // newCtrlAEC is the Asynchronous Event Configuration a controller starts
-// with: namespace attribute notices on for an I/O controller (nvmet's
+// with: namespace attribute notices on for an I/O controller, and ANA
+// change notices too for a subsystem with ANA (nvmet's
 // NVMET_AEN_CFG_OPTIONAL), nothing for a discovery controller until the
 // host asks.
-func newCtrlAEC(disc bool) uint32 {
-	if disc {
+func newCtrlAEC(disc, ana bool) uint32 {
+	switch {
+	case disc:
 		return 0
+	case ana:
+		return nvme.AENNSAttr | nvme.AENANAChange
 	}
 	return nvme.AENNSAttr
 }

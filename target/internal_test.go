@@ -10,7 +10,7 @@ import (
 // TestCNTLIDSpace: next-fit over 1..0xFFEF, wrap-around, exhaustion, and
 // rollback of IDs no host saw.
 func TestCNTLIDSpace(t *testing.T) {
-	var s cntlidSpace
+	s := cntlidSpace{lo: nvme.CNTLIDMin, hi: nvme.CNTLIDMax}
 	for want := uint16(1); want <= 3; want++ {
 		if id, ok := s.alloc(); !ok || id != want {
 			t.Fatalf("alloc %d, %v; want %d", id, ok, want)
@@ -46,6 +46,33 @@ func TestCNTLIDSpace(t *testing.T) {
 	}
 	if s.used[0]&1 != 0 || s.used[len(s.used)-1]>>((0xFFF0)%64) != 0 {
 		t.Fatal("IDs 0 or above 0xFFEF handed out")
+	}
+}
+
+// TestCNTLIDSpaceRange: a space of 0x400..0x402 hands out only those,
+// next-fit, wraps within them, and is full after three.
+func TestCNTLIDSpaceRange(t *testing.T) {
+	s := cntlidSpace{lo: 0x400, hi: 0x402}
+	for want := uint16(0x400); want <= 0x402; want++ {
+		if id, ok := s.alloc(); !ok || id != want {
+			t.Fatalf("alloc %#x, %v; want %#x", id, ok, want)
+		}
+	}
+	if id, ok := s.alloc(); ok {
+		t.Fatalf("a full range gave %#x", id)
+	}
+	s.free(0x401, false)
+	if id, ok := s.alloc(); !ok || id != 0x401 {
+		t.Fatalf("after a free: %#x %v", id, ok)
+	}
+	for i, w := range s.used {
+		want := uint64(0)
+		if i == 0x400/64 {
+			want = 7
+		}
+		if w != want {
+			t.Fatalf("used word %d = %#x, want %#x: an ID outside the range", i, w, want)
+		}
 	}
 }
 

@@ -43,6 +43,13 @@ func (q *Queue) execIO(r *Request) {
 		}
 		return
 	}
+	// ANA (ana.go): a path in a state that serves no I/O answers its
+	// status before the backend, without DNR, so the host retries on
+	// another path. One atomic load; 0 (served) without ANA.
+	if st := nvme.Status(c.s.anaIO.Load()); st != nvme.StatusSuccess {
+		q.complete(r, st)
+		return
+	}
 	switch nvme.IOOpcode(cmd.Opcode) {
 	case nvme.IORead:
 		q.read(c, r)

@@ -15,6 +15,8 @@ import (
 //	0x03 Firmware Slot Information one read-only slot, active, holding FR
 //	0x04 Changed Namespace List    cleared when read, unless RAE
 //	0x05 Commands Supported and Effects
+//	0x0C Asymmetric Namespace Access   a subsystem with ANA only (ana.go); LSP bit 0
+//	     (RGO) leaves out the NSIDs; read without RAE it re-arms the ANA notice
 //
 // A discovery controller serves only 0x70 (discovery.go). Every log is
 // built whole into the controller's scratch buffer, then the window the
@@ -54,6 +56,11 @@ func (c *ctrl) getLogPage(r *Request) nvme.Status {
 			return nvme.StatusInvalidField.WithDNR()
 		}
 		page = c.effectsLog()
+	case nvme.LogANA:
+		if !c.s.ana {
+			return nvme.StatusInvalidField.WithDNR()
+		}
+		page = c.anaLog(g.LSP&nvme.ANALogRGO != 0)
 	default:
 		return nvme.StatusInvalidField.WithDNR()
 	}
@@ -66,6 +73,9 @@ func (c *ctrl) getLogPage(r *Request) nvme.Status {
 		c.changed = c.changed[:0]
 		c.changedMax = false
 		c.masked &^= nvme.AENNSAttr
+	}
+	if g.LID == nvme.LogANA && !g.RAE {
+		c.masked &^= nvme.AENANAChange
 	}
 	return nvme.StatusSuccess
 }

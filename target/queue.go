@@ -58,6 +58,9 @@ type Queue struct {
 	inflight  atomic.Int64
 	drained   chan struct{}
 	drainOnce sync.Once
+	// tracked is the subsystem whose EvictAndDrain waits for this I/O
+	// queue (fence.go), told when it drains.
+	tracked atomic.Pointer[Subsystem]
 }
 
 func newQueue(t *Target, r Responder, p QueueParams, lim Limits) *Queue {
@@ -151,8 +154,18 @@ func (q *Queue) Close() {
 		}
 	}
 	if q.inflight.Load() == 0 {
-		q.drainOnce.Do(func() { close(q.drained) })
+		q.markDrained()
 	}
+}
+
+// markDrained closes Drained, once: the queue is closed and idle.
+func (q *Queue) markDrained() {
+	q.drainOnce.Do(func() {
+		close(q.drained)
+		if s := q.tracked.Load(); s != nil {
+			s.untrackIO(q)
+		}
+	})
 }
 
 // Execute runs a command (see request.go). Complete is called exactly
@@ -198,7 +211,7 @@ func (q *Queue) complete(r *Request, s nvme.Status) {
 	q.t.enter(r, reqDone)
 	q.resp.Complete(r)
 	if q.inflight.Add(-1) == 0 && q.state.Load() == queueClosed {
-		q.drainOnce.Do(func() { close(q.drained) })
+		q.markDrained()
 	}
 }
 

@@ -311,6 +311,27 @@ var statusCases = []struct {
 		return f.h.exec(q, connectCmd(0, 31, 0), connectData(hostB, subA, 0xFFFF, hostIDA))
 	}},
 
+	{"connect invalid host: Admit says later", nvme.StatusConnectInvalidHost, func(t *testing.T, f *fixture) *call {
+		if _, err := f.h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subB, Admit: func(string) error {
+			return fmt.Errorf("epoch ahead: %w", target.ErrAdmitRetry)
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		q := f.h.queue("later", target.QueueParams{QID: 0, SQSize: 31})
+		return f.h.exec(q, connectCmd(0, 31, 0), connectData(hostA, subB, 0xFFFF, hostIDA))
+	}},
+
+	// Path related status (ANA): no DNR, the host retries elsewhere.
+	{"asymmetric access inaccessible", nvme.StatusANAInaccessible, func(t *testing.T, f *fixture) *call {
+		return anaRead(t, f, nvme.ANAInaccessible)
+	}},
+	{"asymmetric access persistent loss", nvme.StatusANAPersistentLoss, func(t *testing.T, f *fixture) *call {
+		return anaRead(t, f, nvme.ANAPersistentLoss)
+	}},
+	{"asymmetric access transition", nvme.StatusANATransition, func(t *testing.T, f *fixture) *call {
+		return anaRead(t, f, nvme.ANAChange)
+	}},
+
 	// Media and data integrity errors.
 	{"write fault", nvme.StatusWriteFault.WithDNR(), func(t *testing.T, f *fixture) *call {
 		f.fault.set("write", fmt.Errorf("wal: %w", store.ErrIO))
@@ -335,6 +356,20 @@ var statusCases = []struct {
 		f.fault.set("write", fmt.Errorf("held: %w", statusErr(nvme.StatusReservationConflict.WithDNR())))
 		return f.h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), f.data4k)
 	}},
+}
+
+// anaRead reads on a second subsystem, with ANA, in state st.
+func anaRead(t *testing.T, f *fixture, st nvme.ANAState) *call {
+	s, err := f.h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subB, AllowAnyHost: true, ANA: true, ANAState: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: f.mem}); err != nil {
+		t.Fatal(err)
+	}
+	_, cntlid := f.h.adminConnect("ana-admin", hostA, subB, 5000)
+	io := f.h.ioConnect("ana-io", 1, hostA, subB, cntlid)
+	return f.h.exec(io, ioCmd(nvme.IORead, 1, 0, 1, 0), make([]byte, 4096))
 }
 
 // oneCtrlCases run on a target with MaxControllers 1.

@@ -33,6 +33,38 @@ type SubsystemConfig struct {
 	// HostKeys are the DH-HMAC-CHAP secrets of hosts that must
 	// authenticate, by host NQN (see SetHostKeys).
 	HostKeys map[string]HostKeys
+
+	// ANA makes the subsystem report Asymmetric Namespace Access (ana.go):
+	// one ANA group, ID 1, of all its namespaces, whose state
+	// SetANAState changes. Without it Identify, the logs and the I/O path
+	// are as they always were.
+	ANA bool
+	// ANAState is the group's state at creation, with ANA. Zero:
+	// optimized. A path that must not serve until told otherwise starts
+	// inaccessible, with no window in which it serves.
+	ANAState nvme.ANAState
+
+	// Admit, when set, decides at each admin queue Connect whether a host
+	// may create a controller, in place of AllowAnyHost and Hosts (which
+	// must then be unset); DH-HMAC-CHAP (HostKeys) still applies to an
+	// admitted host. A nil error admits; any other refuses the Connect
+	// with Connect Invalid Host, with DNR (a Linux host stops
+	// reconnecting) unless the error wraps ErrAdmitRetry. Admit runs on
+	// the binding's goroutine, and again if EvictAndDrain ran during the
+	// Connect: it must be quick and must not block. It is also asked
+	// which hosts the discovery log shows the subsystem to. See fence.go.
+	Admit func(hostNQN string) error
+
+	// Paths are other targets' ports serving this same subsystem (the
+	// other nodes of a volume exported under one NQN, each an ANA path):
+	// the discovery log lists the subsystem on each, after this target's
+	// own ports, so a host that discovers here learns every path (nvme
+	// connect-all). Each is a Port as the other target reports it: ID its
+	// PORTID there, TrAddr a specific address, Limits (optional) for its
+	// ASQSZ (else as this target's ports); AdvertiseAddr, AdvertiseSvcID
+	// and DiscoveryOnly are not used. Listed in the order given. SetPaths
+	// replaces them.
+	Paths []Port
 }
 
 // NamespaceConfig describes a namespace.
@@ -75,11 +107,38 @@ type Subsystem struct {
 	keys     map[string]HostKeys
 	ctrls    map[uint16]*ctrl
 	removed  bool
+	paths    []Port // replaced whole by SetPaths, never changed in place
+
+	// admit is SubsystemConfig.Admit; evictGen counts EvictAndDrain
+	// calls, so that a Connect admitted before one re-asks (fence.go).
+	admit    func(hostNQN string) error
+	evictGen atomic.Uint64
+	// ioQueues are the I/O queues connected to the subsystem's
+	// controllers that have not drained yet (Queue.Drained), with their
+	// host NQN: what EvictAndDrain waits for, including the queues of
+	// controllers already torn down. qmu is a leaf lock.
+	qmu      sync.Mutex
+	ioQueues map[*Queue]string
+
+	// ANA (ana.go). ana is fixed at creation; anaIO is the status an I/O
+	// command gets in the current state (0: served), one atomic load per
+	// command. anaMu serialises SetANAState and guards anaState and
+	// anaChg; it is a leaf lock (taken under ctrl.mu by the log).
+	ana      bool
+	anaIO    atomic.Uint32
+	anaMu    sync.Mutex
+	anaState nvme.ANAState
+	anaChg   uint64
 }
 
 func newSubsystem(t *Target, c SubsystemConfig, discovery bool) *Subsystem {
 	s := &Subsystem{t: t, nqn: c.NQN, discovery: discovery, allowAny: c.AllowAnyHost,
-		hosts: make(map[string]bool), ctrls: make(map[uint16]*ctrl)}
+		hosts: make(map[string]bool), ctrls: make(map[uint16]*ctrl), ioQueues: make(map[*Queue]string)}
+	if !discovery {
+		s.admit = c.Admit
+		s.paths = c.Paths
+	}
+	s.initANA(c)
 	_ = nvme.SetASCII(s.serial[:], c.Serial)
 	_ = nvme.SetASCII(s.model[:], c.Model)
 	for _, h := range c.Hosts {
@@ -165,10 +224,14 @@ func (s *Subsystem) AuthenticatedHosts() []string {
 	return slices.Sorted(maps.Keys(s.keys))
 }
 
-// AllowHost lets a host NQN connect.
+// AllowHost lets a host NQN connect. A subsystem with Admit has no host
+// list: ErrInvalid.
 func (s *Subsystem) AllowHost(hostNQN string) error {
 	if err := nvme.ValidateNQN(hostNQN); err != nil {
 		return fmt.Errorf("target: subsystem %s: host NQN %q: %w", s.nqn, hostNQN, ErrInvalid)
+	}
+	if s.admit != nil {
+		return fmt.Errorf("target: subsystem %s: hosts are admitted by its Admit, not listed: %w", s.nqn, ErrInvalid)
 	}
 	s.t.mu.Lock()
 	s.mu.Lock()
@@ -251,18 +314,102 @@ func (s *Subsystem) ConnectedHosts() []string {
 }
 
 // hostAllowed reports whether hostNQN may connect. The discovery
-// subsystem admits every host.
+// subsystem admits every host; a subsystem with Admit, the hosts it
+// admits.
 func (s *Subsystem) hostAllowed(hostNQN string) bool {
 	if s.discovery {
 		return true
+	}
+	if s.admit != nil {
+		return s.admit(hostNQN) == nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.allowAny || s.hosts[hostNQN]
 }
 
-// revokeHosts tears down the controllers of hosts no longer allowed.
+// checkPath checks a remote path as AddPort checks a port, and returns
+// it with the RDMA TSAS defaulted and its Limits copied.
+func checkPath(p Port) (Port, error) {
+	switch {
+	case len(p.TrAddr) >= 256 || len(p.TrSvcID) >= 32:
+		return p, fmt.Errorf("target: path (port %d): address %q service %q too long: %w", p.ID, p.TrAddr, p.TrSvcID, ErrInvalid)
+	case p.TrAddr == "" || wildcardHost(p.TrAddr) || p.TrSvcID == "":
+		return p, fmt.Errorf("target: path (port %d): address %q service %q: a host must be able to connect to it: %w", p.ID, p.TrAddr, p.TrSvcID, ErrInvalid)
+	case p.AdvertiseAddr != "" || p.AdvertiseSvcID != "" || p.DiscoveryOnly:
+		return p, fmt.Errorf("target: path (port %d): give the address hosts use as TrAddr, no AdvertiseAddr, AdvertiseSvcID or DiscoveryOnly: %w", p.ID, ErrInvalid)
+	case p.TCP.SecType > nvme.TCPSecTypeTLS13:
+		return p, fmt.Errorf("target: path (port %d): TCP SECTYPE %d unknown: %w", p.ID, p.TCP.SecType, ErrInvalid)
+	}
+	if p.Limits != nil {
+		l := *p.Limits
+		if err := l.Validate(); err != nil {
+			return p, fmt.Errorf("target: path (port %d): %w", p.ID, err)
+		}
+		p.Limits = &l
+	}
+	if p.TrType == nvme.TrTypeRDMA && p.RDMA == (nvme.RDMATSAS{}) {
+		p.RDMA = nvme.RDMATSAS{QPType: nvme.RDMAQPTypeConnected, PrType: nvme.RDMAPrTypeNotSpecified, CMS: nvme.RDMACMSRDMACM}
+	}
+	return p, nil
+}
+
+// checkPaths checks every path and returns the checked copies.
+func checkPaths(ps []Port) ([]Port, error) {
+	out := make([]Port, 0, len(ps))
+	for _, p := range ps {
+		c, err := checkPath(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// SetPaths replaces the subsystem's remote paths (SubsystemConfig.Paths):
+// the discovery log changes, and every discovery controller that asked
+// for it gets the discovery log change notice, so a host watching
+// discovery (nvme discover -p) learns of a new path or a gone one.
+func (s *Subsystem) SetPaths(paths []Port) error {
+	if s.discovery {
+		return fmt.Errorf("target: the discovery subsystem has no paths: %w", ErrInvalid)
+	}
+	ps, err := checkPaths(paths)
+	if err != nil {
+		return fmt.Errorf("target: subsystem %s: %w", s.nqn, err)
+	}
+	s.t.mu.Lock()
+	s.mu.Lock()
+	s.paths = ps
+	s.t.genctr.Add(1)
+	s.mu.Unlock()
+	s.t.mu.Unlock()
+	s.t.discoveryChanged()
+	return nil
+}
+
+// Paths returns the subsystem's remote paths.
+func (s *Subsystem) Paths() []Port {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.paths)
+}
+
+// pathList returns the paths slice itself (never changed in place).
+func (s *Subsystem) pathList() []Port {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.paths
+}
+
+// revokeHosts tears down the controllers of hosts no longer allowed. A
+// subsystem with Admit has no host list to revoke from: EvictAndDrain
+// is its revocation.
 func (s *Subsystem) revokeHosts() {
+	if s.admit != nil {
+		return
+	}
 	for _, c := range s.controllers() {
 		if !s.hostAllowed(c.hostNQN) {
 			c.teardown(errHostRevoked)

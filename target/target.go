@@ -126,6 +126,7 @@ func New(cfg Config) (*Target, error) {
 		t.clock = realClock{}
 	}
 	t.start = t.clock.Now()
+	t.cntlids.lo, t.cntlids.hi = cfg.CNTLIDMin, cfg.CNTLIDMax
 	t.disc = newSubsystem(t, SubsystemConfig{NQN: nvme.DiscoveryNQN, Serial: cfg.DiscoverySerial,
 		Model: "blk discovery", AllowAnyHost: true}, true)
 	t.pool = newSyncPool(t, cfg.SyncWorkers, cfg.SyncQueue)
@@ -300,6 +301,17 @@ func (t *Target) AddSubsystem(c SubsystemConfig) (*Subsystem, error) {
 			return nil, fmt.Errorf("target: subsystem %s: host NQN %q: %w", c.NQN, h, ErrInvalid)
 		}
 	}
+	if c.Admit != nil && (c.AllowAnyHost || len(c.Hosts) > 0) {
+		return nil, fmt.Errorf("target: subsystem %s: Admit replaces AllowAnyHost and Hosts, set only one: %w", c.NQN, ErrInvalid)
+	}
+	paths, err := checkPaths(c.Paths)
+	if err != nil {
+		return nil, fmt.Errorf("target: subsystem %s: %w", c.NQN, err)
+	}
+	c.Paths = paths
+	if c.ANAState != 0 && (!c.ANA || !c.ANAState.Valid()) {
+		return nil, fmt.Errorf("target: subsystem %s: ANA state %#x (ANA %v): %w", c.NQN, uint8(c.ANAState), c.ANA, ErrInvalid)
+	}
 	s := newSubsystem(t, c, false)
 	t.mu.Lock()
 	if t.closed {
@@ -418,29 +430,31 @@ func (t *Target) isClosed() bool {
 	return t.closed
 }
 
-// cntlidSpace hands out controller IDs 1..0xFFEF, next-fit, so that a
-// just-freed ID is the last to be reused (a host that still holds it for
-// a dead association does not meet it on a new one at once).
+// cntlidSpace hands out controller IDs lo..hi (Config.CNTLIDMin and
+// CNTLIDMax), next-fit, so that a just-freed ID is the last to be reused
+// (a host that still holds it for a dead association does not meet it on
+// a new one at once).
 type cntlidSpace struct {
-	used [(int(nvme.CNTLIDMax) + 64) / 64]uint64
-	next uint16
+	used   [(int(nvme.CNTLIDMax) + 64) / 64]uint64
+	next   uint16
+	lo, hi uint16
 }
 
-// alloc returns a free ID, or false if all 0xFFEF are taken.
+// alloc returns a free ID, or false if all of lo..hi are taken.
 func (s *cntlidSpace) alloc() (uint16, bool) {
-	if s.next < nvme.CNTLIDMin || s.next > nvme.CNTLIDMax {
-		s.next = nvme.CNTLIDMin
+	if s.next < s.lo || s.next > s.hi {
+		s.next = s.lo
 	}
 	id := s.next
-	for range nvme.CNTLIDMax {
+	for range int(s.hi-s.lo) + 1 {
 		if s.used[id/64]&(1<<(id%64)) == 0 {
 			s.used[id/64] |= 1 << (id % 64)
 			s.next = id + 1
 			return id, true
 		}
 		id++
-		if id > nvme.CNTLIDMax {
-			id = nvme.CNTLIDMin
+		if id > s.hi {
+			id = s.lo
 		}
 	}
 	return 0, false

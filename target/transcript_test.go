@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,6 +60,48 @@ type transcript struct {
 	vars     map[string]string
 	backends map[string]*target.MemBackend
 	limits   map[string]*target.Limits // named by the limits verb
+	admits   map[string]*admission     // by subsystem NQN, for SubsystemConfig.Admit
+}
+
+// admission is a transcript subsystem's Admit: hosts in ok are
+// admitted, hosts in later refused with ErrAdmitRetry (no DNR), every
+// other host refused for good (DNR) — as blkd admits the primary at the
+// fence's epoch, a newer epoch later, an older never.
+type admission struct {
+	mu        sync.Mutex
+	ok, later map[string]bool
+}
+
+func (ad *admission) set(a *args, okKey, laterKey string) {
+	ad.mu.Lock()
+	defer ad.mu.Unlock()
+	ad.ok, ad.later = map[string]bool{}, map[string]bool{}
+	for _, h := range strings.Split(a.str(okKey, ""), ",") {
+		ad.ok[a.tr.expand(h)] = h != ""
+	}
+	for _, h := range strings.Split(a.str(laterKey, ""), ",") {
+		ad.later[a.tr.expand(h)] = h != ""
+	}
+}
+
+func (ad *admission) admit(host string) error {
+	ad.mu.Lock()
+	defer ad.mu.Unlock()
+	switch {
+	case ad.ok[host]:
+		return nil
+	case ad.later[host]:
+		return fmt.Errorf("epoch ahead of the fence: %w", target.ErrAdmitRetry)
+	}
+	return errors.New("stale epoch")
+}
+
+// expand returns $NAME's value, or s itself.
+func (tr *transcript) expand(s string) string {
+	if strings.HasPrefix(s, "$") {
+		return tr.vars[s[1:]]
+	}
+	return s
 }
 
 func runTranscript(t *testing.T, path string) {
@@ -67,7 +111,7 @@ func runTranscript(t *testing.T, path string) {
 	}
 	lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
 	tr := &transcript{t: t, path: path, vars: map[string]string{}, backends: map[string]*target.MemBackend{},
-		limits: map[string]*target.Limits{}}
+		limits: map[string]*target.Limits{}, admits: map[string]*admission{}}
 	var out []string
 	for i := 0; i < len(lines); {
 		l := lines[i]
@@ -195,11 +239,14 @@ func (tr *transcript) queue(a *args) *tq {
 // run executes one command line and returns what it prints. Verbs:
 //
 //	let NAME=value                        define $NAME
-//	target maxio= mqes= admq= incapsule= maxxfer= keyed= maxctrl= errlog= maxdisc= discsrc= discidle= [nolimits]
+//	target maxio= mqes= admq= incapsule= maxxfer= keyed= maxctrl= errlog= maxdisc= discsrc= discidle= cntlidmin= cntlidmax= [nolimits]
 //	limits name= maxio= mqes= admq= incapsule= maxxfer= keyed=
 //	port id= trtype= adrfam= traddr= trsvcid= [treq=] [advaddr=] [advsvc=] [sectype=] [limits=]
 //	rm-port id=
-//	subsystem nqn= [serial=] [model=] [any] [hosts=a,b]
+//	subsystem nqn= [serial=] [model=] [any] [hosts=a,b] [ana] [ana-state=] [admit=a,b [later=c]]
+//	ana nqn= state=optimized|non-optimized|inaccessible|persistent-loss|change|N
+//	admit nqn= hosts=a,b [later=c]        change what Admit admits
+//	paths nqn= set=id/trtype/addr/svc,... SetPaths (IPv4), set= empty: none
 //	rm-subsystem nqn=
 //	allow nqn= host= | deny nqn= host= | allow-any nqn= on|off
 //	namespace nqn= nsid= [blocks=] [bs=] [ro]
@@ -211,7 +258,7 @@ func (tr *transcript) queue(a *args) *tq {
 //	poll-csts q= want=
 //	identify q= cns= [nsid=] [len=] [show=F,F]
 //	get-features q= fid= [sel=]  |  set-features q= fid= value= [sv]
-//	get-log q= lid= [nsid=] [len=] [off=] [rae] [csi=] [show=F,F]
+//	get-log q= lid= [nsid=] [len=] [off=] [rae] [csi=] [lsp=] [show=F,F]
 //	aer q=  |  keep-alive q=  |  advance d=
 //	read q= nsid= slba= blocks= [bs=] [len=]
 //	write q= nsid= slba= blocks= [fill=] [fua] [len=]
@@ -243,6 +290,7 @@ func (tr *transcript) run(line string) []string {
 		maxctrl := int(a.num("maxctrl", 0))
 		errlog := int(a.num("errlog", 0))
 		maxdisc, discsrc := int(a.num("maxdisc", 0)), int(a.num("discsrc", 0))
+		cntlidMin, cntlidMax := uint16(a.num("cntlidmin", 0)), uint16(a.num("cntlidmax", 0))
 		discidle, err := time.ParseDuration(a.str("discidle", "0s"))
 		if err != nil {
 			tr.fatalf("discidle: %v", err)
@@ -254,6 +302,7 @@ func (tr *transcript) run(line string) []string {
 			c.MaxDiscoveryControllers = maxdisc
 			c.MaxDiscoveryPerSource = discsrc
 			c.DiscoveryIdleTimeout = discidle
+			c.CNTLIDMin, c.CNTLIDMax = cntlidMin, cntlidMax
 		})
 	case "limits":
 		l := tr.parseLimits(a)
@@ -270,7 +319,13 @@ func (tr *transcript) run(line string) []string {
 		out = append(out, errLine(tr.harness().tgt.RemovePort(uint16(a.num("id", 1)))))
 	case "subsystem":
 		c := target.SubsystemConfig{NQN: a.must("nqn"), Serial: a.str("serial", ""), Model: a.str("model", ""),
-			AllowAnyHost: a.has("any")}
+			AllowAnyHost: a.has("any"), ANA: a.has("ana"), ANAState: tr.anaState(a.str("ana-state", "0"))}
+		if a.has("admit") {
+			ad := &admission{}
+			ad.set(a, "admit", "later")
+			tr.admits[c.NQN] = ad
+			c.Admit = ad.admit
+		}
 		if hs := a.str("hosts", ""); hs != "" {
 			for _, h := range strings.Split(hs, ",") {
 				if strings.HasPrefix(h, "$") {
@@ -281,6 +336,29 @@ func (tr *transcript) run(line string) []string {
 		}
 		_, err := tr.harness().tgt.AddSubsystem(c)
 		out = append(out, errLine(err))
+	case "ana":
+		out = append(out, errLine(tr.subsystem(a).SetANAState(tr.anaState(a.must("state")))))
+	case "paths":
+		var ps []target.Port
+		for _, e := range strings.Split(a.str("set", ""), ",") {
+			if e == "" {
+				continue
+			}
+			f := strings.Split(e, "/")
+			if len(f) != 4 {
+				tr.fatalf("path %q: want id/trtype/addr/svc", e)
+			}
+			id, _ := strconv.ParseUint(f[0], 0, 16)
+			tt, _ := strconv.ParseUint(f[1], 0, 8)
+			ps = append(ps, target.Port{ID: uint16(id), TrType: uint8(tt), AdrFam: nvme.AdrFamIPv4, TrAddr: f[2], TrSvcID: f[3]})
+		}
+		out = append(out, errLine(tr.subsystem(a).SetPaths(ps)))
+	case "admit":
+		ad := tr.admits[tr.subsystem(a).NQN()]
+		if ad == nil {
+			tr.fatalf("subsystem has no Admit")
+		}
+		ad.set(a, "hosts", "later")
 	case "rm-subsystem":
 		out = append(out, errLine(tr.harness().tgt.RemoveSubsystem(a.must("nqn"))))
 	case "allow", "deny", "allow-any":
@@ -389,6 +467,7 @@ func (tr *transcript) run(line string) []string {
 		off := a.num("off", 0)
 		cmd := getLogCmd(lid, uint32(a.num("nsid", 0)), max(n, 4), off, a.has("rae"))
 		cmd.CDW14 |= uint32(a.num("csi", 0)) << 24
+		cmd.CDW10 |= uint32(a.num("lsp", 0)&0x7F) << 8
 		c := tr.harness().exec(q, cmd, make([]byte, n))
 		out = append(out, fmtRsp(c.rsp))
 		if show := a.str("show", ""); show != "" && c.rsp.Status.Success() {
@@ -458,6 +537,20 @@ func (tr *transcript) run(line string) []string {
 		}
 	}
 	return out
+}
+
+// anaState reads an ANA state by name or number.
+func (tr *transcript) anaState(v string) nvme.ANAState {
+	for s := nvme.ANAState(1); s != 0; s++ {
+		if s.Valid() && s.String() == v {
+			return s
+		}
+	}
+	n, err := strconv.ParseUint(v, 0, 8)
+	if err != nil {
+		tr.fatalf("ANA state %q", v)
+	}
+	return nvme.ANAState(n)
 }
 
 // parseLimits reads limits: testLimits, changed by maxio=, mqes=, admq=,
@@ -716,6 +809,23 @@ func showLog(tr *transcript, lid uint8, off uint64, data []byte, show string) []
 		}
 		if len(out) == 0 {
 			out = append(out, "data="+summarize(data))
+		}
+		return out
+	case nvme.LogANA:
+		if off != 0 {
+			return []string{"data=" + summarize(data)}
+		}
+		var l nvme.ANALog
+		if err := l.Unmarshal(data); err != nil {
+			return []string{"error: " + err.Error(), "data=" + summarize(data)}
+		}
+		out := []string{fmt.Sprintf("chgcnt=%d ngrps=%d size=%d", l.ChangeCount, len(l.Groups), l.Size())}
+		for _, g := range l.Groups {
+			ids := make([]string, len(g.NSIDs))
+			for i, id := range g.NSIDs {
+				ids[i] = strconv.Itoa(int(id))
+			}
+			out = append(out, fmt.Sprintf("group %d: state=%v chgcnt=%d nsids=%s", g.GroupID, g.State, g.ChangeCount, strings.Join(ids, ",")))
 		}
 		return out
 	case nvme.LogChangedNSList:
