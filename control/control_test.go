@@ -218,6 +218,10 @@ func (r *fakeRegistry) Node(_ context.Context, id string) (meta.NodeInfo, error)
 	return n, nil
 }
 
+func (r *fakeRegistry) Nodes(context.Context) ([]meta.NodeInfo, error) {
+	return r.state.Export().Nodes, nil
+}
+
 func (r *fakeRegistry) Place(_ context.Context, req meta.PlaceRequest) ([]string, error) {
 	return r.state.Place(req)
 }

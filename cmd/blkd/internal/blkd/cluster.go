@@ -53,7 +53,15 @@ type JoinRequest struct {
 	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
 	// Zone: the node's failure domain (meta.RegisterNode).
 	Zone string `json:"zone,omitempty"`
+	// Features: what the node's binary can do (meta.RegisterNode):
+	// nodeFeatures.
+	Features []string `json:"features,omitempty"`
 }
+
+// nodeFeatures are the meta.RegisterNode features this blkd registers:
+// the leader proposes replica commands only once every node lists
+// meta.FeatureReplication (docs/replication.md §1).
+var nodeFeatures = []string{meta.FeatureReplication}
 
 // JoinResponse answers POST /v1/cluster/join. A new node is added as a
 // nonvoter; it asks again with Promote once its registry copy reached
@@ -182,7 +190,7 @@ func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 		return metaError(err, "")
 	}
 	if req.APIAddr != "" || req.NVMeAddr != "" || req.TCPAddr != "" {
-		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone}); err != nil {
+		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone, Features: req.Features}); err != nil {
 			return metaError(err, "")
 		}
 	}
@@ -224,7 +232,7 @@ func (d *Daemon) clusterRemove(w http.ResponseWriter, r *http.Request) error {
 			known = true
 		}
 		for _, v := range s.Export().Volumes {
-			if v.Node == req.NodeID {
+			if _, ok := v.Replica(req.NodeID); ok {
 				owned = append(owned, v.Name)
 			}
 		}
@@ -233,7 +241,7 @@ func (d *Daemon) clusterRemove(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusNotFound, fmt.Sprintf("no node %q in the cluster: GET /v1/cluster lists the members", req.NodeID)}
 	}
 	if len(owned) > 0 {
-		return &apiError{http.StatusConflict, fmt.Sprintf("node %q owns volumes %s: delete them first", req.NodeID, strings.Join(owned, ", "))}
+		return &apiError{http.StatusConflict, fmt.Sprintf("node %q holds replicas of volumes %s: delete them (or remove their replicas on it) first", req.NodeID, strings.Join(owned, ", "))}
 	}
 	if err := d.node.RemoveServer(ctx, req.NodeID); err != nil {
 		return metaError(err, "")
@@ -359,7 +367,7 @@ func leaderIndex(ctx context.Context, client *http.Client, url, id string) (uint
 // joinRequest is this node's join request with its addresses.
 func (d *Daemon) joinRequest(apiAddr, nvmeAddr, tcpAddr string) JoinRequest {
 	return JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr, TCPAddr: tcpAddr,
-		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity(), Zone: d.cfg.Zone}
+		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity(), Zone: d.cfg.Zone, Features: nodeFeatures}
 }
 
 // register makes the cluster know this node: on the leader it applies
@@ -377,7 +385,7 @@ func (d *Daemon) register(ctx context.Context, first string, req JoinRequest) er
 	var last error
 	for {
 		if first == "" && d.node.IsLeader() {
-			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone})
+			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone, Features: req.Features})
 			if err == nil {
 				return nil
 			}
