@@ -55,7 +55,19 @@ func (m *Manager) replicaCount(ctx context.Context, n int) (count int, explicit 
 	}
 	ready := m.requireFeature(ctx, meta.FeatureReplication)
 	if n > 1 {
-		return n, true, ready
+		if ready != nil {
+			return 0, false, ready
+		}
+		nodes, err := m.reg.Nodes(ctx)
+		if err != nil {
+			return 0, false, err
+		}
+		if n == 2 && len(nodes) < 3 {
+			// Every node is a raft voter: with two, losing either stops
+			// the registry, so no failover could ever commit.
+			return 0, false, fmt.Errorf("%w: %d replicas on a cluster of %d nodes: a failover needs the registry, which two nodes cannot keep when one is lost; add a third node first", ErrInvalid, n, len(nodes))
+		}
+		return n, true, nil
 	}
 	if n == 1 {
 		return 1, ready == nil, nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -226,6 +227,20 @@ func TestReplicaLimits(t *testing.T) {
 	}
 }
 
+// TestTwoReplicasNeedThreeNodes: two copies on a two-node cluster are
+// refused (no failover could commit), allowed with a third node.
+func TestTwoReplicasNeedThreeNodes(t *testing.T) {
+	ctx := context.Background()
+	c := newReplicaCluster(t, "a", "b")
+	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "v", SizeBytes: 1 << 20, Replicas: 2}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "add a third node") {
+		t.Fatalf("two nodes: %v", err)
+	}
+	c.register(t, "n3", "c", true)
+	if v, err := c.mgr.Create(ctx, CreateRequest{Name: "v", SizeBytes: 1 << 20, Replicas: 2}); err != nil || len(v.Replicas) != 2 {
+		t.Fatalf("three nodes: %+v %v", v, err)
+	}
+}
+
 // TestPinnedPrimary: --node pins the primary; the others are placed in
 // other zones.
 func TestPinnedPrimary(t *testing.T) {
@@ -330,6 +345,13 @@ func TestResizeAndDeleteEveryReplica(t *testing.T) {
 	if v, ok := c.reg.state.Volume("v"); !ok || v.State != meta.VolumeDeleting {
 		t.Fatalf("after a half delete: %+v %v", v, ok)
 	}
+	// Nor does a settle round while n3 is still down.
+	if bad, err := c.mgr.Settle(ctx); err != nil || bad["n3"] == nil {
+		t.Fatalf("settle: %v %v", bad, err)
+	}
+	if _, ok := c.reg.state.Volume("v"); !ok {
+		t.Fatal("purged while node n3 still holds a copy")
+	}
 	c.owners.down["n3"] = false
 	if bad, err := c.mgr.Settle(ctx); err != nil || len(bad) != 0 {
 		t.Fatalf("settle: %v %v", bad, err)
@@ -380,5 +402,182 @@ func TestSettleFinishesASecondary(t *testing.T) {
 	sts := c.owners.recs["n2"].ReconcileAll(vols)
 	if len(sts) != 1 || sts[0].State != StateStandby {
 		t.Fatalf("restart statuses %+v", sts)
+	}
+}
+
+// crashCluster is newReplicaCluster's nodes as one crash domain for
+// TestCrashBetweenStepsReplicated: a crash loses every target (in
+// memory); stores and the registry keep what they committed.
+type crashCluster struct{ *replicaCluster }
+
+func newCrashCluster(t *testing.T) crashCluster {
+	c := crashCluster{newReplicaCluster(t, "a", "b", "c")}
+	c.w.steps = 0
+	return c
+}
+
+// clone is the cluster after a crash: stores and registry copied, targets
+// and reconcilers new.
+func (c crashCluster) clone(t *testing.T) crashCluster {
+	n := &replicaCluster{w: c.w, reg: &fakeRegistry{w: c.w, state: cloneState(t, c.reg.state), index: c.reg.index}, stores: map[string]*fakeStore{}, tgts: map[string]*fakeTarget{}, log: &bytes.Buffer{}}
+	for id, st := range c.stores {
+		n.stores[id] = &fakeStore{w: c.w, vols: maps(st.vols)}
+	}
+	out := crashCluster{n}
+	out.restart()
+	return out
+}
+
+// restart is new processes on the same stores and registry.
+func (c crashCluster) restart() {
+	c.owners = &owners{reg: c.reg, recs: map[string]*Reconciler{}, down: map[string]bool{}}
+	for id, st := range c.stores {
+		c.tgts[id] = &fakeTarget{w: c.w, subs: map[string]*sub{}, store: st}
+		c.owners.recs[id] = NewReconciler(id, st, c.tgts[id], nil)
+	}
+	c.mgr = NewManager(c.reg, c.owners)
+	c.mgr.MaxReplicas = meta.MaxReplicas
+}
+
+// recover is every node's restart path, then one settle round.
+func (c crashCluster) recover(t *testing.T) {
+	vols, _ := c.reg.Volumes(context.Background())
+	for _, id := range []string{"n1", "n2", "n3"} {
+		c.owners.recs[id].ReconcileAll(vols)
+	}
+	if bad, err := c.mgr.Settle(context.Background()); err != nil || len(bad) != 0 {
+		t.Fatalf("settle: %v %v", bad, err)
+	}
+}
+
+// check: every registry volume online; a store volume of its shape on
+// every replica node and nowhere else; served by its primary only, with
+// its hosts; no subsystem or store volume without a registry entry.
+func (c crashCluster) check() error {
+	vols, _ := c.reg.Volumes(context.Background())
+	ids, nqns := map[uint64]bool{}, map[string]bool{}
+	for _, v := range vols {
+		ids[v.ID], nqns[v.NQN] = true, true
+		if v.State != meta.VolumeOnline {
+			return fmt.Errorf("volume %q is %v (%s), want online", v.Name, v.State, v.Reason)
+		}
+		for id, st := range c.stores {
+			_, holds := v.Replica(id)
+			sh, has := st.vols[v.ID]
+			if holds != has || (has && (sh.size != v.SizeBytes || sh.bs != v.BlockSize)) {
+				return fmt.Errorf("volume %q on %s: replica %v, store %v %+v, registry %d", v.Name, id, holds, has, sh, v.SizeBytes)
+			}
+			sub, served := c.tgts[id].subs[v.NQN]
+			if served != (id == v.Node) {
+				return fmt.Errorf("volume %q served on %s: %v (primary %s)", v.Name, id, served, v.Node)
+			}
+			if served && !slices.Equal(sub.hosts, v.Hosts) {
+				return fmt.Errorf("volume %q: served hosts %v, registry %v", v.Name, sub.hosts, v.Hosts)
+			}
+		}
+	}
+	for id, st := range c.stores {
+		for vid := range st.vols {
+			if !ids[vid] {
+				return fmt.Errorf("node %s: store volume %d has no registry entry", id, vid)
+			}
+		}
+		for nqn := range c.tgts[id].subs {
+			if !nqns[nqn] {
+				return fmt.Errorf("node %s serves %s without a registry entry", id, nqn)
+			}
+		}
+	}
+	return nil
+}
+
+// randomReplicaOps is a seeded sequence of operations on replicated
+// volumes: create (1 to 3 copies), resize, allow, planned change of
+// primary, delete, on two names.
+func randomReplicaOps(rng *rand.Rand, n int) ([]op, []string) {
+	var ops []op
+	var desc []string
+	for range n {
+		name := []string{"a", "b"}[rng.IntN(2)]
+		switch rng.IntN(5) {
+		case 0, 1:
+			k := 1 + rng.IntN(3)
+			desc = append(desc, fmt.Sprintf("create %s ×%d", name, k))
+			ops = append(ops, func(ctx context.Context, m *Manager) error {
+				_, err := m.Create(ctx, CreateRequest{Name: name, SizeBytes: 1 << 20, Replicas: k})
+				return err
+			})
+		case 2:
+			desc = append(desc, "resize "+name)
+			ops = append(ops, func(ctx context.Context, m *Manager) error {
+				v, err := m.reg.Volume(ctx, name)
+				if err != nil {
+					return err
+				}
+				_, err = m.Resize(ctx, name, v.SizeBytes+1<<20)
+				return err
+			})
+		case 3:
+			to := rng.IntN(3)
+			desc = append(desc, fmt.Sprintf("primary %s → replica %d", name, to))
+			ops = append(ops, func(ctx context.Context, m *Manager) error {
+				v, err := m.reg.Volume(ctx, name)
+				if err != nil {
+					return err
+				}
+				set := v.ReplicaSet()
+				_, err = m.SetPrimary(ctx, name, v.CurrentEpoch(), set[to%len(set)].Node, false)
+				return err
+			})
+		default:
+			if rng.IntN(2) == 0 {
+				desc = append(desc, "allow "+name)
+				ops = append(ops, func(ctx context.Context, m *Manager) error {
+					_, err := m.AllowHost(ctx, name, "nqn.2014-08.org.nvmexpress:uuid:h", meta.HostSecret{})
+					return err
+				})
+				continue
+			}
+			desc = append(desc, "delete "+name)
+			ops = append(ops, func(ctx context.Context, m *Manager) error { return m.Delete(ctx, name, false) })
+		}
+	}
+	return ops, desc
+}
+
+// TestCrashBetweenStepsReplicated is TestCrashBetweenSteps over three
+// nodes with replicated volumes: a crash (every target lost) before any
+// step of a seeded sequence, then a clean recovery, and the copies
+// converge: each replica node holds the store volume at the registry's
+// size, the primary alone serves it, nothing is left half-made.
+func TestCrashBetweenStepsReplicated(t *testing.T) {
+	base := seed(t)
+	t.Logf("seed %d (replay with BLK_SEED=%d)", base, base)
+	for round := range 6 {
+		rng := rand.New(rand.NewPCG(base, uint64(round)+100))
+		ops, desc := randomReplicaOps(rng, 10)
+		c := newCrashCluster(t)
+		if s := runOps(c.mgr, ops); s != "" {
+			t.Fatalf("dry run crashed at %s", s)
+		}
+		if err := c.check(); err != nil {
+			t.Fatalf("seed %d round %d: without a crash: %v\nops: %s", base, round, err, strings.Join(desc, "; "))
+		}
+		total := c.w.steps
+		t.Logf("round %d: %d steps: %s", round, total, strings.Join(desc, "; "))
+		for k := 1; k <= total; k++ {
+			c := newCrashCluster(t)
+			c.w.crashAt = k
+			at := runOps(c.mgr, ops)
+			if at == "" {
+				t.Fatalf("seed %d round %d: no crash at step %d of %d", base, round, k, total)
+			}
+			c.w.crashAt = 0
+			r := c.clone(t)
+			r.recover(t)
+			if err := r.check(); err != nil {
+				t.Fatalf("seed %d round %d: crash at step %d (%s): %v\nops: %s\nsteps: %s", base, round, k, at, err, strings.Join(desc, "; "), strings.Join(c.w.trace, " "))
+			}
+		}
 	}
 }
