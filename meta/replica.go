@@ -68,9 +68,16 @@ func (v *Volume) CurrentEpoch() uint64 { return max(v.Epoch, 1) }
 // volume written before replicas.
 func (v *Volume) WantReplicas() int { return max(v.Want, 1) }
 
-// Replica returns the volume's replica on node.
+// Replica returns the volume's replica on node. It does not allocate:
+// placement asks it of every volume for every node.
 func (v *Volume) Replica(node string) (Replica, bool) {
-	for _, r := range v.ReplicaSet() {
+	if len(v.Replicas) == 0 {
+		if node == v.Node {
+			return Replica{Node: v.Node, State: ReplicaInSync, Since: v.CreatedAt}, true
+		}
+		return Replica{}, false
+	}
+	for _, r := range v.Replicas {
 		if r.Node == node {
 			return r, true
 		}
