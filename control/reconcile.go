@@ -156,9 +156,11 @@ func stateName(s State) string {
 }
 
 // Reconcile makes this node's store and target match v, the registry's
-// entry for a volume this node owns, and returns the volume's local
-// status. A volume that cannot be served is StateFailed with the reason;
-// nothing else on the node is affected.
+// entry for a volume this node holds a replica of, and returns the
+// volume's local status. A volume that cannot be served is StateFailed
+// with the reason; nothing else on the node is affected. On a secondary
+// replica's node it is reconcileSecondary (the copy kept at the
+// registry's shape, StateStandby); what follows is the primary's.
 //
 // What it does, by the registry's state:
 //

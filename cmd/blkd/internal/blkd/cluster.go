@@ -219,7 +219,7 @@ func (d *Daemon) clusterRemove(w http.ResponseWriter, r *http.Request) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	// Check before changing anything: an unknown node is 404, a node that
-	// still owns volumes or carries connections is refused while it is
+	// still holds a replica of a volume or carries connections is refused while it is
 	// still a member (removing it from raft first would leave it half
 	// removed).
 	known := false
