@@ -149,8 +149,8 @@ func (m *Manager) SetReplicaState(ctx context.Context, volume string, epoch uint
 
 // SetPrimary makes node the primary of volume at epoch+1
 // (meta.SetPrimary; with failover the old primary's replica becomes
-// out-of-sync), logs it, and has every replica node reconcile: the new
-// primary serves hosts, the old one stops. It returns the volume after
+// out-of-sync), logs it, and has the nodes follow: the old primary (in a
+// planned handover) stops serving, the new one serves. It returns the volume after
 // the change; ErrOwnerUnreachable if the new primary did not answer (the
 // registry holds the change; the node applies it when reachable).
 func (m *Manager) SetPrimary(ctx context.Context, volume string, epoch uint64, node string, failover bool) (meta.Volume, error) {
@@ -172,13 +172,15 @@ func (m *Manager) SetPrimary(ctx context.Context, volume string, epoch uint64, n
 		r, _ := v.Replica(before.Node)
 		m.logReplica(v, before.Node, meta.ReplicaInSync, r.State, r.Reason)
 	}
-	// The old primary first, so it stops serving before the new starts;
-	// a down old primary is the failover's reason and is not waited for.
-	for _, n := range replicaNodes(v) {
-		if n == v.Node {
-			continue
+	// A planned handover stops the old primary first, so that it stops
+	// serving before the new one starts. A failover does not wait for the
+	// old one, presumed lost: it stops when it restarts (a secondary
+	// serves nothing) or at the next settle round, and until step 3 of
+	// docs/replication.md (the fence) nothing else stops it.
+	if !failover && before.Node != v.Node {
+		if _, err := m.owners.Reconcile(ctx, before.Node, v.Name, res.Index); err != nil {
+			m.logger().Warn("replica primary: the old primary did not answer", "volume", v.Name, "node", before.Node, "err", err)
 		}
-		_, _ = m.owners.Reconcile(ctx, n, v.Name, res.Index)
 	}
 	return m.converge(ctx, v, res.Index)
 }

@@ -283,6 +283,17 @@ func TestReplicaCommandsThroughManager(t *testing.T) {
 	if r, _ := v.Replica("n1"); r.State != meta.ReplicaOutOfSync {
 		t.Fatalf("old primary %+v", r)
 	}
+	if !c.tgts[second].Served(v.NQN) {
+		t.Fatal("the new primary does not serve")
+	}
+	// A failover does not wait for the old primary (presumed lost): it
+	// stops serving at the next settle round.
+	if !c.tgts["n1"].Served(v.NQN) {
+		t.Fatal("the failover reached the old primary")
+	}
+	if bad, err := c.mgr.Settle(ctx); err != nil || len(bad) != 0 {
+		t.Fatalf("settle: %v %v", bad, err)
+	}
 	c.checkCopies(t, "v")
 	if st, _ := c.owners.recs["n1"].Status("v"); st.State != StateStandby {
 		t.Errorf("old primary's local state %v", st.State)
@@ -310,6 +321,17 @@ func TestReplicaCommandsThroughManager(t *testing.T) {
 	// n1 keeps the removed replica's data (step 8 deletes it): only the
 	// replica nodes are checked.
 	delete(c.stores["n1"].vols, v.ID)
+	c.checkCopies(t, "v")
+	// A planned handover to third once it is rebuilt: the old primary
+	// stops serving before the call returns.
+	for _, st := range []meta.ReplicaState{meta.ReplicaRebuilding, meta.ReplicaInSync} {
+		if err := c.mgr.SetReplicaState(ctx, "v", 2, third, st, "", false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v, err = c.mgr.SetPrimary(ctx, "v", 2, third, false); err != nil || v.Node != third || v.CurrentEpoch() != 3 {
+		t.Fatalf("handover: %+v %v", v, err)
+	}
 	c.checkCopies(t, "v")
 	for _, want := range []string{
 		`msg="replica primary" volume=v from=n1 to=` + second + ` epoch=2 failover=true`,
