@@ -34,7 +34,7 @@ func (m *Manager) requireFeature(ctx context.Context, feature string) error {
 	}
 	for _, n := range nodes {
 		if !n.HasFeature(feature) {
-			return fmt.Errorf("%w: node %s does not support %q (an older blkd): upgrade every node before using replicated volumes", ErrFeatureMissing, n.ID, feature)
+			return fmt.Errorf("%w: node %s did not register feature %q (an older blkd, or it joined through one): upgrade every node, then restart node %s", ErrFeatureMissing, n.ID, feature, n.ID)
 		}
 	}
 	return nil

@@ -411,6 +411,13 @@ func (d *Daemon) register(ctx context.Context, first string, req JoinRequest) er
 					last = fmt.Errorf("as a nonvoter, caught up to index %d of %d", d.node.AppliedIndex(), resp.CatchUpIndex)
 				case errors.Is(err, errRefused):
 					return fmt.Errorf("join the cluster through %s: %w", target, err)
+				case olderLeader(err, &req):
+					// A rolling upgrade: the leader is an older blkd. Join
+					// without features; replica commands stay refused,
+					// naming this node, until it registers again (its next
+					// start) through a leader that knows them.
+					d.log.Warn("the registry leader is an older blkd: registering without features", slog.String("leader", target))
+					continue
 				case certRefused(err):
 					return fmt.Errorf("join the cluster through %s: the TLS handshake failed on a certificate (%v): this node's --tls-dir must hold the cluster's ca.crt and a node certificate that CA signed (blkctl cert issue %s --role node)", target, err, d.cfg.NodeID)
 				case next != "" && next != target:
@@ -436,6 +443,17 @@ func (d *Daemon) register(ctx context.Context, first string, req JoinRequest) er
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// olderLeader says whether err is an older leader's refusal of
+// JoinRequest.Features (its decoder refuses unknown fields) and, if so,
+// drops them from req so the join can be retried.
+func olderLeader(err error, req *JoinRequest) bool {
+	if err == nil || len(req.Features) == 0 || !strings.Contains(err.Error(), `unknown field "features"`) {
+		return false
+	}
+	req.Features = nil
+	return true
 }
 
 // joinCheckWait bounds checkJoinTarget's question.

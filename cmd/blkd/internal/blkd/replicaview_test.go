@@ -1,6 +1,7 @@
 package blkd
 
 import (
+	"errors"
 	"reflect"
 	"testing"
 
@@ -47,5 +48,23 @@ func TestReplicaView(t *testing.T) {
 	replicaView(r, &a)
 	if a.Reason != "" {
 		t.Fatalf("all in sync, reason %q", a.Reason)
+	}
+}
+
+// TestOlderLeaderJoin: an older leader's 400 on the unknown "features"
+// field makes the join retry without them (a rolling upgrade); any other
+// error does not, and a request without features is never changed.
+func TestOlderLeaderJoin(t *testing.T) {
+	old := errors.New(`join answered 400 Bad Request: request body is not the expected JSON object: json: unknown field "features"`)
+	req := JoinRequest{NodeID: "n2", Features: nodeFeatures}
+	if !olderLeader(old, &req) || req.Features != nil {
+		t.Fatalf("older leader: features %v", req.Features)
+	}
+	if olderLeader(old, &req) {
+		t.Fatal("retried twice: a request without features cannot be the cause")
+	}
+	req.Features = nodeFeatures
+	if olderLeader(errors.New("join answered 503: no leader"), &req) || olderLeader(nil, &req) || len(req.Features) != 1 {
+		t.Fatalf("other errors: features %v", req.Features)
 	}
 }
