@@ -45,6 +45,32 @@ type Volume struct {
 	// Attachments are the hosts attached to the volume (blkctl attach,
 	// or a kernel host that connected).
 	Attachments []Attachment `json:"attachments,omitempty"`
+	// Epoch counts the changes of the volume's primary (Node), from 1.
+	Epoch uint64 `json:"epoch"`
+	// WantReplicas is the number of copies asked for at creation.
+	WantReplicas int `json:"want_replicas"`
+	// Replicas are the volume's copies in placement order; the one on
+	// Node is the primary. A volume online with fewer in sync than
+	// WantReplicas has the Reason "degraded: K/N in sync".
+	Replicas []Replica `json:"replicas"`
+}
+
+// Replica states of Replica.State.
+const (
+	ReplicaInSync     = "in-sync"     // holds every acknowledged write
+	ReplicaOutOfSync  = "out-of-sync" // misses writes; to be rebuilt
+	ReplicaRebuilding = "rebuilding"  // being copied to
+	ReplicaFailed     = "failed"      // cannot be rebuilt in place: replace it
+)
+
+// Replica is one copy of a volume.
+type Replica struct {
+	Node   string `json:"node"`
+	State  string `json:"state"` // ReplicaInSync, ...
+	Reason string `json:"reason,omitempty"`
+	Since  int64  `json:"since"` // Unix nanoseconds: when it entered State
+	// Primary: the copy hosts do I/O to (on Volume.Node).
+	Primary bool `json:"primary,omitempty"`
 }
 
 // VolumeList is GET /v1/volumes.
@@ -57,10 +83,16 @@ type CreateVolumeRequest struct {
 	Name      string `json:"name"`
 	Size      *Size  `json:"size"`
 	BlockSize uint32 `json:"block_size,omitempty"`
-	// Node pins the volume to that node (its ID). Empty: the cluster
-	// places it on the node up and serving NVMe-oF with the most
-	// unpromised capacity (then the fewest volumes, then the lowest ID).
+	// Node pins the volume (its primary replica) to that node (its ID).
+	// Empty: the cluster places it on the node up and serving NVMe-oF
+	// with the most unpromised capacity (then the fewest volumes, then
+	// the lowest ID).
 	Node string `json:"node,omitempty"`
+	// Replicas is how many copies of the volume to keep, each on a node
+	// of its own zone (1 to 5); 0: 3 when the cluster has three zones
+	// with a node up, else 1. A blkd that does not replicate writes yet
+	// answers 501 to more than 1.
+	Replicas int `json:"replicas,omitempty"`
 }
 
 // ResizeRequest is POST /v1/volumes/{name}/resize.

@@ -218,6 +218,10 @@ func (r *fakeRegistry) Node(_ context.Context, id string) (meta.NodeInfo, error)
 	return n, nil
 }
 
+func (r *fakeRegistry) Nodes(context.Context) ([]meta.NodeInfo, error) {
+	return r.state.Export().Nodes, nil
+}
+
 func (r *fakeRegistry) Place(_ context.Context, req meta.PlaceRequest) ([]string, error) {
 	return r.state.Place(req)
 }
@@ -385,7 +389,11 @@ func randomOps(rng *rand.Rand, n int) ([]op, []string) {
 }
 
 // run runs ops until the end or a crash; it reports the crash's step.
-func run(c *cluster, ops []op) (crashed string) {
+func run(c *cluster, ops []op) (crashed string) { return runOps(c.mgr, ops) }
+
+// runOps runs ops on m until the end or a crash; it reports the crash's
+// step.
+func runOps(m *Manager, ops []op) (crashed string) {
 	defer func() {
 		if r := recover(); r != nil {
 			e, ok := r.(errCrash)
@@ -396,7 +404,7 @@ func run(c *cluster, ops []op) (crashed string) {
 		}
 	}()
 	for _, o := range ops {
-		err := o(context.Background(), c.mgr)
+		err := o(context.Background(), m)
 		// Only the registry may refuse (unknown volume, exists, ...): the
 		// owner is in process and its store works.
 		if errors.Is(err, ErrOwnerFailed) || errors.Is(err, ErrOwnerUnreachable) || errors.Is(err, ErrInvalid) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -48,6 +49,8 @@ type Registry interface {
 	Connections(ctx context.Context) ([]meta.Connection, error)
 	// Node reads one node.
 	Node(ctx context.Context, id string) (meta.NodeInfo, error)
+	// Nodes reads every node.
+	Nodes(ctx context.Context) ([]meta.NodeInfo, error)
 	// Place chooses nodes for a new volume (meta.State.Place) from a
 	// linearizable read of the registry.
 	Place(ctx context.Context, req meta.PlaceRequest) ([]string, error)
@@ -91,6 +94,14 @@ type Manager struct {
 	DetachAfter time.Duration
 	// Now is the clock (tests replace it).
 	Now func() time.Time
+	// MaxReplicas is the most replicas a volume may have, and caps the
+	// default (3 with three zones); 0 means 1. blkd sets 1 until its data
+	// path replicates writes.
+	MaxReplicas int
+	// Log receives the replica changes this manager commits
+	// ("replica state", "replica primary"); nil discards them. blkd
+	// passes its audit log.
+	Log *slog.Logger
 	// missing: when each attachment was first seen without a controller.
 	mmu     sync.Mutex
 	missing map[attachKey]time.Time
@@ -146,6 +157,11 @@ type CreateRequest struct {
 	// (meta.State.Place).
 	Node string
 	NQN  string // "": meta.DefaultNQN(Name)
+	// Replicas is how many copies, each on a node of its own zone
+	// (Node, when set, holds the first: the primary); 0: 3 if the
+	// cluster has three eligible zones, else 1 — capped by
+	// Manager.MaxReplicas. The choice is stored (meta.Volume.Want).
+	Replicas int
 }
 
 // Create registers a volume, has its owner create and serve it, and
@@ -174,27 +190,74 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (meta.Volume, e
 	if err := cmd.Check(); err != nil {
 		return meta.Volume{}, err // the registry's own error: 400 with its hint
 	}
+	n, explicit, err := m.replicaCount(ctx, req.Replicas)
+	if err != nil {
+		return meta.Volume{}, err
+	}
 	defer m.lock(req.Name)()
-	res, err := m.place(ctx, cmd)
+	res, err := m.place(ctx, cmd, n, explicit)
 	if err != nil {
 		return meta.Volume{}, err
 	}
 	v := *res.Volume
-	st, err := m.owners.Reconcile(ctx, v.Node, v.Name, res.Index)
-	if err != nil {
-		return v, fmt.Errorf("%w: volume %q is registered (creating) but node %s did not create it yet: %v; it finishes when the node is reachable", ErrOwnerUnreachable, v.Name, v.Node, err)
-	}
-	if st.State != StateOnline {
-		// Leave nothing half-made: delete what the owner made, forget it.
-		ctx := context.WithoutCancel(ctx)
-		if r, err := m.reg.Apply(ctx, meta.DeleteVolume{Name: v.Name, Force: true}); err == nil {
-			if d, err := m.owners.Reconcile(ctx, v.Node, v.Name, r.Index); err == nil && d.State == StateDeleted {
-				_, _ = m.reg.Apply(ctx, meta.PurgeVolume{Name: v.Name})
+	sts, errs := m.reconcileReplicas(ctx, v, res.Index)
+	for _, node := range replicaNodes(v) {
+		if st, ok := sts[node]; ok && st.State != readyState(v, node) {
+			// Leave nothing half-made: delete what the nodes made, forget it.
+			ctx := context.WithoutCancel(ctx)
+			if r, err := m.reg.Apply(ctx, meta.DeleteVolume{Name: v.Name, Force: true}); err == nil {
+				if d, errs := m.reconcileReplicas(ctx, *r.Volume, r.Index); len(errs) == 0 && allDeleted(d) {
+					_, _ = m.reg.Apply(ctx, meta.PurgeVolume{Name: v.Name})
+				}
 			}
+			return meta.Volume{}, fmt.Errorf("%w: create volume %q on node %s: %s", ErrOwnerFailed, v.Name, node, st.Reason)
 		}
-		return meta.Volume{}, fmt.Errorf("%w: create volume %q on node %s: %s", ErrOwnerFailed, v.Name, v.Node, st.Reason)
 	}
-	return m.settle(ctx, v, st)
+	for _, node := range replicaNodes(v) {
+		if err := errs[node]; err != nil {
+			return v, fmt.Errorf("%w: volume %q is registered (creating) but node %s did not create it yet: %v; it finishes when the node is reachable", ErrOwnerUnreachable, v.Name, node, err)
+		}
+	}
+	return m.settle(ctx, v, sts[v.Node], true)
+}
+
+// readyState is the local state a node reports for a new volume it
+// holds a replica of: online on the primary, standby elsewhere.
+func readyState(v meta.Volume, node string) State {
+	if node == v.Node {
+		return StateOnline
+	}
+	return StateStandby
+}
+
+func allDeleted(sts map[string]Status) bool {
+	for _, st := range sts {
+		if st.State != StateDeleted {
+			return false
+		}
+	}
+	return true
+}
+
+// reconcileReplicas has every replica node of v reconcile it as of
+// index: the primary first, then the secondaries in placement order. It
+// returns the statuses of the nodes that answered and the errors of those
+// that did not.
+func (m *Manager) reconcileReplicas(ctx context.Context, v meta.Volume, index uint64) (map[string]Status, map[string]error) {
+	sts := make(map[string]Status)
+	var errs map[string]error
+	for _, node := range replicaNodes(v) {
+		st, err := m.owners.Reconcile(ctx, node, v.Name, index)
+		if err != nil {
+			if errs == nil {
+				errs = make(map[string]error)
+			}
+			errs[node] = err
+			continue
+		}
+		sts[node] = st
+	}
+	return sts, errs
 }
 
 // Delete moves a volume to deleting (refused while hosts are connected,
@@ -225,23 +288,28 @@ func (m *Manager) Delete(ctx context.Context, name string, force bool) error {
 		}
 		v, index = *res.Volume, res.Index
 	}
-	st, err := m.owners.Reconcile(ctx, v.Node, name, index)
-	if err != nil && force {
-		// A forced delete of a volume whose node the cluster has marked
-		// down forgets it without the node: otherwise a dead node's
-		// volumes could never be purged, nor the node removed. If the
-		// node comes back, its reconcile finds the data unknown to the
-		// registry and reports it as an orphan (kept, not served).
-		if n, nerr := m.reg.Node(ctx, v.Node); nerr == nil && n.State == meta.NodeDown {
-			_, err = m.reg.Apply(ctx, meta.PurgeVolume{Name: name})
-			return err
+	// Every replica node removes its copy; the registry forgets the
+	// volume only once all did, or a node never would.
+	sts, errs := m.reconcileReplicas(ctx, v, index)
+	for _, node := range replicaNodes(v) {
+		err := errs[node]
+		if err != nil && force {
+			// A forced delete of a volume whose node the cluster has
+			// marked down forgets it without the node: otherwise a dead
+			// node's volumes could never be purged, nor the node removed.
+			// If the node comes back, its reconcile finds the data
+			// unknown to the registry and reports it as an orphan (kept,
+			// not served).
+			if n, nerr := m.reg.Node(ctx, node); nerr == nil && n.State == meta.NodeDown {
+				continue
+			}
 		}
-	}
-	if err != nil {
-		return fmt.Errorf("%w: volume %q is deleting, but node %s did not remove it yet: %v; delete again, or it finishes when the node restarts (or, once the cluster shows the node down, delete with force to forget it)", ErrOwnerUnreachable, name, v.Node, err)
-	}
-	if st.State != StateDeleted {
-		return fmt.Errorf("%w: delete volume %q on node %s: %s", ErrOwnerFailed, name, v.Node, st.Reason)
+		if err != nil {
+			return fmt.Errorf("%w: volume %q is deleting, but node %s did not remove it yet: %v; delete again, or it finishes when the node restarts (or, once the cluster shows the node down, delete with force to forget it)", ErrOwnerUnreachable, name, node, err)
+		}
+		if st := sts[node]; st.State != StateDeleted {
+			return fmt.Errorf("%w: delete volume %q on node %s: %s", ErrOwnerFailed, name, node, st.Reason)
+		}
 	}
 	_, err = m.reg.Apply(ctx, meta.PurgeVolume{Name: name})
 	return err
@@ -259,15 +327,33 @@ func (m *Manager) Resize(ctx context.Context, name string, size uint64) (meta.Vo
 		return v, fmt.Errorf("%w: resize volume %q: %v", ErrInvalid, name, err)
 	}
 	if size > v.SizeBytes {
-		if err := m.checkCapacity(ctx, v.Node, size-v.SizeBytes, name); err != nil {
-			return v, err
+		for _, node := range replicaNodes(v) {
+			if err := m.checkCapacity(ctx, node, size-v.SizeBytes, name); err != nil {
+				return v, err
+			}
 		}
 	}
 	res, err := m.reg.Apply(ctx, meta.ResizeVolume{Name: name, SizeBytes: size})
 	if err != nil {
 		return v, err
 	}
-	return m.converge(ctx, *res.Volume, res.Index)
+	// Every replica grows, the secondaries first: a primary that shows
+	// hosts the new size while a copy is still short could not replicate
+	// writes past its end.
+	v = *res.Volume
+	for _, node := range replicaNodes(v) {
+		if node == v.Node {
+			continue
+		}
+		st, err := m.owners.Reconcile(ctx, node, v.Name, res.Index)
+		switch {
+		case err != nil:
+			return v, fmt.Errorf("%w: volume %q: the registry is updated, but replica node %s did not grow it yet: %v; it does when it is reachable", ErrOwnerUnreachable, v.Name, node, err)
+		case st.State == StateFailed:
+			return v, fmt.Errorf("%w: volume %q: replica on node %s: %s", ErrOwnerFailed, v.Name, node, st.Reason)
+		}
+	}
+	return m.converge(ctx, v, res.Index)
 }
 
 // AllowHost adds host to a volume's allowed hosts; with secrets (Host
@@ -305,7 +391,7 @@ func (m *Manager) converge(ctx context.Context, v meta.Volume, index uint64) (me
 	if err != nil {
 		return v, fmt.Errorf("%w: volume %q: the registry is updated, but node %s did not apply it yet: %v; it does when it is reachable", ErrOwnerUnreachable, v.Name, v.Node, err)
 	}
-	v, err = m.settle(ctx, v, st)
+	v, err = m.settle(ctx, v, st, true)
 	if err != nil {
 		return v, err
 	}
@@ -315,16 +401,20 @@ func (m *Manager) converge(ctx context.Context, v meta.Volume, index uint64) (me
 	return v, nil
 }
 
-// settle records an owner's status in the registry: a volume it serves
-// becomes online (offline), one it cannot serve failed with the reason,
-// one it deleted is purged. It returns the registry's volume afterwards.
-func (m *Manager) settle(ctx context.Context, v meta.Volume, st Status) (meta.Volume, error) {
+// settle records the primary's status in the registry: a volume it
+// serves becomes online (offline), one it cannot serve failed with the
+// reason, one it deleted is purged. others says every other replica node
+// is done too (deleted, or holding its copy): a deleting volume is purged,
+// a creating one put online, only then. It returns the registry's volume
+// afterwards.
+func (m *Manager) settle(ctx context.Context, v meta.Volume, st Status, others bool) (meta.Volume, error) {
 	var c meta.Command
 	switch {
 	case v.State == meta.VolumeDeleting:
-		if st.State == StateDeleted {
+		if st.State == StateDeleted && others {
 			c = meta.PurgeVolume{Name: v.Name}
 		}
+	case v.State == meta.VolumeCreating && !others:
 	case st.State == StateOnline && v.State != meta.VolumeOnline:
 		c = meta.SetVolumeState{Name: v.Name, State: meta.VolumeOnline}
 	case st.State == StateOffline && v.State != meta.VolumeOffline:
@@ -385,7 +475,33 @@ func (m *Manager) Settle(ctx context.Context) (unreachable map[string]error, err
 				unreachable[cur.Node] = err
 				return
 			}
-			_, _ = m.settle(ctx, cur, st)
+			// The secondaries: create, grow or delete their copies.
+			others := true
+			for _, node := range replicaNodes(cur) {
+				if node == cur.Node {
+					continue
+				}
+				if _, bad := unreachable[node]; bad {
+					others = false
+					continue
+				}
+				sst, err := m.owners.Reconcile(ctx, node, cur.Name, 0)
+				if err != nil {
+					if unreachable == nil {
+						unreachable = make(map[string]error)
+					}
+					unreachable[node] = err
+					others = false
+					continue
+				}
+				if sst.State != readyState(cur, node) && sst.State != StateDeleted {
+					others = false
+				}
+				if cur.State == meta.VolumeDeleting && sst.State != StateDeleted {
+					others = false
+				}
+			}
+			_, _ = m.settle(ctx, cur, st, others)
 			m.expireAttachments(ctx, cur, st, conns)
 		}()
 	}
@@ -427,24 +543,17 @@ func (m *Manager) expireAttachments(ctx context.Context, v meta.Volume, st Statu
 // node the registry places it on. A named node must be known, up and
 // have the capacity; that is checked before anything is written, and the
 // registry checks the first two again when it applies the command.
-func (m *Manager) place(ctx context.Context, cmd meta.CreateVolume) (meta.Result, error) {
+func (m *Manager) place(ctx context.Context, cmd meta.CreateVolume, replicas int, explicit bool) (meta.Result, error) {
 	m.placeMu.Lock()
 	defer m.placeMu.Unlock()
 	if cmd.Node == "" {
-		req := meta.PlaceRequest{Replicas: 1, SizeBytes: cmd.SizeBytes}
-		a, _ := m.owners.(Answerer)
-		for {
-			nodes, err := m.reg.Place(ctx, req)
-			if err != nil {
-				return meta.Result{}, err
-			}
-			if a == nil || a.Answers(ctx, nodes[0]) {
-				cmd.Node = nodes[0]
-				break
-			}
-			// Place never chooses an excluded node: this ends after at
-			// most one round per node.
-			req.Exclude = append(req.Exclude, nodes[0])
+		nodes, err := m.placeAnswering(ctx, meta.PlaceRequest{Replicas: replicas, SizeBytes: cmd.SizeBytes})
+		if err != nil {
+			return meta.Result{}, err
+		}
+		cmd.Node = nodes[0]
+		if explicit {
+			cmd.Replicas = nodes
 		}
 	} else {
 		n, err := m.reg.Node(ctx, cmd.Node)
@@ -458,6 +567,18 @@ func (m *Manager) place(ctx context.Context, cmd meta.CreateVolume) (meta.Result
 		}
 		if err := m.checkCapacity(ctx, cmd.Node, cmd.SizeBytes, ""); err != nil {
 			return meta.Result{}, err
+		}
+		if explicit {
+			cmd.Replicas = []string{cmd.Node}
+		}
+		if replicas > 1 {
+			// The pinned node is the primary; the others are placed
+			// outside its zone.
+			others, err := m.placeAnswering(ctx, meta.PlaceRequest{Replicas: replicas - 1, SizeBytes: cmd.SizeBytes, Taken: []string{cmd.Node}})
+			if err != nil {
+				return meta.Result{}, err
+			}
+			cmd.Replicas = append(cmd.Replicas, others...)
 		}
 	}
 	return m.reg.Apply(ctx, cmd)

@@ -60,6 +60,12 @@ func (r *lockedRegistry) Node(_ context.Context, id string) (meta.NodeInfo, erro
 	return n, nil
 }
 
+func (r *lockedRegistry) Nodes(context.Context) ([]meta.NodeInfo, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.s.Export().Nodes, nil
+}
+
 // Place answers after a millisecond, as a linearizable read takes a
 // round trip: long enough that concurrent creates would all read the
 // registry before any commits, if nothing ordered them.

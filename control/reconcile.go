@@ -156,9 +156,11 @@ func stateName(s State) string {
 }
 
 // Reconcile makes this node's store and target match v, the registry's
-// entry for a volume this node owns, and returns the volume's local
-// status. A volume that cannot be served is StateFailed with the reason;
-// nothing else on the node is affected.
+// entry for a volume this node holds a replica of, and returns the
+// volume's local status. A volume that cannot be served is StateFailed
+// with the reason; nothing else on the node is affected. On a secondary
+// replica's node it is reconcileSecondary (the copy kept at the
+// registry's shape, StateStandby); what follows is the primary's.
 //
 // What it does, by the registry's state:
 //
@@ -180,11 +182,16 @@ func (r *Reconciler) Reconcile(v meta.Volume) Status {
 		st = &Status{Name: v.Name, ID: v.ID, NQN: v.NQN}
 		r.vols[v.ID] = st
 	}
-	if v.Node != r.node {
-		r.transition(st, StateFailed, fmt.Sprintf("owned by node %s, not %s", v.Node, r.node))
+	rep, holds := v.Replica(r.node)
+	if !holds {
+		r.transition(st, StateFailed, fmt.Sprintf("node %s holds no replica of it; its primary is node %s", r.node, v.Node))
 		return *st
 	}
-	if err := r.reconcile(st, v); err != nil {
+	reconcile := r.reconcile
+	if v.Node != r.node {
+		reconcile = func(st *Status, v meta.Volume) error { return r.reconcileSecondary(st, v, rep) }
+	}
+	if err := reconcile(st, v); err != nil {
 		r.transition(st, StateFailed, err.Error())
 	}
 	out := *st
@@ -200,17 +207,7 @@ func (r *Reconciler) Reconcile(v meta.Volume) Status {
 
 func (r *Reconciler) reconcile(st *Status, v meta.Volume) error {
 	if v.State == meta.VolumeDeleting {
-		if st.State != StateDeleted {
-			r.transition(st, StateDeleting, "")
-		}
-		if err := r.tgt.Unserve(v.NQN); err != nil {
-			return fmt.Errorf("remove subsystem %s: %w", v.NQN, err)
-		}
-		if err := r.store.Delete(v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("delete store volume %d: %w", v.ID, err)
-		}
-		r.transition(st, StateDeleted, "")
-		return nil
+		return r.delete(st, v)
 	}
 	size, bs, err := r.store.Shape(v.ID)
 	switch {
@@ -273,6 +270,61 @@ func (r *Reconciler) reconcile(st *Status, v meta.Volume) error {
 	return nil
 }
 
+// delete removes a deleting volume's subsystem and store volume.
+func (r *Reconciler) delete(st *Status, v meta.Volume) error {
+	if st.State != StateDeleted {
+		r.transition(st, StateDeleting, "")
+	}
+	if err := r.tgt.Unserve(v.NQN); err != nil {
+		return fmt.Errorf("remove subsystem %s: %w", v.NQN, err)
+	}
+	if err := r.store.Delete(v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("delete store volume %d: %w", v.ID, err)
+	}
+	r.transition(st, StateDeleted, "")
+	return nil
+}
+
+// reconcileSecondary keeps a secondary replica's store volume at the
+// registry's shape: created with the volume (or, empty, for a replica to
+// be copied in full), grown with it, deleted with it. It serves nothing
+// to hosts (a former primary stops): the primary does. A replica whose
+// data should be here and is not is failed, never recreated empty, as on
+// the primary: its state in the registry says it holds writes.
+func (r *Reconciler) reconcileSecondary(st *Status, v meta.Volume, rep meta.Replica) error {
+	if v.State == meta.VolumeDeleting {
+		return r.delete(st, v)
+	}
+	if err := r.tgt.Unserve(v.NQN); err != nil {
+		return fmt.Errorf("stop serving subsystem %s (node %s is a secondary now): %w", v.NQN, r.node, err)
+	}
+	size, bs, err := r.store.Shape(v.ID)
+	switch {
+	case errors.Is(err, store.ErrNotFound) && (v.State == meta.VolumeCreating || (rep.Full && rep.State != meta.ReplicaInSync)):
+		r.transition(st, StateCreating, "")
+		if err := r.store.Create(v.ID, v.SizeBytes, v.BlockSize); err != nil {
+			return fmt.Errorf("create store volume %d (replica): %w", v.ID, err)
+		}
+		size, bs = v.SizeBytes, v.BlockSize
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("the store has no volume %d: this %s replica's data is missing from this node's data directory", v.ID, rep.State)
+	case err != nil:
+		return fmt.Errorf("store volume %d: %w", v.ID, err)
+	}
+	switch {
+	case bs != v.BlockSize:
+		return fmt.Errorf("store volume %d has %d-byte blocks, the registry says %d", v.ID, bs, v.BlockSize)
+	case size < v.SizeBytes:
+		if err := r.store.Grow(v.ID, v.SizeBytes); err != nil {
+			return fmt.Errorf("grow store volume %d (replica) from %d to the registry's %d bytes: %w", v.ID, size, v.SizeBytes, err)
+		}
+	case size > v.SizeBytes:
+		return fmt.Errorf("store volume %d is %d bytes, larger than the registry's %d: the registry lost a resize; resize the volume to at least %d bytes", v.ID, size, v.SizeBytes, size)
+	}
+	r.transition(st, StateStandby, "")
+	return nil
+}
+
 // Forget drops the local record of a volume the registry no longer has,
 // removing its subsystem if it is still served. Its store data is kept:
 // the registry purges a volume only after its owner deleted it, so data
@@ -288,15 +340,18 @@ func (r *Reconciler) Forget(name string) {
 	}
 }
 
-// ReconcileAll reconciles every volume of vols this node owns (the
-// restart path) and returns their statuses, plus a StateFailed status for
-// each store volume the registry does not know (an orphan, kept for an
-// operator to look at). One volume's failure never stops the others.
+// ReconcileAll reconciles every volume of vols this node holds a replica
+// of, primary or secondary (the restart path), and returns their
+// statuses, plus a StateFailed status for each store volume the registry
+// does not know or places elsewhere (an orphan, kept for an operator to
+// look at). One volume's failure never stops the others.
 func (r *Reconciler) ReconcileAll(vols []meta.Volume) []Status {
 	var out []Status
 	known := make(map[uint64]bool)
+	elsewhere := make(map[uint64]string)
 	for _, v := range vols {
-		if v.Node != r.node {
+		if _, ok := v.Replica(r.node); !ok {
+			elsewhere[v.ID] = v.Name
 			continue
 		}
 		known[v.ID] = true
@@ -308,6 +363,11 @@ func (r *Reconciler) ReconcileAll(vols []meta.Volume) []Status {
 		return out
 	}
 	for _, id := range ids {
+		if name, ok := elsewhere[id]; ok && !known[id] {
+			r.log.Warn("store volume of a volume this node holds no replica of: kept, not served", "id", id, "volume", name)
+			out = append(out, Status{ID: id, Name: name, State: StateFailed, Reason: "in the store, but the registry places no replica of the volume on this node (a removed replica?): kept, not served"})
+			continue
+		}
 		if !known[id] {
 			r.log.Warn("store volume unknown to the registry: kept, not served", "id", id)
 			out = append(out, Status{ID: id, State: StateFailed, Reason: "in the store but not in the registry (orphan): kept, not served"})

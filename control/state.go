@@ -27,12 +27,16 @@ const (
 	// StateDegraded: served, but not fully: the store refuses writes (its
 	// disk is under the reserve); reads go on. Status.Reason says why.
 	StateDegraded
+	// StateStandby: a secondary replica: the store volume exists at the
+	// registry's shape, the node does not serve it to hosts (the
+	// primary does).
+	StateStandby
 )
 
 var stateNames = [...]string{
 	StateCreating: "creating", StateOnline: "online", StateOffline: "offline",
 	StateFailed: "failed", StateDeleting: "deleting", StateDeleted: "deleted",
-	StateDegraded: "degraded",
+	StateDegraded: "degraded", StateStandby: "standby",
 }
 
 func (s State) String() string {
@@ -52,7 +56,7 @@ func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // UnmarshalText is MarshalText's inverse.
 func (s *State) UnmarshalText(b []byte) error {
-	for v := StateCreating; v <= StateDegraded; v++ {
+	for v := StateCreating; v <= StateStandby; v++ {
 		if v.String() == string(b) {
 			*s = v
 			return nil
@@ -65,12 +69,13 @@ func (s *State) UnmarshalText(b []byte) error {
 // has not seen yet (state 0) may enter any state, StateDeleted included
 // (a deleting volume whose data is already gone).
 var next = map[State][]State{
-	0:             {StateCreating, StateOnline, StateOffline, StateFailed, StateDeleting, StateDeleted, StateDegraded},
-	StateCreating: {StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded},
-	StateOnline:   {StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded},
-	StateOffline:  {StateOnline, StateOffline, StateFailed, StateDeleting},
-	StateFailed:   {StateCreating, StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded},
-	StateDegraded: {StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded},
+	0:             {StateCreating, StateOnline, StateOffline, StateFailed, StateDeleting, StateDeleted, StateDegraded, StateStandby},
+	StateCreating: {StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded, StateStandby},
+	StateOnline:   {StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded, StateStandby},
+	StateOffline:  {StateOnline, StateOffline, StateFailed, StateDeleting, StateStandby},
+	StateFailed:   {StateCreating, StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded, StateStandby},
+	StateDegraded: {StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded, StateStandby},
+	StateStandby:  {StateOnline, StateOffline, StateFailed, StateDeleting, StateDegraded, StateStandby},
 	StateDeleting: {StateDeleted, StateFailed},
 	StateDeleted:  {StateCreating},
 }

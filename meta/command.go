@@ -29,6 +29,11 @@ const (
 	OpConnect        Op = 12
 	OpDisconnect     Op = 13
 	OpSetClusterID   Op = 14
+	// Replicas (docs/replication.md §1).
+	OpSetReplicaState Op = 15
+	OpSetPrimary      Op = 16
+	OpAddReplica      Op = 17
+	OpRemoveReplica   Op = 18
 )
 
 var opNames = map[Op]string{
@@ -38,7 +43,9 @@ var opNames = map[Op]string{
 	OpDeleteVolume: "delete-volume", OpPurgeVolume: "purge-volume",
 	OpAllowHost: "allow-host", OpDisallowHost: "disallow-host",
 	OpSetAllowAny: "set-allow-any", OpConnect: "connect", OpDisconnect: "disconnect",
-	OpSetClusterID: "set-cluster-id",
+	OpSetClusterID:    "set-cluster-id",
+	OpSetReplicaState: "set-replica-state", OpSetPrimary: "set-primary",
+	OpAddReplica: "add-replica", OpRemoveReplica: "remove-replica",
 }
 
 func (o Op) String() string {
@@ -73,7 +80,16 @@ type RegisterNode struct {
 	// registration (a node restarted without --zone leaves its zone);
 	// entries written before zones have none.
 	Zone string `json:"zone,omitempty"`
+	// Features are what the node's binary can do that an older one
+	// cannot (FeatureReplication); the leader proposes a command only
+	// every node can apply. Updated on every registration.
+	Features []string `json:"features,omitempty"`
 }
+
+// FeatureReplication: the node applies the replica commands
+// (SetReplicaState, SetPrimary, AddReplica, RemoveReplica) and
+// CreateVolume's Replicas, and keeps secondary replicas in its store.
+const FeatureReplication = "replication"
 
 // SetNodeState moves a node to State.
 type SetNodeState struct {
@@ -96,6 +112,12 @@ type CreateVolume struct {
 	Node      string `json:"node"`
 	NQN       string `json:"nqn,omitempty"`
 	At        int64  `json:"at"` // creation time, Unix nanoseconds, set by the proposer
+	// Replicas, when set, are the nodes of the volume's replicas,
+	// Replicas[0] == Node (the primary); all start in sync (a new volume
+	// is zeros everywhere) at epoch 1, and Want is their number. Every
+	// node must be known and up, none twice, no two in one zone. Empty:
+	// one replica on Node, as volumes were before replicas.
+	Replicas []string `json:"replicas,omitempty"`
 }
 
 // SetVolumeState moves a volume along the transitions validTransition allows.
@@ -175,20 +197,68 @@ type Disconnect struct {
 	Node    string `json:"node"`
 }
 
-func (RegisterNode) Op() Op   { return OpRegisterNode }
-func (SetNodeState) Op() Op   { return OpSetNodeState }
-func (RemoveNode) Op() Op     { return OpRemoveNode }
-func (CreateVolume) Op() Op   { return OpCreateVolume }
-func (SetVolumeState) Op() Op { return OpSetVolumeState }
-func (ResizeVolume) Op() Op   { return OpResizeVolume }
-func (DeleteVolume) Op() Op   { return OpDeleteVolume }
-func (PurgeVolume) Op() Op    { return OpPurgeVolume }
-func (AllowHost) Op() Op      { return OpAllowHost }
-func (DisallowHost) Op() Op   { return OpDisallowHost }
-func (SetAllowAny) Op() Op    { return OpSetAllowAny }
-func (Connect) Op() Op        { return OpConnect }
-func (Disconnect) Op() Op     { return OpDisconnect }
-func (SetClusterID) Op() Op   { return OpSetClusterID }
+// SetReplicaState moves the replica of Volume on Node to State (the
+// legal moves are validReplicaMove's), at the volume's current Epoch: a
+// report from a deposed primary is refused (ErrStaleEpoch). The primary's
+// replica cannot be moved (SetPrimary first), so one replica stays in
+// sync. Full asks the next rebuild to copy everything; it stays set until
+// the replica is in sync.
+type SetReplicaState struct {
+	Volume string       `json:"volume"`
+	Epoch  uint64       `json:"epoch"`
+	Node   string       `json:"node"`
+	State  ReplicaState `json:"state"`
+	Reason string       `json:"reason,omitempty"` // required with ReplicaFailed
+	Full   bool         `json:"full_copy,omitempty"`
+	At     int64        `json:"at"` // Unix nanoseconds, set by the proposer
+}
+
+// SetPrimary makes Node, whose replica must be in sync and whose node up,
+// the volume's primary at Epoch+1 (Epoch must be the current one). Node
+// may be the primary already (a restart: a new epoch, nothing else
+// changes). With Failover the old primary's replica becomes out-of-sync,
+// "primary lost at epoch E".
+type SetPrimary struct {
+	Volume   string `json:"volume"`
+	Epoch    uint64 `json:"epoch"`
+	Node     string `json:"node"`
+	Failover bool   `json:"failover,omitempty"`
+	At       int64  `json:"at"`
+}
+
+// AddReplica appends an out-of-sync replica on Node, to be copied in full.
+// Node must be up, hold no replica of the volume, share no zone with one,
+// and have the capacity.
+type AddReplica struct {
+	Volume string `json:"volume"`
+	Node   string `json:"node"`
+	At     int64  `json:"at"`
+}
+
+// RemoveReplica drops the replica on Node; never the primary's.
+type RemoveReplica struct {
+	Volume string `json:"volume"`
+	Node   string `json:"node"`
+}
+
+func (RegisterNode) Op() Op    { return OpRegisterNode }
+func (SetNodeState) Op() Op    { return OpSetNodeState }
+func (RemoveNode) Op() Op      { return OpRemoveNode }
+func (CreateVolume) Op() Op    { return OpCreateVolume }
+func (SetVolumeState) Op() Op  { return OpSetVolumeState }
+func (ResizeVolume) Op() Op    { return OpResizeVolume }
+func (DeleteVolume) Op() Op    { return OpDeleteVolume }
+func (PurgeVolume) Op() Op     { return OpPurgeVolume }
+func (AllowHost) Op() Op       { return OpAllowHost }
+func (DisallowHost) Op() Op    { return OpDisallowHost }
+func (SetAllowAny) Op() Op     { return OpSetAllowAny }
+func (Connect) Op() Op         { return OpConnect }
+func (Disconnect) Op() Op      { return OpDisconnect }
+func (SetClusterID) Op() Op    { return OpSetClusterID }
+func (SetReplicaState) Op() Op { return OpSetReplicaState }
+func (SetPrimary) Op() Op      { return OpSetPrimary }
+func (AddReplica) Op() Op      { return OpAddReplica }
+func (RemoveReplica) Op() Op   { return OpRemoveReplica }
 
 // SetClusterID names the cluster the registry belongs to, once: the first
 // leader of a new cluster applies it. A node whose data directory belongs
@@ -258,6 +328,14 @@ func DecodeCommand(b []byte) (Command, error) {
 		c = new(Disconnect)
 	case OpSetClusterID:
 		c = new(SetClusterID)
+	case OpSetReplicaState:
+		c = new(SetReplicaState)
+	case OpSetPrimary:
+		c = new(SetPrimary)
+	case OpAddReplica:
+		c = new(AddReplica)
+	case OpRemoveReplica:
+		c = new(RemoveReplica)
 	default:
 		return nil, fmt.Errorf("meta: unknown op %d: %w", b[1], ErrBadCommand)
 	}
@@ -297,6 +375,14 @@ func deref(c Command) Command {
 	case *Disconnect:
 		return *c
 	case *SetClusterID:
+		return *c
+	case *SetReplicaState:
+		return *c
+	case *SetPrimary:
+		return *c
+	case *AddReplica:
+		return *c
+	case *RemoveReplica:
 		return *c
 	}
 	return c

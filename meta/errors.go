@@ -30,4 +30,8 @@ var (
 	// ErrNoPlacement: Place found fewer eligible nodes (up, serving
 	// NVMe-oF, in distinct zones) than replicas asked for.
 	ErrNoPlacement = errors.New("meta: not enough nodes up to place the volume")
+	// ErrStaleEpoch: a replica command names an epoch other than the
+	// volume's current one: it comes from a primary that was replaced
+	// (deposed), or raced another change of primary.
+	ErrStaleEpoch = errors.New("meta: stale epoch")
 )

@@ -30,6 +30,24 @@ func (c *inmemCluster) heal() {
 	}
 }
 
+// fuzzReplicaCommand is a replica command on volume at the epoch last
+// acknowledged for it (often stale after a failover another command made,
+// which the registry must refuse).
+func fuzzReplicaCommand(rng *rand.Rand, volume string, epochs map[string]uint64, at int64) Command {
+	node := []string{"s2", "s3", "s4"}[rng.IntN(3)]
+	epoch := max(epochs[volume], 1)
+	switch rng.IntN(4) {
+	case 0:
+		return SetPrimary{Volume: volume, Epoch: epoch, Node: node, Failover: rng.IntN(2) == 0, At: at}
+	case 1:
+		return SetReplicaState{Volume: volume, Epoch: epoch, Node: node, State: ReplicaOutOfSync, Reason: "leg failed", At: at}
+	case 2:
+		return SetReplicaState{Volume: volume, Epoch: epoch, Node: node, State: ReplicaRebuilding, At: at}
+	default:
+		return SetReplicaState{Volume: volume, Epoch: epoch, Node: node, State: ReplicaInSync, At: at}
+	}
+}
+
 // TestClusterFuzzy: a seeded run of partitions, heals, crashes and restarts
 // between batches of writes. At the end every member holds the same
 // registry, and every write that was acknowledged is in it.
@@ -51,6 +69,13 @@ func TestClusterFuzzy(t *testing.T) {
 		}
 	}
 	c.apply(RegisterNode{ID: "s1", TargetAddr: "a:1", MgmtAddr: "a:2", Zone: "z1"})
+	// Storage nodes for replicated volumes, one zone each.
+	for _, id := range []string{"s2", "s3", "s4"} {
+		c.apply(RegisterNode{ID: id, TCPAddr: id + ":1", MgmtAddr: id + ":2", Zone: "z" + id, Features: []string{FeatureReplication}})
+	}
+	epochs := map[string]uint64{} // volume → highest acknowledged epoch
+	replicated := []string{}
+	var replicaOK int
 
 	acked := map[string]bool{}
 	next := 0
@@ -126,12 +151,43 @@ func TestClusterFuzzy(t *testing.T) {
 				continue
 			}
 			actx, cancel := context.WithTimeout(ctx, time.Second)
-			_, err = l.Apply(actx, CreateVolume{Name: name, SizeBytes: 4096, BlockSize: 4096, Node: "s1", At: int64(round)})
+			cmd := Command(CreateVolume{Name: name, SizeBytes: 4096, BlockSize: 4096, Node: "s1", At: int64(round)})
+			if rng.IntN(3) == 0 {
+				cmd = CreateVolume{Name: name, SizeBytes: 4096, BlockSize: 4096, Node: "s2", At: int64(round), Replicas: []string{"s2", "s3", "s4"}}
+			} else if len(replicated) > 0 && rng.IntN(2) == 0 {
+				cmd = fuzzReplicaCommand(rng, replicated[rng.IntN(len(replicated))], epochs, int64(round))
+				next-- // not a create
+			}
+			r, err := l.Apply(actx, cmd)
 			cancel()
-			if err != nil {
+			if err != nil && r.Err == nil {
 				break // no quorum, or an election: next round
 			}
-			acked[name] = true
+			if err == nil {
+				if cv, ok := cmd.(CreateVolume); ok {
+					acked[name] = true
+					if len(cv.Replicas) > 0 {
+						replicated = append(replicated, name)
+					}
+				} else {
+					replicaOK++
+				}
+				if r.Volume != nil {
+					if e := r.Volume.CurrentEpoch(); e < epochs[r.Volume.Name] {
+						t.Errorf("%#v: epoch %d after acknowledged epoch %d (seed %d)", cmd, e, epochs[r.Volume.Name], seed)
+					} else {
+						epochs[r.Volume.Name] = e
+					}
+				}
+			}
+			// The invariants, on the leader's registry after every command.
+			l.FSM().Read(func(s *State) {
+				for _, v := range s.vols {
+					if err := replicaInvariants(s, v); err != nil {
+						t.Errorf("after %#v: volume %q: %v", cmd, v.Name, err)
+					}
+				}
+			})
 		}
 	}
 	t.Logf("events: %v; %d writes, %d acknowledged", events, next, len(acked))
@@ -144,6 +200,17 @@ func TestClusterFuzzy(t *testing.T) {
 	c.apply(RegisterNode{ID: "final", TargetAddr: "a:1", MgmtAddr: "a:2"})
 	c.converged()
 	l := c.waitLeader()
+	final, err := UnmarshalState(c.converged())
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, final)
+	for name, e := range epochs {
+		if v, ok := final.Volume(name); ok && v.CurrentEpoch() < e {
+			t.Errorf("volume %s: epoch %d, acknowledged %d", name, v.CurrentEpoch(), e)
+		}
+	}
+	t.Logf("%d replicated volumes, %d replica commands acknowledged", len(replicated), replicaOK)
 	for name := range acked {
 		if _, err := l.ReadVolume(ctx, name); err != nil {
 			if errors.Is(err, ErrUnknownVolume) {

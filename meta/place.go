@@ -21,14 +21,22 @@ type PlaceRequest struct {
 	// up: the caller found they do not answer (the leader marks a silent
 	// node down only after a while).
 	Exclude []string
+	// Taken names the nodes that hold the volume already (AddReplica's
+	// choice of one more): they are not chosen, nor any node in their
+	// zones. Replicas counts the nodes to choose besides them.
+	Taken []string
 }
 
-// PromisedOn is how many bytes of node's capacity v takes: its size if it
-// lives there and is not being deleted (its space is being given back),
-// else 0. Placement (State.Place) and control's capacity check count by
-// it, so the two agree on what a node has promised.
+// PromisedOn is how many bytes of node's capacity v takes: its size if
+// one of its replicas (any state) lives there and it is not being
+// deleted (its space is being given back), else 0. Placement
+// (State.Place) and control's capacity check count by it, so the two
+// agree on what a node has promised.
 func (v *Volume) PromisedOn(node string) uint64 {
-	if v.Node != node || v.State == VolumeDeleting {
+	if v.State == VolumeDeleting {
+		return 0
+	}
+	if _, ok := v.Replica(node); !ok {
 		return 0
 	}
 	return v.SizeBytes
@@ -60,7 +68,7 @@ func (s *State) free(n *NodeInfo) uint64 {
 }
 
 // Place chooses req.Replicas nodes for a new volume, best first (the
-// first is where a single-replica volume lives). It is a pure function of
+// first is the primary), or for more replicas of a volume on req.Taken. It is a pure function of
 // the registry, so every caller with the same copy gets the same answer.
 //
 // A node is eligible if it is up (not draining or down), serves a
@@ -78,16 +86,25 @@ func (s *State) Place(req PlaceRequest) ([]string, error) {
 	want := max(req.Replicas, 1)
 	count := make(map[string]int, len(s.nodes))
 	for _, v := range s.vols {
-		count[v.Node]++
+		for _, r := range v.ReplicaSet() {
+			count[r.Node]++
+		}
+	}
+	taken := make(map[string]bool, len(req.Taken))
+	for _, id := range req.Taken {
+		taken["node:"+id] = true
+		if n, ok := s.nodes[id]; ok {
+			taken[zoneOf(n)] = true
+		}
 	}
 	var cands []placeCand
 	for _, n := range s.nodes {
 		if n.State != NodeUp || (n.TCPAddr == "" && n.TargetAddr == "") || slices.Contains(req.Exclude, n.ID) {
 			continue
 		}
-		zone := "node:" + n.ID // zone names have no ':' (api.CheckName)
-		if n.Zone != "" {
-			zone = "zone:" + n.Zone
+		zone := zoneOf(n)
+		if taken["node:"+n.ID] || taken[zone] {
+			continue
 		}
 		cands = append(cands, placeCand{id: n.ID, zone: zone, free: s.free(n), vols: count[n.ID]})
 	}
@@ -102,6 +119,9 @@ func (s *State) Place(req PlaceRequest) ([]string, error) {
 		unanswered := ""
 		if len(req.Exclude) > 0 {
 			unanswered = fmt.Sprintf(" (not counting %s, which did not answer)", strings.Join(req.Exclude, ", "))
+		}
+		if len(req.Taken) > 0 {
+			unanswered += fmt.Sprintf(" (not counting the zones of %s, which hold the volume)", strings.Join(req.Taken, ", "))
 		}
 		return nil, fmt.Errorf("meta: %d replica(s) need %d nodes up and serving NVMe-oF in distinct zones; the registry has %d such zone(s) among %d nodes%s: %w", want, want, len(zones), len(s.nodes), unanswered, ErrNoPlacement)
 	}

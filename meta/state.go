@@ -141,6 +141,18 @@ type NodeInfo struct {
 	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
 	// Zone: see RegisterNode. Snapshots written before zones have none.
 	Zone string `json:"zone,omitempty"`
+	// Features: see RegisterNode. Snapshots written before features
+	// have none.
+	Features []string `json:"features,omitempty"`
+}
+
+// HasFeature says whether the node registered feature f.
+func (n *NodeInfo) HasFeature(f string) bool { return slices.Contains(n.Features, f) }
+
+func (n *NodeInfo) clone() NodeInfo {
+	c := *n
+	c.Features = slices.Clone(n.Features)
+	return c
 }
 
 // Volume is one registered volume. Hosts is sorted.
@@ -161,10 +173,22 @@ type Volume struct {
 	CreatedAt int64                 `json:"created_at"` // Unix nanoseconds, from the command
 	// Reason says why the volume is VolumeFailed (empty otherwise).
 	Reason string `json:"reason,omitempty"`
+	// Replicas are the volume's copies in placement order, never two on
+	// one node nor in one zone; Node's is always among them, in sync.
+	// Empty for a volume written before replicas: ReplicaSet reads it as
+	// one in-sync replica on Node. Read it through ReplicaSet.
+	Replicas []Replica `json:"replicas,omitempty"`
+	// Epoch counts changes of primary (+1 at every SetPrimary); 0 (a
+	// volume written before epochs) reads as 1: see CurrentEpoch.
+	Epoch uint64 `json:"epoch,omitempty"`
+	// Want is the replication factor asked for at creation; 0 (written
+	// before replicas) reads as 1: see WantReplicas.
+	Want int `json:"want_replicas,omitempty"`
 }
 
 func (v *Volume) clone() Volume {
 	c := *v
+	c.Replicas = slices.Clone(v.Replicas)
 	c.Hosts = slices.Clone(v.Hosts)
 	c.Secrets = maps.Clone(v.Secrets)
 	return c
@@ -219,6 +243,9 @@ func (c *Connection) key() connKey { return connKey{c.HostNQN, c.Volume, c.Node}
 
 // maxReason bounds a failed volume's reason, in bytes.
 const maxReason = 1024
+
+// maxFeatures bounds a node's feature list.
+const maxFeatures = 32
 
 // DefaultNQN is the subsystem NQN a volume created without one gets.
 func DefaultNQN(volume string) string { return "nqn.2024-01.io.blk:volume:" + volume }
@@ -299,6 +326,14 @@ func (s *State) Apply(index uint64, c Command) Result {
 		r = s.disconnect(c)
 	case SetClusterID:
 		r = s.setClusterID(c)
+	case SetReplicaState:
+		r = s.setReplicaState(c)
+	case SetPrimary:
+		r = s.setPrimary(c)
+	case AddReplica:
+		r = s.addReplica(c)
+	case RemoveReplica:
+		r = s.removeReplica(c)
 	default:
 		r = Result{Err: fmt.Errorf("meta: command %T: %w", c, ErrBadCommand)}
 	}
@@ -394,6 +429,14 @@ func (s *State) registerNode(c RegisterNode) Result {
 			return Result{Err: err}
 		}
 	}
+	if len(c.Features) > maxFeatures {
+		return Result{Err: fmt.Errorf("meta: node %q: %d features, at most %d: %w", c.ID, len(c.Features), maxFeatures, ErrLimit)}
+	}
+	for _, f := range c.Features {
+		if err := checkName("feature", f); err != nil {
+			return Result{Err: err}
+		}
+	}
 	n, ok := s.nodes[c.ID]
 	if !ok {
 		if len(s.nodes) >= MaxNodes {
@@ -403,10 +446,11 @@ func (s *State) registerNode(c RegisterNode) Result {
 		s.nodes[c.ID] = n
 	}
 	n.TargetAddr, n.TCPAddr, n.MgmtAddr, n.Zone = c.TargetAddr, c.TCPAddr, c.MgmtAddr, c.Zone
+	n.Features = slices.Clone(c.Features)
 	if c.CapacityBytes != 0 {
 		n.CapacityBytes = c.CapacityBytes
 	}
-	cp := *n
+	cp := n.clone()
 	return Result{Node: &cp}
 }
 
@@ -427,7 +471,7 @@ func (s *State) setNodeState(c SetNodeState) Result {
 		return Result{Err: fmt.Errorf("meta: node %q: state %v: %w", c.ID, c.State, ErrInvalid)}
 	}
 	n.State = c.State
-	cp := *n
+	cp := n.clone()
 	return Result{Node: &cp}
 }
 
@@ -438,6 +482,9 @@ func (s *State) removeNode(c RemoveNode) Result {
 	for _, v := range s.vols {
 		if v.Node == c.ID {
 			return Result{Err: fmt.Errorf("meta: node %q owns volume %q: %w", c.ID, v.Name, ErrNodeInUse)}
+		}
+		if _, ok := v.Replica(c.ID); ok {
+			return Result{Err: fmt.Errorf("meta: node %q holds a replica of volume %q: %w", c.ID, v.Name, ErrNodeInUse)}
 		}
 	}
 	for k := range s.conns {
@@ -521,12 +568,27 @@ func (s *State) createVolume(c CreateVolume) Result {
 	if n.State != NodeUp {
 		return Result{Err: fmt.Errorf("meta: node %q is %v: %w", n.ID, n.State, ErrNodeNotUp)}
 	}
+	if len(c.Replicas) > 0 {
+		if c.Replicas[0] != c.Node {
+			return Result{Err: fmt.Errorf("meta: volume %q: first replica %q is not the primary %q: %w", c.Name, c.Replicas[0], c.Node, ErrInvalid)}
+		}
+		if err := s.checkReplicaNodes(c.Name, c.Replicas); err != nil {
+			return Result{Err: err}
+		}
+	}
 	if len(s.vols) >= MaxVolumes {
 		return Result{Err: fmt.Errorf("meta: %d volumes: %w", MaxVolumes, ErrLimit)}
 	}
 	v := &Volume{
 		Name: c.Name, ID: s.nextVol, SizeBytes: c.SizeBytes, BlockSize: c.BlockSize,
 		Node: c.Node, State: VolumeCreating, NQN: nqn, CreatedAt: c.At,
+	}
+	if len(c.Replicas) > 0 {
+		// A new volume reads as zeros everywhere: every copy is in sync.
+		for _, n := range c.Replicas {
+			v.Replicas = append(v.Replicas, Replica{Node: n, State: ReplicaInSync, Since: c.At})
+		}
+		v.Epoch, v.Want = 1, len(c.Replicas)
 	}
 	s.nextVol++
 	s.vols[v.Name] = v
@@ -760,7 +822,7 @@ func (s *State) Node(id string) (NodeInfo, bool) {
 	if !ok {
 		return NodeInfo{}, false
 	}
-	return *n, true
+	return n.clone(), true
 }
 
 // Snapshot is the registry in canonical form: every list sorted by its key.
@@ -787,7 +849,7 @@ func (s *State) Export() Snapshot {
 		Connections: make([]Connection, 0, len(s.conns)),
 	}
 	for _, n := range s.nodes {
-		out.Nodes = append(out.Nodes, *n)
+		out.Nodes = append(out.Nodes, n.clone())
 	}
 	for _, v := range s.vols {
 		out.Volumes = append(out.Volumes, v.clone())
@@ -844,6 +906,9 @@ func UnmarshalState(b []byte) (*State, error) {
 		sizeOK := (v.BlockSize == 512 || v.BlockSize == 4096) && checkSize(v.SizeBytes, v.BlockSize) == nil
 		if dup || dupNQN || !nodeOK || !stateOK || !sizeOK || v.ID == 0 || v.ID >= s.nextVol || !slices.IsSorted(v.Hosts) {
 			return bad("volume %q", v.Name)
+		}
+		if err := s.checkReplicas(&v); err != nil {
+			return bad("volume %q: %v", v.Name, err)
 		}
 		for h, sec := range v.Secrets {
 			if _, ok := slices.BinarySearch(v.Hosts, h); !ok || checkSecrets(sec.Host, sec.Ctrl) != nil || sec.Host == "" {

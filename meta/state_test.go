@@ -252,7 +252,12 @@ func TestDecodeBad(t *testing.T) {
 
 func TestCommandRoundTrip(t *testing.T) {
 	for _, c := range append(base(), PurgeVolume{Name: "x"}, ResizeVolume{Name: "x", SizeBytes: 3},
-		DisallowHost{Volume: "x", HostNQN: h1, Force: true}, Disconnect{HostNQN: h1, Volume: "v", Node: "n"}, RemoveNode{ID: "n"}) {
+		DisallowHost{Volume: "x", HostNQN: h1, Force: true}, Disconnect{HostNQN: h1, Volume: "v", Node: "n"}, RemoveNode{ID: "n"},
+		RegisterNode{ID: "n", TCPAddr: "a:1", MgmtAddr: "a:2", Zone: "z", Features: []string{FeatureReplication}},
+		CreateVolume{Name: "r", SizeBytes: 4096, BlockSize: 4096, Node: "a", At: 3, Replicas: []string{"a", "b", "c"}},
+		SetReplicaState{Volume: "r", Epoch: 2, Node: "b", State: ReplicaFailed, Reason: "disk", Full: true, At: 9},
+		SetPrimary{Volume: "r", Epoch: 3, Node: "b", Failover: true, At: 10},
+		AddReplica{Volume: "r", Node: "d", At: 11}, RemoveReplica{Volume: "r", Node: "c"}) {
 		b, err := EncodeCommand(c)
 		if err != nil {
 			t.Fatal(err)
@@ -279,6 +284,9 @@ func checkInvariants(t *testing.T, s *State) {
 		}
 		if v.ID == 0 || v.ID >= s.nextVol || v.SizeBytes%uint64(v.BlockSize) != 0 {
 			t.Errorf("volume %+v, next ID %d", v, s.nextVol)
+		}
+		if err := replicaInvariants(s, v); err != nil {
+			t.Errorf("volume %q: %v", name, err)
 		}
 	}
 	for k, c := range s.conns {
@@ -308,7 +316,18 @@ func randCommand(rng *rand.Rand, at int64) Command {
 	vol := fmt.Sprintf("v%d", rng.IntN(8))
 	host := fmt.Sprintf("nqn.2014-08.org.nvmexpress:uuid:h%d", rng.IntN(4))
 	bs := []uint32{512, 4096, 4096, 1000}[rng.IntN(4)]
-	switch rng.IntN(14) {
+	switch rng.IntN(18) {
+	case 14:
+		return SetReplicaState{Volume: vol, Epoch: uint64(rng.IntN(4)), Node: node,
+			State:  []ReplicaState{ReplicaInSync, ReplicaOutOfSync, ReplicaRebuilding, ReplicaFailed, "bogus"}[rng.IntN(5)],
+			Reason: []string{"", "leg failed"}[rng.IntN(2)], Full: rng.IntN(2) == 0, At: at}
+	case 15:
+		return SetPrimary{Volume: vol, Epoch: uint64(rng.IntN(4)), Node: node, Failover: rng.IntN(2) == 0, At: at}
+	case 16:
+		if rng.IntN(2) == 0 {
+			return AddReplica{Volume: vol, Node: node, At: at}
+		}
+		return RemoveReplica{Volume: vol, Node: node}
 	case 0, 1:
 		return RegisterNode{ID: node, TargetAddr: fmt.Sprintf("10.0.0.%d:4420", rng.IntN(3)), MgmtAddr: "m:1"}
 	case 2:
@@ -320,7 +339,14 @@ func randCommand(rng *rand.Rand, at int64) Command {
 		if rng.IntN(3) == 0 {
 			nqn = fmt.Sprintf("nqn.x:%d", rng.IntN(4))
 		}
-		return CreateVolume{Name: vol, SizeBytes: uint64(rng.IntN(4)) * 4096, BlockSize: bs, Node: node, NQN: nqn, At: at}
+		var replicas []string
+		if k := rng.IntN(4); k > 0 {
+			replicas = []string{node}
+			for range k - 1 {
+				replicas = append(replicas, fmt.Sprintf("n%d", rng.IntN(4)))
+			}
+		}
+		return CreateVolume{Name: vol, SizeBytes: uint64(rng.IntN(4)) * 4096, BlockSize: bs, Node: node, NQN: nqn, At: at, Replicas: replicas}
 	case 5:
 		return SetVolumeState{Name: vol, State: VolumeState(1 + rng.IntN(4))}
 	case 6:

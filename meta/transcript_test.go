@@ -26,6 +26,7 @@ var sentinels = []struct {
 	{"ErrVolumeNotOnline", ErrVolumeNotOnline}, {"ErrVolumeDeleting", ErrVolumeDeleting},
 	{"ErrHasConnections", ErrHasConnections}, {"ErrHostNotAllowed", ErrHostNotAllowed},
 	{"ErrAlreadyConnected", ErrAlreadyConnected}, {"ErrNotConnected", ErrNotConnected},
+	{"ErrStaleEpoch", ErrStaleEpoch}, {"ErrNoCapacity", ErrNoCapacity},
 }
 
 func sentinelName(err error) string {
@@ -153,6 +154,20 @@ func describeVolume(v Volume) string {
 	if len(v.Hosts) > 0 {
 		s += " hosts=" + strings.Join(v.Hosts, ",")
 	}
+	if len(v.Replicas) > 0 {
+		var rs []string
+		for _, r := range v.Replicas {
+			d := r.Node + ":" + string(r.State)
+			if r.Full {
+				d += "(full)"
+			}
+			if r.Reason != "" {
+				d += fmt.Sprintf("(%s)", r.Reason)
+			}
+			rs = append(rs, d)
+		}
+		s += fmt.Sprintf(" epoch=%d want=%d replicas=%s", v.Epoch, v.Want, strings.Join(rs, ","))
+	}
 	return s
 }
 
@@ -160,6 +175,9 @@ func describeNode(n NodeInfo) string {
 	s := fmt.Sprintf("node %s %v target=%s mgmt=%s", n.ID, n.State, n.TargetAddr, n.MgmtAddr)
 	if n.Zone != "" {
 		s += " zone=" + n.Zone
+	}
+	if len(n.Features) > 0 {
+		s += " features=" + strings.Join(n.Features, ",")
 	}
 	return s
 }

@@ -365,11 +365,12 @@ func volumeCommand() *cli.Command {
 		Usage: "create, list, show, resize and delete volumes",
 		Subcommands: []*cli.Command{
 			{
-				Name: "create", Usage: "create a volume; the cluster places it on the node with the most free capacity, or --node", UsageText: "blkctl volume create NAME --size 10GiB [--block-size 4096] [--node NODEID]",
+				Name: "create", Usage: "create a volume; the cluster places it on the node with the most free capacity, or --node", UsageText: "blkctl volume create NAME --size 10GiB [--block-size 4096] [--node NODEID] [--replicas N]",
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "size", Usage: "volume size: " + api.SizeHelp + "; a multiple of the block size"},
 					&cli.StringFlag{Name: "block-size", Value: "4096", Usage: "logical block size: 512 or 4096"},
-					&cli.StringFlag{Name: "node", Usage: "put the volume on this node (`NODEID`, as blkctl cluster status lists it; it must be up) instead of letting the cluster place it"},
+					&cli.StringFlag{Name: "node", Usage: "put the volume (its primary copy) on this node (`NODEID`, as blkctl cluster status lists it; it must be up) instead of letting the cluster place it"},
+					&cli.IntFlag{Name: "replicas", Usage: "keep `N` copies (1 to 5), each on a node in a zone of its own; default: 3 when the cluster has three zones, else 1"},
 				},
 				Action: volumeCreate,
 			},
@@ -433,6 +434,13 @@ func volumeCreate(c *cli.Context) error {
 			return usageErrorf("%s: %v", c.Command.FullName(), err)
 		}
 		body["node"] = node
+	}
+	if c.IsSet("replicas") {
+		n := c.Int("replicas")
+		if n < 1 || n > 5 {
+			return usageErrorf("--replicas %d: give 1 to 5", n)
+		}
+		body["replicas"] = n
 	}
 	e, err := newEnv(c)
 	if err != nil {
@@ -530,11 +538,14 @@ func (e *env) showVolume(v volume) error {
 		{"Block size", fmt.Sprint(v.BlockSize)},
 		{"State", v.State},
 		{"Node", v.Node},
+	}
+	kv = append(kv, replicaRows(v)...)
+	kv = append(kv, [][2]string{
 		{"NQN", v.NQN},
 		{"Hosts", hostsText(v)},
 		{"Attached", attachedText(v)},
 		{"Created", created},
-	}
+	}...)
 	if v.Reason != "" {
 		kv = append(kv, [2]string{"Reason", v.Reason})
 	}
@@ -542,6 +553,40 @@ func (e *env) showVolume(v volume) error {
 		kv = append(kv, [2]string{"Warning", legacyText(v)})
 	}
 	return e.keyValues(kv)
+}
+
+// replicaRows are volume show's replica lines: the epoch, how many copies
+// are in sync of how many wanted, and one line per copy, "*" at the
+// primary (the node hosts use). A blkd older than replicas shows none.
+func replicaRows(v volume) [][2]string {
+	if len(v.Replicas) == 0 {
+		return nil
+	}
+	inSync := 0
+	for _, r := range v.Replicas {
+		if r.State == api.ReplicaInSync {
+			inSync++
+		}
+	}
+	rows := [][2]string{
+		{"Epoch", fmt.Sprint(v.Epoch)},
+		{"Replicas", fmt.Sprintf("%d in sync of %d, %d wanted", inSync, len(v.Replicas), v.WantReplicas)},
+	}
+	for _, r := range v.Replicas {
+		mark := " "
+		if r.Primary {
+			mark = "*"
+		}
+		line := fmt.Sprintf("%s %s %s", mark, r.Node, r.State)
+		if r.Since != 0 {
+			line += " since " + time.Unix(0, r.Since).UTC().Format(time.RFC3339)
+		}
+		if r.Reason != "" {
+			line += ": " + r.Reason
+		}
+		rows = append(rows, [2]string{"  replica", line})
+	}
+	return rows
 }
 
 // legacyName says whether v's name is outside the name grammar (an older

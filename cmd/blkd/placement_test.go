@@ -95,6 +95,26 @@ func TestPlacement(t *testing.T) {
 	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "8MiB", "node": "a/b"}`, 400, `node "a/b" has '/'`)
 	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "3PiB"}`, 507, `node node\d may be promised the most, \d+ more bytes.*--overcommit`)
 
+	// Replicated volumes are refused until the data path replicates
+	// (issue 23): 501, one check; the default resolves to one copy even
+	// with three zones, and the volume shows its one replica, primary.
+	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "8MiB", "replicas": 3}`, 501, `replicated volumes are not served yet \(issue 23\)`)
+	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "8MiB", "replicas": 9}`, 400, `"replicas": 9: give 1 to 5`)
+	var one struct {
+		Node         string `json:"node"`
+		Epoch        uint64 `json:"epoch"`
+		WantReplicas int    `json:"want_replicas"`
+		Replicas     []struct {
+			Node    string `json:"node"`
+			State   string `json:"state"`
+			Primary bool   `json:"primary"`
+		} `json:"replicas"`
+	}
+	c.procs[leader].must(t, "GET", "/v1/volumes/pinned", "", 200, &one)
+	if one.Epoch != 1 || one.WantReplicas != 1 || len(one.Replicas) != 1 || one.Replicas[0].Node != one.Node || !one.Replicas[0].Primary || one.Replicas[0].State != "in-sync" {
+		t.Fatalf("pinned volume's replicas: %+v", one)
+	}
+
 	// Every volume is served by its node: attach names the node's NVMe/TCP
 	// address, and a block written there reads back.
 	for node, names := range per {

@@ -67,6 +67,10 @@ func metaError(err error, hint string) error {
 		status, hint = http.StatusConflict, "the host is already attached; detach it first to attach again"
 	case errors.Is(err, meta.ErrNotConnected):
 		status, hint = http.StatusConflict, "the host is not attached to this volume"
+	case errors.Is(err, meta.ErrStaleEpoch):
+		status, hint = http.StatusConflict, "the volume's primary changed meanwhile: read the volume again"
+	case errors.Is(err, control.ErrFeatureMissing):
+		status = http.StatusConflict
 	case errors.Is(err, meta.ErrVolumeDeleting), errors.Is(err, meta.ErrVolumeNotOnline),
 		errors.Is(err, meta.ErrBadTransition), errors.Is(err, meta.ErrLimit), errors.Is(err, meta.ErrNodeNotUp):
 		status = http.StatusConflict
@@ -255,6 +259,35 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
+// replicasServed says whether this blkd replicates writes: until its
+// data path does (docs/replication.md §8 step 4), a volume of more than
+// one replica is refused (501) here, the one place that decides it, and
+// the Manager's default resolves to one replica (maxReplicas).
+const replicasServed = false
+
+// replicaView fills a's replica fields from v: epoch, replication factor,
+// the replicas with the primary marked; an online volume with fewer in
+// sync than wanted gets the reason "degraded: K/N in sync" (the
+// registry's state stays online: hosts are served).
+func replicaView(v meta.Volume, a *api.Volume) {
+	a.Epoch, a.WantReplicas = v.CurrentEpoch(), v.WantReplicas()
+	for _, r := range v.ReplicaSet() {
+		a.Replicas = append(a.Replicas, api.Replica{Node: r.Node, State: string(r.State), Reason: r.Reason, Since: r.Since, Primary: r.Node == v.Node})
+	}
+	if k, n := len(v.InSync()), v.WantReplicas(); k < n && a.State == api.StateOnline && a.Reason == "" {
+		a.Reason = fmt.Sprintf("degraded: %d/%d in sync", k, n)
+	}
+}
+
+// maxReplicas is the Manager's MaxReplicas: the most replicas a volume
+// may have on this cluster.
+func maxReplicas() int {
+	if replicasServed {
+		return meta.MaxReplicas
+	}
+	return 1
+}
+
 func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
 	var req api.CreateVolumeRequest
 	if err := decode(r, &req); err != nil {
@@ -269,12 +302,17 @@ func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
 		return badRequest(`missing "size": give a size in bytes or with a unit, e.g. "size": "10GiB"`)
 	case req.Node != "" && api.CheckName("node", req.Node) != nil:
 		return badRequest("%v", api.CheckName("node", req.Node))
+	case req.Replicas < 0 || req.Replicas > meta.MaxReplicas:
+		return badRequest(`"replicas": %d: give 1 to %d, or 0 (or none) for the cluster's default`, req.Replicas, meta.MaxReplicas)
+	case req.Replicas > 1 && !replicasServed:
+		return &apiError{http.StatusNotImplemented, fmt.Sprintf(`"replicas": %d: replicated volumes are not served yet (issue 23); create with "replicas": 1`, req.Replicas)}
 	}
 	if req.BlockSize == 0 {
 		req.BlockSize = store.DefaultBlockSize
 	}
 	v, err := d.mgr.Create(r.Context(), control.CreateRequest{
 		Name: req.Name, SizeBytes: uint64(*req.Size), BlockSize: req.BlockSize, Node: req.Node,
+		Replicas: req.Replicas,
 	})
 	if err != nil {
 		return metaError(err, "")

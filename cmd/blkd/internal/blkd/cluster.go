@@ -53,7 +53,15 @@ type JoinRequest struct {
 	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
 	// Zone: the node's failure domain (meta.RegisterNode).
 	Zone string `json:"zone,omitempty"`
+	// Features: what the node's binary can do (meta.RegisterNode):
+	// nodeFeatures.
+	Features []string `json:"features,omitempty"`
 }
+
+// nodeFeatures are the meta.RegisterNode features this blkd registers:
+// the leader proposes replica commands only once every node lists
+// meta.FeatureReplication (docs/replication.md §1).
+var nodeFeatures = []string{meta.FeatureReplication}
 
 // JoinResponse answers POST /v1/cluster/join. A new node is added as a
 // nonvoter; it asks again with Promote once its registry copy reached
@@ -182,7 +190,7 @@ func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 		return metaError(err, "")
 	}
 	if req.APIAddr != "" || req.NVMeAddr != "" || req.TCPAddr != "" {
-		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone}); err != nil {
+		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone, Features: req.Features}); err != nil {
 			return metaError(err, "")
 		}
 	}
@@ -211,7 +219,7 @@ func (d *Daemon) clusterRemove(w http.ResponseWriter, r *http.Request) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	// Check before changing anything: an unknown node is 404, a node that
-	// still owns volumes or carries connections is refused while it is
+	// still holds a replica of a volume or carries connections is refused while it is
 	// still a member (removing it from raft first would leave it half
 	// removed).
 	known := false
@@ -224,7 +232,7 @@ func (d *Daemon) clusterRemove(w http.ResponseWriter, r *http.Request) error {
 			known = true
 		}
 		for _, v := range s.Export().Volumes {
-			if v.Node == req.NodeID {
+			if _, ok := v.Replica(req.NodeID); ok {
 				owned = append(owned, v.Name)
 			}
 		}
@@ -233,7 +241,7 @@ func (d *Daemon) clusterRemove(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusNotFound, fmt.Sprintf("no node %q in the cluster: GET /v1/cluster lists the members", req.NodeID)}
 	}
 	if len(owned) > 0 {
-		return &apiError{http.StatusConflict, fmt.Sprintf("node %q owns volumes %s: delete them first", req.NodeID, strings.Join(owned, ", "))}
+		return &apiError{http.StatusConflict, fmt.Sprintf("node %q holds replicas of volumes %s: delete them (or remove their replicas on it) first", req.NodeID, strings.Join(owned, ", "))}
 	}
 	if err := d.node.RemoveServer(ctx, req.NodeID); err != nil {
 		return metaError(err, "")
@@ -359,7 +367,7 @@ func leaderIndex(ctx context.Context, client *http.Client, url, id string) (uint
 // joinRequest is this node's join request with its addresses.
 func (d *Daemon) joinRequest(apiAddr, nvmeAddr, tcpAddr string) JoinRequest {
 	return JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr, TCPAddr: tcpAddr,
-		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity(), Zone: d.cfg.Zone}
+		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity(), Zone: d.cfg.Zone, Features: nodeFeatures}
 }
 
 // register makes the cluster know this node: on the leader it applies
@@ -377,7 +385,7 @@ func (d *Daemon) register(ctx context.Context, first string, req JoinRequest) er
 	var last error
 	for {
 		if first == "" && d.node.IsLeader() {
-			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone})
+			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone, Features: req.Features})
 			if err == nil {
 				return nil
 			}
@@ -403,6 +411,13 @@ func (d *Daemon) register(ctx context.Context, first string, req JoinRequest) er
 					last = fmt.Errorf("as a nonvoter, caught up to index %d of %d", d.node.AppliedIndex(), resp.CatchUpIndex)
 				case errors.Is(err, errRefused):
 					return fmt.Errorf("join the cluster through %s: %w", target, err)
+				case olderLeader(err, &req):
+					// A rolling upgrade: the leader is an older blkd. Join
+					// without features; replica commands stay refused,
+					// naming this node, until it registers again (its next
+					// start) through a leader that knows them.
+					d.log.Warn("the registry leader is an older blkd: registering without features", slog.String("leader", target))
+					continue
 				case certRefused(err):
 					return fmt.Errorf("join the cluster through %s: the TLS handshake failed on a certificate (%v): this node's --tls-dir must hold the cluster's ca.crt and a node certificate that CA signed (blkctl cert issue %s --role node)", target, err, d.cfg.NodeID)
 				case next != "" && next != target:
@@ -428,6 +443,17 @@ func (d *Daemon) register(ctx context.Context, first string, req JoinRequest) er
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// olderLeader says whether err is an older leader's refusal of
+// JoinRequest.Features (its decoder refuses unknown fields) and, if so,
+// drops them from req so the join can be retried.
+func olderLeader(err error, req *JoinRequest) bool {
+	if err == nil || len(req.Features) == 0 || !strings.Contains(err.Error(), `unknown field "features"`) {
+		return false
+	}
+	req.Features = nil
+	return true
 }
 
 // joinCheckWait bounds checkJoinTarget's question.

@@ -160,6 +160,7 @@ func views(s *meta.State, vols ...meta.Volume) []api.Volume {
 		if n, ok := nodes[v.Node]; ok && n.State == meta.NodeDown && (v.State == meta.VolumeOnline || v.State == meta.VolumeCreating || v.State == meta.VolumeDegraded) {
 			a.State, a.Reason = api.StateUnavailable, fmt.Sprintf("its node %s is down (not heard from)", v.Node)
 		}
+		replicaView(v, &a)
 		out = append(out, a)
 	}
 	return out

@@ -221,6 +221,13 @@ func (p registryParts) Node(ctx context.Context, id string) (meta.NodeInfo, erro
 	return n, nil
 }
 
+func (p registryParts) Nodes(ctx context.Context) ([]meta.NodeInfo, error) {
+	if err := p.n.Linearize(ctx); err != nil {
+		return nil, err
+	}
+	return p.n.FSM().Export().Nodes, nil
+}
+
 // Place reads the registry linearizably (the caller is the leader): a
 // node marked down or a volume created a moment ago is seen.
 func (p registryParts) Place(ctx context.Context, req meta.PlaceRequest) ([]string, error) {
@@ -315,8 +322,8 @@ func (d *Daemon) reconcileLocal(ctx context.Context, name string, index uint64) 
 		d.rec.Forget(name)
 		return control.Status{Name: name, State: control.StateDeleted}, nil
 	}
-	if v.Node != d.cfg.NodeID {
-		return control.Status{}, &apiError{http.StatusConflict, fmt.Sprintf("volume %q is owned by node %s, not %s", name, v.Node, d.cfg.NodeID)}
+	if _, ok := v.Replica(d.cfg.NodeID); !ok {
+		return control.Status{}, &apiError{http.StatusConflict, fmt.Sprintf("volume %q has no replica on node %s: its primary is node %s", name, d.cfg.NodeID, v.Node)}
 	}
 	return d.rec.Reconcile(v), nil
 }
@@ -350,6 +357,8 @@ func (d *Daemon) startControl(ctx context.Context) {
 	d.tparts = &targetParts{d: d}
 	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{d.store}, d.tparts, d.audit.logger())
 	d.mgr = control.NewManager(registryParts{d.node}, ownerParts{d})
+	d.mgr.MaxReplicas = maxReplicas()
+	d.mgr.Log = d.audit.logger()
 	if d.cfg.DetachAfter > 0 {
 		d.mgr.DetachAfter = time.Duration(d.cfg.DetachAfter)
 	}

@@ -1,0 +1,350 @@
+package meta
+
+import (
+	"fmt"
+	"slices"
+)
+
+// ReplicaState is the state of one replica of a volume (docs/replication.md
+// §1). Only the leader's control.Manager changes it, through
+// SetReplicaState, SetPrimary, AddReplica and RemoveReplica.
+type ReplicaState string
+
+const (
+	// ReplicaInSync holds every acknowledged write, counts for
+	// acknowledgement and may become primary.
+	ReplicaInSync ReplicaState = "in-sync"
+	// ReplicaOutOfSync misses writes: the primary tracks which, or Full
+	// says the next rebuild copies everything.
+	ReplicaOutOfSync ReplicaState = "out-of-sync"
+	// ReplicaRebuilding is being copied to and is sent every new write.
+	ReplicaRebuilding ReplicaState = "rebuilding"
+	// ReplicaFailed cannot be rebuilt in place (node removed, store volume
+	// missing or failed): only replacing or removing it helps.
+	ReplicaFailed ReplicaState = "failed"
+)
+
+func (s ReplicaState) valid() bool {
+	switch s {
+	case ReplicaInSync, ReplicaOutOfSync, ReplicaRebuilding, ReplicaFailed:
+		return true
+	}
+	return false
+}
+
+// MaxReplicas bounds a volume's replica set: every write goes to each
+// replica, and five zones are more than any deployment asks for.
+const MaxReplicas = 5
+
+// Replica is one copy of a volume: a store volume of the volume's ID on
+// Node.
+type Replica struct {
+	Node   string       `json:"node"`
+	State  ReplicaState `json:"state"`
+	Reason string       `json:"reason,omitempty"`
+	// Since is when the replica entered State, Unix nanoseconds, from
+	// the command that moved it.
+	Since int64 `json:"since"`
+	// Full: the next rebuild copies every allocated extent (the primary
+	// has no record of which writes the replica missed).
+	Full bool `json:"full_copy,omitempty"`
+}
+
+// ReplicaSet returns the volume's replicas in placement order. A volume
+// written before replicas (no Replicas) has one: in sync on v.Node since
+// its creation. The slice is the caller's.
+func (v *Volume) ReplicaSet() []Replica {
+	if len(v.Replicas) == 0 {
+		return []Replica{{Node: v.Node, State: ReplicaInSync, Since: v.CreatedAt}}
+	}
+	return slices.Clone(v.Replicas)
+}
+
+// CurrentEpoch is the volume's epoch: 1 for a volume that never changed
+// primary (also one written before epochs, whose Epoch is 0).
+func (v *Volume) CurrentEpoch() uint64 { return max(v.Epoch, 1) }
+
+// WantReplicas is the replication factor asked for at creation: 1 for a
+// volume written before replicas.
+func (v *Volume) WantReplicas() int { return max(v.Want, 1) }
+
+// Replica returns the volume's replica on node. It does not allocate:
+// placement asks it of every volume for every node.
+func (v *Volume) Replica(node string) (Replica, bool) {
+	if len(v.Replicas) == 0 {
+		if node == v.Node {
+			return Replica{Node: v.Node, State: ReplicaInSync, Since: v.CreatedAt}, true
+		}
+		return Replica{}, false
+	}
+	for _, r := range v.Replicas {
+		if r.Node == node {
+			return r, true
+		}
+	}
+	return Replica{}, false
+}
+
+// InSync returns the nodes of the in-sync replicas, the primary first.
+func (v *Volume) InSync() []string {
+	out := []string{v.Node}
+	for _, r := range v.ReplicaSet() {
+		if r.State == ReplicaInSync && r.Node != v.Node {
+			out = append(out, r.Node)
+		}
+	}
+	return out
+}
+
+// explicit makes v's replica set and epoch explicit (the first replica
+// command on a volume written before replicas) and returns the index of
+// node's replica, or -1.
+func (v *Volume) explicit(node string) int {
+	if len(v.Replicas) == 0 {
+		v.Replicas = v.ReplicaSet()
+	}
+	v.Epoch = v.CurrentEpoch()
+	return slices.IndexFunc(v.Replicas, func(r Replica) bool { return r.Node == node })
+}
+
+// validReplicaMove says whether SetReplicaState may move a replica from
+// one state to another: in-sync → out-of-sync; out-of-sync → rebuilding;
+// rebuilding → in-sync or out-of-sync; any → failed; failed → out-of-sync
+// (with Full). out-of-sync → out-of-sync and failed → failed are allowed
+// too: they update the reason and set Full (a change of primary leaves
+// the replicas already out of sync with no record of what they miss).
+func validReplicaMove(from, to ReplicaState) bool {
+	switch to {
+	case ReplicaFailed:
+		return true
+	case ReplicaOutOfSync:
+		return true // from failed only with Full: setReplicaState checks
+	case ReplicaRebuilding:
+		return from == ReplicaOutOfSync
+	case ReplicaInSync:
+		return from == ReplicaRebuilding
+	}
+	return false
+}
+
+// zoneOf is node n's failure domain as placement counts it: its zone, or
+// the node itself when it has none.
+func zoneOf(n *NodeInfo) string {
+	if n.Zone == "" {
+		return "node:" + n.ID // zone names have no ':' (api.CheckName)
+	}
+	return "zone:" + n.Zone
+}
+
+// checkReplicaNodes checks a new replica set: at most MaxReplicas, every
+// node known and up, no node or zone twice.
+func (s *State) checkReplicaNodes(volume string, nodes []string) error {
+	if len(nodes) > MaxReplicas {
+		return fmt.Errorf("meta: volume %q: %d replicas, at most %d: %w", volume, len(nodes), MaxReplicas, ErrLimit)
+	}
+	zones := make(map[string]string, len(nodes))
+	for i, id := range nodes {
+		n, err := s.node(id)
+		if err != nil {
+			return err
+		}
+		if n.State != NodeUp {
+			return fmt.Errorf("meta: volume %q: replica node %q is %v: %w", volume, id, n.State, ErrNodeNotUp)
+		}
+		if slices.Contains(nodes[:i], id) {
+			return fmt.Errorf("meta: volume %q: node %q holds two replicas: %w", volume, id, ErrInvalid)
+		}
+		z := zoneOf(n)
+		if other, ok := zones[z]; ok {
+			return fmt.Errorf("meta: volume %q: nodes %q and %q are both in zone %q: replicas need distinct zones: %w", volume, other, id, n.Zone, ErrInvalid)
+		}
+		zones[z] = id
+	}
+	return nil
+}
+
+// replicaVolume is the volume a replica command changes: known, not
+// being deleted, and at the command's epoch when it names one.
+func (s *State) replicaVolume(name string, epoch uint64, checkEpoch bool) (*Volume, error) {
+	v, err := s.volume(name)
+	if err != nil {
+		return nil, err
+	}
+	if v.State == VolumeDeleting {
+		return nil, fmt.Errorf("meta: volume %q: %w", name, ErrVolumeDeleting)
+	}
+	if checkEpoch && epoch != v.CurrentEpoch() {
+		return nil, fmt.Errorf("meta: volume %q: command of epoch %d, the volume is at epoch %d: %w", name, epoch, v.CurrentEpoch(), ErrStaleEpoch)
+	}
+	return v, nil
+}
+
+func checkReason(volume, reason string) error {
+	if len(reason) > maxReason {
+		return fmt.Errorf("meta: volume %q: reason of %d bytes, at most %d: %w", volume, len(reason), maxReason, ErrInvalid)
+	}
+	return nil
+}
+
+func (s *State) setReplicaState(c SetReplicaState) Result {
+	v, err := s.replicaVolume(c.Volume, c.Epoch, true)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if !c.State.valid() {
+		return Result{Err: fmt.Errorf("meta: volume %q: replica state %q: %w", c.Volume, c.State, ErrInvalid)}
+	}
+	if err := checkReason(c.Volume, c.Reason); err != nil {
+		return Result{Err: err}
+	}
+	if c.State == ReplicaFailed && c.Reason == "" {
+		return Result{Err: fmt.Errorf("meta: volume %q: replica on %q failed without a reason: %w", c.Volume, c.Node, ErrInvalid)}
+	}
+	cur, ok := v.Replica(c.Node)
+	if !ok {
+		return Result{Err: fmt.Errorf("meta: volume %q has no replica on node %q: %w", c.Volume, c.Node, ErrUnknownNode)}
+	}
+	if c.Node == v.Node {
+		// The primary's replica is in sync by definition; moving it
+		// takes SetPrimary (a failover).
+		return Result{Err: fmt.Errorf("meta: volume %q: replica on %q is the primary's: change the primary first (SetPrimary): %w", c.Volume, c.Node, ErrBadTransition)}
+	}
+	if !validReplicaMove(cur.State, c.State) {
+		return Result{Err: fmt.Errorf("meta: volume %q: replica on %q: %s → %s: %w", c.Volume, c.Node, cur.State, c.State, ErrBadTransition)}
+	}
+	if cur.State == ReplicaFailed && c.State == ReplicaOutOfSync && !c.Full {
+		return Result{Err: fmt.Errorf("meta: volume %q: replica on %q: failed → out-of-sync needs a full copy (Full): %w", c.Volume, c.Node, ErrBadTransition)}
+	}
+	i := v.explicit(c.Node)
+	r := &v.Replicas[i]
+	r.State, r.Reason, r.Since = c.State, c.Reason, c.At
+	r.Full = (r.Full || c.Full) && c.State != ReplicaInSync
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+func (s *State) setPrimary(c SetPrimary) Result {
+	v, err := s.replicaVolume(c.Volume, c.Epoch, true)
+	if err != nil {
+		return Result{Err: err}
+	}
+	n, err := s.node(c.Node)
+	if err != nil {
+		return Result{Err: err}
+	}
+	r, ok := v.Replica(c.Node)
+	switch {
+	case !ok:
+		return Result{Err: fmt.Errorf("meta: volume %q has no replica on node %q: %w", c.Volume, c.Node, ErrUnknownNode)}
+	case r.State != ReplicaInSync:
+		return Result{Err: fmt.Errorf("meta: volume %q: replica on %q is %s, only an in-sync one may become primary: %w", c.Volume, c.Node, r.State, ErrBadTransition)}
+	case n.State != NodeUp:
+		return Result{Err: fmt.Errorf("meta: volume %q: node %q is %v: %w", c.Volume, c.Node, n.State, ErrNodeNotUp)}
+	case c.Failover && c.Node == v.Node:
+		return Result{Err: fmt.Errorf("meta: volume %q: a failover from node %q to itself: %w", c.Volume, c.Node, ErrInvalid)}
+	}
+	old := v.Node
+	epoch := v.CurrentEpoch()
+	v.explicit(c.Node)
+	if c.Failover {
+		o := &v.Replicas[slices.IndexFunc(v.Replicas, func(r Replica) bool { return r.Node == old })]
+		o.State, o.Reason, o.Since = ReplicaOutOfSync, fmt.Sprintf("primary lost at epoch %d", epoch), c.At
+	}
+	v.Node = c.Node
+	v.Epoch = epoch + 1
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+func (s *State) addReplica(c AddReplica) Result {
+	v, err := s.replicaVolume(c.Volume, 0, false)
+	if err != nil {
+		return Result{Err: err}
+	}
+	set := v.ReplicaSet()
+	nodes := make([]string, 0, len(set)+1)
+	for _, r := range set {
+		nodes = append(nodes, r.Node)
+	}
+	// The existing replicas' nodes may have gone down since: only the
+	// new one must be up, and no node or zone may repeat.
+	n, err := s.node(c.Node)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if n.State != NodeUp {
+		return Result{Err: fmt.Errorf("meta: volume %q: node %q is %v: %w", c.Volume, c.Node, n.State, ErrNodeNotUp)}
+	}
+	if len(nodes) >= MaxReplicas {
+		return Result{Err: fmt.Errorf("meta: volume %q: %d replicas, at most %d: %w", c.Volume, len(nodes), MaxReplicas, ErrLimit)}
+	}
+	for _, id := range nodes {
+		if id == c.Node {
+			return Result{Err: fmt.Errorf("meta: volume %q: node %q holds a replica already: %w", c.Volume, c.Node, ErrInvalid)}
+		}
+		if o, ok := s.nodes[id]; ok && zoneOf(o) == zoneOf(n) {
+			return Result{Err: fmt.Errorf("meta: volume %q: node %q is in zone %q with replica node %q: replicas need distinct zones: %w", c.Volume, c.Node, n.Zone, id, ErrInvalid)}
+		}
+	}
+	if free := s.free(n); free < v.SizeBytes {
+		return Result{Err: fmt.Errorf("meta: volume %q of %d bytes: node %q may be promised %d more bytes: %w", c.Volume, v.SizeBytes, c.Node, free, ErrNoCapacity)}
+	}
+	v.explicit(c.Node)
+	v.Replicas = append(v.Replicas, Replica{Node: c.Node, State: ReplicaOutOfSync, Reason: "new replica", Since: c.At, Full: true})
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+func (s *State) removeReplica(c RemoveReplica) Result {
+	v, err := s.replicaVolume(c.Volume, 0, false)
+	if err != nil {
+		return Result{Err: err}
+	}
+	r, ok := v.Replica(c.Node)
+	switch {
+	case !ok:
+		return Result{Err: fmt.Errorf("meta: volume %q has no replica on node %q: %w", c.Volume, c.Node, ErrUnknownNode)}
+	case c.Node == v.Node:
+		return Result{Err: fmt.Errorf("meta: volume %q: the replica on %q is the primary's: change the primary first: %w", c.Volume, c.Node, ErrInvalid)}
+	case r.State == ReplicaInSync && len(v.InSync()) < 2:
+		// Unreachable while the primary's replica is in sync; kept so
+		// the invariant does not rest on one other check.
+		return Result{Err: fmt.Errorf("meta: volume %q: the replica on %q is the last in sync: %w", c.Volume, c.Node, ErrInvalid)}
+	}
+	i := v.explicit(c.Node)
+	v.Replicas = slices.Delete(v.Replicas, i, i+1)
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+// checkReplicas checks the replica invariants of a volume loaded from a
+// snapshot: Node among the replicas and in sync, nodes known and distinct,
+// states valid. Zones are not checked: a node may register again in
+// another zone (docs/replication.md §1).
+func (s *State) checkReplicas(v *Volume) error {
+	if len(v.Replicas) == 0 {
+		return nil
+	}
+	if len(v.Replicas) > MaxReplicas {
+		return fmt.Errorf("%d replicas", len(v.Replicas))
+	}
+	primary := false
+	for i, r := range v.Replicas {
+		if _, ok := s.nodes[r.Node]; !ok || !r.State.valid() {
+			return fmt.Errorf("replica %q %q", r.Node, r.State)
+		}
+		if slices.ContainsFunc(v.Replicas[:i], func(o Replica) bool { return o.Node == r.Node }) {
+			return fmt.Errorf("two replicas on %q", r.Node)
+		}
+		if r.Node == v.Node {
+			if r.State != ReplicaInSync {
+				return fmt.Errorf("primary %q is %s", r.Node, r.State)
+			}
+			primary = true
+		}
+	}
+	if !primary {
+		return fmt.Errorf("primary %q holds no replica", v.Node)
+	}
+	return nil
+}
