@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,8 +22,8 @@ const (
 )
 
 // serve serves realSubNQN with one namespace on b through NVMe/TCP on
-// loopback (2 poll groups); closed at the test's end.
-func serve(t *testing.T, b target.AsyncBackend) string {
+// loopback (2 poll groups); closed at the test's end or by stop.
+func serve(t *testing.T, b target.AsyncBackend) (addr string, stop func()) {
 	t.Helper()
 	cfg := tcp.Config{Addr: "127.0.0.1:0", Cores: 2}
 	lim, err := tcp.Limits(cfg)
@@ -44,11 +45,15 @@ func serve(t *testing.T, b target.AsyncBackend) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		port.Close()
-		tgt.Close()
-	})
-	return port.Addr().String()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			port.Close()
+			tgt.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return port.Addr().String(), stop
 }
 
 func connect(t *testing.T, addr string, cfg initiator.Config) *initiator.Namespace {
@@ -83,7 +88,8 @@ func TestRealLegs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leg := connect(t, serve(t, target.Inline(replica)), initiator.Config{Queues: 2, QueueDepth: 128})
+	raddr, _ := serve(t, target.Inline(replica))
+	leg := connect(t, raddr, initiator.Config{Queues: 2, QueueDepth: 128})
 
 	s, err := store.Open(store.Config{Dir: filepath.Join(t.TempDir(), "meta"), ClusterBytes: 16 << 10, AreaBytes: 64 << 20, Logger: quietLogger{}})
 	if err != nil {
@@ -109,7 +115,8 @@ func TestRealLegs(t *testing.T) {
 	if err := b.SetPeers(1, []Peer{{Node: "replica", NS: leg, MaxTransfer: leg.Controller().Info().MaxTransfer}}); err != nil {
 		t.Fatal(err)
 	}
-	host := connect(t, serve(t, b), initiator.Config{Queues: 2, QueueDepth: 64})
+	haddr, _ := serve(t, b)
+	host := connect(t, haddr, initiator.Config{Queues: 2, QueueDepth: 64})
 
 	ops := 800
 	if testing.Short() {
@@ -144,6 +151,69 @@ func TestRealLegs(t *testing.T) {
 		t.Fatalf("store I/O %+v: the local leg never used the poll groups' engine", ss)
 	}
 	t.Logf("repl %+v; store I/O %+v", st, sio.Stats())
+}
+
+// TestRealLegLost: the replica's target goes away under a primary on a
+// memory backend: the next write is held until the registry (the fake
+// reporter) confirms the replica out of sync, then acknowledged; later
+// writes skip the replica; the host reads every acknowledged write back.
+func TestRealLegLost(t *testing.T) {
+	replica, _ := target.NewMemBackend(testBlock, realBlocks)
+	raddr, stopReplica := serve(t, target.Inline(replica))
+	leg := connect(t, raddr, initiator.Config{Queues: 1, QueueDepth: 32, CtrlLossTimeout: time.Second})
+	local, _ := target.NewMemBackend(testBlock, realBlocks)
+	rep := newFakeReporter()
+	b, err := New(Config{Local: target.Inline(local), Reporter: rep, Epoch: 4, Depth: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetPeers(4, []Peer{{Node: "replica", NS: leg}}); err != nil {
+		t.Fatal(err)
+	}
+	haddr, _ := serve(t, b)
+	host := connect(t, haddr, initiator.Config{Queues: 1, QueueDepth: 32})
+	w1 := pattern(2*testBlock, 1)
+	if _, err := host.WriteAt(w1, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(w1))
+	if _, err := leg.ReadAt(got, 0); err != nil || !bytes.Equal(got, w1) {
+		t.Fatalf("the replica lacks the first write (%v)", err)
+	}
+	stopReplica()
+	w2 := pattern(2*testBlock, 2)
+	res := make(chan error, 1)
+	go func() { _, err := host.WriteAt(w2, 8*testBlock); res <- err }()
+	r := rep.next(t)
+	if r.node != "replica" || r.epoch != 4 {
+		t.Fatalf("report %+v", r)
+	}
+	select {
+	case err := <-res:
+		t.Fatalf("write completed (%v) before the registry confirmed", err)
+	default:
+	}
+	r.answer <- nil
+	if err := <-res; err != nil {
+		t.Fatal(err)
+	}
+	w3 := pattern(testBlock, 3)
+	if _, err := host.WriteAt(w3, 20*testBlock); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		off  int64
+		want []byte
+	}{{0, w1}, {8 * testBlock, w2}, {20 * testBlock, w3}} {
+		got := make([]byte, len(c.want))
+		if _, err := host.ReadAt(got, c.off); err != nil || !bytes.Equal(got, c.want) {
+			t.Fatalf("read at %d: %v", c.off, err)
+		}
+	}
+	st := b.Stats()
+	if st.Peers[0].State != "out-of-sync" || !st.Serving || rep.n.Load() != 1 {
+		t.Fatalf("stats %+v, %d reports", st, rep.n.Load())
+	}
 }
 
 type quietLogger struct{}
