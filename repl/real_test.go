@@ -82,8 +82,9 @@ func connect(t *testing.T, addr string, cfg initiator.Config) *initiator.Namespa
 // exactly what the host reads on the primary, no leg failed, and the
 // local leg's reads and overwrites went to the primary's disk engine on
 // the host's poll groups (IO.Inherit), not the blocking path. (Without
-// Inherit the local writes block their poll group in the store while the
-// host's reads hold pins only that group releases: the test hangs.)
+// Inherit the local legs take the blocking path on the poll group, and a
+// Write Zeroes there waits for the volume's lock, held by direct I/Os
+// only that group reaps: the test hangs.)
 func TestRealLegs(t *testing.T) {
 	seed := testSeed(t)
 	replica, err := target.NewMemBackend(testBlock, realBlocks)
