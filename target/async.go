@@ -96,6 +96,32 @@ type IO struct {
 	// sync: submitted by a sync worker, not on the request's poll group
 	// (IO.Poller gives none).
 	sync bool
+	// complete, for an IO a backend submits on its own behalf
+	// (SetComplete), is called by Done in place of the core's path;
+	// parent is the IO it serves (Inherit): its poll group's pollers.
+	complete func(*IO, error)
+	parent   *IO
+}
+
+// SetComplete makes io an IO of no request, owned by a backend that
+// submits it to another backend on its own behalf (a replicating
+// backend's local leg): Done then calls fn(io, err) on the goroutine that
+// calls Done — inside the other backend's Submit or later — and nothing
+// of the core. fn must not block. Set it once, before the IO's first
+// Submit; the owner keeps the IO and reuses it once fn ran. Unlike a
+// request's IO, Done does not check that it is called once per Submit:
+// the owner's bookkeeping must.
+func (io *IO) SetComplete(fn func(*IO, error)) { io.complete = fn }
+
+// Inherit prepares io, a SetComplete IO, for a Submit made inside
+// parent's Submit, on parent's goroutine: the backend it goes to then
+// finds parent's poll group through io.Poller (its disk engine reaped on
+// that group, as parent's own would be) and knows whether parent came
+// from a sync worker. Call it before each such Submit; parent must still
+// be at the backend (its Done not called) while io's Submit runs.
+func (io *IO) Inherit(parent *IO) {
+	io.parent = parent
+	io.sync = parent.sync
 }
 
 // set fills the IO's operation.
@@ -116,6 +142,10 @@ const (
 // Submit, from any goroutine, and must not touch the IO or its Data
 // afterwards.
 func (io *IO) Done(err error) {
+	if fn := io.complete; fn != nil {
+		fn(io, err) // a backend's own IO (SetComplete)
+		return
+	}
 	io.err = err
 	if io.phase.CompareAndSwap(ioSubmitting, ioDoneInline) {
 		return // the submitter finishes it when Submit returns

@@ -57,6 +57,9 @@ func (g *Group) SetPollerHook(add func(fd int) error) { g.addPoller = add }
 // not running on a poll group that takes pollers (SetPollerHook), or if
 // mk failed for this group before (it is not retried).
 func (io *IO) Poller(key any, mk func() (Poller, error)) Poller {
+	if p := io.parent; p != nil && !io.sync {
+		return p.Poller(key, mk) // a backend's own IO (Inherit)
+	}
 	r := io.r
 	if r == nil || io.sync {
 		return nil

@@ -1,0 +1,383 @@
+package repl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/target"
+)
+
+// Leg is one remote replica's namespace, as the primary writes it;
+// *initiator.Namespace satisfies it. Its methods must not block: they
+// submit one command and return (an error means it was not submitted),
+// and call the callback once per command that was, from any goroutine.
+type Leg interface {
+	WriteAsync(lba uint64, buf []byte, flags initiator.IOFlags, cb initiator.Callback) error
+	WriteZeroesAsync(lba uint64, blocks uint32, cb initiator.Callback) error
+	DeallocateAsync(ranges []initiator.Range, cb initiator.Callback) error
+	FlushAsync(cb initiator.Callback) error
+}
+
+// Peer is one other replica of the volume that takes every write.
+type Peer struct {
+	Node string // the replica's node ID, as the registry names it
+	NS   Leg
+	// MaxTransfer is the leg's largest write command in bytes
+	// (initiator.Info.MaxTransfer of its controller; 0:
+	// initiator.DefaultMaxTransfer): a larger host write is sent as
+	// several commands.
+	MaxTransfer int
+}
+
+// Reporter tells the registry that a replica missed a write. It returns
+// once the registry committed that replica out of sync (nil), or an
+// error: no quorum, a stale epoch (this primary is deposed). It is
+// called on a goroutine of its own, never on the data path, at most once
+// per replica per epoch; its context ends at Config.HoldTimeout.
+type Reporter interface {
+	ReplicaFailed(ctx context.Context, node string, epoch uint64, reason string) error
+}
+
+// MaxPeers is the most remote replicas one Backend writes to: a record
+// holds a callback for each (a replication factor up to 5).
+const MaxPeers = 4
+
+// Defaults of Config.
+const (
+	// DefaultHoldTimeout: a write a replica missed waits at most 4 s for
+	// the registry (docs/replication.md §2, "Bounded wait"): with the
+	// leg's own 2 s I/O timeout, 6 s after submission, well inside the
+	// host's 30 s nvme_core.io_timeout.
+	DefaultHoldTimeout = 4 * time.Second
+	// DefaultDepth: 1024 records, the host I/Os the backend carries at
+	// once (8 queues at QD 128); more allocate (Stats.Overflows).
+	DefaultDepth = 1024
+	// maxDepth bounds Config.Depth: records are ~1 KiB each.
+	maxDepth = 1 << 20
+)
+
+// Per command limits of a leg (initiator/commands.go): Write Zeroes
+// takes 16-bit block counts, a Deallocate range 32-bit ones.
+const (
+	maxLegZeroes     = 1 << 16
+	maxLegDeallocate = 1<<32 - 1
+)
+
+// Config configures a Backend.
+type Config struct {
+	// Local is the primary's own replica (target.StoreIO.Backend); it
+	// serves every read. Required.
+	Local target.AsyncBackend
+	// Reporter takes the report of a replica that missed a write.
+	// Required.
+	Reporter Reporter
+	// Epoch is the volume's epoch the backend starts at (SetPeers may
+	// only raise it).
+	Epoch uint64
+	// HoldTimeout bounds how long a write a replica missed waits for the
+	// Reporter (DefaultHoldTimeout); it then fails with the inaccessible
+	// path status and the backend stops serving.
+	HoldTimeout time.Duration
+	// Depth is the records preallocated: the host I/Os the backend
+	// carries at once, the sum of the queue depths of the namespace's
+	// queues (DefaultDepth). Beyond it each write allocates a record
+	// (counted in Stats.Overflows): slower, never refused or blocked.
+	Depth int
+	// Logger receives the leg failures and the reports (none: discarded).
+	Logger *slog.Logger
+	// LocalFailed, if set, is told (on a goroutine of its own, once until
+	// SetServing(true)) that the local replica failed a write or a
+	// flush: the backend stopped serving and the volume needs a
+	// failover.
+	LocalFailed func(err error)
+}
+
+// Validate checks the configuration after defaults.
+func (c *Config) Validate() error {
+	switch {
+	case c.Local == nil:
+		return fmt.Errorf("%w: no local backend", ErrInvalid)
+	case c.Reporter == nil:
+		return fmt.Errorf("%w: no reporter", ErrInvalid)
+	case c.HoldTimeout < 0:
+		return fmt.Errorf("%w: hold timeout %v", ErrInvalid, c.HoldTimeout)
+	case c.Depth < 0 || c.Depth > maxDepth:
+		return fmt.Errorf("%w: depth %d outside 1..%d", ErrInvalid, c.Depth, maxDepth)
+	}
+	return nil
+}
+
+func (c *Config) setDefaults() {
+	if c.HoldTimeout == 0 {
+		c.HoldTimeout = DefaultHoldTimeout
+	}
+	if c.Depth == 0 {
+		c.Depth = DefaultDepth
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+var (
+	// ErrInvalid: a configuration or peer set that cannot work.
+	ErrInvalid = errors.New("repl: invalid configuration")
+	// ErrStaleEpoch: SetPeers with an epoch below the backend's.
+	ErrStaleEpoch = errors.New("repl: stale epoch")
+	// ErrNotServing: the backend does not serve (SetServing(false), a
+	// failed local replica, a report the registry refused).
+	ErrNotServing = errors.New("repl: not serving: deposed or unconfirmed primary")
+	// ErrUnconfirmed: a replica missed the write and the registry did not
+	// confirm it out of sync (an error, or HoldTimeout).
+	ErrUnconfirmed = errors.New("repl: a replica missed the write and the registry did not confirm it out of sync")
+	// ErrHoldTimeout: the Reporter did not answer within HoldTimeout.
+	ErrHoldTimeout = errors.New("repl: registry did not answer in time")
+)
+
+// The host's statuses, made once: a path error without DNR, which Linux
+// multipath requeues on another path (nvme_failover_req).
+var (
+	errNotServing  = target.WithStatus(ErrNotServing, nvme.StatusANAInaccessible)
+	errUnconfirmed = target.WithStatus(ErrUnconfirmed, nvme.StatusANAInaccessible)
+)
+
+// Backend is a volume's namespace on its primary: reads from the local
+// replica, every write, write zeroes, deallocate and flush on the local
+// replica and every in-sync remote one (see doc.go).
+type Backend struct {
+	local       target.AsyncBackend
+	rep         Reporter
+	hold        time.Duration
+	log         *slog.Logger
+	localFailed func(error)
+	shift       uint // log2 of the block size
+
+	set       atomic.Pointer[legSet]
+	serving   atomic.Bool
+	localOnce atomic.Bool // LocalFailed told since the last SetServing(true)
+
+	recs []record
+	free freeList
+
+	overflows, localFailures atomic.Uint64
+
+	mu sync.Mutex // SetPeers
+}
+
+var _ target.AsyncBackend = (*Backend)(nil)
+var _ target.GeometryTrier = (*Backend)(nil)
+
+// legSet is one epoch's peers, in the order of SetPeers; never changed
+// once stored (a failed peer changes its own state).
+type legSet struct {
+	epoch uint64
+	peers []*peer
+}
+
+// New makes a Backend over cfg.Local with no peers, serving.
+func New(cfg Config) (*Backend, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	g, err := cfg.Local.Geometry()
+	if err != nil {
+		return nil, fmt.Errorf("repl: local geometry: %w", err)
+	}
+	if g.BlockSize < 512 || g.BlockSize&(g.BlockSize-1) != 0 {
+		return nil, fmt.Errorf("%w: local block size %d", ErrInvalid, g.BlockSize)
+	}
+	b := &Backend{local: cfg.Local, rep: cfg.Reporter, hold: cfg.HoldTimeout, log: cfg.Logger, localFailed: cfg.LocalFailed}
+	for g.BlockSize>>b.shift != 1 {
+		b.shift++
+	}
+	b.set.Store(&legSet{epoch: cfg.Epoch})
+	b.serving.Store(true)
+	b.recs = make([]record, cfg.Depth)
+	for i := range b.recs {
+		r := &b.recs[i]
+		r.init(b)
+		r.idx = uint32(i)
+		r.pooled = true
+		b.put(r)
+	}
+	return b, nil
+}
+
+// SetPeers replaces the set of remote replicas writes go to, at epoch (≥
+// the backend's; a higher one starts a new epoch): the lead's reconcile
+// gives the in-sync replicas other than this node. Writes submitted after
+// it returns use the new set; those in flight finish on the one they
+// started with. An empty set makes the backend its local one (plus an
+// atomic load or two per I/O).
+//
+// A peer that missed a write stays out of the set for the rest of its
+// epoch whatever SetPeers says (it is out of sync, or about to be); a
+// peer listed again at the same epoch with the same Leg keeps its state
+// and counters.
+func (b *Backend) SetPeers(epoch uint64, peers []Peer) error {
+	if len(peers) > MaxPeers {
+		return fmt.Errorf("%w: %d peers, at most %d", ErrInvalid, len(peers), MaxPeers)
+	}
+	for i, p := range peers {
+		switch {
+		case p.Node == "":
+			return fmt.Errorf("%w: peer %d has no node", ErrInvalid, i)
+		case p.NS == nil:
+			return fmt.Errorf("%w: peer %s has no namespace", ErrInvalid, p.Node)
+		case p.MaxTransfer < 0 || p.MaxTransfer > 0 && (p.MaxTransfer>>b.shift == 0 || p.MaxTransfer&(1<<b.shift-1) != 0):
+			return fmt.Errorf("%w: peer %s: max transfer %d is not a multiple of the block size %d", ErrInvalid, p.Node, p.MaxTransfer, 1<<b.shift)
+		}
+		for _, q := range peers[:i] {
+			if q.Node == p.Node {
+				return fmt.Errorf("%w: peer %s listed twice", ErrInvalid, p.Node)
+			}
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old := b.set.Load()
+	if epoch < old.epoch {
+		return fmt.Errorf("%w: peers for epoch %d, backend at %d", ErrStaleEpoch, epoch, old.epoch)
+	}
+	s := &legSet{epoch: epoch, peers: make([]*peer, len(peers))}
+	for i, p := range peers {
+		if epoch == old.epoch {
+			if o := old.find(p.Node); o != nil && (o.state.Load() != peerInSync || sameLeg(o.ns, p.NS)) {
+				s.peers[i] = o
+				continue
+			}
+		}
+		xfer := p.MaxTransfer
+		if xfer == 0 {
+			xfer = initiator.DefaultMaxTransfer
+		}
+		s.peers[i] = &peer{b: b, node: p.Node, ns: p.NS, epoch: epoch, maxBlocks: uint64(xfer) >> b.shift}
+	}
+	b.set.Store(s)
+	return nil
+}
+
+func (s *legSet) find(node string) *peer {
+	for _, p := range s.peers {
+		if p.node == node {
+			return p
+		}
+	}
+	return nil
+}
+
+// sameLeg reports whether a and b are the same namespace (comparable and
+// equal: a pointer, normally).
+func sameLeg(a, b Leg) bool {
+	t := reflect.TypeOf(a)
+	return t == reflect.TypeOf(b) && t.Comparable() && a == b
+}
+
+// SetServing turns the backend on or off: off, every I/O completes with
+// the path status Asymmetric Access Inaccessible (no DNR: a multipath
+// host retries it on another path) before it reaches any replica. The
+// backend turns itself off when its local replica fails or the registry
+// does not confirm a replica out of sync; the lead turns it on again
+// once the registry shows this node primary (with a new SetPeers).
+func (b *Backend) SetServing(ok bool) {
+	if ok {
+		b.localOnce.Store(false)
+	}
+	b.serving.Store(ok)
+}
+
+// Serving reports whether the backend serves I/O.
+func (b *Backend) Serving() bool { return b.serving.Load() }
+
+// Geometry is the local replica's.
+func (b *Backend) Geometry() (target.Geometry, error) { return b.local.Geometry() }
+
+// TryGeometry is the local replica's, without waiting when it can tell
+// (target.GeometryTrier).
+func (b *Backend) TryGeometry() (target.Geometry, bool, error) {
+	if t, ok := b.local.(target.GeometryTrier); ok {
+		return t.TryGeometry()
+	}
+	g, err := b.local.Geometry()
+	return g, true, err
+}
+
+// Blocking is the local replica's: the remote legs never block a submit.
+func (b *Backend) Blocking() bool { return b.local.Blocking() }
+
+// NewWriteGroup is nil: every write goes through Submit and its legs.
+func (b *Backend) NewWriteGroup() target.WriteGroup { return nil }
+
+// Submit implements target.AsyncBackend: reads (and anything with no
+// remote leg) go to the local replica alone; writes, write zeroes,
+// deallocates and flushes take a record and fan out.
+func (b *Backend) Submit(io *target.IO) {
+	if !b.serving.Load() {
+		io.Done(errNotServing)
+		return
+	}
+	s := b.set.Load()
+	if len(s.peers) == 0 {
+		b.local.Submit(io)
+		return
+	}
+	switch io.Op {
+	case target.OpWrite, target.OpWriteZeroes, target.OpDeallocate, target.OpFlush:
+	default:
+		b.local.Submit(io) // reads never leave the primary
+		return
+	}
+	r := b.get()
+	r.start(io, s)
+}
+
+// localFailure stops serving after the local replica failed a write or
+// a flush: its copy may now lack what the others hold.
+func (b *Backend) localFailure(err error) {
+	b.localFailures.Add(1)
+	b.serving.Store(false)
+	if b.localOnce.CompareAndSwap(false, true) {
+		b.log.Error("local replica failed a write: not serving", "error", err)
+		if fn := b.localFailed; fn != nil {
+			go fn(err)
+		}
+	}
+}
+
+// Stats are the backend's counters.
+type Stats struct {
+	Epoch         uint64
+	Serving       bool
+	Overflows     uint64 // records allocated beyond Depth
+	LocalFailures uint64 // writes and flushes the local replica failed
+	Peers         []PeerStats
+}
+
+// PeerStats count one peer's legs.
+type PeerStats struct {
+	Node     string
+	State    string // in-sync, failing (reported, unconfirmed), out-of-sync (confirmed), unconfirmed (the report failed)
+	Writes   uint64 // writes, write zeroes, deallocates and flushes sent
+	Failures uint64 // of those, failed
+	Held     uint64 // host I/Os held waiting for its report
+}
+
+// Stats returns the counters of the backend and of its current peers.
+func (b *Backend) Stats() Stats {
+	s := b.set.Load()
+	st := Stats{Epoch: s.epoch, Serving: b.serving.Load(), Overflows: b.overflows.Load(), LocalFailures: b.localFailures.Load()}
+	for _, p := range s.peers {
+		st.Peers = append(st.Peers, PeerStats{Node: p.node, State: peerStateNames[p.state.Load()],
+			Writes: p.writes.Load(), Failures: p.failures.Load(), Held: p.held.Load()})
+	}
+	return st
+}

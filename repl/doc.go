@@ -1,0 +1,29 @@
+// Package repl is the primary's side of synchronous replication (issue
+// 23, docs/replication.md §2): Backend, a target.AsyncBackend that a
+// replicated volume's namespace uses on its primary node. It reads from
+// the local replica only, and sends every write, write zeroes,
+// deallocate and flush to the local replica and to every in-sync remote
+// one (blk's own initiator, one Leg per replica, remote legs first); the
+// host's I/O completes once all of them did.
+//
+// A remote leg that fails does not fail the host's write and is not
+// silently dropped either: the write is held, the replica leaves the leg
+// set, and the Reporter asks the registry to mark it out of sync; the
+// held writes are acknowledged once it did, or fail with the ANA
+// Inaccessible path status (the backend stops serving) when it refuses or
+// does not answer within HoldTimeout. So a host never sees a write
+// acknowledged that an in-sync replica, as the registry knows it, lacks.
+// A failed local leg fails the write and stops the backend (LocalFailed).
+//
+// Per I/O it allocates nothing and takes no lock: records (a child
+// target.IO for the local leg, an initiator.Callback per peer, counters)
+// are preallocated on a lock-free free list; the leg set is one atomic
+// pointer. The initiator copies a write's data into its own slot before
+// WriteAsync returns, so legs never keep the host's buffer; the local
+// leg uses it until its Done, before the host's.
+//
+// What it must never do: acknowledge a write a replica the registry
+// counts in sync missed; block a poll group (a submit never waits); read
+// from a remote replica; know how the registry is reached (the Reporter
+// is the lead's) or which replicas exist (SetPeers is).
+package repl

@@ -1,0 +1,291 @@
+package repl
+
+import (
+	"math/bits"
+	"sync/atomic"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/target"
+)
+
+// record carries one host I/O over its legs: preallocated (Config.Depth),
+// taken from the free list at Submit, returned before the host's Done.
+type record struct {
+	b     *Backend
+	host  *target.IO
+	local target.IO // the local leg: a SetComplete IO
+	legs  [MaxPeers]leg
+	// pending counts what the record waits for: the local leg, each
+	// remote leg sent, and the submitter (so nothing finishes it while
+	// Submit still sends legs).
+	pending atomic.Int32
+	// missed has bit i set when legs[i]'s peer lacks this write (its leg
+	// failed, or it was failing already and was skipped): the host waits
+	// for that peer's verdict.
+	missed   atomic.Uint32
+	localErr error
+	next     *record // a peer's waiting stack
+
+	idx      uint32
+	nextFree atomic.Uint32 // free list: index+1 of the next free record
+	pooled   bool          // in b.recs (false: an overflow, left to the GC)
+}
+
+// leg is one remote leg of a record: its initiator.Callback.
+type leg struct {
+	r    *record
+	bit  uint32
+	p    *peer
+	sent atomic.Int32 // commands of the leg not yet completed
+	fail atomic.Bool  // one of them failed
+	// flushAfter: a FUA Write Zeroes, which the initiator sends without
+	// FUA; a Flush after its commands makes it durable.
+	flushAfter bool
+	rng        [1]initiator.Range
+}
+
+func (r *record) init(b *Backend) {
+	r.b = b
+	r.local.SetComplete(r.localDone)
+	for i := range r.legs {
+		r.legs[i].r = r
+		r.legs[i].bit = 1 << i
+	}
+}
+
+// start sends io's remote legs, then its local one.
+func (r *record) start(io *target.IO, s *legSet) {
+	r.host = io
+	r.localErr = nil
+	r.missed.Store(0)
+	r.pending.Store(2) // the local leg and the submitter
+	for i, p := range s.peers {
+		l := &r.legs[i]
+		l.p = p
+		switch p.state.Load() {
+		case peerInSync:
+			r.pending.Add(1)
+			l.send(io)
+		case peerFailing, peerRefused:
+			r.missed.Or(l.bit) // it will not have this write: wait for its verdict
+		}
+	}
+	lo := &r.local
+	lo.Op, lo.LBA, lo.Blocks, lo.Data, lo.FUA = io.Op, io.LBA, io.Blocks, io.Data, io.FUA
+	lo.Inherit(io)
+	r.b.local.Submit(lo)
+	r.release()
+}
+
+func (r *record) localDone(_ *target.IO, err error) {
+	r.localErr = err
+	r.release()
+}
+
+func (r *record) release() {
+	n := r.pending.Add(-1)
+	if n == 0 {
+		r.finish()
+	} else if n < 0 {
+		panic("repl: a leg completed twice")
+	}
+}
+
+// finish runs once every leg completed.
+func (r *record) finish() {
+	if err := r.localErr; err != nil {
+		r.b.localFailure(err)
+		r.complete(err)
+		return
+	}
+	if r.missed.Load() == 0 {
+		r.complete(nil)
+		return
+	}
+	r.settle()
+}
+
+// settle completes a write some peers missed once each one's verdict is
+// known: acknowledged if every one was confirmed out of sync, failed
+// with the path status as soon as one was not; until then it is held on
+// a peer still waiting for its verdict.
+func (r *record) settle() {
+	var wait *peer
+	for m := r.missed.Load(); m != 0; m &= m - 1 {
+		p := r.legs[bits.TrailingZeros32(m)].p
+		switch p.state.Load() {
+		case peerRefused:
+			r.complete(errUnconfirmed)
+			return
+		case peerFailing:
+			wait = p
+		}
+	}
+	if wait != nil {
+		wait.hold(r)
+		return
+	}
+	r.complete(nil)
+}
+
+// complete frees the record, then completes the host's I/O.
+func (r *record) complete(err error) {
+	io := r.host
+	r.host = nil
+	r.local.Data = nil
+	r.b.put(r)
+	io.Done(err)
+}
+
+// send submits the leg's commands for io.
+func (l *leg) send(io *target.IO) {
+	p := l.p
+	p.writes.Add(1)
+	l.fail.Store(false)
+	l.flushAfter = false
+	switch io.Op {
+	case target.OpWrite:
+		flags := initiator.IOFlags(0)
+		if io.FUA {
+			flags = initiator.FUA
+		}
+		shift := l.r.b.shift
+		n := (uint64(len(io.Data))>>shift + p.maxBlocks - 1) / p.maxBlocks
+		l.sent.Store(int32(n))
+		for k := uint64(0); k < n; k++ {
+			lo := k * p.maxBlocks << shift
+			hi := min(lo+p.maxBlocks<<shift, uint64(len(io.Data)))
+			if err := p.ns.WriteAsync(io.LBA+k*p.maxBlocks, io.Data[lo:hi], flags, l); err != nil {
+				l.abort(int32(n-k), err)
+				return
+			}
+		}
+		if n == 0 {
+			l.abort(0, nil)
+		}
+	case target.OpWriteZeroes:
+		l.flushAfter = io.FUA
+		n := (io.Blocks + maxLegZeroes - 1) / maxLegZeroes
+		l.sent.Store(int32(n))
+		for k := uint64(0); k < n; k++ {
+			c := min(maxLegZeroes, io.Blocks-k*maxLegZeroes)
+			if err := p.ns.WriteZeroesAsync(io.LBA+k*maxLegZeroes, uint32(c), l); err != nil {
+				l.abort(int32(n-k), err)
+				return
+			}
+		}
+		if n == 0 {
+			l.abort(0, nil)
+		}
+	case target.OpDeallocate:
+		n := (io.Blocks + maxLegDeallocate - 1) / maxLegDeallocate
+		l.sent.Store(int32(n))
+		for k := uint64(0); k < n; k++ {
+			// DeallocateAsync copies the range before it returns.
+			l.rng[0] = initiator.Range{LBA: io.LBA + k*maxLegDeallocate, Blocks: uint32(min(maxLegDeallocate, io.Blocks-k*maxLegDeallocate))}
+			if err := p.ns.DeallocateAsync(l.rng[:], l); err != nil {
+				l.abort(int32(n-k), err)
+				return
+			}
+		}
+		if n == 0 {
+			l.abort(0, nil)
+		}
+	case target.OpFlush:
+		l.sent.Store(1)
+		if err := p.ns.FlushAsync(l); err != nil {
+			l.abort(1, err)
+		}
+	}
+}
+
+// abort accounts for unsent commands that will never complete: err, the
+// submit's error, fails the leg.
+func (l *leg) abort(unsent int32, err error) {
+	if err != nil {
+		l.failed(err)
+	}
+	if l.sent.Add(-unsent) == 0 {
+		l.end()
+	}
+}
+
+// IODone implements initiator.Callback: one command of the leg
+// completed.
+func (l *leg) IODone(err error) {
+	if err != nil {
+		l.failed(err)
+	}
+	if l.sent.Add(-1) == 0 {
+		l.end()
+	}
+}
+
+func (l *leg) failed(err error) {
+	if l.fail.CompareAndSwap(false, true) {
+		l.p.missed(err)
+	}
+}
+
+// end runs when every command of the leg completed.
+func (l *leg) end() {
+	if l.flushAfter && !l.fail.Load() {
+		l.flushAfter = false
+		l.sent.Store(1)
+		if err := l.p.ns.FlushAsync(l); err != nil {
+			l.abort(1, err)
+		}
+		return
+	}
+	if l.fail.Load() {
+		l.r.missed.Or(l.bit)
+	}
+	l.r.release()
+}
+
+// freeList is a lock-free stack of the preallocated records, by index:
+// the low 32 bits of top are the top record's index+1 (0: empty), the
+// high 32 a count of changes, so that a pop that read a stale next
+// (another goroutine popped the top and pushed it back meanwhile) fails
+// its compare-and-swap: the ABA problem lfstack avoids by having no
+// single pop. The count wraps after 2^32 changes, which one stalled pop
+// would have to sleep through.
+type freeList struct {
+	top atomic.Uint64
+}
+
+// get takes a free record, or allocates one beyond Depth (counted): a
+// submit on a poll group must neither wait (the local legs it would wait
+// for may be reaped by that very group) nor refuse the host (Linux
+// retries a busy status at once, five times, then fails the I/O).
+func (b *Backend) get() *record {
+	for {
+		old := b.free.top.Load()
+		i := uint32(old)
+		if i == 0 {
+			b.overflows.Add(1)
+			r := &record{}
+			r.init(b)
+			return r
+		}
+		r := &b.recs[i-1]
+		next := r.nextFree.Load()
+		if b.free.top.CompareAndSwap(old, (old>>32+1)<<32|uint64(next)) {
+			return r
+		}
+	}
+}
+
+// put returns a pooled record to the free list.
+func (b *Backend) put(r *record) {
+	if !r.pooled {
+		return
+	}
+	for {
+		old := b.free.top.Load()
+		r.nextFree.Store(uint32(old))
+		if b.free.top.CompareAndSwap(old, (old>>32+1)<<32|uint64(r.idx+1)) {
+			return
+		}
+	}
+}
