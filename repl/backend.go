@@ -166,7 +166,8 @@ type Backend struct {
 
 	recs []record
 	free freeList
-	t0   time.Time // now's origin
+	t0   time.Time     // now's origin
+	tick time.Duration // the backlog timer's period (backlogTick)
 
 	overflows, localFailures atomic.Uint64
 
@@ -201,6 +202,7 @@ func New(cfg Config) (*Backend, error) {
 		b.shift++
 	}
 	b.t0 = time.Now()
+	b.tick = min(backlogTick, max(cfg.HoldTimeout/4, time.Millisecond))
 	b.set.Store(&legSet{epoch: cfg.Epoch})
 	b.serving.Store(true)
 	b.recs = make([]record, cfg.Depth)

@@ -112,7 +112,7 @@ func (p *peer) park(l *leg) {
 func (p *peer) arm() {
 	if !p.bl.armed {
 		p.bl.armed = true
-		p.bl.timer.Reset(min(backlogTick, max(p.b.hold/4, time.Millisecond)))
+		p.bl.timer.Reset(p.b.tick)
 	}
 }
 
