@@ -18,7 +18,10 @@ import (
 // Leg is one remote replica's namespace, as the primary writes it;
 // *initiator.Namespace satisfies it. Its methods must not block: they
 // submit one command and return (an error means it was not submitted),
-// and call the callback once per command that was, from any goroutine.
+// and call the callback once per command that was, from any goroutine,
+// after the command's slot is free again. An error matching
+// initiator.ErrQueueFull means every slot is busy: the leg waits for
+// one (the peer's backlog); any other error fails the leg.
 type Leg interface {
 	WriteAsync(lba uint64, buf []byte, flags initiator.IOFlags, cb initiator.Callback) error
 	WriteZeroesAsync(lba uint64, blocks uint32, cb initiator.Callback) error
