@@ -18,7 +18,10 @@ import (
 // Leg is one remote replica's namespace, as the primary writes it;
 // *initiator.Namespace satisfies it. Its methods must not block: they
 // submit one command and return (an error means it was not submitted),
-// and call the callback once per command that was, from any goroutine.
+// and call the callback once per command that was, from any goroutine,
+// after the command's slot is free again. An error matching
+// initiator.ErrQueueFull means every slot is busy: the leg waits for
+// one (the peer's backlog); any other error fails the leg.
 type Leg interface {
 	WriteAsync(lba uint64, buf []byte, flags initiator.IOFlags, cb initiator.Callback) error
 	WriteZeroesAsync(lba uint64, blocks uint32, cb initiator.Callback) error
@@ -166,6 +169,8 @@ type Backend struct {
 
 	recs []record
 	free freeList
+	t0   time.Time     // now's origin
+	tick time.Duration // the backlog timer's period (backlogTick)
 
 	overflows, localFailures atomic.Uint64
 
@@ -199,6 +204,8 @@ func New(cfg Config) (*Backend, error) {
 	for g.BlockSize>>b.shift != 1 {
 		b.shift++
 	}
+	b.t0 = time.Now()
+	b.tick = min(backlogTick, max(cfg.HoldTimeout/4, time.Millisecond))
 	b.set.Store(&legSet{epoch: cfg.Epoch})
 	b.serving.Store(true)
 	b.recs = make([]record, cfg.Depth)
@@ -243,9 +250,9 @@ func (b *Backend) SetPeers(epoch uint64, peers []Peer) error {
 		}
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	old := b.set.Load()
 	if epoch < old.epoch {
+		b.mu.Unlock()
 		return fmt.Errorf("%w: peers for epoch %d, backend at %d", ErrStaleEpoch, epoch, old.epoch)
 	}
 	s := &legSet{epoch: epoch, peers: make([]*peer, len(peers))}
@@ -260,9 +267,16 @@ func (b *Backend) SetPeers(epoch uint64, peers []Peer) error {
 		if xfer == 0 {
 			xfer = initiator.DefaultMaxTransfer
 		}
-		s.peers[i] = &peer{b: b, node: p.Node, ns: p.NS, epoch: epoch, maxBlocks: uint64(xfer) >> b.shift}
+		s.peers[i] = newPeer(b, p.Node, p.NS, epoch, uint64(xfer)>>b.shift)
 	}
 	b.set.Store(s)
+	b.mu.Unlock()
+	// Legs parked on a peer the new set dropped still finish on it (their
+	// writes started with the old set); a kick makes sure none waits for
+	// a completion that is not coming.
+	for _, p := range old.peers {
+		p.kick()
+	}
 	return nil
 }
 
@@ -293,6 +307,9 @@ func (b *Backend) SetServing(ok bool) {
 		b.localOnce.Store(false)
 	}
 	b.serving.Store(ok)
+	for _, p := range b.set.Load().peers {
+		p.kick() // nothing parked waits on a change
+	}
 }
 
 // Serving reports whether the backend serves I/O.
@@ -340,6 +357,9 @@ func (b *Backend) Submit(io *target.IO) {
 	r.start(io, s)
 }
 
+// now is the backend's monotonic clock in nanoseconds (backlog ages).
+func (b *Backend) now() int64 { return int64(time.Since(b.t0)) }
+
 // localFailure stops serving after the local replica failed a write or
 // a flush: its copy may now lack what the others hold.
 func (b *Backend) localFailure(err error) {
@@ -369,6 +389,10 @@ type PeerStats struct {
 	Writes   uint64 // writes, write zeroes, deallocates and flushes sent
 	Failures uint64 // of those, failed
 	Held     uint64 // host I/Os held waiting for its report
+	// Backlogged: legs that found the connection's every slot busy (or
+	// others waiting) and waited in its backlog for a slot.
+	Backlogged uint64
+	Queued     int // legs waiting in the backlog now
 }
 
 // Stats returns the counters of the backend and of its current peers.
@@ -377,7 +401,8 @@ func (b *Backend) Stats() Stats {
 	st := Stats{Epoch: s.epoch, Serving: b.serving.Load(), Overflows: b.overflows.Load(), LocalFailures: b.localFailures.Load()}
 	for _, p := range s.peers {
 		st.Peers = append(st.Peers, PeerStats{Node: p.node, State: peerStateNames[p.state.Load()],
-			Writes: p.writes.Load(), Failures: p.failures.Load(), Held: p.held.Load()})
+			Writes: p.writes.Load(), Failures: p.failures.Load(), Held: p.held.Load(),
+			Backlogged: p.backlogged.Load(), Queued: int(p.queued.Load())})
 	}
 	return st
 }

@@ -189,11 +189,11 @@ func TestFailedLegHeld(t *testing.T) {
 	}
 }
 
-// TestSubmitErrorFailsLeg: a leg whose submit fails (a full queue, a lost
-// connection) is a failed leg too.
+// TestSubmitErrorFailsLeg: a leg whose submit fails (a lost connection)
+// is a failed leg too. (A full queue is not: TestBacklog.)
 func TestSubmitErrorFailsLeg(t *testing.T) {
 	g := newRig(t, 1, Config{HoldTimeout: time.Minute})
-	g.legs[0].submitErr = initiator.ErrQueueFull
+	g.legs[0].submitErr = initiator.ErrConnectionLost
 	h := g.write(1, 1, false)
 	g.local.complete(t, 0, nil)
 	rep := g.rep.next(t)

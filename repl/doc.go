@@ -15,10 +15,19 @@
 // acknowledged that an in-sync replica, as the registry knows it, lacks.
 // A failed local leg fails the write and stops the backend (LocalFailed).
 //
+// A replica connection with every slot busy (initiator.ErrQueueFull) is
+// not a failure: the leg waits in its peer's backlog, first in first
+// out, and is sent again as that peer's commands complete (or its timer
+// ticks); its host write stays pending meanwhile. Waiting legs of a peer
+// that fails are resolved like writes that skipped it (held on its
+// verdict); a leg that waited longer than HoldTimeout fails
+// (ErrBacklogTimeout).
+//
 // Per I/O it allocates nothing and takes no lock: records (a child
 // target.IO for the local leg, an initiator.Callback per peer, counters)
 // are preallocated on a lock-free free list; the leg set is one atomic
-// pointer. The initiator copies a write's data into its own slot before
+// pointer. The backlog links the legs themselves; its mutex is taken
+// only when a leg finds the connection full or while legs wait. The initiator copies a write's data into its own slot before
 // WriteAsync returns, so legs never keep the host's buffer; the local
 // leg uses it until its Done, before the host's.
 //

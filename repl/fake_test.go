@@ -152,10 +152,19 @@ type fakeLeg struct {
 	seq       *seq
 	submitErr error // every submit returns it
 	noop      bool  // commands succeed without touching mem
-	mu        sync.Mutex
-	q         []cmd
-	log       []cmd // every command received (not in instant mode)
-	wg        sync.WaitGroup
+	// slots > 0 limits the commands in flight, as a replica connection's
+	// queues do: a submit beyond it returns initiator.ErrQueueFull; a
+	// slot is free before its callback runs (initiator/queue.go finish).
+	slots int
+	// nolog: manual mode keeping no log and no copy of the data (the
+	// allocation test).
+	nolog bool
+	busy  int // commands in flight
+	full  int // submits refused with ErrQueueFull
+	mu    sync.Mutex
+	q     []cmd
+	log   []cmd // every command received (not in instant mode)
+	wg    sync.WaitGroup
 }
 
 func newFakeLeg(t testing.TB, sq *seq) *fakeLeg {
@@ -175,14 +184,22 @@ func (f *fakeLeg) submit(c cmd) error {
 		c.cb.IODone(nil) // nothing kept: the allocation test
 		return nil
 	}
-	if c.data != nil {
+	if c.data != nil && !f.nolog {
 		c.data = append([]byte(nil), c.data...) // the initiator copies too
 	}
 	if f.seq != nil {
 		c.at = f.seq.n.Add(1)
 	}
 	f.mu.Lock()
-	f.log = append(f.log, c)
+	if f.slots > 0 && f.busy >= f.slots {
+		f.full++
+		f.mu.Unlock()
+		return initiator.ErrQueueFull
+	}
+	f.busy++
+	if !f.nolog {
+		f.log = append(f.log, c)
+	}
 	if f.async == nil {
 		f.q = append(f.q, c)
 		f.mu.Unlock()
@@ -196,6 +213,9 @@ func (f *fakeLeg) submit(c cmd) error {
 		if err == nil {
 			err = f.apply(c)
 		}
+		f.mu.Lock()
+		f.busy--
+		f.mu.Unlock()
 		c.cb.IODone(err)
 	}()
 	return nil
@@ -257,11 +277,19 @@ func (f *fakeLeg) complete(t testing.TB, i int, err error) {
 	}
 	c := f.q[i]
 	f.q = append(f.q[:i], f.q[i+1:]...)
+	f.busy--
 	f.mu.Unlock()
 	if err == nil {
 		err = f.apply(c)
 	}
 	c.cb.IODone(err)
+}
+
+// refused is the submits refused with ErrQueueFull so far.
+func (f *fakeLeg) refused() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.full
 }
 
 // completeAll completes every waiting command successfully.

@@ -2,8 +2,11 @@ package repl
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/blk-project/blk/internal/lfstack"
 )
@@ -31,7 +34,154 @@ type peer struct {
 	// completion, taken by whoever sees the verdict (see hold).
 	waiting lfstack.Stack[record]
 
-	writes, failures, held atomic.Uint64
+	// The backlog: legs that found every slot of the connection busy
+	// (initiator.ErrQueueFull), in arrival order, sent again as slots
+	// free (see park and kick). queued counts them, with the one a
+	// drainer is trying: the normal path reads it once per leg (a new
+	// leg queues behind them) and once per completion (kick if
+	// non-zero). inflight counts the peer's commands submitted and not
+	// completed: a leg that parks with none in flight has no completion
+	// coming to wake it and kicks itself.
+	queued   atomic.Int32
+	inflight atomic.Int64
+	bl       backlog
+
+	writes, failures, held, backlogged atomic.Uint64
+}
+
+// backlog is a peer's FIFO of parked legs, linked through leg.nextBL.
+// A mutex guards it: it is taken only when a leg parks (the connection
+// was full) or while legs wait (queued ≠ 0), never on the normal path.
+// A lock-free stack (lfstack) would give the legs back newest first and
+// cannot put one back at the head, which FIFO order (no starvation)
+// needs when a retried leg finds the connection full again.
+type backlog struct {
+	mu         sync.Mutex
+	head, tail *leg
+	draining   bool        // a kick is sending legs (one at a time: order)
+	again      bool        // a kick came while draining: look once more
+	armed      bool        // timer set
+	timer      *time.Timer // tick: retry and expire while legs wait
+}
+
+// backlogTick is how often a peer's backlog is retried and its expired
+// legs failed while it holds legs, with or without completions (at most
+// a quarter of HoldTimeout): the safety net for a connection full of
+// commands that are not this peer's (no completion of ours comes).
+const backlogTick = 10 * time.Millisecond
+
+// ErrBacklogTimeout: a leg waited longer than HoldTimeout for a slot of
+// its replica's connection; the leg fails (the replica accepts nothing).
+var ErrBacklogTimeout = errors.New("repl: replica connection full for longer than the hold timeout")
+
+func newPeer(b *Backend, node string, ns Leg, epoch, maxBlocks uint64) *peer {
+	p := &peer{b: b, node: node, ns: ns, epoch: epoch, maxBlocks: maxBlocks}
+	p.bl.timer = time.AfterFunc(time.Hour, p.tick)
+	p.bl.timer.Stop()
+	return p
+}
+
+// park appends l, whose command l.k found the connection full (or the
+// backlog non-empty), to the backlog. The caller gives up the leg. With
+// nothing of the peer's in flight (all completed since the submit
+// failed: their kicks saw no leg) or the peer failing (its drain may
+// have run before the push), it kicks at once; otherwise a completion
+// will: each decrements inflight, then reads queued, and park does the
+// reverse, so one of them sees the other.
+func (p *peer) park(l *leg) {
+	p.backlogged.Add(1)
+	l.parked = p.b.now()
+	bl := &p.bl
+	bl.mu.Lock()
+	l.nextBL = nil
+	if bl.tail == nil {
+		bl.head = l
+	} else {
+		bl.tail.nextBL = l
+	}
+	bl.tail = l
+	p.queued.Add(1)
+	p.arm()
+	bl.mu.Unlock()
+	if p.inflight.Load() == 0 || p.state.Load() != peerInSync {
+		p.kick()
+	}
+}
+
+// arm sets the backlog's timer if it is not set. Under bl.mu.
+func (p *peer) arm() {
+	if !p.bl.armed {
+		p.bl.armed = true
+		p.bl.timer.Reset(p.b.tick)
+	}
+}
+
+// tick is the backlog timer: it retries the legs and expires the old
+// ones; a leg left in the backlog sets it again (kick's put-back).
+func (p *peer) tick() {
+	p.bl.mu.Lock()
+	p.bl.armed = false
+	p.bl.mu.Unlock()
+	p.kick()
+}
+
+// kick sends the backlog's legs in order while the connection takes
+// them: one drainer at a time (a kick meanwhile makes it look again).
+// Each leg taken off is resolved outside the lock: skipped if the peer
+// failed meanwhile (held on its verdict like any write that skipped it,
+// see leg.skip), failed if it waited longer than HoldTimeout
+// (ErrBacklogTimeout, the failure path), else resumed; a leg that finds
+// the connection full again goes back to the head and the drain stops
+// until the next completion or tick.
+func (p *peer) kick() {
+	bl := &p.bl
+	bl.mu.Lock()
+	if bl.draining {
+		bl.again = true
+		bl.mu.Unlock()
+		return
+	}
+	bl.draining = true
+	for {
+		bl.again = false
+		l := bl.head
+		if l == nil {
+			bl.draining = false
+			bl.mu.Unlock()
+			return
+		}
+		bl.head = l.nextBL
+		if bl.head == nil {
+			bl.tail = nil
+		}
+		l.nextBL = nil
+		bl.mu.Unlock()
+		switch {
+		case p.state.Load() != peerInSync:
+			p.queued.Add(-1)
+			l.skip()
+		case p.b.now()-l.parked > int64(p.b.hold):
+			p.queued.Add(-1)
+			l.abort(int32(l.n-l.k), ErrBacklogTimeout)
+		case l.resume():
+			p.queued.Add(-1)
+		default: // full again: back to the head
+			bl.mu.Lock()
+			l.nextBL = bl.head
+			bl.head = l
+			if bl.tail == nil {
+				bl.tail = l
+			}
+			p.arm()
+			if !bl.again {
+				bl.draining = false
+				bl.mu.Unlock()
+				return
+			}
+			continue
+		}
+		bl.mu.Lock()
+	}
 }
 
 // missed records that the peer failed a command (err: the leg's error)
@@ -41,6 +191,7 @@ func (p *peer) missed(err error) {
 	p.failures.Add(1)
 	if p.state.CompareAndSwap(peerInSync, peerFailing) {
 		go p.report(err)
+		p.kick() // its backlog's legs are skipped now
 	}
 }
 

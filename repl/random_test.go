@@ -55,7 +55,10 @@ type modelWrite struct {
 // it, and each remote replica either holds it or was confirmed out of
 // sync by the registry before the acknowledgement. A write that failed
 // has the path status, which comes only from a refused report. Every
-// failing replica is reported exactly once.
+// failing replica is reported exactly once. Some legs have a connection
+// of 1 to 3 slots: their legs wait in the backlog, which a full
+// connection never turns into a failure (a replica that never fails is
+// never reported), and which a failure drains through the failure path.
 func TestRandomWrites(t *testing.T) {
 	seed := testSeed(t)
 	for round := range 4 {
@@ -82,6 +85,9 @@ func randomWrites(t *testing.T, seed uint64) {
 	var lmu sync.Mutex
 	for _, n := range nodes {
 		l := newFakeLeg(t, nil)
+		// A connection of a few slots for some: the writers have up to 8
+		// writes in flight, so legs wait in the backlog.
+		l.slots = []int{0, 1, 2, 3}[rng.IntN(4)]
 		failAt := int64(rng.IntN(3 * writers * per / 2)) // some never fail
 		lseed := rng.Uint64()
 		var cmds atomic.Int64
@@ -183,6 +189,11 @@ func randomWrites(t *testing.T, seed uint64) {
 		}
 		if rep.calls[nodes[i]] != want {
 			t.Fatalf("replica %s: %d failures, %d reports", nodes[i], p.Failures, rep.calls[nodes[i]])
+		}
+	}
+	for i, p := range st.Peers {
+		if p.Queued != 0 {
+			t.Fatalf("replica %s: %d legs left in the backlog", nodes[i], p.Queued)
 		}
 	}
 	t.Logf("refuse %q: %d blocks checked; stats %+v", rep.refuse, checked, st)

@@ -86,13 +86,26 @@ func connect(t *testing.T, addr string, cfg initiator.Config) *initiator.Namespa
 // Write Zeroes there waits for the volume's lock, held by direct I/Os
 // only that group reaps: the test hangs.)
 func TestRealLegs(t *testing.T) {
+	realLegs(t, initiator.Config{Queues: 2, QueueDepth: 128}, false)
+}
+
+// TestRealLegsFewSlots: TestRealLegs with a replica connection of one
+// queue of 2 entries (the least there is) under the host's QD 64 (up to 128 commands at
+// once over its two queues): legs find the connection full all the
+// time and wait in the backlog; still no replica is reported and the
+// replica holds exactly what the primary does.
+func TestRealLegsFewSlots(t *testing.T) {
+	realLegs(t, initiator.Config{Queues: 1, QueueDepth: initiator.MinQueueDepth}, true)
+}
+
+func realLegs(t *testing.T, legCfg initiator.Config, wantBacklog bool) {
 	seed := testSeed(t)
 	replica, err := target.NewMemBackend(testBlock, realBlocks)
 	if err != nil {
 		t.Fatal(err)
 	}
 	raddr, _ := serve(t, target.Inline(replica))
-	leg := connect(t, raddr, initiator.Config{Queues: 2, QueueDepth: 128})
+	leg := connect(t, raddr, legCfg)
 
 	s, err := store.Open(store.Config{Dir: filepath.Join(t.TempDir(), "meta"), ClusterBytes: 16 << 10, AreaBytes: 64 << 20, Logger: quietLogger{}})
 	if err != nil {
@@ -149,6 +162,9 @@ func TestRealLegs(t *testing.T) {
 	st := b.Stats()
 	if len(st.Peers) != 1 || st.Peers[0].State != "in-sync" || st.Peers[0].Failures != 0 || st.Peers[0].Writes < uint64(ops) || rep.n.Load() != 0 {
 		t.Fatalf("stats %+v, %d reports", st, rep.n.Load())
+	}
+	if wantBacklog && (st.Peers[0].Backlogged == 0 || st.Peers[0].Queued != 0) {
+		t.Fatalf("stats %+v: no leg waited for a slot, or one is still waiting", st)
 	}
 	if ss := sio.Stats(); ss.Direct == 0 {
 		t.Fatalf("store I/O %+v: the local leg never used the poll groups' engine", ss)

@@ -1,6 +1,7 @@
 package repl
 
 import (
+	"errors"
 	"math/bits"
 	"sync/atomic"
 
@@ -42,6 +43,13 @@ type leg struct {
 	// FUA; a Flush after its commands makes it durable.
 	flushAfter bool
 	rng        [1]initiator.Range
+	// What is left to send, read and written by the leg's owner only:
+	// its submitter, then whoever takes it off the backlog (p.park,
+	// p.kick), or the completion that ended its commands (flushAfter).
+	op     target.IOOp // the host's, or OpFlush for the flush after
+	k, n   uint64      // the next command to send, of n
+	parked int64       // when it entered the backlog (Backend.now)
+	nextBL *leg        // the backlog's link
 }
 
 func (r *record) init(b *Backend) {
@@ -137,65 +145,96 @@ func (r *record) complete(err error) {
 	io.Done(err)
 }
 
-// send submits the leg's commands for io.
+// send starts the leg's commands for io.
 func (l *leg) send(io *target.IO) {
 	p := l.p
 	p.writes.Add(1)
 	l.fail.Store(false)
 	l.flushAfter = false
+	l.op = io.Op
+	var n uint64
 	switch io.Op {
 	case target.OpWrite:
+		n = (uint64(len(io.Data))>>l.r.b.shift + p.maxBlocks - 1) / p.maxBlocks
+	case target.OpWriteZeroes:
+		l.flushAfter = io.FUA
+		n = (io.Blocks + maxLegZeroes - 1) / maxLegZeroes
+	case target.OpDeallocate:
+		n = (io.Blocks + maxLegDeallocate - 1) / maxLegDeallocate
+	case target.OpFlush:
+		n = 1
+	}
+	if n == 0 {
+		l.sent.Store(0)
+		l.end()
+		return
+	}
+	l.k, l.n = 0, n
+	l.sent.Store(int32(n))
+	l.run()
+}
+
+// run sends what the leg has left, or parks it in its peer's backlog:
+// at once if the backlog holds anything (so nothing overtakes a waiting
+// leg), or when the connection turns out full. The caller owns the leg
+// (its submitter, or the completion that ended its commands).
+func (l *leg) run() {
+	p := l.p
+	if p.queued.Load() != 0 || !l.resume() {
+		p.park(l)
+	}
+}
+
+// resume submits the leg's commands from l.k on. It returns false when
+// the connection was full (l.k is then the first unsent one and the
+// caller still owns the leg); true when every command was submitted or
+// the leg failed. After its last submit it touches nothing of the leg:
+// the completion may have ended it and its record may be reused.
+func (l *leg) resume() bool {
+	p := l.p
+	op, n := l.op, l.n
+	for k := l.k; k < n; k++ {
+		p.inflight.Add(1)
+		err := l.command(op, k)
+		if err == nil {
+			continue
+		}
+		p.inflight.Add(-1)
+		if errors.Is(err, initiator.ErrQueueFull) {
+			l.k = k
+			return false
+		}
+		l.abort(int32(n-k), err)
+		return true
+	}
+	return true
+}
+
+// command submits the leg's k-th command of op.
+func (l *leg) command(op target.IOOp, k uint64) error {
+	p := l.p
+	switch op {
+	case target.OpWrite:
+		io := l.r.host
 		flags := initiator.IOFlags(0)
 		if io.FUA {
 			flags = initiator.FUA
 		}
 		shift := l.r.b.shift
-		n := (uint64(len(io.Data))>>shift + p.maxBlocks - 1) / p.maxBlocks
-		l.sent.Store(int32(n))
-		for k := uint64(0); k < n; k++ {
-			lo := k * p.maxBlocks << shift
-			hi := min(lo+p.maxBlocks<<shift, uint64(len(io.Data)))
-			if err := p.ns.WriteAsync(io.LBA+k*p.maxBlocks, io.Data[lo:hi], flags, l); err != nil {
-				l.abort(int32(n-k), err)
-				return
-			}
-		}
-		if n == 0 {
-			l.abort(0, nil)
-		}
+		lo := k * p.maxBlocks << shift
+		hi := min(lo+p.maxBlocks<<shift, uint64(len(io.Data)))
+		return p.ns.WriteAsync(io.LBA+k*p.maxBlocks, io.Data[lo:hi], flags, l)
 	case target.OpWriteZeroes:
-		l.flushAfter = io.FUA
-		n := (io.Blocks + maxLegZeroes - 1) / maxLegZeroes
-		l.sent.Store(int32(n))
-		for k := uint64(0); k < n; k++ {
-			c := min(maxLegZeroes, io.Blocks-k*maxLegZeroes)
-			if err := p.ns.WriteZeroesAsync(io.LBA+k*maxLegZeroes, uint32(c), l); err != nil {
-				l.abort(int32(n-k), err)
-				return
-			}
-		}
-		if n == 0 {
-			l.abort(0, nil)
-		}
+		io := l.r.host
+		c := min(maxLegZeroes, io.Blocks-k*maxLegZeroes)
+		return p.ns.WriteZeroesAsync(io.LBA+k*maxLegZeroes, uint32(c), l)
 	case target.OpDeallocate:
-		n := (io.Blocks + maxLegDeallocate - 1) / maxLegDeallocate
-		l.sent.Store(int32(n))
-		for k := uint64(0); k < n; k++ {
-			// DeallocateAsync copies the range before it returns.
-			l.rng[0] = initiator.Range{LBA: io.LBA + k*maxLegDeallocate, Blocks: uint32(min(maxLegDeallocate, io.Blocks-k*maxLegDeallocate))}
-			if err := p.ns.DeallocateAsync(l.rng[:], l); err != nil {
-				l.abort(int32(n-k), err)
-				return
-			}
-		}
-		if n == 0 {
-			l.abort(0, nil)
-		}
-	case target.OpFlush:
-		l.sent.Store(1)
-		if err := p.ns.FlushAsync(l); err != nil {
-			l.abort(1, err)
-		}
+		io := l.r.host
+		// DeallocateAsync copies the range before it returns.
+		l.rng[0] = initiator.Range{LBA: io.LBA + k*maxLegDeallocate, Blocks: uint32(min(maxLegDeallocate, io.Blocks-k*maxLegDeallocate))}
+		return p.ns.DeallocateAsync(l.rng[:], l)
+	default: // the host's flush, or the one after a FUA Write Zeroes
+		return p.ns.FlushAsync(l)
 	}
 }
 
@@ -210,14 +249,32 @@ func (l *leg) abort(unsent int32, err error) {
 	}
 }
 
+// skip drops the unsent commands of a leg taken off the backlog of a
+// peer that failed meanwhile: the replica lacks the write, as it lacks
+// those of the writes that skipped it, so the record waits for its
+// verdict (end sets the missed bit). Not counted as the peer's failure.
+func (l *leg) skip() {
+	l.fail.Store(true)
+	if l.sent.Add(-int32(l.n-l.k)) == 0 {
+		l.end()
+	}
+}
+
 // IODone implements initiator.Callback: one command of the leg
-// completed.
+// completed. Its slot is free by now (the initiator releases it before
+// the callback), so the peer's backlog gets it after the leg's own
+// bookkeeping.
 func (l *leg) IODone(err error) {
+	p := l.p // the record may be reused once the leg ended
 	if err != nil {
 		l.failed(err)
 	}
 	if l.sent.Add(-1) == 0 {
 		l.end()
+	}
+	p.inflight.Add(-1)
+	if p.queued.Load() != 0 {
+		p.kick()
 	}
 }
 
@@ -231,10 +288,9 @@ func (l *leg) failed(err error) {
 func (l *leg) end() {
 	if l.flushAfter && !l.fail.Load() {
 		l.flushAfter = false
+		l.op, l.k, l.n = target.OpFlush, 0, 1
 		l.sent.Store(1)
-		if err := l.p.ns.FlushAsync(l); err != nil {
-			l.abort(1, err)
-		}
+		l.run()
 		return
 	}
 	if l.fail.Load() {
