@@ -30,16 +30,21 @@ type mpPath struct {
 	sub  *target.Subsystem
 }
 
-// io is the namespace's served reads and writes, and the commands this
-// path answered Asymmetric Access Inaccessible.
-func (p *mpPath) io(nqn string) (reads, writes, refused uint64) {
+// mpIO are a path's counters: the namespace's served reads and writes,
+// and the commands the path answered Asymmetric Access Inaccessible.
+type mpIO struct{ reads, writes, refused uint64 }
+
+func (c mpIO) served() uint64 { return c.reads + c.writes }
+
+func (p *mpPath) io(nqn string) mpIO {
 	st := p.tgt.Stats()
+	c := mpIO{refused: st.Commands[nvme.StatusANAInaccessible]}
 	for _, ns := range st.Namespaces {
 		if ns.Subsystem == nqn && ns.NSID == 1 {
-			reads, writes = ns.Reads, ns.Writes
+			c.reads, c.writes = ns.Reads, ns.Writes
 		}
 	}
-	return reads, writes, st.Commands[nvme.StatusANAInaccessible]
+	return c
 }
 
 // TestKernelMultipathANA is the multipath scenario: the Linux nvme-tcp
@@ -113,73 +118,92 @@ func TestKernelMultipathANA(t *testing.T) {
 	s.script("kernel_multipath.sh")
 	g := s.boot(vmConfig{name: "mphost", script: "kernel_multipath.sh", timeout: 8 * time.Minute})
 
-	s.waitMark("fio-running", g, 6*time.Minute)
-	ar, aw, arefused := a.io(nqn)
-	br, bw, brefused := b.io(nqn)
-	t.Logf("before the flip: A served %d reads %d writes, B %d reads %d writes", ar, aw, br, bw)
-	if aw == 0 || ar == 0 {
-		t.Errorf("before the flip path A (optimized) served %d reads %d writes: the host's I/O did not go there", ar, aw)
+	// flip moves the host from one path to the other under fio, as a
+	// failover does: when the guest says fio runs (mark
+	// fio-running-STEP), the old path is fenced (inaccessible), the host
+	// is left with no usable path for mpGap — it must hold its I/O, not
+	// fail it — and the new path is promoted (optimized); once the new
+	// path serves, the guest is told (flipped-STEP). It checks that only
+	// the old path served since the last flip and returns its counters
+	// right after its fencing.
+	last := map[*mpPath]mpIO{a: {}, b: {}}
+	flip := func(step int, from, to *mpPath) (fenced mpIO) {
+		s.waitMark(fmt.Sprintf("fio-running-%d", step), g, 6*time.Minute)
+		f0, t0 := from.io(nqn), to.io(nqn)
+		t.Logf("flip %d: %s served %d reads %d writes, %s %d reads %d writes", step, from.name, f0.reads, f0.writes, to.name, t0.reads, t0.writes)
+		if f0.writes == last[from].writes {
+			t.Errorf("flip %d: the optimized path %s served %+v, before %+v: fio's writes did not go there", step, from.name, f0, last[from])
+		}
+		if f0.refused != last[from].refused {
+			t.Errorf("flip %d: the optimized path %s refused %d commands as inaccessible", step, from.name, f0.refused-last[from].refused)
+		}
+		if t0 != last[to] {
+			t.Errorf("flip %d: the inaccessible path %s was sent I/O: %+v, before %+v", step, to.name, t0, last[to])
+		}
+		if err := from.sub.SetANAState(nvme.ANAInaccessible); err != nil {
+			t.Fatal(err)
+		}
+		// From here every command reaching the old path is refused; what
+		// it still serves had passed its ANA check: at most fio's 8 in
+		// flight.
+		fenced = from.io(nqn)
+		time.Sleep(mpGap)
+		if c := to.io(nqn); c != t0 {
+			t.Errorf("flip %d: %s served or refused I/O while inaccessible: %+v, before %+v", step, to.name, c, t0)
+		}
+		promote := time.Now()
+		if err := to.sub.SetANAState(nvme.ANAOptimized); err != nil {
+			t.Fatal(err)
+		}
+		for to.io(nqn).served() == t0.served() {
+			if time.Since(promote) > 30*time.Second {
+				t.Fatalf("flip %d: no I/O reached %s within 30 s of its promotion", step, to.name)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		t.Logf("flip %d: %s optimized to its first served I/O: %v (%s fenced %v before)", step, to.name,
+			time.Since(promote).Round(time.Millisecond), from.name, mpGap)
+		s.mark(fmt.Sprintf("flipped-%d", step))
+		return fenced
 	}
-	if br+bw+brefused != 0 {
-		t.Errorf("before the flip path B (inaccessible) was sent I/O: %d reads %d writes served, %d refused", br, bw, brefused)
-	}
-	if arefused != 0 {
-		t.Errorf("before the flip path A refused %d commands as inaccessible", arefused)
+	// afterFlip checks the fenced path served nothing beyond what was in
+	// flight at its fencing and that the other path took over.
+	afterFlip := func(step int, from, to *mpPath, fenced mpIO) {
+		f, c := from.io(nqn), to.io(nqn)
+		t.Logf("after flip %d: %s served %+v (%+v at its fencing); %s served %+v", step, from.name, f, fenced, to.name, c)
+		if d := f.served() - fenced.served(); d > 8 {
+			t.Errorf("flip %d: %s served %d reads and writes after it was fenced, want at most fio's queue depth (8)", step, from.name, d)
+		}
+		if c.reads == last[to].reads || c.writes == last[to].writes {
+			t.Errorf("flip %d: %s served %+v, before %+v: the host's I/O did not move there", step, to.name, c, last[to])
+		}
+		if c.refused != last[to].refused {
+			t.Errorf("flip %d: the optimized path %s refused %d commands as inaccessible", step, to.name, c.refused-last[to].refused)
+		}
+		last[from], last[to] = f, c
 	}
 
-	// The flip, as a failover does it: the old path fenced first (A
-	// inaccessible), then, after a gap with no usable path — the host
-	// must hold its I/O, not fail it — the new one promoted (B
-	// optimized).
-	if err := a.sub.SetANAState(nvme.ANAInaccessible); err != nil {
-		t.Fatal(err)
+	// Flip 1, A to B. The guest turned A's ANA change notices off: the
+	// host learns of A's fencing only from the status of the I/O A
+	// refuses, and fails it over itself.
+	fenced := flip(1, a, b)
+	s.waitMark("flip-1-done", g, 6*time.Minute)
+	refusedA := a.io(nqn).refused
+	afterFlip(1, a, b, fenced)
+	if refusedA == 0 {
+		t.Errorf("flip 1: A refused no command after its fencing, yet its ANA notices were off")
 	}
-	// From here every command reaching A is refused; what it still
-	// serves had passed its ANA check: at most fio's 8 in flight.
-	atFlipR, atFlipW, _ := a.io(nqn)
-	time.Sleep(mpGap)
-	if br, bw, _ := b.io(nqn); br+bw != 0 {
-		t.Errorf("path B served %d reads %d writes while inaccessible", br, bw)
-	}
-	promote := time.Now()
-	if err := b.sub.SetANAState(nvme.ANAOptimized); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if br, bw, _ := b.io(nqn); br+bw != 0 {
-			break
-		}
-		if time.Since(promote) > 30*time.Second {
-			t.Fatalf("no I/O reached path B within 30 s of its promotion")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	t.Logf("B made optimized to its first served I/O: %v (A fenced %v before)", time.Since(promote).Round(time.Millisecond), mpGap)
-	s.mark("flipped")
+	// Flip 2, back from B to A, every notice on: the host follows them.
+	fenced = flip(2, b, a)
 	s.wait(g)
-
-	ar2, aw2, arefused2 := a.io(nqn)
-	br2, bw2, brefused2 := b.io(nqn)
-	t.Logf("after: A served %d reads %d writes (%d at the flip), refused %d as inaccessible; B served %d reads %d writes, refused %d",
-		ar2, aw2, atFlipW, arefused2, br2, bw2, brefused2)
-	if d := ar2 + aw2 - atFlipR - atFlipW; d > 8 {
-		t.Errorf("path A served %d reads and writes after it was made inaccessible, want at most fio's queue depth (8)", d)
-	}
-	if bw2 == 0 || br2 == 0 {
-		t.Errorf("after the flip path B served %d reads %d writes: the host's I/O did not move there", br2, bw2)
-	}
-	// A's notices were off: the host failed over on the status of the
-	// I/O A refused.
-	if arefused2 == 0 {
-		t.Errorf("path A refused no command after its fencing: the host learned of it otherwise (its ANA notices were off)")
-	}
-	if brefused2 != 0 {
-		t.Errorf("path B refused %d commands as inaccessible", brefused2)
-	}
+	afterFlip(2, b, a, fenced)
+	t.Logf("commands refused as inaccessible: by A after its fencing (notices off) %d, by B after its fencing (notices on) %d",
+		refusedA, b.io(nqn).refused)
 
 	for _, f := range []struct{ name, a, b string }{
 		{"paths-before.txt", "optimized", "inaccessible"},
-		{"paths-after.txt", "inaccessible", "optimized"},
+		{"paths-flip.txt", "inaccessible", "optimized"},
+		{"paths-failback.txt", "optimized", "inaccessible"},
 	} {
 		got := string(s.readShare(f.name))
 		t.Logf("%s:\n%s", f.name, strings.TrimSpace(got))
@@ -228,14 +252,40 @@ func TestKernelMultipathANA(t *testing.T) {
 			t.Logf("dmesg: %s", strings.TrimSpace(l))
 		}
 	}
-	mustContain(t, "dmesg", dmesg, "ANA group 1: optimized.", "ANA group 1: inaccessible.")
+	// Each controller's states as the host read them from its log (at
+	// connect, on a notice, on a refused command), repeats dropped.
+	ctrlOf := map[int]string{}
+	for _, l := range strings.Split(string(s.readShare("paths-before.txt")), "\n") {
+		for _, port := range []int{portA, portB} {
+			if f := strings.Fields(l); len(f) > 1 && f[1] == fmt.Sprintf("trsvcid=%d", port) {
+				ctrlOf[port] = f[0]
+			}
+		}
+	}
+	for _, w := range []struct {
+		port int
+		want string
+	}{{portA, "optimized inaccessible optimized"}, {portB, "inaccessible optimized inaccessible"}} {
+		var seq []string
+		for _, l := range strings.Split(dmesg, "\n") {
+			if i := strings.Index(l, " "+ctrlOf[w.port]+": ANA group 1: "); ctrlOf[w.port] != "" && i >= 0 {
+				st := strings.TrimSuffix(strings.TrimSpace(l[i+len(ctrlOf[w.port])+len(": ANA group 1: ")+1:]), ".")
+				if len(seq) == 0 || seq[len(seq)-1] != st {
+					seq = append(seq, st)
+				}
+			}
+		}
+		if got := strings.Join(seq, " "); got != w.want {
+			t.Errorf("dmesg: the host read the states %q for controller %q (port %d), want %q", got, ctrlOf[w.port], w.port, w.want)
+		}
+	}
 	for _, bad := range []string{"Invalid MNAN", "ANA log page", "Duplicate cntlid", "IDs don't match", "does not support multiple controllers", "I/O error"} {
 		if strings.Contains(dmesg, bad) {
 			t.Errorf("dmesg has %q", bad)
 		}
 	}
 
-	for _, f := range []string{"fio-before.json", "fio-flip.json", "fio-before-again.json"} {
+	for _, f := range []string{"fio-before.json", "fio-flip.json", "fio-before-again.json", "fio-failback.json", "fio-flip-again.json"} {
 		s.fioResult(f)
 	}
 	// The pattern the guest wrote through path A at 8 MiB is in the store.

@@ -113,30 +113,48 @@ fiojob() {
 }
 fiojob before 16M || fail "fio before"
 
-log "fio across the flip: 16 MiB, seconds of writes, so it still runs when the test flips"
-# The head keeps no I/O counts in this kernel; path A's disk does.
-astat() { cat /sys/class/nvme/$ca/nvme*c*n1/stat | awk '{print $5}'; }
-stat0=$(astat)
-fiojob flip 32M --size=16M &
-fio=$!
-n=0
-until [ "$(astat)" -gt $((stat0 + 50)) ]; do
-	n=$((n + 1))
-	[ $n -le 300 ] || fail "fio did not start writing within 30 s"
-	sleep 0.1
-done
-mark fio-running
-wait_file /share/flipped 60
-kill -0 $fio 2>/dev/null || fail "fio ended before the flip: make it longer"
-wait_states inaccessible optimized 30
-paths paths-after.txt
-wait $fio || fail "fio across the flip failed"
-log "fio across the flip passed"
+# pstat CTRL: the writes completed through CTRL's path (the head keeps
+# no I/O counts in this kernel; the path disks do).
+pstat() { awk '{print $5}' /sys/class/nvme/$1/nvme*c*n1/stat; }
+# flip STEP CTRL NAME OFFSET: fio job NAME (16 MiB of 4 KiB random writes
+# at OFFSET, then its verify: seconds long) runs through CTRL's path
+# while the test flips the states (fio-running-STEP, flipped-STEP); it
+# must pass across the flip (the caller waits for $fio).
+flip() {
+	log "flip $1: fio through $2 while the test flips the paths"
+	stat0=$(pstat "$2")
+	fiojob "$3" "$4" --size=16M &
+	fio=$!
+	n=0
+	until [ "$(pstat "$2")" -gt $((stat0 + 50)) ]; do
+		n=$((n + 1))
+		[ $n -le 300 ] || fail "flip $1: fio did not start writing through $2 within 30 s"
+		sleep 0.1
+	done
+	mark "fio-running-$1"
+	wait_file "/share/flipped-$1" 60
+	kill -0 $fio 2>/dev/null || fail "flip $1: fio ended before the flip: make it longer"
+}
 
-log "after the flip (path B): the pattern and the first fio's data read back"
+flip 1 "$ca" flip 32M
+wait_states inaccessible optimized 30
+paths paths-flip.txt
+wait $fio || fail "fio across flip 1 failed"
+
+log "after flip 1 (path B): the pattern and the first fio's data read back"
 dd if="$dev" of=/tmp/back bs=1M skip=8 count=4 iflag=direct 2>/dev/null || fail "reading the pattern back"
 cmp /share/pattern.bin /tmp/back || fail "the pattern read through path B differs"
 fiojob before-again 16M --verify_only=1 || fail "the first fio's data did not verify through path B"
+mark flip-1-done
+
+# Failback with A's notices on again: both changes announced.
+nvme set-feature "/dev/$ca" -f 0x0b -v $((aec)) >/dev/null || fail "restoring path A's ANA change notices"
+flip 2 "$cb" failback 48M
+wait_states optimized inaccessible 30
+paths paths-failback.txt
+wait $fio || fail "fio across flip 2 failed"
+log "after flip 2 (path A): flip 1's data, written through A and B, verified through A"
+fiojob flip-again 32M --size=16M --verify_only=1 || fail "flip 1's fio data did not verify through path A"
 no_io_errors
 nvme disconnect -n "$NQN" >/dev/null || fail "nvme disconnect"
 log "passed"
