@@ -13,9 +13,16 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/tcp"
 )
+
+// slogStore gives the store's messages to a slog.Logger.
+type slogStore struct{ l *slog.Logger }
+
+func (s slogStore) Infof(format string, args ...any)  { s.l.Info(fmt.Sprintf(format, args...)) }
+func (s slogStore) Errorf(format string, args ...any) { s.l.Error(fmt.Sprintf(format, args...)) }
 
 // mpGap is how long TestKernelMultipathANA leaves the host with no
 // usable path, between fencing A and promoting B.
@@ -50,15 +57,18 @@ func (p *mpPath) io(nqn string) mpIO {
 // TestKernelMultipathANA is the multipath scenario: the Linux nvme-tcp
 // host with native multipath (guest) against two blk targets run by this
 // test process — two target.Target, each with its own NVMe/TCP port, the
-// same subsystem NQN with ANA, disjoint CNTLID ranges, namespace 1 on
-// each over one shared backing store — path A optimized, path B
+// same subsystem NQN with ANA, disjoint CNTLID ranges, namespace 1 of
+// each on one volume of one extent store — path A optimized, path B
 // inaccessible. The host connects both through A's discovery log (which
 // lists B as a remote path): one subsystem, two controllers, one
-// namespace head, each path's ANA state as the targets say. I/O goes to A
-// only; the test flips the states under fio (A inaccessible, B
-// optimized): the host follows the ANA change notices, fio passes its
-// crc32c verify, I/O moves to B, and the bytes written through A read
-// back through B and from the backing store.
+// namespace head, each path's ANA state as the targets say, I/O on the
+// optimized path only. Twice under fio the test fences the optimized
+// path, leaves the host with no usable path for a second, and promotes
+// the other: first with A's ANA change notices off (the host must fail
+// over on the status of the I/O A refuses), then back with every notice
+// on. The host follows, fio passes its crc32c verify, the fenced path
+// serves nothing more, and the bytes written through one path read back
+// through the other and from the store.
 func TestKernelMultipathANA(t *testing.T) {
 	s := newScenario(t)
 	port := ports(24700)
@@ -69,16 +79,35 @@ func TestKernelMultipathANA(t *testing.T) {
 		block   = 4096
 		blocks  = 16384 // 64 MiB
 	)
-	mem, err := target.NewMemBackend(block, blocks)
-	if err != nil {
-		t.Fatal(err)
-	}
 	logf, err := os.Create(s.path("targets.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { logf.Close() })
 	logger := slog.New(slog.NewTextHandler(logf, nil))
+
+	// The shared backing store: one volume of an extent store, served
+	// to both targets' namespaces through one StoreIO (an engine per
+	// poll group), as blkd serves its volumes. Closed after the targets
+	// (cleanups run last first).
+	st, err := store.Open(store.Config{Dir: t.TempDir(), AreaBytes: 128 << 20, Logger: slogStore{logger.With("store", 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := st.Close(); err != nil {
+			t.Errorf("closing the store: %v", err)
+		}
+	})
+	vol, err := st.Create(1, store.CreateOptions{SizeBytes: blocks * block, BlockSize: block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sio, err := target.NewStoreIO(st, target.StoreIOConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sio.Close)
 
 	// newPath serves the subsystem on 127.0.0.1:listen (the guest's
 	// 10.0.2.2:listen), controller IDs in [lo, hi], with the other path
@@ -100,7 +129,7 @@ func TestKernelMultipathANA(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: mem}); err != nil {
+		if err := p.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: sio.Backend(vol)}); err != nil {
 			t.Fatal(err)
 		}
 		if p.port, err = tcp.Listen(p.tgt, cfg); err != nil {
@@ -291,10 +320,13 @@ func TestKernelMultipathANA(t *testing.T) {
 	// The pattern the guest wrote through path A at 8 MiB is in the store.
 	pat := s.readShare("pattern.bin")
 	got := make([]byte, len(pat))
-	if err := mem.Read(8<<20/block, got); err != nil {
-		t.Fatal(err)
+	for off := 0; off < len(got); off += 1 << 20 { // the store's largest transfer
+		if err := vol.Read(uint64(8<<20+off)/block, got[off:min(off+1<<20, len(got))]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if !bytes.Equal(got, pat) {
 		t.Errorf("the backing store at 8 MiB does not hold the pattern the guest wrote")
 	}
+	t.Logf("store I/O: %+v", sio.Stats())
 }
