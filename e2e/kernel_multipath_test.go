@@ -31,10 +31,23 @@ const mpGap = time.Second
 // mpPath is one path of TestKernelMultipathANA: a target of its own with
 // its own NVMe/TCP port, serving the shared subsystem.
 type mpPath struct {
-	name string
-	tgt  *target.Target
-	port *tcp.Port
-	sub  *target.Subsystem
+	name  string
+	start func(state nvme.ANAState) // a target, its subsystem and port
+	tgt   *target.Target
+	port  *tcp.Port
+	sub   *target.Subsystem
+}
+
+// stop closes the path's port and target, as a node going down does.
+func (p *mpPath) stop() {
+	if p.port != nil {
+		p.port.Close()
+		p.port = nil
+	}
+	if p.tgt != nil {
+		p.tgt.Close()
+		p.tgt = nil
+	}
 }
 
 // mpIO are a path's counters: the namespace's served reads and writes,
@@ -68,7 +81,8 @@ func (p *mpPath) io(nqn string) mpIO {
 // over on the status of the I/O A refuses), then back with every notice
 // on. The host follows, fio passes its crc32c verify, the fenced path
 // serves nothing more, and the bytes written through one path read back
-// through the other and from the store.
+// through the other and from the store. Last, B's target is restarted
+// under fio on A: the host reconnects to it and keeps it inaccessible.
 func TestKernelMultipathANA(t *testing.T) {
 	s := newScenario(t)
 	port := ports(24700)
@@ -109,37 +123,40 @@ func TestKernelMultipathANA(t *testing.T) {
 	}
 	t.Cleanup(sio.Close)
 
-	// newPath serves the subsystem on 127.0.0.1:listen (the guest's
-	// 10.0.2.2:listen), controller IDs in [lo, hi], with the other path
-	// listed in its discovery log.
-	newPath := func(name string, listen, other int, lo, hi uint16, state nvme.ANAState) *mpPath {
-		cfg := tcp.Config{Addr: addr(listen), AdvertiseAddr: "10.0.2.2", Cores: 1, Logger: logger.With("path", name)}
-		lim, err := tcp.Limits(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+	// newPath is a path serving the subsystem on 127.0.0.1:listen (the
+	// guest's 10.0.2.2:listen), controller IDs in [lo, hi], with the
+	// other path listed in its discovery log; start starts it.
+	newPath := func(name string, listen, other int, lo, hi uint16) *mpPath {
 		p := &mpPath{name: name}
-		if p.tgt, err = target.New(target.Config{Limits: lim, CNTLIDMin: lo, CNTLIDMax: hi, Logger: logger.With("path", name)}); err != nil {
-			t.Fatal(err)
+		p.start = func(state nvme.ANAState) {
+			cfg := tcp.Config{Addr: addr(listen), AdvertiseAddr: "10.0.2.2", Cores: 1, Logger: logger.With("path", name)}
+			lim, err := tcp.Limits(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.tgt, err = target.New(target.Config{Limits: lim, CNTLIDMin: lo, CNTLIDMax: hi, Logger: logger.With("path", name)}); err != nil {
+				t.Fatal(err)
+			}
+			if p.sub, err = p.tgt.AddSubsystem(target.SubsystemConfig{NQN: nqn, Serial: "blk-e2e-multipath", Model: "blk e2e multipath",
+				Hosts: []string{hostNQN}, ANA: true, ANAState: state,
+				Paths: []target.Port{{ID: 2, TrType: nvme.TrTypeTCP, AdrFam: nvme.AdrFamIPv4, TrAddr: "10.0.2.2", TrSvcID: strconv.Itoa(other)}},
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: sio.Backend(vol)}); err != nil {
+				t.Fatal(err)
+			}
+			if p.port, err = tcp.Listen(p.tgt, cfg); err != nil {
+				t.Fatal(err)
+			}
 		}
-		t.Cleanup(func() { p.tgt.Close() })
-		if p.sub, err = p.tgt.AddSubsystem(target.SubsystemConfig{NQN: nqn, Serial: "blk-e2e-multipath", Model: "blk e2e multipath",
-			Hosts: []string{hostNQN}, ANA: true, ANAState: state,
-			Paths: []target.Port{{ID: 2, TrType: nvme.TrTypeTCP, AdrFam: nvme.AdrFamIPv4, TrAddr: "10.0.2.2", TrSvcID: strconv.Itoa(other)}},
-		}); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: sio.Backend(vol)}); err != nil {
-			t.Fatal(err)
-		}
-		if p.port, err = tcp.Listen(p.tgt, cfg); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.port.Close() })
+		t.Cleanup(p.stop)
 		return p
 	}
-	a := newPath("A", portA, portB, 1, 0x7fff, nvme.ANAOptimized)
-	b := newPath("B", portB, portA, 0x8000, 0xffef, nvme.ANAInaccessible)
+	a := newPath("A", portA, portB, 1, 0x7fff)
+	b := newPath("B", portB, portA, 0x8000, 0xffef)
+	a.start(nvme.ANAOptimized)
+	b.start(nvme.ANAInaccessible)
 
 	seed := time.Now().UnixNano() % 1000000
 	t.Logf("fio seed %d", seed)
@@ -224,15 +241,35 @@ func TestKernelMultipathANA(t *testing.T) {
 	}
 	// Flip 2, back from B to A, every notice on: the host follows them.
 	fenced = flip(2, b, a)
-	s.wait(g)
+	s.waitMark("flip-2-done", g, 6*time.Minute)
 	afterFlip(2, b, a, fenced)
 	t.Logf("commands refused as inaccessible: by A after its fencing (notices off) %d, by B after its fencing (notices on) %d",
 		refusedA, b.io(nqn).refused)
+
+	// B restarted, as a node coming back, under fio on A: the host
+	// reconnects to it by itself, reads its log (inaccessible) and
+	// sends it nothing, while A serves on.
+	s.waitMark("fio-running-3", g, 6*time.Minute)
+	a3 := a.io(nqn)
+	b.stop()
+	b.start(nvme.ANAInaccessible)
+	s.mark("flipped-3")
+	s.wait(g)
+	if c := b.io(nqn); c != (mpIO{}) {
+		t.Errorf("the restarted, inaccessible path B was sent I/O: %+v", c)
+	}
+	if st := b.tgt.Stats(); st.ControllersCreated == 0 {
+		t.Errorf("the host did not connect to the restarted B: %d controllers created", st.ControllersCreated)
+	}
+	if c := a.io(nqn); c.writes == a3.writes || c.refused != a3.refused {
+		t.Errorf("while B restarted A served %+v, before %+v: want more writes, no refusal", c, a3)
+	}
 
 	for _, f := range []struct{ name, a, b string }{
 		{"paths-before.txt", "optimized", "inaccessible"},
 		{"paths-flip.txt", "inaccessible", "optimized"},
 		{"paths-failback.txt", "optimized", "inaccessible"},
+		{"paths-restart.txt", "optimized", "inaccessible"},
 	} {
 		got := string(s.readShare(f.name))
 		t.Logf("%s:\n%s", f.name, strings.TrimSpace(got))
@@ -308,13 +345,15 @@ func TestKernelMultipathANA(t *testing.T) {
 			t.Errorf("dmesg: the host read the states %q for controller %q (port %d), want %q", got, ctrlOf[w.port], w.port, w.want)
 		}
 	}
+	// The head held its I/O through the gaps: the block layer's note.
+	mustContain(t, "dmesg", dmesg, "no usable path - requeuing I/O", ctrlOf[portB]+": Successfully reconnected")
 	for _, bad := range []string{"Invalid MNAN", "ANA log page", "Duplicate cntlid", "IDs don't match", "does not support multiple controllers", "I/O error"} {
 		if strings.Contains(dmesg, bad) {
 			t.Errorf("dmesg has %q", bad)
 		}
 	}
 
-	for _, f := range []string{"fio-before.json", "fio-flip.json", "fio-before-again.json", "fio-failback.json", "fio-flip-again.json"} {
+	for _, f := range []string{"fio-before.json", "fio-flip.json", "fio-before-again.json", "fio-failback.json", "fio-flip-again.json", "fio-restart.json"} {
 		s.fioResult(f)
 	}
 	// The pattern the guest wrote through path A at 8 MiB is in the store.

@@ -116,14 +116,15 @@ fiojob before 16M || fail "fio before"
 # pstat CTRL: the writes completed through CTRL's path (the head keeps
 # no I/O counts in this kernel; the path disks do).
 pstat() { awk '{print $5}' /sys/class/nvme/$1/nvme*c*n1/stat; }
-# flip STEP CTRL NAME OFFSET: fio job NAME (16 MiB of 4 KiB random writes
-# at OFFSET, then its verify: seconds long) runs through CTRL's path
-# while the test flips the states (fio-running-STEP, flipped-STEP); it
-# must pass across the flip (the caller waits for $fio).
+# flip STEP CTRL NAME OFFSET [SIZE]: fio job NAME (SIZE, 16 MiB, of 4 KiB
+# random writes at OFFSET, then its verify: seconds long) runs through CTRL's path
+# while the test flips the states, or restarts a target
+# (fio-running-STEP, flipped-STEP); it must pass across it (the caller
+# waits for $fio).
 flip() {
 	log "flip $1: fio through $2 while the test flips the paths"
 	stat0=$(pstat "$2")
-	fiojob "$3" "$4" --size=16M &
+	fiojob "$3" "$4" --size="${5:-16M}" &
 	fio=$!
 	n=0
 	until [ "$(pstat "$2")" -gt $((stat0 + 50)) ]; do
@@ -155,6 +156,26 @@ paths paths-failback.txt
 wait $fio || fail "fio across flip 2 failed"
 log "after flip 2 (path A): flip 1's data, written through A and B, verified through A"
 fiojob flip-again 32M --size=16M --verify_only=1 || fail "flip 1's fio data did not verify through path A"
+mark flip-2-done
+
+# B restarted under fio on A (the test marks flipped-3 once it listens
+# again): the host reconnects by itself and keeps B inaccessible.
+flip 3 "$ca" restart 48M 8M
+n=0
+until dmesg | grep -q "$cb: Successfully reconnected"; do
+	n=$((n + 1))
+	[ $n -le 300 ] || fail "$cb did not reconnect to the restarted B within 30 s"
+	sleep 0.1
+done
+dmesg | grep -E "$cb: (Successfully reconnected|reconnect|starting error recovery)" | tail -3
+until [ "$(cat /sys/class/nvme/$cb/state)" = live ]; do
+	n=$((n + 1))
+	[ $n -le 600 ] || fail "$cb not live again after the restart"
+	sleep 0.1
+done
+wait_states optimized inaccessible 30
+paths paths-restart.txt
+wait $fio || fail "fio across B's restart failed"
 no_io_errors
 nvme disconnect -n "$NQN" >/dev/null || fail "nvme disconnect"
 log "passed"
