@@ -209,7 +209,16 @@ func (m *Manager) AddReplica(ctx context.Context, volume, node string) (meta.Vol
 	}
 	var res meta.Result
 	if err == nil {
-		res, err = m.reg.Apply(ctx, meta.AddReplica{Volume: volume, Node: node, At: m.Now().UnixNano()})
+		add := meta.AddReplica{Volume: volume, Node: node, At: m.Now().UnixNano()}
+		if v.ReplicaSecret == nil {
+			var rs meta.HostSecret
+			if rs, err = NewReplicaSecret(); err == nil {
+				add.ReplicaSecret = &rs
+			}
+		}
+		if err == nil {
+			res, err = m.reg.Apply(ctx, add)
+		}
 	}
 	m.placeMu.Unlock()
 	if err != nil {

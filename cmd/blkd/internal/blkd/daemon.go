@@ -83,6 +83,10 @@ type Daemon struct {
 	unreachable map[string]error
 	stop        chan struct{}
 
+	// repl is the node's replication (replica.go): the fences of its
+	// secondary replicas, the legs of the volumes it is primary of.
+	repl replicas
+
 	// mu serializes attach and detach, and shutdown waits on it.
 	mu sync.Mutex
 
@@ -110,6 +114,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	}
 	cfg = cfg.WithDefaults()
 	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1), stop: make(chan struct{})}
+	d.repl = replicas{fences: map[uint64]fence{}, primary: map[uint64]*primaryLeg{}}
 	d.log, d.rl, d.audit = newLogger(cfg)
 	defer func() {
 		if err != nil {
@@ -549,6 +554,17 @@ func (d *Daemon) serve(v meta.Volume) error {
 	if err != nil {
 		return err
 	}
+	// The target times the backend itself (blk_target_namespace_io_latency_seconds):
+	// no wrapper sits between it and a volume of one replica; one of
+	// several is served through its replication (replica.go).
+	var backend target.AsyncBackend = d.sio.Backend(vol)
+	var pl *primaryLeg
+	if len(v.ReplicaSet()) > 1 {
+		if pl, err = d.newPrimaryLeg(v, backend); err != nil {
+			return err
+		}
+		backend = pl.b
+	}
 	sub, err := d.tgt.AddSubsystem(target.SubsystemConfig{
 		NQN: v.NQN, Serial: fmt.Sprintf("blk-%d", v.ID), Model: "blk",
 		AllowAnyHost: v.AllowAny, Hosts: v.Hosts, HostKeys: keys,
@@ -556,11 +572,15 @@ func (d *Daemon) serve(v meta.Volume) error {
 	if err != nil {
 		return err
 	}
-	// The target times the backend itself (blk_target_namespace_io_latency_seconds):
-	// no wrapper sits between it and the volume.
-	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: d.sio.Backend(vol)}); err != nil {
+	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: backend}); err != nil {
 		_ = d.tgt.RemoveSubsystem(v.NQN)
 		return err
+	}
+	if pl != nil {
+		d.repl.mu.Lock()
+		d.repl.primary[v.ID] = pl
+		d.repl.mu.Unlock()
+		d.startLegs(pl, v)
 	}
 	return nil
 }

@@ -104,6 +104,7 @@ func (p *targetParts) Served(nqn string) bool {
 }
 
 func (p *targetParts) SetHosts(v meta.Volume) error {
+	p.d.refreshPrimaryLeg(v)
 	nqn, allowAny, hosts := v.NQN, v.AllowAny, v.Hosts
 	keys, err := hostKeys(v)
 	if err != nil {
@@ -190,8 +191,12 @@ func (p *targetParts) Unserve(nqn string) error {
 	if err := p.d.tgt.RemoveSubsystem(nqn); err != nil && !errors.Is(err, target.ErrNotFound) {
 		return err
 	}
+	p.d.stopPrimaryLeg(nqn)
 	return nil
 }
+
+func (p *targetParts) ServeReplica(v meta.Volume) error { return p.d.serveReplica(v) }
+func (p *targetParts) UnserveReplica(id uint64) error  { return p.d.unserveReplica(id) }
 
 // registryParts adapts the raft registry to control.Registry.
 type registryParts struct{ n *meta.Node }
