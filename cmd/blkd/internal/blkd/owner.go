@@ -196,7 +196,7 @@ func (p *targetParts) Unserve(nqn string) error {
 }
 
 func (p *targetParts) ServeReplica(v meta.Volume) error { return p.d.serveReplica(v) }
-func (p *targetParts) UnserveReplica(id uint64) error  { return p.d.unserveReplica(id) }
+func (p *targetParts) UnserveReplica(id uint64) error   { return p.d.unserveReplica(id) }
 
 // registryParts adapts the raft registry to control.Registry.
 type registryParts struct{ n *meta.Node }
