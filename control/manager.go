@@ -246,7 +246,13 @@ func allDeleted(sts map[string]Status) bool {
 func (m *Manager) reconcileReplicas(ctx context.Context, v meta.Volume, index uint64) (map[string]Status, map[string]error) {
 	sts := make(map[string]Status)
 	var errs map[string]error
-	for _, node := range replicaNodes(v) {
+	// Secondaries first: a primary starting to serve connects to their
+	// replica subsystems.
+	nodes := replicaNodes(v)
+	if len(nodes) > 1 && nodes[0] == v.Node {
+		nodes = append(nodes[1:len(nodes):len(nodes)], nodes[0])
+	}
+	for _, node := range nodes {
 		st, err := m.owners.Reconcile(ctx, node, v.Name, index)
 		if err != nil {
 			if errs == nil {

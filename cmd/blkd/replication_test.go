@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -138,6 +139,7 @@ func TestReplication(t *testing.T) {
 		hostNQN, // a host
 		fmt.Sprintf("nqn.2024-01.io.blk:node:%s:epoch:1", primary),   // the primary, without the secret
 		fmt.Sprintf("nqn.2024-01.io.blk:node:%s:epoch:1", secondary), // not the primary
+		fmt.Sprintf("nqn.2024-01.io.blk:node:%s:epoch:2", primary),   // an epoch not yet begun
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		rc, err := initiator.Connect(ctx, initiator.Config{Transport: initiator.TransportTCP, HostNQN: hn, CtrlLossTimeout: time.Millisecond}, tcpAddr, replNQN)
@@ -151,6 +153,7 @@ func TestReplication(t *testing.T) {
 
 	// Kill a secondary while the host writes: no write fails.
 	stop := make(chan struct{})
+	var writes atomic.Int64
 	var wg sync.WaitGroup
 	errc := make(chan error, 4)
 	for w := range 4 {
@@ -168,12 +171,14 @@ func TestReplication(t *testing.T) {
 					errc <- err
 					return
 				}
+				writes.Add(1)
 			}
 		}()
 	}
 	time.Sleep(300 * time.Millisecond) // writes in flight when the node dies
 	c.procs[victim].cmd.Process.Signal(syscall.SIGKILL)
 	<-c.procs[victim].exited
+	delete(c.procs, victim) // stopAll stops the others
 	eventually(t, 20*time.Second, victim+" recorded out of sync", func() error {
 		lp.must(t, "GET", "/v1/volumes/r", "", 200, &v)
 		for _, r := range v.Replicas {
@@ -183,12 +188,16 @@ func TestReplication(t *testing.T) {
 		}
 		return fmt.Errorf("%+v", v.Replicas)
 	})
+	before := writes.Load()
 	time.Sleep(500 * time.Millisecond) // writes after the loss
 	close(stop)
 	wg.Wait()
 	close(errc)
 	for err := range errc {
 		t.Fatalf("a host write failed while a secondary died: %v", err)
+	}
+	if after := writes.Load() - before; after == 0 {
+		t.Errorf("no write completed after %s was recorded out of sync", victim)
 	}
 	if v.State != "online" || v.Reason == "" {
 		t.Errorf("after the loss: state %q reason %q, want online and degraded", v.State, v.Reason)
@@ -231,8 +240,11 @@ func storeEquals(dir string, id uint64, want []byte) error {
 		return err
 	}
 	got := make([]byte, len(want))
-	if err := vol.Read(0, got); err != nil {
-		return err
+	for off := 0; off < len(got); off += 1 << 20 {
+		end := min(off+1<<20, len(got))
+		if err := vol.Read(uint64(off/4096), got[off:end]); err != nil {
+			return err
+		}
 	}
 	if !bytes.Equal(got, want) {
 		for i := range got {

@@ -581,6 +581,11 @@ func (d *Daemon) serve(v meta.Volume) error {
 		d.repl.primary[v.ID] = pl
 		d.repl.mu.Unlock()
 		d.startLegs(pl, v)
+		select {
+		case <-pl.ready:
+		case <-pl.done:
+		case <-time.After(replicaReadyWait):
+		}
 	}
 	return nil
 }

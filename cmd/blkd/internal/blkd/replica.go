@@ -82,6 +82,12 @@ const (
 	// replicaHold bounds how long a write a replica missed waits for the
 	// registry to record that (repl.Config.HoldTimeout).
 	replicaHold = 4 * time.Second
+	// replicaReadyWait is how long serving a replicated volume waits for
+	// its replica connections before it returns (the volume is then
+	// online with them: a create answers once writes replicate); the
+	// rest happens in the background (a node restarting before its
+	// peers).
+	replicaReadyWait = 5 * time.Second
 	// replicaQueueDepth and replicaQueues size each replica connection:
 	// 2 queues of 64 commands of MaxTransfer bytes of registered memory.
 	replicaQueueDepth = 64
@@ -110,6 +116,7 @@ type primaryLeg struct {
 	epoch  uint64
 	cancel context.CancelFunc
 	done   chan struct{}
+	ready  chan struct{} // closed once the backend serves
 	mu     sync.Mutex
 	ctrls  map[string]*initiator.Controller // by node, connected legs
 }
@@ -316,6 +323,7 @@ func (d *Daemon) startLegs(pl *primaryLeg, v meta.Volume) {
 			return
 		}
 		pl.b.SetServing(true)
+		close(pl.ready)
 		d.log.Info("replicated volume served", slog.String("volume", v.Name), slog.Uint64("epoch", pl.epoch), slog.Int("legs", len(peers)))
 	}()
 }
@@ -456,7 +464,7 @@ func (d *Daemon) newPrimaryLeg(v meta.Volume, local target.AsyncBackend) (*prima
 		return nil, err
 	}
 	b.SetServing(false)
-	return &primaryLeg{nqn: v.NQN, b: b, epoch: v.CurrentEpoch(), ctrls: map[string]*initiator.Controller{}}, nil
+	return &primaryLeg{nqn: v.NQN, b: b, epoch: v.CurrentEpoch(), ctrls: map[string]*initiator.Controller{}, ready: make(chan struct{})}, nil
 }
 
 // stopPrimaryLeg ends the replication of the volume served under nqn,
