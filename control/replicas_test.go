@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/nvme/auth"
 )
 
 // replicaCluster is several storage nodes, each with its own store,
@@ -112,6 +113,20 @@ func TestCreateThreeReplicas(t *testing.T) {
 		t.Fatalf("zones %v", z)
 	}
 	c.checkCopies(t, "v")
+	// The replica connections' key pair: two distinct DH-HMAC-CHAP
+	// secrets, made for this volume.
+	rs := v.ReplicaSecret
+	if rs == nil {
+		t.Fatal("no replica secret")
+	}
+	for _, k := range []string{rs.Host, rs.Ctrl} {
+		if _, err := auth.ParseKey(k); err != nil {
+			t.Fatalf("replica secret %q: %v", k, err)
+		}
+	}
+	if rs.Host == rs.Ctrl {
+		t.Fatal("the replica secret's halves are equal")
+	}
 	for _, r := range v.Replicas {
 		st, _ := c.owners.recs[r.Node].Status("v")
 		if want := readyState(v, r.Node); st.State != want {

@@ -290,12 +290,12 @@ func (s *State) addReplica(c AddReplica) Result {
 		return Result{Err: fmt.Errorf("meta: volume %q of %d bytes: node %q may be promised %d more bytes: %w", c.Volume, v.SizeBytes, c.Node, free, ErrNoCapacity)}
 	}
 	if v.ReplicaSecret == nil {
-		if err := checkReplicaSecret(c.Volume, c.ReplicaSecret, true); err != nil {
+		if err := checkReplicaSecret(c.Volume, c.ReplicaSecret); err != nil {
 			return Result{Err: err}
 		}
 	}
 	v.explicit(c.Node)
-	if v.ReplicaSecret == nil {
+	if v.ReplicaSecret == nil && c.ReplicaSecret != nil {
 		rs := *c.ReplicaSecret
 		v.ReplicaSecret = &rs
 	}

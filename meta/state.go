@@ -201,13 +201,12 @@ func (v *Volume) clone() Volume {
 	return c
 }
 
-// checkReplicaSecret checks a replica key pair: both halves, DHHC-1,
-// distinct; required when need (more than one replica).
-func checkReplicaSecret(volume string, rs *HostSecret, need bool) error {
+// checkReplicaSecret checks a replica key pair, if there is one: both
+// halves, DHHC-1, distinct. The registry does not require one (a node
+// refuses to serve replica connections of a volume without it); the
+// leader's control.Manager always proposes one.
+func checkReplicaSecret(volume string, rs *HostSecret) error {
 	if rs == nil {
-		if need {
-			return fmt.Errorf("meta: volume %q: replicas need a replica secret: %w", volume, ErrInvalid)
-		}
 		return nil
 	}
 	if rs.Host == "" || rs.Ctrl == "" {
@@ -600,7 +599,7 @@ func (s *State) createVolume(c CreateVolume) Result {
 		if err := s.checkReplicaNodes(c.Name, c.Replicas); err != nil {
 			return Result{Err: err}
 		}
-		if err := checkReplicaSecret(c.Name, c.ReplicaSecret, len(c.Replicas) > 1); err != nil {
+		if err := checkReplicaSecret(c.Name, c.ReplicaSecret); err != nil {
 			return Result{Err: err}
 		}
 	}
