@@ -199,6 +199,10 @@ func (r *Reconciler) Reconcile(v meta.Volume) Status {
 	}
 	rep, holds := v.Replica(r.node)
 	if !holds {
+		// Serve nothing of it (a replica removed from here); its data
+		// stays for an operator.
+		_ = r.tgt.Unserve(v.NQN)
+		_ = r.unserveReplica(v.ID)
 		r.transition(st, StateFailed, fmt.Sprintf("node %s holds no replica of it; its primary is node %s", r.node, v.Node))
 		return *st
 	}

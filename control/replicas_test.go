@@ -83,6 +83,15 @@ func (c *replicaCluster) checkCopies(t *testing.T, name string) meta.Volume {
 		if served := c.tgts[id].Served(v.NQN); served != (id == v.Node) {
 			t.Errorf("node %s serves %s: %v (primary %s)", id, v.NQN, served, v.Node)
 		}
+		// Every secondary, and only they, take the primary's replica
+		// connections, at the registry's primary and epoch.
+		want := ""
+		if holds && id != v.Node && v.State != meta.VolumeOffline {
+			want = fmt.Sprintf("%s@%d", v.Node, v.CurrentEpoch())
+		}
+		if got := c.tgts[id].replicas[v.ID]; got != want {
+			t.Errorf("node %s replica subsystem of %s admits %q, want %q", id, v.Name, got, want)
+		}
 	}
 	return v
 }
