@@ -41,7 +41,14 @@ type replicatedJSON struct {
 // to a replica subsystem that is not its primary's — a host's NQN, the
 // primary's NQN at another epoch, the right NQN without the replica
 // secret — is refused.
-func TestReplication(t *testing.T) {
+func TestReplication(t *testing.T) { testReplication(t, false) }
+
+// TestReplicationLeaderLost: as TestReplication, the secondary killed
+// being the registry's leader: the primary's report of its loss waits
+// for the election of another, and no host write fails meanwhile.
+func TestReplicationLeaderLost(t *testing.T) { testReplication(t, true) }
+
+func testReplication(t *testing.T, killLeader bool) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 23))
@@ -56,10 +63,19 @@ func TestReplication(t *testing.T) {
 	c.start("node3", "--join", c.nodes["node1"].api, "--zone", "z3")
 	leader := c.settled(nil)
 	lp := c.procs[leader]
+	// The primary is a node that does not lead the registry: it outlives
+	// the victim either way.
+	pin := ""
+	for _, id := range ids {
+		if id != leader {
+			pin = id
+			break
+		}
+	}
 
 	// Three zones: the default is three replicas.
 	var v replicatedJSON
-	lp.must(t, "POST", "/v1/volumes", `{"name": "r", "size": "16MiB"}`, 201, &v)
+	lp.must(t, "POST", "/v1/volumes", `{"name": "r", "size": "16MiB", "node": "`+pin+`"}`, 201, &v)
 	if v.Want != 3 || len(v.Replicas) != 3 || v.Epoch != 1 || v.State != "online" {
 		t.Fatalf("created %+v: want 3 in-sync replicas at epoch 1, online", v)
 	}
@@ -71,15 +87,19 @@ func TestReplication(t *testing.T) {
 		seen[r.Node] = true
 	}
 	primary := v.Node
-	// The victim is a secondary that does not lead the registry (so the
-	// report of its loss needs no election).
+	if primary != pin {
+		t.Fatalf("pinned to %s, primary %s", pin, primary)
+	}
+	// The victim is the secondary that leads the registry, or the one
+	// that does not (its loss is then recorded without an election).
 	var victim string
 	for _, id := range ids {
-		if id != primary && id != leader {
+		if id != primary && (id == leader) == killLeader {
 			victim = id
 			break
 		}
 	}
+	pp := c.procs[primary]
 
 	lp.must(t, "POST", "/v1/volumes/r/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
 	var a attachJSON
@@ -180,7 +200,7 @@ func TestReplication(t *testing.T) {
 	<-c.procs[victim].exited
 	delete(c.procs, victim) // stopAll stops the others
 	eventually(t, 20*time.Second, victim+" recorded out of sync", func() error {
-		lp.must(t, "GET", "/v1/volumes/r", "", 200, &v)
+		pp.must(t, "GET", "/v1/volumes/r", "", 200, &v)
 		for _, r := range v.Replicas {
 			if r.Node == victim && r.State == "out-of-sync" && r.Reason != "" {
 				return nil

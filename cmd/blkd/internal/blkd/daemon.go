@@ -545,7 +545,15 @@ func (d *Daemon) volumeLabels() map[uint64]metrics.VolumeLabel {
 }
 
 // serve adds the subsystem of v, with v's store volume as namespace 1.
+// A subsystem left by a replication that stopped (deadPrimaryLeg) is
+// removed first: its hosts reconnect to the new one.
 func (d *Daemon) serve(v meta.Volume) error {
+	if d.deadPrimaryLeg(v.NQN) {
+		d.log.Warn("replicated volume: serving again after its replication stopped", slog.String("volume", v.Name))
+		if err := d.tparts.Unserve(v.NQN); err != nil {
+			return err
+		}
+	}
 	vol, err := d.store.Volume(store.ID(v.ID))
 	if err != nil {
 		return err

@@ -98,9 +98,12 @@ type targetParts struct {
 
 func (p *targetParts) Serve(v meta.Volume) error { return p.d.serve(v) }
 
+// Served says whether nqn is served; a replicated volume whose
+// replication stopped (deadPrimaryLeg) counts as not served, so that
+// reconcile serves it again.
 func (p *targetParts) Served(nqn string) bool {
 	_, ok := p.d.tgt.Subsystem(nqn)
-	return ok
+	return ok && !p.d.deadPrimaryLeg(nqn)
 }
 
 func (p *targetParts) SetHosts(v meta.Volume) error {

@@ -80,8 +80,12 @@ const (
 	// (every node of a cluster restarted at once comes up within it).
 	replicaConnectGrace = 20 * time.Second
 	// replicaHold bounds how long a write a replica missed waits for the
-	// registry to record that (repl.Config.HoldTimeout).
-	replicaHold = 4 * time.Second
+	// registry to record that (repl.Config.HoldTimeout): long enough for
+	// an election when the node lost led the registry (~1–3 s with
+	// meta.Config's timeouts), well inside the host's 30 s I/O timeout.
+	// Failover (docs/replication.md §3's lease) will want it within the
+	// lease.
+	replicaHold = 8 * time.Second
 	// replicaReadyWait is how long serving a replicated volume waits for
 	// its replica connections before it returns (the volume is then
 	// online with them: a create answers once writes replicate); the
@@ -185,9 +189,34 @@ func (r reporter) ReplicaFailed(ctx context.Context, node string, epoch uint64, 
 	return r.d.reportReplica(ctx, replicaReport{Volume: r.volume, Epoch: epoch, Node: node, Reason: reason})
 }
 
-// reportReplica asks the leader (itself, or through its internal route)
-// to record rep's replica out of sync; nil once committed.
+// reportReplica asks the leader to record rep's replica out of sync; nil
+// once committed. It tries until ctx ends (repl's hold), every
+// reportRetry, finding the leader again each time: the node lost may be
+// the registry's leader, and the report then waits for the election.
+// A refusal that trying again cannot change (a stale epoch: this node is
+// no longer primary) ends it at once.
 func (d *Daemon) reportReplica(ctx context.Context, rep replicaReport) error {
+	for {
+		err := d.reportOnce(ctx, rep)
+		if err == nil || errors.Is(err, meta.ErrStaleEpoch) || errors.Is(err, errReportRefused) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(reportRetry):
+		}
+	}
+}
+
+// reportRetry is the pause between two tries of a replica report.
+const reportRetry = 200 * time.Millisecond
+
+// errReportRefused: the leader refused a replica report (4xx other than
+// 421): trying again does not help.
+var errReportRefused = errors.New("replica report refused")
+
+func (d *Daemon) reportOnce(ctx context.Context, rep replicaReport) error {
 	if d.node.IsLeader() {
 		return d.mgr.SetReplicaState(ctx, rep.Volume, rep.Epoch, rep.Node, meta.ReplicaOutOfSync, rep.Reason, false)
 	}
@@ -207,10 +236,13 @@ func (d *Daemon) reportReplica(ctx context.Context, rep replicaReport) error {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("leader at %s answered %s: %s", api, resp.Status, strings.TrimSpace(string(b)))
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		return nil
+	case resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusMisdirectedRequest:
+		return fmt.Errorf("%w: leader at %s answered %s: %s", errReportRefused, api, resp.Status, strings.TrimSpace(string(b)))
 	}
-	return nil
+	return fmt.Errorf("leader at %s answered %s: %s", api, resp.Status, strings.TrimSpace(string(b)))
 }
 
 // internalReplica serves POST /v1/internal/replica on the leader.
@@ -503,4 +535,30 @@ func (d *Daemon) refreshPrimaryLeg(v meta.Volume) {
 			delete(pl.ctrls, node)
 		}
 	}
+}
+
+// dead says whether pl no longer serves and will not again by itself:
+// its legs were set up (or failed to be) and the backend stopped serving
+// (a replica's loss the registry could not record, a local failure). The
+// next reconcile serves the volume again, from scratch (targetParts.Served).
+func (pl *primaryLeg) dead() bool {
+	select {
+	case <-pl.done:
+		return !pl.b.Serving()
+	default:
+		return false
+	}
+}
+
+// deadPrimaryLeg says whether the volume served under nqn is a
+// replicated one whose replication is dead.
+func (d *Daemon) deadPrimaryLeg(nqn string) bool {
+	d.repl.mu.Lock()
+	defer d.repl.mu.Unlock()
+	for _, pl := range d.repl.primary {
+		if pl.nqn == nqn {
+			return pl.dead()
+		}
+	}
+	return false
 }
