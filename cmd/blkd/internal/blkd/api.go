@@ -58,7 +58,7 @@ func metaError(err error, hint string) error {
 		// has no room for it now; freeing space or adding a node helps.
 		status = http.StatusInsufficientStorage
 	case errors.Is(err, meta.ErrNoPlacement):
-		status, hint = http.StatusConflict, "start a node, or wait for one to be up again (blkctl cluster status)"
+		status, hint = http.StatusConflict, "start a node, or wait for one to be up again (blkctl cluster status), or ask for fewer replicas (blkctl volume create --replicas N, \"replicas\": N)"
 	case errors.Is(err, meta.ErrVolumeExists), errors.Is(err, meta.ErrNQNInUse):
 		status, hint = http.StatusConflict, "choose another name, or delete the existing volume first"
 	case errors.Is(err, meta.ErrHasConnections):

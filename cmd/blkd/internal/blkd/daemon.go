@@ -326,6 +326,11 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	// and keeps trying in the background (registerAddrs).
 	d.setPhase("registering its addresses")
 	d.registerAddrs(ctx)
+	// The replicated volumes this node is primary of connect to their
+	// replicas, whose nodes may be starting too: they are served (reads
+	// until then) once connected; ready waits for that, bounded.
+	d.setPhase("connecting its volumes' replicas")
+	d.waitPrimaryLegs(ctx, replicaConnectGrace+time.Second)
 	d.ready.Store(true)
 	go d.settleLoop(d.stop)
 	go d.livenessLoop(d.stop)
@@ -589,10 +594,15 @@ func (d *Daemon) serve(v meta.Volume) error {
 		d.repl.primary[v.ID] = pl
 		d.repl.mu.Unlock()
 		d.startLegs(pl, v)
-		select {
-		case <-pl.ready:
-		case <-pl.done:
-		case <-time.After(replicaReadyWait):
+		if d.ready.Load() {
+			// Not while the node starts (its peers may be starting too,
+			// their ports closed): Start waits for every volume at once
+			// (waitPrimaryLegs), once its own ports are open.
+			select {
+			case <-pl.ready:
+			case <-pl.done:
+			case <-time.After(replicaReadyWait):
+			}
 		}
 	}
 	return nil

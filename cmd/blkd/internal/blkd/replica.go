@@ -495,7 +495,11 @@ func (d *Daemon) newPrimaryLeg(v meta.Volume, local target.AsyncBackend) (*prima
 	if err != nil {
 		return nil, err
 	}
+	// Until its replicas are connected: reads from the local copy (in
+	// sync: this node is the primary of the registry's epoch), writes
+	// refused with the path status (a host retries them).
 	b.SetServing(false)
+	b.SetReadOnly(true)
 	return &primaryLeg{nqn: v.NQN, b: b, epoch: v.CurrentEpoch(), ctrls: map[string]*initiator.Controller{}, ready: make(chan struct{})}, nil
 }
 
@@ -561,4 +565,27 @@ func (d *Daemon) deadPrimaryLeg(nqn string) bool {
 		}
 	}
 	return false
+}
+
+// waitPrimaryLegs waits until every replicated volume this node is
+// primary of has connected its replicas (or recorded them out of sync),
+// at most for limit.
+func (d *Daemon) waitPrimaryLegs(ctx context.Context, limit time.Duration) {
+	d.repl.mu.Lock()
+	var pls []*primaryLeg
+	for _, pl := range d.repl.primary {
+		pls = append(pls, pl)
+	}
+	d.repl.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for _, pl := range pls {
+		select {
+		case <-pl.ready:
+		case <-pl.done:
+		case <-ctx.Done():
+			d.log.Warn("replicated volumes still connecting their replicas: serving reads only until they do", slog.Duration("waited", limit))
+			return
+		}
+	}
 }
