@@ -123,6 +123,34 @@ type fakeTarget struct {
 	subs map[string]*sub
 	// sizes reads the store, as the real target's namespace does.
 	store *fakeStore
+	// replicas are the replica subsystems served (ReplicaTarget): the
+	// primary and epoch each admits, by volume ID.
+	replicas map[uint64]string
+}
+
+func (t *fakeTarget) ServeReplica(v meta.Volume) error {
+	want := fmt.Sprintf("%s@%d", v.Node, v.CurrentEpoch())
+	if t.replicas[v.ID] == want {
+		return nil
+	}
+	if _, ok := t.store.vols[v.ID]; !ok {
+		return fmt.Errorf("volume %d not in the store", v.ID)
+	}
+	t.w.step("target.serve-replica")
+	if t.replicas == nil {
+		t.replicas = map[uint64]string{}
+	}
+	t.replicas[v.ID] = want
+	return nil
+}
+
+func (t *fakeTarget) UnserveReplica(id uint64) error {
+	if _, ok := t.replicas[id]; !ok {
+		return nil
+	}
+	t.w.step("target.unserve-replica")
+	delete(t.replicas, id)
+	return nil
 }
 
 func (t *fakeTarget) Serve(v meta.Volume) error {

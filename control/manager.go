@@ -246,7 +246,13 @@ func allDeleted(sts map[string]Status) bool {
 func (m *Manager) reconcileReplicas(ctx context.Context, v meta.Volume, index uint64) (map[string]Status, map[string]error) {
 	sts := make(map[string]Status)
 	var errs map[string]error
-	for _, node := range replicaNodes(v) {
+	// Secondaries first: a primary starting to serve connects to their
+	// replica subsystems.
+	nodes := replicaNodes(v)
+	if len(nodes) > 1 && nodes[0] == v.Node {
+		nodes = append(nodes[1:len(nodes):len(nodes)], nodes[0])
+	}
+	for _, node := range nodes {
 		st, err := m.owners.Reconcile(ctx, node, v.Name, index)
 		if err != nil {
 			if errs == nil {
@@ -581,7 +587,29 @@ func (m *Manager) place(ctx context.Context, cmd meta.CreateVolume, replicas int
 			cmd.Replicas = append(cmd.Replicas, others...)
 		}
 	}
+	if len(cmd.Replicas) > 1 {
+		rs, err := NewReplicaSecret()
+		if err != nil {
+			return meta.Result{}, err
+		}
+		cmd.ReplicaSecret = &rs
+	}
 	return m.reg.Apply(ctx, cmd)
+}
+
+// NewReplicaSecret makes a volume's replica key pair: two random
+// 32-byte DH-HMAC-CHAP secrets (DHHC-1, SHA-256 transformed), the
+// primary's and the replicas'. They live in the registry only.
+func NewReplicaSecret() (meta.HostSecret, error) {
+	var out [2]string
+	for i := range out {
+		k, err := auth.GenerateKey(auth.SHA256, 32)
+		if err != nil {
+			return meta.HostSecret{}, fmt.Errorf("replica secret: %w", err)
+		}
+		out[i] = k.Encode()
+	}
+	return meta.HostSecret{Host: out[0], Ctrl: out[1]}, nil
 }
 
 // checkCapacity refuses adding more bytes of volumes to node than its

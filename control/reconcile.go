@@ -53,6 +53,21 @@ type Target interface {
 	Connected(nqn string) []string
 }
 
+// ReplicaTarget is an optional extension of Target, for a node that
+// replicates: it serves the replica subsystem of each volume it holds a
+// secondary replica of, through which the volume's primary writes the
+// copy (docs/replication.md §3). A Target without it holds secondary
+// copies without serving them.
+type ReplicaTarget interface {
+	// ServeReplica serves (or brings up to date: the primary and epoch it
+	// admits) the replica subsystem of v, a volume this node holds a
+	// secondary replica of.
+	ServeReplica(v meta.Volume) error
+	// UnserveReplica removes volume id's replica subsystem (no error if
+	// it is not there).
+	UnserveReplica(id uint64) error
+}
+
 // Status is a volume's local state on its owner, as the last reconcile
 // left it.
 type Status struct {
@@ -184,6 +199,10 @@ func (r *Reconciler) Reconcile(v meta.Volume) Status {
 	}
 	rep, holds := v.Replica(r.node)
 	if !holds {
+		// Serve nothing of it (a replica removed from here); its data
+		// stays for an operator.
+		_ = r.tgt.Unserve(v.NQN)
+		_ = r.unserveReplica(v.ID)
 		r.transition(st, StateFailed, fmt.Sprintf("node %s holds no replica of it; its primary is node %s", r.node, v.Node))
 		return *st
 	}
@@ -208,6 +227,11 @@ func (r *Reconciler) Reconcile(v meta.Volume) Status {
 func (r *Reconciler) reconcile(st *Status, v meta.Volume) error {
 	if v.State == meta.VolumeDeleting {
 		return r.delete(st, v)
+	}
+	// The primary takes no replica connections (it was a secondary
+	// before a change of primary, or a restart found one).
+	if err := r.unserveReplica(v.ID); err != nil {
+		return err
 	}
 	size, bs, err := r.store.Shape(v.ID)
 	switch {
@@ -278,6 +302,9 @@ func (r *Reconciler) delete(st *Status, v meta.Volume) error {
 	if err := r.tgt.Unserve(v.NQN); err != nil {
 		return fmt.Errorf("remove subsystem %s: %w", v.NQN, err)
 	}
+	if err := r.unserveReplica(v.ID); err != nil {
+		return err
+	}
 	if err := r.store.Delete(v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("delete store volume %d: %w", v.ID, err)
 	}
@@ -321,7 +348,23 @@ func (r *Reconciler) reconcileSecondary(st *Status, v meta.Volume, rep meta.Repl
 	case size > v.SizeBytes:
 		return fmt.Errorf("store volume %d is %d bytes, larger than the registry's %d: the registry lost a resize; resize the volume to at least %d bytes", v.ID, size, v.SizeBytes, size)
 	}
+	if rt, ok := r.tgt.(ReplicaTarget); ok && v.State != meta.VolumeOffline {
+		if err := rt.ServeReplica(v); err != nil {
+			return fmt.Errorf("serve replica of volume %d: %w", v.ID, err)
+		}
+	}
 	r.transition(st, StateStandby, "")
+	return nil
+}
+
+// unserveReplica removes volume id's replica subsystem, if the target
+// serves them.
+func (r *Reconciler) unserveReplica(id uint64) error {
+	if rt, ok := r.tgt.(ReplicaTarget); ok {
+		if err := rt.UnserveReplica(id); err != nil {
+			return fmt.Errorf("remove replica subsystem of volume %d: %w", id, err)
+		}
+	}
 	return nil
 }
 
@@ -335,6 +378,7 @@ func (r *Reconciler) Forget(name string) {
 	for id, s := range r.vols {
 		if s.Name == name {
 			_ = r.tgt.Unserve(s.NQN)
+			_ = r.unserveReplica(id)
 			delete(r.vols, id)
 		}
 	}

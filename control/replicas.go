@@ -182,6 +182,18 @@ func (m *Manager) SetPrimary(ctx context.Context, volume string, epoch uint64, n
 			m.logger().Warn("replica primary: the old primary did not answer", "volume", v.Name, "node", before.Node, "err", err)
 		}
 	}
+	// The other secondaries raise their fence to the new epoch (a
+	// connection of an older one is torn down, its writes drained) before
+	// the new primary connects to them. The old primary was reconciled
+	// above, or, failed over, is presumed lost.
+	for _, n := range replicaNodes(v) {
+		if n == v.Node || n == before.Node {
+			continue
+		}
+		if _, err := m.owners.Reconcile(ctx, n, v.Name, res.Index); err != nil {
+			m.logger().Warn("replica primary: a secondary did not answer", "volume", v.Name, "node", n, "err", err)
+		}
+	}
 	return m.converge(ctx, v, res.Index)
 }
 
@@ -209,7 +221,16 @@ func (m *Manager) AddReplica(ctx context.Context, volume, node string) (meta.Vol
 	}
 	var res meta.Result
 	if err == nil {
-		res, err = m.reg.Apply(ctx, meta.AddReplica{Volume: volume, Node: node, At: m.Now().UnixNano()})
+		add := meta.AddReplica{Volume: volume, Node: node, At: m.Now().UnixNano()}
+		if v.ReplicaSecret == nil {
+			var rs meta.HostSecret
+			if rs, err = NewReplicaSecret(); err == nil {
+				add.ReplicaSecret = &rs
+			}
+		}
+		if err == nil {
+			res, err = m.reg.Apply(ctx, add)
+		}
 	}
 	m.placeMu.Unlock()
 	if err != nil {
@@ -247,6 +268,12 @@ func (m *Manager) RemoveReplica(ctx context.Context, volume, node string) (meta.
 	}
 	r, _ := before.Replica(node)
 	m.logReplica(*res.Volume, node, r.State, "", "removed")
+	// The removed node stops taking the primary's replica connections
+	// (its data stays); one that does not answer does when it next
+	// reconciles.
+	if _, err := m.owners.Reconcile(ctx, node, volume, res.Index); err != nil {
+		m.logger().Warn("replica removed: its node did not answer", "volume", volume, "node", node, "err", err)
+	}
 	return *res.Volume, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/nvme/auth"
 )
 
 // replicaCluster is several storage nodes, each with its own store,
@@ -82,6 +83,15 @@ func (c *replicaCluster) checkCopies(t *testing.T, name string) meta.Volume {
 		if served := c.tgts[id].Served(v.NQN); served != (id == v.Node) {
 			t.Errorf("node %s serves %s: %v (primary %s)", id, v.NQN, served, v.Node)
 		}
+		// Every secondary, and only they, take the primary's replica
+		// connections, at the registry's primary and epoch.
+		want := ""
+		if holds && id != v.Node && v.State != meta.VolumeOffline {
+			want = fmt.Sprintf("%s@%d", v.Node, v.CurrentEpoch())
+		}
+		if got := c.tgts[id].replicas[v.ID]; got != want {
+			t.Errorf("node %s replica subsystem of %s admits %q, want %q", id, v.Name, got, want)
+		}
 	}
 	return v
 }
@@ -112,6 +122,20 @@ func TestCreateThreeReplicas(t *testing.T) {
 		t.Fatalf("zones %v", z)
 	}
 	c.checkCopies(t, "v")
+	// The replica connections' key pair: two distinct DH-HMAC-CHAP
+	// secrets, made for this volume.
+	rs := v.ReplicaSecret
+	if rs == nil {
+		t.Fatal("no replica secret")
+	}
+	for _, k := range []string{rs.Host, rs.Ctrl} {
+		if _, err := auth.ParseKey(k); err != nil {
+			t.Fatalf("replica secret %q: %v", k, err)
+		}
+	}
+	if rs.Host == rs.Ctrl {
+		t.Fatal("the replica secret's halves are equal")
+	}
 	for _, r := range v.Replicas {
 		st, _ := c.owners.recs[r.Node].Status("v")
 		if want := readyState(v, r.Node); st.State != want {

@@ -86,9 +86,10 @@ func TestClusterLeaderLoss(t *testing.T) {
 	newLeader := s.waitLeader(survivor.api, 60*time.Second, "node1", survivor.name)
 	t.Logf("new leader %s after %v", newLeader, time.Since(killed).Round(time.Millisecond))
 	// Management through either survivor (blkctl follows the leader).
+	// With a node down three replicas cannot be placed: one.
 	for _, n := range []*node{nodes[0], survivor} {
 		name := "after-" + n.name
-		s.blkctl(n.api, nil, "volume", "create", name, "--size", "16MiB")
+		s.blkctl(n.api, nil, "volume", "create", name, "--size", "16MiB", "--replicas", "1")
 		// A follower answers reads from its own copy, which may lag the
 		// leader briefly.
 		var v struct {
@@ -115,6 +116,36 @@ func TestClusterLeaderLoss(t *testing.T) {
 	// flushed a pattern, reads through the outage and reconnects by
 	// itself (ride_restart).
 	s.waitMark("ready-kill", g, 5*time.Minute)
+	// cvol has three replicas (the default on three nodes, each a zone of
+	// its own): the killed leader held one. node1, its primary, recorded
+	// it out of sync (once the new leader was elected) before it
+	// acknowledged the writes it missed, and the host's fio saw no error;
+	// by now the host wrote after the kill (fio-after).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var cv struct {
+			Replicas []struct {
+				Node  string `json:"node"`
+				State string `json:"state"`
+			} `json:"replicas"`
+		}
+		s.blkctl(survivor.api, &cv, "volume", "show", "cvol")
+		lost := ""
+		for _, r := range cv.Replicas {
+			if r.Node == lead.name {
+				lost = r.State
+			}
+		}
+		if len(cv.Replicas) != 3 {
+			t.Fatalf("cvol has replicas %+v, want three", cv.Replicas)
+		}
+		if lost == "out-of-sync" {
+			t.Logf("cvol's replica on %s out of sync", lead.name)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cvol's replica on the killed %s is %q after the host wrote, want out-of-sync", lead.name, lost)
+		}
+	}
 	for _, n := range nodes {
 		n.d.kill()
 	}

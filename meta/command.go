@@ -118,6 +118,11 @@ type CreateVolume struct {
 	// node must be known and up, none twice, no two in one zone. Empty:
 	// one replica on Node, as volumes were before replicas.
 	Replicas []string `json:"replicas,omitempty"`
+	// ReplicaSecret is the DH-HMAC-CHAP key pair the primary and the
+	// other replicas authenticate each other with on the replica
+	// connections (set by the proposer, DHHC-1); required with more than
+	// one replica.
+	ReplicaSecret *HostSecret `json:"replica_secret,omitempty"`
 }
 
 // SetVolumeState moves a volume along the transitions validTransition allows.
@@ -233,6 +238,10 @@ type AddReplica struct {
 	Volume string `json:"volume"`
 	Node   string `json:"node"`
 	At     int64  `json:"at"`
+	// ReplicaSecret is the volume's replica key pair, recorded when the
+	// volume has none yet (one created with a single replica); ignored
+	// otherwise.
+	ReplicaSecret *HostSecret `json:"replica_secret,omitempty"`
 }
 
 // RemoveReplica drops the replica on Node; never the primary's.

@@ -77,7 +77,8 @@ func (s *State) free(n *NodeInfo) uint64 {
 // nodes are taken in that order, skipping any whose zone already holds a
 // chosen node, so no two replicas share a node or a zone (a node without
 // a zone is a zone of its own). Nodes without room for req.SizeBytes are
-// never chosen.
+// never chosen. For a new volume of several replicas, the chosen node
+// that is primary of the fewest volumes comes first.
 //
 // It fails with ErrNoCapacity, naming the largest free capacity, when
 // some eligible node exists but too few have room, and with
@@ -140,6 +141,23 @@ func (s *State) Place(req PlaceRequest) ([]string, error) {
 	if len(out) < want {
 		// cands is sorted by free capacity: the first is the largest.
 		return nil, fmt.Errorf("meta: a volume of %d bytes fits on %d node(s) up in distinct zones, %d needed: node %s may be promised the most, %d more bytes (its disk times its --overcommit, less its volumes' sizes): choose a smaller size, free space, add a node, or raise a node's --overcommit: %w", req.SizeBytes, len(out), want, cands[0].id, cands[0].free, ErrNoCapacity)
+	}
+	if len(req.Taken) == 0 && len(out) > 1 {
+		// The primary serves every host I/O and every read: of the chosen
+		// nodes, the one that is primary of the fewest volumes leads (the
+		// earliest chosen on a tie), or a cluster whose nodes all hold
+		// every volume would put every primary on the same node.
+		primaries := make(map[string]int, len(out))
+		for _, v := range s.vols {
+			primaries[v.Node]++
+		}
+		best := 0
+		for i, id := range out {
+			if primaries[id] < primaries[out[best]] {
+				best = i
+			}
+		}
+		out[0], out[best] = out[best], out[0]
 	}
 	return out, nil
 }

@@ -156,10 +156,47 @@ func TestOldSnapshotHasNoZones(t *testing.T) {
 	if n, _ := s.Node("n1"); n.Zone != "" {
 		t.Fatalf("zone %q from a snapshot without zones", n.Zone)
 	}
-	if got, err := s.Place(PlaceRequest{Replicas: 2, SizeBytes: 4096}); err != nil || !slices.Equal(got, []string{"n2", "n1"}) {
+	// n2 (no capacity registered: no limit) ranks first, but is primary
+	// of v already: n1 leads the new volume.
+	if got, err := s.Place(PlaceRequest{Replicas: 2, SizeBytes: 4096}); err != nil || !slices.Equal(got, []string{"n1", "n2"}) {
 		t.Fatalf("Place = %v, %v", got, err)
 	}
 	if s2, err := UnmarshalState(s.MarshalState()); err != nil || string(s2.MarshalState()) != string(s.MarshalState()) {
 		t.Fatalf("round trip: %v", err)
+	}
+}
+
+// TestPlacePrimariesSpread: volumes of three replicas on three nodes
+// hold a copy on every node; their primaries, which serve the hosts,
+// still go round the nodes (before, every one went to the node ranked
+// first, n1, by ID).
+func TestPlacePrimariesSpread(t *testing.T) {
+	s := NewState()
+	idx := uint64(0)
+	apply := func(c Command) Result {
+		t.Helper()
+		idx++
+		r := s.Apply(idx, c)
+		if r.Err != nil {
+			t.Fatalf("%+v: %v", c, r.Err)
+		}
+		return r
+	}
+	for _, id := range []string{"n1", "n2", "n3"} {
+		apply(RegisterNode{ID: id, TCPAddr: id + ":1", MgmtAddr: id + ":2", Zone: "z" + id})
+	}
+	primaries := map[string]int{}
+	for i := range 6 {
+		nodes, err := s.Place(PlaceRequest{Replicas: 3, SizeBytes: 4096})
+		if err != nil {
+			t.Fatal(err)
+		}
+		apply(CreateVolume{Name: fmt.Sprintf("v%d", i), SizeBytes: 4096, BlockSize: 4096, Node: nodes[0], Replicas: nodes})
+		primaries[nodes[0]]++
+	}
+	for _, id := range []string{"n1", "n2", "n3"} {
+		if primaries[id] != 2 {
+			t.Fatalf("primaries %v: want two on each node", primaries)
+		}
 	}
 }

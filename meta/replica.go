@@ -289,7 +289,16 @@ func (s *State) addReplica(c AddReplica) Result {
 	if free := s.free(n); free < v.SizeBytes {
 		return Result{Err: fmt.Errorf("meta: volume %q of %d bytes: node %q may be promised %d more bytes: %w", c.Volume, v.SizeBytes, c.Node, free, ErrNoCapacity)}
 	}
+	if v.ReplicaSecret == nil {
+		if err := checkReplicaSecret(c.Volume, c.ReplicaSecret); err != nil {
+			return Result{Err: err}
+		}
+	}
 	v.explicit(c.Node)
+	if v.ReplicaSecret == nil && c.ReplicaSecret != nil {
+		rs := *c.ReplicaSecret
+		v.ReplicaSecret = &rs
+	}
 	v.Replicas = append(v.Replicas, Replica{Node: c.Node, State: ReplicaOutOfSync, Reason: "new replica", Since: c.At, Full: true})
 	cp := v.clone()
 	return Result{Volume: &cp}

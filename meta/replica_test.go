@@ -191,6 +191,14 @@ func TestReplicaCommands(t *testing.T) {
 				t.Errorf("%+v", v)
 			}
 		}},
+		{name: "create with a replica secret", cmd: CreateVolume{Name: "n", SizeBytes: 4096, BlockSize: 4096, Node: "c", Replicas: []string{"c", "a"}, ReplicaSecret: &HostSecret{Host: "DHHC-1:00:aG9zdA==:", Ctrl: "DHHC-1:00:Y3RybA==:"}}, check: func(t *testing.T, v Volume) {
+			if v.ReplicaSecret == nil || v.ReplicaSecret.Host != "DHHC-1:00:aG9zdA==:" || v.ReplicaSecret.Ctrl != "DHHC-1:00:Y3RybA==:" {
+				t.Errorf("replica secret %+v", v.ReplicaSecret)
+			}
+		}},
+		{name: "create replica secret one half", cmd: CreateVolume{Name: "n", SizeBytes: 4096, BlockSize: 4096, Node: "c", Replicas: []string{"c", "a"}, ReplicaSecret: &HostSecret{Host: "DHHC-1:00:aG9zdA==:"}}, err: ErrInvalid},
+		{name: "create replica secret not DHHC-1", cmd: CreateVolume{Name: "n", SizeBytes: 4096, BlockSize: 4096, Node: "c", Replicas: []string{"c", "a"}, ReplicaSecret: &HostSecret{Host: "hunter2", Ctrl: "DHHC-1:00:Y3RybA==:"}}, err: ErrInvalid},
+		{name: "create replica secret halves equal", cmd: CreateVolume{Name: "n", SizeBytes: 4096, BlockSize: 4096, Node: "c", Replicas: []string{"c", "a"}, ReplicaSecret: &HostSecret{Host: "DHHC-1:00:aG9zdA==:", Ctrl: "DHHC-1:00:aG9zdA==:"}}, err: ErrInvalid},
 		{name: "create first not primary", cmd: CreateVolume{Name: "n", SizeBytes: 4096, BlockSize: 4096, Node: "c", Replicas: []string{"a", "c"}}, err: ErrInvalid},
 		{name: "create unknown node", cmd: CreateVolume{Name: "n", SizeBytes: 4096, BlockSize: 4096, Node: "a", Replicas: []string{"a", "x"}}, err: ErrUnknownNode},
 		{name: "create node down", cmd: CreateVolume{Name: "n", SizeBytes: 4096, BlockSize: 4096, Node: "a", Replicas: []string{"a", "e"}}, err: ErrNodeNotUp},

@@ -173,6 +173,9 @@ type Volume struct {
 	CreatedAt int64                 `json:"created_at"` // Unix nanoseconds, from the command
 	// Reason says why the volume is VolumeFailed (empty otherwise).
 	Reason string `json:"reason,omitempty"`
+	// ReplicaSecret authenticates the replica connections (see
+	// CreateVolume); a secret, never shown by the API.
+	ReplicaSecret *HostSecret `json:"replica_secret,omitempty"`
 	// Replicas are the volume's copies in placement order, never two on
 	// one node nor in one zone; Node's is always among them, in sync.
 	// Empty for a volume written before replicas: ReplicaSet reads it as
@@ -191,7 +194,28 @@ func (v *Volume) clone() Volume {
 	c.Replicas = slices.Clone(v.Replicas)
 	c.Hosts = slices.Clone(v.Hosts)
 	c.Secrets = maps.Clone(v.Secrets)
+	if v.ReplicaSecret != nil {
+		rs := *v.ReplicaSecret
+		c.ReplicaSecret = &rs
+	}
 	return c
+}
+
+// checkReplicaSecret checks a replica key pair, if there is one: both
+// halves, DHHC-1, distinct. The registry does not require one (a node
+// refuses to serve replica connections of a volume without it); the
+// leader's control.Manager always proposes one.
+func checkReplicaSecret(volume string, rs *HostSecret) error {
+	if rs == nil {
+		return nil
+	}
+	if rs.Host == "" || rs.Ctrl == "" {
+		return fmt.Errorf("meta: volume %q: a replica secret needs both a host and a controller secret: %w", volume, ErrInvalid)
+	}
+	if err := checkSecrets(rs.Host, rs.Ctrl); err != nil {
+		return fmt.Errorf("meta: volume %q: replica secret: %w", volume, err)
+	}
+	return nil
 }
 
 // HostSecret is a host's DH-HMAC-CHAP secrets on one volume, in the DHHC-1
@@ -575,6 +599,9 @@ func (s *State) createVolume(c CreateVolume) Result {
 		if err := s.checkReplicaNodes(c.Name, c.Replicas); err != nil {
 			return Result{Err: err}
 		}
+		if err := checkReplicaSecret(c.Name, c.ReplicaSecret); err != nil {
+			return Result{Err: err}
+		}
 	}
 	if len(s.vols) >= MaxVolumes {
 		return Result{Err: fmt.Errorf("meta: %d volumes: %w", MaxVolumes, ErrLimit)}
@@ -589,6 +616,10 @@ func (s *State) createVolume(c CreateVolume) Result {
 			v.Replicas = append(v.Replicas, Replica{Node: n, State: ReplicaInSync, Since: c.At})
 		}
 		v.Epoch, v.Want = 1, len(c.Replicas)
+		if c.ReplicaSecret != nil {
+			rs := *c.ReplicaSecret
+			v.ReplicaSecret = &rs
+		}
 	}
 	s.nextVol++
 	s.vols[v.Name] = v

@@ -165,6 +165,7 @@ type Backend struct {
 
 	set       atomic.Pointer[legSet]
 	serving   atomic.Bool
+	readable  atomic.Bool // reads served while not serving (SetReadOnly)
 	localOnce atomic.Bool // LocalFailed told since the last SetServing(true)
 
 	recs []record
@@ -315,6 +316,21 @@ func (b *Backend) SetServing(ok bool) {
 // Serving reports whether the backend serves I/O.
 func (b *Backend) Serving() bool { return b.serving.Load() }
 
+// SetReadOnly serves reads from the local replica while the backend does
+// not serve (SetServing(false)); other I/O still gets the path status.
+// For a primary that holds the registry's current epoch and is still
+// connecting its replicas: its local copy is in sync, so reads are
+// right, while writes cannot be replicated yet. The backend clears it
+// whenever it stops serving by itself (a local failure, a loss the
+// registry did not confirm: this primary may be deposed).
+func (b *Backend) SetReadOnly(ok bool) { b.readable.Store(ok) }
+
+// stop turns the backend off by itself: no I/O at all, reads included.
+func (b *Backend) stop() {
+	b.readable.Store(false)
+	b.serving.Store(false)
+}
+
 // Geometry is the local replica's.
 func (b *Backend) Geometry() (target.Geometry, error) { return b.local.Geometry() }
 
@@ -339,6 +355,10 @@ func (b *Backend) NewWriteGroup() target.WriteGroup { return nil }
 // deallocates and flushes take a record and fan out.
 func (b *Backend) Submit(io *target.IO) {
 	if !b.serving.Load() {
+		if io.Op == target.OpRead && b.readable.Load() {
+			b.local.Submit(io)
+			return
+		}
 		io.Done(errNotServing)
 		return
 	}
@@ -364,7 +384,7 @@ func (b *Backend) now() int64 { return int64(time.Since(b.t0)) }
 // a flush: its copy may now lack what the others hold.
 func (b *Backend) localFailure(err error) {
 	b.localFailures.Add(1)
-	b.serving.Store(false)
+	b.stop()
 	if b.localOnce.CompareAndSwap(false, true) {
 		b.log.Error("local replica failed a write: not serving", "error", err)
 		if fn := b.localFailed; fn != nil {

@@ -472,3 +472,43 @@ func TestNoPeersIsLocal(t *testing.T) {
 		t.Fatal("a plain local backend stopped serving")
 	}
 }
+
+// TestReadOnlyWhileConnecting: a primary still connecting its replicas
+// (not serving, SetReadOnly) answers reads from its local replica and
+// refuses every other I/O with the path status, touching no leg; once
+// the backend stops by itself (the registry refused a report), reads are
+// refused too.
+func TestReadOnlyWhileConnecting(t *testing.T) {
+	g := newRig(t, 2, Config{HoldTimeout: time.Minute})
+	_ = g.local.mem.Write(3, pattern(testBlock, 7), false)
+	g.b.SetServing(false)
+	g.b.SetReadOnly(true)
+	h := newHostIO(target.OpRead, 3, 1, make([]byte, testBlock), false)
+	g.b.Submit(&h.io)
+	g.local.complete(t, 0, nil)
+	if err := h.wait(t); err != nil || !bytes.Equal(h.io.Data, pattern(testBlock, 7)) {
+		t.Fatalf("read while connecting: %v", err)
+	}
+	before := g.local.ops.Load()
+	for _, op := range []target.IOOp{target.OpWrite, target.OpWriteZeroes, target.OpFlush} {
+		h := newHostIO(op, 0, 1, make([]byte, testBlock), false)
+		g.b.Submit(&h.io)
+		mustStatus(t, h.wait(t), nvme.StatusANAInaccessible)
+	}
+	if g.local.ops.Load() != before || len(g.legs[0].received())+len(g.legs[1].received()) != 0 {
+		t.Fatal("a write reached a replica while connecting")
+	}
+
+	// Serving: a replica lost and the registry refusing the report stops
+	// the backend, reads included.
+	g.b.SetServing(true)
+	w := g.write(1, 1, false)
+	g.local.complete(t, 0, nil)
+	g.legs[1].complete(t, 0, nil)
+	g.legs[0].complete(t, 0, errors.New("replica gone"))
+	g.rep.next(t).answer <- errors.New("meta: stale epoch")
+	mustStatus(t, w.wait(t), nvme.StatusANAInaccessible)
+	h = newHostIO(target.OpRead, 3, 1, make([]byte, testBlock), false)
+	g.b.Submit(&h.io)
+	mustStatus(t, h.wait(t), nvme.StatusANAInaccessible)
+}

@@ -215,7 +215,7 @@ func (p *peer) report(cause error) {
 	if err != nil {
 		// Nobody may acknowledge a write this replica lacks: not serving
 		// first, so no new write gets past Submit, then the verdict.
-		b.serving.Store(false)
+		b.stop()
 		p.state.Store(peerRefused)
 		b.log.Error("replica out of sync not confirmed: not serving", "node", p.node, "epoch", p.epoch, "error", err)
 	} else {

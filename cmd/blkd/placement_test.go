@@ -95,11 +95,10 @@ func TestPlacement(t *testing.T) {
 	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "8MiB", "node": "a/b"}`, 400, `node "a/b" has '/'`)
 	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "3PiB"}`, 507, `node node\d may be promised the most, \d+ more bytes.*--overcommit`)
 
-	// Replicated volumes are refused until the data path replicates
-	// (issue 23): 501, one check; the default resolves to one copy even
-	// with three zones, and the volume shows its one replica, primary.
-	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "8MiB", "replicas": 3}`, 501, `replicated volumes are not served yet \(issue 23\)`)
+	// Three zones (a node without one is a zone of its own): the default
+	// is three replicas, the pinned node primary, all in sync at epoch 1.
 	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "8MiB", "replicas": 9}`, 400, `"replicas": 9: give 1 to 5`)
+	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "8MiB", "replicas": 4}`, 409, `4 replica\(s\) need 4 nodes up and serving NVMe-oF in distinct zones; the registry has 3 such zone\(s\)`)
 	var one struct {
 		Node         string `json:"node"`
 		Epoch        uint64 `json:"epoch"`
@@ -111,8 +110,13 @@ func TestPlacement(t *testing.T) {
 		} `json:"replicas"`
 	}
 	c.procs[leader].must(t, "GET", "/v1/volumes/pinned", "", 200, &one)
-	if one.Epoch != 1 || one.WantReplicas != 1 || len(one.Replicas) != 1 || one.Replicas[0].Node != one.Node || !one.Replicas[0].Primary || one.Replicas[0].State != "in-sync" {
+	if one.Epoch != 1 || one.WantReplicas != 3 || len(one.Replicas) != 3 || one.Replicas[0].Node != "node3" || one.Node != "node3" || !one.Replicas[0].Primary {
 		t.Fatalf("pinned volume's replicas: %+v", one)
+	}
+	for _, r := range one.Replicas {
+		if r.State != "in-sync" || r.Primary != (r.Node == "node3") {
+			t.Fatalf("pinned volume's replicas: %+v", one)
+		}
 	}
 
 	// Every volume is served by its node: attach names the node's NVMe/TCP
@@ -144,12 +148,14 @@ func TestPlacement(t *testing.T) {
 	// A node killed a moment ago, still up in the registry (the leader
 	// marks it down only after downAfter of silence): unpinned volumes
 	// do not go to it (placement asks the node it chose first), so they
-	// come online at once.
+	// come online at once. Three replicas cannot be placed meanwhile,
+	// and say why.
 	victim := follower
 	c.procs[victim].cmd.Process.Signal(syscall.SIGKILL)
 	<-c.procs[victim].exited
+	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "x", "size": "8MiB"}`, 409, `not counting `+victim+`, which did not answer`)
 	for i := range 3 {
-		if v := create(leader, fmt.Sprintf(`{"name": "k%d", "size": "8MiB"}`, i)); v.Node == victim || v.State != "online" {
+		if v := create(leader, fmt.Sprintf(`{"name": "k%d", "size": "8MiB", "replicas": 1}`, i)); v.Node == victim || v.State != "online" {
 			t.Fatalf("placed with %s killed and not yet down: %+v", victim, v)
 		}
 	}

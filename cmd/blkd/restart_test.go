@@ -253,7 +253,10 @@ func TestRestartOrderings(t *testing.T) {
 		leader = cl.LeaderID
 		return nil
 	})
-	c.procs[leader].must(t, "POST", "/v1/volumes", `{"name": "without-node1", "size": "1MiB", "node": "`+leader+`"}`, 201, nil)
+	// Three replicas (the default on three zones) cannot be placed while
+	// node1 is away: say so; one can.
+	c.procs[leader].refuse(t, "POST", "/v1/volumes", `{"name": "without-node1", "size": "1MiB", "node": "`+leader+`"}`, 409, `2 replica\(s\) need 2 nodes up`)
+	c.procs[leader].must(t, "POST", "/v1/volumes", `{"name": "without-node1", "size": "1MiB", "node": "`+leader+`", "replicas": 1}`, 201, nil)
 
 	// node1 restarted while the others run.
 	c.start("node1", "--join", c.nodes[leader].api)

@@ -58,7 +58,7 @@ func metaError(err error, hint string) error {
 		// has no room for it now; freeing space or adding a node helps.
 		status = http.StatusInsufficientStorage
 	case errors.Is(err, meta.ErrNoPlacement):
-		status, hint = http.StatusConflict, "start a node, or wait for one to be up again (blkctl cluster status)"
+		status, hint = http.StatusConflict, "start a node, or wait for one to be up again (blkctl cluster status), or ask for fewer replicas (blkctl volume create --replicas N, \"replicas\": N)"
 	case errors.Is(err, meta.ErrVolumeExists), errors.Is(err, meta.ErrNQNInUse):
 		status, hint = http.StatusConflict, "choose another name, or delete the existing volume first"
 	case errors.Is(err, meta.ErrHasConnections):
@@ -145,6 +145,8 @@ func (d *Daemon) routes() http.Handler {
 	// The leader asks a volume's owner to reconcile it (owner.go).
 	m.Handle("POST /v1/internal/reconcile", handler(d.internalReconcile))
 	m.Handle("GET /v1/internal/health", handler(d.health))
+	// A volume's primary reports a replica that missed a write (replica.go).
+	m.Handle("POST /v1/internal/replica", w(d.internalReplica))
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
 	m.Handle("POST /v1/cluster/join", w(d.clusterJoin))
 	m.Handle("POST /v1/cluster/remove", w(d.clusterRemove))
@@ -154,7 +156,7 @@ func (d *Daemon) routes() http.Handler {
 		"/metrics": "GET", "/v1/volumes": "GET, POST, DELETE", "/v1/volumes/{name}": "GET, DELETE",
 		"/v1/volumes/{name}/hosts": "POST, DELETE", "/v1/volumes/{name}/hosts/{nqn}": "DELETE",
 		"/v1/volumes/{name}/attach": "POST", "/v1/volumes/{name}/detach": "POST",
-		"/v1/volumes/{name}/resize": "POST", "/v1/internal/reconcile": "POST", "/v1/internal/health": "GET",
+		"/v1/volumes/{name}/resize": "POST", "/v1/internal/reconcile": "POST", "/v1/internal/health": "GET", "/v1/internal/replica": "POST",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
 	} {
 		m.Handle(path, handler(func(w http.ResponseWriter, r *http.Request) error {
@@ -259,11 +261,11 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
-// replicasServed says whether this blkd replicates writes: until its
-// data path does (docs/replication.md §8 step 4), a volume of more than
-// one replica is refused (501) here, the one place that decides it, and
-// the Manager's default resolves to one replica (maxReplicas).
-const replicasServed = false
+// replicasServed says whether this blkd replicates writes (replica.go):
+// without it a volume of more than one replica is refused (501) here,
+// the one place that decides it, and the Manager's default resolves to
+// one replica (maxReplicas).
+const replicasServed = true
 
 // replicaView fills a's replica fields from v: epoch, replication factor,
 // the replicas with the primary marked; an online volume with fewer in

@@ -83,6 +83,10 @@ type Daemon struct {
 	unreachable map[string]error
 	stop        chan struct{}
 
+	// repl is the node's replication (replica.go): the fences of its
+	// secondary replicas, the legs of the volumes it is primary of.
+	repl replicas
+
 	// mu serializes attach and detach, and shutdown waits on it.
 	mu sync.Mutex
 
@@ -110,6 +114,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	}
 	cfg = cfg.WithDefaults()
 	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1), stop: make(chan struct{})}
+	d.repl = replicas{fences: map[uint64]fence{}, primary: map[uint64]*primaryLeg{}}
 	d.log, d.rl, d.audit = newLogger(cfg)
 	defer func() {
 		if err != nil {
@@ -321,6 +326,11 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	// and keeps trying in the background (registerAddrs).
 	d.setPhase("registering its addresses")
 	d.registerAddrs(ctx)
+	// The replicated volumes this node is primary of connect to their
+	// replicas, whose nodes may be starting too: they are served (reads
+	// until then) once connected; ready waits for that, bounded.
+	d.setPhase("connecting its volumes' replicas")
+	d.waitPrimaryLegs(ctx, replicaConnectGrace+time.Second)
 	d.ready.Store(true)
 	go d.settleLoop(d.stop)
 	go d.livenessLoop(d.stop)
@@ -540,7 +550,15 @@ func (d *Daemon) volumeLabels() map[uint64]metrics.VolumeLabel {
 }
 
 // serve adds the subsystem of v, with v's store volume as namespace 1.
+// A subsystem left by a replication that stopped (deadPrimaryLeg) is
+// removed first: its hosts reconnect to the new one.
 func (d *Daemon) serve(v meta.Volume) error {
+	if d.deadPrimaryLeg(v.NQN) {
+		d.log.Warn("replicated volume: serving again after its replication stopped", slog.String("volume", v.Name))
+		if err := d.tparts.Unserve(v.NQN); err != nil {
+			return err
+		}
+	}
 	vol, err := d.store.Volume(store.ID(v.ID))
 	if err != nil {
 		return err
@@ -549,6 +567,17 @@ func (d *Daemon) serve(v meta.Volume) error {
 	if err != nil {
 		return err
 	}
+	// The target times the backend itself (blk_target_namespace_io_latency_seconds):
+	// no wrapper sits between it and a volume of one replica; one of
+	// several is served through its replication (replica.go).
+	var backend target.AsyncBackend = d.sio.Backend(vol)
+	var pl *primaryLeg
+	if len(v.ReplicaSet()) > 1 {
+		if pl, err = d.newPrimaryLeg(v, backend); err != nil {
+			return err
+		}
+		backend = pl.b
+	}
 	sub, err := d.tgt.AddSubsystem(target.SubsystemConfig{
 		NQN: v.NQN, Serial: fmt.Sprintf("blk-%d", v.ID), Model: "blk",
 		AllowAnyHost: v.AllowAny, Hosts: v.Hosts, HostKeys: keys,
@@ -556,11 +585,25 @@ func (d *Daemon) serve(v meta.Volume) error {
 	if err != nil {
 		return err
 	}
-	// The target times the backend itself (blk_target_namespace_io_latency_seconds):
-	// no wrapper sits between it and the volume.
-	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: d.sio.Backend(vol)}); err != nil {
+	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: backend}); err != nil {
 		_ = d.tgt.RemoveSubsystem(v.NQN)
 		return err
+	}
+	if pl != nil {
+		d.repl.mu.Lock()
+		d.repl.primary[v.ID] = pl
+		d.repl.mu.Unlock()
+		d.startLegs(pl, v)
+		if d.ready.Load() {
+			// Not while the node starts (its peers may be starting too,
+			// their ports closed): Start waits for every volume at once
+			// (waitPrimaryLegs), once its own ports are open.
+			select {
+			case <-pl.ready:
+			case <-pl.done:
+			case <-time.After(replicaReadyWait):
+			}
+		}
 	}
 	return nil
 }

@@ -98,12 +98,16 @@ type targetParts struct {
 
 func (p *targetParts) Serve(v meta.Volume) error { return p.d.serve(v) }
 
+// Served says whether nqn is served; a replicated volume whose
+// replication stopped (deadPrimaryLeg) counts as not served, so that
+// reconcile serves it again.
 func (p *targetParts) Served(nqn string) bool {
 	_, ok := p.d.tgt.Subsystem(nqn)
-	return ok
+	return ok && !p.d.deadPrimaryLeg(nqn)
 }
 
 func (p *targetParts) SetHosts(v meta.Volume) error {
+	p.d.refreshPrimaryLeg(v)
 	nqn, allowAny, hosts := v.NQN, v.AllowAny, v.Hosts
 	keys, err := hostKeys(v)
 	if err != nil {
@@ -190,8 +194,12 @@ func (p *targetParts) Unserve(nqn string) error {
 	if err := p.d.tgt.RemoveSubsystem(nqn); err != nil && !errors.Is(err, target.ErrNotFound) {
 		return err
 	}
+	p.d.stopPrimaryLeg(nqn)
 	return nil
 }
+
+func (p *targetParts) ServeReplica(v meta.Volume) error { return p.d.serveReplica(v) }
+func (p *targetParts) UnserveReplica(id uint64) error   { return p.d.unserveReplica(id) }
 
 // registryParts adapts the raft registry to control.Registry.
 type registryParts struct{ n *meta.Node }

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/store"
+)
+
+// replicaJSON is one replica as GET /v1/volumes/{name} shows it.
+type replicaJSON struct {
+	Node    string `json:"node"`
+	State   string `json:"state"`
+	Reason  string `json:"reason"`
+	Primary bool   `json:"primary"`
+}
+
+type replicatedJSON struct {
+	volumeJSON
+	Epoch    uint64        `json:"epoch"`
+	Want     int           `json:"want_replicas"`
+	Replicas []replicaJSON `json:"replicas"`
+}
+
+// TestReplication: a 3-replica volume on three real blkd processes, a
+// host writing through blk's initiator to the primary. Every write is on
+// every replica's store (read back from the three data directories once
+// the nodes stop). A secondary killed with SIGKILL while the host writes
+// costs the host nothing: the writes it missed are acknowledged only
+// after the leader recorded it out of sync, the volume says it is
+// degraded, and what the host reads back is what it wrote. A connection
+// to a replica subsystem that is not its primary's — a host's NQN, the
+// primary's NQN at another epoch, the right NQN without the replica
+// secret — is refused.
+func TestReplication(t *testing.T) { testReplication(t, false) }
+
+// TestReplicationLeaderLost: as TestReplication, the secondary killed
+// being the registry's leader: the primary's report of its loss waits
+// for the election of another, and no host write fails meanwhile.
+func TestReplicationLeaderLost(t *testing.T) { testReplication(t, true) }
+
+func testReplication(t *testing.T, killLeader bool) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 23))
+
+	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}}
+	ids := []string{"node1", "node2", "node3"}
+	for _, id := range ids {
+		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
+	}
+	c.start("node1", "--zone", "z1")
+	c.start("node2", "--join", c.nodes["node1"].api, "--zone", "z2")
+	c.start("node3", "--join", c.nodes["node1"].api, "--zone", "z3")
+	leader := c.settled(nil)
+	lp := c.procs[leader]
+	// The primary is a node that does not lead the registry: it outlives
+	// the victim either way.
+	pin := ""
+	for _, id := range ids {
+		if id != leader {
+			pin = id
+			break
+		}
+	}
+
+	// Three zones: the default is three replicas.
+	var v replicatedJSON
+	lp.must(t, "POST", "/v1/volumes", `{"name": "r", "size": "16MiB", "node": "`+pin+`"}`, 201, &v)
+	if v.Want != 3 || len(v.Replicas) != 3 || v.Epoch != 1 || v.State != "online" {
+		t.Fatalf("created %+v: want 3 in-sync replicas at epoch 1, online", v)
+	}
+	seen := map[string]bool{}
+	for _, r := range v.Replicas {
+		if r.State != "in-sync" || seen[r.Node] || r.Primary != (r.Node == v.Node) {
+			t.Fatalf("replicas %+v (primary %s)", v.Replicas, v.Node)
+		}
+		seen[r.Node] = true
+	}
+	primary := v.Node
+	if primary != pin {
+		t.Fatalf("pinned to %s, primary %s", pin, primary)
+	}
+	// The victim is the secondary that leads the registry, or the one
+	// that does not (its loss is then recorded without an election).
+	var victim string
+	for _, id := range ids {
+		if id != primary && (id == leader) == killLeader {
+			victim = id
+			break
+		}
+	}
+	pp := c.procs[primary]
+
+	lp.must(t, "POST", "/v1/volumes/r/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	var a attachJSON
+	lp.must(t, "POST", "/v1/volumes/r/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	ctrl, ns := connect(t, a.over("tcp"))
+	defer ctrl.Close()
+
+	// The model: what each 4 KiB block of the volume must read.
+	const bs, blocks = 4096, 16 << 20 / 4096
+	model := make([]byte, blocks*bs)
+	// write writes 1..16 random blocks at random in quarter q of the
+	// volume; writers of distinct quarters never overlap, so the model's
+	// order is the host's.
+	const quarter = blocks / 4
+	write := func(r *rand.Rand, q int) error {
+		n := 1 + r.IntN(16)
+		lba := q*quarter + r.IntN(quarter-n+1)
+		buf := make([]byte, n*bs)
+		for i := range buf {
+			buf[i] = byte(r.Uint32())
+		}
+		if _, err := ns.WriteAt(buf, int64(lba*bs)); err != nil {
+			return fmt.Errorf("write %d blocks at %d: %w", n, lba, err)
+		}
+		copy(model[lba*bs:], buf)
+		return nil
+	}
+	for i := range 200 {
+		if err := write(rng, i%4); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Refused connections to a secondary's replica subsystem.
+	var secondary string
+	for _, id := range ids {
+		if id != primary {
+			secondary = id
+			break
+		}
+	}
+	replNQN := fmt.Sprintf("nqn.2024-01.io.blk:replica:%d", v.ID)
+	var cl struct {
+		Members []struct {
+			ID      string `json:"id"`
+			TCPAddr string `json:"tcp_addr"`
+		} `json:"members"`
+	}
+	lp.must(t, "GET", "/v1/cluster", "", 200, &cl)
+	var tcpAddr string
+	for _, m := range cl.Members {
+		if m.ID == secondary {
+			tcpAddr = m.TCPAddr
+		}
+	}
+	for _, hn := range []string{
+		hostNQN, // a host
+		fmt.Sprintf("nqn.2024-01.io.blk:node:%s:epoch:1", primary),   // the primary, without the secret
+		fmt.Sprintf("nqn.2024-01.io.blk:node:%s:epoch:1", secondary), // not the primary
+		fmt.Sprintf("nqn.2024-01.io.blk:node:%s:epoch:2", primary),   // an epoch not yet begun
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		rc, err := initiator.Connect(ctx, initiator.Config{Transport: initiator.TransportTCP, HostNQN: hn, CtrlLossTimeout: time.Millisecond}, tcpAddr, replNQN)
+		cancel()
+		if err == nil {
+			rc.Close()
+			t.Fatalf("host %s connected to %s's replica subsystem %s", hn, secondary, replNQN)
+		}
+		t.Logf("refused as it must be: %s: %v", hn, err)
+	}
+
+	// Kill a secondary while the host writes: no write fails.
+	stop := make(chan struct{})
+	var writes atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	for w := range 4 {
+		wg.Add(1)
+		r := rand.New(rand.NewPCG(uint64(seed), uint64(w)))
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := write(r, w); err != nil {
+					errc <- err
+					return
+				}
+				writes.Add(1)
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // writes in flight when the node dies
+	c.procs[victim].cmd.Process.Signal(syscall.SIGKILL)
+	<-c.procs[victim].exited
+	delete(c.procs, victim) // stopAll stops the others
+	eventually(t, 20*time.Second, victim+" recorded out of sync", func() error {
+		pp.must(t, "GET", "/v1/volumes/r", "", 200, &v)
+		for _, r := range v.Replicas {
+			if r.Node == victim && r.State == "out-of-sync" && r.Reason != "" {
+				return nil
+			}
+		}
+		return fmt.Errorf("%+v", v.Replicas)
+	})
+	before := writes.Load()
+	time.Sleep(500 * time.Millisecond) // writes after the loss
+	close(stop)
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatalf("a host write failed while a secondary died: %v", err)
+	}
+	if after := writes.Load() - before; after == 0 {
+		t.Errorf("no write completed after %s was recorded out of sync", victim)
+	}
+	if v.State != "online" || v.Reason == "" {
+		t.Errorf("after the loss: state %q reason %q, want online and degraded", v.State, v.Reason)
+	}
+	t.Logf("after the loss of %s: %s (%+v)", victim, v.Reason, v.Replicas)
+
+	// The host reads what it wrote.
+	got := make([]byte, len(model))
+	for off := 0; off < len(got); off += 64 << 10 {
+		if _, err := ns.ReadAt(got[off:off+64<<10], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, model) {
+		t.Fatalf("the host reads back other bytes than it wrote")
+	}
+	ctrl.Close()
+
+	// Every in-sync replica's store holds exactly the model.
+	c.stopAll(syscall.SIGTERM)
+	for _, id := range ids {
+		if id == victim {
+			continue
+		}
+		if err := storeEquals(filepath.Join(c.nodes[id].dir, "volumes"), v.ID, model); err != nil {
+			t.Errorf("replica on %s: %v", id, err)
+		}
+	}
+}
+
+// storeEquals opens the store in dir and compares volume id with want.
+func storeEquals(dir string, id uint64, want []byte) error {
+	s, err := store.Open(store.Config{Dir: dir})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	vol, err := s.Volume(store.ID(id))
+	if err != nil {
+		return err
+	}
+	got := make([]byte, len(want))
+	for off := 0; off < len(got); off += 1 << 20 {
+		end := min(off+1<<20, len(got))
+		if err := vol.Read(uint64(off/4096), got[off:end]); err != nil {
+			return err
+		}
+	}
+	if !bytes.Equal(got, want) {
+		for i := range got {
+			if got[i] != want[i] {
+				return fmt.Errorf("differs from what the host wrote from byte %d (block %d)", i, i/4096)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# deploy/bench/replicas.sh: what replication costs (issue 23, goal 2).
+#
+# Three blkd (built from this checkout) on loopback, each in a zone of its
+# own; three volumes with node1 as primary: r1 (one replica), r2 (two),
+# r3 (three). Each volume is written whole twice (sequential 128 KiB),
+# then, round by round, the patterns run on r1, r2 and r3 in turn through
+# blkctl bench (blk's initiator over NVMe/TCP, one I/O queue): 4 KiB
+# random writes at QD1 and QD32, 4 KiB random reads at QD32. One markdown
+# table of medians, each ratio the median of the rounds' ratios to r1.
+#
+# Usage: deploy/bench/replicas.sh
+#
+# Environment (defaults in brackets):
+#   SIZE      volume size [256MiB]
+#   RUNTIME   seconds per run [10]
+#   RUNS      rounds; the table shows medians [3]
+#   BASE_PORT raft BASE_PORT+1..3, NVMe/TCP +11..13, NVMe/RDMA +21..23, API +31..33 [25400]
+#   BENCH_DIR where the scratch directory goes: the disk under test [/var/tmp]
+#   OUT       the table's file [./replicas-YYYYMMDDTHHMMZ.md]
+#
+# Everything it starts is stopped and the scratch directory removed on
+# exit, error or Ctrl-C.
+
+set -euo pipefail
+
+say() { printf '%s replicas: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+SIZE=${SIZE:-256MiB}
+RUNTIME=${RUNTIME:-10}
+RUNS=${RUNS:-3}
+BASE_PORT=${BASE_PORT:-25400}
+BENCH_DIR=${BENCH_DIR:-/var/tmp}
+OUT=${OUT:-./replicas-$(date -u +%Y%m%dT%H%MZ).md}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+scratch=$(mktemp -d "$BENCH_DIR/blk-replicas.XXXXXX")
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	rm -rf "$scratch"
+}
+trap cleanup EXIT INT TERM
+
+say "building blkd and blkctl"
+(cd "$repo" && go build -o "$scratch/blkd" ./cmd/blkd && go build -o "$scratch/blkctl" ./cmd/blkctl)
+
+api() { echo "127.0.0.1:$((BASE_PORT + 30 + $1))"; }
+for n in 1 2 3; do
+	join=()
+	[[ $n != 1 ]] && join=(--join "$(api 1)")
+	mkdir -p "$scratch/node$n"
+	"$scratch/blkd" --node-id "node$n" --data-dir "$scratch/node$n" --zone "zone-$n" \
+		--raft-addr "127.0.0.1:$((BASE_PORT + n))" --tcp-addr "127.0.0.1:$((BASE_PORT + 10 + n))" \
+		--nvme-addr "127.0.0.1:$((BASE_PORT + 20 + n))" --api-addr "$(api $n)" \
+		"${join[@]}" >"$scratch/node$n.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 600); do
+		grep -qx ready "$scratch/node$n.log" && break
+		kill -0 "${pids[-1]}" 2>/dev/null || { cat "$scratch/node$n.log" >&2; die "node$n exited"; }
+		sleep 0.1
+	done
+	grep -qx ready "$scratch/node$n.log" || die "node$n not ready in 60 s"
+done
+ctl() { "$scratch/blkctl" --api "http://$(api 1)" "$@"; }
+host=nqn.2026-11.io.blk:replicas-bench
+for r in 1 2 3; do
+	ctl volume create "r$r" --size "$SIZE" --node node1 --replicas "$r" >/dev/null
+	ctl host allow "r$r" "$host" >/dev/null
+done
+bytes=$(ctl -o json volume show r1 | sed -n 's/.*"size_bytes": *\([0-9]*\).*/\1/p')
+for r in 1 2 3; do
+	say "writing r$r twice"
+	ctl bench "r$r" --host-nqn "$host" --transport tcp --rw write --bs 128KiB --qd 8 --ios $((2 * bytes / 131072)) >/dev/null
+done
+
+rows=("randwrite 4KiB 1" "randwrite 4KiB 32" "randread 4KiB 32")
+declare -A res
+for run in $(seq "$RUNS"); do
+	for row in "${rows[@]}"; do
+		read -r rw bs qd <<<"$row"
+		for r in 1 2 3; do
+			j=$(ctl -o json bench "r$r" --host-nqn "$host" --transport tcp --rw "$rw" --bs "$bs" --qd "$qd" --time "${RUNTIME}s")
+			iops=$(sed -n 's/.*"iops": *\([0-9.]*\).*/\1/p' <<<"$j")
+			lat=$(sed -n 's/.*"lat_mean_us": *\([0-9.]*\).*/\1/p' <<<"$j")
+			p99=$(sed -n 's/.*"lat_p99_us": *\([0-9.]*\).*/\1/p' <<<"$j")
+			res["$row|$r|$run"]="$iops $lat $p99"
+			say "run $run $rw $bs QD$qd r$r: $iops IOPS, mean $lat us, p99 $p99 us"
+		done
+	done
+done
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+{
+	echo "| pattern | replicas | IOPS | mean µs | p99 µs | IOPS vs 1 | mean latency vs 1 |"
+	echo "| --- | --- | --- | --- | --- | --- | --- |"
+	for row in "${rows[@]}"; do
+		read -r rw bs qd <<<"$row"
+		for r in 1 2 3; do
+			iops=$(for run in $(seq "$RUNS"); do echo "${res["$row|$r|$run"]}" | cut -d' ' -f1; done | median)
+			lat=$(for run in $(seq "$RUNS"); do echo "${res["$row|$r|$run"]}" | cut -d' ' -f2; done | median)
+			p99=$(for run in $(seq "$RUNS"); do echo "${res["$row|$r|$run"]}" | cut -d' ' -f3; done | median)
+			ri=$(for run in $(seq "$RUNS"); do
+				read -r a _ <<<"${res["$row|$r|$run"]}"
+				read -r b _ <<<"${res["$row|1|$run"]}"
+				awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f\n", a/b}'
+			done | median)
+			rl=$(for run in $(seq "$RUNS"); do
+				read -r _ a _ <<<"${res["$row|$r|$run"]}"
+				read -r _ b _ <<<"${res["$row|1|$run"]}"
+				awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f\n", a/b}'
+			done | median)
+			printf '| %s %s QD%s | %s | %.0f | %.1f | %.1f | %s | %s |\n' "$rw" "$bs" "$qd" "$r" "$iops" "$lat" "$p99" "$ri" "$rl"
+		done
+	done
+} | tee "$OUT"
+say "table in $OUT"
