@@ -223,6 +223,28 @@ func testReplication(t *testing.T, killLeader bool) {
 		t.Errorf("after the loss: state %q reason %q, want online and degraded", v.State, v.Reason)
 	}
 	t.Logf("after the loss of %s: %s (%+v)", victim, v.Reason, v.Replicas)
+	// The primary's metrics say the same: the victim missed a write and
+	// is no longer sent any, the other replica took every write.
+	m := pp.metricsText(t)
+	var other string
+	for _, id := range ids {
+		if id != primary && id != victim {
+			other = id
+		}
+	}
+	for series, want := range map[string]func(float64) bool{
+		`blk_volume_epoch{volume="r"}`:                                       func(f float64) bool { return f == 1 },
+		`blk_volume_replication_serving{volume="r"}`:                         func(f float64) bool { return f == 1 },
+		`blk_replica_in_sync{node="` + victim + `",volume="r"}`:              func(f float64) bool { return f == 0 },
+		`blk_replica_in_sync{node="` + other + `",volume="r"}`:               func(f float64) bool { return f == 1 },
+		`blk_replica_write_failures_total{node="` + victim + `",volume="r"}`: func(f float64) bool { return f >= 1 },
+		`blk_replica_write_failures_total{node="` + other + `",volume="r"}`:  func(f float64) bool { return f == 0 },
+		`blk_replica_writes_total{node="` + other + `",volume="r"}`:          func(f float64) bool { return f >= 200 },
+	} {
+		if got := sampleOf(m, series); !want(got) {
+			t.Errorf("primary's %s = %v", series, got)
+		}
+	}
 
 	// The host reads what it wrote.
 	got := make([]byte, len(model))

@@ -217,6 +217,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err := d.reg.Prometheus().Register(newAuthCollector(d)); err != nil {
 		return nil, fmt.Errorf("metrics: register the API's refusals: %w", err)
 	}
+	if err := d.reg.Prometheus().Register(metrics.NewReplicationCollector(d.replicationStats)); err != nil {
+		return nil, fmt.Errorf("metrics: register the replication collector: %w", err)
+	}
 	if err := d.reg.Prometheus().Register(NewRaftCollector(d.node)); err != nil {
 		return nil, fmt.Errorf("metrics: register raft collector: %w", err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/metrics"
 	"github.com/blk-project/blk/nvme/auth"
 	"github.com/blk-project/blk/repl"
 	"github.com/blk-project/blk/store"
@@ -588,4 +589,25 @@ func (d *Daemon) waitPrimaryLegs(ctx context.Context, limit time.Duration) {
 			return
 		}
 	}
+}
+
+// replicationStats is what metrics.ReplicationCollector exports: the
+// replication of every volume this node is primary of.
+func (d *Daemon) replicationStats() []metrics.ReplicaVolume {
+	d.repl.mu.Lock()
+	pls := make(map[uint64]*primaryLeg, len(d.repl.primary))
+	for id, pl := range d.repl.primary {
+		pls[id] = pl
+	}
+	d.repl.mu.Unlock()
+	names := d.volumeLabels()
+	out := make([]metrics.ReplicaVolume, 0, len(pls))
+	for id, pl := range pls {
+		name := names[id].Name
+		if name == "" {
+			name = strconv.FormatUint(id, 10)
+		}
+		out = append(out, metrics.ReplicaVolume{Name: name, Stats: pl.b.Stats()})
+	}
+	return out
 }
