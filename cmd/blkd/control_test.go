@@ -680,3 +680,29 @@ func nodeTLSDir(t *testing.T, ids ...string) (*pki.CA, string, map[string][2][]b
 	}
 	return ca, tlsDir, certs
 }
+
+// TestPollSpinFlag: --poll-spin 0 (poll groups sleep at once, for nodes
+// sharing their cores) starts and serves; above the port's bound it is
+// refused before anything starts, naming the bound.
+func TestPollSpinFlag(t *testing.T) {
+	out, code := runBlkd(t, "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t), "--api-addr", freeAddr(t), "--poll-spin", "1s")
+	if code == 0 || !strings.Contains(out, "--poll-spin 1s: at most 10ms") {
+		t.Fatalf("--poll-spin 1s: exit %d\n%s", code, out)
+	}
+	d := startBlkd(t, t.TempDir(), "--poll-spin", "0")
+	var v volumeJSON
+	d.must(t, "POST", "/v1/volumes", `{"name": "nospin", "size": "8MiB"}`, 201, &v)
+	d.must(t, "POST", "/v1/volumes/nospin/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	var a attachJSON
+	d.must(t, "POST", "/v1/volumes/nospin/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	ctrl, ns := connect(t, a.over("tcp"))
+	defer ctrl.Close()
+	buf := bytes.Repeat([]byte("nospin.."), 512)
+	if _, err := ns.WriteAt(buf, 4096); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(buf))
+	if _, err := ns.ReadAt(got, 4096); err != nil || !bytes.Equal(got, buf) {
+		t.Fatalf("read back: %v", err)
+	}
+}

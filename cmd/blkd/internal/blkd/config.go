@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/tcp"
 	"github.com/blk-project/blk/transport/providers"
 )
 
@@ -108,6 +109,14 @@ type Config struct {
 	// duration in the config file ("5m"). Zero: DefaultDetachAfter;
 	// negative: never.
 	DetachAfter Duration `json:"detach_after,omitempty"`
+	// PollSpin is how long an NVMe/TCP poll group keeps looking for work
+	// after its last before it sleeps (tcp.Config.PollSpin; a Go
+	// duration, "50us"): it buys latency with CPU. Zero:
+	// tcp.DefaultPollSpin; negative: sleep at once — for nodes that share
+	// their cores with other busy processes (several blkd on one
+	// machine, or beside the workload), where a spinning group takes the
+	// CPU the work it waits for needs (docs/blkd.md).
+	PollSpin Duration `json:"poll_spin,omitempty"`
 	// SyncInterval bounds how long an acknowledged plain write may stay
 	// volatile: the store's background syncer makes it durable within
 	// this time of the first write since its last round (a Go duration,
@@ -177,6 +186,8 @@ const (
 	DefaultAPIAddr   = "127.0.0.1:7070"
 	DefaultLogFormat = "text"
 	DefaultLogLevel  = "info"
+	// DefaultPollSpin is PollSpin's default, the NVMe/TCP port's.
+	DefaultPollSpin = tcp.DefaultPollSpin
 	// DefaultDetachAfter outlasts a host's reconnect attempts across a
 	// blkd restart (the Linux host retries for 10 minutes by default,
 	// ctrl_loss_tmo 600 s) without keeping dead attachments for long.
@@ -307,6 +318,8 @@ func (c Config) Validate() error {
 	switch {
 	case providers.Check(c.RDMAProvider) != nil:
 		return fmt.Errorf("%w: --rdma-provider: %v", ErrConfig, providers.Check(c.RDMAProvider))
+	case time.Duration(c.PollSpin) > tcp.MaxPollSpin:
+		return fmt.Errorf("%w: --poll-spin %v: at most %v", ErrConfig, time.Duration(c.PollSpin), tcp.MaxPollSpin)
 	case c.Cores < 0:
 		return fmt.Errorf("%w: --cores %d: must be 0 (all CPUs) or more", ErrConfig, c.Cores)
 	case len(c.NodeID) > 128:

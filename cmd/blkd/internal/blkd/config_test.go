@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestConfig(t *testing.T) {
@@ -37,6 +38,7 @@ func TestConfig(t *testing.T) {
 		want string
 	}{
 		{Config{Cores: -2}, "--cores -2"},
+		{Config{PollSpin: Duration(20 * time.Millisecond)}, "--poll-spin 20ms: at most 10ms"},
 		{Config{APIAddr: "nohost"}, `--api-addr "nohost"`},
 		{Config{Join: "nohost"}, `--join "nohost"`},
 		{Config{NVMeAddr: "0.0.0.0:4420"}, `--nvme-addr "0.0.0.0:4420" listens on every local address`},

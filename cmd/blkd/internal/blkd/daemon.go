@@ -172,7 +172,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	// are computed here only to fail before anything else starts. Port
 	// IDs: 1 NVMe/TCP, 2 NVMe/RDMA (discovery lists both).
 	rcfg := rdma.Config{Addr: cfg.NVMeAddr, AdvertiseAddr: cfg.AdvertiseAddr, Cores: cfg.Cores, Logger: d.log, PortID: rdmaPortID}
-	tcfg := tcp.Config{Addr: cfg.TCPAddr, AdvertiseAddr: cfg.tcpAdvertise(), Cores: cfg.Cores, Logger: d.log, PortID: tcpPortID}
+	tcfg := tcp.Config{Addr: cfg.TCPAddr, AdvertiseAddr: cfg.tcpAdvertise(), Cores: cfg.Cores, Logger: d.log, PortID: tcpPortID, PollSpin: time.Duration(cfg.PollSpin)}
 	if cfg.RDMAOn() {
 		d.nic, err = providers.Open(cfg.RDMAProvider, providers.Options{Device: cfg.RDMADevice})
 		if err != nil {
