@@ -15,6 +15,8 @@
 #   SIZE      volume size [256MiB]
 #   RUNTIME   seconds per run [10]
 #   RUNS      rounds; the table shows medians [3]
+#   POLL_SPIN blkd --poll-spin: the three nodes share this machine's cores,
+#             where a spinning poll group takes the CPU the others need [0]
 #   BASE_PORT raft BASE_PORT+1..3, NVMe/TCP +11..13, NVMe/RDMA +21..23, API +31..33 [25400]
 #   BENCH_DIR where the scratch directory goes: the disk under test [/var/tmp]
 #   OUT       the table's file [./replicas-YYYYMMDDTHHMMZ.md]
@@ -31,6 +33,7 @@ SIZE=${SIZE:-256MiB}
 RUNTIME=${RUNTIME:-10}
 RUNS=${RUNS:-3}
 BASE_PORT=${BASE_PORT:-25400}
+POLL_SPIN=${POLL_SPIN:-0}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 OUT=${OUT:-./replicas-$(date -u +%Y%m%dT%H%MZ).md}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -54,7 +57,7 @@ for n in 1 2 3; do
 	mkdir -p "$scratch/node$n"
 	"$scratch/blkd" --node-id "node$n" --data-dir "$scratch/node$n" --zone "zone-$n" \
 		--raft-addr "127.0.0.1:$((BASE_PORT + n))" --tcp-addr "127.0.0.1:$((BASE_PORT + 10 + n))" \
-		--nvme-addr "127.0.0.1:$((BASE_PORT + 20 + n))" --api-addr "$(api $n)" \
+		--nvme-addr "127.0.0.1:$((BASE_PORT + 20 + n))" --api-addr "$(api $n)" --poll-spin "$POLL_SPIN" \
 		"${join[@]}" >"$scratch/node$n.log" 2>&1 &
 	pids+=($!)
 	for _ in $(seq 600); do
