@@ -188,3 +188,31 @@ type Error struct {
 	LeaderID  string `json:"leader_id,omitempty"`
 	LeaderAPI string `json:"leader_api,omitempty"`
 }
+
+// VerifyResult is the answer of POST /v1/volumes/{name}/verify: the
+// volume's replicas compared region by region (SHA-256 of each).
+type VerifyResult struct {
+	Volume string `json:"volume"`
+	Epoch  uint64 `json:"epoch"`
+	// RegionBytes is the size of a compared region; Regions how many the
+	// volume has; Compared the replicas' nodes, the primary first.
+	RegionBytes uint64   `json:"region_bytes"`
+	Regions     uint64   `json:"regions"`
+	Compared    []string `json:"compared"`
+	// Unreachable are the replicas' nodes that did not answer (not
+	// compared).
+	Unreachable map[string]string `json:"unreachable,omitempty"`
+	// Mismatches are the regions where a replica differs from the
+	// primary (in sync or not: an out-of-sync replica is expected to).
+	Mismatches []VerifyMismatch `json:"mismatches"`
+}
+
+// VerifyMismatch is one region where Node's replica differs from the
+// primary's; InSync says whether that replica counts as in sync (a
+// mismatch there is corruption or a lost write; on another replica it is
+// what the rebuild will copy).
+type VerifyMismatch struct {
+	Offset uint64 `json:"offset"`
+	Node   string `json:"node"`
+	InSync bool   `json:"in_sync"`
+}

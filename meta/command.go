@@ -74,6 +74,11 @@ type RegisterNode struct {
 	// (its store's filesystem times its overcommit ratio); 0: unknown,
 	// no limit. Updated on every registration.
 	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
+	// ReplicaAddr is the host:port other nodes reach its NVMe/TCP port at,
+	// for the replica connections of replicated volumes (its listen
+	// address; hosts may be told another, TCPAddr, behind NAT); "": as
+	// TCPAddr. Updated on every registration.
+	ReplicaAddr string `json:"replica_addr,omitempty"`
 	// Zone is the node's failure domain (blkd --zone), in the name
 	// grammar; "": none, the node is a domain of its own. Placement never
 	// puts two replicas of a volume in one zone. Updated on every

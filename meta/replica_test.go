@@ -462,3 +462,26 @@ func TestBadReplicaSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaAddr: a node's replica address is registered (and updated
+// at every registration), checked, and read back through ReplicaTCPAddr,
+// which falls back to the NVMe/TCP address hosts are told.
+func TestReplicaAddr(t *testing.T) {
+	s := NewState()
+	if r := s.Apply(1, RegisterNode{ID: "a", TCPAddr: "10.0.2.2:4420", MgmtAddr: "a:7070", ReplicaAddr: "127.0.0.1:4420"}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	n, _ := s.Node("a")
+	if n.ReplicaTCPAddr() != "127.0.0.1:4420" {
+		t.Fatalf("replica address %q", n.ReplicaTCPAddr())
+	}
+	if r := s.Apply(2, RegisterNode{ID: "a", TCPAddr: "10.0.2.2:4420", MgmtAddr: "a:7070"}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if n, _ = s.Node("a"); n.ReplicaTCPAddr() != "10.0.2.2:4420" {
+		t.Fatalf("without a replica address: %q", n.ReplicaTCPAddr())
+	}
+	if r := s.Apply(3, RegisterNode{ID: "a", TCPAddr: "10.0.2.2:4420", MgmtAddr: "a:7070", ReplicaAddr: "a b"}); r.Err == nil {
+		t.Fatalf("a bad replica address: %v", r.Err)
+	}
+}

@@ -141,6 +141,8 @@ type NodeInfo struct {
 	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
 	// Zone: see RegisterNode. Snapshots written before zones have none.
 	Zone string `json:"zone,omitempty"`
+	// ReplicaAddr: see RegisterNode; read it through ReplicaTCPAddr.
+	ReplicaAddr string `json:"replica_addr,omitempty"`
 	// Features: see RegisterNode. Snapshots written before features
 	// have none.
 	Features []string `json:"features,omitempty"`
@@ -453,6 +455,11 @@ func (s *State) registerNode(c RegisterNode) Result {
 			return Result{Err: err}
 		}
 	}
+	if c.ReplicaAddr != "" {
+		if err := checkName("replica address", c.ReplicaAddr); err != nil {
+			return Result{Err: err}
+		}
+	}
 	if len(c.Features) > maxFeatures {
 		return Result{Err: fmt.Errorf("meta: node %q: %d features, at most %d: %w", c.ID, len(c.Features), maxFeatures, ErrLimit)}
 	}
@@ -469,13 +476,22 @@ func (s *State) registerNode(c RegisterNode) Result {
 		n = &NodeInfo{ID: c.ID, State: NodeUp}
 		s.nodes[c.ID] = n
 	}
-	n.TargetAddr, n.TCPAddr, n.MgmtAddr, n.Zone = c.TargetAddr, c.TCPAddr, c.MgmtAddr, c.Zone
+	n.TargetAddr, n.TCPAddr, n.MgmtAddr, n.Zone, n.ReplicaAddr = c.TargetAddr, c.TCPAddr, c.MgmtAddr, c.Zone, c.ReplicaAddr
 	n.Features = slices.Clone(c.Features)
 	if c.CapacityBytes != 0 {
 		n.CapacityBytes = c.CapacityBytes
 	}
 	cp := n.clone()
 	return Result{Node: &cp}
+}
+
+// ReplicaTCPAddr is where other nodes reach n's NVMe/TCP port for
+// replica connections: its ReplicaAddr, else its TCPAddr.
+func (n *NodeInfo) ReplicaTCPAddr() string {
+	if n.ReplicaAddr != "" {
+		return n.ReplicaAddr
+	}
+	return n.TCPAddr
 }
 
 func (s *State) node(id string) (*NodeInfo, error) {

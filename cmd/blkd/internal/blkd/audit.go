@@ -30,7 +30,9 @@ import (
 // A state-changing call is every method but GET and HEAD on every route
 // but /v1/internal/reconcile (the leader asking an owner to catch up with
 // the registry: it changes nothing the registry does not already say,
-// and what it does change on the node is a volume state record). Reads
+// and what it does change on the node is a volume state record) and
+// /v1/internal/checksum (a read of a replica's region hashes, for volume
+// verify, which is audited itself). Reads
 // change nothing and are event-log noise: "api request" at debug,
 // rate-limited.
 //
@@ -103,7 +105,7 @@ func (h auditHandler) WithGroup(name string) slog.Handler {
 
 // audited says whether a request changes state, and so is audited.
 func audited(r *http.Request) bool {
-	return r.Method != http.MethodGet && r.Method != http.MethodHead && r.URL.Path != "/v1/internal/reconcile"
+	return r.Method != http.MethodGet && r.Method != http.MethodHead && r.URL.Path != "/v1/internal/reconcile" && r.URL.Path != "/v1/internal/checksum"
 }
 
 // auditCall serves r, a state-changing call by who, between its two

@@ -56,6 +56,9 @@ type JoinRequest struct {
 	// Features: what the node's binary can do (meta.RegisterNode):
 	// nodeFeatures.
 	Features []string `json:"features,omitempty"`
+	// ReplicaAddr: where other nodes reach its NVMe/TCP port
+	// (meta.RegisterNode).
+	ReplicaAddr string `json:"replica_addr,omitempty"`
 }
 
 // nodeFeatures are the meta.RegisterNode features this blkd registers:
@@ -190,7 +193,7 @@ func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 		return metaError(err, "")
 	}
 	if req.APIAddr != "" || req.NVMeAddr != "" || req.TCPAddr != "" {
-		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone, Features: req.Features}); err != nil {
+		if _, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone, Features: req.Features, ReplicaAddr: req.ReplicaAddr}); err != nil {
 			return metaError(err, "")
 		}
 	}
@@ -367,7 +370,8 @@ func leaderIndex(ctx context.Context, client *http.Client, url, id string) (uint
 // joinRequest is this node's join request with its addresses.
 func (d *Daemon) joinRequest(apiAddr, nvmeAddr, tcpAddr string) JoinRequest {
 	return JoinRequest{NodeID: d.cfg.NodeID, RaftAddr: d.node.Addr(), APIAddr: apiAddr, NVMeAddr: nvmeAddr, TCPAddr: tcpAddr,
-		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity(), Zone: d.cfg.Zone, Features: nodeFeatures}
+		ClusterID: readClusterID(d.cfg.DataDir), HasState: d.node.HasState(), CapacityBytes: d.capacity(), Zone: d.cfg.Zone, Features: nodeFeatures,
+		ReplicaAddr: d.cfg.replicaAddr()}
 }
 
 // register makes the cluster know this node: on the leader it applies
@@ -385,7 +389,7 @@ func (d *Daemon) register(ctx context.Context, first string, req JoinRequest) er
 	var last error
 	for {
 		if first == "" && d.node.IsLeader() {
-			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone, Features: req.Features})
+			_, err := d.node.Apply(ctx, meta.RegisterNode{ID: req.NodeID, TargetAddr: req.NVMeAddr, TCPAddr: req.TCPAddr, MgmtAddr: req.APIAddr, CapacityBytes: req.CapacityBytes, Zone: req.Zone, Features: req.Features, ReplicaAddr: req.ReplicaAddr})
 			if err == nil {
 				return nil
 			}
@@ -449,10 +453,11 @@ func (d *Daemon) register(ctx context.Context, first string, req JoinRequest) er
 // JoinRequest.Features (its decoder refuses unknown fields) and, if so,
 // drops them from req so the join can be retried.
 func olderLeader(err error, req *JoinRequest) bool {
-	if err == nil || len(req.Features) == 0 || !strings.Contains(err.Error(), `unknown field "features"`) {
+	if err == nil || (len(req.Features) == 0 && req.ReplicaAddr == "") ||
+		!strings.Contains(err.Error(), `unknown field "features"`) && !strings.Contains(err.Error(), `unknown field "replica_addr"`) {
 		return false
 	}
-	req.Features = nil
+	req.Features, req.ReplicaAddr = nil, ""
 	return true
 }
 

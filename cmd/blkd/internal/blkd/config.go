@@ -376,6 +376,29 @@ func (c Config) advertisedTCP() string {
 	return c.TCPAddr
 }
 
+// replicaAddr is where other nodes reach the NVMe/TCP port for replica
+// connections (meta.RegisterNode.ReplicaAddr): the listen address, which
+// nodes of one network reach even when hosts are told another
+// (--advertise-addr behind NAT); "" when it is the advertised one, or the
+// listen address is a wildcard (the advertised one is then all there
+// is), or NVMe/TCP is off.
+func (c Config) replicaAddr() string {
+	if !c.TCPOn() {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(c.TCPAddr)
+	if err != nil || host == "" {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return ""
+	}
+	if c.TCPAddr == c.advertisedTCP() {
+		return ""
+	}
+	return c.TCPAddr
+}
+
 // advertisedNVMe is the NVMe/RDMA address hosts are told to connect to,
 // as far as the configuration says: AdvertiseAddr (with NVMeAddr's port
 // if it gives none), else NVMeAddr; "" when the port is off. Once the

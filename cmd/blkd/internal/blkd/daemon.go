@@ -333,7 +333,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	// replicas, whose nodes may be starting too: they are served (reads
 	// until then) once connected; ready waits for that, bounded.
 	d.setPhase("connecting its volumes' replicas")
-	d.waitPrimaryLegs(ctx, replicaConnectGrace+time.Second)
+	d.waitPrimaryLegs(ctx, replicaReadyWait)
 	d.ready.Store(true)
 	go d.settleLoop(d.stop)
 	go d.livenessLoop(d.stop)

@@ -371,7 +371,7 @@ func (d *Daemon) connectLeg(ctx context.Context, v meta.Volume, epoch uint64, no
 		var addr string
 		d.node.FSM().Read(func(s *meta.State) {
 			if n, ok := s.Node(node); ok {
-				addr = n.TCPAddr
+				addr = n.ReplicaTCPAddr()
 			}
 		})
 		if addr == "" {

@@ -68,3 +68,33 @@ func TestOlderLeaderJoin(t *testing.T) {
 		t.Fatalf("other errors: features %v", req.Features)
 	}
 }
+
+// TestOlderLeaderReplicaAddr: an older leader refusing "replica_addr"
+// is retried without it (and without the features, as old).
+func TestOlderLeaderReplicaAddr(t *testing.T) {
+	old := errors.New(`join answered 400 Bad Request: request body is not the expected JSON object: json: unknown field "replica_addr"`)
+	req := JoinRequest{NodeID: "n2", Features: nodeFeatures, ReplicaAddr: "127.0.0.1:4420"}
+	if !olderLeader(old, &req) || req.ReplicaAddr != "" || req.Features != nil {
+		t.Fatalf("older leader: %+v", req)
+	}
+}
+
+// TestReplicaAddr: the listen address of NVMe/TCP is what other nodes
+// reach for replica connections, registered only when hosts are told
+// another address.
+func TestReplicaAddr(t *testing.T) {
+	for _, tc := range []struct {
+		c    Config
+		want string
+	}{
+		{Config{TCPAddr: "127.0.0.1:4420"}, ""},
+		{Config{TCPAddr: "127.0.0.1:4420", AdvertiseAddr: "10.0.2.2"}, "127.0.0.1:4420"},
+		{Config{TCPAddr: "192.0.2.7:4420", AdvertiseAddr: "198.51.100.1:14420"}, "192.0.2.7:4420"},
+		{Config{TCPAddr: "0.0.0.0:4420", AdvertiseAddr: "198.51.100.1"}, ""},
+		{Config{TCPAddr: "off", AdvertiseAddr: "198.51.100.1"}, ""},
+	} {
+		if got := tc.c.replicaAddr(); got != tc.want {
+			t.Errorf("%+v: replica address %q, want %q", tc.c, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,233 @@
+package blkd
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/blk-project/blk/api"
+	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/store"
+)
+
+// volume verify (docs/replication.md §5): the leader asks every replica's
+// node for the SHA-256 of each region of its copy and compares them with
+// the primary's. A region a host writes meanwhile may differ for a
+// moment: a differing region is asked again (verifyRetries) and reported
+// only if it still differs. Unwritten clusters read as zeros in the store
+// and hash as such.
+
+const (
+	// verifyRegion is the region hashed as one: 1 MiB, the store's
+	// largest read.
+	verifyRegion = 1 << 20
+	// verifyBatch is how many regions one checksum request covers.
+	verifyBatch = 256
+	// verifyRetries is how many more times a differing region is asked.
+	verifyRetries = 3
+)
+
+// checksumRequest is the body of POST /v1/internal/checksum.
+type checksumRequest struct {
+	ID      uint64 `json:"id"`
+	Offset  uint64 `json:"offset"`
+	Regions int    `json:"regions"`
+}
+
+// checksumResponse: one hex SHA-256 per region.
+type checksumResponse struct {
+	Sums []string `json:"sums"`
+}
+
+// localChecksums hashes regions regions of this node's copy of volume id
+// from offset (region-aligned); the last may be short (the volume's end).
+func (d *Daemon) localChecksums(id, offset uint64, regions int) ([]string, error) {
+	vol, err := d.store.Volume(store.ID(id))
+	if err != nil {
+		return nil, err
+	}
+	info, err := vol.Info()
+	if err != nil {
+		return nil, err
+	}
+	if offset%verifyRegion != 0 || regions < 1 || regions > verifyBatch || offset >= info.SizeBytes {
+		return nil, badRequest("offset %d, %d regions: want a multiple of %d below the volume's %d bytes, 1 to %d regions", offset, regions, verifyRegion, info.SizeBytes, verifyBatch)
+	}
+	buf := make([]byte, verifyRegion)
+	var sums []string
+	for i := 0; i < regions && offset < info.SizeBytes; i++ {
+		n := min(uint64(verifyRegion), info.SizeBytes-offset)
+		if err := vol.Read(offset/uint64(info.BlockSize), buf[:n]); err != nil {
+			return nil, fmt.Errorf("read at byte %d: %w", offset, err)
+		}
+		h := sha256.Sum256(buf[:n])
+		sums = append(sums, hex.EncodeToString(h[:]))
+		offset += n
+	}
+	return sums, nil
+}
+
+// internalChecksum serves POST /v1/internal/checksum: the leader's
+// verify asks this node for its copy's region hashes.
+func (d *Daemon) internalChecksum(w http.ResponseWriter, r *http.Request) error {
+	var req checksumRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	sums, err := d.localChecksums(req.ID, req.Offset, req.Regions)
+	if err != nil {
+		if _, ok := err.(*apiError); ok {
+			return err
+		}
+		return &apiError{http.StatusConflict, err.Error()}
+	}
+	writeJSON(w, http.StatusOK, checksumResponse{Sums: sums})
+	return nil
+}
+
+// checksums asks node (this one, or through its internal route) for
+// regions region hashes of volume id from offset.
+func (d *Daemon) checksums(ctx context.Context, node string, id, offset uint64, regions int) ([]string, error) {
+	if node == d.cfg.NodeID {
+		return d.localChecksums(id, offset, regions)
+	}
+	n, err := registryParts{d.node}.Node(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	body, _ := json.Marshal(checksumRequest{ID: id, Offset: offset, Regions: regions})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.peerURL(n.MgmtAddr, "/v1/internal/checksum"), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := d.peers.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("node %s answered %s: %s", node, resp.Status, bytes.TrimSpace(b))
+	}
+	var out checksumResponse
+	if err := json.Unmarshal(b, &out); err != nil {
+		return nil, fmt.Errorf("node %s: %v", node, err)
+	}
+	return out.Sums, nil
+}
+
+// verifyVolume serves POST /v1/volumes/{name}/verify on the leader.
+func (d *Daemon) verifyVolume(w http.ResponseWriter, r *http.Request) error {
+	name, err := d.volumeName(r)
+	if err != nil {
+		return err
+	}
+	v, err := d.node.ReadVolume(r.Context(), name)
+	if err != nil {
+		return metaError(err, "")
+	}
+	if v.State != meta.VolumeOnline {
+		return &apiError{http.StatusConflict, fmt.Sprintf("volume %q is %s: only an online volume is verified", name, v.State)}
+	}
+	res, err := d.verify(r.Context(), v)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// verify compares every replica of v with its primary's, region by
+// region.
+func (d *Daemon) verify(ctx context.Context, v meta.Volume) (api.VerifyResult, error) {
+	res := api.VerifyResult{Volume: v.Name, Epoch: v.CurrentEpoch(), RegionBytes: verifyRegion,
+		Regions: (v.SizeBytes + verifyRegion - 1) / verifyRegion, Mismatches: []api.VerifyMismatch{}}
+	inSync := map[string]bool{}
+	nodes := []string{v.Node}
+	for _, rp := range v.ReplicaSet() {
+		inSync[rp.Node] = rp.State == meta.ReplicaInSync
+		if rp.Node != v.Node {
+			nodes = append(nodes, rp.Node)
+		}
+	}
+	live := map[string]bool{}
+	for _, n := range nodes {
+		live[n] = true
+	}
+	for off := uint64(0); off < v.SizeBytes; off += verifyBatch * verifyRegion {
+		sums := make(map[string][]string, len(nodes))
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, n := range nodes {
+			if !live[n] {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := d.checksums(ctx, n, v.ID, off, verifyBatch)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					if n == v.Node {
+						sums[n] = nil
+					}
+					live[n] = false
+					if res.Unreachable == nil {
+						res.Unreachable = map[string]string{}
+					}
+					res.Unreachable[n] = err.Error()
+					return
+				}
+				sums[n] = s
+			}()
+		}
+		wg.Wait()
+		primary := sums[v.Node]
+		if !live[v.Node] {
+			return res, &apiError{http.StatusBadGateway, fmt.Sprintf("the primary %s did not give its checksums: %s", v.Node, res.Unreachable[v.Node])}
+		}
+		for _, n := range nodes[1:] {
+			if !live[n] {
+				continue
+			}
+			s := sums[n]
+			for i := range primary {
+				if i < len(s) && s[i] == primary[i] {
+					continue
+				}
+				at := off + uint64(i)*verifyRegion
+				if d.stillDiffers(ctx, v, n, at) {
+					res.Mismatches = append(res.Mismatches, api.VerifyMismatch{Offset: at, Node: n, InSync: inSync[n]})
+				}
+			}
+		}
+	}
+	for _, n := range nodes {
+		if live[n] {
+			res.Compared = append(res.Compared, n)
+		}
+	}
+	return res, nil
+}
+
+// stillDiffers asks the primary and node again for the region at off,
+// up to verifyRetries times: a host write between the two reads makes a
+// region differ for a moment.
+func (d *Daemon) stillDiffers(ctx context.Context, v meta.Volume, node string, off uint64) bool {
+	for range verifyRetries {
+		a, err1 := d.checksums(ctx, v.Node, v.ID, off, 1)
+		b, err2 := d.checksums(ctx, node, v.ID, off, 1)
+		if err1 == nil && err2 == nil && len(a) == 1 && len(b) == 1 && a[0] == b[0] {
+			return false
+		}
+	}
+	return true
+}
