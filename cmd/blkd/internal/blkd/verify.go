@@ -163,12 +163,15 @@ func (d *Daemon) verify(ctx context.Context, v meta.Volume) (api.VerifyResult, e
 	}
 	for off := uint64(0); off < v.SizeBytes; off += verifyBatch * verifyRegion {
 		sums := make(map[string][]string, len(nodes))
+		var ask []string
+		for _, n := range nodes {
+			if live[n] {
+				ask = append(ask, n)
+			}
+		}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
-		for _, n := range nodes {
-			if !live[n] {
-				continue
-			}
+		for _, n := range ask {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
