@@ -179,9 +179,6 @@ func (d *Daemon) verify(ctx context.Context, v meta.Volume) (api.VerifyResult, e
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
-					if n == v.Node {
-						sums[n] = nil
-					}
 					live[n] = false
 					if res.Unreachable == nil {
 						res.Unreachable = map[string]string{}
