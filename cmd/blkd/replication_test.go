@@ -18,10 +18,16 @@ import (
 
 // replicaJSON is one replica as GET /v1/volumes/{name} shows it.
 type replicaJSON struct {
-	Node    string `json:"node"`
-	State   string `json:"state"`
-	Reason  string `json:"reason"`
-	Primary bool   `json:"primary"`
+	Node    string       `json:"node"`
+	State   string       `json:"state"`
+	Reason  string       `json:"reason"`
+	Primary bool         `json:"primary"`
+	Rebuild *rebuildJSON `json:"rebuild"`
+}
+
+type rebuildJSON struct {
+	Done  uint64 `json:"done_bytes"`
+	Total uint64 `json:"total_bytes"`
 }
 
 type verifyJSON struct {
@@ -310,11 +316,16 @@ func testReplication(t *testing.T, killLeader bool) {
 		}()
 	}
 	states := map[string]bool{}
+	var progress []rebuildJSON
 	eventually(t, 60*time.Second, victim+" rebuilt in sync", func() error {
+		v = replicatedJSON{} // omitted fields must not keep older values
 		pp.must(t, "GET", "/v1/volumes/r", "", 200, &v)
 		for _, r := range v.Replicas {
 			if r.Node == victim {
 				states[r.State] = true
+				if r.Rebuild != nil {
+					progress = append(progress, *r.Rebuild)
+				}
 				if r.State == "in-sync" {
 					return nil
 				}
@@ -329,7 +340,15 @@ func testReplication(t *testing.T, killLeader bool) {
 	for err := range errc {
 		t.Fatalf("a host write failed while %s was rebuilt: %v", victim, err)
 	}
-	t.Logf("%s back in sync (states seen: %v): %+v", victim, states, v.Replicas)
+	t.Logf("%s back in sync (states seen: %v, progress seen: %v): %+v", victim, states, progress, v.Replicas)
+	if v.Reason != "" {
+		t.Errorf("after the rebuild: reason %q, want none", v.Reason)
+	}
+	for _, p := range progress {
+		if p.Total != 16<<20 || p.Done > p.Total {
+			t.Errorf("rebuild progress %+v of a 16 MiB volume", p)
+		}
+	}
 	if got := sampleOf(pp.metricsText(t), `blk_replica_in_sync{node="`+victim+`",volume="r"}`); got != 1 {
 		t.Errorf("primary's blk_replica_in_sync for %s = %v after the rebuild", victim, got)
 	}

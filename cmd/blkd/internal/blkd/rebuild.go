@@ -101,11 +101,12 @@ func (d *Daemon) rebuildLoop(ctx context.Context, pl *primaryLeg, id uint64, nam
 // rebuildReplica runs one full copy of v's replica on node.
 func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volume, node string, left bool) error {
 	epoch := pl.epoch
-	set := func(state meta.ReplicaState, reason string) error {
+	setCtx := func(ctx context.Context, state meta.ReplicaState, reason string) error {
 		rctx, cancel := context.WithTimeout(ctx, ownerTimeout)
 		defer cancel()
 		return d.reportReplica(rctx, replicaReport{Volume: v.Name, Epoch: epoch, Node: node, State: state, Reason: reason})
 	}
+	set := func(state meta.ReplicaState, reason string) error { return setCtx(ctx, state, reason) }
 	if left {
 		// rebuilding → rebuilding is no legal move: back to out of sync
 		// first, and a full copy from the start.
@@ -136,7 +137,7 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 		Mapped: vol.Mapped, Read: vol.Read, RegionBytes: rebuildRegion, Rate: d.cfg.RebuildRate,
 		Logger: d.log.With(slog.String("volume", v.Name)),
 		Promote: func(pctx context.Context) error {
-			if err := set(meta.ReplicaInSync, fmt.Sprintf("rebuilt: full copy from %s at epoch %d", d.cfg.NodeID, epoch)); err != nil {
+			if err := setCtx(pctx, meta.ReplicaInSync, fmt.Sprintf("rebuilt: full copy from %s at epoch %d", d.cfg.NodeID, epoch)); err != nil {
 				return err
 			}
 			// In sync now: the connection is one of the volume's legs,
