@@ -73,7 +73,9 @@ func testReplication(t *testing.T, killLeader bool) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 23))
 
-	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}}
+	// A rebuild of the 16 MiB volume takes 8 s at least: the restarted
+	// victim is compared by verify before it is in sync again.
+	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}, common: []string{"--rebuild-rate", "2097152"}}
 	ids := []string{"node1", "node2", "node3"}
 	for _, id := range ids {
 		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
@@ -292,9 +294,28 @@ func testReplication(t *testing.T, killLeader bool) {
 		t.Fatalf("verify with %s dead: %+v", victim, res)
 	}
 
-	// Restarted, the victim is rebuilt by the primary (a full copy)
-	// while the host keeps writing, and comes back in sync.
+	// Restarted, the victim is compared while the primary rebuilds it
+	// (2 MiB/s, LBA order): it still differs where it missed writes, as
+	// a replica not in sync, which blkctl reports without failing.
 	c.start(victim, "--zone", map[string]string{"node1": "z1", "node2": "z2", "node3": "z3"}[victim])
+	eventually(t, 30*time.Second, "verify compares "+victim, func() error {
+		if res = verify(); len(res.Compared) != 3 {
+			return fmt.Errorf("%+v", res)
+		}
+		return nil
+	})
+	if len(res.Mismatches) == 0 {
+		t.Fatalf("verify finds no difference on %s, which missed writes: %+v", victim, res)
+	}
+	for _, m := range res.Mismatches {
+		if m.Node != victim || m.InSync {
+			t.Fatalf("verify: %+v: only %s, not in sync, may differ", m, victim)
+		}
+	}
+	t.Logf("verify: %s differs in %d of %d regions", victim, len(res.Mismatches), res.Regions)
+
+	// The primary rebuilds it (a full copy) while the host keeps
+	// writing, and it comes back in sync.
 	stop = make(chan struct{})
 	errc = make(chan error, 4)
 	for w := range 4 {
@@ -340,14 +361,17 @@ func testReplication(t *testing.T, killLeader bool) {
 	for err := range errc {
 		t.Fatalf("a host write failed while %s was rebuilt: %v", victim, err)
 	}
-	t.Logf("%s back in sync (states seen: %v, progress seen: %v): %+v", victim, states, progress, v.Replicas)
+	t.Logf("%s back in sync (states seen: %v, %d progress reports): %+v", victim, states, len(progress), v.Replicas)
 	if v.Reason != "" {
 		t.Errorf("after the rebuild: reason %q, want none", v.Reason)
 	}
-	for _, p := range progress {
-		if p.Total != 16<<20 || p.Done > p.Total {
-			t.Errorf("rebuild progress %+v of a 16 MiB volume", p)
+	for i, p := range progress {
+		if p.Total != 16<<20 || p.Done > p.Total || i > 0 && p.Done < progress[i-1].Done {
+			t.Errorf("rebuild progress %v of a 16 MiB volume", progress)
 		}
+	}
+	if len(progress) == 0 {
+		t.Errorf("no rebuild progress shown by the primary during an 8 s rebuild")
 	}
 	if got := sampleOf(pp.metricsText(t), `blk_replica_in_sync{node="`+victim+`",volume="r"}`); got != 1 {
 		t.Errorf("primary's blk_replica_in_sync for %s = %v after the rebuild", victim, got)
