@@ -533,3 +533,63 @@ func TestZeroAllocRebuildWrite(t *testing.T) {
 		t.Fatalf("%d writes completed", done)
 	}
 }
+
+// TestRebuildFailsWhilePromoted: once the registry is being asked to
+// count the replica in sync (the commit may land before the answer), a
+// failure of its leg is an in-sync replica's: the host write is held
+// and reported, acknowledged only once the registry confirmed it out of
+// sync; the rebuild ends with ErrRebuildLeg even though the commit
+// succeeded. After a successful promotion the same holds.
+func TestRebuildFailsWhilePromoted(t *testing.T) {
+	for _, during := range []bool{true, false} {
+		g := newRebuildRig(t)
+		rep := newFakeReporter()
+		b, err := New(Config{Local: g.local, Reporter: rep, Epoch: 3, HoldTimeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.b = b
+		asked, answer := make(chan struct{}), make(chan error)
+		cfg := g.config()
+		cfg.Promote = func(context.Context) error { close(asked); return <-answer }
+		rb, err := g.b.StartRebuild(3, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The hole, then the flush.
+		for range 2 {
+			until(t, "a copier command", func() bool { return len(g.leg.pending()) == 1 })
+			g.leg.complete(t, 0, nil)
+		}
+		<-asked
+		if !during {
+			answer <- nil
+			if err := waitRebuild(t, rb); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h := g.submit(target.OpWrite, 7, 1, pattern(testBlock, 4))
+		until(t, "the host's leg", func() bool { return len(g.leg.pending()) == 1 })
+		g.leg.complete(t, 0, errors.New("connection lost"))
+		r := rep.next(t)
+		if r.node != "node-r" || r.epoch != 3 {
+			t.Fatalf("report %+v", r)
+		}
+		if h.isDone() {
+			t.Fatal("a write the replica missed was acknowledged before the registry confirmed it out of sync")
+		}
+		r.answer <- nil
+		if err := h.wait(t); err != nil {
+			t.Fatal(err)
+		}
+		if during {
+			answer <- nil
+			if err := waitRebuild(t, rb); !errors.Is(err, ErrRebuildLeg) {
+				t.Fatalf("rebuild: %v, want ErrRebuildLeg", err)
+			}
+		}
+		if st := g.b.Stats(); st.Peers[0].State != "out-of-sync" {
+			t.Fatalf("state %q", st.Peers[0].State)
+		}
+	}
+}
