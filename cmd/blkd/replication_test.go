@@ -373,8 +373,15 @@ func testReplication(t *testing.T, killLeader bool) {
 	if len(progress) == 0 {
 		t.Errorf("no rebuild progress shown by the primary during an 8 s rebuild")
 	}
-	if got := sampleOf(pp.metricsText(t), `blk_replica_in_sync{node="`+victim+`",volume="r"}`); got != 1 {
-		t.Errorf("primary's blk_replica_in_sync for %s = %v after the rebuild", victim, got)
+	m = pp.metricsText(t)
+	for series, want := range map[string]float64{
+		`blk_replica_in_sync{node="` + victim + `",volume="r"}`:                 1,
+		`blk_replica_rebuild_bytes_total{node="` + victim + `",volume="r"}`:     16 << 20,
+		`blk_replica_rebuild_remaining_bytes{node="` + victim + `",volume="r"}`: 0,
+	} {
+		if got := sampleOf(m, series); got != want {
+			t.Errorf("primary's %s = %v after the rebuild, want %v", series, got, want)
+		}
 	}
 	res = verify()
 	if len(res.Compared) != 3 || len(res.Mismatches) != 0 {
