@@ -104,8 +104,10 @@ type RebuildConfig struct {
 	// of the block size.
 	RegionBytes int
 	// Rate bounds the bytes copied per second (0: unlimited); holes cost
-	// nothing.
+	// nothing. Ignored with a Limiter.
 	Rate int64
+	// Limiter, if set, is shared with other rebuilds (a node's rate).
+	Limiter *Limiter
 	// Promote asks the registry to count the replica in sync at the
 	// backend's epoch, once every byte is on it and flushed: only after
 	// it returned nil do the replica's failures hold host writes. It may
@@ -140,9 +142,6 @@ type Rebuild struct {
 	cbs  chan error
 	buf  []byte
 	runs [][2]uint64
-	// The throttle: bytes copied since tbStart, the first copy.
-	tbStart time.Time
-	tbBytes uint64
 }
 
 // window is one published range of the copier, [lo, hi) in blocks;
@@ -169,6 +168,9 @@ func (b *Backend) StartRebuild(epoch uint64, cfg RebuildConfig) (*Rebuild, error
 		return nil, fmt.Errorf("%w: rebuild of %s: Mapped, Read and Promote are required", ErrInvalid, cfg.Node)
 	case cfg.Rate < 0:
 		return nil, fmt.Errorf("%w: rebuild rate %d", ErrInvalid, cfg.Rate)
+	}
+	if cfg.Limiter == nil && cfg.Rate > 0 {
+		cfg.Limiter = NewLimiter(cfg.Rate)
 	}
 	bs := 1 << b.shift
 	if cfg.RegionBytes == 0 {
@@ -601,18 +603,42 @@ func (r *Rebuild) wait(n int, first error) error {
 
 // throttle waits until copying n more bytes keeps the rate.
 func (r *Rebuild) throttle(n uint64) error {
-	if r.cfg.Rate <= 0 {
+	if r.cfg.Limiter == nil {
 		return nil
 	}
-	// The bytes copied so far against the time since the first copy: a
-	// token bucket whose burst is the region about to be written (the
-	// wait comes before it is sent).
-	if r.tbStart.IsZero() {
-		r.tbStart = time.Now()
+	if err := r.cfg.Limiter.Wait(r.ctx, n); err != nil {
+		return r.failure()
 	}
-	r.tbBytes += n
-	due := r.tbStart.Add(time.Duration(float64(r.tbBytes) / float64(r.cfg.Rate) * float64(time.Second)))
-	d := time.Until(due)
+	return nil
+}
+
+// Limiter bounds the bytes per second of the rebuilds that share it (a
+// node's --rebuild-rate): each copy reserves its bytes on a timeline that
+// advances at the rate, and waits for its turn; a timeline left behind
+// (nothing copied for a while) restarts at the present, so no burst
+// builds up beyond the copy that is about to go. A copier's, not the
+// data path's: it takes a mutex.
+type Limiter struct {
+	rate float64 // bytes per second
+	mu   sync.Mutex
+	next time.Time // when the next reservation may go
+}
+
+// NewLimiter returns a Limiter of rate bytes per second (> 0).
+func NewLimiter(rate int64) *Limiter { return &Limiter{rate: float64(max(rate, 1))} }
+
+// Wait reserves n bytes and waits for their turn, or until ctx ends
+// (the rebuild's failure then).
+func (l *Limiter) Wait(ctx context.Context, n uint64) error {
+	l.mu.Lock()
+	now := time.Now()
+	if l.next.Before(now) {
+		l.next = now
+	}
+	at := l.next
+	l.next = l.next.Add(time.Duration(float64(n) / l.rate * float64(time.Second)))
+	l.mu.Unlock()
+	d := time.Until(at)
 	if d <= 0 {
 		return nil
 	}
@@ -621,7 +647,7 @@ func (r *Rebuild) throttle(n uint64) error {
 	select {
 	case <-t.C:
 		return nil
-	case <-r.ctx.Done():
-		return r.failure()
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
 }

@@ -449,6 +449,39 @@ func TestRebuildThrottle(t *testing.T) {
 	sameStores(t, g.local, g.leg)
 }
 
+// TestRebuildSharedLimiter: two rebuilds (two volumes) sharing a
+// Limiter of 1 MiB/s copy 256 KiB each in half a second at least.
+func TestRebuildSharedLimiter(t *testing.T) {
+	lim := NewLimiter(1 << 20)
+	start := time.Now()
+	var rbs []*Rebuild
+	var rigs []*rebuildRig
+	for range 2 {
+		g := newRebuildRig(t)
+		g.leg.async = func(cmd) error { return nil }
+		for lba := range uint64(64) {
+			g.localWrite(t, lba, pattern(testBlock, byte(lba)))
+		}
+		cfg := g.config()
+		cfg.Rate, cfg.Limiter = 1<<30, lim // the limiter wins
+		rb, err := g.b.StartRebuild(3, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rbs, rigs = append(rbs, rb), append(rigs, g)
+	}
+	for i, rb := range rbs {
+		if err := waitRebuild(t, rb); err != nil {
+			t.Fatal(err)
+		}
+		rigs[i].leg.wg.Wait()
+		sameStores(t, rigs[i].local, rigs[i].leg)
+	}
+	if d := time.Since(start); d < 450*time.Millisecond {
+		t.Fatalf("2 × 256 KiB copied in %v at 1 MiB/s shared", d)
+	}
+}
+
 // TestRebuildRefusals: a rebuild at another epoch, of an in-sync peer,
 // while another runs, or without its functions is refused; a new epoch
 // ends a running one.

@@ -125,9 +125,9 @@ type Config struct {
 	// FUA write makes writes durable, which is all NVMe promises with a
 	// volatile write cache (docs/volume.md, "Durability").
 	SyncInterval Duration `json:"sync_interval,omitempty"`
-	// RebuildRate bounds, in bytes per second, what each rebuild of a
-	// replica this node runs as primary copies (docs/replication.md §5);
-	// 0: unlimited (the default).
+	// RebuildRate bounds, in bytes per second, what the rebuilds of
+	// replicas this node runs as primary copy, together
+	// (docs/replication.md §5); 0: unlimited (the default).
 	RebuildRate int64 `json:"rebuild_rate,omitempty"`
 	// DHCHAPDHGroups are the DH-HMAC-CHAP groups the target accepts from
 	// hosts that must authenticate, in its order of preference ("ffdhe2048",

@@ -134,7 +134,7 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	kept := false
 	rb, err := pl.b.StartRebuild(epoch, repl.RebuildConfig{
 		Node: node, NS: ns, MaxTransfer: c.Info().MaxTransfer,
-		Mapped: vol.Mapped, Read: vol.Read, RegionBytes: rebuildRegion, Rate: d.cfg.RebuildRate,
+		Mapped: vol.Mapped, Read: vol.Read, RegionBytes: rebuildRegion, Limiter: d.repl.limit,
 		Logger: d.log.With(slog.String("volume", v.Name)),
 		Promote: func(pctx context.Context) error {
 			if err := setCtx(pctx, meta.ReplicaInSync, fmt.Sprintf("rebuilt: full copy from %s at epoch %d", d.cfg.NodeID, epoch)); err != nil {

@@ -112,6 +112,9 @@ type replicas struct {
 	mu      sync.Mutex
 	fences  map[uint64]fence       // by volume ID, secondaries
 	primary map[uint64]*primaryLeg // by volume ID, primaries
+	// limit is --rebuild-rate, shared by the node's rebuilds (nil:
+	// unlimited).
+	limit *repl.Limiter
 }
 
 // primaryLeg is a primary's replication of one volume.
