@@ -71,6 +71,17 @@ type Replica struct {
 	Since  int64  `json:"since"` // Unix nanoseconds: when it entered State
 	// Primary: the copy hosts do I/O to (on Volume.Node).
 	Primary bool `json:"primary,omitempty"`
+	// Rebuild: a rebuild's progress, given by the volume's primary only
+	// (GET /v1/volumes/{name} answered by that node) while it copies.
+	Rebuild *RebuildProgress `json:"rebuild,omitempty"`
+}
+
+// RebuildProgress is a running rebuild of a replica: the bytes of the
+// volume its full copy has passed (copied, or holes cleared) and the
+// volume's size.
+type RebuildProgress struct {
+	DoneBytes  uint64 `json:"done_bytes"`
+	TotalBytes uint64 `json:"total_bytes"`
 }
 
 // VolumeList is GET /v1/volumes.

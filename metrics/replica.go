@@ -15,7 +15,8 @@ type ReplicaVolume struct {
 // ReplicationCollector exports the replication of the volumes a node is
 // primary of (docs/replication.md §2): per volume its epoch and whether
 // it serves, per replica the writes sent, failed and held, and the legs
-// that waited for a free slot of the replica connection. A volume of one
+// that waited for a free slot of the replica connection, and a rebuild's
+// progress. A volume of one
 // replica, or served by another node, has none of these series.
 type ReplicationCollector struct {
 	vols func() []ReplicaVolume
@@ -42,6 +43,8 @@ func NewReplicationCollector(vols func() []ReplicaVolume) *ReplicationCollector 
 			counter("replica_held_writes_total", "Host I/Os held until the registry recorded the replica out of sync.", func(p *P) uint64 { return p.Held }),
 			counter("replica_backlogged_total", "Commands that found every slot of the replica connection busy and waited for one.", func(p *P) uint64 { return p.Backlogged }),
 			gauge("replica_backlog", "Commands waiting for a slot of the replica connection now.", func(p *P) float64 { return float64(p.Queued) }),
+			counter("replica_rebuild_bytes_total", "Bytes of the volume the replica's rebuild (a full copy) has passed: copied, or holes cleared.", func(p *P) uint64 { return p.RebuildDone }),
+			gauge("replica_rebuild_remaining_bytes", "Bytes of the volume the replica's rebuild has still to pass (0: none running, or done).", func(p *P) float64 { return float64(p.RebuildTotal - p.RebuildDone) }),
 		),
 	}
 }

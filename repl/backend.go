@@ -174,8 +174,13 @@ type Backend struct {
 	tick time.Duration // the backlog timer's period (backlogTick)
 
 	overflows, localFailures atomic.Uint64
+	// over holds the overflow records in use (allocated beyond Depth), so
+	// that a rebuild's copier waits for them too (Rebuild.quiesce).
+	overMu sync.Mutex
+	over   map[*record]struct{}
 
-	mu sync.Mutex // SetPeers
+	mu sync.Mutex // SetPeers, StartRebuild
+	rb *Rebuild   // the rebuild running (one at a time), under mu
 }
 
 var _ target.AsyncBackend = (*Backend)(nil)
@@ -209,6 +214,7 @@ func New(cfg Config) (*Backend, error) {
 	b.tick = min(backlogTick, max(cfg.HoldTimeout/4, time.Millisecond))
 	b.set.Store(&legSet{epoch: cfg.Epoch})
 	b.serving.Store(true)
+	b.over = make(map[*record]struct{})
 	b.recs = make([]record, cfg.Depth)
 	for i := range b.recs {
 		r := &b.recs[i]
@@ -270,8 +276,27 @@ func (b *Backend) SetPeers(epoch uint64, peers []Peer) error {
 		}
 		s.peers[i] = newPeer(b, p.Node, p.NS, epoch, uint64(xfer)>>b.shift)
 	}
+	// A replica being rebuilt (StartRebuild) stays at its epoch whether
+	// listed or not: the registry lists it once the rebuild committed it
+	// in sync. A new epoch ends the rebuild (its copier sees its peer
+	// gone).
+	var ended *Rebuild
+	if rb := b.rb; rb != nil {
+		if epoch != old.epoch {
+			ended = rb
+		} else if st := rb.p.state.Load(); (st == peerRebuilding || st == peerPromoting) && s.find(rb.p.node) == nil {
+			if len(s.peers) == MaxPeers {
+				b.mu.Unlock()
+				return fmt.Errorf("%w: %d peers and a rebuilding one, at most %d", ErrInvalid, len(peers), MaxPeers)
+			}
+			s.peers = append(s.peers, rb.p)
+		}
+	}
 	b.set.Store(s)
 	b.mu.Unlock()
+	if ended != nil {
+		ended.fail(fmt.Errorf("%w: epoch %d replaced by %d", ErrStaleEpoch, old.epoch, epoch))
+	}
 	// Legs parked on a peer the new set dropped still finish on it (their
 	// writes started with the old set); a kick makes sure none waits for
 	// a completion that is not coming.
@@ -362,19 +387,19 @@ func (b *Backend) Submit(io *target.IO) {
 		io.Done(errNotServing)
 		return
 	}
-	s := b.set.Load()
-	if len(s.peers) == 0 {
-		b.local.Submit(io)
-		return
-	}
 	switch io.Op {
 	case target.OpWrite, target.OpWriteZeroes, target.OpDeallocate, target.OpFlush:
 	default:
 		b.local.Submit(io) // reads never leave the primary
 		return
 	}
+	// The record before the leg set, also with no peer: a rebuild's
+	// copier, once it has stored a set with the rebuilding replica, waits
+	// for every record in use (Rebuild.quiesce); a write that loaded an
+	// older set (without that replica) is then in use already, so the
+	// copier waits for it to land before it reads what it wrote.
 	r := b.get()
-	r.start(io, s)
+	r.start(io, b.set.Load())
 }
 
 // now is the backend's monotonic clock in nanoseconds (backlog ages).
@@ -413,6 +438,10 @@ type PeerStats struct {
 	// others waiting) and waited in its backlog for a slot.
 	Backlogged uint64
 	Queued     int // legs waiting in the backlog now
+	// RebuildDone and RebuildTotal: a peer added by StartRebuild, the
+	// bytes of the volume its copier has passed (copied, or a hole
+	// deallocated) and the volume's size.
+	RebuildDone, RebuildTotal uint64
 }
 
 // Stats returns the counters of the backend and of its current peers.
@@ -423,6 +452,9 @@ func (b *Backend) Stats() Stats {
 		st.Peers = append(st.Peers, PeerStats{Node: p.node, State: peerStateNames[p.state.Load()],
 			Writes: p.writes.Load(), Failures: p.failures.Load(), Held: p.held.Load(),
 			Backlogged: p.backlogged.Load(), Queued: int(p.queued.Load())})
+		if p.rb != nil {
+			st.Peers[len(st.Peers)-1].RebuildDone, st.Peers[len(st.Peers)-1].RebuildTotal = p.rb.Progress()
+		}
 	}
 	return st
 }

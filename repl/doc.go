@@ -31,6 +31,11 @@
 // WriteAsync returns, so legs never keep the host's buffer; the local
 // leg uses it until its Done, before the host's.
 //
+// StartRebuild copies the local replica to an out-of-sync one while the
+// host writes (rebuild.go: a rebuilding peer takes every write but holds
+// none; the copier's windows and why they are safe), then has the lead
+// commit it in sync before it counts.
+//
 // What it must never do: acknowledge a write a replica the registry
 // counts in sync missed; block a poll group (a submit never waits); read
 // from a remote replica; know how the registry is reached (the Reporter

@@ -54,7 +54,53 @@ type fakeLocal struct {
 	q      []*target.IO
 	at     []int64 // seq number of each queued IO
 	ops    atomic.Int64
+	// alloc, if set (trackAlloc), says which blocks are allocated, as a
+	// store's map would: written, or zeroed; deallocated ones are not.
+	amu   sync.Mutex
+	alloc []bool
 }
+
+// trackAlloc makes the fake keep an allocation map (mapped, read).
+func (f *fakeLocal) trackAlloc() { f.alloc = make([]bool, testBlocks) }
+
+// setAlloc marks n blocks at lba allocated or not.
+func (f *fakeLocal) setAlloc(lba, n uint64, on bool) {
+	if f.alloc == nil {
+		return
+	}
+	f.amu.Lock()
+	for b := lba; b < lba+n && b < uint64(len(f.alloc)); b++ {
+		f.alloc[b] = on
+	}
+	f.amu.Unlock()
+}
+
+// mapped is (*store.Volume).Mapped over the allocation map: runs of
+// allocated blocks in [from, to), fn called without the lock.
+func (f *fakeLocal) mapped(from, to uint64, fn func(lba, blocks uint64) error) error {
+	f.amu.Lock()
+	var runs [][2]uint64
+	for b := from; b < min(to, uint64(len(f.alloc))); b++ {
+		if !f.alloc[b] {
+			continue
+		}
+		if k := len(runs); k > 0 && runs[k-1][0]+runs[k-1][1] == b {
+			runs[k-1][1]++
+		} else {
+			runs = append(runs, [2]uint64{b, 1})
+		}
+	}
+	f.amu.Unlock()
+	for _, r := range runs {
+		if err := fn(r[0], r[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// read is the store's blocking read of the local replica.
+func (f *fakeLocal) read(lba uint64, buf []byte) error { return f.mem.Read(lba, buf) }
 
 func newFakeLocal(t testing.TB, inline bool, sq *seq) *fakeLocal {
 	t.Helper()
@@ -95,11 +141,15 @@ func (f *fakeLocal) do(io *target.IO) error {
 	case target.OpRead:
 		return f.mem.Read(io.LBA, io.Data)
 	case target.OpWrite:
+		f.setAlloc(io.LBA, uint64(len(io.Data)/testBlock), true)
 		return f.mem.Write(io.LBA, io.Data, io.FUA)
 	case target.OpWriteZeroes:
+		f.setAlloc(io.LBA, io.Blocks, true)
 		return f.mem.WriteZeroes(io.LBA, io.Blocks, io.FUA)
 	case target.OpDeallocate:
-		return f.mem.Deallocate(io.LBA, io.Blocks)
+		err := f.mem.Deallocate(io.LBA, io.Blocks)
+		f.setAlloc(io.LBA, io.Blocks, false)
+		return err
 	case target.OpFlush:
 		return f.mem.Flush()
 	}

@@ -12,15 +12,32 @@ import (
 )
 
 // Peer states. A peer leaves peerInSync at most once (its first missed
-// write), and peerFailing once, for one of the two verdicts.
+// write), and peerFailing once, for one of the two verdicts. A peer
+// added by StartRebuild starts in peerRebuilding and ends in peerInSync
+// (through peerPromoting) or peerDropped.
 const (
 	peerInSync  uint32 = iota // takes every write
 	peerFailing               // missed a write; reported, unconfirmed: writes are held on it
 	peerOut                   // the registry confirmed it out of sync: writes skip it
 	peerRefused               // the report failed or timed out: writes it missed fail
+	// peerRebuilding: being copied to (rebuild.go) and sent every write,
+	// but the registry does not count it: a failure ends the rebuild
+	// (peerDropped) and holds no host write.
+	peerRebuilding
+	// peerPromoting: copied; the registry is being asked to count it in
+	// sync. It may have committed already, so a failure now is an
+	// in-sync replica's (peerFailing, reported).
+	peerPromoting
+	peerDropped // its rebuild failed or was cancelled: writes skip it
 )
 
-var peerStateNames = [...]string{peerInSync: "in-sync", peerFailing: "failing", peerOut: "out-of-sync", peerRefused: "unconfirmed"}
+var peerStateNames = [...]string{peerInSync: "in-sync", peerFailing: "failing", peerOut: "out-of-sync",
+	peerRefused: "unconfirmed", peerRebuilding: "rebuilding", peerPromoting: "promoting", peerDropped: "rebuild-failed"}
+
+// sending reports whether writes go to a peer in state st.
+func sending(st uint32) bool {
+	return st == peerInSync || st == peerRebuilding || st == peerPromoting
+}
 
 // peer is one remote replica in one epoch.
 type peer struct {
@@ -30,6 +47,7 @@ type peer struct {
 	epoch     uint64
 	maxBlocks uint64 // blocks per write command
 	state     atomic.Uint32
+	rb        *Rebuild // the rebuild that added it (StartRebuild), or nil
 	// waiting are the records held until the verdict: pushed by any
 	// completion, taken by whoever sees the verdict (see hold).
 	waiting lfstack.Stack[record]
@@ -103,7 +121,7 @@ func (p *peer) park(l *leg) {
 	p.queued.Add(1)
 	p.arm()
 	bl.mu.Unlock()
-	if p.inflight.Load() == 0 || p.state.Load() != peerInSync {
+	if p.inflight.Load() == 0 || !sending(p.state.Load()) {
 		p.kick()
 	}
 }
@@ -157,7 +175,7 @@ func (p *peer) kick() {
 		l.nextBL = nil
 		bl.mu.Unlock()
 		switch {
-		case p.state.Load() != peerInSync:
+		case !sending(p.state.Load()):
 			p.queued.Add(-1)
 			l.skip()
 		case p.b.now()-l.parked > int64(p.b.hold):
@@ -186,12 +204,31 @@ func (p *peer) kick() {
 
 // missed records that the peer failed a command (err: the leg's error)
 // and, the first time, reports it to the registry on a goroutine of its
-// own. Any goroutine; it never blocks.
+// own; a rebuilding peer's failure ends its rebuild instead (no report:
+// the registry does not count it in sync, and the rebuild's end tells
+// the lead). Any goroutine; it never blocks.
 func (p *peer) missed(err error) {
 	p.failures.Add(1)
-	if p.state.CompareAndSwap(peerInSync, peerFailing) {
-		go p.report(err)
+	for {
+		switch st := p.state.Load(); st {
+		case peerInSync, peerPromoting:
+			if !p.state.CompareAndSwap(st, peerFailing) {
+				continue
+			}
+			go p.report(err)
+			if p.rb != nil {
+				p.rb.fail(fmt.Errorf("%w: %w", ErrRebuildLeg, err))
+			}
+		case peerRebuilding:
+			if !p.state.CompareAndSwap(st, peerDropped) {
+				continue
+			}
+			p.rb.fail(fmt.Errorf("%w: %w", ErrRebuildLeg, err))
+		default:
+			return
+		}
 		p.kick() // its backlog's legs are skipped now
+		return
 	}
 }
 

@@ -25,7 +25,14 @@ type record struct {
 	// for that peer's verdict.
 	missed   atomic.Uint32
 	localErr error
+	solo     bool    // started with no peer: a local failure is the host's alone
 	next     *record // a peer's waiting stack
+	// uses is odd while the record carries a host I/O (get to put): a
+	// rebuild's copier waits for the records in use when it sets a
+	// window (Rebuild.quiesce). deferredOn is the window one of its legs
+	// waits on (Rebuild.hold), so that wait skips it.
+	uses       atomic.Uint32
+	deferredOn atomic.Pointer[window]
 
 	idx      uint32
 	nextFree atomic.Uint32 // free list: index+1 of the next free record
@@ -50,6 +57,7 @@ type leg struct {
 	k, n   uint64      // the next command to send, of n
 	parked int64       // when it entered the backlog (Backend.now)
 	nextBL *leg        // the backlog's link
+	nextRB *leg        // a rebuild window's held legs (Rebuild.hold)
 }
 
 func (r *record) init(b *Backend) {
@@ -65,15 +73,21 @@ func (r *record) init(b *Backend) {
 func (r *record) start(io *target.IO, s *legSet) {
 	r.host = io
 	r.localErr = nil
+	r.solo = len(s.peers) == 0
 	r.missed.Store(0)
 	r.pending.Store(2) // the local leg and the submitter
 	for i, p := range s.peers {
 		l := &r.legs[i]
 		l.p = p
 		switch p.state.Load() {
-		case peerInSync:
+		case peerInSync, peerPromoting:
 			r.pending.Add(1)
 			l.send(io)
+		case peerRebuilding:
+			r.pending.Add(1)
+			if !p.rb.hold(l, io) {
+				l.send(io)
+			}
 		case peerFailing, peerRefused:
 			r.missed.Or(l.bit) // it will not have this write: wait for its verdict
 		}
@@ -102,7 +116,9 @@ func (r *record) release() {
 // finish runs once every leg completed.
 func (r *record) finish() {
 	if err := r.localErr; err != nil {
-		r.b.localFailure(err)
+		if !r.solo { // with no peer it is a plain local backend
+			r.b.localFailure(err)
+		}
 		r.complete(err)
 		return
 	}
@@ -141,6 +157,7 @@ func (r *record) complete(err error) {
 	io := r.host
 	r.host = nil
 	r.local.Data = nil
+	r.uses.Add(1) // even: free (a copier's wait ends)
 	r.b.put(r)
 	io.Done(err)
 }
@@ -322,11 +339,16 @@ func (b *Backend) get() *record {
 			b.overflows.Add(1)
 			r := &record{}
 			r.init(b)
+			r.uses.Store(1)
+			b.overMu.Lock()
+			b.over[r] = struct{}{}
+			b.overMu.Unlock()
 			return r
 		}
 		r := &b.recs[i-1]
 		next := r.nextFree.Load()
 		if b.free.top.CompareAndSwap(old, (old>>32+1)<<32|uint64(next)) {
+			r.uses.Add(1)
 			return r
 		}
 	}
@@ -335,6 +357,9 @@ func (b *Backend) get() *record {
 // put returns a pooled record to the free list.
 func (b *Backend) put(r *record) {
 	if !r.pooled {
+		b.overMu.Lock()
+		delete(b.over, r)
+		b.overMu.Unlock()
 		return
 	}
 	for {

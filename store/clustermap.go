@@ -108,3 +108,39 @@ func (m *clusterMap) each(from, to uint64, fn func(i, phys uint64)) {
 		}
 	}
 }
+
+// nextRun returns the first run of consecutive mapped entries with index
+// in [from, to): its first index and the index past its end (a run stops
+// at to or at the first unmapped entry; physical contiguity does not
+// matter). ok is false when no entry in [from, to) is mapped. Lock-free
+// like get: an entry set or cleared meanwhile may or may not be seen.
+func (m *clusterMap) nextRun(from, to uint64) (start, end uint64, ok bool) {
+	i := from
+	for i < to {
+		t := i >> topShift
+		if t >= uint64(len(m.top)) {
+			return 0, 0, false
+		}
+		md := m.top[t].Load()
+		if md == nil {
+			i = (t + 1) << topShift
+			continue
+		}
+		lf := md[(i>>leafBits)&(midLen-1)].Load()
+		if lf == nil {
+			i = (i>>leafBits + 1) << leafBits
+			continue
+		}
+		if lf[i&(leafLen-1)].Load() != 0 {
+			break
+		}
+		i++
+	}
+	if i >= to {
+		return 0, 0, false
+	}
+	start = i
+	for i++; i < to && m.get(i) != 0; i++ {
+	}
+	return start, i, true
+}

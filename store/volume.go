@@ -571,3 +571,52 @@ func (v *Volume) Flush() error {
 	v.c.flushes.Add(1)
 	return nil
 }
+
+// mappedBatch bounds the clusters Mapped looks at under the volume's lock
+// at once, so a long walk never keeps a Resize or a Deallocate waiting
+// for long.
+const mappedBatch = 1 << 16
+
+// Mapped calls fn, in LBA order, for each run of allocated clusters whose
+// blocks meet [from, to): lba and blocks give the run clipped to [from,
+// to) and to the volume's size (a long run may come in pieces: at most
+// 65536 clusters are looked at per lock). Unallocated clusters (holes, which read
+// as zeros) are skipped. It holds no lock while fn runs, so fn may read
+// or write the volume; a cluster allocated or freed during the walk may
+// or may not be reported (a replica rebuild re-checks each region under
+// its own ordering, repl/rebuild.go). An error from fn stops the walk and
+// is returned as is.
+func (v *Volume) Mapped(from, to uint64, fn func(lba, blocks uint64) error) error {
+	v.mu.RLock()
+	if v.gone != nil {
+		v.mu.RUnlock()
+		return fmt.Errorf("volume %d: %w", v.id, v.gone)
+	}
+	cb := uint(v.s.cshift - v.shift) // log2 of blocks per cluster
+	to = min(to, v.info.Blocks())
+	v.mu.RUnlock()
+	for from < to {
+		v.mu.RLock()
+		if v.gone != nil {
+			v.mu.RUnlock()
+			return fmt.Errorf("volume %d: %w", v.id, v.gone)
+		}
+		to = min(to, v.info.Blocks()) // a shrink meanwhile
+		first, last := from>>cb, (to+(1<<cb)-1)>>cb
+		limit := min(last, first+mappedBatch)
+		start, end, ok := v.m.nextRun(first, limit)
+		v.mu.RUnlock()
+		if !ok {
+			from = limit << cb
+			continue
+		}
+		lba, stop := max(from, start<<cb), min(to, end<<cb)
+		if lba < stop {
+			if err := fn(lba, stop-lba); err != nil {
+				return err
+			}
+		}
+		from = stop
+	}
+	return nil
+}

@@ -588,6 +588,9 @@ func replicaRows(v volume) [][2]string {
 		if r.Reason != "" {
 			line += ": " + r.Reason
 		}
+		if rb := r.Rebuild; rb != nil && rb.TotalBytes > 0 {
+			line += fmt.Sprintf(" (copied %d%%: %s of %s)", rb.DoneBytes*100/rb.TotalBytes, api.HumanSize(rb.DoneBytes), api.HumanSize(rb.TotalBytes))
+		}
 		rows = append(rows, [2]string{"  replica", line})
 	}
 	return rows

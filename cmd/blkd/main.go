@@ -57,6 +57,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.StringFlag{Name: "zone", EnvVars: []string{"BLK_ZONE"}, Usage: "this node's failure domain (a rack, a room), registered with it: placement never puts two replicas of a volume in one zone (default: none, the node is a zone of its own)"},
 			&cli.Float64Flag{Name: "overcommit", EnvVars: []string{"BLK_OVERCOMMIT"}, Value: 1, Usage: "bytes of thin volumes this node may promise per byte of its disk (1: no more than the disk holds)"},
 			&cli.StringSliceFlag{Name: "dhchap-dhgroups", EnvVars: []string{"BLK_DHCHAP_DHGROUPS"}, Usage: "DH-HMAC-CHAP groups accepted from authenticating hosts, preferred first (ffdhe2048,...,ffdhe8192,null; default all, any group before none)"},
+			&cli.Int64Flag{Name: "rebuild-rate", EnvVars: []string{"BLK_REBUILD_RATE"}, Usage: "bytes per second the rebuilds of replicas this node is primary of may copy, together (0: unlimited)"},
 			&cli.DurationFlag{Name: "sync-interval", EnvVars: []string{"BLK_SYNC_INTERVAL"}, Value: blkd.DefaultSyncInterval, Usage: "make acknowledged writes durable within this time even without a host's Flush (at most 1s; negative: only Flush and FUA do, as NVMe allows)"},
 			&cli.DurationFlag{Name: "poll-spin", EnvVars: []string{"BLK_POLL_SPIN"}, Value: blkd.DefaultPollSpin, Usage: "how long an NVMe/TCP poll group keeps polling after its last work before it sleeps: lower latency for CPU; 0: sleep at once (nodes sharing their cores with other busy processes)"},
 			&cli.DurationFlag{Name: "detach-after", EnvVars: []string{"BLK_DETACH_AFTER"}, Value: blkd.DefaultDetachAfter, Usage: "remove an attachment whose host has had no live controller this long (negative: never)"},
@@ -133,6 +134,9 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 	}
 	if c.IsSet("dhchap-dhgroups") {
 		cfg.DHCHAPDHGroups = c.StringSlice("dhchap-dhgroups")
+	}
+	if c.IsSet("rebuild-rate") {
+		cfg.RebuildRate = c.Int64("rebuild-rate")
 	}
 	if c.IsSet("sync-interval") {
 		cfg.SyncInterval = blkd.Duration(c.Duration("sync-interval"))

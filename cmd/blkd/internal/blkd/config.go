@@ -125,6 +125,10 @@ type Config struct {
 	// FUA write makes writes durable, which is all NVMe promises with a
 	// volatile write cache (docs/volume.md, "Durability").
 	SyncInterval Duration `json:"sync_interval,omitempty"`
+	// RebuildRate bounds, in bytes per second, what the rebuilds of
+	// replicas this node runs as primary copy, together
+	// (docs/replication.md §5); 0: unlimited (the default).
+	RebuildRate int64 `json:"rebuild_rate,omitempty"`
 	// DHCHAPDHGroups are the DH-HMAC-CHAP groups the target accepts from
 	// hosts that must authenticate, in its order of preference ("ffdhe2048",
 	// ..., "null"). Empty: every group, any before none. A Linux host
@@ -284,6 +288,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.validateDevice(); err != nil {
 		return err
+	}
+	if c.RebuildRate < 0 {
+		return fmt.Errorf("%w: --rebuild-rate %d is negative (0: unlimited)", ErrConfig, c.RebuildRate)
 	}
 	if time.Duration(c.SyncInterval) > store.MaxSyncInterval {
 		return fmt.Errorf("%w: --sync-interval %v is above %v (a negative value turns the background sync off)", ErrConfig, time.Duration(c.SyncInterval), store.MaxSyncInterval)

@@ -38,6 +38,7 @@ func TestConfig(t *testing.T) {
 		want string
 	}{
 		{Config{Cores: -2}, "--cores -2"},
+		{Config{RebuildRate: -1}, "--rebuild-rate -1 is negative"},
 		{Config{PollSpin: Duration(20 * time.Millisecond)}, "--poll-spin 20ms: at most 10ms"},
 		{Config{APIAddr: "nohost"}, `--api-addr "nohost"`},
 		{Config{Join: "nohost"}, `--join "nohost"`},

@@ -21,6 +21,7 @@ import (
 	"github.com/blk-project/blk/internal/ratelog"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/metrics"
+	"github.com/blk-project/blk/repl"
 	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/store/aio"
 	"github.com/blk-project/blk/target"
@@ -115,6 +116,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	cfg = cfg.WithDefaults()
 	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1), stop: make(chan struct{})}
 	d.repl = replicas{fences: map[uint64]fence{}, primary: map[uint64]*primaryLeg{}}
+	if cfg.RebuildRate > 0 {
+		d.repl.limit = repl.NewLimiter(cfg.RebuildRate)
+	}
 	d.log, d.rl, d.audit = newLogger(cfg)
 	defer func() {
 		if err != nil {

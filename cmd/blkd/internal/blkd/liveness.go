@@ -193,5 +193,10 @@ func authMode(s meta.HostSecret) string {
 func (d *Daemon) view(v meta.Volume) api.Volume {
 	var out []api.Volume
 	d.node.FSM().Read(func(s *meta.State) { out = views(s, v) })
+	for i, r := range out[0].Replicas {
+		if done, total, ok := d.rebuildProgress(v.ID, r.Node); ok {
+			out[0].Replicas[i].Rebuild = &api.RebuildProgress{DoneBytes: done, TotalBytes: total}
+		}
+	}
 	return out[0]
 }

@@ -112,6 +112,9 @@ type replicas struct {
 	mu      sync.Mutex
 	fences  map[uint64]fence       // by volume ID, secondaries
 	primary map[uint64]*primaryLeg // by volume ID, primaries
+	// limit is --rebuild-rate, shared by the node's rebuilds (nil:
+	// unlimited).
+	limit *repl.Limiter
 }
 
 // primaryLeg is a primary's replication of one volume.
@@ -124,6 +127,10 @@ type primaryLeg struct {
 	ready  chan struct{} // closed once the backend serves
 	mu     sync.Mutex
 	ctrls  map[string]*initiator.Controller // by node, connected legs
+	// rebuilt is closed when the rebuild loop (rebuild.go) ended; nil
+	// if it never started.
+	rebuilt chan struct{}
+	rebuild *repl.Rebuild // the last one started, under mu
 }
 
 // admit is the replica subsystem's admission of volume id: only the
@@ -177,6 +184,18 @@ type replicaReport struct {
 	Epoch  uint64 `json:"epoch"`
 	Node   string `json:"node"`
 	Reason string `json:"reason"`
+	// State is what the primary asks for: out-of-sync (none: a replica
+	// that missed a write), rebuilding (a rebuild starts), in-sync (a
+	// rebuild copied everything).
+	State meta.ReplicaState `json:"state,omitempty"`
+}
+
+// state is the state rep asks for.
+func (rep replicaReport) state() meta.ReplicaState {
+	if rep.State == "" {
+		return meta.ReplicaOutOfSync
+	}
+	return rep.State
 }
 
 // reporter is a primary's repl.Reporter for one volume: it has the
@@ -219,7 +238,7 @@ var errReportRefused = errors.New("replica report refused")
 
 func (d *Daemon) reportOnce(ctx context.Context, rep replicaReport) error {
 	if d.node.IsLeader() {
-		return d.mgr.SetReplicaState(ctx, rep.Volume, rep.Epoch, rep.Node, meta.ReplicaOutOfSync, rep.Reason, false)
+		return d.mgr.SetReplicaState(ctx, rep.Volume, rep.Epoch, rep.Node, rep.state(), rep.Reason, false)
 	}
 	_, api := d.leaderAPI()
 	if api == "" {
@@ -255,6 +274,11 @@ func (d *Daemon) internalReplica(w http.ResponseWriter, r *http.Request) error {
 	if rep.Volume == "" || rep.Node == "" || rep.Epoch == 0 {
 		return badRequest(`"volume", "node" and "epoch" are required`)
 	}
+	switch rep.state() {
+	case meta.ReplicaOutOfSync, meta.ReplicaRebuilding, meta.ReplicaInSync:
+	default:
+		return badRequest("state %q: a primary reports out-of-sync, rebuilding or in-sync", rep.State)
+	}
 	// Only the volume's primary reports on its replicas: a node
 	// certificate naming another node is refused.
 	if name, bound := certNode(r); bound {
@@ -266,10 +290,10 @@ func (d *Daemon) internalReplica(w http.ResponseWriter, r *http.Request) error {
 			return &apiError{http.StatusForbidden, fmt.Sprintf("node %s is not the primary of volume %q (%s is): only the primary reports its replicas", name, rep.Volume, v.Node)}
 		}
 	}
-	if err := d.mgr.SetReplicaState(r.Context(), rep.Volume, rep.Epoch, rep.Node, meta.ReplicaOutOfSync, rep.Reason, false); err != nil {
+	if err := d.mgr.SetReplicaState(r.Context(), rep.Volume, rep.Epoch, rep.Node, rep.state(), rep.Reason, false); err != nil {
 		return metaError(err, "")
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"volume": rep.Volume, "node": rep.Node, "state": string(meta.ReplicaOutOfSync)})
+	writeJSON(w, http.StatusOK, map[string]string{"volume": rep.Volume, "node": rep.Node, "state": string(rep.state())})
 	return nil
 }
 
@@ -356,8 +380,12 @@ func (d *Daemon) startLegs(pl *primaryLeg, v meta.Volume) {
 			return
 		}
 		pl.b.SetServing(true)
+		pl.mu.Lock()
+		pl.rebuilt = make(chan struct{})
+		pl.mu.Unlock()
 		close(pl.ready)
 		d.log.Info("replicated volume served", slog.String("volume", v.Name), slog.Uint64("epoch", pl.epoch), slog.Int("legs", len(peers)))
+		go d.rebuildLoop(ctx, pl, v.ID, v.Name)
 	}()
 }
 
@@ -396,6 +424,12 @@ func (pl *primaryLeg) stop() {
 	if pl.cancel != nil {
 		pl.cancel()
 		<-pl.done
+	}
+	pl.mu.Lock()
+	rebuilt := pl.rebuilt
+	pl.mu.Unlock()
+	if rebuilt != nil {
+		<-rebuilt
 	}
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
@@ -532,10 +566,16 @@ func (d *Daemon) refreshPrimaryLeg(v meta.Volume) {
 	if pl == nil {
 		return
 	}
+	// A replica the backend counts in sync while v does not: v is older
+	// than the rebuild's commit (rebuild.go), not a loss.
+	inSync := map[string]bool{}
+	for _, p := range pl.b.Stats().Peers {
+		inSync[p.Node] = p.State == "in-sync"
+	}
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	for node, c := range pl.ctrls {
-		if r, ok := v.Replica(node); !ok || r.State != meta.ReplicaInSync {
+		if r, ok := v.Replica(node); (!ok || r.State != meta.ReplicaInSync) && !(ok && inSync[node]) {
 			c.Close()
 			delete(pl.ctrls, node)
 		}

@@ -1,0 +1,213 @@
+package blkd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/repl"
+	"github.com/blk-project/blk/store"
+)
+
+// Rebuild of out-of-sync replicas (docs/replication.md §5, full copy):
+// the primary of a replicated volume looks at its registry copy every
+// rebuildPoll; a replica out of sync (or left rebuilding by a primary
+// that stopped mid-copy) whose node is up is connected, committed
+// rebuilding, copied while the host writes (repl.Backend.StartRebuild),
+// and committed in sync; on failure it is committed out of sync again
+// with the reason and tried again after rebuildBackoff. One rebuild per
+// volume at a time. Nothing is kept across a restart of the primary: the
+// next one starts over with a full copy.
+
+const (
+	// rebuildPoll: how often a primary looks for a replica to rebuild.
+	rebuildPoll = time.Second
+	// rebuildBackoff: the pause after a failed rebuild of a replica.
+	rebuildBackoff = 5 * time.Second
+	// rebuildRegion: the copier's window (repl.DefaultRegionBytes; the
+	// store reads at most its MaxTransferBytes, 1 MiB by default, at once).
+	rebuildRegion = 256 << 10
+)
+
+// rebuildLoop rebuilds v's out-of-sync replicas while pl serves, until
+// ctx ends.
+func (d *Daemon) rebuildLoop(ctx context.Context, pl *primaryLeg, id uint64, name string) {
+	defer close(pl.rebuilt)
+	failed := map[string]time.Time{} // node → last failure
+	t := time.NewTicker(rebuildPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !pl.b.Serving() {
+			continue
+		}
+		// The backend knows better than the registry copy, which may not
+		// have applied the last commit yet: a replica it writes to (in
+		// sync, rebuilding) or is reporting is no candidate.
+		busy := map[string]bool{}
+		for _, p := range pl.b.Stats().Peers {
+			switch p.State {
+			case "in-sync", "failing", "rebuilding", "promoting":
+				busy[p.Node] = true
+			}
+		}
+		var (
+			v    meta.Volume
+			ok   bool
+			node string
+			left bool // the registry says rebuilding: a rebuild of an earlier primary's, or ours that could not be reported
+		)
+		d.node.FSM().Read(func(s *meta.State) {
+			v, ok = s.Volume(name)
+			if !ok || v.ID != id || v.Node != d.cfg.NodeID || v.CurrentEpoch() != pl.epoch {
+				ok = false
+				return
+			}
+			for _, r := range v.ReplicaSet() {
+				if r.Node == d.cfg.NodeID || busy[r.Node] || (r.State != meta.ReplicaOutOfSync && r.State != meta.ReplicaRebuilding) {
+					continue
+				}
+				if n, up := s.Node(r.Node); !up || n.State != meta.NodeUp {
+					continue
+				}
+				if time.Since(failed[r.Node]) < rebuildBackoff {
+					continue
+				}
+				node, left = r.Node, r.State == meta.ReplicaRebuilding
+				return
+			}
+		})
+		if !ok || node == "" {
+			continue
+		}
+		if err := d.rebuildReplica(ctx, pl, v, node, left); err != nil {
+			failed[node] = time.Now()
+			if ctx.Err() == nil {
+				d.log.Warn("replica rebuild failed", slog.String("volume", v.Name), slog.String("node", node), slog.String("err", err.Error()))
+			}
+		} else {
+			delete(failed, node)
+		}
+	}
+}
+
+// rebuildReplica runs one full copy of v's replica on node.
+func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volume, node string, left bool) error {
+	epoch := pl.epoch
+	setCtx := func(ctx context.Context, state meta.ReplicaState, reason string) error {
+		rctx, cancel := context.WithTimeout(ctx, ownerTimeout)
+		defer cancel()
+		return d.reportReplica(rctx, replicaReport{Volume: v.Name, Epoch: epoch, Node: node, State: state, Reason: reason})
+	}
+	set := func(state meta.ReplicaState, reason string) error { return setCtx(ctx, state, reason) }
+	if left {
+		// rebuilding → rebuilding is no legal move: back to out of sync
+		// first, and a full copy from the start.
+		if err := set(meta.ReplicaOutOfSync, fmt.Sprintf("rebuild restarted by primary %s at epoch %d", d.cfg.NodeID, epoch)); err != nil {
+			return fmt.Errorf("out of sync before a new rebuild: %w", err)
+		}
+	}
+	vol, err := d.store.Volume(store.ID(v.ID))
+	if err != nil {
+		return err
+	}
+	c, err := d.connectLeg(ctx, v, epoch, node)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	ns := c.Namespace(1)
+	if ns == nil {
+		c.Close()
+		return errors.New("the replica subsystem has no namespace 1")
+	}
+	if err := set(meta.ReplicaRebuilding, fmt.Sprintf("full copy from %s at epoch %d", d.cfg.NodeID, epoch)); err != nil {
+		c.Close()
+		return fmt.Errorf("commit rebuilding: %w", err)
+	}
+	kept := false
+	rb, err := pl.b.StartRebuild(epoch, repl.RebuildConfig{
+		Node: node, NS: ns, MaxTransfer: c.Info().MaxTransfer,
+		Mapped: vol.Mapped, Read: vol.Read, RegionBytes: rebuildRegion, Limiter: d.repl.limit,
+		Logger: d.log.With(slog.String("volume", v.Name)),
+		Promote: func(pctx context.Context) error {
+			if err := setCtx(pctx, meta.ReplicaInSync, fmt.Sprintf("rebuilt: full copy from %s at epoch %d", d.cfg.NodeID, epoch)); err != nil {
+				return err
+			}
+			// In sync now: the connection is one of the volume's legs,
+			// closed by refreshPrimaryLeg when the replica leaves.
+			pl.mu.Lock()
+			if old := pl.ctrls[node]; old != nil && old != c {
+				old.Close()
+			}
+			pl.ctrls[node] = c
+			kept = true
+			pl.mu.Unlock()
+			return nil
+		},
+	})
+	if err != nil {
+		c.Close()
+		_ = set(meta.ReplicaOutOfSync, fmt.Sprintf("rebuild not started: %v", err))
+		return err
+	}
+	pl.mu.Lock()
+	pl.rebuild = rb
+	pl.mu.Unlock()
+	select {
+	case <-rb.Done():
+	case <-ctx.Done():
+		rb.Cancel()
+		<-rb.Done()
+	}
+	err = rb.Err()
+	pl.mu.Lock()
+	if !kept {
+		c.Close()
+	}
+	pl.mu.Unlock()
+	if err == nil {
+		done, _ := rb.Progress()
+		d.log.Info("replica rebuilt: in sync", slog.String("volume", v.Name), slog.String("node", node), slog.Uint64("epoch", epoch),
+			slog.Uint64("copied_bytes", rb.Copied()), slog.Uint64("bytes", done))
+		return nil
+	}
+	if ctx.Err() == nil && !kept {
+		// A failure after the commit in sync is the data path's: it
+		// reported the replica out of sync itself.
+		if rerr := set(meta.ReplicaOutOfSync, fmt.Sprintf("rebuild failed: %v", err)); rerr != nil {
+			d.log.Warn("replica rebuild failed and not recorded out of sync", slog.String("volume", v.Name), slog.String("node", node), slog.String("err", rerr.Error()))
+		}
+	}
+	return err
+}
+
+// rebuildProgress is the rebuild of v's replica on node that this
+// node runs as primary, if any: bytes passed and the volume's size.
+func (d *Daemon) rebuildProgress(id uint64, node string) (done, total uint64, ok bool) {
+	d.repl.mu.Lock()
+	pl := d.repl.primary[id]
+	d.repl.mu.Unlock()
+	if pl == nil {
+		return 0, 0, false
+	}
+	pl.mu.Lock()
+	rb := pl.rebuild
+	pl.mu.Unlock()
+	if rb == nil || rb.Node() != node || rb.Err() != nil {
+		return 0, 0, false
+	}
+	select {
+	case <-rb.Done():
+		return 0, 0, false
+	default:
+	}
+	done, total = rb.Progress()
+	return done, total, true
+}

@@ -1,0 +1,653 @@
+package repl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/target"
+)
+
+// A full-copy rebuild (docs/replication.md §5): StartRebuild adds an
+// out-of-sync replica to the leg set as rebuilding, so every host write,
+// write zeroes, deallocate and flush from then on goes to it too, and a
+// copier goroutine walks the whole LBA space of the local replica in
+// order: every allocated run is read locally and written to the replica,
+// every hole deallocated there (it reads as zeros, as on the primary).
+// Then a Flush on the replica, then Promote (the lead commits the replica
+// in sync), then the peer counts as in sync.
+//
+// The race between the copier and the host's writes. The copier works in
+// windows [lo, hi) (a region of at most RegionBytes of a mapped run, or
+// one hole), published in Rebuild.win. For each window:
+//
+//  1. Publish the window.
+//  2. Quiesce: wait for every record in use (a host write between get
+//     and complete: record.uses odd) to complete, except those holding a
+//     leg on this window (3).
+//  3. A host write whose rebuilding leg overlaps the published window
+//     does not send that leg: it is held (Rebuild.hold) until the
+//     window's copy has been written on the replica (the record stays
+//     pending; its local leg and in-sync legs go out as usual).
+//  4. Look at the local map of the window again, read the local data
+//     of its mapped runs, write them to the replica, deallocate the
+//     rest there, wait for those commands.
+//  5. Clear the window, send the held legs.
+//
+// Why no copy carries bytes older than a host write that reached the
+// replica first. Take a host write H overlapping window W, and C, W's
+// copy. H takes its record (uses odd, an atomic add), then loads the
+// leg set and, for the rebuilding peer, the window; the copier stores the
+// set (StartRebuild) and the window, then loads each record's uses. Go's
+// atomics are sequentially consistent, so either H saw W (it is held,
+// step 3: its leg reaches the replica after C, so the replica ends with
+// H's bytes, and whatever C read locally is H's or older ones H
+// overwrites on both), or the copier saw H's record in use and waited
+// (step 2) until H completed on every leg, the local one and this
+// replica's included, before it read: C then carries H's bytes or a
+// later write's, never older ones. A write that loaded a leg set
+// without the rebuilding replica (before StartRebuild) is in the second
+// case too: it took its record before it loaded the set. Writes outside
+// the window go to the replica as they come: a region copied stays
+// current, one not copied yet is copied later with them in it. A hole
+// seen in step 4 after the quiesce has no write in flight but held ones,
+// which land after the Deallocate.
+//
+// Only one rebuild runs per Backend: with two, a write held on one's
+// window would be waited for by the other's quiesce and the reverse.
+// Holes: the copier deallocates each hole on the replica (one command per
+// hole, whatever its size) rather than the whole namespace first, which
+// would race the host writes already going to it.
+
+// Defaults of RebuildConfig.
+const (
+	// DefaultRegionBytes: 1 MiB windows (16 clusters of 64 KiB): host
+	// writes to the window wait for one region's copy at most.
+	DefaultRegionBytes = 1 << 20
+	maxRegionBytes     = 64 << 20
+	// maxCopyCommands bounds the copier's commands in flight (a window's
+	// region at the leg's largest transfer).
+	maxCopyCommands = 64
+)
+
+var (
+	// ErrRebuildBusy: StartRebuild while another rebuild of the backend
+	// runs.
+	ErrRebuildBusy = errors.New("repl: a rebuild is running")
+	// ErrRebuildLeg: the rebuilding replica failed a command.
+	ErrRebuildLeg = errors.New("repl: rebuilding replica failed")
+	// ErrRebuildCancelled: Cancel, or the backend dropped the peer.
+	ErrRebuildCancelled = errors.New("repl: rebuild cancelled")
+)
+
+// RebuildConfig describes one full copy to a replica.
+type RebuildConfig struct {
+	Node string // the replica's node ID
+	NS   Leg    // its namespace (a connection of the primary at the current epoch)
+	// MaxTransfer: the leg's largest write in bytes (0:
+	// initiator.DefaultMaxTransfer).
+	MaxTransfer int
+	// Mapped walks the local replica's allocated runs in LBA order
+	// ((*store.Volume).Mapped); a run mapped or freed meanwhile may or
+	// may not be seen. Required.
+	Mapped func(from, to uint64, fn func(lba, blocks uint64) error) error
+	// Read reads the local replica (store.Volume.Read): the copier's own
+	// goroutine, which may block. Required.
+	Read func(lba uint64, buf []byte) error
+	// RegionBytes is the window's size (DefaultRegionBytes), a multiple
+	// of the block size.
+	RegionBytes int
+	// Rate bounds the bytes copied per second (0: unlimited); holes cost
+	// nothing. Ignored with a Limiter.
+	Rate int64
+	// Limiter, if set, is shared with other rebuilds (a node's rate).
+	Limiter *Limiter
+	// Promote asks the registry to count the replica in sync at the
+	// backend's epoch, once every byte is on it and flushed: only after
+	// it returned nil do the replica's failures hold host writes. It may
+	// take long; its context ends with Cancel. Required.
+	Promote func(ctx context.Context) error
+	Logger  *slog.Logger
+}
+
+// Rebuild is one running full copy (StartRebuild).
+type Rebuild struct {
+	b      *Backend
+	p      *peer
+	cfg    RebuildConfig
+	blocks uint64 // the volume's, at the start
+	region uint64 // blocks per window
+	xfer   uint64 // blocks per write command
+
+	win     atomic.Pointer[window]
+	mu      sync.Mutex // held: the legs waiting for the window, and the window's clearing
+	held    *leg
+	heldN   int
+	ctx     context.Context
+	cancel  context.CancelFunc
+	errOnce sync.Once
+	cause   error // the first failure (fail), before ctx ends
+
+	done, copied atomic.Uint64 // bytes passed, bytes written
+	fin          chan struct{}
+	err          error // set before fin closes
+
+	// The copier's commands: one callback, results on cbs.
+	cbs  chan error
+	buf  []byte
+	runs [][2]uint64
+}
+
+// window is one published range of the copier, [lo, hi) in blocks;
+// immutable once stored.
+type window struct{ lo, hi uint64 }
+
+// copyCB is the initiator.Callback of the copier's commands.
+type copyCB chan error
+
+func (c copyCB) IODone(err error) { c <- err }
+
+// StartRebuild adds cfg.Node as a rebuilding peer at epoch (the
+// backend's: the lead has committed the replica rebuilding at it) and
+// starts copying. Host writes go to the replica from now on; its
+// failures end the rebuild and hold no write. The returned Rebuild ends
+// (Done) once the replica is in sync (Err nil) or the rebuild failed.
+func (b *Backend) StartRebuild(epoch uint64, cfg RebuildConfig) (*Rebuild, error) {
+	switch {
+	case cfg.Node == "":
+		return nil, fmt.Errorf("%w: rebuild of no node", ErrInvalid)
+	case cfg.NS == nil:
+		return nil, fmt.Errorf("%w: rebuild of %s: no namespace", ErrInvalid, cfg.Node)
+	case cfg.Mapped == nil || cfg.Read == nil || cfg.Promote == nil:
+		return nil, fmt.Errorf("%w: rebuild of %s: Mapped, Read and Promote are required", ErrInvalid, cfg.Node)
+	case cfg.Rate < 0:
+		return nil, fmt.Errorf("%w: rebuild rate %d", ErrInvalid, cfg.Rate)
+	}
+	if cfg.Limiter == nil && cfg.Rate > 0 {
+		cfg.Limiter = NewLimiter(cfg.Rate)
+	}
+	bs := 1 << b.shift
+	if cfg.RegionBytes == 0 {
+		cfg.RegionBytes = DefaultRegionBytes
+	}
+	if cfg.RegionBytes < bs || cfg.RegionBytes > maxRegionBytes || cfg.RegionBytes%bs != 0 {
+		return nil, fmt.Errorf("%w: rebuild region %d bytes (block %d, at most %d)", ErrInvalid, cfg.RegionBytes, bs, maxRegionBytes)
+	}
+	xfer := cfg.MaxTransfer
+	if xfer == 0 {
+		xfer = initiator.DefaultMaxTransfer
+	}
+	if xfer < bs || xfer%bs != 0 {
+		return nil, fmt.Errorf("%w: rebuild of %s: max transfer %d is not a multiple of the block size %d", ErrInvalid, cfg.Node, xfer, bs)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = b.log
+	}
+	g, err := b.local.Geometry()
+	if err != nil {
+		return nil, fmt.Errorf("repl: local geometry: %w", err)
+	}
+	r := &Rebuild{b: b, cfg: cfg, blocks: g.Blocks, region: uint64(cfg.RegionBytes) >> b.shift,
+		xfer: uint64(xfer) >> b.shift, fin: make(chan struct{}), cbs: make(chan error, maxCopyCommands)}
+	r.region = min(r.region, r.xfer*maxCopyCommands)
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+
+	b.mu.Lock()
+	old := b.set.Load()
+	switch {
+	case epoch != old.epoch:
+		b.mu.Unlock()
+		return nil, fmt.Errorf("%w: rebuild at epoch %d, backend at %d", ErrStaleEpoch, epoch, old.epoch)
+	case b.rb != nil:
+		b.mu.Unlock()
+		return nil, fmt.Errorf("%w: of %s", ErrRebuildBusy, b.rb.p.node)
+	}
+	s := &legSet{epoch: epoch, peers: make([]*peer, 0, len(old.peers)+1)}
+	for _, p := range old.peers {
+		if p.node != cfg.Node {
+			s.peers = append(s.peers, p)
+			continue
+		}
+		if st := p.state.Load(); st == peerInSync || st == peerFailing {
+			b.mu.Unlock()
+			return nil, fmt.Errorf("%w: %s is %s, not out of sync", ErrInvalid, cfg.Node, peerStateNames[st])
+		}
+	}
+	if len(s.peers) == MaxPeers {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("%w: %d peers, at most %d", ErrInvalid, len(s.peers)+1, MaxPeers)
+	}
+	r.p = newPeer(b, cfg.Node, cfg.NS, epoch, r.xfer)
+	r.p.rb = r
+	r.p.state.Store(peerRebuilding)
+	s.peers = append(s.peers, r.p)
+	b.rb = r
+	b.set.Store(s)
+	b.mu.Unlock()
+	r.cfg.Logger.Info("rebuild started", "node", cfg.Node, "epoch", epoch, "bytes", r.blocks<<b.shift, "rate", cfg.Rate)
+	go r.run()
+	return r, nil
+}
+
+// Done is closed once the rebuild ended; Err then says how.
+func (r *Rebuild) Done() <-chan struct{} { return r.fin }
+
+// Err is nil once the replica is in sync, the failure otherwise; nil
+// too while the rebuild runs.
+func (r *Rebuild) Err() error {
+	select {
+	case <-r.fin:
+		return r.err
+	default:
+		return nil
+	}
+}
+
+// Node is the replica being rebuilt.
+func (r *Rebuild) Node() string { return r.cfg.Node }
+
+// Progress returns the bytes of the volume the copier has passed and
+// the volume's size.
+func (r *Rebuild) Progress() (done, total uint64) {
+	return r.done.Load(), r.blocks << r.b.shift
+}
+
+// Copied is the bytes written to the replica by the copier (holes not
+// counted).
+func (r *Rebuild) Copied() uint64 { return r.copied.Load() }
+
+// Cancel ends the rebuild (ErrRebuildCancelled unless it ended already);
+// the replica stops taking writes. It does not wait: see Done.
+func (r *Rebuild) Cancel() { r.fail(ErrRebuildCancelled) }
+
+// fail ends the rebuild with err (the first one counts).
+func (r *Rebuild) fail(err error) {
+	r.errOnce.Do(func() {
+		r.mu.Lock()
+		r.cause = err
+		r.mu.Unlock()
+		r.cancel()
+	})
+}
+
+func (r *Rebuild) failure() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cause != nil {
+		return r.cause
+	}
+	return ErrRebuildCancelled
+}
+
+// check returns why the copier must stop, if it must.
+func (r *Rebuild) check() error {
+	if r.ctx.Err() != nil {
+		return r.failure()
+	}
+	if st := r.p.state.Load(); st != peerRebuilding {
+		return fmt.Errorf("%w: replica %s", ErrRebuildLeg, peerStateNames[st])
+	}
+	if r.b.set.Load().find(r.p.node) != r.p {
+		return fmt.Errorf("%w: replica %s left the leg set", ErrRebuildCancelled, r.p.node)
+	}
+	return nil
+}
+
+func (r *Rebuild) run() {
+	start := time.Now()
+	err := r.copyAll()
+	if err == nil {
+		err = r.flush()
+	}
+	if err == nil {
+		err = r.promote()
+	}
+	if err != nil && r.p.state.CompareAndSwap(peerRebuilding, peerDropped) {
+		r.p.kick()
+	}
+	r.release(nil) // a window left by an error: its held legs
+	r.cancel()
+	b := r.b
+	b.mu.Lock()
+	if b.rb == r {
+		b.rb = nil
+	}
+	b.mu.Unlock()
+	r.err = err
+	if err != nil {
+		r.cfg.Logger.Warn("rebuild failed", "node", r.p.node, "epoch", r.p.epoch, "done_bytes", r.done.Load(), "error", err)
+	} else {
+		r.cfg.Logger.Info("rebuild done: replica in sync", "node", r.p.node, "epoch", r.p.epoch,
+			"copied_bytes", r.copied.Load(), "seconds", time.Since(start).Seconds())
+	}
+	close(r.fin)
+}
+
+// promote asks the registry to count the replica in sync: from the
+// moment it is asked, the replica's failures are an in-sync replica's
+// (held and reported), since the commit may land before the answer.
+func (r *Rebuild) promote() error {
+	p := r.p
+	if !p.state.CompareAndSwap(peerRebuilding, peerPromoting) {
+		return r.check()
+	}
+	if err := r.cfg.Promote(r.ctx); err != nil {
+		if p.state.CompareAndSwap(peerPromoting, peerDropped) {
+			p.kick()
+		}
+		return fmt.Errorf("repl: replica %s copied, not committed in sync: %w", p.node, err)
+	}
+	if !p.state.CompareAndSwap(peerPromoting, peerInSync) {
+		// It failed while the commit was asked: reported as an in-sync
+		// replica that missed a write.
+		return fmt.Errorf("%w: replica %s failed while being committed in sync", ErrRebuildLeg, p.node)
+	}
+	return nil
+}
+
+// copyAll walks the volume in windows, in LBA order.
+func (r *Rebuild) copyAll() error {
+	errFound := errors.New("found")
+	for c := uint64(0); c < r.blocks; {
+		if err := r.check(); err != nil {
+			return err
+		}
+		var s, e uint64
+		found := false
+		err := r.cfg.Mapped(c, r.blocks, func(lba, n uint64) error {
+			s, e, found = lba, lba+n, true
+			return errFound
+		})
+		if err != nil && err != errFound {
+			return fmt.Errorf("repl: rebuild: local map: %w", err)
+		}
+		hi := min(r.blocks, c+maxLegDeallocate) // a hole
+		switch {
+		case found && s > c:
+			hi = min(hi, s)
+		case found:
+			hi = min(e, c+r.region)
+		}
+		if err := r.copyWindow(c, hi); err != nil {
+			return err
+		}
+		c = hi
+		r.done.Store(c << r.b.shift)
+	}
+	return nil
+}
+
+// copyWindow copies [lo, hi) under a window (see the top of the file).
+func (r *Rebuild) copyWindow(lo, hi uint64) error {
+	w := &window{lo: lo, hi: hi}
+	r.win.Store(w)
+	defer r.release(w)
+	if err := r.quiesce(w); err != nil {
+		return err
+	}
+	r.runs = r.runs[:0]
+	if err := r.cfg.Mapped(lo, hi, func(lba, n uint64) error {
+		r.runs = append(r.runs, [2]uint64{lba, lba + n})
+		return nil
+	}); err != nil {
+		return fmt.Errorf("repl: rebuild: local map: %w", err)
+	}
+	at := lo
+	for _, run := range r.runs {
+		if run[0] > at {
+			if err := r.deallocate(at, run[0]); err != nil {
+				return err
+			}
+		}
+		for c := run[0]; c < run[1]; {
+			n := min(run[1]-c, r.region)
+			if err := r.copyRegion(c, n); err != nil {
+				return err
+			}
+			c += n
+		}
+		at = run[1]
+	}
+	if at < hi {
+		return r.deallocate(at, hi)
+	}
+	return nil
+}
+
+// quiesce waits for every host write in use to complete, but those
+// holding a leg on w.
+func (r *Rebuild) quiesce(w *window) error {
+	b := r.b
+	for i := range b.recs {
+		if err := r.waitRecord(&b.recs[i], w); err != nil {
+			return err
+		}
+	}
+	b.overMu.Lock()
+	over := make([]*record, 0, len(b.over))
+	for rec := range b.over {
+		over = append(over, rec)
+	}
+	b.overMu.Unlock()
+	for _, rec := range over {
+		if err := r.waitRecord(rec, w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitRecord waits until rec's current use (if any) ended or holds a
+// leg on w.
+func (r *Rebuild) waitRecord(rec *record, w *window) error {
+	u := rec.uses.Load()
+	for spin := 0; u&1 != 0 && rec.uses.Load() == u && rec.deferredOn.Load() != w; spin++ {
+		if spin < 16 {
+			runtime.Gosched()
+			continue
+		}
+		if err := r.check(); err != nil {
+			return err
+		}
+		time.Sleep(min(time.Duration(spin)*10*time.Microsecond, time.Millisecond))
+	}
+	return nil
+}
+
+// hold keeps l, the rebuilding leg of a host write io, until the current
+// window's copy is on the replica, if io overlaps that window; false: send
+// it now. The record counts l as pending already.
+func (r *Rebuild) hold(l *leg, io *target.IO) bool {
+	w := r.win.Load()
+	if w == nil || io.Op == target.OpFlush {
+		return false
+	}
+	lo := io.LBA
+	n := io.Blocks
+	if io.Op == target.OpWrite {
+		n = uint64(len(io.Data)) >> r.b.shift
+	}
+	if lo >= w.hi || lo+n <= w.lo {
+		return false
+	}
+	r.mu.Lock()
+	if r.win.Load() != w { // released meanwhile
+		r.mu.Unlock()
+		return r.hold(l, io)
+	}
+	l.r.deferredOn.Store(w)
+	l.nextRB = r.held
+	r.held = l
+	r.heldN++
+	r.mu.Unlock()
+	return true
+}
+
+// release clears the window w (nil: whatever is set) and sends the legs
+// it held, or drops them if the replica stopped taking writes.
+func (r *Rebuild) release(w *window) {
+	r.mu.Lock()
+	if cur := r.win.Load(); cur != nil && (w == nil || cur == w) {
+		r.win.Store(nil)
+	}
+	l := r.held
+	r.held, r.heldN = nil, 0
+	r.mu.Unlock()
+	for l != nil {
+		next := l.nextRB
+		l.nextRB = nil
+		if sending(r.p.state.Load()) {
+			l.send(l.r.host)
+		} else {
+			l.r.release() // never sent: the replica is out
+		}
+		l = next
+	}
+}
+
+// copyRegion reads n blocks at lba locally and writes them to the
+// replica.
+func (r *Rebuild) copyRegion(lba, n uint64) error {
+	shift := r.b.shift
+	size := int(n << shift)
+	if cap(r.buf) < size {
+		r.buf = make([]byte, size)
+	}
+	buf := r.buf[:size]
+	if err := r.cfg.Read(lba, buf); err != nil {
+		return fmt.Errorf("repl: rebuild: local read at LBA %d: %w", lba, err)
+	}
+	if err := r.throttle(uint64(size)); err != nil {
+		return err
+	}
+	cmds := 0
+	for k := uint64(0); k < n; k += r.xfer {
+		c := min(r.xfer, n-k)
+		if err := r.submit(func(cb initiator.Callback) error {
+			return r.p.ns.WriteAsync(lba+k, buf[k<<shift:(k+c)<<shift], 0, cb)
+		}); err != nil {
+			return r.wait(cmds, err)
+		}
+		cmds++
+	}
+	if err := r.wait(cmds, nil); err != nil {
+		return err
+	}
+	r.copied.Add(uint64(size))
+	return nil
+}
+
+// deallocate makes [lo, hi) read as zeros on the replica (one range: a
+// window is at most maxLegDeallocate blocks).
+func (r *Rebuild) deallocate(lo, hi uint64) error {
+	rng := []initiator.Range{{LBA: lo, Blocks: uint32(hi - lo)}}
+	if err := r.submit(func(cb initiator.Callback) error { return r.p.ns.DeallocateAsync(rng, cb) }); err != nil {
+		return err
+	}
+	return r.wait(1, nil)
+}
+
+// flush makes the copy durable on the replica.
+func (r *Rebuild) flush() error {
+	if err := r.submit(func(cb initiator.Callback) error { return r.p.ns.FlushAsync(cb) }); err != nil {
+		return err
+	}
+	return r.wait(1, nil)
+}
+
+// submit sends one command of the copier, waiting while the connection
+// is full.
+func (r *Rebuild) submit(send func(initiator.Callback) error) error {
+	for {
+		err := send(copyCB(r.cbs))
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, initiator.ErrQueueFull) {
+			err = fmt.Errorf("%w: %w", ErrRebuildLeg, err)
+			r.fail(err)
+			return err
+		}
+		select {
+		case <-r.ctx.Done():
+			return r.failure()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// wait collects n completions of the copier's commands; first is an
+// error already met (returned in preference).
+func (r *Rebuild) wait(n int, first error) error {
+	for range n {
+		select {
+		case err := <-r.cbs:
+			if err != nil && first == nil {
+				first = fmt.Errorf("%w: %w", ErrRebuildLeg, err)
+				r.fail(first)
+			}
+		case <-r.ctx.Done():
+			// Commands may still complete into cbs: buffered, never
+			// read again (the rebuild is over).
+			return r.failure()
+		}
+	}
+	return first
+}
+
+// throttle waits until copying n more bytes keeps the rate.
+func (r *Rebuild) throttle(n uint64) error {
+	if r.cfg.Limiter == nil {
+		return nil
+	}
+	if err := r.cfg.Limiter.Wait(r.ctx, n); err != nil {
+		return r.failure()
+	}
+	return nil
+}
+
+// Limiter bounds the bytes per second of the rebuilds that share it (a
+// node's --rebuild-rate): each copy reserves its bytes on a timeline that
+// advances at the rate, and waits for its turn; a timeline left behind
+// (nothing copied for a while) restarts at the present, so no burst
+// builds up beyond the copy that is about to go. A copier's, not the
+// data path's: it takes a mutex.
+type Limiter struct {
+	rate float64 // bytes per second
+	mu   sync.Mutex
+	next time.Time // when the next reservation may go
+}
+
+// NewLimiter returns a Limiter of rate bytes per second (> 0).
+func NewLimiter(rate int64) *Limiter { return &Limiter{rate: float64(max(rate, 1))} }
+
+// Wait reserves n bytes and waits for their turn, or until ctx ends
+// (the rebuild's failure then).
+func (l *Limiter) Wait(ctx context.Context, n uint64) error {
+	l.mu.Lock()
+	now := time.Now()
+	if l.next.Before(now) {
+		l.next = now
+	}
+	at := l.next
+	l.next = l.next.Add(time.Duration(float64(n) / l.rate * float64(time.Second)))
+	l.mu.Unlock()
+	d := time.Until(at)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}

@@ -1,0 +1,628 @@
+package repl
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/blk-project/blk/target"
+)
+
+// rebuildRig is a Backend over an inline local replica with an
+// allocation map, no peers, at epoch 3, and the replica to rebuild.
+type rebuildRig struct {
+	local    *fakeLocal
+	b        *Backend
+	leg      *fakeLeg
+	promoted atomic.Int32
+}
+
+func newRebuildRig(t testing.TB) *rebuildRig {
+	t.Helper()
+	g := &rebuildRig{local: newFakeLocal(t, true, nil), leg: newFakeLeg(t, nil)}
+	g.local.trackAlloc()
+	b, err := New(Config{Local: g.local, Reporter: &okReporter{}, Epoch: 3, Depth: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.b = b
+	return g
+}
+
+// config is a rebuild of g.leg: regions of 4 blocks, writes of 2.
+func (g *rebuildRig) config() RebuildConfig {
+	return RebuildConfig{Node: "node-r", NS: g.leg, MaxTransfer: 2 * testBlock, RegionBytes: 4 * testBlock,
+		Mapped: g.local.mapped, Read: g.local.read,
+		Promote: func(context.Context) error { g.promoted.Add(1); return nil }}
+}
+
+// localWrite puts data at lba on the local replica only (written before
+// the rebuild: the replica lacks it).
+func (g *rebuildRig) localWrite(t testing.TB, lba uint64, data []byte) {
+	t.Helper()
+	var io target.IO
+	io.Op, io.LBA, io.Data = target.OpWrite, lba, data
+	if err := g.local.do(&io); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (g *rebuildRig) submit(op target.IOOp, lba, blocks uint64, data []byte) *hostIO {
+	h := newHostIO(op, lba, blocks, data, false)
+	g.b.Submit(&h.io)
+	return h
+}
+
+func waitRebuild(t testing.TB, r *Rebuild) error {
+	t.Helper()
+	select {
+	case <-r.Done():
+		return r.Err()
+	case <-time.After(20 * time.Second):
+		t.Fatal("rebuild not done within 20 s")
+		return nil
+	}
+}
+
+// sameStores fails unless the local replica and the leg's hold the same
+// bytes everywhere.
+func sameStores(t testing.TB, local *fakeLocal, leg *fakeLeg) {
+	t.Helper()
+	a, b := make([]byte, testBlock), make([]byte, testBlock)
+	for lba := uint64(0); lba < testBlocks; lba++ {
+		if err := local.mem.Read(lba, a); err != nil {
+			t.Fatal(err)
+		}
+		if err := leg.mem.Read(lba, b); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a, b) {
+			t.Fatalf("block %d differs: local %x…, replica %x…", lba, a[:8], b[:8])
+		}
+	}
+}
+
+// drive completes the replica's commands until the rebuild ends.
+func drive(t testing.TB, leg *fakeLeg, rb *Rebuild) error {
+	t.Helper()
+	end := time.Now().Add(20 * time.Second)
+	for {
+		select {
+		case <-rb.Done():
+			return rb.Err()
+		default:
+		}
+		if time.Now().After(end) {
+			t.Fatal("rebuild not done within 20 s")
+		}
+		if len(leg.pending()) > 0 {
+			leg.complete(t, 0, nil)
+		} else {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+}
+
+// until polls cond (the copier is a goroutine of its own) for 10 s.
+func until(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// TestRebuildRandom: a replica holding stale bytes (where the primary
+// has data and where it has holes) is rebuilt while four writers issue
+// seeded random writes, write zeroes and deallocates (each on its own
+// blocks), and an in-sync replica takes them too; the legs complete on
+// goroutines of their own, out of order. The rebuild ends in sync, the
+// registry asked once; no host I/O fails; after the writers stop the
+// rebuilt replica holds exactly the primary's bytes, block for block.
+func TestRebuildRandom(t *testing.T) {
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	for round := range 4 {
+		g := newRebuildRig(t)
+		delay := func(c cmd) error {
+			for range int(c.lba*7+c.blocks) % 5 {
+				runtime.Gosched()
+			}
+			return nil
+		}
+		g.leg.async = delay
+		insync := newFakeLeg(t, nil)
+		insync.async = delay
+		if err := g.b.SetPeers(3, []Peer{{Node: "node-s", NS: insync}}); err != nil {
+			t.Fatal(err)
+		}
+		for range 300 {
+			lba := rng.Uint64N(testBlocks)
+			data := pattern(testBlock, byte(rng.Uint32()))
+			switch rng.IntN(3) {
+			case 0:
+				g.localWrite(t, lba, data)
+				_ = insync.mem.Write(lba, data, false)
+			case 1:
+				_ = g.leg.mem.Write(lba, data, false) // stale on the replica
+			default:
+				g.localWrite(t, lba, data)
+				_ = insync.mem.Write(lba, data, false)
+				_ = g.leg.mem.Write(lba, pattern(testBlock, byte(rng.Uint32())), false)
+			}
+		}
+		cfg := g.config()
+		if round%2 == 1 {
+			cfg.RegionBytes, cfg.MaxTransfer = 16*testBlock, 16*testBlock
+		}
+		rb, err := g.b.StartRebuild(3, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var failed atomic.Int32
+		stop := make(chan struct{})
+		for w := range 4 {
+			wrng := rand.New(rand.NewPCG(seed, uint64(round*10+w+2)))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					if i > 200 {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+					}
+					lba := wrng.Uint64N(testBlocks/4)*4 + uint64(w)
+					var h *hostIO
+					switch k := wrng.IntN(10); {
+					case k < 6:
+						h = g.submit(target.OpWrite, lba, 1, pattern(testBlock, byte(wrng.Uint32())))
+					case k < 8:
+						h = g.submit(target.OpWriteZeroes, lba, 1, nil)
+					case k < 9:
+						h = g.submit(target.OpDeallocate, lba, 1, nil)
+					default:
+						h = g.submit(target.OpFlush, 0, 0, nil)
+					}
+					if err := h.wait(t); err != nil {
+						t.Errorf("host I/O failed: %v", err)
+						failed.Add(1)
+						return
+					}
+				}
+			}()
+		}
+		err = waitRebuild(t, rb)
+		close(stop)
+		wg.Wait()
+		if err != nil || failed.Load() != 0 {
+			t.Fatalf("round %d: rebuild: %v", round, err)
+		}
+		if g.promoted.Load() != 1 {
+			t.Fatalf("promoted %d times", g.promoted.Load())
+		}
+		st := g.b.Stats()
+		if len(st.Peers) != 2 || st.Peers[1].State != "in-sync" || st.Peers[1].RebuildDone != st.Peers[1].RebuildTotal ||
+			st.Peers[1].RebuildTotal != testBlocks*testBlock {
+			t.Fatalf("stats after the rebuild: %+v", st.Peers)
+		}
+		g.leg.wg.Wait()
+		insync.wg.Wait()
+		sameStores(t, g.local, g.leg)
+		sameStores(t, g.local, insync)
+	}
+}
+
+// TestRebuildHoldsOverlappingWrite: a host write to the window being
+// copied is written to the rebuilding replica only after the copy (its
+// local leg goes at once), so the replica ends with the host's bytes,
+// not the copy's.
+func TestRebuildHoldsOverlappingWrite(t *testing.T) {
+	g := newRebuildRig(t)
+	for lba := range uint64(4) {
+		g.localWrite(t, lba, pattern(testBlock, 1))
+	}
+	cfg := g.config()
+	cfg.MaxTransfer = 4 * testBlock
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	until(t, "the copy", func() bool { return len(g.leg.pending()) == 1 })
+	h := g.submit(target.OpWrite, 1, 1, pattern(testBlock, 2))
+	if n := len(g.leg.pending()); n != 1 {
+		t.Fatalf("%d commands on the replica: the host's write was not held", n)
+	}
+	if h.isDone() {
+		t.Fatal("host write completed before its rebuilding leg")
+	}
+	if c := g.leg.pending()[0]; c.lba != 0 || c.blocks != 4 || !bytes.Equal(c.data[testBlock:2*testBlock], pattern(testBlock, 1)) {
+		t.Fatalf("copy %d+%d", c.lba, c.blocks)
+	}
+	g.leg.complete(t, 0, nil) // the copy lands, then the held write goes
+	until(t, "the held write", func() bool {
+		for _, c := range g.leg.pending() {
+			if c.op == target.OpWrite && c.lba == 1 {
+				return true
+			}
+		}
+		return false
+	})
+	if err := drive(t, g.leg, rb); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	sameStores(t, g.local, g.leg)
+	got := make([]byte, testBlock)
+	_ = g.leg.mem.Read(1, got)
+	if !bytes.Equal(got, pattern(testBlock, 2)) {
+		t.Fatal("the replica lost the host's write to the window")
+	}
+	// The rest of the volume was one hole: one deallocate; then a flush.
+	var deallocs, flushes int
+	for _, c := range g.leg.received() {
+		switch c.op {
+		case target.OpDeallocate:
+			deallocs++
+			if c.lba != 4 || c.blocks != testBlocks-4 {
+				t.Fatalf("hole %d+%d, want 4+%d", c.lba, c.blocks, testBlocks-4)
+			}
+		case target.OpFlush:
+			flushes++
+		}
+	}
+	if deallocs != 1 || flushes != 1 {
+		t.Fatalf("%d deallocates, %d flushes", deallocs, flushes)
+	}
+}
+
+// TestRebuildWaitsForWriteInFlight: a host write sent to the rebuilding
+// replica before the copier set its window is waited for before the
+// copier reads the region, so the copy carries the write's bytes.
+func TestRebuildWaitsForWriteInFlight(t *testing.T) {
+	g := newRebuildRig(t)
+	for lba := range uint64(4) {
+		g.localWrite(t, lba, pattern(testBlock, 1))
+	}
+	gate := make(chan struct{})
+	var reads atomic.Int32
+	cfg := g.config()
+	cfg.MaxTransfer = 4 * testBlock
+	first := true
+	cfg.Mapped = func(from, to uint64, fn func(lba, blocks uint64) error) error {
+		if first {
+			first = false
+			<-gate
+		}
+		return g.local.mapped(from, to, fn)
+	}
+	cfg.Read = func(lba uint64, buf []byte) error { reads.Add(1); return g.local.read(lba, buf) }
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := g.submit(target.OpWrite, 2, 1, pattern(testBlock, 9))
+	if p := g.leg.pending(); len(p) != 1 || p[0].lba != 2 {
+		t.Fatalf("replica commands %v: the host write did not go to the rebuilding replica", p)
+	}
+	close(gate)
+	// The copier must not read blocks 0-3 while the write is in flight.
+	time.Sleep(50 * time.Millisecond)
+	if reads.Load() != 0 || len(g.leg.pending()) != 1 {
+		t.Fatalf("the copier read (%d) with a write to its window in flight", reads.Load())
+	}
+	g.leg.complete(t, 0, nil)
+	if err := h.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	until(t, "the copy", func() bool { return len(g.leg.pending()) == 1 })
+	c := g.leg.pending()[0]
+	if c.op != target.OpWrite || c.lba != 0 || !bytes.Equal(c.data[2*testBlock:3*testBlock], pattern(testBlock, 9)) {
+		t.Fatalf("copy %v at %d does not carry the host's write", c.op, c.lba)
+	}
+	if err := drive(t, g.leg, rb); err != nil {
+		t.Fatal(err)
+	}
+	sameStores(t, g.local, g.leg)
+}
+
+// TestRebuildLegFails: the rebuilding replica failing a command (here
+// a host write's) fails neither that write nor later ones, reports
+// nothing to the registry, and ends the rebuild with ErrRebuildLeg; the
+// replica takes no more writes.
+func TestRebuildLegFails(t *testing.T) {
+	g := newRebuildRig(t)
+	rep := newFakeReporter()
+	b, err := New(Config{Local: g.local, Reporter: rep, Epoch: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.b = b
+	for lba := range uint64(8) {
+		g.localWrite(t, lba, pattern(testBlock, 1))
+	}
+	cfg := g.config()
+	cfg.MaxTransfer = 4 * testBlock
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	until(t, "the copy's first write", func() bool { return len(g.leg.pending()) == 1 })
+	h := g.submit(target.OpWrite, 100, 1, pattern(testBlock, 2)) // outside the window: sent
+	if len(g.leg.pending()) != 2 {
+		t.Fatal("the host write did not go to the rebuilding replica")
+	}
+	g.leg.complete(t, 1, errors.New("connection lost"))
+	if err := h.wait(t); err != nil {
+		t.Fatalf("host write failed with its rebuilding leg: %v", err)
+	}
+	g.leg.complete(t, 0, nil) // the copy's write, after the failure
+	if err := waitRebuild(t, rb); !errors.Is(err, ErrRebuildLeg) {
+		t.Fatalf("rebuild ended with %v, want ErrRebuildLeg", err)
+	}
+	n := len(g.leg.received())
+	h = g.submit(target.OpWrite, 5, 1, pattern(testBlock, 3))
+	if err := h.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.leg.received()) != n {
+		t.Fatal("a write went to the replica after its rebuild failed")
+	}
+	if rep.n.Load() != 0 || g.promoted.Load() != 0 {
+		t.Fatalf("%d reports, %d promotions", rep.n.Load(), g.promoted.Load())
+	}
+	if st := g.b.Stats(); st.Peers[0].State != "rebuild-failed" {
+		t.Fatalf("state %q", st.Peers[0].State)
+	}
+	// The backend takes another rebuild of the replica.
+	g.leg = newFakeLeg(t, nil)
+	g.leg.async = func(cmd) error { return nil }
+	rb, err = g.b.StartRebuild(3, g.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRebuild(t, rb); err != nil {
+		t.Fatal(err)
+	}
+	g.leg.wg.Wait()
+	sameStores(t, g.local, g.leg)
+}
+
+// TestRebuildPromoteRefused: the registry refusing the replica in sync
+// ends the rebuild with its error; the replica takes no more writes.
+func TestRebuildPromoteRefused(t *testing.T) {
+	g := newRebuildRig(t)
+	g.leg.async = func(cmd) error { return nil }
+	cfg := g.config()
+	refusal := errors.New("stale epoch")
+	cfg.Promote = func(context.Context) error { return refusal }
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRebuild(t, rb); !errors.Is(err, refusal) {
+		t.Fatalf("rebuild: %v", err)
+	}
+	if st := g.b.Stats(); st.Peers[0].State != "rebuild-failed" {
+		t.Fatalf("state %q", st.Peers[0].State)
+	}
+}
+
+// TestRebuildThrottle: at 1 MiB/s, copying 512 KiB takes half a second
+// at least.
+func TestRebuildThrottle(t *testing.T) {
+	g := newRebuildRig(t)
+	g.leg.async = func(cmd) error { return nil }
+	for lba := range uint64(128) {
+		g.localWrite(t, lba, pattern(testBlock, 1))
+	}
+	cfg := g.config()
+	cfg.Rate = 1 << 20
+	start := time.Now()
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRebuild(t, rb); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 450*time.Millisecond {
+		t.Fatalf("512 KiB copied in %v at 1 MiB/s", d)
+	}
+	if rb.Copied() != 128*testBlock {
+		t.Fatalf("copied %d bytes, want %d (holes are free)", rb.Copied(), 128*testBlock)
+	}
+	g.leg.wg.Wait()
+	sameStores(t, g.local, g.leg)
+}
+
+// TestRebuildSharedLimiter: two rebuilds (two volumes) sharing a
+// Limiter of 1 MiB/s copy 256 KiB each in half a second at least.
+func TestRebuildSharedLimiter(t *testing.T) {
+	lim := NewLimiter(1 << 20)
+	start := time.Now()
+	var rbs []*Rebuild
+	var rigs []*rebuildRig
+	for range 2 {
+		g := newRebuildRig(t)
+		g.leg.async = func(cmd) error { return nil }
+		for lba := range uint64(64) {
+			g.localWrite(t, lba, pattern(testBlock, byte(lba)))
+		}
+		cfg := g.config()
+		cfg.Rate, cfg.Limiter = 1<<30, lim // the limiter wins
+		rb, err := g.b.StartRebuild(3, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rbs, rigs = append(rbs, rb), append(rigs, g)
+	}
+	for i, rb := range rbs {
+		if err := waitRebuild(t, rb); err != nil {
+			t.Fatal(err)
+		}
+		rigs[i].leg.wg.Wait()
+		sameStores(t, rigs[i].local, rigs[i].leg)
+	}
+	if d := time.Since(start); d < 450*time.Millisecond {
+		t.Fatalf("2 × 256 KiB copied in %v at 1 MiB/s shared", d)
+	}
+}
+
+// TestRebuildRefusals: a rebuild at another epoch, of an in-sync peer,
+// while another runs, or without its functions is refused; a new epoch
+// ends a running one.
+func TestRebuildRefusals(t *testing.T) {
+	g := newRebuildRig(t)
+	if err := g.b.SetPeers(3, []Peer{{Node: "node-s", NS: newFakeLeg(t, nil)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.b.StartRebuild(2, g.config()); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("stale epoch: %v", err)
+	}
+	cfg := g.config()
+	cfg.Node = "node-s"
+	if _, err := g.b.StartRebuild(3, cfg); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("in-sync peer: %v", err)
+	}
+	cfg = g.config()
+	cfg.Read = nil
+	if _, err := g.b.StartRebuild(3, cfg); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("no read: %v", err)
+	}
+	cfg = g.config()
+	cfg.RegionBytes = testBlock + 1
+	if _, err := g.b.StartRebuild(3, cfg); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad region: %v", err)
+	}
+	gate := make(chan struct{})
+	cfg = g.config()
+	cfg.Mapped = func(from, to uint64, fn func(lba, blocks uint64) error) error {
+		<-gate
+		return g.local.mapped(from, to, fn)
+	}
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Node = "node-t"
+	if _, err := g.b.StartRebuild(3, cfg); !errors.Is(err, ErrRebuildBusy) {
+		t.Fatalf("second rebuild: %v", err)
+	}
+	// SetPeers at the same epoch keeps the rebuilding replica.
+	if err := g.b.SetPeers(3, []Peer{{Node: "node-s", NS: newFakeLeg(t, nil)}}); err != nil {
+		t.Fatal(err)
+	}
+	if st := g.b.Stats(); len(st.Peers) != 2 || st.Peers[1].State != "rebuilding" {
+		t.Fatalf("peers after SetPeers: %+v", st.Peers)
+	}
+	if err := g.b.SetPeers(4, nil); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	if err := waitRebuild(t, rb); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("rebuild across an epoch: %v", err)
+	}
+}
+
+// TestZeroAllocRebuildWrite: a host write while a rebuild runs (its
+// window set elsewhere) allocates nothing.
+func TestZeroAllocRebuildWrite(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	g := newRebuildRig(t)
+	g.leg.instant = true
+	g.localWrite(t, 0, pattern(testBlock, 1))
+	gate := make(chan struct{})
+	defer close(gate)
+	cfg := g.config()
+	cfg.Read = func(lba uint64, buf []byte) error { <-gate; return g.local.read(lba, buf) }
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	until(t, "the window", func() bool { return rb.win.Load() != nil })
+	h := newHostIO(target.OpWrite, 500, 1, make([]byte, testBlock), false)
+	done := 0
+	h.io.SetComplete(func(*target.IO, error) { done++ })
+	if n := testing.AllocsPerRun(1000, func() { g.b.Submit(&h.io) }); n != 0 {
+		t.Fatalf("%v allocations per write during a rebuild", n)
+	}
+	if done != 1001 {
+		t.Fatalf("%d writes completed", done)
+	}
+}
+
+// TestRebuildFailsWhilePromoted: once the registry is being asked to
+// count the replica in sync (the commit may land before the answer), a
+// failure of its leg is an in-sync replica's: the host write is held
+// and reported, acknowledged only once the registry confirmed it out of
+// sync; the rebuild ends with ErrRebuildLeg even though the commit
+// succeeded. After a successful promotion the same holds.
+func TestRebuildFailsWhilePromoted(t *testing.T) {
+	for _, during := range []bool{true, false} {
+		g := newRebuildRig(t)
+		rep := newFakeReporter()
+		b, err := New(Config{Local: g.local, Reporter: rep, Epoch: 3, HoldTimeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.b = b
+		asked, answer := make(chan struct{}), make(chan error)
+		cfg := g.config()
+		cfg.Promote = func(context.Context) error { close(asked); return <-answer }
+		rb, err := g.b.StartRebuild(3, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The hole, then the flush.
+		for range 2 {
+			until(t, "a copier command", func() bool { return len(g.leg.pending()) == 1 })
+			g.leg.complete(t, 0, nil)
+		}
+		<-asked
+		if !during {
+			answer <- nil
+			if err := waitRebuild(t, rb); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h := g.submit(target.OpWrite, 7, 1, pattern(testBlock, 4))
+		until(t, "the host's leg", func() bool { return len(g.leg.pending()) == 1 })
+		g.leg.complete(t, 0, errors.New("connection lost"))
+		r := rep.next(t)
+		if r.node != "node-r" || r.epoch != 3 {
+			t.Fatalf("report %+v", r)
+		}
+		if h.isDone() {
+			t.Fatal("a write the replica missed was acknowledged before the registry confirmed it out of sync")
+		}
+		r.answer <- nil
+		if err := h.wait(t); err != nil {
+			t.Fatal(err)
+		}
+		if during {
+			answer <- nil
+			if err := waitRebuild(t, rb); !errors.Is(err, ErrRebuildLeg) {
+				t.Fatalf("rebuild: %v, want ErrRebuildLeg", err)
+			}
+		}
+		if st := g.b.Stats(); st.Peers[0].State != "out-of-sync" {
+			t.Fatalf("state %q", st.Peers[0].State)
+		}
+	}
+}
