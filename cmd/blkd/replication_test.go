@@ -193,30 +193,42 @@ func testReplication(t *testing.T, killLeader bool) {
 		t.Logf("refused as it must be: %s: %v", hn, err)
 	}
 
-	// Kill a secondary while the host writes: no write fails.
-	stop := make(chan struct{})
+	// writers runs four writers, one per quarter, each seeded from base,
+	// until the returned stop, which gives the first write error.
 	var writes atomic.Int64
-	var wg sync.WaitGroup
-	errc := make(chan error, 4)
-	for w := range 4 {
-		wg.Add(1)
-		r := rand.New(rand.NewPCG(uint64(seed), uint64(w)))
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
+	writers := func(base uint64) (stop func() error) {
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		errc := make(chan error, 4)
+		for w := range 4 {
+			wg.Add(1)
+			r := rand.New(rand.NewPCG(uint64(seed), base+uint64(w)))
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					if err := write(r, w); err != nil {
+						errc <- err
+						return
+					}
+					writes.Add(1)
 				}
-				if err := write(r, w); err != nil {
-					errc <- err
-					return
-				}
-				writes.Add(1)
-			}
-		}()
+			}()
+		}
+		return func() error {
+			close(done)
+			wg.Wait()
+			close(errc)
+			return <-errc
+		}
 	}
+
+	// Kill a secondary while the host writes: no write fails.
+	stop := writers(0)
 	time.Sleep(300 * time.Millisecond) // writes in flight when the node dies
 	c.procs[victim].cmd.Process.Signal(syscall.SIGKILL)
 	<-c.procs[victim].exited
@@ -232,10 +244,7 @@ func testReplication(t *testing.T, killLeader bool) {
 	})
 	before := writes.Load()
 	time.Sleep(500 * time.Millisecond) // writes after the loss
-	close(stop)
-	wg.Wait()
-	close(errc)
-	for err := range errc {
+	if err := stop(); err != nil {
 		t.Fatalf("a host write failed while a secondary died: %v", err)
 	}
 	if after := writes.Load() - before; after == 0 {
@@ -317,26 +326,7 @@ func testReplication(t *testing.T, killLeader bool) {
 
 	// The primary rebuilds it (a full copy) while the host keeps
 	// writing, and it comes back in sync.
-	stop = make(chan struct{})
-	errc = make(chan error, 4)
-	for w := range 4 {
-		wg.Add(1)
-		r := rand.New(rand.NewPCG(uint64(seed), uint64(100+w)))
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if err := write(r, w); err != nil {
-					errc <- err
-					return
-				}
-			}
-		}()
-	}
+	stop = writers(100)
 	states := map[string]bool{}
 	var progress []rebuildJSON
 	eventually(t, 60*time.Second, victim+" rebuilt in sync", func() error {
@@ -356,10 +346,7 @@ func testReplication(t *testing.T, killLeader bool) {
 		return fmt.Errorf("%+v", v.Replicas)
 	})
 	time.Sleep(300 * time.Millisecond) // writes to the rebuilt replica
-	close(stop)
-	wg.Wait()
-	close(errc)
-	for err := range errc {
+	if err := stop(); err != nil {
 		t.Fatalf("a host write failed while %s was rebuilt: %v", victim, err)
 	}
 	t.Logf("%s back in sync (states seen: %v, %d progress reports): %+v", victim, states, len(progress), v.Replicas)
