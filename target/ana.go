@@ -115,18 +115,7 @@ func (s *Subsystem) anaSnapshot() (nvme.ANAState, uint64) {
 
 // anaChanged sends an ANA change notice to a controller that enabled it
 // and has read the ANA log since the last one.
-func (c *ctrl) anaChanged() {
-	c.mu.Lock()
-	var r *Request
-	if c.state == ctrlLive && c.aec&nvme.AENANAChange != 0 && c.masked&nvme.AENANAChange == 0 {
-		c.masked |= nvme.AENANAChange
-		r = c.postEvent(nvme.AsyncEventResult(nvme.AERTypeNotice, nvme.AERNoticeANA, nvme.LogANA))
-	}
-	c.mu.Unlock()
-	if r != nil {
-		r.q.complete(r, nvme.StatusSuccess)
-	}
-}
+func (c *ctrl) anaChanged() { c.notice(nvme.AENANAChange, nvme.AERNoticeANA, nvme.LogANA) }
 
 // anaLog builds the ANA log page: the group, with every attached NSID
 // in increasing order unless rgo (Return Groups Only). The group's

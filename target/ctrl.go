@@ -423,10 +423,32 @@ func (c *ctrl) nsChanged(nsid uint32) {
 			c.changed = append(c.changed, nsid)
 		}
 	}
+	r := c.noticeLocked(nvme.AENNSAttr, nvme.AERNoticeNS, nvme.LogChangedNSList)
+	c.mu.Unlock()
+	if r != nil {
+		r.q.complete(r, nvme.StatusSuccess)
+	}
+}
+
+// noticeLocked posts the notice (AER information info, log page lid) of
+// event aen if the host enabled it and has read that log since the last
+// one (nvmet's masking), and masks it; it returns the AER request to
+// complete once c.mu is released (nil: none sent). The caller holds c.mu.
+func (c *ctrl) noticeLocked(aen uint32, info, lid uint8) *Request {
+	if c.aec&aen == 0 || c.masked&aen != 0 {
+		return nil
+	}
+	c.masked |= aen
+	return c.postEvent(nvme.AsyncEventResult(nvme.AERTypeNotice, info, lid))
+}
+
+// notice sends, to a live controller, the notice of event aen as
+// noticeLocked does.
+func (c *ctrl) notice(aen uint32, info, lid uint8) {
+	c.mu.Lock()
 	var r *Request
-	if c.aec&nvme.AENNSAttr != 0 && c.masked&nvme.AENNSAttr == 0 {
-		c.masked |= nvme.AENNSAttr
-		r = c.postEvent(nvme.AsyncEventResult(nvme.AERTypeNotice, nvme.AERNoticeNS, nvme.LogChangedNSList))
+	if c.state == ctrlLive {
+		r = c.noticeLocked(aen, info, lid)
 	}
 	c.mu.Unlock()
 	if r != nil {
@@ -436,18 +458,7 @@ func (c *ctrl) nsChanged(nsid uint32) {
 
 // discChanged sends a discovery log change notice to a discovery
 // controller that enabled it and has read the log since the last one.
-func (c *ctrl) discChanged() {
-	c.mu.Lock()
-	var r *Request
-	if c.state == ctrlLive && c.aec&nvme.AENDiscoveryLogs != 0 && c.masked&nvme.AENDiscoveryLogs == 0 {
-		c.masked |= nvme.AENDiscoveryLogs
-		r = c.postEvent(nvme.AsyncEventResult(nvme.AERTypeNotice, nvme.AERNoticeDisc, nvme.LogDiscovery))
-	}
-	c.mu.Unlock()
-	if r != nil {
-		r.q.complete(r, nvme.StatusSuccess)
-	}
-}
+func (c *ctrl) discChanged() { c.notice(nvme.AENDiscoveryLogs, nvme.AERNoticeDisc, nvme.LogDiscovery) }
 
 // discoveryChanged notifies every discovery controller that the log's
 // generation changed. Call it holding no lock.
