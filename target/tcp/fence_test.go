@@ -1,7 +1,6 @@
 package tcp_test
 
 import (
-	"context"
 	"errors"
 	"sync"
 	"testing"
@@ -10,6 +9,7 @@ import (
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/targettest"
 	"github.com/blk-project/blk/target/tcp"
 )
 
@@ -124,56 +124,10 @@ func TestEvictOverTCP(t *testing.T) {
 	if err := ns.WriteAsync(3, pattern(testBlock, 0x31), 0, wrote); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the write at the backend", func() bool { return tt.t.Stats().AtBackend > before })
+	targettest.WaitUntil(t, "the write at the backend", func() bool { return tt.t.Stats().AtBackend > before })
 
 	mu.Lock()
 	admitted = "nqn.2024-01.io.blk:node:n2:epoch:2"
 	mu.Unlock()
-	drained := make(chan error, 1)
-	go func() {
-		n, err := sub.EvictAndDrain(context.Background(), func(h string) bool { return h == testHostNQN })
-		if err == nil && n != 1 {
-			err = errors.New("not one controller evicted")
-		}
-		drained <- err
-	}()
-	waitFor(t, "the controller torn down", func() bool { return tt.t.Stats().Controllers == 0 })
-	select {
-	case err := <-drained:
-		t.Fatalf("EvictAndDrain returned (%v) with a write held at the backend", err)
-	default:
-	}
-	d.Resume()
-	select {
-	case err := <-drained:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("EvictAndDrain did not return once the backend completed the write")
-	}
-	select {
-	case err := <-wrote:
-		if err == nil {
-			t.Fatal("the evicted host saw its write acknowledged on a torn-down connection")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the evicted host's write never completed")
-	}
-	waitFor(t, "the evicted host to give up (reconnect refused with DNR)", func() bool { return c.State() == initiator.StateLost })
-	if n := d.Corrupt(); n != 0 {
-		t.Fatalf("%d writes changed while at the backend", n)
-	}
-}
-
-// waitFor polls cond until it holds, for at most 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	targettest.EvictHeldWrite(t, tt.t, sub, d, c, wrote, testHostNQN)
 }
