@@ -264,12 +264,6 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
-// replicasServed says whether this blkd replicates writes (replica.go):
-// without it a volume of more than one replica is refused (501) here,
-// the one place that decides it, and the Manager's default resolves to
-// one replica (maxReplicas).
-const replicasServed = true
-
 // replicaView fills a's replica fields from v: epoch, replication factor,
 // the replicas with the primary marked; an online volume with fewer in
 // sync than wanted gets the reason "degraded: K/N in sync" (the
@@ -282,15 +276,6 @@ func replicaView(v meta.Volume, a *api.Volume) {
 	if k, n := len(v.InSync()), v.WantReplicas(); k < n && a.State == api.StateOnline && a.Reason == "" {
 		a.Reason = fmt.Sprintf("degraded: %d/%d in sync", k, n)
 	}
-}
-
-// maxReplicas is the Manager's MaxReplicas: the most replicas a volume
-// may have on this cluster.
-func maxReplicas() int {
-	if replicasServed {
-		return meta.MaxReplicas
-	}
-	return 1
 }
 
 func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
@@ -309,8 +294,6 @@ func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("%v", api.CheckName("node", req.Node))
 	case req.Replicas < 0 || req.Replicas > meta.MaxReplicas:
 		return badRequest(`"replicas": %d: give 1 to %d, or 0 (or none) for the cluster's default`, req.Replicas, meta.MaxReplicas)
-	case req.Replicas > 1 && !replicasServed:
-		return &apiError{http.StatusNotImplemented, fmt.Sprintf(`"replicas": %d: replicated volumes are not served yet (issue 23); create with "replicas": 1`, req.Replicas)}
 	}
 	if req.BlockSize == 0 {
 		req.BlockSize = store.DefaultBlockSize

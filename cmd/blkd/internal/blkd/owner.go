@@ -365,7 +365,7 @@ func (d *Daemon) startControl(ctx context.Context) {
 	d.tparts = &targetParts{d: d}
 	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{d.store}, d.tparts, d.audit.logger())
 	d.mgr = control.NewManager(registryParts{d.node}, ownerParts{d})
-	d.mgr.MaxReplicas = maxReplicas()
+	d.mgr.MaxReplicas = meta.MaxReplicas // blkd replicates (replica.go)
 	d.mgr.Log = d.audit.logger()
 	if d.cfg.DetachAfter > 0 {
 		d.mgr.DetachAfter = time.Duration(d.cfg.DetachAfter)
