@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/blk-project/blk/control"
@@ -285,17 +286,39 @@ func (p ownerParts) Reconcile(ctx context.Context, node, name string, index uint
 	if api == "" {
 		return control.Status{}, fmt.Errorf("the registry knows no API address for node %s", node)
 	}
-	body, _ := json.Marshal(reconcileRequest{Name: name, Index: index})
 	ctx, cancel := context.WithTimeout(ctx, ownerTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.d.peerURL(api, "/v1/internal/reconcile"), bytes.NewReader(body))
+	var st control.Status
+	if err := p.d.postPeer(ctx, api, "/v1/internal/reconcile", reconcileRequest{Name: name, Index: index}, &st); err != nil {
+		return control.Status{}, fmt.Errorf("node %s at %s: %w", node, api, err)
+	}
+	return st, nil
+}
+
+// peerAnswer is a node's answer other than 200 to postPeer: its status
+// and the error it gave (the JSON "error", else the body).
+type peerAnswer struct {
+	status int
+	text   string
+}
+
+func (e *peerAnswer) Error() string {
+	return fmt.Sprintf("answered %d %s: %s", e.status, http.StatusText(e.status), e.text)
+}
+
+// postPeer posts in, as JSON, to path on the node whose API is at api,
+// and reads a 200's JSON answer into out (nil: none expected). Another
+// status is a *peerAnswer.
+func (d *Daemon) postPeer(ctx context.Context, api, path string, in, out any) error {
+	body, _ := json.Marshal(in)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.peerURL(api, path), bytes.NewReader(body))
 	if err != nil {
-		return control.Status{}, err
+		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := p.d.peers.Do(req)
+	resp, err := d.peers.Do(req)
 	if err != nil {
-		return control.Status{}, err
+		return err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
@@ -304,15 +327,17 @@ func (p ownerParts) Reconcile(ctx context.Context, node, name string, index uint
 			Error string `json:"error"`
 		}
 		if json.Unmarshal(b, &e) != nil || e.Error == "" {
-			e.Error = string(b)
+			e.Error = strings.TrimSpace(string(b))
 		}
-		return control.Status{}, fmt.Errorf("node %s at %s answered %s: %s", node, api, resp.Status, e.Error)
+		return &peerAnswer{resp.StatusCode, e.Error}
 	}
-	var st control.Status
-	if err := json.Unmarshal(b, &st); err != nil {
-		return control.Status{}, fmt.Errorf("node %s at %s: bad status %q: %v", node, api, b, err)
+	if out == nil {
+		return nil
 	}
-	return st, nil
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("bad answer %q: %v", b, err)
+	}
+	return nil
 }
 
 // reconcileLocal reconciles the volume called name on this node from its

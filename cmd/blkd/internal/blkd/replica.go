@@ -1,12 +1,9 @@
 package blkd
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -244,25 +241,15 @@ func (d *Daemon) reportOnce(ctx context.Context, rep replicaReport) error {
 	if api == "" {
 		return errors.New("no registry leader known")
 	}
-	body, _ := json.Marshal(rep)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.peerURL(api, "/v1/internal/replica"), bytes.NewReader(body))
+	err := d.postPeer(ctx, api, "/v1/internal/replica", rep, nil)
+	var pa *peerAnswer
+	if errors.As(err, &pa) && pa.status >= 400 && pa.status < 500 && pa.status != http.StatusMisdirectedRequest {
+		return fmt.Errorf("%w: leader at %s %v", errReportRefused, api, err)
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("leader at %s: %w", api, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := d.peers.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	switch {
-	case resp.StatusCode == http.StatusOK:
-		return nil
-	case resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusMisdirectedRequest:
-		return fmt.Errorf("%w: leader at %s answered %s: %s", errReportRefused, api, resp.Status, strings.TrimSpace(string(b)))
-	}
-	return fmt.Errorf("leader at %s answered %s: %s", api, resp.Status, strings.TrimSpace(string(b)))
+	return nil
 }
 
 // internalReplica serves POST /v1/internal/replica on the leader.

@@ -1,13 +1,10 @@
 package blkd
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"sync"
 
@@ -101,24 +98,9 @@ func (d *Daemon) checksums(ctx context.Context, node string, id, offset uint64, 
 	if err != nil {
 		return nil, err
 	}
-	body, _ := json.Marshal(checksumRequest{ID: id, Offset: offset, Regions: regions})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.peerURL(n.MgmtAddr, "/v1/internal/checksum"), bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := d.peers.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("node %s answered %s: %s", node, resp.Status, bytes.TrimSpace(b))
-	}
 	var out checksumResponse
-	if err := json.Unmarshal(b, &out); err != nil {
-		return nil, fmt.Errorf("node %s: %v", node, err)
+	if err := d.postPeer(ctx, n.MgmtAddr, "/v1/internal/checksum", checksumRequest{ID: id, Offset: offset, Regions: regions}, &out); err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
 	return out.Sums, nil
 }
