@@ -144,6 +144,10 @@ func (t *fakeTarget) ServeReplica(v meta.Volume) error {
 	return nil
 }
 
+// Demote removes the subsystem, as a target that keeps no standby
+// paths does.
+func (t *fakeTarget) Demote(v meta.Volume) error { return t.Unserve(v.NQN) }
+
 func (t *fakeTarget) UnserveReplica(id uint64) error {
 	if _, ok := t.replicas[id]; !ok {
 		return nil
@@ -166,7 +170,7 @@ func (t *fakeTarget) Serve(v meta.Volume) error {
 	return nil
 }
 
-func (t *fakeTarget) Served(nqn string) bool { _, ok := t.subs[nqn]; return ok }
+func (t *fakeTarget) Served(v meta.Volume) bool { _, ok := t.subs[v.NQN]; return ok }
 
 func (t *fakeTarget) SetHosts(v meta.Volume) error {
 	nqn, allowAny, hosts := v.NQN, v.AllowAny, v.Hosts
@@ -571,11 +575,11 @@ func TestBadVolumeFailsAloneAndRecovers(t *testing.T) {
 			t.Errorf("%s: %+v, want failed with %q", n, s, want)
 		}
 		v, _ := c.reg.state.Volume(n)
-		if c.tgt.Served(v.NQN) {
+		if c.tgt.Served(v) {
 			t.Errorf("%s: served while failed", n)
 		}
 	}
-	if !c.tgt.Served(meta.DefaultNQN("good")) {
+	if !c.tgt.Served(meta.Volume{NQN: meta.DefaultNQN("good")}) {
 		t.Fatal("good: not served")
 	}
 	if _, err := c.mgr.Settle(ctx); err != nil {
@@ -794,7 +798,7 @@ func TestFullDiskDegrades(t *testing.T) {
 	if v, _ := c.reg.state.Volume("v"); v.State != meta.VolumeDegraded || v.Reason != c.store.full {
 		t.Fatalf("on a full disk: %v %q, want degraded with the reason", v.State, v.Reason)
 	}
-	if !c.tgt.Served(meta.DefaultNQN("v")) {
+	if !c.tgt.Served(meta.Volume{NQN: meta.DefaultNQN("v")}) {
 		t.Fatal("a degraded volume is not served")
 	}
 	if _, err := c.reg.Apply(ctx, meta.Connect{HostNQN: "nqn.2014-08.org.nvmexpress:uuid:h1", Volume: "v", Node: nodeID, At: 1}); err != nil {

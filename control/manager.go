@@ -393,6 +393,12 @@ func (m *Manager) DisallowHost(ctx context.Context, name, host string, force boo
 
 // converge has v's owner reconcile it as of index and records the outcome.
 func (m *Manager) converge(ctx context.Context, v meta.Volume, index uint64) (meta.Volume, error) {
+	return m.convergeOn(ctx, v, index, true)
+}
+
+// convergeOn is converge; without secondaries, the other replicas' nodes
+// are not asked (the caller has).
+func (m *Manager) convergeOn(ctx context.Context, v meta.Volume, index uint64, secondaries bool) (meta.Volume, error) {
 	st, err := m.owners.Reconcile(ctx, v.Node, v.Name, index)
 	if err != nil {
 		return v, fmt.Errorf("%w: volume %q: the registry is updated, but node %s did not apply it yet: %v; it does when it is reachable", ErrOwnerUnreachable, v.Name, v.Node, err)
@@ -401,10 +407,41 @@ func (m *Manager) converge(ctx context.Context, v meta.Volume, index uint64) (me
 	if err != nil {
 		return v, err
 	}
+	if secondaries {
+		m.reconcileSecondaries(ctx, v, index)
+	}
 	if st.State == StateFailed {
 		return v, fmt.Errorf("%w: volume %q on node %s: %s", ErrOwnerFailed, v.Name, v.Node, st.Reason)
 	}
 	return v, nil
+}
+
+// reconcileSecondaries has every other replica's node that is up
+// reconcile v: each exports the volume as a path to hosts (ANA
+// inaccessible), with the volume's hosts and secrets, which must follow
+// the registry there too. One that does not answer is logged and left to
+// the settle rounds.
+func (m *Manager) reconcileSecondaries(ctx context.Context, v meta.Volume, index uint64) {
+	set := v.ReplicaSet()
+	if len(set) < 2 {
+		return
+	}
+	nodes, err := m.reg.Nodes(ctx)
+	if err != nil {
+		return
+	}
+	up := map[string]bool{}
+	for _, n := range nodes {
+		up[n.ID] = n.State == meta.NodeUp
+	}
+	for _, r := range set {
+		if r.Node == v.Node || !up[r.Node] {
+			continue
+		}
+		if _, err := m.owners.Reconcile(ctx, r.Node, v.Name, index); err != nil {
+			m.logger().Warn("a secondary did not reconcile the volume", "volume", v.Name, "node", r.Node, "err", err)
+		}
+	}
 }
 
 // settle records the primary's status in the registry: a volume it

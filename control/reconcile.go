@@ -37,8 +37,10 @@ type Store interface {
 type Target interface {
 	// Serve adds v's subsystem with its hosts and namespace 1.
 	Serve(v meta.Volume) error
-	// Served says whether a subsystem with this NQN exists.
-	Served(nqn string) bool
+	// Served says whether v is served by this node as its primary, as
+	// v says (a subsystem with v's NQN; for a target that replicates,
+	// serving at v's epoch).
+	Served(v meta.Volume) bool
 	// SetHosts makes the subsystem's host list exactly v's (AllowAny,
 	// Hosts) and the secrets of the hosts that must authenticate exactly
 	// v.Secrets.
@@ -66,6 +68,13 @@ type ReplicaTarget interface {
 	// UnserveReplica removes volume id's replica subsystem (no error if
 	// it is not there).
 	UnserveReplica(id uint64) error
+	// Demote stops serving v's host subsystem as its primary: a host's
+	// I/O there is refused (no error if it was not primary). A target
+	// that exports every replica's path keeps the subsystem as a path
+	// that does not serve (ANA inaccessible: the host keeps its
+	// connection for the day this node is primary again); one that does
+	// not removes it, as Unserve.
+	Demote(v meta.Volume) error
 }
 
 // Status is a volume's local state on its owner, as the last reconcile
@@ -272,7 +281,7 @@ func (r *Reconciler) reconcile(st *Status, v meta.Volume) error {
 		r.transition(st, StateOffline, "")
 		return nil
 	}
-	if !r.tgt.Served(v.NQN) {
+	if !r.tgt.Served(v) {
 		if err := r.tgt.Serve(v); err != nil {
 			return fmt.Errorf("serve subsystem %s: %w", v.NQN, err)
 		}
@@ -322,7 +331,12 @@ func (r *Reconciler) reconcileSecondary(st *Status, v meta.Volume, rep meta.Repl
 	if v.State == meta.VolumeDeleting {
 		return r.delete(st, v)
 	}
-	if err := r.tgt.Unserve(v.NQN); err != nil {
+	rt, replicates := r.tgt.(ReplicaTarget)
+	stop := r.tgt.Unserve
+	if replicates {
+		stop = func(string) error { return rt.Demote(v) }
+	}
+	if err := stop(v.NQN); err != nil {
 		return fmt.Errorf("stop serving subsystem %s (node %s is a secondary now): %w", v.NQN, r.node, err)
 	}
 	size, bs, err := r.store.Shape(v.ID)
@@ -348,9 +362,15 @@ func (r *Reconciler) reconcileSecondary(st *Status, v meta.Volume, rep meta.Repl
 	case size > v.SizeBytes:
 		return fmt.Errorf("store volume %d is %d bytes, larger than the registry's %d: the registry lost a resize; resize the volume to at least %d bytes", v.ID, size, v.SizeBytes, size)
 	}
-	if rt, ok := r.tgt.(ReplicaTarget); ok && v.State != meta.VolumeOffline {
+	switch {
+	case replicates && v.State != meta.VolumeOffline:
 		if err := rt.ServeReplica(v); err != nil {
 			return fmt.Errorf("serve replica of volume %d: %w", v.ID, err)
+		}
+	case replicates:
+		// Offline: no path to hosts from any replica.
+		if err := r.tgt.Unserve(v.NQN); err != nil {
+			return fmt.Errorf("remove subsystem %s: %w", v.NQN, err)
 		}
 	}
 	r.transition(st, StateStandby, "")

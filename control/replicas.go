@@ -194,7 +194,7 @@ func (m *Manager) SetPrimary(ctx context.Context, volume string, epoch uint64, n
 			m.logger().Warn("replica primary: a secondary did not answer", "volume", v.Name, "node", n, "err", err)
 		}
 	}
-	return m.converge(ctx, v, res.Index)
+	return m.convergeOn(ctx, v, res.Index, false)
 }
 
 // AddReplica adds a replica of volume on node, or, for node "", on the

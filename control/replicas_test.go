@@ -80,7 +80,7 @@ func (c *replicaCluster) checkCopies(t *testing.T, name string) meta.Volume {
 		case has && (sh.size != v.SizeBytes || sh.bs != v.BlockSize):
 			t.Errorf("node %s: store volume %d/%d, registry %d/%d", id, sh.size, sh.bs, v.SizeBytes, v.BlockSize)
 		}
-		if served := c.tgts[id].Served(v.NQN); served != (id == v.Node) {
+		if served := c.tgts[id].Served(v); served != (id == v.Node) {
 			t.Errorf("node %s serves %s: %v (primary %s)", id, v.NQN, served, v.Node)
 		}
 		// Every secondary, and only they, take the primary's replica
@@ -307,12 +307,12 @@ func TestReplicaCommandsThroughManager(t *testing.T) {
 	if r, _ := v.Replica("n1"); r.State != meta.ReplicaOutOfSync {
 		t.Fatalf("old primary %+v", r)
 	}
-	if !c.tgts[second].Served(v.NQN) {
+	if !c.tgts[second].Served(v) {
 		t.Fatal("the new primary does not serve")
 	}
 	// A failover does not wait for the old primary (presumed lost): it
 	// stops serving at the next settle round.
-	if !c.tgts["n1"].Served(v.NQN) {
+	if !c.tgts["n1"].Served(v) {
 		t.Fatal("the failover reached the old primary")
 	}
 	if bad, err := c.mgr.Settle(ctx); err != nil || len(bad) != 0 {

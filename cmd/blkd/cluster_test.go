@@ -114,7 +114,7 @@ func TestCluster(t *testing.T) {
 	// Writes go to the leader; a follower refuses them with the leader's address.
 	// vol1 and vol2 are pinned to the leader of the moment: the test
 	// manages a volume owned by a follower, and removes a node owning none.
-	procs[leader].must(t, "POST", "/v1/volumes", `{"name": "vol1", "size": "1MiB", "node": "`+leader+`"}`, 201, nil)
+	procs[leader].must(t, "POST", "/v1/volumes", `{"name": "vol1", "size": "1MiB", "node": "`+leader+`", "replicas": 1}`, 201, nil)
 	for id, p := range procs {
 		if id == leader {
 			continue
@@ -148,7 +148,7 @@ func TestCluster(t *testing.T) {
 	})
 	t.Logf("new leader %s", newLeader)
 	eventually(t, 30*time.Second, "create vol2 on the new leader", func() error {
-		code, msg := procs[newLeader].call(t, "POST", "/v1/volumes", `{"name": "vol2", "size": "1MiB", "node": "`+newLeader+`"}`, nil)
+		code, msg := procs[newLeader].call(t, "POST", "/v1/volumes", `{"name": "vol2", "size": "1MiB", "node": "`+newLeader+`", "replicas": 1}`, nil)
 		if code != 201 {
 			return fmt.Errorf("%d %s", code, msg)
 		}

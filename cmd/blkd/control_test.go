@@ -181,7 +181,7 @@ func TestDeadNodeShowsDown(t *testing.T) {
 	t.Parallel() // mostly waits for settle rounds and probes
 	c := startCluster(t)
 	nodes, procs, start := c.nodes, c.procs, c.start
-	procs["node1"].must(t, "POST", "/v1/volumes", `{"name": "v1", "size": "8MiB", "node": "node1"}`, 201, nil)
+	procs["node1"].must(t, "POST", "/v1/volumes", `{"name": "v1", "size": "8MiB", "node": "node1", "replicas": 1}`, 201, nil)
 	procs["node1"].must(t, "POST", "/v1/volumes/v1/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
 	// node1 leads and owns v1. Kill it: a new leader must find it down.
 	var other *daemon

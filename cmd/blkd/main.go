@@ -60,6 +60,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.Int64Flag{Name: "rebuild-rate", EnvVars: []string{"BLK_REBUILD_RATE"}, Usage: "bytes per second the rebuilds of replicas this node is primary of may copy, together (0: unlimited)"},
 			&cli.DurationFlag{Name: "sync-interval", EnvVars: []string{"BLK_SYNC_INTERVAL"}, Value: blkd.DefaultSyncInterval, Usage: "make acknowledged writes durable within this time even without a host's Flush (at most 1s; negative: only Flush and FUA do, as NVMe allows)"},
 			&cli.DurationFlag{Name: "poll-spin", EnvVars: []string{"BLK_POLL_SPIN"}, Value: blkd.DefaultPollSpin, Usage: "how long an NVMe/TCP poll group keeps polling after its last work before it sleeps: lower latency for CPU; 0: sleep at once (nodes sharing their cores with other busy processes)"},
+			&cli.DurationFlag{Name: "failback-after", EnvVars: []string{"BLK_FAILBACK_AFTER"}, Value: blkd.DefaultFailbackAfter, Usage: "after a failover, hand a volume back to the primary placement chose once its replica has been in sync this long (negative: never)"},
 			&cli.DurationFlag{Name: "detach-after", EnvVars: []string{"BLK_DETACH_AFTER"}, Value: blkd.DefaultDetachAfter, Usage: "remove an attachment whose host has had no live controller this long (negative: never)"},
 		},
 		Action: func(c *cli.Context) error {
@@ -137,6 +138,12 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 	}
 	if c.IsSet("rebuild-rate") {
 		cfg.RebuildRate = c.Int64("rebuild-rate")
+	}
+	if c.IsSet("failback-after") {
+		cfg.FailbackAfter = blkd.Duration(c.Duration("failback-after"))
+		if cfg.FailbackAfter == 0 {
+			cfg.FailbackAfter = -1 // off; the config's zero is the default
+		}
 	}
 	if c.IsSet("sync-interval") {
 		cfg.SyncInterval = blkd.Duration(c.Duration("sync-interval"))

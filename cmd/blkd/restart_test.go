@@ -113,7 +113,7 @@ func TestWholeClusterRestart(t *testing.T) {
 			ctrl, ns := connect(t, attachJSON{Transport: "tcp", Address: "127.0.0.1", Port: portOf(t, tcp[v.Node]), SubsystemNQN: v.NQN, NSID: 1})
 			if vol.data != nil {
 				got := make([]byte, len(vol.data))
-				if _, err := ns.ReadAt(got, vol.off); err != nil {
+				if err := pathRetry(func() error { _, err := ns.ReadAt(got, vol.off); return err }); err != nil {
 					t.Fatalf("round %d: read %s on %s: %v", round, vol.name, v.Node, err)
 				}
 				if !bytes.Equal(got, vol.data) {
@@ -123,10 +123,10 @@ func TestWholeClusterRestart(t *testing.T) {
 			vol.off = rng.Int63n(256) * 4096
 			vol.data = make([]byte, 4096)
 			rng.Read(vol.data)
-			if _, err := ns.WriteAt(vol.data, vol.off); err != nil {
+			if err := pathRetry(func() error { _, err := ns.WriteAt(vol.data, vol.off); return err }); err != nil {
 				t.Fatalf("round %d: write %s on %s: %v", round, vol.name, v.Node, err)
 			}
-			if err := ns.Flush(); err != nil {
+			if err := pathRetry(ns.Flush); err != nil {
 				t.Fatalf("round %d: flush %s on %s: %v", round, vol.name, v.Node, err)
 			}
 			ctrl.Close()

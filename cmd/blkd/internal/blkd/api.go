@@ -148,6 +148,8 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("GET /v1/internal/health", handler(d.health))
 	// A volume's primary reports a replica that missed a write (replica.go).
 	m.Handle("POST /v1/internal/replica", w(d.internalReplica))
+	// A primary asks the leader for its lease (failover.go).
+	m.Handle("POST /v1/internal/lease", w(d.internalLease))
 	// The leader's volume verify asks each replica's node (verify.go).
 	m.Handle("POST /v1/internal/checksum", handler(d.internalChecksum))
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
@@ -159,7 +161,7 @@ func (d *Daemon) routes() http.Handler {
 		"/metrics": "GET", "/v1/volumes": "GET, POST, DELETE", "/v1/volumes/{name}": "GET, DELETE",
 		"/v1/volumes/{name}/hosts": "POST, DELETE", "/v1/volumes/{name}/hosts/{nqn}": "DELETE",
 		"/v1/volumes/{name}/attach": "POST", "/v1/volumes/{name}/detach": "POST",
-		"/v1/volumes/{name}/resize": "POST", "/v1/internal/reconcile": "POST", "/v1/internal/health": "GET", "/v1/internal/replica": "POST", "/v1/internal/checksum": "POST", "/v1/volumes/{name}/verify": "POST",
+		"/v1/volumes/{name}/resize": "POST", "/v1/internal/reconcile": "POST", "/v1/internal/health": "GET", "/v1/internal/replica": "POST", "/v1/internal/lease": "POST", "/v1/internal/checksum": "POST", "/v1/volumes/{name}/verify": "POST",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
 	} {
 		m.Handle(path, handler(func(w http.ResponseWriter, r *http.Request) error {

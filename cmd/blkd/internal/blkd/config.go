@@ -129,6 +129,14 @@ type Config struct {
 	// replicas this node runs as primary copy, together
 	// (docs/replication.md §5); 0: unlimited (the default).
 	RebuildRate int64 `json:"rebuild_rate,omitempty"`
+	// FailbackAfter is how long the replica placement chose as a
+	// volume's primary (its first) must have been in sync, after a
+	// failover moved the primary away, before the leader hands the
+	// volume back to it (a planned handover: the hosts pause about a
+	// second). It keeps a node that fails now and then from taking its
+	// volumes back and forth. A Go duration; zero: DefaultFailbackAfter;
+	// negative: never (an operator moves primaries).
+	FailbackAfter Duration `json:"failback_after,omitempty"`
 	// DHCHAPDHGroups are the DH-HMAC-CHAP groups the target accepts from
 	// hosts that must authenticate, in its order of preference ("ffdhe2048",
 	// ..., "null"). Empty: every group, any before none. A Linux host
@@ -196,6 +204,8 @@ const (
 	// blkd restart (the Linux host retries for 10 minutes by default,
 	// ctrl_loss_tmo 600 s) without keeping dead attachments for long.
 	DefaultDetachAfter = 15 * time.Minute
+	// DefaultFailbackAfter: five minutes in sync (docs/replication.md §4).
+	DefaultFailbackAfter = 5 * time.Minute
 )
 
 // ErrConfig is wrapped by every configuration error.
@@ -220,6 +230,9 @@ func (c Config) WithDefaults() Config {
 	if c.Bootstrap == nil {
 		t := true
 		c.Bootstrap = &t
+	}
+	if c.FailbackAfter == 0 {
+		c.FailbackAfter = Duration(DefaultFailbackAfter)
 	}
 	if c.DetachAfter == 0 {
 		c.DetachAfter = Duration(DefaultDetachAfter)

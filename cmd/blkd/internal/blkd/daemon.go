@@ -87,6 +87,13 @@ type Daemon struct {
 	// repl is the node's replication (replica.go): the fences of its
 	// secondary replicas, the legs of the volumes it is primary of.
 	repl replicas
+	// Failover (failover.go): the lease loop's kick, the leader's record
+	// of the nodes it heard from, the volumes being failed over.
+	leaseKick  chan struct{}
+	live       liveness
+	failMu     sync.Mutex
+	failing    map[string]bool
+	failWarned map[string]bool
 
 	// mu serializes attach and detach, and shutdown waits on it.
 	mu sync.Mutex
@@ -115,7 +122,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	}
 	cfg = cfg.WithDefaults()
 	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1), stop: make(chan struct{})}
-	d.repl = replicas{fences: map[uint64]fence{}, primary: map[uint64]*primaryLeg{}}
+	d.repl = replicas{fences: map[uint64]fence{}, primary: map[uint64]*primaryLeg{}, host: map[uint64]*hostVolume{}}
+	d.leaseKick = make(chan struct{}, 1)
+	d.failing, d.failWarned = map[string]bool{}, map[string]bool{}
 	if cfg.RebuildRate > 0 {
 		d.repl.limit = repl.NewLimiter(cfg.RebuildRate)
 	}
@@ -337,6 +346,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	// replicas, whose nodes may be starting too: they are served (reads
 	// until then) once connected; ready waits for that, bounded.
 	d.setPhase("connecting its volumes' replicas")
+	go d.leaseLoop(d.stop)
 	d.waitPrimaryLegs(ctx, replicaReadyWait)
 	d.ready.Store(true)
 	go d.settleLoop(d.stop)
@@ -500,6 +510,14 @@ func (d *Daemon) Close() error {
 func (d *Daemon) shutdown(ctx context.Context) error {
 	d.closeOnce.Do(func() {
 		close(d.stop)
+		// No primary term serves past this point: another node may be
+		// made primary as soon as this one stops answering.
+		d.repl.mu.Lock()
+		for _, hv := range d.repl.host {
+			hv.hb.cur.Store(nil)
+			hv.hb.lease.Store(0)
+		}
+		d.repl.mu.Unlock()
 		var errs []error
 		if d.srv != nil {
 			errs = append(errs, d.srv.Shutdown(ctx))
@@ -560,6 +578,10 @@ func (d *Daemon) volumeLabels() map[uint64]metrics.VolumeLabel {
 // A subsystem left by a replication that stopped (deadPrimaryLeg) is
 // removed first: its hosts reconnect to the new one.
 func (d *Daemon) serve(v meta.Volume) error {
+	if len(v.ReplicaSet()) > 1 {
+		// Every replica's node exports it; this one as primary now.
+		return d.servePrimary(v)
+	}
 	if d.deadPrimaryLeg(v.NQN) {
 		d.log.Warn("replicated volume: serving again after its replication stopped", slog.String("volume", v.Name))
 		if err := d.tparts.Unserve(v.NQN); err != nil {
@@ -578,12 +600,11 @@ func (d *Daemon) serve(v meta.Volume) error {
 	// no wrapper sits between it and a volume of one replica; one of
 	// several is served through its replication (replica.go).
 	var backend target.AsyncBackend = d.sio.Backend(vol)
-	var pl *primaryLeg
-	if len(v.ReplicaSet()) > 1 {
-		if pl, err = d.newPrimaryLeg(v, backend); err != nil {
+	if d.hostVolumeOf(v.ID) != nil {
+		// An ANA path of the volume when it had replicas: served anew.
+		if err := d.tparts.Unserve(v.NQN); err != nil {
 			return err
 		}
-		backend = pl.b
 	}
 	sub, err := d.tgt.AddSubsystem(target.SubsystemConfig{
 		NQN: v.NQN, Serial: fmt.Sprintf("blk-%d", v.ID), Model: "blk",
@@ -595,22 +616,6 @@ func (d *Daemon) serve(v meta.Volume) error {
 	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: backend}); err != nil {
 		_ = d.tgt.RemoveSubsystem(v.NQN)
 		return err
-	}
-	if pl != nil {
-		d.repl.mu.Lock()
-		d.repl.primary[v.ID] = pl
-		d.repl.mu.Unlock()
-		d.startLegs(pl, v)
-		if d.ready.Load() {
-			// Not while the node starts (its peers may be starting too,
-			// their ports closed): Start waits for every volume at once
-			// (waitPrimaryLegs), once its own ports are open.
-			select {
-			case <-pl.ready:
-			case <-pl.done:
-			case <-time.After(replicaReadyWait):
-			}
-		}
 	}
 	return nil
 }

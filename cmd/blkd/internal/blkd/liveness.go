@@ -3,11 +3,13 @@ package blkd
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/blk-project/blk/api"
@@ -15,16 +17,21 @@ import (
 )
 
 // Liveness: the registry leader probes every other registered node's API
-// (GET /v1/internal/health) every probeInterval. A node not heard from
-// for downAfter is set NodeDown in the registry (hosts can no longer be
-// attached through it, and its volumes show as unavailable); the first
-// answer after that sets it NodeUp again. A new leader gives every node
-// downAfter from its own start before judging it. Draining nodes are left
-// as they are.
+// (GET /v1/internal/health) every probeInterval; a lease request
+// (failover.go) counts as an answer too. A node not heard from for
+// downAfter is set NodeDown in the registry (hosts can no longer be
+// attached through it, and its volumes show as unavailable, or fail
+// over: failoverRound); the first answer after that sets it NodeUp
+// again. A node whose API port refused refusedDown probes in a row is
+// down at once: its process is gone (a stopped or cut-off one does not
+// refuse, it is silent). A new leader gives every node downAfter from
+// its own start before judging a silent one. Draining nodes are left as
+// they are.
 const (
-	probeInterval = 2 * time.Second
+	probeInterval = time.Second
 	probeTimeout  = time.Second
 	downAfter     = 6 * time.Second
+	refusedDown   = 2
 )
 
 // healthResponse is the body of GET /v1/internal/health.
@@ -42,8 +49,8 @@ func (d *Daemon) livenessLoop(stop <-chan struct{}) {
 	t := time.NewTicker(probeInterval)
 	defer t.Stop()
 	client := d.peerClient(probeTimeout)
-	var seen map[string]time.Time
 	var since time.Time // when this node last became leader
+	refused := map[string]int{}
 	for {
 		select {
 		case <-stop:
@@ -51,43 +58,70 @@ func (d *Daemon) livenessLoop(stop <-chan struct{}) {
 		case <-t.C:
 		}
 		if !d.node.IsLeader() {
-			seen = nil
+			d.live.mu.Lock()
+			d.live.seen = nil
+			d.live.mu.Unlock()
+			clear(refused)
 			continue
 		}
 		now := time.Now()
-		if seen == nil {
-			seen, since = make(map[string]time.Time), now
+		d.live.mu.Lock()
+		if d.live.seen == nil {
+			d.live.seen, since = make(map[string]time.Time), now
 		}
+		d.live.mu.Unlock()
 		var nodes []meta.NodeInfo
 		d.node.FSM().Read(func(s *meta.State) { nodes = s.Export().Nodes })
-		alive := d.probeAll(client, nodes)
+		answers := d.probeAll(client, nodes)
 		for _, n := range nodes {
 			if n.ID == d.cfg.NodeID {
 				continue
 			}
-			if alive[n.ID] {
-				seen[n.ID] = now
+			a := answers[n.ID]
+			if a == probeAlive {
+				d.live.heard(n.ID)
 			}
-			last, ok := seen[n.ID]
+			if a == probeRefused {
+				refused[n.ID]++
+			} else {
+				refused[n.ID] = 0
+			}
+			d.live.mu.Lock()
+			last, ok := d.live.seen[n.ID]
+			d.live.mu.Unlock()
 			if !ok {
 				last = since
 			}
+			alive := now.Sub(last) < probeInterval
 			switch {
-			case alive[n.ID] && n.State == meta.NodeDown:
+			case a == probeAlive && n.State == meta.NodeDown:
 				d.setNodeState(n.ID, meta.NodeUp, "node answers again")
-			case !alive[n.ID] && n.State == meta.NodeUp && now.Sub(last) >= downAfter:
+			case n.State != meta.NodeUp || alive:
+			case refused[n.ID] >= refusedDown:
+				d.setNodeState(n.ID, meta.NodeDown, fmt.Sprintf("its API port refused %d probes in a row: the process is gone", refused[n.ID]))
+			case now.Sub(last) >= downAfter:
 				d.setNodeState(n.ID, meta.NodeDown, fmt.Sprintf("not heard from for %v", now.Sub(last).Round(time.Second)))
 			}
 		}
+		d.failoverRound()
 	}
 }
 
-// probeAll asks every other node's health route at once and says which
-// answered as themselves.
-func (d *Daemon) probeAll(client *http.Client, nodes []meta.NodeInfo) map[string]bool {
+// A probe's outcome.
+type probeAnswer int
+
+const (
+	probeSilent  probeAnswer = iota // no answer (timeout, reset, not itself)
+	probeAlive                      // answered as itself
+	probeRefused                    // connection refused: nothing listens
+)
+
+// probeAll asks every other node's health route at once and says how
+// each answered.
+func (d *Daemon) probeAll(client *http.Client, nodes []meta.NodeInfo) map[string]probeAnswer {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	alive := make(map[string]bool, len(nodes))
+	alive := make(map[string]probeAnswer, len(nodes))
 	for _, n := range nodes {
 		if n.ID == d.cfg.NodeID || n.MgmtAddr == "" {
 			continue
@@ -105,21 +139,24 @@ func (d *Daemon) probeAll(client *http.Client, nodes []meta.NodeInfo) map[string
 	return alive
 }
 
-func probe(ctx context.Context, client *http.Client, url string, n meta.NodeInfo) bool {
+func probe(ctx context.Context, client *http.Client, url string, n meta.NodeInfo) probeAnswer {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return false
+		return probeSilent
 	}
 	resp, err := client.Do(req)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return probeRefused
+	}
 	if err != nil {
-		return false
+		return probeSilent
 	}
 	defer resp.Body.Close()
 	var h healthResponse
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&h) != nil {
-		return false
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&h) != nil || h.NodeID != n.ID {
+		return probeSilent
 	}
-	return h.NodeID == n.ID
+	return probeAlive
 }
 
 func (d *Daemon) setNodeState(id string, st meta.NodeState, why string) {

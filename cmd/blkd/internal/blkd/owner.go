@@ -99,12 +99,16 @@ type targetParts struct {
 
 func (p *targetParts) Serve(v meta.Volume) error { return p.d.serve(v) }
 
-// Served says whether nqn is served; a replicated volume whose
-// replication stopped (deadPrimaryLeg) counts as not served, so that
-// reconcile serves it again.
-func (p *targetParts) Served(nqn string) bool {
-	_, ok := p.d.tgt.Subsystem(nqn)
-	return ok && !p.d.deadPrimaryLeg(nqn)
+// Served says whether v is served as this node serves it: a volume of
+// one replica, by a subsystem under its NQN; a replicated one, by a
+// primary term at v's epoch that still runs (failover.go). Otherwise
+// reconcile serves it (again).
+func (p *targetParts) Served(v meta.Volume) bool {
+	if len(v.ReplicaSet()) > 1 {
+		return p.d.primaryAt(v)
+	}
+	_, ok := p.d.tgt.Subsystem(v.NQN)
+	return ok && p.d.hostVolumeOf(v.ID) == nil
 }
 
 func (p *targetParts) SetHosts(v meta.Volume) error {
@@ -192,15 +196,20 @@ func (p *targetParts) Connected(nqn string) []string {
 }
 
 func (p *targetParts) Unserve(nqn string) error {
+	if hv := p.d.hostVolumeByNQN(nqn); hv != nil {
+		p.d.endTerm(hv, "not served")
+	}
 	if err := p.d.tgt.RemoveSubsystem(nqn); err != nil && !errors.Is(err, target.ErrNotFound) {
 		return err
 	}
+	p.d.removeHostVolume(nqn)
 	p.d.stopPrimaryLeg(nqn)
 	return nil
 }
 
 func (p *targetParts) ServeReplica(v meta.Volume) error { return p.d.serveReplica(v) }
 func (p *targetParts) UnserveReplica(id uint64) error   { return p.d.unserveReplica(id) }
+func (p *targetParts) Demote(v meta.Volume) error       { return p.d.demote(v) }
 
 // registryParts adapts the raft registry to control.Registry.
 type registryParts struct{ n *meta.Node }
@@ -270,7 +279,7 @@ func (p ownerParts) Answers(ctx context.Context, node string) bool {
 	}
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	return probe(ctx, p.d.peers, p.d.peerURL(n.MgmtAddr, "/v1/internal/health"), n)
+	return probe(ctx, p.d.peers, p.d.peerURL(n.MgmtAddr, "/v1/internal/health"), n) == probeAlive
 }
 
 func (p ownerParts) Reconcile(ctx context.Context, node, name string, index uint64) (control.Status, error) {

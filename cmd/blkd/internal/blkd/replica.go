@@ -109,6 +109,7 @@ type replicas struct {
 	mu      sync.Mutex
 	fences  map[uint64]fence       // by volume ID, secondaries
 	primary map[uint64]*primaryLeg // by volume ID, primaries
+	host    map[uint64]*hostVolume // by volume ID, the ANA paths (failover.go)
 	// limit is --rebuild-rate, shared by the node's rebuilds (nil:
 	// unlimited).
 	limit *repl.Limiter
@@ -122,6 +123,8 @@ type primaryLeg struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	ready  chan struct{} // closed once the backend serves
+	leased chan struct{} // closed once the path serves: a lease (failover.go)
+	lease1 sync.Once     // closes leased
 	mu     sync.Mutex
 	ctrls  map[string]*initiator.Controller // by node, connected legs
 	// rebuilt is closed when the rebuild loop (rebuild.go) ended; nil
@@ -372,6 +375,7 @@ func (d *Daemon) startLegs(pl *primaryLeg, v meta.Volume) {
 		pl.mu.Unlock()
 		close(pl.ready)
 		d.log.Info("replicated volume served", slog.String("volume", v.Name), slog.Uint64("epoch", pl.epoch), slog.Int("legs", len(peers)))
+		d.kickLease() // the path turns optimized with the lease
 		go d.rebuildLoop(ctx, pl, v.ID, v.Name)
 	}()
 }
@@ -462,13 +466,13 @@ func (d *Daemon) serveReplica(v meta.Volume) error {
 			_ = d.tgt.RemoveSubsystem(nqn)
 			return err
 		}
-		return nil
+		return d.serveStandby(v)
 	}
 	rs.mu.Lock()
 	old := rs.fences[v.ID]
 	rs.mu.Unlock()
 	if old == want {
-		return nil
+		return d.serveStandby(v)
 	}
 	if want.epoch < old.epoch {
 		return fmt.Errorf("registry copy at epoch %d, the fence at %d", want.epoch, old.epoch)
@@ -488,11 +492,25 @@ func (d *Daemon) serveReplica(v meta.Volume) error {
 	}
 	_ = sub.SetHostKeys(oldHost, nil)
 	d.log.Info("fence raised", slog.String("volume", v.Name), slog.String("primary", want.primary), slog.Uint64("epoch", want.epoch), slog.Int("evicted", n))
-	return nil
+	return d.serveStandby(v)
 }
 
-// unserveReplica removes v's replica subsystem from this node.
+// unserveReplica removes v's replica subsystem from this node, once
+// every write its primary had submitted here completed: this node
+// becomes the primary (or stops holding the volume), and none of the
+// old primary's writes may land after that.
 func (d *Daemon) unserveReplica(id uint64) error {
+	if sub, ok := d.tgt.Subsystem(replicaNQN(id)); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), ownerTimeout)
+		n, err := sub.EvictAndDrain(ctx, func(string) bool { return true })
+		cancel()
+		if err != nil {
+			return fmt.Errorf("replica subsystem of volume %d: drain: %w", id, err)
+		}
+		if n > 0 {
+			d.log.Info("replica connections closed and drained", slog.Uint64("volume_id", id), slog.Int("evicted", n))
+		}
+	}
 	if err := d.tgt.RemoveSubsystem(replicaNQN(id)); err != nil && !errors.Is(err, target.ErrNotFound) {
 		return err
 	}
@@ -522,7 +540,7 @@ func (d *Daemon) newPrimaryLeg(v meta.Volume, local target.AsyncBackend) (*prima
 	// refused with the path status (a host retries them).
 	b.SetServing(false)
 	b.SetReadOnly(true)
-	return &primaryLeg{nqn: v.NQN, b: b, epoch: v.CurrentEpoch(), ctrls: map[string]*initiator.Controller{}, ready: make(chan struct{})}, nil
+	return &primaryLeg{nqn: v.NQN, b: b, epoch: v.CurrentEpoch(), ctrls: map[string]*initiator.Controller{}, ready: make(chan struct{}), leased: make(chan struct{})}, nil
 }
 
 // stopPrimaryLeg ends the replication of the volume served under nqn,
@@ -596,8 +614,8 @@ func (d *Daemon) deadPrimaryLeg(nqn string) bool {
 }
 
 // waitPrimaryLegs waits until every replicated volume this node is
-// primary of has connected its replicas (or recorded them out of sync),
-// at most for limit.
+// primary of serves (its replicas connected or recorded out of sync, its
+// lease granted), at most for limit.
 func (d *Daemon) waitPrimaryLegs(ctx context.Context, limit time.Duration) {
 	d.repl.mu.Lock()
 	var pls []*primaryLeg
@@ -609,7 +627,7 @@ func (d *Daemon) waitPrimaryLegs(ctx context.Context, limit time.Duration) {
 	defer cancel()
 	for _, pl := range pls {
 		select {
-		case <-pl.ready:
+		case <-pl.leased:
 		case <-pl.done:
 		case <-ctx.Done():
 			d.log.Warn("replicated volumes still connecting their replicas: serving reads only until they do", slog.Duration("waited", limit))

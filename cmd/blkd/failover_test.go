@@ -1,0 +1,413 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/nvme"
+)
+
+// TestFailover: a 3-replica volume on three blkd processes, a host
+// connected to every replica's node (as a Linux host with native
+// multipath is) and writing through whichever path serves. SIGKILL of
+// the primary's blkd: the leader makes another in-sync replica primary
+// at the next epoch, its path serves, the host's writes go on there and
+// none acknowledged is lost; the old primary, restarted, is a secondary,
+// rebuilt in sync, and, in sync for --failback-after, made primary again
+// by a planned handover under the host's writes (failback); the three
+// stores hold what the host wrote.
+func TestFailover(t *testing.T) { testFailover(t, syscall.SIGKILL) }
+
+// TestFailoverFencing: as TestFailover, the primary stopped with SIGSTOP
+// while the host's writes are in flight on it, and resumed once another
+// is primary: none of the writes it had taken lands after the new
+// primary served (the host rewrites the same blocks through the new
+// primary, and must read its own last writes back from every replica),
+// and its path no longer serves.
+func TestFailoverFencing(t *testing.T) { testFailover(t, syscall.SIGSTOP) }
+
+func testFailover(t *testing.T, sig syscall.Signal) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 29))
+
+	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}, common: []string{"--failback-after", "3s"}}
+	if sig == syscall.SIGSTOP {
+		c.common = nil // the default, 5 minutes: no failback here
+	}
+	ids := []string{"node1", "node2", "node3"}
+	zones := map[string]string{"node1": "z1", "node2": "z2", "node3": "z3"}
+	for _, id := range ids {
+		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
+	}
+	c.start("node1", "--zone", "z1")
+	c.start("node2", "--join", c.nodes["node1"].api, "--zone", "z2")
+	c.start("node3", "--join", c.nodes["node1"].api, "--zone", "z3")
+	leader := c.settled(nil)
+	lp := c.procs[leader]
+	// The primary does not lead the registry: the failover needs no
+	// election (TestClusterLeaderLoss in e2e covers a lost leader).
+	pin := ""
+	for _, id := range ids {
+		if id != leader {
+			pin = id
+			break
+		}
+	}
+	var v replicatedJSON
+	lp.must(t, "POST", "/v1/volumes", `{"name": "f", "size": "16MiB", "replicas": 3, "node": "`+pin+`"}`, 201, &v)
+	primary := v.Node
+	lp.must(t, "POST", "/v1/volumes/f/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	var a attachJSON
+	lp.must(t, "POST", "/v1/volumes/f/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+
+	// One controller per node, as multipath connects every path.
+	var cl struct {
+		Members []struct {
+			ID      string `json:"id"`
+			TCPAddr string `json:"tcp_addr"`
+		} `json:"members"`
+	}
+	lp.must(t, "GET", "/v1/cluster", "", 200, &cl)
+	// A path whose node is gone is given up after 3 s (I/O waits for a
+	// reconnect until then); the test's writes then go to the others.
+	pathConfig := initiator.Config{Transport: initiator.TransportTCP, HostNQN: hostNQN, Queues: 2,
+		IOTimeout: 2 * time.Second, KATO: 2 * time.Second, CtrlLossTimeout: 3 * time.Second, ReconnectDelay: 500 * time.Millisecond,
+		ConnectTimeout: 2 * time.Second}
+	paths := map[string]*initiator.Namespace{}
+	tcpAddrs := map[string]string{}
+	for _, m := range cl.Members {
+		tcpAddrs[m.ID] = m.TCPAddr
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctrl, err := initiator.Connect(ctx, pathConfig, m.TCPAddr, a.SubsystemNQN)
+		cancel()
+		if err != nil {
+			t.Fatalf("connect to %s's path %s: %v", m.ID, m.TCPAddr, err)
+		}
+		defer ctrl.Close()
+		paths[m.ID] = ctrl.Namespace(1)
+		if paths[m.ID] == nil {
+			t.Fatalf("%s's path has no namespace 1", m.ID)
+		}
+	}
+
+	const bs, blocks = 4096, 16 << 20 / 4096
+	const quarter = blocks / 4
+	model := make([]byte, blocks*bs)
+	// served counts the writes each node's path completed.
+	var servedMu sync.Mutex
+	served := map[string]int{}
+	lastServed := map[string]time.Time{}
+	// write writes buf at lba through the first path that completes it,
+	// trying every path until within passes (a multipath host's queueing
+	// while no path serves); an error without DNR (a path status; a
+	// command aborted as its controller is torn down in a planned
+	// handover, which Linux retries) or a lost connection moves to the
+	// next path. An error with DNR is returned.
+	var pref atomic.Value // the path that served last, tried first
+	pref.Store(ids[0])
+	write := func(buf []byte, lba int, within time.Duration) error {
+		deadline := time.Now().Add(within)
+		var last error
+		for time.Now().Before(deadline) {
+			first := pref.Load().(string)
+			order := append([]string{first}, ids...)
+			for i, id := range order {
+				if i > 0 && id == first {
+					continue
+				}
+				_, err := paths[id].WriteAt(buf, int64(lba*bs))
+				if err == nil {
+					servedMu.Lock()
+					served[id]++
+					lastServed[id] = time.Now()
+					servedMu.Unlock()
+					pref.Store(id)
+					return nil
+				}
+				last = fmt.Errorf("%s: %w", id, err)
+				var se *initiator.StatusError
+				if errors.As(err, &se) && se.Status.DNR() {
+					return fmt.Errorf("write of %d blocks at %d: %w", len(buf)/bs, lba, last)
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return fmt.Errorf("write of %d blocks at %d: no path served within %v (last: %w)", len(buf)/bs, lba, within, last)
+	}
+	randWrite := func(r *rand.Rand, q int) error {
+		n := 1 + r.IntN(16)
+		lba := q*quarter + r.IntN(quarter-n+1)
+		buf := make([]byte, n*bs)
+		for i := range buf {
+			buf[i] = byte(r.Uint32())
+		}
+		if err := write(buf, lba, 30*time.Second); err != nil {
+			return err
+		}
+		copy(model[lba*bs:], buf)
+		return nil
+	}
+	for i := range 100 {
+		if err := randWrite(rng, i%4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if served[primary] != 100 {
+		t.Fatalf("paths served %v: only the primary %s should", served, primary)
+	}
+
+	var writes atomic.Int64
+	writers := func(base uint64) (stop func() error) {
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		errc := make(chan error, 4)
+		for w := range 4 {
+			wg.Add(1)
+			r := rand.New(rand.NewPCG(uint64(seed), base+uint64(w)))
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					if err := randWrite(r, w); err != nil {
+						errc <- err
+						return
+					}
+					writes.Add(1)
+				}
+			}()
+		}
+		return func() error {
+			close(done)
+			wg.Wait()
+			close(errc)
+			return <-errc
+		}
+	}
+
+	stop := writers(0)
+	time.Sleep(300 * time.Millisecond) // writes in flight on the primary
+	victim := c.procs[primary]
+	killed := time.Now()
+	victim.cmd.Process.Signal(sig)
+	if sig == syscall.SIGKILL {
+		<-victim.exited
+		delete(c.procs, primary)
+	}
+	var newPrimary string
+	eventually(t, 30*time.Second, "another replica primary", func() error {
+		for id, p := range c.procs {
+			if id == primary {
+				continue
+			}
+			v = replicatedJSON{}
+			if code, _ := p.call(t, "GET", "/v1/volumes/f", "", &v); code == 200 && v.Node != primary && v.Epoch == 2 {
+				newPrimary = v.Node
+				return nil
+			}
+		}
+		return fmt.Errorf("%+v", v)
+	})
+	eventually(t, 30*time.Second, "writes through "+newPrimary, func() error {
+		servedMu.Lock()
+		defer servedMu.Unlock()
+		if lastServed[newPrimary].After(killed) {
+			return nil
+		}
+		return fmt.Errorf("served %v", served)
+	})
+	servedMu.Lock()
+	t.Logf("%v of %s to the first write through %s (epoch %d): %+v", lastServed[newPrimary].Sub(killed).Round(time.Millisecond), sig, newPrimary, v.Epoch, v.Replicas)
+	servedMu.Unlock()
+	for _, r := range v.Replicas {
+		if r.Node == primary && (r.State != "out-of-sync" || !strings.Contains(r.Reason, "primary")) {
+			t.Errorf("old primary's replica %+v, want out-of-sync, primary lost", r)
+		}
+	}
+	before := writes.Load()
+	time.Sleep(500 * time.Millisecond)
+
+	if sig == syscall.SIGSTOP {
+		// Resumed: whatever it had taken must not land anywhere that
+		// serves, and its path refuses.
+		victim.cmd.Process.Signal(syscall.SIGCONT)
+		time.Sleep(3 * time.Second) // its goroutines run, its legs find their connections gone
+		// A host connecting to it again finds a path that refuses I/O.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctrl, err := initiator.Connect(ctx, pathConfig, tcpAddrs[primary], a.SubsystemNQN)
+		cancel()
+		if err != nil {
+			t.Fatalf("connect to the resumed old primary: %v", err)
+		}
+		_, err = ctrl.Namespace(1).WriteAt(make([]byte, bs), 0)
+		ctrl.Close()
+		var se *initiator.StatusError
+		if !errors.As(err, &se) || se.Status.SCT() != nvme.SCTPath {
+			t.Errorf("a write through the resumed old primary: %v, want a path status", err)
+		}
+		if !strings.Contains(victim.output(), "primary deposed") {
+			t.Errorf("the resumed primary did not log its deposition:\n%s", victim.output())
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("a host write failed across the failover: %v", err)
+	}
+	if writes.Load() == before {
+		t.Errorf("no write completed after the failover")
+	}
+
+	// Every acknowledged write reads back through the new primary.
+	got := make([]byte, len(model))
+	for off := 0; off < len(got); off += 64 << 10 {
+		if _, err := paths[newPrimary].ReadAt(got[off:off+64<<10], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if i := firstDiff(got, model); i >= 0 {
+		t.Fatalf("the new primary %s reads other bytes than the host wrote, first at block %d", newPrimary, i/bs)
+	}
+
+	// The old primary, back (restarted, or resumed), is rebuilt in sync.
+	if sig == syscall.SIGKILL {
+		c.start(primary, "--zone", zones[primary])
+		// The host's path to it was given up: connect it again, at the
+		// address it registered now.
+		old := tcpAddrs[primary]
+		eventually(t, 30*time.Second, primary+" registered again", func() error {
+			c.procs[newPrimary].must(t, "GET", "/v1/cluster", "", 200, &cl)
+			for _, m := range cl.Members {
+				if m.ID == primary && m.TCPAddr != "" && m.TCPAddr != old {
+					tcpAddrs[primary] = m.TCPAddr
+					return nil
+				}
+			}
+			return fmt.Errorf("%+v", cl.Members)
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctrl, err := initiator.Connect(ctx, pathConfig, tcpAddrs[primary], a.SubsystemNQN)
+		cancel()
+		if err != nil {
+			t.Fatalf("connect to the restarted %s: %v", primary, err)
+		}
+		defer ctrl.Close()
+		paths[primary] = ctrl.Namespace(1)
+	}
+	eventually(t, 60*time.Second, primary+" rebuilt in sync", func() error {
+		v = replicatedJSON{}
+		c.procs[newPrimary].must(t, "GET", "/v1/volumes/f", "", 200, &v)
+		for _, r := range v.Replicas {
+			if r.Node == primary && r.State == "in-sync" {
+				return nil
+			}
+		}
+		return fmt.Errorf("%+v", v.Replicas)
+	})
+	if sig == syscall.SIGKILL {
+		// Failback: placement's primary, in sync for 3 s, is handed the
+		// volume back while the host writes.
+		stop = writers(200)
+		handed := time.Now()
+		eventually(t, 30*time.Second, "failback to "+primary, func() error {
+			v = replicatedJSON{}
+			c.procs[newPrimary].must(t, "GET", "/v1/volumes/f", "", 200, &v)
+			if v.Node == primary && v.Epoch == 3 {
+				return nil
+			}
+			return fmt.Errorf("primary %s at epoch %d", v.Node, v.Epoch)
+		})
+		eventually(t, 30*time.Second, "writes through "+primary+" again", func() error {
+			servedMu.Lock()
+			defer servedMu.Unlock()
+			if lastServed[primary].After(handed) {
+				return nil
+			}
+			return fmt.Errorf("served %v", served)
+		})
+		time.Sleep(300 * time.Millisecond)
+		if err := stop(); err != nil {
+			t.Fatalf("a host write failed across the failback: %v", err)
+		}
+		for _, r := range v.Replicas {
+			if r.State != "in-sync" {
+				t.Errorf("after the failback: replica %+v, want every one in sync (a planned handover loses none)", r)
+			}
+		}
+		if !strings.Contains(c.procs[leader].output(), "failback") {
+			t.Errorf("the leader did not log the failback")
+		}
+		newPrimary = primary
+		for off := 0; off < len(got); off += 64 << 10 {
+			if _, err := paths[primary].ReadAt(got[off:off+64<<10], int64(off)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i := firstDiff(got, model); i >= 0 {
+			t.Fatalf("after the failback %s reads other bytes than the host wrote, first at block %d", primary, i/bs)
+		}
+	}
+	var res verifyJSON
+	var cls clusterJSON
+	c.procs[newPrimary].must(t, "GET", "/v1/cluster", "", 200, &cls)
+	c.procs[cls.LeaderID].must(t, "POST", "/v1/volumes/f/verify", "", 200, &res)
+	if len(res.Compared) != 3 || len(res.Mismatches) != 0 {
+		t.Fatalf("verify after the failover and the rebuild: %+v", res)
+	}
+	if sig == syscall.SIGSTOP {
+		// The fence, as the replicas logged it.
+		for id, p := range c.procs {
+			if id != primary && id != newPrimary && !strings.Contains(p.output(), "fence raised") {
+				t.Errorf("%s did not log its fence raised for epoch 2", id)
+			}
+		}
+	}
+	c.stopAll(syscall.SIGTERM)
+	for _, id := range ids {
+		if err := storeEquals(filepath.Join(c.nodes[id].dir, "volumes"), v.ID, model); err != nil {
+			t.Errorf("replica on %s: %v", id, err)
+		}
+	}
+}
+
+// pathRetry runs io until it does not fail with a path status (SCT 3h),
+// for at most 10 s, as a multipath host does: a replicated volume's
+// primary answers Asymmetric Access Inaccessible until its lease is
+// granted, moments after it starts.
+func pathRetry(io func() error) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := io()
+		var se *initiator.StatusError
+		if err == nil || !errors.As(err, &se) || se.Status.SCT() != nvme.SCTPath || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// firstDiff returns the first offset where a and b differ, or -1.
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if i >= len(b) || a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
+}

@@ -1,0 +1,240 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// replicatedVolume is what blkctl volume show answers of a replicated
+// volume.
+type replicatedVolume struct {
+	ID       uint64 `json:"id"`
+	NQN      string `json:"nqn"`
+	Node     string `json:"node"`
+	State    string `json:"state"`
+	Epoch    uint64 `json:"epoch"`
+	Replicas []struct {
+		Node   string `json:"node"`
+		State  string `json:"state"`
+		Reason string `json:"reason"`
+	} `json:"replicas"`
+}
+
+// TestClusterFailover is scenarios 1 and 3 of the replication issue: a
+// 3-node blkd cluster on the host, a 3-replica volume, a kernel host
+// (guest, nvme-tcp, native multipath) connected to all three nodes by
+// nvme connect-all through one node's discovery log. While fio writes
+// and verifies through the head:
+//
+//  1. the primary's blkd is killed with SIGKILL: the leader makes an
+//     in-sync replica primary at the next epoch, its path turns
+//     optimized, the host moves its I/O there with no error reaching
+//     fio; the time from the kill to the first write the new primary
+//     completes is reported. The killed node, restarted, is rebuilt in
+//     sync and volume verify finds the three replicas equal.
+//  2. the new primary is stopped with SIGSTOP until another node is
+//     primary, then resumed: it logs its deposition, its path turns
+//     inaccessible, and what it had taken from the host lands nowhere:
+//     fio verifies, and once it is rebuilt the three replicas are equal.
+//
+// At the end the host reads back through the last primary everything
+// fio wrote before, across both failovers.
+func TestClusterFailover(t *testing.T) {
+	s := newScenario(t)
+	port := ports(24900)
+	type node struct {
+		name              string
+		api, raft         string
+		nvmePort, tcpPort int
+		zone              string
+		d                 *daemon
+	}
+	nodes := map[string]*node{}
+	order := []string{"node1", "node2", "node3"}
+	for i, id := range order {
+		nodes[id] = &node{name: id, api: addr(port()), raft: addr(port()), nvmePort: port(), tcpPort: port(), zone: fmt.Sprintf("z%d", i+1)}
+	}
+	for i, id := range order {
+		n := nodes[id]
+		args := []string{"--node-id", n.name, "--raft-addr", n.raft, "--nvme-addr", addr(n.nvmePort), "--tcp-addr", addr(n.tcpPort),
+			"--advertise-addr", "10.0.2.2", "--zone", n.zone}
+		if i > 0 {
+			args = append(args, "--join", nodes["node1"].api)
+		}
+		n.d = s.startDaemon(n.name, n.api, args...)
+	}
+	leader := s.waitLeader(nodes["node1"].api, 30*time.Second, order...)
+	// The primary is not the registry's leader: its loss needs no
+	// election (TestClusterLeaderLoss covers a lost leader).
+	pin := "node2"
+	if leader == pin {
+		pin = "node3"
+	}
+	const hostNQN = "nqn.2026-11.io.blk:e2e-failover-host"
+	var v replicatedVolume
+	s.blkctl(nodes[leader].api, &v, "volume", "create", "fvol", "--size", "128MiB", "--replicas", "3", "--node", pin)
+	s.blkctl(nodes[leader].api, nil, "host", "allow", "fvol", hostNQN)
+	s.blkctl(nodes[leader].api, &v, "volume", "show", "fvol")
+	if v.Node != pin || len(v.Replicas) != 3 || v.Epoch != 1 {
+		t.Fatalf("fvol: %+v, want 3 replicas, primary %s, epoch 1", v, pin)
+	}
+	ports := []string{}
+	for _, id := range order {
+		ports = append(ports, strconv.Itoa(nodes[id].tcpPort))
+	}
+	s.setEnv("DISC", strconv.Itoa(nodes[pin].tcpPort), "PORTS", strings.Join(ports, " "), "NQN", v.NQN, "HOSTNQN", hostNQN,
+		"PRIMARY", strconv.Itoa(nodes[pin].tcpPort))
+	s.script("failover.sh")
+	g := s.boot(vmConfig{name: "fohost", script: "failover.sh", timeout: 12 * time.Minute})
+
+	// writes is the volume's writes a node's host path completed
+	// (namespace 1 of the volume's subsystem; the replica subsystem's
+	// are counted apart).
+	writes := func(n *node) float64 {
+		resp, err := http.Get("http://" + n.api + "/metrics")
+		if err != nil {
+			return -1
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "blk_target_namespace_writes_total{") && strings.Contains(l, `subsystem="`+v.NQN+`"`) {
+				f, err := strconv.ParseFloat(strings.TrimSpace(l[strings.LastIndexByte(l, '}')+1:]), 64)
+				if err == nil {
+					return f
+				}
+			}
+		}
+		return 0
+	}
+	show := func(api string) replicatedVolume {
+		var rv replicatedVolume
+		s.blkctl(api, &rv, "volume", "show", "fvol")
+		return rv
+	}
+	// failover waits until a node other than from is primary at epoch,
+	// then until it completed a host write, and reports both times.
+	failover := func(step int, from *node, epoch uint64, since time.Time) *node {
+		var to *node
+		for deadline := time.Now().Add(60 * time.Second); to == nil; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("step %d: no failover from %s within 60 s: %+v", step, from.name, show(nodes[leader].api))
+			}
+			var rv replicatedVolume
+			if err := s.blkctlErr(nodes[leader].api, &rv, "volume", "show", "fvol"); err == nil && rv.Epoch == epoch && rv.Node != from.name {
+				to = nodes[rv.Node]
+				t.Logf("step %d: %s primary at epoch %d %v after the signal: %+v", step, to.name, epoch, time.Since(since).Round(time.Millisecond), rv.Replicas)
+			}
+		}
+		w0 := writes(to)
+		for deadline := time.Now().Add(60 * time.Second); writes(to) <= w0; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("step %d: the new primary %s completed no host write within 60 s", step, to.name)
+			}
+		}
+		t.Logf("step %d: from the signal to the first host write completed by %s: %v", step, to.name, time.Since(since).Round(time.Millisecond))
+		return to
+	}
+	// inSync waits until every replica of fvol is in sync, then verifies.
+	inSync := func(step int) {
+		for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
+			rv := show(nodes[leader].api)
+			n := 0
+			for _, r := range rv.Replicas {
+				if r.State == "in-sync" {
+					n++
+				}
+			}
+			if n == 3 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("step %d: fvol not back in sync: %+v", step, rv.Replicas)
+			}
+		}
+		var res struct {
+			Compared   []string `json:"compared"`
+			Mismatches []any    `json:"mismatches"`
+		}
+		s.blkctl(nodes[leader].api, &res, "volume", "verify", "fvol")
+		if len(res.Compared) != 3 || len(res.Mismatches) != 0 {
+			t.Errorf("step %d: volume verify: %+v", step, res)
+		}
+		t.Logf("step %d: the three replicas in sync and equal", step)
+	}
+
+	// Scenario 1: SIGKILL of the primary under fio.
+	s.waitMark("fio-running-1", g, 6*time.Minute)
+	p1 := nodes[pin]
+	p1.d.kill()
+	killed := time.Now()
+	p2 := failover(1, p1, 2, killed)
+	s.mark("failed-over-1")
+	p1.d.start() // back as a secondary, rebuilt from p2
+	inSync(1)
+	s.mark("rebuilt-1")
+
+	// Scenario 3: SIGSTOP of the new primary under fio, SIGCONT once
+	// another is primary.
+	s.waitMark("fio-running-2", g, 6*time.Minute)
+	if err := p2.d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	p3 := failover(2, p2, 3, stopped)
+	if err := p2.d.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("step 2: %s resumed %v after its stop", p2.name, time.Since(stopped).Round(time.Millisecond))
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if strings.Contains(string(s.readShare(fmt.Sprintf("%s.log.%d", p2.name, p2.d.runs))), "primary deposed") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("step 2: the resumed %s did not log its deposition", p2.name)
+		}
+	}
+	s.mark("failed-over-2")
+	inSync(2)
+	s.mark("rebuilt-2")
+	s.wait(g)
+
+	for _, f := range []string{"fio-before.json", "fio-kill.json", "fio-stop.json", "fio-after.json"} {
+		s.fioResult(f)
+	}
+	for _, f := range []struct{ name, optimized string }{
+		{"paths-before.txt", strconv.Itoa(p1.tcpPort)},
+		{"paths-after-kill.txt", strconv.Itoa(p2.tcpPort)},
+		{"paths-after-stop.txt", strconv.Itoa(p3.tcpPort)},
+	} {
+		got := strings.TrimSpace(string(s.readShare(f.name)))
+		t.Logf("%s:\n%s", f.name, got)
+		lines := strings.Split(got, "\n")
+		if len(lines) != 3 {
+			t.Errorf("%s: %d paths, want 3", f.name, len(lines))
+		}
+		for _, l := range lines {
+			want := "inaccessible"
+			if strings.Contains(l, "trsvcid="+f.optimized+" ") {
+				want = "optimized"
+			}
+			if !strings.HasSuffix(l, "ana_state="+want) {
+				t.Errorf("%s: path %q, want %s", f.name, l, want)
+			}
+		}
+	}
+	dmesg := string(s.readShare("dmesg-fohost.txt"))
+	for _, bad := range []string{"Duplicate cntlid", "Invalid MNAN", "I/O error", "IDs don't match"} {
+		if strings.Contains(dmesg, bad) {
+			t.Errorf("dmesg has %q", bad)
+		}
+	}
+}
