@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/blk-project/blk/api"
+	"github.com/blk-project/blk/initiator/failover"
+)
+
+// fakeRegistry answers GET /v1/volumes/v and GET /v1/cluster as every
+// node of a cluster would, from one state the test changes.
+type fakeRegistry struct {
+	mu      sync.Mutex
+	primary string // "" : the volume does not exist
+	members []api.Member
+	asked   map[string]int // requests per server
+}
+
+func (f *fakeRegistry) serve(t *testing.T, name string) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.asked[name]++
+		var out any
+		switch r.Method + " " + r.URL.Path {
+		case "GET /v1/volumes/v":
+			if f.primary == "" {
+				w.WriteHeader(http.StatusNotFound)
+				json.NewEncoder(w).Encode(map[string]string{"error": `meta: volume "v": unknown volume`})
+				return
+			}
+			out = api.Volume{Name: "v", Node: f.primary, NQN: "nqn.2024-01.io.blk:vol:v", State: "online"}
+		case "GET /v1/cluster":
+			out = api.Cluster{Members: f.members}
+		default:
+			t.Errorf("unexpected %s %s", r.Method, r.URL.Path)
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
+		json.NewEncoder(w).Encode(out)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestVolumeResolver: the attach follower's resolver names the
+// primary's port of the attachment's transport; follows a change of
+// primary; says clearly when the primary has no such port or the volume
+// is gone; and, when the --api node stops answering, asks the other
+// members it learned from a cluster answer.
+func TestVolumeResolver(t *testing.T) {
+	f := &fakeRegistry{primary: "n1", asked: map[string]int{}}
+	s1, s2 := f.serve(t, "s1"), f.serve(t, "s2")
+	f.members = []api.Member{
+		{ID: "n1", APIAddr: strings.TrimPrefix(s1.URL, "http://"), TCPAddr: "192.0.2.1:4420", NVMeAddr: "192.0.2.1:4421"},
+		{ID: "n2", APIAddr: strings.TrimPrefix(s2.URL, "http://"), TCPAddr: "192.0.2.2:4420"},
+	}
+	c, err := newClient(s1.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	want := func(r *volumeResolver, addr, transport string) {
+		t.Helper()
+		ep, err := r.resolve(ctx)
+		if w := (failover.Endpoint{Transport: transport, Addr: addr, SubNQN: "nqn.2024-01.io.blk:vol:v", NSID: 1}); err != nil || ep != w {
+			t.Fatalf("resolve: %+v, %v; want %+v", ep, err, w)
+		}
+	}
+	tcp, rdma := newVolumeResolver(c, "v", api.TransportTCP), newVolumeResolver(c, "v", api.TransportRDMA)
+	want(tcp, "192.0.2.1:4420", api.TransportTCP)
+	want(rdma, "192.0.2.1:4421", api.TransportRDMA)
+
+	f.mu.Lock()
+	f.primary = "n2"
+	f.mu.Unlock()
+	want(tcp, "192.0.2.2:4420", api.TransportTCP)
+	if _, err := rdma.resolve(ctx); err == nil || !strings.Contains(err.Error(), "node n2, primary of v, does not serve it over rdma") {
+		t.Fatalf("resolve over rdma with n2 serving tcp only: %v", err)
+	}
+
+	// The --api node dies: the member learned from the cluster answers.
+	s1.Close()
+	want(tcp, "192.0.2.2:4420", api.TransportTCP)
+	f.mu.Lock()
+	before := f.asked["s2"]
+	f.mu.Unlock()
+	want(tcp, "192.0.2.2:4420", api.TransportTCP)
+	f.mu.Lock()
+	after := f.asked["s2"]
+	f.primary = ""
+	f.mu.Unlock()
+	if after-before != 2 {
+		t.Fatalf("s2 asked %d times for one resolve; want 2 (volume, cluster): the one that answered goes first", after-before)
+	}
+	if _, err := tcp.resolve(ctx); err == nil || !strings.Contains(err.Error(), "unknown volume") {
+		t.Fatalf("resolve of a deleted volume: %v", err)
+	}
+}
