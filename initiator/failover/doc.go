@@ -35,9 +35,14 @@
 // number of held I/Os is bounded by the caller's concurrency (the NBD
 // server's workers): the Device starts no goroutine per I/O.
 //
+// Failures the blocking initiator calls wait out (a reset connection,
+// a reconnecting controller) reach the follower through
+// Controller.Down; a controller down HoldTimeout with nowhere else to
+// go is closed, so that I/O waiting inside it ends too, and the follower
+// keeps looking.
+//
 // What it must never do: acknowledge a write that no path completed,
-// reorder a held write after a later one of the same caller, hold an I/O
-// past HoldTimeout, hold an I/O for an error that is not a path error
-// (a media error or an invalid request is returned at once), or import
-// the target.
+// hold an I/O past HoldTimeout (plus one retry), hold an I/O for an
+// error that is not a path error (a media error or an invalid request is
+// returned at once), start a goroutine per I/O, or import the target.
 package failover

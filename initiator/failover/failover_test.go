@@ -513,3 +513,40 @@ func TestConfigValidate(t *testing.T) {
 		t.Error("New with a path without a namespace")
 	}
 }
+
+// TestCloseEndsHold: Close while an I/O is held ends it at once with
+// ErrClosed (not after HoldTimeout), and Close itself returns while the
+// follower is busy looking for a path.
+func TestCloseEndsHold(t *testing.T) {
+	mem := newMem(t)
+	a := newNode(t, mem, nvme.ANAInaccessible)
+	reg := &registry{}
+	d := newDevice(t, reg, a, failover.Config{HoldTimeout: time.Hour})
+	dead := newNode(t, mem, nvme.ANAOptimized)
+	dead.kill()
+	reg.set(dead.ep, nil) // its port refuses
+	res := make(chan error, 1)
+	go func() {
+		_, err := d.WriteAt(make([]byte, block), 0)
+		res <- err
+	}()
+	until(t, "the write held", func() bool { return d.Stats().Holding == 1 && d.Stats().ConnectFailures > 0 })
+	closed := make(chan struct{})
+	go func() {
+		d.Close()
+		close(closed)
+	}()
+	select {
+	case err := <-res:
+		if !errors.Is(err, failover.ErrClosed) {
+			t.Fatalf("held write after Close: %v", err)
+		}
+	case <-time.After(waitLong):
+		t.Fatal("held write not ended by Close")
+	}
+	select {
+	case <-closed:
+	case <-time.After(waitLong):
+		t.Fatal("Close did not return")
+	}
+}

@@ -18,6 +18,11 @@ func (d *Device) follow() {
 	for {
 		p := d.cur.Load()
 		select {
+		case <-d.closing: // first: Down may be ready too, for good
+			return
+		default:
+		}
+		select {
 		case <-d.closing:
 			return
 		case <-d.kick:
@@ -55,6 +60,10 @@ func (d *Device) recover(p *path, f *follower) {
 	delay := d.cfg.RetryDelay
 	for {
 		live := p.ctrl.State() == initiator.StateLive
+		if !live && p.failedAt.CompareAndSwap(0, time.Now().UnixNano()) {
+			// Kicked before Down was seen: the hold counts from now.
+			d.cfg.Logf("failover: the controller of %v failed (%v); asking where the volume is served", p.Endpoint, p.ctrl.State())
+		}
 		ep, err := d.resolve()
 		if err == nil && (ep != p.Endpoint || p.dead()) {
 			if err = d.connect(p, ep); err == nil {
@@ -64,7 +73,7 @@ func (d *Device) recover(p *path, f *follower) {
 		}
 		if err != nil && err.Error() != f.said {
 			f.said = err.Error()
-			d.cfg.Logf("failover: %s (retrying every %v at most)", f.said, d.cfg.MaxRetryDelay)
+			d.cfg.Logf("failover: %s (retrying, backing off up to %v)", f.said, d.cfg.MaxRetryDelay)
 		}
 		if live {
 			// Connected, and named here or nowhere better: held I/O
