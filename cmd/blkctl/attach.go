@@ -266,7 +266,7 @@ func attachAction(c *cli.Context) error {
 	// (follow.go): for every volume, as it costs nothing until a path
 	// fails, and a volume of one replica then gets its node back after a
 	// restart instead of a controller lost for good.
-	fdev, err := e.followDevice(c, vol, host, at)
+	fdev, err := e.followDevice(connOptsOf(c), vol, host, at)
 	if err != nil {
 		return undo(err)
 	}

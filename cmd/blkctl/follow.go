@@ -13,7 +13,6 @@ import (
 
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/initiator/failover"
-	"github.com/urfave/cli/v2"
 )
 
 // resolveRequestTimeout bounds one API request of the attach follower: a
@@ -27,8 +26,7 @@ const resolveRequestTimeout = 2 * time.Second
 // that serves it after a failover, asking the API (volumeResolver) and
 // connecting there as the first connection was made (host NQN,
 // DH-HMAC-CHAP secrets, transport and its flags).
-func (e *env) followDevice(c *cli.Context, vol, host string, at attachment) (*failover.Device, error) {
-	opts := connOptsOf(c)
+func (e *env) followDevice(opts connOpts, vol, host string, at attachment) (*failover.Device, error) {
 	connectTo := func(ctx context.Context, ep failover.Endpoint) (failover.Path, error) {
 		h, p, err := net.SplitHostPort(ep.Addr)
 		if err != nil {
