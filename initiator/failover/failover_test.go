@@ -488,7 +488,9 @@ func TestSteadyStateAllocs(t *testing.T) {
 	}
 	measure(d) // warm up both
 	measure(raw)
-	if viaRaw, viaDev := measure(raw), measure(d); viaDev > viaRaw {
+	viaRaw, viaDev := measure(raw), measure(d)
+	t.Logf("allocations per 32 KiB write + read: %v through the Device, %v through the namespace", viaDev, viaRaw)
+	if viaDev > viaRaw {
 		t.Fatalf("allocations per write+read: %v through the Device, %v through the namespace", viaDev, viaRaw)
 	}
 }
