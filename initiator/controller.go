@@ -317,6 +317,13 @@ func (c *Controller) kickSupervisor() {
 	}
 }
 
+// Down returns a channel that is closed when the association in use now
+// fails: the controller is then reconnecting, lost or closed (State says
+// which). It lets a caller that follows a volume across nodes learn of a
+// failure that the blocking calls wait out (they wait for the reconnect).
+// After a reconnect, call it again for the new association.
+func (c *Controller) Down() <-chan struct{} { return c.assoc.Load().done }
+
 // errReconnecting is what the asynchronous path returns while there is no
 // live association.
 var errReconnecting = fmt.Errorf("%w: controller is reconnecting", ErrConnectionLost)

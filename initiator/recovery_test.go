@@ -416,3 +416,39 @@ func TestUnansweredConnectRetried(t *testing.T) {
 		t.Fatalf("discover with a lost Connect: %v", err)
 	}
 }
+
+// Down is closed when the association in use fails, not before; after
+// the reconnect, Down is the new association's, open again.
+func TestDown(t *testing.T) {
+	f := newFakeTarget(t, testNQN)
+	f.start()
+	cfg := testConfig(t)
+	cfg.ReconnectDelay = 10 * time.Millisecond
+	c := connectFake(t, f, cfg)
+	down := c.Down()
+	select {
+	case <-down:
+		t.Fatal("Down closed while live")
+	default:
+	}
+	f.dropAll()
+	select {
+	case <-down:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Down not closed after the connection dropped")
+	}
+	if err := c.WaitLive(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-c.Down():
+		t.Fatalf("Down of the new association closed (state %v)", c.State())
+	default:
+	}
+	c.Close()
+	select {
+	case <-c.Down():
+	default:
+		t.Fatal("Down open after Close")
+	}
+}

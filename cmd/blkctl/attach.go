@@ -167,31 +167,50 @@ func chooseEndpoint(c *cli.Context, a attachment) (attachment, error) {
 }
 
 // connect connects the initiator to a as host over a's transport (for
-// RDMA, over the provider the command's flags name); the caller calls
-// closeAll when done.
+// RDMA, over the provider the command's flags name), within 30 s; the
+// caller calls closeAll when done.
 func connect(c *cli.Context, a attachment, host string, cfg initiator.Config) (closeAll func(), ctrl *initiator.Controller, ns *initiator.Namespace, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return connOptsOf(c).connect(ctx, a, host, cfg)
+}
+
+// connOpts are the command's connection flags, read once, so that the
+// attach follower can connect again the same way from its goroutine.
+type connOpts struct {
+	hdrDigest, dataDigest    bool
+	provider, device         string
+	dhchapSecret, ctrlSecret string
+}
+
+func connOptsOf(c *cli.Context) connOpts {
+	return connOpts{hdrDigest: c.Bool("hdr-digest"), dataDigest: c.Bool("data-digest"),
+		provider: c.String("rdma-provider"), device: c.String("rdma-device"),
+		dhchapSecret: c.String("dhchap-secret"), ctrlSecret: c.String("dhchap-ctrl-secret")}
+}
+
+// connect is the package's connect with its flags read and ctx bounding
+// it.
+func (o connOpts) connect(ctx context.Context, a attachment, host string, cfg initiator.Config) (closeAll func(), ctrl *initiator.Controller, ns *initiator.Namespace, err error) {
 	closeNIC := func() {}
 	switch a.Transport {
 	case api.TransportTCP:
 		cfg.Transport = initiator.TransportTCP
-		cfg.HeaderDigest, cfg.DataDigest = c.Bool("hdr-digest"), c.Bool("data-digest")
+		cfg.HeaderDigest, cfg.DataDigest = o.hdrDigest, o.dataDigest
 	default:
-		if c.Bool("hdr-digest") || c.Bool("data-digest") {
+		if o.hdrDigest || o.dataDigest {
 			return nil, nil, nil, usageErrorf("--hdr-digest and --data-digest are NVMe/TCP's; this connection is over %s", a.Transport)
 		}
-		prov, dev := c.String("rdma-provider"), c.String("rdma-device")
-		nic, err := providers.Open(prov, providers.Options{Device: dev})
+		nic, err := providers.Open(o.provider, providers.Options{Device: o.device})
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("--rdma-provider %s: %v", prov, err)
+			return nil, nil, nil, fmt.Errorf("--rdma-provider %s: %v", o.provider, err)
 		}
 		cfg.Transport, cfg.Adapter = initiator.TransportRDMA, nic
 		closeNIC = func() { nic.Close() }
 	}
 	addr := net.JoinHostPort(a.Address, strconv.Itoa(a.Port))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	cfg.HostNQN = host
-	cfg.DHCHAPSecret, cfg.DHCHAPCtrlSecret = c.String("dhchap-secret"), c.String("dhchap-ctrl-secret")
+	cfg.DHCHAPSecret, cfg.DHCHAPCtrlSecret = o.dhchapSecret, o.ctrlSecret
 	ctrl, err = initiator.Connect(ctx, cfg, addr, a.SubsystemNQN)
 	if err != nil {
 		closeNIC()
@@ -243,11 +262,16 @@ func attachAction(c *cli.Context) error {
 		}
 		return fmt.Errorf("%v (the attachment was undone)", cause)
 	}
-	closeConn, _, ns, err := connect(c, at, host, initiator.Config{})
+	// The device follows the volume's primary across a failover
+	// (follow.go): for every volume, as it costs nothing until a path
+	// fails, and a volume of one replica then gets its node back after a
+	// restart instead of a controller lost for good.
+	fdev, err := e.followDevice(connOptsOf(c), vol, host, at)
 	if err != nil {
 		return undo(err)
 	}
-	att, err := nbd.Attach(dev, nbd.NamespaceDevice(ns))
+	closeConn := func() { fdev.Close() }
+	att, err := nbd.Attach(dev, fdev)
 	if err != nil {
 		closeConn()
 		if errors.Is(err, nbd.ErrNoModule) {
@@ -322,11 +346,20 @@ func (e *env) attachOrFind(vol, host string) (at attachment, attached bool, err 
 	if err := e.api.do("GET", "/v1/cluster", nil, &ci); err != nil {
 		return at, false, err
 	}
-	for _, m := range ci.Members {
+	if at, ok := servedBy(v, ci.Members); ok {
+		return at, false, nil
+	}
+	return at, false, fmt.Errorf("%s already attached to %s, and the NVMe address of node %s is unknown: %v", host, vol, v.Node, err)
+}
+
+// servedBy is how a host connects to v at its primary (v.Node), from
+// that member's NVMe addresses; false if the cluster knows none.
+func servedBy(v volume, members []member) (attachment, bool) {
+	for _, m := range members {
 		if m.ID != v.Node {
 			continue
 		}
-		at = attachment{SubsystemNQN: v.NQN, NSID: 1}
+		at := attachment{SubsystemNQN: v.NQN, NSID: 1}
 		for _, ep := range []struct{ transport, addr string }{{api.TransportTCP, m.TCPAddr}, {api.TransportRDMA, m.NVMeAddr}} {
 			h, p, err := net.SplitHostPort(ep.addr)
 			if err != nil {
@@ -337,8 +370,8 @@ func (e *env) attachOrFind(vol, host string) (at attachment, attached bool, err 
 		}
 		if len(at.Endpoints) > 0 {
 			at.Transport, at.Address, at.Port = at.Endpoints[0].Transport, at.Endpoints[0].Address, at.Endpoints[0].Port
-			return at, false, nil
+			return at, true
 		}
 	}
-	return at, false, fmt.Errorf("%s already attached to %s, and the NVMe address of node %s is unknown: %v", host, vol, v.Node, err)
+	return attachment{}, false
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -136,6 +137,16 @@ func (c *client) do(method, path string, body, out any) error {
 }
 
 func (c *client) once(method, path string, body, out any) error {
+	return c.onceCtx(context.Background(), method, path, body, out)
+}
+
+// get is one GET that ctx bounds (the attach follower's, which must end
+// when the device is closed).
+func (c *client) get(ctx context.Context, path string, out any) error {
+	return c.onceCtx(ctx, http.MethodGet, path, nil, out)
+}
+
+func (c *client) onceCtx(ctx context.Context, method, path string, body, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -144,7 +155,7 @@ func (c *client) once(method, path string, body, out any) error {
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, c.base+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
 	if err != nil {
 		return err
 	}
