@@ -273,6 +273,7 @@ func (d *Daemon) members() []api.Member {
 			}
 			if n, ok := s.Node(m.ID); ok {
 				m.APIAddr, m.NVMeAddr, m.TCPAddr, m.State, m.Zone = n.MgmtAddr, n.TargetAddr, n.TCPAddr, n.State.String(), n.Zone
+				m.Ordinal = n.Ordinal
 			}
 			out = append(out, m)
 		}
