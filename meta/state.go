@@ -922,6 +922,9 @@ func (s *State) Volume(name string) (Volume, bool) {
 	return v.clone(), true
 }
 
+// NodeCount is how many nodes are registered.
+func (s *State) NodeCount() int { return len(s.nodes) }
+
 // Node returns a copy of the node with that ID.
 func (s *State) Node(id string) (NodeInfo, bool) {
 	n, ok := s.nodes[id]
