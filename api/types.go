@@ -180,6 +180,10 @@ type Member struct {
 	State string `json:"state"`
 	// Zone is the node's failure domain (blkd --zone); "": none.
 	Zone string `json:"zone,omitempty"`
+	// Ordinal is the node's number in the registry (1..63), which
+	// gives it its NVMe controller IDs and PORTIDs; 0 (absent): none
+	// yet, or unregistered.
+	Ordinal int `json:"ordinal,omitempty"`
 }
 
 // Cluster is GET /v1/cluster.

@@ -62,7 +62,10 @@ type Command interface {
 }
 
 // RegisterNode adds a storage node, or updates the addresses of a known one
-// (a node re-registers after a restart). A new node starts NodeUp.
+// (a node re-registers after a restart). A new node starts NodeUp. A node
+// without an ordinal (a new one, or one registered before ordinals) gets
+// the smallest free one (NodeInfo.Ordinal), and keeps it; when none is
+// free (MaxNodes nodes) the command is refused with ErrLimit.
 type RegisterNode struct {
 	ID         string `json:"id"`
 	TargetAddr string `json:"target_addr"` // host:port hosts reach its NVMe/RDMA port at (its advertised address); "": none

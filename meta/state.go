@@ -15,7 +15,8 @@ import (
 // bound its size and the cost of one snapshot (a full registry at the limits
 // is a few tens of MiB of JSON).
 const (
-	MaxNodes          = 1024
+	// MaxNodes is MaxOrdinal: every node holds an ordinal.
+	MaxNodes          = MaxOrdinal
 	MaxVolumes        = 1 << 16
 	MaxConnections    = 1 << 16
 	MaxHostsPerVolume = 256
@@ -146,6 +147,37 @@ type NodeInfo struct {
 	// Features: see RegisterNode. Snapshots written before features
 	// have none.
 	Features []string `json:"features,omitempty"`
+	// Ordinal is the node's small number, 1..MaxOrdinal, unique in the
+	// cluster: the FSM gives a node the smallest one free when it
+	// applies the node's first RegisterNode, or the first one after an
+	// upgrade (0: a node registered before ordinals, until it registers
+	// again), and it never changes while the node is registered. It
+	// gives the node its share of NVMe controller IDs (CNTLIDRange) and
+	// its discovery PORTIDs: every node of a volume exports one
+	// subsystem NQN, and a Linux host refuses a second controller with
+	// a CNTLID it already has in that subsystem.
+	Ordinal int `json:"ordinal,omitempty"`
+}
+
+// Node ordinals and the controller IDs they stand for.
+const (
+	// CNTLIDsPerNode is how many NVMe controller IDs each ordinal owns:
+	// as many as a target's default MaxControllers.
+	CNTLIDsPerNode = 1024
+	// MaxOrdinal is the largest ordinal: 63 × 1024 = 0xFC00 IDs fit
+	// below NVMe's largest dynamic CNTLID, 0xFFEF; a 64th node's would
+	// not. A cluster has at most this many nodes.
+	MaxOrdinal = 63
+)
+
+// CNTLIDRange is the controller IDs ordinal k owns, (k−1)·1024+1 to
+// k·1024, both included; ok is false for an ordinal outside
+// 1..MaxOrdinal (0: a node without one).
+func CNTLIDRange(ordinal int) (lo, hi uint16, ok bool) {
+	if ordinal < 1 || ordinal > MaxOrdinal {
+		return 0, 0, false
+	}
+	return uint16((ordinal-1)*CNTLIDsPerNode + 1), uint16(ordinal * CNTLIDsPerNode), true
 }
 
 // HasFeature says whether the node registered feature f.
@@ -469,12 +501,21 @@ func (s *State) registerNode(c RegisterNode) Result {
 		}
 	}
 	n, ok := s.nodes[c.ID]
-	if !ok {
-		if len(s.nodes) >= MaxNodes {
-			return Result{Err: fmt.Errorf("meta: %d nodes: %w", MaxNodes, ErrLimit)}
+	if !ok && len(s.nodes) >= MaxNodes {
+		return Result{Err: fmt.Errorf("meta: node %q: the cluster has %d nodes, the most it can (each needs one of the %d node ordinals, which share the NVMe controller IDs): remove a node first: %w", c.ID, MaxNodes, MaxOrdinal, ErrLimit)}
+	}
+	ordinal := 0
+	if !ok || n.Ordinal == 0 {
+		if ordinal = s.freeOrdinal(); ordinal == 0 {
+			return Result{Err: fmt.Errorf("meta: node %q: every node ordinal (1..%d) is held by another node: remove a node first: %w", c.ID, MaxOrdinal, ErrLimit)}
 		}
+	}
+	if !ok {
 		n = &NodeInfo{ID: c.ID, State: NodeUp}
 		s.nodes[c.ID] = n
+	}
+	if ordinal != 0 {
+		n.Ordinal = ordinal
 	}
 	n.TargetAddr, n.TCPAddr, n.MgmtAddr, n.Zone, n.ReplicaAddr = c.TargetAddr, c.TCPAddr, c.MgmtAddr, c.Zone, c.ReplicaAddr
 	n.Features = slices.Clone(c.Features)
@@ -483,6 +524,24 @@ func (s *State) registerNode(c RegisterNode) Result {
 	}
 	cp := n.clone()
 	return Result{Node: &cp}
+}
+
+// freeOrdinal is the smallest ordinal no node holds, 0 if none is free.
+// A function of the registry alone, so every replica of it gives a
+// registering node the same one.
+func (s *State) freeOrdinal() int {
+	var used uint64 // bit k: ordinal k held; MaxOrdinal < 64
+	for _, n := range s.nodes {
+		if n.Ordinal > 0 && n.Ordinal <= MaxOrdinal {
+			used |= 1 << n.Ordinal
+		}
+	}
+	for k := 1; k <= MaxOrdinal; k++ {
+		if used&(1<<k) == 0 {
+			return k
+		}
+	}
+	return 0
 }
 
 // ReplicaTCPAddr is where other nodes reach n's NVMe/TCP port for
@@ -863,6 +922,9 @@ func (s *State) Volume(name string) (Volume, bool) {
 	return v.clone(), true
 }
 
+// NodeCount is how many nodes are registered.
+func (s *State) NodeCount() int { return len(s.nodes) }
+
 // Node returns a copy of the node with that ID.
 func (s *State) Node(id string) (NodeInfo, bool) {
 	n, ok := s.nodes[id]
@@ -937,10 +999,17 @@ func UnmarshalState(b []byte) (*State, error) {
 	bad := func(format string, a ...any) (*State, error) {
 		return nil, fmt.Errorf("meta: snapshot: "+format+": %w", append(a, ErrBadSnapshot)...)
 	}
+	var ordinals uint64 // as freeOrdinal's
 	for i := range snap.Nodes {
 		n := snap.Nodes[i]
 		if _, dup := s.nodes[n.ID]; dup || !n.State.valid() {
 			return bad("node %q", n.ID)
+		}
+		if n.Ordinal != 0 {
+			if n.Ordinal < 0 || n.Ordinal > MaxOrdinal || ordinals&(1<<n.Ordinal) != 0 {
+				return bad("node %q: ordinal %d out of 1..%d or another node's", n.ID, n.Ordinal, MaxOrdinal)
+			}
+			ordinals |= 1 << n.Ordinal
 		}
 		s.nodes[n.ID] = &n
 	}

@@ -289,6 +289,18 @@ func checkInvariants(t *testing.T, s *State) {
 			t.Errorf("volume %q: %v", name, err)
 		}
 	}
+	ordinals := map[int]string{}
+	for id, n := range s.nodes {
+		if n.Ordinal == 0 {
+			continue // registered before ordinals (a loaded snapshot)
+		}
+		if n.Ordinal < 1 || n.Ordinal > MaxOrdinal {
+			t.Errorf("node %q ordinal %d outside 1..%d", id, n.Ordinal, MaxOrdinal)
+		} else if o, dup := ordinals[n.Ordinal]; dup {
+			t.Errorf("nodes %q and %q share ordinal %d", id, o, n.Ordinal)
+		}
+		ordinals[n.Ordinal] = id
+	}
 	for k, c := range s.conns {
 		v, ok := s.vols[k.volume]
 		if !ok || v.State == VolumeDeleting || k != c.key() {

@@ -176,6 +176,9 @@ func describeNode(n NodeInfo) string {
 	if n.Zone != "" {
 		s += " zone=" + n.Zone
 	}
+	if n.Ordinal != 0 {
+		s += fmt.Sprintf(" ordinal=%d", n.Ordinal)
+	}
 	if len(n.Features) > 0 {
 		s += " features=" + strings.Join(n.Features, ",")
 	}

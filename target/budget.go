@@ -3,6 +3,8 @@ package target
 import (
 	"fmt"
 	"net"
+
+	"github.com/blk-project/blk/nvme"
 )
 
 // The controller budget. Discovery is open to any host NQN, so whoever
@@ -104,4 +106,33 @@ func (t *Target) busyRefusal(why busyReason, src string) string {
 		return fmt.Sprintf("source %s has %d discovery controllers (MaxDiscoveryPerSource)", src, t.cfg.MaxDiscoveryPerSource)
 	}
 	return fmt.Sprintf("%d controllers live (MaxControllers)", t.cfg.MaxControllers)
+}
+
+// SetCNTLIDRange makes the target hand out controller IDs lo..hi (both
+// included) from now on, as Config.CNTLIDMin and CNTLIDMax would have:
+// for a target created before it knew its share of the IDs, as blkd's is
+// before the registry gives its node an ordinal. The range must be valid
+// as in Config.Validate and hold MaxControllers IDs (the budget does not
+// change), else ErrInvalid and nothing changes.
+//
+// Live controllers keep the IDs they have, inside the new range or not:
+// a host knows its controllers by them. No new controller takes an ID a
+// live one holds, whatever the ranges before and after (the IDs in use
+// are tracked over the whole CNTLID space), so the target never has two
+// controllers with one ID; a controller outside the new range frees its
+// ID when it ends, and it is not handed out again while the range
+// excludes it. Controllers created before the call may duplicate IDs
+// another target hands out in its own range: set the range before
+// hosts connect where that matters.
+func (t *Target) SetCNTLIDRange(lo, hi uint16) error {
+	if lo < nvme.CNTLIDMin || hi > nvme.CNTLIDMax || lo > hi {
+		return fmt.Errorf("target: CNTLID range %#x..%#x is not 1 ≤ lo ≤ hi ≤ %#x: %w", lo, hi, nvme.CNTLIDMax, ErrInvalid)
+	}
+	if n := int(hi-lo) + 1; t.cfg.MaxControllers > n {
+		return fmt.Errorf("target: CNTLID range %#x..%#x holds %d IDs, fewer than MaxControllers %d: %w", lo, hi, n, t.cfg.MaxControllers, ErrInvalid)
+	}
+	t.mu.Lock()
+	t.cntlids.lo, t.cntlids.hi = lo, hi
+	t.mu.Unlock()
+	return nil
 }

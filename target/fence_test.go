@@ -330,6 +330,58 @@ func TestCNTLIDRanges(t *testing.T) {
 	}
 }
 
+// TestSetCNTLIDRange: a range set after New, with controllers live, is
+// where new controllers' IDs come from; a live controller keeps its ID,
+// inside the new range or not, and no new one takes an ID a live one
+// holds; an ID outside the range is not handed out again once freed;
+// bad ranges, and ranges smaller than MaxControllers, are refused and
+// change nothing; Config reports the range in force.
+func TestSetCNTLIDRange(t *testing.T) {
+	h := newHarness(t, func(c *target.Config) { c.MaxControllers = 3 })
+	h.mustSubsystem(subA, 8)
+	a, idA := h.adminConnect("a", hostA, subA, 5000)
+	b, idB := h.adminConnect("b", hostA, subA, 5000)
+	if idA != 1 || idB != 2 {
+		t.Fatalf("default range gave %d, %d", idA, idB)
+	}
+	for _, r := range [][2]uint16{{0, 5}, {5, 4}, {1, 0xFFF0}, {7, 8}} {
+		if err := h.tgt.SetCNTLIDRange(r[0], r[1]); !errors.Is(err, target.ErrInvalid) {
+			t.Fatalf("SetCNTLIDRange(%#x, %#x): %v", r[0], r[1], err)
+		}
+	}
+	if c := h.tgt.Config(); c.CNTLIDMin != 1 || c.CNTLIDMax != 0xFFEF {
+		t.Fatalf("refused ranges changed the range: %#x-%#x", c.CNTLIDMin, c.CNTLIDMax)
+	}
+	if err := h.tgt.SetCNTLIDRange(2, 4); err != nil {
+		t.Fatal(err)
+	}
+	if c := h.tgt.Config(); c.CNTLIDMin != 2 || c.CNTLIDMax != 4 || c.MaxControllers != 3 {
+		t.Fatalf("Config after SetCNTLIDRange: %#x-%#x, MaxControllers %d", c.CNTLIDMin, c.CNTLIDMax, c.MaxControllers)
+	}
+	// 2 is b's: the next is 3.
+	_, idC := h.adminConnect("c", hostA, subA, 5000)
+	if idC != 3 {
+		t.Fatalf("after the change: %d, want 3 (2 is live)", idC)
+	}
+	// a (1, outside the range) ends: its ID is not reused.
+	a.q.Close()
+	_, idD := h.adminConnect("d", hostA, subA, 5000)
+	if idD != 4 {
+		t.Fatalf("after a ended: %d, want 4", idD)
+	}
+	// b (2, inside) ends: the range wraps to it.
+	b.q.Close()
+	_, idE := h.adminConnect("e", hostA, subA, 5000)
+	if idE != 2 {
+		t.Fatalf("after b ended: %d, want 2", idE)
+	}
+	// Three live (3, 4, 2): MaxControllers, Controller Busy.
+	q := h.queue("full", target.QueueParams{QID: 0, SQSize: 31})
+	if c := h.exec(q, connectCmd(0, 31, 5000), connectData(hostA, subA, 0xFFFF, hostIDA)); c.status() != nvme.StatusConnectControllerBusy {
+		t.Fatalf("full: %s", fmtStatus(c.status()))
+	}
+}
+
 // fill returns n bytes of b.
 func fill(n int, b byte) []byte {
 	d := make([]byte, n)

@@ -162,8 +162,15 @@ func (t *Target) logf(format string, args ...any) {
 	}
 }
 
-// Config returns the target's configuration, defaults filled in.
-func (t *Target) Config() Config { return t.cfg }
+// Config returns the target's configuration, defaults filled in, with
+// the CNTLID range SetCNTLIDRange set last.
+func (t *Target) Config() Config {
+	c := t.cfg
+	t.mu.Lock()
+	c.CNTLIDMin, c.CNTLIDMax = t.cntlids.lo, t.cntlids.hi
+	t.mu.Unlock()
+	return c
+}
 
 // Close tears down every controller (each queue's Responder.Disconnect is
 // called), waits for the sync workers to finish what they hold, and

@@ -163,7 +163,14 @@ func (d *Daemon) clusterJoin(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
+	var full bool // no room for another node: refused before raft has it
+	d.node.FSM().Read(func(s *meta.State) {
+		_, known := s.Node(req.NodeID)
+		full = !known && s.NodeCount() >= meta.MaxNodes
+	})
 	switch {
+	case full && existing == nil:
+		return &apiError{http.StatusConflict, fmt.Sprintf("node %s: the cluster has %d nodes, the most it can hold (each needs one of %d node ordinals, which share out the NVMe controller IDs): remove a node first (blkctl cluster remove); the cluster is unchanged", req.NodeID, meta.MaxNodes, meta.MaxOrdinal)}
 	case req.ClusterID != "" && own != "" && req.ClusterID != own:
 		return &apiError{http.StatusConflict, fmt.Sprintf("node %s's data directory belongs to cluster %s, this is cluster %s: start it with a new, empty --data-dir to join (the volumes in the old one are not this cluster's)", req.NodeID, req.ClusterID, own)}
 	case existing == nil && req.HasState && req.ClusterID == "":
@@ -273,6 +280,7 @@ func (d *Daemon) members() []api.Member {
 			}
 			if n, ok := s.Node(m.ID); ok {
 				m.APIAddr, m.NVMeAddr, m.TCPAddr, m.State, m.Zone = n.MgmtAddr, n.TargetAddr, n.TCPAddr, n.State.String(), n.Zone
+				m.Ordinal = n.Ordinal
 			}
 			out = append(out, m)
 		}

@@ -183,7 +183,8 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	// Each port passes its limits with every queue, so the target has
 	// none of its own and the two transports bring different ones; they
 	// are computed here only to fail before anything else starts. Port
-	// IDs: 1 NVMe/TCP, 2 NVMe/RDMA (discovery lists both).
+	// IDs: 1 NVMe/TCP, 2 NVMe/RDMA (discovery lists both), made the
+	// cluster's own once the node's ordinal is known (portID).
 	rcfg := rdma.Config{Addr: cfg.NVMeAddr, AdvertiseAddr: cfg.AdvertiseAddr, Cores: cfg.Cores, Logger: d.log, PortID: rdmaPortID}
 	tcfg := tcp.Config{Addr: cfg.TCPAddr, AdvertiseAddr: cfg.tcpAdvertise(), Cores: cfg.Cores, Logger: d.log, PortID: tcpPortID, PollSpin: time.Duration(cfg.PollSpin)}
 	if cfg.RDMAOn() {
@@ -294,6 +295,11 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if err := d.settleClusterID(ctx); err != nil {
 		return nil, err
 	}
+	// Its ordinal gives the target its controller IDs and the ports
+	// their PORTIDs, before a host can connect (ordinal.go).
+	d.setPhase("taking its node ordinal")
+	ord := d.takeOrdinal(ctx)
+	tcfg.PortID, rcfg.PortID = portID(ord, tcpPortID), portID(ord, rdmaPortID)
 	d.setPhase("serving its volumes")
 	d.startControl(ctx)
 
@@ -312,7 +318,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		}
 	}
 	if cfg.DiscoveryOn() {
-		d.disc, err = tcp.Listen(d.tgt, discoveryPortConfig(cfg, d.log))
+		dcfg := discoveryPortConfig(cfg, d.log)
+		dcfg.PortID = portID(ord, discPortID)
+		d.disc, err = tcp.Listen(d.tgt, dcfg)
 		if err != nil {
 			return nil, fmt.Errorf("discovery port on %s (--discovery-addr): %w", cfg.DiscoveryAddr, err)
 		}
@@ -342,6 +350,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	// and keeps trying in the background (registerAddrs).
 	d.setPhase("registering its addresses")
 	d.registerAddrs(ctx)
+	d.adoptOrdinal(ord)
 	// The replicated volumes this node is primary of connect to their
 	// replicas, whose nodes may be starting too: they are served (reads
 	// until then) once connected; ready waits for that, bounded.
@@ -444,7 +453,8 @@ func (d *Daemon) voters() string {
 	return strings.Join(ids, ", ")
 }
 
-// Port IDs of the discovery log.
+// Port IDs of the discovery log: the kinds of port, which portID
+// makes unique across the cluster.
 const (
 	tcpPortID  = 1
 	rdmaPortID = 2
