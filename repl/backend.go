@@ -295,13 +295,6 @@ func (b *Backend) SetPeers(epoch uint64, peers []Peer) error {
 		}
 		s.peers[i] = newPeer(b, p.Node, p.NS, epoch, uint64(xfer)>>b.shift)
 	}
-	if epoch != old.epoch {
-		// Another primary may have written at the epochs between: no log
-		// of this one says what a replica lacks now.
-		b.drlMu.Lock()
-		b.drls.Store(nil)
-		b.drlMu.Unlock()
-	}
 	// A replica being rebuilt (StartRebuild) stays at its epoch whether
 	// listed or not: the registry lists it once the rebuild committed it
 	// in sync. A new epoch ends the rebuild (its copier sees its peer
@@ -319,6 +312,15 @@ func (b *Backend) SetPeers(epoch uint64, peers []Peer) error {
 		}
 	}
 	b.set.Store(s)
+	if epoch != old.epoch {
+		// Another primary may have written at the epochs between: no log
+		// of this one says what a replica lacks now. After the store: a
+		// peer of the old epoch failing from now on makes no log
+		// (keepDirty), one that made it before is dropped here.
+		b.drlMu.Lock()
+		b.drls.Store(nil)
+		b.drlMu.Unlock()
+	}
 	b.mu.Unlock()
 	if ended != nil {
 		ended.fail(fmt.Errorf("%w: epoch %d replaced by %d", ErrStaleEpoch, old.epoch, epoch))

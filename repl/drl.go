@@ -183,24 +183,29 @@ func (d *dirtyLog) bytes(blocks uint64, blockShift uint) uint64 {
 	return n
 }
 
-// keepDirty makes sure node has a log (peer.missed, before the peer
+// keepDirty makes sure p's node has a log (peer.missed, before the peer
 // leaves its in-sync or promoting state: every write that fails or
-// skips it from then on finds the log when it finishes).
-func (b *Backend) keepDirty(node string) {
-	if b.drls.Load().find(node) != nil {
+// skips it from then on finds the log when it finishes). Only for a
+// peer of the current epoch: an older epoch's peer failing after
+// SetPeers moved on must not start a log that lacks the writes of the
+// new epoch its node may have missed already (SetPeers drops the logs
+// after storing the new set, under drlMu, so one of the two sees the
+// other).
+func (b *Backend) keepDirty(p *peer) {
+	if b.drls.Load().find(p.node) != nil {
 		return
 	}
 	b.drlMu.Lock()
 	defer b.drlMu.Unlock()
 	old := b.drls.Load()
-	if old.find(node) != nil {
+	if old.find(p.node) != nil || b.set.Load().epoch != p.epoch {
 		return
 	}
 	s := &dirtySet{}
 	if old != nil {
 		s.logs = append(s.logs, old.logs...)
 	}
-	s.logs = append(s.logs, newDirtyLog(node, b.blocks.Load(), b.shift, b.dirtyRegion))
+	s.logs = append(s.logs, newDirtyLog(p.node, b.blocks.Load(), b.shift, b.dirtyRegion))
 	b.drls.Store(s)
 }
 

@@ -510,3 +510,37 @@ func TestZeroAllocDirtyMark(t *testing.T) {
 		t.Fatalf("%d regions dirty, want all 256", len(got))
 	}
 }
+
+// TestDirtyLogOldEpochPeer: a write in flight to a replica across a new
+// epoch whose leg then fails starts no log: one made now would lack the
+// new epoch's writes its node may have missed already. A replica of the
+// new epoch failing does.
+func TestDirtyLogOldEpochPeer(t *testing.T) {
+	g := newDRLRig(t, &okReporter{})
+	h := g.submit(target.OpWrite, 0, 1, pattern(testBlock, 1))
+	if err := g.b.SetPeers(2, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.submit(target.OpWrite, 40, 1, pattern(testBlock, 2)).wait(t); err != nil { // missed by node-r
+		t.Fatal(err)
+	}
+	g.leg.complete(t, 0, errors.New("connection lost"))
+	if err := h.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := g.b.DirtyBytes("node-r"); ok {
+		t.Fatal("a log made by a peer of an older epoch")
+	}
+	leg := newFakeLeg(t, nil)
+	if err := g.b.SetPeers(2, []Peer{{Node: "node-s", NS: leg}}); err != nil {
+		t.Fatal(err)
+	}
+	h = g.submit(target.OpWrite, 80, 1, pattern(testBlock, 3))
+	leg.complete(t, 0, errors.New("connection lost"))
+	if err := h.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if got := dirtyRegions(g.b, "node-s"); !equalU64(got, []uint64{20}) {
+		t.Fatalf("node-s dirty %v, want [20]", got)
+	}
+}

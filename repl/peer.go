@@ -216,7 +216,7 @@ func (p *peer) missed(err error) {
 			// it when it finishes. A promotion that lands meanwhile drops
 			// the log it found (Rebuild.promote, under drlMu, with its own
 			// state change): this CAS then fails and the loop makes one.
-			p.b.keepDirty(p.node)
+			p.b.keepDirty(p)
 			if !p.state.CompareAndSwap(st, peerFailing) {
 				continue
 			}
