@@ -544,3 +544,32 @@ func TestDirtyLogOldEpochPeer(t *testing.T) {
 		t.Fatalf("node-s dirty %v, want [20]", got)
 	}
 }
+
+// BenchmarkWriteMarked: a 4 KiB write that skips an out-of-sync replica
+// and marks its dirty-region log (compare BenchmarkWrite/legs=0: the
+// marking's cost), at a new region each time or always the same one.
+func BenchmarkWriteMarked(b *testing.B) {
+	for _, spread := range []bool{true, false} {
+		b.Run(map[bool]string{true: "new-regions", false: "same-region"}[spread], func(b *testing.B) {
+			g := newDRLRig(b, &okReporter{})
+			g.leg.instant = true
+			g.leg.submitErr = errors.New("connection lost")
+			if err := g.submit(target.OpWrite, 0, 1, make([]byte, testBlock)).wait(b); err != nil {
+				b.Fatal(err)
+			}
+			var h target.IO
+			h.SetComplete(func(*target.IO, error) {})
+			h.Op, h.Blocks, h.Data = target.OpWrite, 1, make([]byte, testBlock)
+			b.ReportAllocs()
+			b.SetBytes(testBlock)
+			i := uint64(0)
+			for b.Loop() {
+				if spread {
+					h.LBA = i * 4 % testBlocks
+					i++
+				}
+				g.b.Submit(&h)
+			}
+		})
+	}
+}
