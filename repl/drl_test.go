@@ -434,21 +434,50 @@ func TestDirtyLogRace(t *testing.T) {
 		if rep.n.Load() != 1 {
 			t.Fatalf("round %d: %d reports (fail at command %d of %d)", round, rep.n.Load(), failAt, cmds.Load())
 		}
-		d := g.b.drls.Load().find("node-r")
-		a, b := make([]byte, testBlock), make([]byte, testBlock)
-		differ := 0
-		for lba := uint64(0); lba < testBlocks; lba++ {
-			_ = g.local.mem.Read(lba, a)
-			_ = g.leg.mem.Read(lba, b)
-			if !bytes.Equal(a, b) {
-				differ++
-				if !d.dirty(lba / 4) {
-					t.Fatalf("round %d: block %d differs on the replica, its region is not marked", round, lba)
-				}
-			}
-		}
+		differ := checkMarked(t, g, round)
 		if differ == 0 {
 			t.Fatalf("round %d: the replica missed nothing", round)
+		}
+		if round%2 == 1 {
+			// A rebuild whose replica connection dies at a seeded command,
+			// under writes: the log keeps what it did not copy and every
+			// write the replica missed meanwhile.
+			before, _ := g.b.DirtyBytes("node-r")
+			dieAt := 1 + rng.Int64N(60)
+			var n atomic.Int64
+			leg := newFakeLeg(t, nil)
+			leg.mem = g.leg.mem
+			leg.async = func(c cmd) error {
+				runtime.Gosched()
+				if k := n.Add(1); k >= dieAt {
+					if lands>>(k%64)&1 != 0 {
+						_ = leg.apply(c)
+					}
+					return errors.New("connection lost")
+				}
+				return nil
+			}
+			rb, err := g.b.StartRebuild(1, RebuildConfig{Node: "node-r", NS: leg, MaxTransfer: 4 * testBlock, RegionBytes: 8 * testBlock, UseDirtyLog: true,
+				Mapped: g.local.mapped, Read: g.local.read, Promote: func(context.Context) error { return nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			writers(60, 300)
+			err = waitRebuild(t, rb)
+			leg.wg.Wait()
+			if err == nil {
+				t.Logf("round %d: the rebuild ended before command %d", round, dieAt)
+				continue
+			}
+			if !errors.Is(err, ErrRebuildLeg) {
+				t.Fatalf("round %d: failed rebuild: %v", round, err)
+			}
+			after, ok := g.b.DirtyBytes("node-r")
+			if !ok {
+				t.Fatalf("round %d: the log did not outlive a failed rebuild", round)
+			}
+			t.Logf("round %d: a rebuild failed at command %d: %d bytes dirty before, %d after", round, dieAt, before, after)
+			checkMarked(t, g, round)
 		}
 		total, _ := g.b.DirtyBytes("node-r")
 		leg := newFakeLeg(t, nil)
@@ -463,7 +492,7 @@ func TestDirtyLogRace(t *testing.T) {
 		if err := waitRebuild(t, rb); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
-		if !rb.Incremental() || rb.Copied() > total {
+		if !rb.Incremental() || rb.Copied() > total || total == 0 {
 			t.Fatalf("round %d: incremental %v, copied %d of %d dirty", round, rb.Incremental(), rb.Copied(), total)
 		}
 		leg.wg.Wait()
@@ -471,6 +500,27 @@ func TestDirtyLogRace(t *testing.T) {
 		t.Logf("round %d: replica failed at command %d, %d blocks differed, %d of %d bytes dirty, %d copied",
 			round, failAt, differ, total, testBlocks*testBlock, rb.Copied())
 	}
+}
+
+// checkMarked fails unless every block on which g's replica differs
+// from the primary is in a dirty region of its log; it returns how many
+// differ.
+func checkMarked(t *testing.T, g *drlRig, round int) int {
+	t.Helper()
+	d := g.b.drls.Load().find("node-r")
+	a, b := make([]byte, testBlock), make([]byte, testBlock)
+	differ := 0
+	for lba := uint64(0); lba < testBlocks; lba++ {
+		_ = g.local.mem.Read(lba, a)
+		_ = g.leg.mem.Read(lba, b)
+		if !bytes.Equal(a, b) {
+			differ++
+			if d == nil || !d.dirty(lba/4) {
+				t.Fatalf("round %d: block %d differs on the replica, its region is not marked", round, lba)
+			}
+		}
+	}
+	return differ
 }
 
 // TestZeroAllocDirtyMark: a write, write zeroes and deallocate that
@@ -571,5 +621,56 @@ func BenchmarkWriteMarked(b *testing.B) {
 				g.b.Submit(&h)
 			}
 		})
+	}
+}
+
+// TestRebuildIncrementalWaitsForOlderWrites: a write that started before
+// the rebuild (its leg set without the replica) marks the log only when
+// it finishes; the copier looks at the log only after it did, so a
+// region it marks behind the first dirty one is copied too.
+func TestRebuildIncrementalWaitsForOlderWrites(t *testing.T) {
+	g := &drlRig{local: newFakeLocal(t, false, nil), leg: newFakeLeg(t, nil)}
+	g.local.trackAlloc()
+	b, err := New(Config{Local: g.local, Reporter: &okReporter{}, Epoch: 1, Depth: 16, DirtyRegion: testRegion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.b = b
+	g.leg.submitErr = errors.New("connection lost")
+	if err := b.SetPeers(1, []Peer{{Node: "node-r", NS: g.leg}}); err != nil {
+		t.Fatal(err)
+	}
+	h := g.submit(target.OpWrite, 200, 1, pattern(testBlock, 1)) // region 50: the replica leaves
+	g.local.complete(t, 0, nil)
+	if err := h.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetPeers(1, nil); err != nil {
+		t.Fatal(err)
+	}
+	older := g.submit(target.OpWrite, 40, 1, pattern(testBlock, 2)) // region 10, in flight
+	leg := newFakeLeg(t, nil)
+	leg.mem = g.leg.mem
+	leg.async = func(cmd) error { return nil }
+	rb, err := b.StartRebuild(1, RebuildConfig{Node: "node-r", NS: leg, UseDirtyLog: true,
+		Mapped: g.local.mapped, Read: g.local.read, Promote: func(context.Context) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if rb.win.Load() != nil {
+		t.Fatal("the copier set a window while a write that started before it was in flight")
+	}
+	g.local.complete(t, 0, nil)
+	if err := older.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRebuild(t, rb); err != nil {
+		t.Fatal(err)
+	}
+	leg.wg.Wait()
+	sameStores(t, g.local, leg)
+	if rb.Copied() != 2*testBlock {
+		t.Fatalf("copied %d bytes, want the blocks mapped in regions 10 and 50", rb.Copied())
 	}
 }
