@@ -357,9 +357,11 @@ func TestRebuildIncrementalFails(t *testing.T) {
 // first, as a timed-out write may); the registry confirms it at once and
 // the lead takes it out of the leg set at a seeded moment. Then every
 // block on which the replica differs from the primary is in a dirty
-// region. An incremental rebuild, while the writers write again, ends
-// with the replica equal to the primary, having copied at most the
-// dirty regions. Run with -race; REPL_SEED replays.
+// region. In odd rounds an incremental rebuild under writes then loses
+// its replica connection at a seeded command: the log is kept and the
+// same holds again. Last, an incremental rebuild, while the writers
+// write again, ends with the replica equal to the primary, having copied
+// at most the dirty regions. Run with -race; REPL_SEED replays.
 func TestDirtyLogRace(t *testing.T) {
 	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 2))
