@@ -76,9 +76,10 @@ type Replica struct {
 	Rebuild *RebuildProgress `json:"rebuild,omitempty"`
 }
 
-// RebuildProgress is a running rebuild of a replica: the bytes of the
-// volume its full copy has passed (copied, or holes cleared) and the
-// volume's size.
+// RebuildProgress is a running rebuild of a replica: the bytes its copy
+// has passed (copied, or holes cleared) and those it has to pass: the
+// volume's size for a full copy, the size of the regions the replica
+// missed for an incremental one (the registry's reason says which).
 type RebuildProgress struct {
 	DoneBytes  uint64 `json:"done_bytes"`
 	TotalBytes uint64 `json:"total_bytes"`

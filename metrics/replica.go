@@ -15,13 +15,17 @@ type ReplicaVolume struct {
 // ReplicationCollector exports the replication of the volumes a node is
 // primary of (docs/replication.md §2): per volume its epoch and whether
 // it serves, per replica the writes sent, failed and held, and the legs
-// that waited for a free slot of the replica connection, and a rebuild's
-// progress. A volume of one
+// that waited for a free slot of the replica connection, a rebuild's
+// progress and the bytes it copied (by mode: full or incremental), and
+// the size of the dirty regions the primary tracks for a replica out of
+// sync (what an incremental rebuild would copy). A volume of one
 // replica, or served by another node, has none of these series.
 type ReplicationCollector struct {
-	vols func() []ReplicaVolume
-	vol  table[repl.Stats]
-	peer table[repl.PeerStats]
+	vols    func() []ReplicaVolume
+	vol     table[repl.Stats]
+	peer    table[repl.PeerStats]
+	rebuild table[repl.PeerStats]
+	dirty   table[repl.DirtyStats]
 }
 
 // NewReplicationCollector returns a collector of what vols returns at
@@ -43,8 +47,14 @@ func NewReplicationCollector(vols func() []ReplicaVolume) *ReplicationCollector 
 			counter("replica_held_writes_total", "Host I/Os held until the registry recorded the replica out of sync.", func(p *P) uint64 { return p.Held }),
 			counter("replica_backlogged_total", "Commands that found every slot of the replica connection busy and waited for one.", func(p *P) uint64 { return p.Backlogged }),
 			gauge("replica_backlog", "Commands waiting for a slot of the replica connection now.", func(p *P) float64 { return float64(p.Queued) }),
-			counter("replica_rebuild_bytes_total", "Bytes of the volume the replica's rebuild (a full copy) has passed: copied, or holes cleared.", func(p *P) uint64 { return p.RebuildDone }),
-			gauge("replica_rebuild_remaining_bytes", "Bytes of the volume the replica's rebuild has still to pass (0: none running, or done).", func(p *P) float64 { return float64(p.RebuildTotal - p.RebuildDone) }),
+			counter("replica_rebuild_bytes_total", "Bytes the replica's rebuild has passed, copied or holes cleared: of the volume (a full copy) or of its dirty regions (an incremental one).", func(p *P) uint64 { return p.RebuildDone }),
+			gauge("replica_rebuild_remaining_bytes", "Bytes the replica's rebuild has still to pass (0: none running, or done).", func(p *P) float64 { return float64(p.RebuildTotal - p.RebuildDone) }),
+		),
+		rebuild: newTable(nil, []string{"volume", "node", "mode"},
+			counter("replica_rebuild_copied_bytes_total", "Bytes the replica's last rebuild on this primary wrote to it (holes not counted), by mode: full (every allocated extent) or incremental (the dirty regions only).", func(p *P) uint64 { return p.RebuildCopied }),
+		),
+		dirty: newTable(nil, []string{"volume", "node"},
+			gauge("replica_dirty_bytes", "Bytes of the volume the primary's dirty-region log marks for a replica out of sync: what an incremental rebuild copies at most.", func(d *repl.DirtyStats) float64 { return float64(d.Bytes) }),
 		),
 	}
 }
@@ -53,6 +63,8 @@ func NewReplicationCollector(vols func() []ReplicaVolume) *ReplicationCollector 
 func (c *ReplicationCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.vol.describe(ch)
 	c.peer.describe(ch)
+	c.rebuild.describe(ch)
+	c.dirty.describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -60,7 +72,14 @@ func (c *ReplicationCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, v := range c.vols() {
 		c.vol.collect(ch, &v.Stats, v.Name)
 		for i := range v.Stats.Peers {
-			c.peer.collect(ch, &v.Stats.Peers[i], v.Name, v.Stats.Peers[i].Node)
+			p := &v.Stats.Peers[i]
+			c.peer.collect(ch, p, v.Name, p.Node)
+			if p.RebuildMode != "" {
+				c.rebuild.collect(ch, p, v.Name, p.Node, p.RebuildMode)
+			}
+		}
+		for i := range v.Stats.Dirty {
+			c.dirty.collect(ch, &v.Stats.Dirty[i], v.Name, v.Stats.Dirty[i].Node)
 		}
 	}
 }

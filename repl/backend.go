@@ -101,6 +101,10 @@ type Config struct {
 	// flush: the backend stopped serving and the volume needs a
 	// failover.
 	LocalFailed func(err error)
+	// DirtyRegion is the dirty-region log's region in bytes
+	// (DefaultDirtyRegion, 64 KiB; drl.go says why), a power of two; a
+	// volume too large for a 2 MiB bitmap gets larger regions.
+	DirtyRegion int
 }
 
 // Validate checks the configuration after defaults.
@@ -114,6 +118,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: hold timeout %v", ErrInvalid, c.HoldTimeout)
 	case c.Depth < 0 || c.Depth > maxDepth:
 		return fmt.Errorf("%w: depth %d outside 1..%d", ErrInvalid, c.Depth, maxDepth)
+	case c.DirtyRegion <= 0 || c.DirtyRegion&(c.DirtyRegion-1) != 0:
+		return fmt.Errorf("%w: dirty region %d bytes is not a power of two", ErrInvalid, c.DirtyRegion)
 	}
 	return nil
 }
@@ -124,6 +130,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Depth == 0 {
 		c.Depth = DefaultDepth
+	}
+	if c.DirtyRegion == 0 {
+		c.DirtyRegion = DefaultDirtyRegion
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -181,6 +190,14 @@ type Backend struct {
 
 	mu sync.Mutex // SetPeers, StartRebuild
 	rb *Rebuild   // the rebuild running (one at a time), under mu
+
+	// The dirty-region logs of the replicas that left (drl.go): drls is
+	// read per write, changed under drlMu (a failure path). blocks is the
+	// volume's size a new log covers (New, Geometry).
+	dirtyRegion int
+	drls        atomic.Pointer[dirtySet]
+	drlMu       sync.Mutex
+	blocks      atomic.Uint64
 }
 
 var _ target.AsyncBackend = (*Backend)(nil)
@@ -206,10 +223,12 @@ func New(cfg Config) (*Backend, error) {
 	if g.BlockSize < 512 || g.BlockSize&(g.BlockSize-1) != 0 {
 		return nil, fmt.Errorf("%w: local block size %d", ErrInvalid, g.BlockSize)
 	}
-	b := &Backend{local: cfg.Local, rep: cfg.Reporter, hold: cfg.HoldTimeout, log: cfg.Logger, localFailed: cfg.LocalFailed}
+	b := &Backend{local: cfg.Local, rep: cfg.Reporter, hold: cfg.HoldTimeout, log: cfg.Logger, localFailed: cfg.LocalFailed,
+		dirtyRegion: cfg.DirtyRegion}
 	for g.BlockSize>>b.shift != 1 {
 		b.shift++
 	}
+	b.blocks.Store(g.Blocks)
 	b.t0 = time.Now()
 	b.tick = min(backlogTick, max(cfg.HoldTimeout/4, time.Millisecond))
 	b.set.Store(&legSet{epoch: cfg.Epoch})
@@ -293,6 +312,15 @@ func (b *Backend) SetPeers(epoch uint64, peers []Peer) error {
 		}
 	}
 	b.set.Store(s)
+	if epoch != old.epoch {
+		// Another primary may have written at the epochs between: no log
+		// of this one says what a replica lacks now. After the store: a
+		// peer of the old epoch failing from now on makes no log
+		// (keepDirty), one that made it before is dropped here.
+		b.drlMu.Lock()
+		b.drls.Store(nil)
+		b.drlMu.Unlock()
+	}
 	b.mu.Unlock()
 	if ended != nil {
 		ended.fail(fmt.Errorf("%w: epoch %d replaced by %d", ErrStaleEpoch, old.epoch, epoch))
@@ -356,16 +384,27 @@ func (b *Backend) stop() {
 	b.serving.Store(false)
 }
 
-// Geometry is the local replica's.
-func (b *Backend) Geometry() (target.Geometry, error) { return b.local.Geometry() }
+// Geometry is the local replica's (its size is what a new dirty-region
+// log covers).
+func (b *Backend) Geometry() (target.Geometry, error) {
+	g, err := b.local.Geometry()
+	if err == nil {
+		b.blocks.Store(g.Blocks)
+	}
+	return g, err
+}
 
 // TryGeometry is the local replica's, without waiting when it can tell
 // (target.GeometryTrier).
 func (b *Backend) TryGeometry() (target.Geometry, bool, error) {
 	if t, ok := b.local.(target.GeometryTrier); ok {
-		return t.TryGeometry()
+		g, ok, err := t.TryGeometry()
+		if ok && err == nil {
+			b.blocks.Store(g.Blocks)
+		}
+		return g, ok, err
 	}
-	g, err := b.local.Geometry()
+	g, err := b.Geometry()
 	return g, true, err
 }
 
@@ -399,6 +438,7 @@ func (b *Backend) Submit(io *target.IO) {
 	// older set (without that replica) is then in use already, so the
 	// copier waits for it to land before it reads what it wrote.
 	r := b.get()
+	r.drls = b.drls.Load() // the logs before the legs: see drl.go
 	r.start(io, b.set.Load())
 }
 
@@ -425,6 +465,18 @@ type Stats struct {
 	Overflows     uint64 // records allocated beyond Depth
 	LocalFailures uint64 // writes and flushes the local replica failed
 	Peers         []PeerStats
+	// Dirty: the dirty-region logs the backend keeps, one per replica
+	// that left at this epoch and has not been rebuilt since.
+	Dirty []DirtyStats
+}
+
+// DirtyStats is one replica's dirty-region log.
+type DirtyStats struct {
+	Node  string
+	Bytes uint64 // the size of its dirty regions
+	// Lost: a write fell outside the log (the volume grew): the next
+	// rebuild is a full copy.
+	Lost bool
 }
 
 // PeerStats count one peer's legs.
@@ -439,9 +491,14 @@ type PeerStats struct {
 	Backlogged uint64
 	Queued     int // legs waiting in the backlog now
 	// RebuildDone and RebuildTotal: a peer added by StartRebuild, the
-	// bytes of the volume its copier has passed (copied, or a hole
-	// deallocated) and the volume's size.
+	// bytes its copier has passed (copied, or a hole deallocated) and
+	// those it has to pass (the volume's size for a full copy, its dirty
+	// regions' for an incremental one: Rebuild.Progress).
 	RebuildDone, RebuildTotal uint64
+	// RebuildCopied: the bytes its copier wrote (Rebuild.Copied);
+	// RebuildMode "full" or "incremental" (Rebuild.Mode).
+	RebuildCopied uint64
+	RebuildMode   string
 }
 
 // Stats returns the counters of the backend and of its current peers.
@@ -453,7 +510,15 @@ func (b *Backend) Stats() Stats {
 			Writes: p.writes.Load(), Failures: p.failures.Load(), Held: p.held.Load(),
 			Backlogged: p.backlogged.Load(), Queued: int(p.queued.Load())})
 		if p.rb != nil {
-			st.Peers[len(st.Peers)-1].RebuildDone, st.Peers[len(st.Peers)-1].RebuildTotal = p.rb.Progress()
+			ps := &st.Peers[len(st.Peers)-1]
+			ps.RebuildDone, ps.RebuildTotal = p.rb.Progress()
+			ps.RebuildCopied, ps.RebuildMode = p.rb.Copied(), p.rb.Mode()
+		}
+	}
+	if ds := b.drls.Load(); ds != nil {
+		blocks := b.blocks.Load()
+		for _, d := range ds.logs {
+			st.Dirty = append(st.Dirty, DirtyStats{Node: d.node, Bytes: d.bytes(blocks, b.shift), Lost: d.lost.Load()})
 		}
 	}
 	return st

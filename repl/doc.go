@@ -34,7 +34,11 @@
 // StartRebuild copies the local replica to an out-of-sync one while the
 // host writes (rebuild.go: a rebuilding peer takes every write but holds
 // none; the copier's windows and why they are safe), then has the lead
-// commit it in sync before it counts.
+// commit it in sync before it counts. From a replica's first missed
+// write the backend keeps a dirty-region log of it (drl.go: an atomic OR
+// per write, no lock), so that its rebuild copies only the regions it
+// missed, when this backend saw it leave at its epoch; a full copy
+// otherwise.
 //
 // What it must never do: acknowledge a write a replica the registry
 // counts in sync missed; block a poll group (a submit never waits); read

@@ -212,6 +212,11 @@ func (p *peer) missed(err error) {
 	for {
 		switch st := p.state.Load(); st {
 		case peerInSync, peerPromoting:
+			// The log first: a write that sees the peer failing finds
+			// it when it finishes. A promotion that lands meanwhile drops
+			// the log it found (Rebuild.promote, under drlMu, with its own
+			// state change): this CAS then fails and the loop makes one.
+			p.b.keepDirty(p)
 			if !p.state.CompareAndSwap(st, peerFailing) {
 				continue
 			}

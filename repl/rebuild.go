@@ -59,6 +59,22 @@ import (
 // seen in step 4 after the quiesce has no write in flight but held ones,
 // which land after the Deallocate.
 //
+// An incremental rebuild (RebuildConfig.UseDirtyLog, with a dirty-region
+// log of the replica: drl.go) takes the same windows over the dirty
+// regions only, in LBA order (runs of consecutive dirty regions, each
+// window at most RegionBytes but at least one region), and clears a
+// window's regions in the log once its copy is on the replica, before
+// the window's held legs go. Before its first look at the log it waits
+// for every record in use: a write that loaded a leg set without the
+// replica marks the log when it finishes, and could otherwise mark a
+// region behind the copier. From then on every write goes to the
+// replica: one that does not land there (its leg failed, or a failed
+// rebuild never sent it) marks the log again, after the clearing of its
+// window (a held leg goes after it); the rebuild has failed then, and
+// the next one copies what is marked. So a region not marked is on the
+// replica, the window argument above making sure no copy is older than
+// a write it overtook.
+//
 // Only one rebuild runs per Backend: with two, a write held on one's
 // window would be waited for by the other's quiesce and the reverse.
 // Holes: the copier deallocates each hole on the replica (one command per
@@ -108,6 +124,13 @@ type RebuildConfig struct {
 	Rate int64
 	// Limiter, if set, is shared with other rebuilds (a node's rate).
 	Limiter *Limiter
+	// UseDirtyLog copies only the regions the backend's dirty-region log
+	// of Node marks, if it keeps a usable one (Backend.DirtyBytes; see
+	// Rebuild.Incremental), and a full copy otherwise. The lead leaves it
+	// false when the registry says the replica lost its data
+	// (meta.Replica.Full): the log only knows what it missed while this
+	// backend wrote.
+	UseDirtyLog bool
 	// Promote asks the registry to count the replica in sync at the
 	// backend's epoch, once every byte is on it and flushed: only after
 	// it returned nil do the replica's failures hold host writes. It may
@@ -116,14 +139,15 @@ type RebuildConfig struct {
 	Logger  *slog.Logger
 }
 
-// Rebuild is one running full copy (StartRebuild).
+// Rebuild is one running copy (StartRebuild): full, or incremental.
 type Rebuild struct {
 	b      *Backend
 	p      *peer
 	cfg    RebuildConfig
-	blocks uint64 // the volume's, at the start
-	region uint64 // blocks per window
-	xfer   uint64 // blocks per write command
+	drl    *dirtyLog // the log copied from (incremental), or nil (full)
+	blocks uint64    // the volume's, at the start
+	region uint64    // blocks per window
+	xfer   uint64    // blocks per write command
 
 	win     atomic.Pointer[window]
 	mu      sync.Mutex // held: the legs waiting for the window, and the window's clearing
@@ -135,6 +159,7 @@ type Rebuild struct {
 	cause   error // the first failure (fail), before ctx ends
 
 	done, copied atomic.Uint64 // bytes passed, bytes written
+	total        atomic.Uint64 // bytes to pass: the volume's, or its dirty regions'
 	fin          chan struct{}
 	err          error // set before fin closes
 
@@ -223,6 +248,16 @@ func (b *Backend) StartRebuild(epoch uint64, cfg RebuildConfig) (*Rebuild, error
 		b.mu.Unlock()
 		return nil, fmt.Errorf("%w: %d peers, at most %d", ErrInvalid, len(s.peers)+1, MaxPeers)
 	}
+	if cfg.UseDirtyLog {
+		if d := b.drls.Load().find(cfg.Node); d != nil && !d.lost.Load() {
+			r.drl = d
+		}
+	}
+	if r.drl != nil {
+		r.total.Store(r.drl.bytes(r.blocks, b.shift))
+	} else {
+		r.total.Store(r.blocks << b.shift)
+	}
 	r.p = newPeer(b, cfg.Node, cfg.NS, epoch, r.xfer)
 	r.p.rb = r
 	r.p.state.Store(peerRebuilding)
@@ -230,7 +265,7 @@ func (b *Backend) StartRebuild(epoch uint64, cfg RebuildConfig) (*Rebuild, error
 	b.rb = r
 	b.set.Store(s)
 	b.mu.Unlock()
-	r.cfg.Logger.Info("rebuild started", "node", cfg.Node, "epoch", epoch, "bytes", r.blocks<<b.shift, "rate", cfg.Rate)
+	r.cfg.Logger.Info("rebuild started", "node", cfg.Node, "epoch", epoch, "mode", r.Mode(), "bytes", r.total.Load(), "rate", cfg.Rate)
 	go r.run()
 	return r, nil
 }
@@ -252,10 +287,24 @@ func (r *Rebuild) Err() error {
 // Node is the replica being rebuilt.
 func (r *Rebuild) Node() string { return r.cfg.Node }
 
-// Progress returns the bytes of the volume the copier has passed and
-// the volume's size.
+// Progress returns the bytes the copier has passed and the bytes it
+// has to pass: the volume's size for a full copy, the size of the dirty
+// regions for an incremental one.
 func (r *Rebuild) Progress() (done, total uint64) {
-	return r.done.Load(), r.blocks << r.b.shift
+	total = r.total.Load()
+	return min(r.done.Load(), total), total
+}
+
+// Incremental reports whether the rebuild copies only the regions of the
+// replica's dirty-region log (else it is a full copy).
+func (r *Rebuild) Incremental() bool { return r.drl != nil }
+
+// Mode is "incremental" or "full" (logs and metrics).
+func (r *Rebuild) Mode() string {
+	if r.drl != nil {
+		return "incremental"
+	}
+	return "full"
 }
 
 // Copied is the bytes written to the replica by the copier (holes not
@@ -301,7 +350,12 @@ func (r *Rebuild) check() error {
 
 func (r *Rebuild) run() {
 	start := time.Now()
-	err := r.copyAll()
+	var err error
+	if r.drl != nil {
+		err = r.copyDirty()
+	} else {
+		err = r.copyAll()
+	}
 	if err == nil {
 		err = r.flush()
 	}
@@ -321,9 +375,9 @@ func (r *Rebuild) run() {
 	b.mu.Unlock()
 	r.err = err
 	if err != nil {
-		r.cfg.Logger.Warn("rebuild failed", "node", r.p.node, "epoch", r.p.epoch, "done_bytes", r.done.Load(), "error", err)
+		r.cfg.Logger.Warn("rebuild failed", "node", r.p.node, "epoch", r.p.epoch, "mode", r.Mode(), "done_bytes", r.done.Load(), "error", err)
 	} else {
-		r.cfg.Logger.Info("rebuild done: replica in sync", "node", r.p.node, "epoch", r.p.epoch,
+		r.cfg.Logger.Info("rebuild done: replica in sync", "node", r.p.node, "epoch", r.p.epoch, "mode", r.Mode(),
 			"copied_bytes", r.copied.Load(), "seconds", time.Since(start).Seconds())
 	}
 	close(r.fin)
@@ -343,10 +397,53 @@ func (r *Rebuild) promote() error {
 		}
 		return fmt.Errorf("repl: replica %s copied, not committed in sync: %w", p.node, err)
 	}
-	if !p.state.CompareAndSwap(peerPromoting, peerInSync) {
+	// In sync: its dirty-region log (if any) goes with the state change,
+	// under drlMu: a failure meanwhile (peer.missed) either found the log
+	// and left promoting first (the CAS fails, the log stays) or comes
+	// after and makes a new one.
+	b := r.b
+	b.drlMu.Lock()
+	ok := p.state.CompareAndSwap(peerPromoting, peerInSync)
+	if ok {
+		b.dropDirtyLocked(p.node)
+	}
+	b.drlMu.Unlock()
+	if !ok {
 		// It failed while the commit was asked: reported as an in-sync
 		// replica that missed a write.
 		return fmt.Errorf("%w: replica %s failed while being committed in sync", ErrRebuildLeg, p.node)
+	}
+	return nil
+}
+
+// copyDirty copies the dirty regions of the log in windows, in LBA order
+// (an incremental rebuild: see the top of the file).
+func (r *Rebuild) copyDirty() error {
+	// Every write that started without the replica in its leg set marks
+	// the log when it finishes: wait for them (a window nobody holds
+	// legs on) before the first look.
+	if err := r.quiesce(&window{}); err != nil {
+		return err
+	}
+	d := r.drl
+	r.total.Store(d.bytes(r.blocks, r.b.shift))
+	per := uint64(1) << d.shift       // blocks per region
+	span := max(1, r.region/per)      // regions per window
+	end := (r.blocks + per - 1) / per // regions of the volume
+	for i := d.next(0, end); i < end; i = d.next(i, end) {
+		if err := r.check(); err != nil {
+			return err
+		}
+		j := i + 1
+		for j < end && j-i < span && d.dirty(j) {
+			j++
+		}
+		lo, hi := i*per, min(j*per, r.blocks)
+		if err := r.copyWindow(lo, hi); err != nil {
+			return err
+		}
+		r.done.Add((hi - lo) << r.b.shift)
+		i = j
 	}
 	return nil
 }
@@ -415,7 +512,14 @@ func (r *Rebuild) copyWindow(lo, hi uint64) error {
 		at = run[1]
 	}
 	if at < hi {
-		return r.deallocate(at, hi)
+		if err := r.deallocate(at, hi); err != nil {
+			return err
+		}
+	}
+	if d := r.drl; d != nil {
+		// On the replica: clean, before the window's held legs go (one
+		// that fails marks the log again after this).
+		d.clear(lo>>d.shift, (hi-1)>>d.shift)
 	}
 	return nil
 }

@@ -23,7 +23,14 @@ type record struct {
 	// missed has bit i set when legs[i]'s peer lacks this write (its leg
 	// failed, or it was failing already and was skipped): the host waits
 	// for that peer's verdict.
-	missed   atomic.Uint32
+	missed atomic.Uint32
+	// reached has bit i set when legs[i] completed without error: the
+	// write is on that replica. set is the leg set the record started
+	// with, drls the dirty-region logs it saw then (drl.go: which logs
+	// it marks).
+	reached  atomic.Uint32
+	set      *legSet
+	drls     *dirtySet
 	localErr error
 	solo     bool    // started with no peer: a local failure is the host's alone
 	next     *record // a peer's waiting stack
@@ -75,6 +82,8 @@ func (r *record) start(io *target.IO, s *legSet) {
 	r.localErr = nil
 	r.solo = len(s.peers) == 0
 	r.missed.Store(0)
+	r.reached.Store(0)
+	r.set = s
 	r.pending.Store(2) // the local leg and the submitter
 	for i, p := range s.peers {
 		l := &r.legs[i]
@@ -113,8 +122,13 @@ func (r *record) release() {
 	}
 }
 
-// finish runs once every leg completed.
+// finish runs once every leg completed: the write is marked in the
+// dirty-region logs of the replicas that may lack it (before its use
+// ends: a rebuild's copier waits for that), then completed.
 func (r *record) finish() {
+	if s := r.b.drls.Load(); s != nil {
+		r.markDirty(s)
+	}
 	if err := r.localErr; err != nil {
 		if !r.solo { // with no peer it is a plain local backend
 			r.b.localFailure(err)
@@ -156,6 +170,7 @@ func (r *record) settle() {
 func (r *record) complete(err error) {
 	io := r.host
 	r.host = nil
+	r.set, r.drls = nil, nil
 	r.local.Data = nil
 	r.uses.Add(1) // even: free (a copier's wait ends)
 	r.b.put(r)
@@ -312,6 +327,8 @@ func (l *leg) end() {
 	}
 	if l.fail.Load() {
 		l.r.missed.Or(l.bit)
+	} else {
+		l.r.reached.Or(l.bit)
 	}
 	l.r.release()
 }

@@ -324,7 +324,8 @@ func testReplication(t *testing.T, killLeader bool) {
 	}
 	t.Logf("verify: %s differs in %d of %d regions", victim, len(res.Mismatches), res.Regions)
 
-	// The primary rebuilds it (a full copy) while the host keeps
+	// The primary rebuilds it (incremental: it saw the victim leave, so
+	// only the regions written since are copied) while the host keeps
 	// writing, and it comes back in sync.
 	stop = writers(100)
 	states := map[string]bool{}
@@ -354,8 +355,8 @@ func testReplication(t *testing.T, killLeader bool) {
 		t.Errorf("after the rebuild: reason %q, want none", v.Reason)
 	}
 	for i, p := range progress {
-		if p.Total != 16<<20 || p.Done > p.Total || i > 0 && p.Done < progress[i-1].Done {
-			t.Errorf("rebuild progress %v of a 16 MiB volume", progress)
+		if p.Total == 0 || p.Total > 16<<20 || p.Done > p.Total || i > 0 && p.Done < progress[i-1].Done {
+			t.Errorf("rebuild progress %v of a 16 MiB volume's dirty regions", progress)
 		}
 	}
 	if len(progress) == 0 {
@@ -364,12 +365,16 @@ func testReplication(t *testing.T, killLeader bool) {
 	m = pp.metricsText(t)
 	for series, want := range map[string]float64{
 		`blk_replica_in_sync{node="` + victim + `",volume="r"}`:                 1,
-		`blk_replica_rebuild_bytes_total{node="` + victim + `",volume="r"}`:     16 << 20,
 		`blk_replica_rebuild_remaining_bytes{node="` + victim + `",volume="r"}`: 0,
 	} {
 		if got := sampleOf(m, series); got != want {
 			t.Errorf("primary's %s = %v after the rebuild, want %v", series, got, want)
 		}
+	}
+	passed := sampleOf(m, `blk_replica_rebuild_bytes_total{node="`+victim+`",volume="r"}`)
+	copied := sampleOf(m, `blk_replica_rebuild_copied_bytes_total{mode="incremental",node="`+victim+`",volume="r"}`)
+	if passed <= 0 || passed > 16<<20 || copied <= 0 || copied > passed {
+		t.Errorf("primary's rebuild of %s: passed %v bytes of dirty regions, copied %v incrementally", victim, passed, copied)
 	}
 	res = verify()
 	if len(res.Compared) != 3 || len(res.Mismatches) != 0 {

@@ -12,15 +12,23 @@ import (
 	"github.com/blk-project/blk/store"
 )
 
-// Rebuild of out-of-sync replicas (docs/replication.md §5, full copy):
-// the primary of a replicated volume looks at its registry copy every
-// rebuildPoll; a replica out of sync (or left rebuilding by a primary
-// that stopped mid-copy) whose node is up is connected, committed
-// rebuilding, copied while the host writes (repl.Backend.StartRebuild),
-// and committed in sync; on failure it is committed out of sync again
-// with the reason and tried again after rebuildBackoff. One rebuild per
-// volume at a time. Nothing is kept across a restart of the primary: the
-// next one starts over with a full copy.
+// Rebuild of out-of-sync replicas (docs/replication.md §5): the primary
+// of a replicated volume looks at its registry copy every rebuildPoll; a
+// replica out of sync (or left rebuilding by a primary that stopped
+// mid-copy) whose node is up is connected, committed rebuilding, copied
+// while the host writes (repl.Backend.StartRebuild), and committed in
+// sync; on failure it is committed out of sync again with the reason and
+// tried again after rebuildBackoff. One rebuild per volume at a time.
+//
+// The copy is incremental (only the regions of the backend's dirty-region
+// log of the replica) when the backend has one, which it keeps from the
+// moment it saw the replica leave, at its epoch, until the replica is
+// back in sync; and when the registry's record of the replica does not
+// say Full (its node lost its data). Otherwise a full copy: a restarted
+// primary, a new primary after a failover (a new epoch: the logs are in
+// memory, per backend and epoch), a new or replaced replica. A failed
+// incremental rebuild leaves the log marking, so the next try is
+// incremental too.
 
 const (
 	// rebuildPoll: how often a primary looks for a replica to rebuild.
@@ -63,6 +71,7 @@ func (d *Daemon) rebuildLoop(ctx context.Context, pl *primaryLeg, id uint64, nam
 			ok   bool
 			node string
 			left bool // the registry says rebuilding: a rebuild of an earlier primary's, or ours that could not be reported
+			full bool // the registry says the replica lost its data (meta.Replica.Full)
 		)
 		d.node.FSM().Read(func(s *meta.State) {
 			v, ok = s.Volume(name)
@@ -80,14 +89,14 @@ func (d *Daemon) rebuildLoop(ctx context.Context, pl *primaryLeg, id uint64, nam
 				if time.Since(failed[r.Node]) < rebuildBackoff {
 					continue
 				}
-				node, left = r.Node, r.State == meta.ReplicaRebuilding
+				node, left, full = r.Node, r.State == meta.ReplicaRebuilding, r.Full
 				return
 			}
 		})
 		if !ok || node == "" {
 			continue
 		}
-		if err := d.rebuildReplica(ctx, pl, v, node, left); err != nil {
+		if err := d.rebuildReplica(ctx, pl, v, node, left, full); err != nil {
 			failed[node] = time.Now()
 			if ctx.Err() == nil {
 				d.log.Warn("replica rebuild failed", slog.String("volume", v.Name), slog.String("node", node), slog.String("err", err.Error()))
@@ -98,9 +107,18 @@ func (d *Daemon) rebuildLoop(ctx context.Context, pl *primaryLeg, id uint64, nam
 	}
 }
 
-// rebuildReplica runs one full copy of v's replica on node.
-func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volume, node string, left bool) error {
+// rebuildReplica runs one copy of v's replica on node: incremental if
+// the backend keeps a dirty-region log of it and the registry does not
+// say full (see the top of the file).
+func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volume, node string, left, full bool) error {
 	epoch := pl.epoch
+	// For the registry's reason; the log normally outlives the start (it
+	// goes with a new epoch, which fails StartRebuild, or in sync), and
+	// the log line and metrics say the mode that ran (rb.Mode).
+	mode := "full"
+	if _, ok := pl.b.DirtyBytes(node); ok && !full {
+		mode = "incremental"
+	}
 	setCtx := func(ctx context.Context, state meta.ReplicaState, reason string) error {
 		rctx, cancel := context.WithTimeout(ctx, ownerTimeout)
 		defer cancel()
@@ -109,7 +127,8 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	set := func(state meta.ReplicaState, reason string) error { return setCtx(ctx, state, reason) }
 	if left {
 		// rebuilding → rebuilding is no legal move: back to out of sync
-		// first, and a full copy from the start.
+		// first, and a copy from the start (incremental only if it was
+		// this backend's: its log still marks).
 		if err := set(meta.ReplicaOutOfSync, fmt.Sprintf("rebuild restarted by primary %s at epoch %d", d.cfg.NodeID, epoch)); err != nil {
 			return fmt.Errorf("out of sync before a new rebuild: %w", err)
 		}
@@ -127,7 +146,7 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 		c.Close()
 		return errors.New("the replica subsystem has no namespace 1")
 	}
-	if err := set(meta.ReplicaRebuilding, fmt.Sprintf("full copy from %s at epoch %d", d.cfg.NodeID, epoch)); err != nil {
+	if err := set(meta.ReplicaRebuilding, fmt.Sprintf("%s copy from %s at epoch %d", mode, d.cfg.NodeID, epoch)); err != nil {
 		c.Close()
 		return fmt.Errorf("commit rebuilding: %w", err)
 	}
@@ -135,9 +154,10 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	rb, err := pl.b.StartRebuild(epoch, repl.RebuildConfig{
 		Node: node, NS: ns, MaxTransfer: c.Info().MaxTransfer,
 		Mapped: vol.Mapped, Read: vol.Read, RegionBytes: rebuildRegion, Limiter: d.repl.limit,
-		Logger: d.log.With(slog.String("volume", v.Name)),
+		UseDirtyLog: !full,
+		Logger:      d.log.With(slog.String("volume", v.Name)),
 		Promote: func(pctx context.Context) error {
-			if err := setCtx(pctx, meta.ReplicaInSync, fmt.Sprintf("rebuilt: full copy from %s at epoch %d", d.cfg.NodeID, epoch)); err != nil {
+			if err := setCtx(pctx, meta.ReplicaInSync, fmt.Sprintf("rebuilt: %s copy from %s at epoch %d", mode, d.cfg.NodeID, epoch)); err != nil {
 				return err
 			}
 			// In sync now: the connection is one of the volume's legs,
@@ -174,8 +194,8 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	pl.mu.Unlock()
 	if err == nil {
 		done, _ := rb.Progress()
-		d.log.Info("replica rebuilt: in sync", slog.String("volume", v.Name), slog.String("node", node), slog.Uint64("epoch", epoch),
-			slog.Uint64("copied_bytes", rb.Copied()), slog.Uint64("bytes", done))
+		d.log.Info("rebuild done", slog.String("volume", v.Name), slog.String("node", node), slog.Uint64("epoch", epoch),
+			slog.String("mode", rb.Mode()), slog.Uint64("copied_bytes", rb.Copied()), slog.Uint64("bytes", done))
 		return nil
 	}
 	if ctx.Err() == nil && !kept {
@@ -189,7 +209,8 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 }
 
 // rebuildProgress is the rebuild of v's replica on node that this
-// node runs as primary, if any: bytes passed and the volume's size.
+// node runs as primary, if any: bytes passed and bytes to pass (the
+// volume's size, or its dirty regions' for an incremental rebuild).
 func (d *Daemon) rebuildProgress(id uint64, node string) (done, total uint64, ok bool) {
 	d.repl.mu.Lock()
 	pl := d.repl.primary[id]
