@@ -160,6 +160,9 @@ func (d *Daemon) ensureHostVolume(v meta.Volume) (*hostVolume, error) {
 		NQN: v.NQN, Serial: fmt.Sprintf("blk-%d", v.ID), Model: "blk",
 		AllowAnyHost: v.AllowAny, Hosts: v.Hosts, HostKeys: keys,
 		ANA: true, ANAState: nvme.ANAInaccessible,
+		// The other replicas' nodes, in this node's discovery log: a host
+		// connects every path from any one (nvme connect-all).
+		Paths: d.volumePaths(v),
 	})
 	if err != nil {
 		return nil, err
@@ -259,6 +262,21 @@ func (d *Daemon) demote(v meta.Volume) error {
 	}
 	d.endTerm(hv, fmt.Sprintf("node %s is primary at epoch %d", v.Node, v.CurrentEpoch()))
 	return nil
+}
+
+// refreshPaths brings the discovery log's other paths of v's host
+// subsystem to v's replica set (a change posts the discovery change
+// notice).
+func (d *Daemon) refreshPaths(v meta.Volume) error {
+	hv := d.hostVolumeOf(v.ID)
+	if hv == nil {
+		return nil
+	}
+	want := d.volumePaths(v)
+	if slices.Equal(hv.sub.Paths(), want) {
+		return nil
+	}
+	return hv.sub.SetPaths(want)
 }
 
 // serveStandby serves v's host subsystem on this node, a secondary, as

@@ -113,6 +113,9 @@ func (p *targetParts) Served(v meta.Volume) bool {
 
 func (p *targetParts) SetHosts(v meta.Volume) error {
 	p.d.refreshPrimaryLeg(v)
+	if err := p.d.refreshPaths(v); err != nil {
+		return err
+	}
 	nqn, allowAny, hosts := v.NQN, v.AllowAny, v.Hosts
 	keys, err := hostKeys(v)
 	if err != nil {
