@@ -195,7 +195,7 @@ func TestClusterFailover(t *testing.T) {
 	}
 	t.Logf("step 2: %s resumed %v after its stop", p2.name, time.Since(stopped).Round(time.Millisecond))
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		if strings.Contains(string(s.readShare(fmt.Sprintf("%s.log.%d", p2.name, p2.d.runs))), "primary deposed") {
+		if strings.Contains(string(s.readShare(fmt.Sprintf("%s.log.%d", p2.name, p2.d.runs))), `msg="primary term ended" node=`+p2.name+` volume=fvol epoch=2`) {
 			break
 		}
 		if time.Now().After(deadline) {

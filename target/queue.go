@@ -133,7 +133,8 @@ func (q *Queue) Drained() <-chan struct{} { return q.drained }
 // tears its controller down (every I/O queue of the controller gets
 // Responder.Disconnect); closing an I/O queue only removes it from its
 // controller. Held Asynchronous Event Requests are completed with Abort
-// SQ Deleted; requests still running complete as usual (see Drained).
+// SQ Deleted; requests still running complete (see Drained), with Abort
+// SQ Deleted in place of success.
 // Close may be called more than once.
 func (q *Queue) Close() {
 	prev := q.state.Swap(queueClosed)
@@ -201,6 +202,15 @@ func (q *Queue) Execute(r *Request) {
 // Responder.Complete. The request is the binding's again once Complete
 // is called; nothing here touches it afterwards.
 func (q *Queue) complete(r *Request, s nvme.Status) {
+	if s.Code() == nvme.StatusSuccess && (q.state.Load() == queueClosed || q.ctrlDead()) {
+		// The connection is gone, or going (a teardown, an eviction,
+		// whose disconnect a binding may carry out after this, as RDMA
+		// does): whatever of the completion still reaches the host must
+		// not acknowledge a command that finished after its controller
+		// was torn down (it may or may not have taken effect: Abort SQ
+		// Deleted, which a host retries elsewhere).
+		s = nvme.StatusAbortSQDeleted
+	}
 	r.Rsp.Status = s
 	q.t.countStatus(s)
 	if s.Code() != nvme.StatusSuccess {
@@ -213,6 +223,12 @@ func (q *Queue) complete(r *Request, s nvme.Status) {
 	if q.inflight.Add(-1) == 0 && q.state.Load() == queueClosed {
 		q.markDrained()
 	}
+}
+
+// ctrlDead reports whether the queue's controller was torn down.
+func (q *Queue) ctrlDead() bool {
+	c := q.ctrl.Load()
+	return c != nil && c.dead.Load()
 }
 
 // execUnconnected serves a queue that has no controller: only Connect.

@@ -260,8 +260,8 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 		if !errors.As(err, &se) || se.Status.SCT() != nvme.SCTPath {
 			t.Errorf("a write through the resumed old primary: %v, want a path status", err)
 		}
-		if !strings.Contains(victim.output(), "primary deposed") {
-			t.Errorf("the resumed primary did not log its deposition:\n%s", victim.output())
+		if !strings.Contains(victim.output(), `msg="primary term ended" node=`+primary+` volume=f epoch=1`) {
+			t.Errorf("the resumed primary did not log the end of its term at epoch 1:\n%s", victim.output())
 		}
 	}
 	if err := stop(); err != nil {
