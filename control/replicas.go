@@ -133,7 +133,10 @@ func (m *Manager) SetReplicaState(ctx context.Context, volume string, epoch uint
 	if err := m.requireFeature(ctx, meta.FeatureReplication); err != nil {
 		return err
 	}
-	defer m.lock(volume)()
+	// No wait for the volume's lock: a primary holds a host's write until
+	// this commits (repl's hold, 8 s), and the lock's holder may be a
+	// settle round waiting up to ownerTimeout (15 s) for the very node
+	// that went silent. The registry checks the epoch and the move.
 	before, err := m.reg.Volume(ctx, volume)
 	if err != nil {
 		return err
@@ -157,10 +160,19 @@ func (m *Manager) SetPrimary(ctx context.Context, volume string, epoch uint64, n
 	if err := m.requireFeature(ctx, meta.FeatureReplication); err != nil {
 		return meta.Volume{}, err
 	}
-	defer m.lock(volume)()
+	// A failover does not wait for the volume's lock: its holder may be
+	// a settle round waiting for the lost primary to answer (ownerTimeout,
+	// 15 s). The registry orders it against every other replica command
+	// by the epoch (a second SetPrimary of the same epoch is refused).
+	if !failover {
+		defer m.lock(volume)()
+	}
 	before, err := m.reg.Volume(ctx, volume)
 	if err != nil {
 		return meta.Volume{}, err
+	}
+	if before.CurrentEpoch() != epoch {
+		return before, fmt.Errorf("%w: volume %q is at epoch %d, not %d", meta.ErrStaleEpoch, volume, before.CurrentEpoch(), epoch)
 	}
 	res, err := m.reg.Apply(ctx, meta.SetPrimary{Volume: volume, Epoch: epoch, Node: node, Failover: failover, At: m.Now().UnixNano()})
 	if err != nil {

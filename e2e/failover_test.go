@@ -71,6 +71,17 @@ func TestClusterFailover(t *testing.T) {
 		}
 		n.d = s.startDaemon(n.name, n.api, args...)
 	}
+	// stopped is the node stopped with SIGSTOP, whose API does not
+	// answer: the test asks the others (blkctl follows the leader).
+	var stopped *node
+	api := func() string {
+		for _, id := range order {
+			if nodes[id] != stopped {
+				return nodes[id].api
+			}
+		}
+		return ""
+	}
 	leader := s.waitLeader(nodes["node1"].api, 30*time.Second, order...)
 	// The primary is not the registry's leader: its loss needs no
 	// election (TestClusterLeaderLoss covers a lost leader).
@@ -126,10 +137,10 @@ func TestClusterFailover(t *testing.T) {
 		var to *node
 		for deadline := time.Now().Add(60 * time.Second); to == nil; time.Sleep(100 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("step %d: no failover from %s within 60 s: %+v", step, from.name, show(nodes[leader].api))
+				t.Fatalf("step %d: no failover from %s within 60 s: %+v", step, from.name, show(api()))
 			}
 			var rv replicatedVolume
-			if err := s.blkctlErr(nodes[leader].api, &rv, "volume", "show", "fvol"); err == nil && rv.Epoch == epoch && rv.Node != from.name {
+			if err := s.blkctlErr(api(), &rv, "volume", "show", "fvol"); err == nil && rv.Epoch == epoch && rv.Node != from.name {
 				to = nodes[rv.Node]
 				t.Logf("step %d: %s primary at epoch %d %v after the signal: %+v", step, to.name, epoch, time.Since(since).Round(time.Millisecond), rv.Replicas)
 			}
@@ -146,7 +157,7 @@ func TestClusterFailover(t *testing.T) {
 	// inSync waits until every replica of fvol is in sync, then verifies.
 	inSync := func(step int) {
 		for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
-			rv := show(nodes[leader].api)
+			rv := show(api())
 			n := 0
 			for _, r := range rv.Replicas {
 				if r.State == "in-sync" {
@@ -164,7 +175,7 @@ func TestClusterFailover(t *testing.T) {
 			Compared   []string `json:"compared"`
 			Mismatches []any    `json:"mismatches"`
 		}
-		s.blkctl(nodes[leader].api, &res, "volume", "verify", "fvol")
+		s.blkctl(api(), &res, "volume", "verify", "fvol")
 		if len(res.Compared) != 3 || len(res.Mismatches) != 0 {
 			t.Errorf("step %d: volume verify: %+v", step, res)
 		}
@@ -177,7 +188,7 @@ func TestClusterFailover(t *testing.T) {
 	p1.d.kill()
 	killed := time.Now()
 	p2 := failover(1, p1, 2, killed)
-	s.mark("failed-over-1")
+	s.mark("switched-1")
 	p1.d.start() // back as a secondary, rebuilt from p2
 	inSync(1)
 	s.mark("rebuilt-1")
@@ -188,12 +199,14 @@ func TestClusterFailover(t *testing.T) {
 	if err := p2.d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	stopped := time.Now()
-	p3 := failover(2, p2, 3, stopped)
+	stopped = p2
+	stopTime := time.Now()
+	p3 := failover(2, p2, 3, stopTime)
 	if err := p2.d.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("step 2: %s resumed %v after its stop", p2.name, time.Since(stopped).Round(time.Millisecond))
+	stopped = nil
+	t.Logf("step 2: %s resumed %v after its stop", p2.name, time.Since(stopTime).Round(time.Millisecond))
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		if strings.Contains(string(s.readShare(fmt.Sprintf("%s.log.%d", p2.name, p2.d.runs))), `msg="primary term ended" node=`+p2.name+` volume=fvol epoch=2`) {
 			break
@@ -202,7 +215,7 @@ func TestClusterFailover(t *testing.T) {
 			t.Fatalf("step 2: the resumed %s did not log its deposition", p2.name)
 		}
 	}
-	s.mark("failed-over-2")
+	s.mark("switched-2")
 	inSync(2)
 	s.mark("rebuilt-2")
 	s.wait(g)

@@ -223,6 +223,7 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 		}
 		return fmt.Errorf("%+v", v)
 	})
+	t.Logf("%v of %s to %s primary at epoch 2 (polled every 100 ms)", time.Since(killed).Round(time.Millisecond), sig, newPrimary)
 	eventually(t, 30*time.Second, "writes through "+newPrimary, func() error {
 		servedMu.Lock()
 		defer servedMu.Unlock()

@@ -95,7 +95,7 @@ dd if=/share/pattern.bin of="$dev" bs=1M seek=100 oflag=direct conv=fsync 2>/dev
 fiojob before 0 8M || fail "fio before"
 
 # during STEP NAME OFFSET: fio runs while the test fails the primary over
-# (fio-running-STEP, failed-over-STEP); it must pass across it.
+# (fio-running-STEP, switched-STEP); it must pass across it.
 during() {
 	log "step $1: fio while the test fails the primary over"
 	fiojob "$2" "$3" 24M &
@@ -103,7 +103,7 @@ during() {
 	sleep 3
 	kill -0 $fio 2>/dev/null || fail "step $1: fio ended before the failover: make it longer"
 	mark "fio-running-$1"
-	wait_file "/share/failed-over-$1" 120
+	wait_file "/share/switched-$1" 120
 	wait $fio || fail "step $1: fio across the failover failed"
 }
 optimized_port() {
