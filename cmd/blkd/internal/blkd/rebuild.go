@@ -151,6 +151,7 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 		return fmt.Errorf("commit rebuilding: %w", err)
 	}
 	kept := false
+	started := time.Now()
 	rb, err := pl.b.StartRebuild(epoch, repl.RebuildConfig{
 		Node: node, NS: ns, MaxTransfer: c.Info().MaxTransfer,
 		Mapped: vol.Mapped, Read: vol.Read, RegionBytes: rebuildRegion, Limiter: d.repl.limit,
@@ -194,8 +195,10 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	pl.mu.Unlock()
 	if err == nil {
 		done, _ := rb.Progress()
+		took := time.Since(started)
 		d.log.Info("rebuild done", slog.String("volume", v.Name), slog.String("node", node), slog.Uint64("epoch", epoch),
-			slog.String("mode", rb.Mode()), slog.Uint64("copied_bytes", rb.Copied()), slog.Uint64("bytes", done))
+			slog.String("mode", rb.Mode()), slog.Uint64("copied_bytes", rb.Copied()), slog.Uint64("bytes", done),
+			slog.Duration("took", took.Round(time.Millisecond)), slog.Float64("copied_mb_per_s", float64(rb.Copied())/1e6/max(took.Seconds(), 1e-3)))
 		return nil
 	}
 	if ctx.Err() == nil && !kept {

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# deploy/bench/rebuild.sh: how fast a replica is rebuilt (issue 23, goal 3:
+# unthrottled, at least 0.8x the slower of disk and link).
+#
+# Three blkd (built from this checkout) on loopback, each in a zone of its
+# own. The baseline, "disk and link": a volume of one replica on node1
+# written whole with 128 KiB writes at QD 8 through blkctl bench over
+# NVMe/TCP (the store's write path and the loopback link a rebuild uses
+# too). Then a volume of two replicas (node1 primary, node2) written whole
+# the same way, and:
+#   full:        node2 killed (SIGKILL), a write recorded it out of sync,
+#                node1 restarted (no dirty-region log survives it), node2
+#                started: node1 copies every allocated extent to it;
+#   incremental: node2 killed, DIRTY of 4 KiB random writes, node2
+#                started: node1 copies the regions its log marked.
+# Each rebuild's bytes, time and rate come from node1's "rebuild done"
+# log line. One markdown table.
+#
+# Usage: deploy/bench/rebuild.sh
+#
+# Environment (defaults in brackets):
+#   SIZE      volume size [1GiB]
+#   DIRTY     4 KiB random writes while node2 is away [16384]
+#   BASE_PORT raft BASE_PORT+1..3, NVMe/TCP +11..13, NVMe/RDMA +21..23, API +31..33 [25500]
+#   BENCH_DIR where the scratch directory goes: the disk under test [/var/tmp]
+#   OUT       the table's file [./rebuild-YYYYMMDDTHHMMZ.md]
+#
+# Everything it starts is stopped and the scratch directory removed on
+# exit, error or Ctrl-C.
+
+set -euo pipefail
+
+say() { printf '%s rebuild: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+SIZE=${SIZE:-1GiB}
+DIRTY=${DIRTY:-16384}
+BASE_PORT=${BASE_PORT:-25500}
+BENCH_DIR=${BENCH_DIR:-/var/tmp}
+OUT=${OUT:-./rebuild-$(date -u +%Y%m%dT%H%MZ).md}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+scratch=$(mktemp -d "$BENCH_DIR/blk-rebuild.XXXXXX")
+declare -A pid
+cleanup() {
+	for p in "${pid[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for p in "${pid[@]}"; do wait "$p" 2>/dev/null || true; done
+	rm -rf "$scratch"
+}
+trap cleanup EXIT INT TERM
+
+say "building blkd and blkctl"
+(cd "$repo" && go build -o "$scratch/blkd" ./cmd/blkd && go build -o "$scratch/blkctl" ./cmd/blkctl)
+
+api() { echo "127.0.0.1:$((BASE_PORT + 30 + $1))"; }
+runs=0
+# start N: start node N (joining node1 the first time), wait for ready.
+start() {
+	local n=$1 join=()
+	[[ $n != 1 && ! -d "$scratch/node$n/meta" ]] && join=(--join "$(api 1)")
+	mkdir -p "$scratch/node$n"
+	runs=$((runs + 1))
+	local log="$scratch/node$n.log.$runs"
+	"$scratch/blkd" --node-id "node$n" --data-dir "$scratch/node$n" --zone "zone-$n" \
+		--raft-addr "127.0.0.1:$((BASE_PORT + n))" --tcp-addr "127.0.0.1:$((BASE_PORT + 10 + n))" \
+		--nvme-addr "127.0.0.1:$((BASE_PORT + 20 + n))" --api-addr "$(api "$n")" --poll-spin 0 \
+		"${join[@]}" >"$log" 2>&1 &
+	pid[$n]=$!
+	ln -sf "$log" "$scratch/node$n.log"
+	for _ in $(seq 600); do
+		grep -qx ready "$log" && return
+		kill -0 "${pid[$n]}" 2>/dev/null || { cat "$log" >&2; die "node$n exited"; }
+		sleep 0.1
+	done
+	die "node$n not ready in 60 s"
+}
+stop() { kill "-$2" "${pid[$1]}"; wait "${pid[$1]}" 2>/dev/null || true; unset "pid[$1]"; }
+ctl() { "$scratch/blkctl" --api "http://$(api 3)" "$@"; }
+for n in 1 2 3; do start "$n"; done
+host=nqn.2026-11.io.blk:rebuild-bench
+bench() { ctl -o json bench "$@" --host-nqn "$host" --transport tcp; }
+mbps() { sed -n 's/.*"mb_per_s": *\([0-9.]*\).*/\1/p'; }
+
+ctl volume create one --size "$SIZE" --node node1 --replicas 1 >/dev/null
+ctl host allow one "$host" >/dev/null
+bytes=$(ctl -o json volume show one | sed -n 's/.*"size_bytes": *\([0-9]*\).*/\1/p')
+ios=$((bytes / 131072))
+say "baseline: $SIZE of one replica written with 128 KiB writes at QD 8"
+base=$(bench one --rw write --bs 128KiB --qd 8 --ios "$ios")
+base_mbps=$(mbps <<<"$base")
+[[ -n $base_mbps ]] || base_mbps=$(awk -v b="$bytes" -v s="$(sed -n 's/.*"seconds": *\([0-9.]*\).*/\1/p' <<<"$base")" 'BEGIN {printf "%.1f", b/1e6/s}')
+say "baseline $base_mbps MB/s"
+
+ctl volume create two --size "$SIZE" --node node1 --replicas 2 >/dev/null
+ctl host allow two "$host" >/dev/null
+say "writing the 2-replica volume whole"
+bench two --rw write --bs 128KiB --qd 8 --ios "$ios" >/dev/null
+second=$(ctl -o json volume show two | tr -d ' \n' | grep -o '"node":"node[0-9]","state":"[a-z-]*"' | grep -v node1 | head -1 | sed 's/.*"node":"\(node[0-9]\)".*/\1/')
+[[ -n $second ]] || die "no second replica of volume two"
+sn=${second#node}
+
+# rebuilt MODE: wait for node1's next "rebuild done" line of MODE and print
+# "bytes seconds MB/s".
+rebuilt() {
+	local mode=$1 before=$2
+	for _ in $(seq 3000); do
+		line=$(grep -h 'msg="rebuild done"' "$scratch"/node1.log.* | grep "mode=$mode" | sed -n "$((before + 1))p")
+		if [[ -n $line ]]; then
+			b=$(sed -n 's/.* copied_bytes=\([0-9]*\).*/\1/p' <<<"$line")
+			t=$(sed -n 's/.* took=\([0-9.]*[a-zµ]*\).*/\1/p' <<<"$line")
+			r=$(sed -n 's/.* copied_mb_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
+			echo "$b $t $r"
+			return
+		fi
+		sleep 0.2
+	done
+	die "no $mode rebuild done within 600 s"
+}
+count() { grep -h 'msg="rebuild done"' "$scratch"/node1.log.* | grep -c "mode=$1" || true; }
+
+say "full: $second killed, node1 restarted, $second started"
+stop "$sn" KILL
+bench two --rw randwrite --bs 4KiB --qd 1 --ios 64 >/dev/null # records it out of sync
+stop 1 TERM
+start 1
+n0=$(count full)
+start "$sn"
+read -r fb ft fr < <(rebuilt full "$n0")
+say "full: $fb bytes in $ft, $fr MB/s"
+
+say "incremental: $second killed, $DIRTY random 4 KiB writes, $second started"
+stop "$sn" KILL
+bench two --rw randwrite --bs 4KiB --qd 32 --ios "$DIRTY" >/dev/null
+n0=$(count incremental)
+start "$sn"
+read -r ib it ir < <(rebuilt incremental "$n0")
+say "incremental: $ib bytes in $it, $ir MB/s"
+
+{
+	echo "| what | bytes | time | MB/s | vs baseline |"
+	echo "| --- | ---: | ---: | ---: | ---: |"
+	printf '| baseline: %s of one replica, 128 KiB writes QD 8 | %s | | %s | 1.00 |\n' "$SIZE" "$bytes" "$base_mbps"
+	printf '| full rebuild, unthrottled | %s | %s | %s | %s |\n' "$fb" "$ft" "$fr" "$(awk -v a="$fr" -v b="$base_mbps" 'BEGIN {printf "%.2f", a/b}')"
+	printf '| incremental rebuild after %s random 4 KiB writes | %s | %s | %s | %s |\n' "$DIRTY" "$ib" "$it" "$ir" "$(awk -v a="$ir" -v b="$base_mbps" 'BEGIN {printf "%.2f", a/b}')"
+} | tee "$OUT"
+say "table in $OUT"
