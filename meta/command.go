@@ -264,6 +264,13 @@ type AddReplica struct {
 type RemoveReplica struct {
 	Volume string `json:"volume"`
 	Node   string `json:"node"`
+	// Replaced: the end of a replacement (ReplaceReplica), refused
+	// unless Node's replica is being replaced and its replacement is in
+	// sync, so that the in-sync count never drops below what it was
+	// before the replacement (the leader's check and this command are
+	// not atomic: the replacement may fall out of sync in between).
+	// Sent only with FeatureReplace.
+	Replaced bool `json:"replaced,omitempty"`
 }
 
 // ReplaceReplica starts replacing the replica on Node with a new one on

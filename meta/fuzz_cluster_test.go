@@ -40,7 +40,7 @@ func fuzzReplicaCommand(rng *rand.Rand, volume string, epochs map[string]uint64,
 	case 4:
 		return ReplaceReplica{Volume: volume, Node: node, New: []string{"s1", "s5"}[rng.IntN(2)], At: at}
 	case 5:
-		return RemoveReplica{Volume: volume, Node: []string{"s1", "s2", "s3", "s4", "s5"}[rng.IntN(5)]}
+		return RemoveReplica{Volume: volume, Node: []string{"s1", "s2", "s3", "s4", "s5"}[rng.IntN(5)], Replaced: rng.IntN(2) == 0}
 	case 0:
 		return SetPrimary{Volume: volume, Epoch: epoch, Node: node, Failover: rng.IntN(2) == 0, At: at}
 	case 1:

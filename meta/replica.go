@@ -412,6 +412,10 @@ func (s *State) removeReplica(c RemoveReplica) Result {
 		return Result{Err: fmt.Errorf("meta: volume %q has no replica on node %q: %w", c.Volume, c.Node, ErrUnknownNode)}
 	case c.Node == v.Node:
 		return Result{Err: fmt.Errorf("meta: volume %q: the replica on %q is the primary's: change the primary first: %w", c.Volume, c.Node, ErrInvalid)}
+	case c.Replaced && r.ReplacedBy == "":
+		return Result{Err: fmt.Errorf("meta: volume %q: the replica on %q is not being replaced: %w", c.Volume, c.Node, ErrBadTransition)}
+	case c.Replaced && !replacementInSync(v, r):
+		return Result{Err: fmt.Errorf("meta: volume %q: the replica on %q replacing the one on %q is not in sync: %w", c.Volume, r.ReplacedBy, c.Node, ErrBadTransition)}
 	case r.State == ReplicaInSync && len(v.InSync()) < 2:
 		// Unreachable while the primary's replica is in sync; kept so
 		// the invariant does not rest on one other check.
@@ -427,6 +431,12 @@ func (s *State) removeReplica(c RemoveReplica) Result {
 	}
 	cp := v.clone()
 	return Result{Volume: &cp}
+}
+
+// replacementInSync says whether the replica replacing r is in sync.
+func replacementInSync(v *Volume, r Replica) bool {
+	n, ok := v.Replica(r.ReplacedBy)
+	return ok && n.State == ReplicaInSync
 }
 
 // checkReplicas checks the replica invariants of a volume loaded from a
