@@ -167,7 +167,9 @@ func TestDueReplacements(t *testing.T) {
 		{Name: "replaced", Node: "a", Replicas: []meta.Replica{{Node: "a"}, {Node: "b", ReplacedBy: "d"}, {Node: "d"}}},
 		{Name: "replacing", Node: "a", Replicas: []meta.Replica{{Node: "a"}, {Node: "d", ReplacedBy: "c"}, {Node: "c"}}},
 	}
-	downFor := func(n string) time.Duration { return map[string]time.Duration{"b": time.Minute, "c": 2 * time.Minute}[n] }
+	downFor := func(n string) time.Duration {
+		return map[string]time.Duration{"b": time.Minute, "c": 2 * time.Minute}[n]
+	}
 	got := DueReplacements(vols, nodes, downFor, time.Minute)
 	if len(got) != 1 || got[0] != (DueReplacement{Volume: "two-down", Node: "b", Down: time.Minute}) {
 		t.Fatalf("due %+v", got)
