@@ -119,7 +119,9 @@ func TestMovePrimary(t *testing.T) {
 		t.Fatalf("finish: %v %v", done, err)
 	}
 	v, _ = c.reg.state.Volume("v")
-	if v.Node != "n4" || v.CurrentEpoch() != 2 || len(v.Replicas) != 3 || inSyncCount(v) != 3 {
+	// n4 takes n1's place first in placement order: failback returns
+	// there, not to n2.
+	if v.Node != "n4" || v.Replicas[0].Node != "n4" || v.CurrentEpoch() != 2 || len(v.Replicas) != 3 || inSyncCount(v) != 3 {
 		t.Fatalf("after move: node %s epoch %d %+v", v.Node, v.CurrentEpoch(), v.Replicas)
 	}
 	if c.tgts["n1"].Served(v) || !c.tgts["n4"].Served(v) {

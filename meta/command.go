@@ -274,8 +274,10 @@ type RemoveReplica struct {
 }
 
 // ReplaceReplica starts replacing the replica on Node with a new one on
-// New (volume replace-replica, volume move): the new replica is appended
-// out of sync, to be copied in full, and Node's is marked ReplacedBy New.
+// New (volume replace-replica, volume move): the new replica is inserted
+// right after Node's (it takes its place in placement order once Node's
+// is removed: the first is the primary failback returns to), out of
+// sync, to be copied in full, and Node's is marked ReplacedBy New.
 // The leader removes Node's replica (after a planned handover when it is
 // the primary's) once New's is in sync, so the volume never has fewer
 // in-sync replicas than before. New must be up, hold no replica of the

@@ -386,17 +386,21 @@ func (s *State) replaceReplica(c ReplaceReplica) Result {
 	if reason == "" {
 		reason = "replacing the replica on " + c.Node
 	}
+	// The new replica comes right after the one it replaces, so that it
+	// takes that one's place in placement order once it is removed (the
+	// first replica is the primary failback returns to).
+	nr := Replica{Node: c.New, State: ReplicaOutOfSync, Reason: reason, Since: c.At, Full: true}
 	if origin != "" {
-		v.Replicas = slices.Delete(v.Replicas, i, i+1)
 		o := slices.IndexFunc(v.Replicas, func(r Replica) bool { return r.Node == origin })
 		v.Replicas[o].ReplacedBy = c.New
 		if c.Reason == "" {
-			reason = "replacing the replica on " + origin
+			nr.Reason = "replacing the replica on " + origin
 		}
+		v.Replicas[i] = nr
 	} else {
 		v.Replicas[i].ReplacedBy = c.New
+		v.Replicas = slices.Insert(v.Replicas, i+1, nr)
 	}
-	v.Replicas = append(v.Replicas, Replica{Node: c.New, State: ReplicaOutOfSync, Reason: reason, Since: c.At, Full: true})
 	cp := v.clone()
 	return Result{Volume: &cp}
 }
