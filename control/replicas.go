@@ -308,6 +308,13 @@ func (m *Manager) removeReplica(ctx context.Context, volume, node string, replac
 	if _, err := m.owners.Reconcile(ctx, node, volume, res.Index); err != nil {
 		m.logger().Warn("replica removed: its node did not answer", "volume", volume, "node", node, "err", err)
 	}
+	// The primary stops writing to it (its write set is the registry's
+	// replicas); one that does not answer does at its next settle round.
+	if p := res.Volume.Node; p != node {
+		if _, err := m.owners.Reconcile(ctx, p, volume, res.Index); err != nil {
+			m.logger().Warn("replica removed: the primary did not answer", "volume", volume, "node", p, "err", err)
+		}
+	}
 	return *res.Volume, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/control"
 	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/repl"
 )
 
 // Replace and move (docs/replication.md §6): POST
@@ -178,4 +179,45 @@ func (d *Daemon) replaceReplica(w http.ResponseWriter, r *http.Request) error {
 func replacedBy(v meta.Volume, node string) string {
 	r, _ := v.Replica(node)
 	return r.ReplacedBy
+}
+
+// dropRemovedPeers takes the replicas v no longer has (removed at the end
+// of a replacement or a move) out of pl's write set, at its epoch, so
+// that closing their connections after (refreshPrimaryLeg) fails no
+// host write and reports no loss of a replica the registry has
+// forgotten. It changes nothing unless every peer kept has its
+// connection at hand: dropping one the registry counts in sync would
+// lose writes.
+func (d *Daemon) dropRemovedPeers(pl *primaryLeg, v meta.Volume) {
+	if v.CurrentEpoch() != pl.epoch {
+		return
+	}
+	var keep []repl.Peer
+	var removed []string
+	pl.mu.Lock()
+	for _, p := range pl.b.Stats().Peers {
+		if _, ok := v.Replica(p.Node); !ok {
+			removed = append(removed, p.Node)
+			continue
+		}
+		c := pl.ctrls[p.Node]
+		if c == nil || c.Namespace(1) == nil {
+			if p.State == "in-sync" {
+				pl.mu.Unlock()
+				d.log.Warn("a removed replica's leg kept: another in-sync leg has no connection at hand", slog.String("volume", v.Name), slog.String("node", p.Node))
+				return
+			}
+			continue
+		}
+		keep = append(keep, repl.Peer{Node: p.Node, NS: c.Namespace(1), MaxTransfer: c.Info().MaxTransfer})
+	}
+	pl.mu.Unlock()
+	if len(removed) == 0 {
+		return
+	}
+	if err := pl.b.SetPeers(pl.epoch, keep); err != nil {
+		d.log.Warn("a removed replica's leg kept", slog.String("volume", v.Name), slog.Any("nodes", removed), slog.String("err", err.Error()))
+		return
+	}
+	d.log.Info("removed replicas no longer written", slog.String("volume", v.Name), slog.Any("nodes", removed), slog.Uint64("epoch", pl.epoch))
 }
