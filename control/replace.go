@@ -76,11 +76,29 @@ func (m *Manager) FinishReplace(ctx context.Context, volume, node string) (bool,
 			return false, fmt.Errorf("hand over from node %s to node %s: %w", node, r.Node, err)
 		}
 	}
-	if _, err := m.removeReplica(ctx, volume, node, true); err != nil {
+	_, index, err := m.removeReplica(ctx, volume, node, true)
+	if err != nil {
 		return false, err
 	}
 	m.logger().Info("replica replaced", "volume", volume, "node", node, "by", r.Node)
+	// Its data is on the new replica now: node deletes its copy, or, down
+	// or silent, keeps it as a store volume of a replica it does not hold
+	// (never served, never counted: Reconciler.ReconcileAll reports it),
+	// for an operator.
+	if d, ok := m.owners.(Dropper); ok {
+		if err := d.DropRemoved(ctx, node, volume, v.ID, index); err != nil {
+			m.logger().Warn("replaced replica's store volume kept on its node (not served, not counted): it did not delete it", "volume", volume, "node", node, "id", v.ID, "err", err)
+		}
+	}
 	return true, nil
+}
+
+// Dropper is an optional interface of Owners: node deletes its copy
+// (store volume id) of the volume called name, a replica the registry,
+// once it has applied index, no longer places there
+// (Reconciler.DropRemoved).
+type Dropper interface {
+	DropRemoved(ctx context.Context, node, name string, id, index uint64) error
 }
 
 // A DueReplacement is a replica whose node has been down longer than the

@@ -88,8 +88,28 @@ func TestReplaceDeadReplica(t *testing.T) {
 	if done, err := c.mgr.FinishReplace(ctx, "v", dead); !done || err != nil {
 		t.Fatalf("finish again: %v %v", done, err)
 	}
-	if !strings.Contains(c.log.String(), `msg="replica replaced" volume=v node=`+dead+` by=`+spare) {
-		t.Errorf("log:\n%s", c.log)
+	for _, want := range []string{
+		`msg="replica replaced" volume=v node=` + dead + ` by=` + spare,
+		`msg="replaced replica's store volume kept on its node (not served, not counted): it did not delete it" volume=v node=` + dead,
+	} {
+		if !strings.Contains(c.log.String(), want) {
+			t.Errorf("no %s in the log:\n%s", want, c.log)
+		}
+	}
+	// The dead node kept its copy (it was down): back, it serves none of
+	// it and reports it as a replica it does not hold.
+	if _, ok := c.stores[dead].vols[v.ID]; !ok {
+		t.Fatal("the dead node's copy went")
+	}
+	delete(c.owners.down, dead)
+	var report []Status
+	vols, _ := c.reg.Volumes(ctx)
+	report = c.owners.recs[dead].ReconcileAll(vols)
+	if len(report) != 1 || report[0].State != StateFailed || !strings.Contains(report[0].Reason, "places no replica of the volume on this node") {
+		t.Fatalf("the returned node reports %+v", report)
+	}
+	if c.tgts[dead].Served(v) {
+		t.Fatal("the returned node serves the replaced copy")
 	}
 }
 
@@ -111,7 +131,7 @@ func TestMovePrimary(t *testing.T) {
 	if err := c.mgr.SetReplicaState(ctx, "v", 1, "n4", meta.ReplicaOutOfSync, "leg failed", false); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.mgr.removeReplica(ctx, "v", "n1", true); !errors.Is(err, meta.ErrInvalid) && !errors.Is(err, meta.ErrBadTransition) {
+	if _, _, err := c.mgr.removeReplica(ctx, "v", "n1", true); !errors.Is(err, meta.ErrInvalid) && !errors.Is(err, meta.ErrBadTransition) {
 		t.Fatalf("removal with the new one out of sync: %v", err)
 	}
 	rebuilt(t, c, "v", "n4")
@@ -126,6 +146,14 @@ func TestMovePrimary(t *testing.T) {
 	}
 	if c.tgts["n1"].Served(v) || !c.tgts["n4"].Served(v) {
 		t.Fatalf("served on n1 %v, on n4 %v", c.tgts["n1"].Served(v), c.tgts["n4"].Served(v))
+	}
+	// n1 was up: it deleted its copy, and refuses to delete one it holds.
+	c.checkCopies(t, "v")
+	if err := c.owners.recs["n2"].DropRemoved(v, v.ID); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("drop of a replica held: %v", err)
+	}
+	if _, ok := c.stores["n2"].vols[v.ID]; !ok {
+		t.Fatal("n2's copy went")
 	}
 }
 
@@ -179,4 +207,17 @@ func TestDueReplacements(t *testing.T) {
 	if got := DueReplacements(vols, nodes, downFor, 3*time.Minute); len(got) != 0 {
 		t.Fatalf("due before the wait: %+v", got)
 	}
+}
+
+// DropRemoved implements Dropper for the fake cluster: the node deletes
+// its copy from its registry copy (the fake's is the registry itself).
+func (o *owners) DropRemoved(_ context.Context, node, name string, id, _ uint64) error {
+	if o.down[node] {
+		return errors.New("connection refused")
+	}
+	v, ok := o.reg.state.Volume(name)
+	if !ok {
+		return meta.ErrUnknownVolume
+	}
+	return o.recs[node].DropRemoved(v, id)
 }

@@ -285,20 +285,22 @@ func (m *Manager) RemoveReplica(ctx context.Context, volume, node string) (meta.
 	if err := m.requireFeature(ctx, meta.FeatureReplication); err != nil {
 		return meta.Volume{}, err
 	}
-	return m.removeReplica(ctx, volume, node, false)
+	v, _, err := m.removeReplica(ctx, volume, node, false)
+	return v, err
 }
 
 // removeReplica is RemoveReplica; replaced: the end of a replacement
-// (meta.RemoveReplica.Replaced).
-func (m *Manager) removeReplica(ctx context.Context, volume, node string, replaced bool) (meta.Volume, error) {
+// (meta.RemoveReplica.Replaced). It returns the registry index of the
+// removal too.
+func (m *Manager) removeReplica(ctx context.Context, volume, node string, replaced bool) (meta.Volume, uint64, error) {
 	defer m.lock(volume)()
 	before, err := m.reg.Volume(ctx, volume)
 	if err != nil {
-		return meta.Volume{}, err
+		return meta.Volume{}, 0, err
 	}
 	res, err := m.reg.Apply(ctx, meta.RemoveReplica{Volume: volume, Node: node, Replaced: replaced})
 	if err != nil {
-		return meta.Volume{}, err
+		return meta.Volume{}, 0, err
 	}
 	r, _ := before.Replica(node)
 	m.logReplica(*res.Volume, node, r.State, "", "removed")
@@ -315,7 +317,7 @@ func (m *Manager) removeReplica(ctx context.Context, volume, node string, replac
 			m.logger().Warn("replica removed: the primary did not answer", "volume", volume, "node", p, "err", err)
 		}
 	}
-	return *res.Volume, nil
+	return *res.Volume, res.Index, nil
 }
 
 // replicaNodes are the nodes of v's replicas, in placement order.

@@ -41,8 +41,9 @@ func (v replaceVolumeJSON) nodes() []string {
 
 // multipathHost is a host connected to a volume through several nodes'
 // paths, as Linux native multipath is: a write goes to the path that
-// served last, and on a path error (or a lost connection) to the next,
-// until one completes it. Paths may be added while it writes (a new
+// served last, and on a path error (or a lost connection, or a path
+// whose controller is gone) to the next, until one completes it; an
+// error with DNR from a live path is the write's. Paths may be added while it writes (a new
 // replica's node, found through discovery).
 type multipathHost struct {
 	mu    sync.Mutex
@@ -85,6 +86,12 @@ func (h *multipathHost) write(buf []byte, off int64, within time.Duration) (stri
 			}
 			if _, err := paths[id].WriteAt(buf, off); err != nil {
 				last = fmt.Errorf("%s: %w", id, err)
+				if errors.Is(err, initiator.ErrControllerLost) || errors.Is(err, initiator.ErrNamespaceRemoved) {
+					// The path is gone (a node that no longer holds
+					// the volume refuses the reconnect): multipath
+					// drops it and goes on with the others.
+					continue
+				}
 				var se *initiator.StatusError
 				if errors.As(err, &se) && se.Status.DNR() {
 					return "", last
@@ -115,13 +122,12 @@ func maps(m map[string]*initiator.Namespace) map[string]*initiator.Namespace {
 // writing all along. (1) volume move of the primary: placement puts the
 // new replica on the only free zone's node, it is copied in full while
 // the host writes, the host connects its path, the leader hands the
-// volume over and removes the old one; no write fails. (2) A secondary's
-// node killed and never restarted: with --replace-after 3s the leader
-// replaces its replica by itself on the node the move freed (which still
-// holds the moved replica's old store volume: the full copy overwrites
-// it, holes included). The replica set ends as three in sync, volume
-// verify is clean, and every store of the set holds what the host
-// wrote.
+// volume over and removes the old one, whose node deletes its copy; no
+// write fails. (2) A secondary's node killed and never restarted: with
+// --replace-after 3s the leader replaces its replica by itself on the
+// node the move freed (the dead node's copy is left to it, logged). The
+// replica set ends as three in sync, volume verify is clean, and every
+// store of the set holds what the host wrote.
 func TestReplaceAndMove(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
@@ -221,6 +227,7 @@ func TestReplaceAndMove(t *testing.T) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	errc := make(chan error, 4)
+	var werr atomic.Value // the first write error, for the waits below
 	for w := range 4 {
 		wg.Add(1)
 		r := rand.New(rand.NewPCG(uint64(seed), uint64(100+w)))
@@ -233,6 +240,7 @@ func TestReplaceAndMove(t *testing.T) {
 				default:
 				}
 				if err := randWrite(r, w); err != nil {
+					werr.CompareAndSwap(nil, err)
 					errc <- err
 					return
 				}
@@ -294,8 +302,17 @@ func TestReplaceAndMove(t *testing.T) {
 	if v.Epoch != 2 || v.Replicas[0].Node != free {
 		t.Errorf("after the move: epoch %d, replicas %+v (want epoch 2, %s first)", v.Epoch, v.Replicas, free)
 	}
+	eventually(t, 10*time.Second, pin+" deleted its copy", func() error {
+		if strings.Contains(c.procs[pin].output(), `msg="store volume of a removed replica deleted"`) {
+			return nil
+		}
+		return errors.New("not logged")
+	})
 	moved := writes.Load()
 	eventually(t, 30*time.Second, "writes through "+free, func() error {
+		if err := werr.Load(); err != nil {
+			t.Fatalf("a host write failed: %v", err)
+		}
 		if writes.Load() > moved+50 {
 			return nil
 		}
@@ -336,6 +353,13 @@ func TestReplaceAndMove(t *testing.T) {
 	if out := lp.output(); !regexp.MustCompile(`msg="automatic replacement started" .*volume=m node=` + victim + ` to=` + pin + ` down=`).MatchString(out) {
 		t.Errorf("the leader did not log the automatic replacement:\n%s", out)
 	}
+	kept := regexp.MustCompile(`msg="replaced replica's store volume kept on its node \(not served, not counted\): it did not delete it" .*volume=m node=` + victim)
+	eventually(t, 10*time.Second, "the dead node's copy logged as kept", func() error {
+		if kept.MatchString(lp.output()) {
+			return nil
+		}
+		return errors.New("not logged")
+	})
 	time.Sleep(300 * time.Millisecond)
 	stopWriters()
 

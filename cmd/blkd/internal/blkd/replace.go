@@ -107,7 +107,7 @@ func (d *Daemon) finishReplace(volume, node string) {
 	case err != nil:
 		d.log.Warn("replacement not finished; retried next round", slog.String("volume", volume), slog.String("node", node), slog.String("err", err.Error()))
 	case done:
-		d.log.Info("replacement done: the old replica left the volume; its node keeps its store volume, not served", slog.String("volume", volume), slog.String("node", node))
+		d.log.Info("replacement done: the old replica left the volume", slog.String("volume", volume), slog.String("node", node))
 	}
 }
 
@@ -220,4 +220,76 @@ func (d *Daemon) dropRemovedPeers(pl *primaryLeg, v meta.Volume) {
 		return
 	}
 	d.log.Info("removed replicas no longer written", slog.String("volume", v.Name), slog.Any("nodes", removed), slog.Uint64("epoch", pl.epoch))
+}
+
+// dropRequest is the body of POST /v1/internal/drop: the leader asks a
+// node to delete its copy (store volume ID) of the volume called Name, a
+// replica the registry no longer places there once it applied Index.
+type dropRequest struct {
+	Name  string `json:"name"`
+	ID    uint64 `json:"id"`
+	Index uint64 `json:"index"`
+}
+
+// DropRemoved implements control.Dropper: this node in process, another
+// through its internal route.
+func (p ownerParts) DropRemoved(ctx context.Context, node, name string, id, index uint64) error {
+	if node == p.d.cfg.NodeID {
+		return p.d.dropLocal(ctx, dropRequest{Name: name, ID: id, Index: index})
+	}
+	var api string
+	p.d.node.FSM().Read(func(s *meta.State) {
+		if n, ok := s.Node(node); ok {
+			api = n.MgmtAddr
+		}
+	})
+	if api == "" {
+		return fmt.Errorf("the registry knows no API address for node %s", node)
+	}
+	ctx, cancel := context.WithTimeout(ctx, ownerTimeout)
+	defer cancel()
+	if err := p.d.postPeer(ctx, api, "/v1/internal/drop", dropRequest{Name: name, ID: id, Index: index}, nil); err != nil {
+		return fmt.Errorf("node %s at %s: %w", node, api, err)
+	}
+	return nil
+}
+
+// dropLocal deletes this node's copy of a volume the registry, once
+// applied up to req.Index, no longer places here
+// (control.Reconciler.DropRemoved).
+func (d *Daemon) dropLocal(ctx context.Context, req dropRequest) error {
+	ctx, cancel := context.WithTimeout(ctx, ownerCatchUp)
+	defer cancel()
+	if d.node.WaitApplied(ctx, req.Index) != nil {
+		return &apiError{http.StatusServiceUnavailable, fmt.Sprintf("node %s: registry copy at index %d, not yet %d", d.cfg.NodeID, d.node.AppliedIndex(), req.Index)}
+	}
+	var v meta.Volume
+	var ok bool
+	d.node.FSM().Read(func(s *meta.State) { v, ok = s.Volume(req.Name) })
+	if !ok {
+		return &apiError{http.StatusNotFound, fmt.Sprintf("no volume %q in the registry: its copy here, if any, is an orphan left for an operator", req.Name)}
+	}
+	if err := d.rec.DropRemoved(v, req.ID); err != nil {
+		if errors.Is(err, control.ErrInvalid) {
+			return &apiError{http.StatusConflict, err.Error()}
+		}
+		return err
+	}
+	return nil
+}
+
+// internalDrop serves POST /v1/internal/drop.
+func (d *Daemon) internalDrop(w http.ResponseWriter, r *http.Request) error {
+	var req dropRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.Name == "" || req.ID == 0 {
+		return badRequest(`missing "name" or "id"`)
+	}
+	if err := d.dropLocal(r.Context(), req); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, struct{}{})
+	return nil
 }
