@@ -111,9 +111,9 @@ type DueReplacement struct {
 // DueReplacements lists the replicas of vols to replace automatically
 // (blkd --replace-after): on a node down (downFor, the time since the
 // leader last heard from it) for at least after, not the primary's (a
-// failover moves the primary first; a primary that cannot fail over
-// has no in-sync copy to copy from), not being replaced or replacing
-// another already, of a volume not being deleted. One per volume a
+// failover moves the primary first), of a volume whose primary is up
+// (the copy's source) and not being deleted, not being replaced or
+// replacing another already. One per volume a
 // round: each replacement is a full copy.
 func DueReplacements(vols []meta.Volume, nodes []meta.NodeInfo, downFor func(node string) time.Duration, after time.Duration) []DueReplacement {
 	down := map[string]bool{}
@@ -124,7 +124,9 @@ func DueReplacements(vols []meta.Volume, nodes []meta.NodeInfo, downFor func(nod
 	}
 	var out []DueReplacement
 	for _, v := range vols {
-		if v.State == meta.VolumeDeleting || len(v.Replicas) < 2 {
+		// A primary that is down has nothing to copy from: its failover
+		// comes first.
+		if v.State == meta.VolumeDeleting || len(v.Replicas) < 2 || down[v.Node] {
 			continue
 		}
 		for _, r := range v.Replicas {

@@ -178,8 +178,8 @@ func TestReplaceNeedsFeature(t *testing.T) {
 }
 
 // TestDueReplacements: only a secondary on a node down for the wait, of
-// a volume not deleting, not already replaced or replacing, one per
-// volume.
+// a volume not deleting whose primary is up, not already replaced or
+// replacing, one per volume.
 func TestDueReplacements(t *testing.T) {
 	nodes := []meta.NodeInfo{{ID: "a", State: meta.NodeUp}, {ID: "b", State: meta.NodeDown}, {ID: "c", State: meta.NodeDown}, {ID: "d", State: meta.NodeUp}}
 	rs := func(nodes ...string) []meta.Replica {
@@ -192,6 +192,7 @@ func TestDueReplacements(t *testing.T) {
 	vols := []meta.Volume{
 		{Name: "two-down", Node: "a", Replicas: rs("a", "b", "c")},
 		{Name: "primary-down", Node: "b", Replicas: rs("b", "a")},
+		{Name: "no-source", Node: "b", Replicas: rs("b", "c", "a")},
 		{Name: "single", Node: "b"},
 		{Name: "deleting", Node: "a", State: meta.VolumeDeleting, Replicas: rs("a", "b")},
 		{Name: "replaced", Node: "a", Replicas: []meta.Replica{{Node: "a"}, {Node: "b", ReplacedBy: "d"}, {Node: "d"}}},

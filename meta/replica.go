@@ -296,17 +296,6 @@ func (s *State) checkNewReplica(v *Volume, node string, drop int, leaving ...str
 	return nil
 }
 
-// leavingNodes are the nodes of v's replicas being replaced.
-func (v *Volume) leavingNodes() []string {
-	var out []string
-	for _, r := range v.Replicas {
-		if r.ReplacedBy != "" {
-			out = append(out, r.Node)
-		}
-	}
-	return out
-}
-
 // setReplicaSecret records secret (checked) as v's replica key pair
 // when v has none.
 func setReplicaSecret(v *Volume, secret *HostSecret) {
@@ -321,7 +310,7 @@ func (s *State) addReplica(c AddReplica) Result {
 	if err != nil {
 		return Result{Err: err}
 	}
-	if err := s.checkNewReplica(v, c.Node, 0, v.leavingNodes()...); err != nil {
+	if err := s.checkNewReplica(v, c.Node, 0); err != nil {
 		return Result{Err: err}
 	}
 	if v.ReplicaSecret == nil {
@@ -366,7 +355,9 @@ func (s *State) replaceReplica(c ReplaceReplica) Result {
 	if origin != "" {
 		drop = 1
 	}
-	if err := s.checkNewReplica(v, c.New, drop, append(v.leavingNodes(), c.Node)...); err != nil {
+	// Only the zones of the replica replaced (and of the replacement
+	// dropped) are free: another replacement may yet be cancelled.
+	if err := s.checkNewReplica(v, c.New, drop, c.Node, origin); err != nil {
 		return Result{Err: err}
 	}
 	if origin != "" && c.Node == v.Node {
