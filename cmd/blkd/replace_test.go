@@ -117,24 +117,25 @@ func maps(m map[string]*initiator.Namespace) map[string]*initiator.Namespace {
 }
 
 // TestReplaceAndMove (docs/replication.md §6; issue 23's e2e scenario 4
-// with blk's initiator as the host): four blkd processes in four zones,
+// with blk's initiator as the host): five blkd processes in five zones,
 // a 3-replica volume, a host connected to every replica node's path and
 // writing all along. (1) volume move of the primary: placement puts the
-// new replica on the only free zone's node, it is copied in full while
-// the host writes, the host connects its path, the leader hands the
-// volume over and removes the old one, whose node deletes its copy; no
-// write fails. (2) A secondary's node killed and never restarted: with
-// --replace-after 3s the leader replaces its replica by itself on the
-// node the move freed (the dead node's copy is left to it, logged). The
-// replica set ends as three in sync, volume verify is clean, and every
-// store of the set holds what the host wrote.
+// new replica in a free zone, it is copied in full while the host
+// writes, the host connects its path, the leader hands the volume over
+// and removes the old one, whose node deletes its copy; no write fails.
+// (2) A secondary's node killed and never restarted, replaced at once
+// with replace-replica; (3) another, replaced by the leader itself after
+// --replace-after 3s (a node up outside the set each time; the dead
+// node's copy is left to it, logged). The replica set ends as three in
+// sync, volume verify is clean, and every store of the set holds what
+// the host wrote.
 func TestReplaceAndMove(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 31))
 
 	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}, common: []string{"--replace-after", "3s"}}
-	ids := []string{"node1", "node2", "node3", "node4"}
+	ids := []string{"node1", "node2", "node3", "node4", "node5"}
 	for _, id := range ids {
 		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
 	}
@@ -189,10 +190,10 @@ func TestReplaceAndMove(t *testing.T) {
 			t.Fatalf("connect to %s: %v", id, err)
 		}
 	}
-	free := ""
+	outside := ""
 	for _, id := range ids {
 		if !slices.Contains(v.nodes(), id) {
-			free = id
+			outside = id
 		}
 	}
 
@@ -273,7 +274,7 @@ func TestReplaceAndMove(t *testing.T) {
 		msg  string
 	}{
 		{`{}`, 400, `missing "node"`},
-		{`{"node": "` + free + `"}`, 404, "no replica on node"},
+		{`{"node": "` + outside + `"}`, 404, "no replica on node"},
 		{`{"node": "` + pin + `", "to": "` + v.nodes()[1] + `"}`, 400, "holds a replica already"},
 		{`{"node": "` + pin + `", "to": "` + pin + `"}`, 400, "replaced by itself"},
 	} {
@@ -282,10 +283,12 @@ func TestReplaceAndMove(t *testing.T) {
 		}
 	}
 
-	// (1) Move the primary: placement has one free zone, free's.
+	// (1) Move the primary where placement says (one of the two free
+	// zones).
 	before := writes.Load()
 	lp.must(t, "POST", "/v1/volumes/m/replicas/replace", `{"node": "`+pin+`"}`, 202, &v)
-	if r := v.Replicas[slices.Index(v.nodes(), pin)]; r.ReplacedBy != free {
+	free := v.Replicas[slices.Index(v.nodes(), pin)].ReplacedBy
+	if free == "" || slices.Index(v.nodes(), free) != slices.Index(v.nodes(), pin)+1 {
 		t.Fatalf("after the move's start: %+v", v.Replicas)
 	}
 	// The host finds the new path (discovery lists it once the node
@@ -322,44 +325,60 @@ func TestReplaceAndMove(t *testing.T) {
 		t.Fatal("no write completed during the move")
 	}
 
-	// (2) Kill a secondary that does not lead the registry; never
-	// restart it. The leader replaces it on pin (the only node up
-	// outside the set) after --replace-after.
-	victim := ""
-	for _, n := range v.nodes() {
-		if n != v.Node && n != leader {
-			victim = n
-			break
+	// (2) and (3): kill a secondary that does not lead the registry and
+	// never restart it; (2) replace it at once with replace-replica, (3)
+	// let --replace-after replace it. Each time the new replica goes to
+	// a node up outside the set, copied while the host writes; the dead
+	// node's copy is logged as kept.
+	for _, manual := range []bool{true, false} {
+		victim := ""
+		for _, n := range v.nodes() {
+			if n != v.Node && n != leader {
+				victim = n
+				break
+			}
 		}
-	}
-	c.procs[victim].cmd.Process.Signal(syscall.SIGKILL)
-	<-c.procs[victim].exited
-	delete(c.procs, victim)
-	killed := time.Now()
-	eventually(t, 60*time.Second, victim+"'s replica replaced on "+pin, func() error {
-		v = replaceVolumeJSON{}
-		lp.must(t, "GET", "/v1/volumes/m", "", 200, &v)
-		if !slices.Contains(v.nodes(), victim) && slices.Contains(v.nodes(), pin) && len(v.Replicas) == 3 {
+		c.procs[victim].cmd.Process.Signal(syscall.SIGKILL)
+		<-c.procs[victim].exited
+		delete(c.procs, victim)
+		killed := time.Now()
+		if manual {
+			lp.must(t, "POST", "/v1/volumes/m/replicas/replace", `{"node": "`+victim+`"}`, 202, &v)
+		}
+		to := ""
+		eventually(t, 60*time.Second, victim+"'s replica replaced", func() error {
+			v = replaceVolumeJSON{}
+			lp.must(t, "GET", "/v1/volumes/m", "", 200, &v)
+			for _, r := range v.Replicas {
+				if r.Replaces == victim {
+					to = r.Node
+				}
+			}
+			if slices.Contains(v.nodes(), victim) || len(v.Replicas) != 3 {
+				return fmt.Errorf("replicas %+v", v.Replicas)
+			}
 			for _, r := range v.Replicas {
 				if r.State != "in-sync" {
 					return fmt.Errorf("replicas %+v", v.Replicas)
 				}
 			}
 			return nil
+		})
+		t.Logf("manual %v: %v from the kill to the replacement on %s in sync", manual, time.Since(killed).Round(100*time.Millisecond), to)
+		if to == "" || to == victim {
+			t.Fatalf("never saw the replacement of %s", victim)
 		}
-		return fmt.Errorf("replicas %+v", v.Replicas)
-	})
-	t.Logf("%v from the kill to the replacement in sync", time.Since(killed).Round(100*time.Millisecond))
-	if out := lp.output(); !regexp.MustCompile(`msg="automatic replacement started" .*volume=m node=` + victim + ` to=` + pin + ` down=`).MatchString(out) {
-		t.Errorf("the leader did not log the automatic replacement:\n%s", out)
+		if auto := regexp.MustCompile(`msg="automatic replacement started" .*volume=m node=` + victim + ` to=` + to + ` down=`).MatchString(lp.output()); auto == manual {
+			t.Errorf("manual %v: the leader logged an automatic replacement: %v", manual, auto)
+		}
+		kept := regexp.MustCompile(`msg="replaced replica's store volume kept on its node \(not served, not counted\): it did not delete it" .*volume=m node=` + victim)
+		eventually(t, 10*time.Second, "the dead node's copy logged as kept", func() error {
+			if kept.MatchString(lp.output()) {
+				return nil
+			}
+			return errors.New("not logged")
+		})
 	}
-	kept := regexp.MustCompile(`msg="replaced replica's store volume kept on its node \(not served, not counted\): it did not delete it" .*volume=m node=` + victim)
-	eventually(t, 10*time.Second, "the dead node's copy logged as kept", func() error {
-		if kept.MatchString(lp.output()) {
-			return nil
-		}
-		return errors.New("not logged")
-	})
 	time.Sleep(300 * time.Millisecond)
 	stopWriters()
 
