@@ -71,6 +71,11 @@ type Replica struct {
 	Since  int64  `json:"since"` // Unix nanoseconds: when it entered State
 	// Primary: the copy hosts do I/O to (on Volume.Node).
 	Primary bool `json:"primary,omitempty"`
+	// ReplacedBy: this copy is leaving, replaced by the one on that node
+	// (volume replace-replica, volume move); it is removed once that one
+	// is in sync. Replaces: this copy replaces the one on that node.
+	ReplacedBy string `json:"replaced_by,omitempty"`
+	Replaces   string `json:"replaces,omitempty"`
 	// Rebuild: a rebuild's progress, given by the volume's primary only
 	// (GET /v1/volumes/{name} answered by that node) while it copies.
 	Rebuild *RebuildProgress `json:"rebuild,omitempty"`
@@ -83,6 +88,18 @@ type Replica struct {
 type RebuildProgress struct {
 	DoneBytes  uint64 `json:"done_bytes"`
 	TotalBytes uint64 `json:"total_bytes"`
+}
+
+// ReplaceReplicaRequest is POST /v1/volumes/{name}/replicas/replace:
+// replace the volume's replica on Node (volume replace-replica: its node
+// is gone; volume move: drain it) with a new one on To, or where
+// placement says (outside the other replicas' zones) when To is empty.
+// The new replica is copied in full while hosts write; the old one is
+// removed once the new one is in sync, after a planned handover when it
+// is the primary's. Answered 202 with the volume: the copy goes on.
+type ReplaceReplicaRequest struct {
+	Node string `json:"node"`
+	To   string `json:"to,omitempty"`
 }
 
 // VolumeList is GET /v1/volumes.

@@ -388,6 +388,31 @@ func (r *Reconciler) unserveReplica(id uint64) error {
 	return nil
 }
 
+// DropRemoved deletes this node's copy of v, a replica the registry no
+// longer places here (the end of a replacement or a move: the replica
+// that replaced it holds the data): its subsystems, then its store
+// volume. Refused while the registry places a replica of v here, or for
+// another volume ID.
+func (r *Reconciler) DropRemoved(v meta.Volume, id uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, holds := v.Replica(r.node); holds || v.ID != id {
+		return fmt.Errorf("%w: volume %q (ID %d): node %s holds a replica of it, or it is not volume %d", ErrInvalid, v.Name, v.ID, r.node, id)
+	}
+	if err := r.tgt.Unserve(v.NQN); err != nil {
+		return fmt.Errorf("remove subsystem %s: %w", v.NQN, err)
+	}
+	if err := r.unserveReplica(v.ID); err != nil {
+		return err
+	}
+	if err := r.store.Delete(v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("delete store volume %d: %w", v.ID, err)
+	}
+	delete(r.vols, v.ID)
+	r.log.Info("store volume of a removed replica deleted", "id", v.ID, "volume", v.Name)
+	return nil
+}
+
 // Forget drops the local record of a volume the registry no longer has,
 // removing its subsystem if it is still served. Its store data is kept:
 // the registry purges a volume only after its owner deleted it, so data

@@ -218,30 +218,45 @@ func (m *Manager) AddReplica(ctx context.Context, volume, node string) (meta.Vol
 	if err := m.requireFeature(ctx, meta.FeatureReplication); err != nil {
 		return meta.Volume{}, err
 	}
+	return m.addReplica(ctx, volume, node, func(v meta.Volume) (meta.PlaceRequest, error) {
+		return meta.PlaceRequest{Replicas: 1, SizeBytes: v.SizeBytes, Taken: replicaNodes(v)}, nil
+	}, func(node string) meta.Command {
+		return meta.AddReplica{Volume: volume, Node: node, At: m.Now().UnixNano()}
+	})
+}
+
+// addReplica is AddReplica and ReplaceReplica: node, or where placement
+// says for req(volume), gets the replica cmd(node) adds (given the
+// volume's replica secret when it has none yet), and its store volume.
+func (m *Manager) addReplica(ctx context.Context, volume, node string, req func(meta.Volume) (meta.PlaceRequest, error), cmd func(node string) meta.Command) (meta.Volume, error) {
 	defer m.lock(volume)()
 	v, err := m.reg.Volume(ctx, volume)
+	if err != nil {
+		return meta.Volume{}, err
+	}
+	pr, err := req(v)
 	if err != nil {
 		return meta.Volume{}, err
 	}
 	m.placeMu.Lock()
 	if node == "" {
 		var nodes []string
-		nodes, err = m.placeAnswering(ctx, meta.PlaceRequest{Replicas: 1, SizeBytes: v.SizeBytes, Taken: replicaNodes(v)})
+		nodes, err = m.placeAnswering(ctx, pr)
 		if err == nil {
 			node = nodes[0]
 		}
 	}
 	var res meta.Result
 	if err == nil {
-		add := meta.AddReplica{Volume: volume, Node: node, At: m.Now().UnixNano()}
+		c := cmd(node)
 		if v.ReplicaSecret == nil {
 			var rs meta.HostSecret
 			if rs, err = NewReplicaSecret(); err == nil {
-				add.ReplicaSecret = &rs
+				c = withReplicaSecret(c, &rs)
 			}
 		}
 		if err == nil {
-			res, err = m.reg.Apply(ctx, add)
+			res, err = m.reg.Apply(ctx, c)
 		}
 	}
 	m.placeMu.Unlock()
@@ -261,6 +276,19 @@ func (m *Manager) AddReplica(ctx context.Context, volume, node string) (meta.Vol
 	return v, nil
 }
 
+// withReplicaSecret sets c's replica secret (AddReplica, ReplaceReplica).
+func withReplicaSecret(c meta.Command, rs *meta.HostSecret) meta.Command {
+	switch c := c.(type) {
+	case meta.AddReplica:
+		c.ReplicaSecret = rs
+		return c
+	case meta.ReplaceReplica:
+		c.ReplicaSecret = rs
+		return c
+	}
+	return c
+}
+
 // RemoveReplica drops volume's replica on node (never the primary's:
 // SetPrimary first), and logs it. The removed replica's store volume is
 // kept on its node (reported there as not the registry's); deleting it
@@ -269,14 +297,22 @@ func (m *Manager) RemoveReplica(ctx context.Context, volume, node string) (meta.
 	if err := m.requireFeature(ctx, meta.FeatureReplication); err != nil {
 		return meta.Volume{}, err
 	}
+	v, _, err := m.removeReplica(ctx, volume, node, false)
+	return v, err
+}
+
+// removeReplica is RemoveReplica; replaced: the end of a replacement
+// (meta.RemoveReplica.Replaced). It returns the registry index of the
+// removal too.
+func (m *Manager) removeReplica(ctx context.Context, volume, node string, replaced bool) (meta.Volume, uint64, error) {
 	defer m.lock(volume)()
 	before, err := m.reg.Volume(ctx, volume)
 	if err != nil {
-		return meta.Volume{}, err
+		return meta.Volume{}, 0, err
 	}
-	res, err := m.reg.Apply(ctx, meta.RemoveReplica{Volume: volume, Node: node})
+	res, err := m.reg.Apply(ctx, meta.RemoveReplica{Volume: volume, Node: node, Replaced: replaced})
 	if err != nil {
-		return meta.Volume{}, err
+		return meta.Volume{}, 0, err
 	}
 	r, _ := before.Replica(node)
 	m.logReplica(*res.Volume, node, r.State, "", "removed")
@@ -286,7 +322,14 @@ func (m *Manager) RemoveReplica(ctx context.Context, volume, node string) (meta.
 	if _, err := m.owners.Reconcile(ctx, node, volume, res.Index); err != nil {
 		m.logger().Warn("replica removed: its node did not answer", "volume", volume, "node", node, "err", err)
 	}
-	return *res.Volume, nil
+	// The primary stops writing to it (its write set is the registry's
+	// replicas); one that does not answer does at its next settle round.
+	if p := res.Volume.Node; p != node {
+		if _, err := m.owners.Reconcile(ctx, p, volume, res.Index); err != nil {
+			m.logger().Warn("replica removed: the primary did not answer", "volume", volume, "node", p, "err", err)
+		}
+	}
+	return *res.Volume, res.Index, nil
 }
 
 // replicaNodes are the nodes of v's replicas, in placement order.

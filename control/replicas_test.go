@@ -49,7 +49,7 @@ func (c *replicaCluster) register(t *testing.T, id, zone string, replication boo
 	t.Helper()
 	var features []string
 	if replication {
-		features = []string{meta.FeatureReplication}
+		features = []string{meta.FeatureReplication, meta.FeatureReplace}
 	}
 	if _, err := c.reg.Apply(context.Background(), meta.RegisterNode{ID: id, TCPAddr: id + ":4420", MgmtAddr: id + ":7070", Zone: zone, Features: features}); err != nil {
 		t.Fatal(err)

@@ -34,6 +34,8 @@ const (
 	OpSetPrimary      Op = 16
 	OpAddReplica      Op = 17
 	OpRemoveReplica   Op = 18
+	// Replace and move (docs/replication.md §6).
+	OpReplaceReplica Op = 19
 )
 
 var opNames = map[Op]string{
@@ -46,6 +48,7 @@ var opNames = map[Op]string{
 	OpSetClusterID:    "set-cluster-id",
 	OpSetReplicaState: "set-replica-state", OpSetPrimary: "set-primary",
 	OpAddReplica: "add-replica", OpRemoveReplica: "remove-replica",
+	OpReplaceReplica: "replace-replica",
 }
 
 func (o Op) String() string {
@@ -98,6 +101,11 @@ type RegisterNode struct {
 // (SetReplicaState, SetPrimary, AddReplica, RemoveReplica) and
 // CreateVolume's Replicas, and keeps secondary replicas in its store.
 const FeatureReplication = "replication"
+
+// FeatureReplace: the node applies ReplaceReplica and keeps
+// Replica.ReplacedBy (volume replace-replica and move). A binary without
+// it would apply the other replica commands but not this one.
+const FeatureReplace = "replace"
 
 // SetNodeState moves a node to State.
 type SetNodeState struct {
@@ -256,6 +264,38 @@ type AddReplica struct {
 type RemoveReplica struct {
 	Volume string `json:"volume"`
 	Node   string `json:"node"`
+	// Replaced: the end of a replacement (ReplaceReplica), refused
+	// unless Node's replica is being replaced and its replacement is in
+	// sync, so that the in-sync count never drops below what it was
+	// before the replacement (the leader's check and this command are
+	// not atomic: the replacement may fall out of sync in between).
+	// Sent only with FeatureReplace.
+	Replaced bool `json:"replaced,omitempty"`
+}
+
+// ReplaceReplica starts replacing the replica on Node with a new one on
+// New (volume replace-replica, volume move): the new replica is inserted
+// right after Node's (it takes its place in placement order once Node's
+// is removed: the first is the primary failback returns to), out of
+// sync, to be copied in full, and Node's is marked ReplacedBy New.
+// The leader removes Node's replica (after a planned handover when it is
+// the primary's) once New's is in sync, so the volume never has fewer
+// in-sync replicas than before. New must be up, hold no replica of the
+// volume, share no zone with a replica other than Node's (Node's zone is
+// allowed: it is leaving), and have the capacity. When Node's replica is
+// itself the replacement of another (its node failed during the copy),
+// it is dropped and the other's replacement becomes New.
+type ReplaceReplica struct {
+	Volume string `json:"volume"`
+	Node   string `json:"node"`
+	New    string `json:"new"`
+	// Reason is the new replica's (shown in volume show); "": "replacing
+	// the replica on Node".
+	Reason string `json:"reason,omitempty"`
+	At     int64  `json:"at"`
+	// ReplicaSecret is the volume's replica key pair, recorded when the
+	// volume has none yet; ignored otherwise.
+	ReplicaSecret *HostSecret `json:"replica_secret,omitempty"`
 }
 
 func (RegisterNode) Op() Op    { return OpRegisterNode }
@@ -276,6 +316,7 @@ func (SetReplicaState) Op() Op { return OpSetReplicaState }
 func (SetPrimary) Op() Op      { return OpSetPrimary }
 func (AddReplica) Op() Op      { return OpAddReplica }
 func (RemoveReplica) Op() Op   { return OpRemoveReplica }
+func (ReplaceReplica) Op() Op  { return OpReplaceReplica }
 
 // SetClusterID names the cluster the registry belongs to, once: the first
 // leader of a new cluster applies it. A node whose data directory belongs
@@ -353,6 +394,8 @@ func DecodeCommand(b []byte) (Command, error) {
 		c = new(AddReplica)
 	case OpRemoveReplica:
 		c = new(RemoveReplica)
+	case OpReplaceReplica:
+		c = new(ReplaceReplica)
 	default:
 		return nil, fmt.Errorf("meta: unknown op %d: %w", b[1], ErrBadCommand)
 	}
@@ -400,6 +443,8 @@ func deref(c Command) Command {
 	case *AddReplica:
 		return *c
 	case *RemoveReplica:
+		return *c
+	case *ReplaceReplica:
 		return *c
 	}
 	return c

@@ -36,7 +36,11 @@ func (c *inmemCluster) heal() {
 func fuzzReplicaCommand(rng *rand.Rand, volume string, epochs map[string]uint64, at int64) Command {
 	node := []string{"s2", "s3", "s4"}[rng.IntN(3)]
 	epoch := max(epochs[volume], 1)
-	switch rng.IntN(4) {
+	switch rng.IntN(6) {
+	case 4:
+		return ReplaceReplica{Volume: volume, Node: node, New: []string{"s1", "s5"}[rng.IntN(2)], At: at}
+	case 5:
+		return RemoveReplica{Volume: volume, Node: []string{"s1", "s2", "s3", "s4", "s5"}[rng.IntN(5)], Replaced: rng.IntN(2) == 0}
 	case 0:
 		return SetPrimary{Volume: volume, Epoch: epoch, Node: node, Failover: rng.IntN(2) == 0, At: at}
 	case 1:
@@ -70,7 +74,7 @@ func TestClusterFuzzy(t *testing.T) {
 	}
 	c.apply(RegisterNode{ID: "s1", TargetAddr: "a:1", MgmtAddr: "a:2", Zone: "z1"})
 	// Storage nodes for replicated volumes, one zone each.
-	for _, id := range []string{"s2", "s3", "s4"} {
+	for _, id := range []string{"s2", "s3", "s4", "s5"} {
 		c.apply(RegisterNode{ID: id, TCPAddr: id + ":1", MgmtAddr: id + ":2", Zone: "z" + id, Features: []string{FeatureReplication}})
 	}
 	epochs := map[string]uint64{} // volume → highest acknowledged epoch

@@ -48,6 +48,10 @@ type Replica struct {
 	// Full: the next rebuild copies every allocated extent (the primary
 	// has no record of which writes the replica missed).
 	Full bool `json:"full_copy,omitempty"`
+	// ReplacedBy names the node of the replica that replaces this one
+	// (ReplaceReplica): this one is leaving, and is removed once that
+	// one is in sync. "": none.
+	ReplacedBy string `json:"replaced_by,omitempty"`
 }
 
 // ReplicaSet returns the volume's replicas in placement order. A volume
@@ -256,38 +260,58 @@ func (s *State) setPrimary(c SetPrimary) Result {
 	return Result{Volume: &cp}
 }
 
+// checkNewReplica checks that node may take a new replica of v: known,
+// up, holding none, in no zone of another replica but those of leaving
+// (replicas on their way out: their zone is free for their replacement),
+// with the capacity, and v at most MaxReplicas with it once drop
+// replicas are dropped.
+func (s *State) checkNewReplica(v *Volume, node string, drop int, leaving ...string) error {
+	n, err := s.node(node)
+	if err != nil {
+		return err
+	}
+	// The existing replicas' nodes may have gone down since: only the
+	// new one must be up, and no node or zone may repeat.
+	if n.State != NodeUp {
+		return fmt.Errorf("meta: volume %q: node %q is %v: %w", v.Name, node, n.State, ErrNodeNotUp)
+	}
+	set := v.ReplicaSet()
+	if len(set)+1-drop > MaxReplicas {
+		return fmt.Errorf("meta: volume %q: %d replicas, at most %d: %w", v.Name, len(set), MaxReplicas, ErrLimit)
+	}
+	for _, r := range set {
+		if r.Node == node {
+			return fmt.Errorf("meta: volume %q: node %q holds a replica already: %w", v.Name, node, ErrInvalid)
+		}
+		if slices.Contains(leaving, r.Node) {
+			continue
+		}
+		if o, ok := s.nodes[r.Node]; ok && zoneOf(o) == zoneOf(n) {
+			return fmt.Errorf("meta: volume %q: node %q is in zone %q with replica node %q: replicas need distinct zones: %w", v.Name, node, n.Zone, r.Node, ErrInvalid)
+		}
+	}
+	if free := s.free(n); free < v.SizeBytes {
+		return fmt.Errorf("meta: volume %q of %d bytes: node %q may be promised %d more bytes: %w", v.Name, v.SizeBytes, node, free, ErrNoCapacity)
+	}
+	return nil
+}
+
+// setReplicaSecret records secret (checked) as v's replica key pair
+// when v has none.
+func setReplicaSecret(v *Volume, secret *HostSecret) {
+	if v.ReplicaSecret == nil && secret != nil {
+		rs := *secret
+		v.ReplicaSecret = &rs
+	}
+}
+
 func (s *State) addReplica(c AddReplica) Result {
 	v, err := s.replicaVolume(c.Volume, 0, false)
 	if err != nil {
 		return Result{Err: err}
 	}
-	set := v.ReplicaSet()
-	nodes := make([]string, 0, len(set)+1)
-	for _, r := range set {
-		nodes = append(nodes, r.Node)
-	}
-	// The existing replicas' nodes may have gone down since: only the
-	// new one must be up, and no node or zone may repeat.
-	n, err := s.node(c.Node)
-	if err != nil {
+	if err := s.checkNewReplica(v, c.Node, 0); err != nil {
 		return Result{Err: err}
-	}
-	if n.State != NodeUp {
-		return Result{Err: fmt.Errorf("meta: volume %q: node %q is %v: %w", c.Volume, c.Node, n.State, ErrNodeNotUp)}
-	}
-	if len(nodes) >= MaxReplicas {
-		return Result{Err: fmt.Errorf("meta: volume %q: %d replicas, at most %d: %w", c.Volume, len(nodes), MaxReplicas, ErrLimit)}
-	}
-	for _, id := range nodes {
-		if id == c.Node {
-			return Result{Err: fmt.Errorf("meta: volume %q: node %q holds a replica already: %w", c.Volume, c.Node, ErrInvalid)}
-		}
-		if o, ok := s.nodes[id]; ok && zoneOf(o) == zoneOf(n) {
-			return Result{Err: fmt.Errorf("meta: volume %q: node %q is in zone %q with replica node %q: replicas need distinct zones: %w", c.Volume, c.Node, n.Zone, id, ErrInvalid)}
-		}
-	}
-	if free := s.free(n); free < v.SizeBytes {
-		return Result{Err: fmt.Errorf("meta: volume %q of %d bytes: node %q may be promised %d more bytes: %w", c.Volume, v.SizeBytes, c.Node, free, ErrNoCapacity)}
 	}
 	if v.ReplicaSecret == nil {
 		if err := checkReplicaSecret(c.Volume, c.ReplicaSecret); err != nil {
@@ -295,11 +319,79 @@ func (s *State) addReplica(c AddReplica) Result {
 		}
 	}
 	v.explicit(c.Node)
-	if v.ReplicaSecret == nil && c.ReplicaSecret != nil {
-		rs := *c.ReplicaSecret
-		v.ReplicaSecret = &rs
-	}
+	setReplicaSecret(v, c.ReplicaSecret)
 	v.Replicas = append(v.Replicas, Replica{Node: c.Node, State: ReplicaOutOfSync, Reason: "new replica", Since: c.At, Full: true})
+	cp := v.clone()
+	return Result{Volume: &cp}
+}
+
+// replaceReplica starts replacing c.Node's replica with one on c.New
+// (see ReplaceReplica).
+func (s *State) replaceReplica(c ReplaceReplica) Result {
+	v, err := s.replicaVolume(c.Volume, 0, false)
+	if err != nil {
+		return Result{Err: err}
+	}
+	if err := checkReason(c.Volume, c.Reason); err != nil {
+		return Result{Err: err}
+	}
+	old, ok := v.Replica(c.Node)
+	if !ok {
+		return Result{Err: fmt.Errorf("meta: volume %q has no replica on node %q: %w", c.Volume, c.Node, ErrUnknownNode)}
+	}
+	if old.ReplacedBy != "" {
+		return Result{Err: fmt.Errorf("meta: volume %q: the replica on %q is being replaced by one on %q already: %w", c.Volume, c.Node, old.ReplacedBy, ErrInvalid)}
+	}
+	// The replica on c.Node may be the unfinished replacement of another
+	// (its node failed during the copy): that one's replacement moves
+	// to c.New, and c.Node's is dropped.
+	origin := ""
+	for _, r := range v.Replicas {
+		if r.ReplacedBy == c.Node {
+			origin = r.Node
+		}
+	}
+	drop := 0
+	if origin != "" {
+		drop = 1
+	}
+	// Only the zones of the replica replaced (and of the replacement
+	// dropped) are free: another replacement may yet be cancelled.
+	if err := s.checkNewReplica(v, c.New, drop, c.Node, origin); err != nil {
+		return Result{Err: err}
+	}
+	if origin != "" && c.Node == v.Node {
+		// Unreachable: a replacement becomes primary only once in sync,
+		// and then its origin is removed in the same round; refused so
+		// that the primary is never dropped.
+		return Result{Err: fmt.Errorf("meta: volume %q: the replica on %q is the primary's and the replacement of %q's: %w", c.Volume, c.Node, origin, ErrInvalid)}
+	}
+	if v.ReplicaSecret == nil {
+		if err := checkReplicaSecret(c.Volume, c.ReplicaSecret); err != nil {
+			return Result{Err: err}
+		}
+	}
+	i := v.explicit(c.Node)
+	setReplicaSecret(v, c.ReplicaSecret)
+	reason := c.Reason
+	if reason == "" {
+		reason = "replacing the replica on " + c.Node
+	}
+	// The new replica comes right after the one it replaces, so that it
+	// takes that one's place in placement order once it is removed (the
+	// first replica is the primary failback returns to).
+	nr := Replica{Node: c.New, State: ReplicaOutOfSync, Reason: reason, Since: c.At, Full: true}
+	if origin != "" {
+		o := slices.IndexFunc(v.Replicas, func(r Replica) bool { return r.Node == origin })
+		v.Replicas[o].ReplacedBy = c.New
+		if c.Reason == "" {
+			nr.Reason = "replacing the replica on " + origin
+		}
+		v.Replicas[i] = nr
+	} else {
+		v.Replicas[i].ReplacedBy = c.New
+		v.Replicas = slices.Insert(v.Replicas, i+1, nr)
+	}
 	cp := v.clone()
 	return Result{Volume: &cp}
 }
@@ -315,6 +407,10 @@ func (s *State) removeReplica(c RemoveReplica) Result {
 		return Result{Err: fmt.Errorf("meta: volume %q has no replica on node %q: %w", c.Volume, c.Node, ErrUnknownNode)}
 	case c.Node == v.Node:
 		return Result{Err: fmt.Errorf("meta: volume %q: the replica on %q is the primary's: change the primary first: %w", c.Volume, c.Node, ErrInvalid)}
+	case c.Replaced && r.ReplacedBy == "":
+		return Result{Err: fmt.Errorf("meta: volume %q: the replica on %q is not being replaced: %w", c.Volume, c.Node, ErrBadTransition)}
+	case c.Replaced && !replacementInSync(v, r):
+		return Result{Err: fmt.Errorf("meta: volume %q: the replica on %q replacing the one on %q is not in sync: %w", c.Volume, r.ReplacedBy, c.Node, ErrBadTransition)}
 	case r.State == ReplicaInSync && len(v.InSync()) < 2:
 		// Unreachable while the primary's replica is in sync; kept so
 		// the invariant does not rest on one other check.
@@ -322,8 +418,20 @@ func (s *State) removeReplica(c RemoveReplica) Result {
 	}
 	i := v.explicit(c.Node)
 	v.Replicas = slices.Delete(v.Replicas, i, i+1)
+	// Removing a replacement cancels it: the replica it replaced stays.
+	for j := range v.Replicas {
+		if v.Replicas[j].ReplacedBy == c.Node {
+			v.Replicas[j].ReplacedBy = ""
+		}
+	}
 	cp := v.clone()
 	return Result{Volume: &cp}
+}
+
+// replacementInSync says whether the replica replacing r is in sync.
+func replacementInSync(v *Volume, r Replica) bool {
+	n, ok := v.Replica(r.ReplacedBy)
+	return ok && n.State == ReplicaInSync
 }
 
 // checkReplicas checks the replica invariants of a volume loaded from a
@@ -344,6 +452,9 @@ func (s *State) checkReplicas(v *Volume) error {
 		}
 		if slices.ContainsFunc(v.Replicas[:i], func(o Replica) bool { return o.Node == r.Node }) {
 			return fmt.Errorf("two replicas on %q", r.Node)
+		}
+		if r.ReplacedBy != "" && (r.ReplacedBy == r.Node || !slices.ContainsFunc(v.Replicas, func(o Replica) bool { return o.Node == r.ReplacedBy })) {
+			return fmt.Errorf("replica %q replaced by %q, which holds none", r.Node, r.ReplacedBy)
 		}
 		if r.Node == v.Node {
 			if r.State != ReplicaInSync {

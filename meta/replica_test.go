@@ -49,7 +49,14 @@ func replicaInvariants(s *State, v *Volume) error {
 		if !ok {
 			return fmt.Errorf("replica on unknown node %q", r.Node)
 		}
-		if o, dup := zones[zoneOf(n)]; dup {
+		if r.ReplacedBy != "" && !slices.ContainsFunc(set, func(o Replica) bool { return o.Node == r.ReplacedBy && o.Node != r.Node }) {
+			return fmt.Errorf("replica %q replaced by %q, which holds none", r.Node, r.ReplacedBy)
+		}
+		if slices.ContainsFunc(set[:i], func(o Replica) bool { return o.ReplacedBy != "" && o.ReplacedBy == r.ReplacedBy }) {
+			return fmt.Errorf("two replicas replaced by %q", r.ReplacedBy)
+		}
+		// A leaving replica's zone is its replacement's to share.
+		if o, dup := zones[zoneOf(n)]; dup && !replacedBy(set, o, r.Node) && !replacedBy(set, r.Node, o) {
 			return fmt.Errorf("replicas on %q and %q share zone %q", o, r.Node, zoneOf(n))
 		}
 		zones[zoneOf(n)] = r.Node
@@ -61,6 +68,12 @@ func replicaInvariants(s *State, v *Volume) error {
 		return fmt.Errorf("InSync() = %v, %d in sync, primary %q", got, inSync, v.Node)
 	}
 	return nil
+}
+
+// replacedBy says whether set's replica on node is being replaced by
+// the one on by.
+func replacedBy(set []Replica, node, by string) bool {
+	return slices.ContainsFunc(set, func(r Replica) bool { return r.Node == node && r.ReplacedBy == by })
 }
 
 // replicaBase: nodes a (zone za), b (zb), c (zc), d (za), e (ze, down),

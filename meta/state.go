@@ -392,6 +392,8 @@ func (s *State) Apply(index uint64, c Command) Result {
 		r = s.addReplica(c)
 	case RemoveReplica:
 		r = s.removeReplica(c)
+	case ReplaceReplica:
+		r = s.replaceReplica(c)
 	default:
 		r = Result{Err: fmt.Errorf("meta: command %T: %w", c, ErrBadCommand)}
 	}

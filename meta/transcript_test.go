@@ -164,6 +164,9 @@ func describeVolume(v Volume) string {
 			if r.Reason != "" {
 				d += fmt.Sprintf("(%s)", r.Reason)
 			}
+			if r.ReplacedBy != "" {
+				d += "(replaced-by " + r.ReplacedBy + ")"
+			}
 			rs = append(rs, d)
 		}
 		s += fmt.Sprintf(" epoch=%d want=%d replicas=%s", v.Epoch, v.Want, strings.Join(rs, ","))

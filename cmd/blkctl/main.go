@@ -386,6 +386,19 @@ func volumeCommand() *cli.Command {
 				Action: volumeVerify,
 			},
 			{
+				Name: "replace-replica", Usage: "replace a volume's replica on a node (typically one gone for good) with a new one, copied in full while hosts write; the old one is removed once the new one is in sync", UsageText: "blkctl volume replace-replica NAME NODEID [--to NODEID]",
+				Flags:  []cli.Flag{&cli.StringFlag{Name: "to", Usage: "put the new replica on this node (`NODEID`); default: where placement says, outside the zones of the volume's other replicas"}},
+				Action: volumeReplaceReplica,
+			},
+			{
+				Name: "move", Usage: "move a volume's replica from a node to another online (drain a node): the new one is copied while hosts write, takes over as primary if the old one was, then the old one is removed", UsageText: "blkctl volume move NAME --from NODEID [--to NODEID]",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "from", Usage: "the node (`NODEID`) whose replica moves"},
+					&cli.StringFlag{Name: "to", Usage: "the node (`NODEID`) to move it to; default: where placement says, outside the zones of the volume's other replicas"},
+				},
+				Action: volumeMove,
+			},
+			{
 				Name: "delete", Usage: "delete a volume", UsageText: "blkctl volume delete NAME [--force] [--legacy-name]",
 				Flags: []cli.Flag{
 					&cli.BoolFlag{Name: "force", Usage: "delete even while hosts are attached (drops their connections)"},
@@ -588,6 +601,9 @@ func replicaRows(v volume) [][2]string {
 		if r.Reason != "" {
 			line += ": " + r.Reason
 		}
+		if r.ReplacedBy != "" {
+			line += "; leaving, replaced by " + r.ReplacedBy
+		}
 		if rb := r.Rebuild; rb != nil && rb.TotalBytes > 0 {
 			line += fmt.Sprintf(" (copied %d%%: %s of %s)", rb.DoneBytes*100/rb.TotalBytes, api.HumanSize(rb.DoneBytes), api.HumanSize(rb.TotalBytes))
 		}
@@ -684,6 +700,66 @@ func firstOffset(ms []api.VerifyMismatch, node string) uint64 {
 		}
 	}
 	return 0
+}
+
+// volumeReplaceReplica is volume replace-replica NAME NODEID [--to].
+func volumeReplaceReplica(c *cli.Context) error {
+	a, err := args(c, "name", "nodeid")
+	if err != nil {
+		return err
+	}
+	return replaceReplica(c, a[0], a[1], c.String("to"), "replacing")
+}
+
+// volumeMove is volume move NAME --from NODEID [--to].
+func volumeMove(c *cli.Context) error {
+	a, err := args(c, "name")
+	if err != nil {
+		return err
+	}
+	if c.String("from") == "" {
+		return usageErrorf("%s: missing --from NODEID, the node whose replica moves (usage: %s)", c.Command.FullName(), c.Command.UsageText)
+	}
+	return replaceReplica(c, a[0], c.String("from"), c.String("to"), "moving")
+}
+
+// replaceReplica asks POST /v1/volumes/{name}/replicas/replace and says
+// where the new replica goes and how to follow it.
+func replaceReplica(c *cli.Context, name, node, to, verb string) error {
+	for _, n := range []string{node, to} {
+		if n != "" {
+			if err := api.CheckName("NODEID", n); err != nil {
+				return usageErrorf("%s: %v", c.Command.FullName(), err)
+			}
+		}
+	}
+	if to == node {
+		return usageErrorf("%s: --to %s is the node the replica leaves: give another, or none to let placement choose", c.Command.FullName(), to)
+	}
+	e, err := newEnv(c)
+	if err != nil {
+		return err
+	}
+	var v volume
+	err = e.api.do("POST", volPath(name)+"/replicas/replace", api.ReplaceReplicaRequest{Node: node, To: to}, &v)
+	var ae *apiError
+	if errors.As(err, &ae) && ae.notFoundRoute() {
+		return fmt.Errorf("this blkd (%s) cannot replace replicas: upgrade every node to a blkd with POST /v1/volumes/{name}/replicas/replace", e.api.base)
+	}
+	if err != nil {
+		return hint(err, name, "")
+	}
+	if e.json {
+		return e.printJSON(v)
+	}
+	for _, r := range v.Replicas {
+		if r.Node == node && r.ReplacedBy != "" {
+			fmt.Fprintf(e.stdout, "%s the replica of volume %s on %s: a new one on %s is copied in full; the old one is removed once it is in sync (blkctl volume show %s)\n", verb, v.Name, node, r.ReplacedBy, v.Name)
+			return nil
+		}
+	}
+	fmt.Fprintf(e.stdout, "%s the replica of volume %s on %s (blkctl volume show %s)\n", verb, v.Name, node, v.Name)
+	return nil
 }
 
 func volumeResize(c *cli.Context) error {

@@ -143,6 +143,7 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("POST /v1/volumes/{name}/detach", w(d.detach))
 	m.Handle("POST /v1/volumes/{name}/resize", w(d.resizeVolume))
 	m.Handle("POST /v1/volumes/{name}/verify", w(d.verifyVolume))
+	m.Handle("POST /v1/volumes/{name}/replicas/replace", w(d.replaceReplica))
 	// The leader asks a volume's owner to reconcile it (owner.go).
 	m.Handle("POST /v1/internal/reconcile", handler(d.internalReconcile))
 	m.Handle("GET /v1/internal/health", handler(d.health))
@@ -152,6 +153,8 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("POST /v1/internal/lease", w(d.internalLease))
 	// The leader's volume verify asks each replica's node (verify.go).
 	m.Handle("POST /v1/internal/checksum", handler(d.internalChecksum))
+	// The leader has a replaced replica's node delete its copy (replace.go).
+	m.Handle("POST /v1/internal/drop", handler(d.internalDrop))
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
 	m.Handle("POST /v1/cluster/join", w(d.clusterJoin))
 	m.Handle("POST /v1/cluster/remove", w(d.clusterRemove))
@@ -162,6 +165,7 @@ func (d *Daemon) routes() http.Handler {
 		"/v1/volumes/{name}/hosts": "POST, DELETE", "/v1/volumes/{name}/hosts/{nqn}": "DELETE",
 		"/v1/volumes/{name}/attach": "POST", "/v1/volumes/{name}/detach": "POST",
 		"/v1/volumes/{name}/resize": "POST", "/v1/internal/reconcile": "POST", "/v1/internal/health": "GET", "/v1/internal/replica": "POST", "/v1/internal/lease": "POST", "/v1/internal/checksum": "POST", "/v1/volumes/{name}/verify": "POST",
+		"/v1/volumes/{name}/replicas/replace": "POST", "/v1/internal/drop": "POST",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
 	} {
 		m.Handle(path, handler(func(w http.ResponseWriter, r *http.Request) error {
@@ -272,8 +276,15 @@ func decode(r *http.Request, v any) error {
 // registry's state stays online: hosts are served).
 func replicaView(v meta.Volume, a *api.Volume) {
 	a.Epoch, a.WantReplicas = v.CurrentEpoch(), v.WantReplicas()
+	replaces := map[string]string{}
 	for _, r := range v.ReplicaSet() {
-		a.Replicas = append(a.Replicas, api.Replica{Node: r.Node, State: string(r.State), Reason: r.Reason, Since: r.Since, Primary: r.Node == v.Node})
+		if r.ReplacedBy != "" {
+			replaces[r.ReplacedBy] = r.Node
+		}
+	}
+	for _, r := range v.ReplicaSet() {
+		a.Replicas = append(a.Replicas, api.Replica{Node: r.Node, State: string(r.State), Reason: r.Reason, Since: r.Since, Primary: r.Node == v.Node,
+			ReplacedBy: r.ReplacedBy, Replaces: replaces[r.Node]})
 	}
 	if k, n := len(v.InSync()), v.WantReplicas(); k < n && a.State == api.StateOnline && a.Reason == "" {
 		a.Reason = fmt.Sprintf("degraded: %d/%d in sync", k, n)

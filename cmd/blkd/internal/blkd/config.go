@@ -137,6 +137,15 @@ type Config struct {
 	// volumes back and forth. A Go duration; zero: DefaultFailbackAfter;
 	// negative: never (an operator moves primaries).
 	FailbackAfter Duration `json:"failback_after,omitempty"`
+	// ReplaceAfter is how long a node must have been down (as the
+	// leader sees it: counted from the first round this leader saw it
+	// down, so a change of leader starts the count again) before the
+	// leader replaces, by itself, the secondary replicas it holds with
+	// new ones where placement finds room (a full copy each). Longer than
+	// a reboot: a node that returns in time rebuilds only what it missed.
+	// A Go duration; zero: DefaultReplaceAfter; negative: never (an
+	// operator runs blkctl volume replace-replica).
+	ReplaceAfter Duration `json:"replace_after,omitempty"`
 	// DHCHAPDHGroups are the DH-HMAC-CHAP groups the target accepts from
 	// hosts that must authenticate, in its order of preference ("ffdhe2048",
 	// ..., "null"). Empty: every group, any before none. A Linux host
@@ -206,6 +215,10 @@ const (
 	DefaultDetachAfter = 15 * time.Minute
 	// DefaultFailbackAfter: five minutes in sync (docs/replication.md §4).
 	DefaultFailbackAfter = 5 * time.Minute
+	// DefaultReplaceAfter: ten minutes down, as Ceph's
+	// mon_osd_down_out_interval and Longhorn's
+	// replica-replenishment-wait-interval (docs/replication.md §6).
+	DefaultReplaceAfter = 10 * time.Minute
 )
 
 // ErrConfig is wrapped by every configuration error.
@@ -233,6 +246,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.FailbackAfter == 0 {
 		c.FailbackAfter = Duration(DefaultFailbackAfter)
+	}
+	if c.ReplaceAfter == 0 {
+		c.ReplaceAfter = Duration(DefaultReplaceAfter)
 	}
 	if c.DetachAfter == 0 {
 		c.DetachAfter = Duration(DefaultDetachAfter)

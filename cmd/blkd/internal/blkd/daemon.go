@@ -94,6 +94,7 @@ type Daemon struct {
 	failMu     sync.Mutex
 	failing    map[string]bool
 	failWarned map[string]bool
+	replacer   replacer // the leader's automatic replacements (replace.go)
 
 	// mu serializes attach and detach, and shutdown waits on it.
 	mu sync.Mutex

@@ -104,6 +104,7 @@ func (d *Daemon) livenessLoop(stop <-chan struct{}) {
 			}
 		}
 		d.failoverRound()
+		d.replaceRound()
 	}
 }
 

@@ -35,6 +35,10 @@ const (
 	rebuildPoll = time.Second
 	// rebuildBackoff: the pause after a failed rebuild of a replica.
 	rebuildBackoff = 5 * time.Second
+	// rebuildConnectWait bounds a rebuild's connection to its replica
+	// (a replica's node comes up, or its failure is retried after
+	// rebuildBackoff).
+	rebuildConnectWait = 5 * time.Second
 	// rebuildRegion: the copier's window (repl.DefaultRegionBytes; the
 	// store reads at most its MaxTransferBytes, 1 MiB by default, at once).
 	rebuildRegion = 256 << 10
@@ -82,6 +86,9 @@ func (d *Daemon) rebuildLoop(ctx context.Context, pl *primaryLeg, id uint64, nam
 			for _, r := range v.ReplicaSet() {
 				if r.Node == d.cfg.NodeID || busy[r.Node] || (r.State != meta.ReplicaOutOfSync && r.State != meta.ReplicaRebuilding) {
 					continue
+				}
+				if r.ReplacedBy != "" {
+					continue // leaving: its replacement is the one to copy (replace.go)
 				}
 				if n, up := s.Node(r.Node); !up || n.State != meta.NodeUp {
 					continue
@@ -137,7 +144,13 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	if err != nil {
 		return err
 	}
-	c, err := d.connectLeg(ctx, v, epoch, node)
+	// A replica that does not answer within rebuildConnectWait is tried
+	// again after rebuildBackoff: until then the loop copies no other
+	// replica of the volume (a node killed a moment ago is still up in
+	// the registry, and its replacement waits behind it).
+	cctx, ccancel := context.WithTimeout(ctx, rebuildConnectWait)
+	c, err := d.connectLeg(cctx, v, epoch, node)
+	ccancel()
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}

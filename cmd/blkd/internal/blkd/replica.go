@@ -571,6 +571,7 @@ func (d *Daemon) refreshPrimaryLeg(v meta.Volume) {
 	if pl == nil {
 		return
 	}
+	d.dropRemovedPeers(pl, v) // replace.go
 	// A replica the backend counts in sync while v does not: v is older
 	// than the rebuild's commit (rebuild.go), not a loss.
 	inSync := map[string]bool{}

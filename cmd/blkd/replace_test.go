@@ -1,0 +1,408 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
+)
+
+// replaceReplicaJSON is one replica with the replacement's fields.
+type replaceReplicaJSON struct {
+	replicaJSON
+	ReplacedBy string `json:"replaced_by"`
+	Replaces   string `json:"replaces"`
+}
+
+type replaceVolumeJSON struct {
+	volumeJSON
+	Epoch    uint64               `json:"epoch"`
+	Replicas []replaceReplicaJSON `json:"replicas"`
+}
+
+func (v replaceVolumeJSON) nodes() []string {
+	var out []string
+	for _, r := range v.Replicas {
+		out = append(out, r.Node)
+	}
+	return out
+}
+
+// multipathHost is a host connected to a volume through several nodes'
+// paths, as Linux native multipath is: a write goes to the path that
+// served last, and on a path error (or a lost connection, or a path
+// whose controller is gone) to the next, until one completes it; an
+// error with DNR from a live path is the write's. Paths may be added while it writes (a new
+// replica's node, found through discovery).
+type multipathHost struct {
+	mu    sync.Mutex
+	paths map[string]*initiator.Namespace
+	order []string
+	pref  string
+	ctrls []*initiator.Controller
+}
+
+func (h *multipathHost) add(id string, ctrl *initiator.Controller) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.paths[id] = ctrl.Namespace(1)
+	h.order = append(h.order, id)
+	h.ctrls = append(h.ctrls, ctrl)
+	if h.pref == "" {
+		h.pref = id
+	}
+}
+
+func (h *multipathHost) close() {
+	for _, c := range h.ctrls {
+		c.Close()
+	}
+}
+
+// write writes buf at byte off through the first path that completes it
+// within within; it returns the path that did.
+func (h *multipathHost) write(buf []byte, off int64, within time.Duration) (string, error) {
+	deadline := time.Now().Add(within)
+	var last error
+	for time.Now().Before(deadline) {
+		h.mu.Lock()
+		order := append([]string{h.pref}, h.order...)
+		paths := maps(h.paths)
+		h.mu.Unlock()
+		for i, id := range order {
+			if i > 0 && id == order[0] {
+				continue
+			}
+			if _, err := paths[id].WriteAt(buf, off); err != nil {
+				last = fmt.Errorf("%s: %w", id, err)
+				if errors.Is(err, initiator.ErrControllerLost) || errors.Is(err, initiator.ErrNamespaceRemoved) {
+					// The path is gone (a node that no longer holds
+					// the volume refuses the reconnect): multipath
+					// drops it and goes on with the others.
+					continue
+				}
+				var se *initiator.StatusError
+				if errors.As(err, &se) && se.Status.DNR() {
+					return "", last
+				}
+				continue
+			}
+			h.mu.Lock()
+			h.pref = id
+			h.mu.Unlock()
+			return id, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return "", fmt.Errorf("no path served a write at byte %d within %v (last: %w)", off, within, last)
+}
+
+func maps(m map[string]*initiator.Namespace) map[string]*initiator.Namespace {
+	out := make(map[string]*initiator.Namespace, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// TestReplaceAndMove (docs/replication.md §6; issue 23's e2e scenario 4
+// with blk's initiator as the host): five blkd processes in five zones,
+// a 3-replica volume, a host connected to every replica node's path and
+// writing all along. (1) volume move of the primary: placement puts the
+// new replica in a free zone, it is copied in full while the host
+// writes, the host connects its path, the leader hands the volume over
+// and removes the old one, whose node deletes its copy; no write fails.
+// (2) A secondary's node killed and never restarted, replaced at once
+// with replace-replica; (3) another, replaced by the leader itself after
+// --replace-after 3s (a node up outside the set each time; the dead
+// node's copy is left to it, logged). The replica set ends as three in
+// sync, volume verify is clean, and every store of the set holds what
+// the host wrote.
+func TestReplaceAndMove(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 31))
+
+	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}, common: []string{"--replace-after", "3s"}}
+	ids := []string{"node1", "node2", "node3", "node4", "node5"}
+	for _, id := range ids {
+		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
+	}
+	c.start("node1", "--zone", "z1")
+	for i, id := range ids[1:] {
+		c.start(id, "--join", c.nodes["node1"].api, "--zone", fmt.Sprintf("z%d", i+2))
+	}
+	leader := c.settled(nil)
+	lp := c.procs[leader]
+	pin := ids[0]
+	if pin == leader {
+		pin = ids[1]
+	}
+	var v replaceVolumeJSON
+	lp.must(t, "POST", "/v1/volumes", `{"name": "m", "size": "16MiB", "replicas": 3, "node": "`+pin+`"}`, 201, &v)
+	lp.must(t, "POST", "/v1/volumes/m/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	var a attachJSON
+	lp.must(t, "POST", "/v1/volumes/m/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	var cl struct {
+		Members []struct {
+			ID      string `json:"id"`
+			TCPAddr string `json:"tcp_addr"`
+		} `json:"members"`
+	}
+	lp.must(t, "GET", "/v1/cluster", "", 200, &cl)
+	tcpAddrs := map[string]string{}
+	for _, m := range cl.Members {
+		tcpAddrs[m.ID] = m.TCPAddr
+	}
+	pathConfig := initiator.Config{Transport: initiator.TransportTCP, HostNQN: hostNQN, Queues: 2,
+		IOTimeout: 2 * time.Second, KATO: 2 * time.Second, CtrlLossTimeout: 3 * time.Second, ReconnectDelay: 500 * time.Millisecond,
+		ConnectTimeout: 2 * time.Second}
+	host := &multipathHost{paths: map[string]*initiator.Namespace{}}
+	defer host.close()
+	connect := func(id string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ctrl, err := initiator.Connect(ctx, pathConfig, tcpAddrs[id], a.SubsystemNQN)
+		if err != nil {
+			return err
+		}
+		if ctrl.Namespace(1) == nil {
+			ctrl.Close()
+			return fmt.Errorf("%s's path has no namespace 1", id)
+		}
+		host.add(id, ctrl)
+		return nil
+	}
+	host.pref = v.Node
+	for _, id := range v.nodes() {
+		if err := connect(id); err != nil {
+			t.Fatalf("connect to %s: %v", id, err)
+		}
+	}
+	outside := ""
+	for _, id := range ids {
+		if !slices.Contains(v.nodes(), id) {
+			outside = id
+		}
+	}
+
+	const bs, blocks = 4096, 16 << 20 / 4096
+	const quarter = blocks / 4
+	var modelMu sync.Mutex
+	model := make([]byte, blocks*bs)
+	var writes atomic.Int64
+	randWrite := func(r *rand.Rand, q int) error {
+		n := 1 + r.IntN(16)
+		lba := q*quarter + r.IntN(quarter-n+1)
+		buf := make([]byte, n*bs)
+		for i := range buf {
+			buf[i] = byte(r.Uint32())
+		}
+		if _, err := host.write(buf, int64(lba*bs), 30*time.Second); err != nil {
+			return err
+		}
+		modelMu.Lock()
+		copy(model[lba*bs:], buf)
+		modelMu.Unlock()
+		writes.Add(1)
+		return nil
+	}
+	for i := range 200 {
+		if err := randWrite(rng, i%4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Four writers, one per quarter of the volume (so the model's order
+	// per block is the host's).
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	var werr atomic.Value // the first write error, for the waits below
+	for w := range 4 {
+		wg.Add(1)
+		r := rand.New(rand.NewPCG(uint64(seed), uint64(100+w)))
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if err := randWrite(r, w); err != nil {
+					werr.CompareAndSwap(nil, err)
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	stopWriters := func() {
+		t.Helper()
+		close(done)
+		wg.Wait()
+		close(errc)
+		if err := <-errc; err != nil {
+			t.Fatalf("a host write failed: %v", err)
+		}
+	}
+	defer func() {
+		select {
+		case <-done:
+		default:
+			close(done)
+			wg.Wait()
+		}
+	}()
+
+	// Refusals: a body without "node", a node holding no replica, the
+	// new node already holding one.
+	for _, bad := range []struct {
+		body string
+		code int
+		msg  string
+	}{
+		{`{}`, 400, `missing "node"`},
+		{`{"node": "` + outside + `"}`, 404, "no replica on node"},
+		{`{"node": "` + pin + `", "to": "` + v.nodes()[1] + `"}`, 400, "holds a replica already"},
+		{`{"node": "` + pin + `", "to": "` + pin + `"}`, 400, "replaced by itself"},
+	} {
+		if code, msg := lp.call(t, "POST", "/v1/volumes/m/replicas/replace", bad.body, nil); code != bad.code || !strings.Contains(msg, bad.msg) {
+			t.Errorf("replace %s: %d %s, want %d %q", bad.body, code, msg, bad.code, bad.msg)
+		}
+	}
+
+	// (1) Move the primary where placement says (one of the two free
+	// zones).
+	before := writes.Load()
+	lp.must(t, "POST", "/v1/volumes/m/replicas/replace", `{"node": "`+pin+`"}`, 202, &v)
+	free := v.Replicas[slices.Index(v.nodes(), pin)].ReplacedBy
+	if free == "" || slices.Index(v.nodes(), free) != slices.Index(v.nodes(), pin)+1 {
+		t.Fatalf("after the move's start: %+v", v.Replicas)
+	}
+	// The host finds the new path (discovery lists it once the node
+	// serves the volume) and connects it.
+	eventually(t, 30*time.Second, "the host connected to "+free, func() error { return connect(free) })
+	eventually(t, 60*time.Second, "the volume moved to "+free, func() error {
+		v = replaceVolumeJSON{}
+		lp.must(t, "GET", "/v1/volumes/m", "", 200, &v)
+		if v.Node == free && !slices.Contains(v.nodes(), pin) && len(v.Replicas) == 3 {
+			return nil
+		}
+		return fmt.Errorf("primary %s, replicas %+v", v.Node, v.Replicas)
+	})
+	if v.Epoch != 2 || v.Replicas[0].Node != free {
+		t.Errorf("after the move: epoch %d, replicas %+v (want epoch 2, %s first)", v.Epoch, v.Replicas, free)
+	}
+	eventually(t, 10*time.Second, pin+" deleted its copy", func() error {
+		if strings.Contains(c.procs[pin].output(), `msg="store volume of a removed replica deleted"`) {
+			return nil
+		}
+		return errors.New("not logged")
+	})
+	moved := writes.Load()
+	eventually(t, 30*time.Second, "writes through "+free, func() error {
+		if err := werr.Load(); err != nil {
+			t.Fatalf("a host write failed: %v", err)
+		}
+		if writes.Load() > moved+50 {
+			return nil
+		}
+		return fmt.Errorf("%d writes since the move", writes.Load()-moved)
+	})
+	if writes.Load() == before {
+		t.Fatal("no write completed during the move")
+	}
+
+	// (2) and (3): kill a secondary that does not lead the registry and
+	// never restart it; (2) replace it at once with replace-replica, (3)
+	// let --replace-after replace it. Each time the new replica goes to
+	// a node up outside the set, copied while the host writes; the dead
+	// node's copy is logged as kept.
+	for _, manual := range []bool{true, false} {
+		victim := ""
+		for _, n := range v.nodes() {
+			if n != v.Node && n != leader {
+				victim = n
+				break
+			}
+		}
+		c.procs[victim].cmd.Process.Signal(syscall.SIGKILL)
+		<-c.procs[victim].exited
+		delete(c.procs, victim)
+		killed := time.Now()
+		if manual {
+			lp.must(t, "POST", "/v1/volumes/m/replicas/replace", `{"node": "`+victim+`"}`, 202, &v)
+		}
+		to := ""
+		eventually(t, 60*time.Second, victim+"'s replica replaced", func() error {
+			v = replaceVolumeJSON{}
+			lp.must(t, "GET", "/v1/volumes/m", "", 200, &v)
+			for _, r := range v.Replicas {
+				if r.Replaces == victim {
+					to = r.Node
+				}
+			}
+			if slices.Contains(v.nodes(), victim) || len(v.Replicas) != 3 {
+				return fmt.Errorf("replicas %+v", v.Replicas)
+			}
+			for _, r := range v.Replicas {
+				if r.State != "in-sync" {
+					return fmt.Errorf("replicas %+v", v.Replicas)
+				}
+			}
+			return nil
+		})
+		t.Logf("manual %v: %v from the kill to the replacement on %s in sync", manual, time.Since(killed).Round(100*time.Millisecond), to)
+		if to == "" || to == victim {
+			t.Fatalf("never saw the replacement of %s", victim)
+		}
+		if auto := regexp.MustCompile(`msg="automatic replacement started" .*volume=m node=` + victim + ` to=` + to + ` down=`).MatchString(lp.output()); auto == manual {
+			t.Errorf("manual %v: the leader logged an automatic replacement: %v", manual, auto)
+		}
+		kept := regexp.MustCompile(`msg="replaced replica's store volume kept on its node \(not served, not counted\): it did not delete it" .*volume=m node=` + victim)
+		eventually(t, 10*time.Second, "the dead node's copy logged as kept", func() error {
+			if kept.MatchString(lp.output()) {
+				return nil
+			}
+			return errors.New("not logged")
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	stopWriters()
+
+	var res verifyJSON
+	lp.must(t, "POST", "/v1/volumes/m/verify", "", 200, &res)
+	if len(res.Compared) != 3 || len(res.Mismatches) != 0 {
+		t.Fatalf("verify after the move and the replacement: %+v", res)
+	}
+	got := make([]byte, len(model))
+	for off := 0; off < len(got); off += 64 << 10 {
+		if _, err := host.paths[v.Node].ReadAt(got[off:off+64<<10], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if i := firstDiff(got, model); i >= 0 {
+		t.Fatalf("the primary %s reads other bytes than the host wrote, first at block %d", v.Node, i/bs)
+	}
+	final := v.nodes()
+	host.close()
+	host.ctrls = nil
+	c.stopAll(syscall.SIGTERM)
+	for _, id := range final {
+		if err := storeEquals(filepath.Join(c.nodes[id].dir, "volumes"), v.ID, model); err != nil {
+			t.Errorf("replica on %s: %v", id, err)
+		}
+	}
+}
