@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -45,8 +46,13 @@ type replicatedVolume struct {
 //     inaccessible, and what it had taken from the host lands nowhere:
 //     fio verifies, and once it is rebuilt the three replicas are equal.
 //
+//  3. a secondary's node is killed for good under fio and a fourth node
+//     joins: volume replace-replica makes a new replica there by a full
+//     copy while the host writes; once it is in sync the dead one is
+//     removed, and volume verify compares the three.
+//
 // At the end the host reads back through the last primary everything
-// fio wrote before, across both failovers.
+// fio wrote before, across both failovers and the replacement.
 func TestClusterFailover(t *testing.T) {
 	s := newScenario(t)
 	port := ports(24900)
@@ -218,9 +224,56 @@ func TestClusterFailover(t *testing.T) {
 	s.mark("switched-2")
 	inSync(2)
 	s.mark("rebuilt-2")
+
+	// Scenario 4: a secondary's node killed for good while fio runs; a
+	// fourth node (zone z4) joins, and volume replace-replica makes a new
+	// replica there by a full copy while the host writes; the dead one is
+	// removed once the new one is in sync.
+	n4 := &node{name: "node4", api: addr(port()), raft: addr(port()), nvmePort: port(), tcpPort: port(), zone: "z4"}
+	n4.d = s.startDaemon(n4.name, n4.api, "--node-id", n4.name, "--raft-addr", n4.raft, "--nvme-addr", addr(n4.nvmePort),
+		"--tcp-addr", addr(n4.tcpPort), "--advertise-addr", "10.0.2.2", "--zone", n4.zone, "--join", api())
+	nodes[n4.name] = n4
+	order = append(order, n4.name)
+	s.waitMark("fio-running-3", g, 6*time.Minute)
+	lead := s.waitLeader(api(), 30*time.Second, order...)
+	var dead *node
+	for _, id := range order[:3] {
+		if id != p3.name && id != lead {
+			dead = nodes[id]
+			break
+		}
+	}
+	dead.d.kill()
+	stopped = dead
+	lost := time.Now()
+	t.Logf("step 3: %s killed for good (primary %s, leader %s)", dead.name, p3.name, lead)
+	s.blkctl(api(), nil, "volume", "replace-replica", "fvol", dead.name)
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		rv := show(api())
+		ok := len(rv.Replicas) == 3
+		for _, r := range rv.Replicas {
+			ok = ok && r.State == "in-sync" && r.Node != dead.name
+		}
+		if ok {
+			t.Logf("step 3: replaced %v after the kill: %+v", time.Since(lost).Round(time.Millisecond), rv.Replicas)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("step 3: %s's replica not replaced: %+v", dead.name, rv.Replicas)
+		}
+	}
+	var res struct {
+		Compared   []string `json:"compared"`
+		Mismatches []any    `json:"mismatches"`
+	}
+	s.blkctl(api(), &res, "volume", "verify", "fvol")
+	if len(res.Compared) != 3 || !slices.Contains(res.Compared, n4.name) || len(res.Mismatches) != 0 {
+		t.Errorf("step 3: volume verify after the replacement: %+v", res)
+	}
+	s.mark("switched-3")
 	s.wait(g)
 
-	for _, f := range []string{"fio-before.json", "fio-kill.json", "fio-stop.json", "fio-after.json"} {
+	for _, f := range []string{"fio-before.json", "fio-kill.json", "fio-stop.json", "fio-replace.json", "fio-after.json"} {
 		s.fioResult(f)
 	}
 	for _, f := range []struct{ name, optimized string }{

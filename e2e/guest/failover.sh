@@ -123,13 +123,19 @@ wait_file /share/rebuilt-2 300
 wait_optimized "$(optimized_port)" 60
 paths paths-after-stop.txt
 
+# A secondary's node killed for good and its replica replaced elsewhere
+# (the test marks switched-3 once the new one is in sync): its path stays
+# (reconnecting), the others serve.
+during 3 replace 72M
+
 log "after both failovers: every job's data and the pattern read back"
 fiojob before 0 8M --verify_only=1 || fail "fio before: data lost"
 fiojob kill 16M 24M --verify_only=1 || fail "fio kill: data lost"
 fiojob stop 48M 24M --verify_only=1 || fail "fio stop: data lost"
+fiojob replace 72M 24M --verify_only=1 || fail "fio replace: data lost"
 dd if="$dev" of=/tmp/back bs=1M skip=100 count=4 iflag=direct 2>/dev/null || fail "reading the pattern back"
 cmp /share/pattern.bin /tmp/back || fail "the pattern differs"
-fiojob after 80M 8M || fail "fio after"
+fiojob after 120M 8M || fail "fio after"
 no_io_errors
 nvme disconnect -n "$NQN" >/dev/null || fail "nvme disconnect"
 log "passed"
