@@ -104,7 +104,7 @@ sn=${second#node}
 rebuilt() {
 	local mode=$1 before=$2
 	for _ in $(seq 3000); do
-		line=$(grep -h 'msg="rebuild done"' "$scratch"/node1.log.* | grep "mode=$mode" | sed -n "$((before + 1))p")
+		line=$( (grep -h 'msg="rebuild done"' "$scratch"/node1.log.* || true) | (grep "mode=$mode" || true) | sed -n "$((before + 1))p")
 		if [[ -n $line ]]; then
 			b=$(sed -n 's/.* copied_bytes=\([0-9]*\).*/\1/p' <<<"$line")
 			t=$(sed -n 's/.* took=\([0-9.]*[a-zµ]*\).*/\1/p' <<<"$line")
@@ -116,7 +116,7 @@ rebuilt() {
 	done
 	die "no $mode rebuild done within 600 s"
 }
-count() { grep -h 'msg="rebuild done"' "$scratch"/node1.log.* | grep -c "mode=$1" || true; }
+count() { (grep -h 'msg="rebuild done"' "$scratch"/node1.log.* || true) | grep -c "mode=$1" || true; }
 
 say "full: $second killed, node1 restarted, $second started"
 stop "$sn" KILL
