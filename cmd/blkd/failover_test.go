@@ -169,36 +169,7 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 	}
 
 	var writes atomic.Int64
-	writers := func(base uint64) (stop func() error) {
-		done := make(chan struct{})
-		var wg sync.WaitGroup
-		errc := make(chan error, 4)
-		for w := range 4 {
-			wg.Add(1)
-			r := rand.New(rand.NewPCG(uint64(seed), base+uint64(w)))
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-done:
-						return
-					default:
-					}
-					if err := randWrite(r, w); err != nil {
-						errc <- err
-						return
-					}
-					writes.Add(1)
-				}
-			}()
-		}
-		return func() error {
-			close(done)
-			wg.Wait()
-			close(errc)
-			return <-errc
-		}
-	}
+	writers := func(base uint64) (stop func() error) { return runWriters(4, seed, base, &writes, randWrite) }
 
 	stop := writers(0)
 	time.Sleep(300 * time.Millisecond) // writes in flight on the primary

@@ -88,35 +88,11 @@ func TestReplicationIncremental(t *testing.T) {
 	// writers: two writers of 1..8 blocks, each in its own 2 MiB of the
 	// first 4 MiB, until stop, which returns the first error.
 	writers := func(base uint64) (stop func() error) {
-		done := make(chan struct{})
-		errc := make(chan error, 2)
-		var wg sync.WaitGroup
-		for w := range 2 {
-			r := rand.New(rand.NewPCG(uint64(seed), base+uint64(w)))
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-done:
-						return
-					default:
-					}
-					n := 1 + r.IntN(8)
-					blk := w*512 + r.IntN(512-n+1)
-					if err := writeAt(blk*4096, random(r, n*4096)); err != nil {
-						errc <- err
-						return
-					}
-				}
-			}()
-		}
-		return func() error {
-			close(done)
-			wg.Wait()
-			close(errc)
-			return <-errc
-		}
+		return runWriters(2, seed, base, nil, func(r *rand.Rand, w int) error {
+			n := 1 + r.IntN(8)
+			blk := w*512 + r.IntN(512-n+1)
+			return writeAt(blk*4096, random(r, n*4096))
+		})
 	}
 
 	stop := writers(10)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -196,36 +195,7 @@ func testReplication(t *testing.T, killLeader bool) {
 	// writers runs four writers, one per quarter, each seeded from base,
 	// until the returned stop, which gives the first write error.
 	var writes atomic.Int64
-	writers := func(base uint64) (stop func() error) {
-		done := make(chan struct{})
-		var wg sync.WaitGroup
-		errc := make(chan error, 4)
-		for w := range 4 {
-			wg.Add(1)
-			r := rand.New(rand.NewPCG(uint64(seed), base+uint64(w)))
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-done:
-						return
-					default:
-					}
-					if err := write(r, w); err != nil {
-						errc <- err
-						return
-					}
-					writes.Add(1)
-				}
-			}()
-		}
-		return func() error {
-			close(done)
-			wg.Wait()
-			close(errc)
-			return <-errc
-		}
-	}
+	writers := func(base uint64) (stop func() error) { return runWriters(4, seed, base, &writes, write) }
 
 	// Kill a secondary while the host writes: no write fails.
 	stop := writers(0)
