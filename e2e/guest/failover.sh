@@ -19,23 +19,12 @@ nvme discover -t tcp -a 10.0.2.2 -s "$DISC" --hostnqn "$HOSTNQN" -o json >/share
 nvme connect-all -t tcp -a 10.0.2.2 -s "$DISC" --hostnqn "$HOSTNQN" \
 	--reconnect-delay=2 --ctrl-loss-tmo=-1 || fail "nvme connect-all"
 
-ctrls() {
-	for c in /sys/class/nvme/nvme*; do
-		[ -e "$c/subsysnqn" ] && grep -qx "$NQN" "$c/subsysnqn" && basename "$c"
-	done
-	true
-}
 n=0
 until [ "$(ctrls | wc -l)" -eq 3 ]; do
 	n=$((n + 1))
 	[ $n -le 300 ] || fail "not three controllers of $NQN after 30 s: $(ctrls | tr '\n' ' ')"
 	sleep 0.1
 done
-ctrl_of() {
-	for c in $(ctrls); do
-		case ",$(cat /sys/class/nvme/$c/address)," in *",trsvcid=$1,"*) echo "$c" ;; esac
-	done
-}
 subs=
 for s in /sys/class/nvme-subsystem/nvme-subsys*; do
 	grep -qx "$NQN" "$s/subsysnqn" && subs="$subs $(basename "$s")"
@@ -47,11 +36,6 @@ heads=$(cd /sys/class/nvme-subsystem/$1 && ls -d nvme*n* 2>/dev/null | grep -v c
 dev=/dev/$heads
 wait_dev "$dev" 30
 
-path_state() {
-	for p in /sys/class/nvme/$1/nvme*c*n1; do
-		cat "$p/ana_state" 2>/dev/null
-	done
-}
 # paths FILE: each path's controller, port, CNTLID, state and ANA state.
 paths() {
 	for p in $PORTS; do

@@ -22,25 +22,12 @@ nvme discover -t tcp -a 10.0.2.2 -s "$PORTA" --hostnqn "$HOSTNQN" --hostid "$HOS
 nvme connect-all -t tcp -a 10.0.2.2 -s "$PORTA" --hostnqn "$HOSTNQN" --hostid "$HOSTID" \
 	--reconnect-delay=1 --ctrl-loss-tmo=60 || fail "nvme connect-all"
 
-# ctrls: the controllers of $NQN.
-ctrls() {
-	for c in /sys/class/nvme/nvme*; do
-		[ -e "$c/subsysnqn" ] && grep -qx "$NQN" "$c/subsysnqn" && basename "$c"
-	done
-	true
-}
 n=0
 until [ "$(ctrls | wc -l)" -eq 2 ]; do
 	n=$((n + 1))
 	[ $n -le 300 ] || fail "not two controllers of $NQN after 30 s: $(ctrls | tr '\n' ' ')"
 	sleep 0.1
 done
-# ctrl_of PORT: the controller connected to PORT.
-ctrl_of() {
-	for c in $(ctrls); do
-		case ",$(cat /sys/class/nvme/$c/address)," in *",trsvcid=$1,"*) echo "$c" ;; esac
-	done
-}
 ca=$(ctrl_of "$PORTA")
 cb=$(ctrl_of "$PORTB")
 [ -n "$ca" ] && [ -n "$cb" ] || fail "controllers of path A ($ca) and B ($cb) not found"
@@ -61,12 +48,6 @@ heads=$(cd /sys/class/nvme-subsystem/$sub && ls -d nvme*n* 2>/dev/null | grep -v
 dev=/dev/$heads
 wait_dev "$dev" 30
 
-# path_state CTRL: the ANA state of CTRL's path to the namespace.
-path_state() {
-	for p in /sys/class/nvme/$1/nvme*c*n1; do
-		cat "$p/ana_state" 2>/dev/null
-	done
-}
 # wait_states A B SECONDS: until path A's state is A and B's is B.
 wait_states() {
 	n=0

@@ -182,3 +182,23 @@ ride_restart() {
 	dd if="$rdev" of=/tmp/after bs=1M skip=100 count=8 iflag=direct 2>/dev/null || fail "read after restart"
 	cmp /tmp/pat /tmp/after || fail "flushed pattern differs after the restart"
 }
+
+# Multipath (NQN from env.sh). ctrls: the controllers of subsystem $NQN;
+# ctrl_of PORT: the one connected to PORT; path_state CTRL: the ANA state
+# of CTRL's path to namespace 1.
+ctrls() {
+	for c in /sys/class/nvme/nvme*; do
+		[ -e "$c/subsysnqn" ] && grep -qx "$NQN" "$c/subsysnqn" && basename "$c"
+	done
+	true
+}
+ctrl_of() {
+	for c in $(ctrls); do
+		case ",$(cat /sys/class/nvme/$c/address)," in *",trsvcid=$1,"*) echo "$c" ;; esac
+	done
+}
+path_state() {
+	for p in /sys/class/nvme/$1/nvme*c*n1; do
+		cat "$p/ana_state" 2>/dev/null
+	done
+}
