@@ -42,19 +42,11 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 29))
 
-	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}, common: []string{"--failback-after", "3s"}}
+	common := []string{"--failback-after", "3s"}
 	if sig == syscall.SIGSTOP {
-		c.common = nil // the default, 5 minutes: no failback here
+		common = nil // the default, 5 minutes: no failback here
 	}
-	ids := []string{"node1", "node2", "node3"}
-	zones := map[string]string{"node1": "z1", "node2": "z2", "node3": "z3"}
-	for _, id := range ids {
-		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
-	}
-	c.start("node1", "--zone", "z1")
-	c.start("node2", "--join", c.nodes["node1"].api, "--zone", "z2")
-	c.start("node3", "--join", c.nodes["node1"].api, "--zone", "z3")
-	leader := c.settled(nil)
+	c, ids, leader := startZoned(t, 3, common...)
 	lp := c.procs[leader]
 	// The primary does not lead the registry: the failover needs no
 	// election (TestClusterLeaderLoss in e2e covers a lost leader).
@@ -256,7 +248,7 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 
 	// The old primary, back (restarted, or resumed), is rebuilt in sync.
 	if sig == syscall.SIGKILL {
-		c.start(primary, "--zone", zones[primary])
+		c.start(primary, "--zone", zoneOf(primary))
 		// The host's path to it was given up: connect it again, at the
 		// address it registered now.
 		old := tcpAddrs[primary]

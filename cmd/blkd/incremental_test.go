@@ -25,16 +25,7 @@ func TestReplicationIncremental(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 7))
 
-	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}}
-	ids := []string{"node1", "node2", "node3"}
-	zones := map[string]string{"node1": "z1", "node2": "z2", "node3": "z3"}
-	for _, id := range ids {
-		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
-	}
-	c.start("node1", "--zone", "z1")
-	c.start("node2", "--join", c.nodes["node1"].api, "--zone", "z2")
-	c.start("node3", "--join", c.nodes["node1"].api, "--zone", "z3")
-	leader := c.settled(nil)
+	c, ids, leader := startZoned(t, 3)
 	lp := c.procs[leader]
 	// The primary and the victim are the two nodes that do not lead the
 	// registry: the loss is recorded without an election.
@@ -124,7 +115,7 @@ func TestReplicationIncremental(t *testing.T) {
 	}
 	t.Logf("%s missed %v bytes of dirty regions", victim, dirty)
 
-	c.start(victim, "--zone", zones[victim])
+	c.start(victim, "--zone", zoneOf(victim))
 	stop = writers(20)
 	eventually(t, 40*time.Second, victim+" rebuilt in sync", func() error {
 		v = replicatedJSON{}

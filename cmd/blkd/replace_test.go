@@ -134,16 +134,7 @@ func TestReplaceAndMove(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 31))
 
-	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}, common: []string{"--replace-after", "3s"}}
-	ids := []string{"node1", "node2", "node3", "node4", "node5"}
-	for _, id := range ids {
-		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
-	}
-	c.start("node1", "--zone", "z1")
-	for i, id := range ids[1:] {
-		c.start(id, "--join", c.nodes["node1"].api, "--zone", fmt.Sprintf("z%d", i+2))
-	}
-	leader := c.settled(nil)
+	c, ids, leader := startZoned(t, 5, "--replace-after", "3s")
 	lp := c.procs[leader]
 	pin := ids[0]
 	if pin == leader {

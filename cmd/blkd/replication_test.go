@@ -74,15 +74,7 @@ func testReplication(t *testing.T, killLeader bool) {
 
 	// A rebuild of the 16 MiB volume takes 16 s at least: the restarted
 	// victim is compared by verify before it is in sync again.
-	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}, common: []string{"--rebuild-rate", "1048576"}}
-	ids := []string{"node1", "node2", "node3"}
-	for _, id := range ids {
-		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
-	}
-	c.start("node1", "--zone", "z1")
-	c.start("node2", "--join", c.nodes["node1"].api, "--zone", "z2")
-	c.start("node3", "--join", c.nodes["node1"].api, "--zone", "z3")
-	leader := c.settled(nil)
+	c, ids, leader := startZoned(t, 3, "--rebuild-rate", "1048576")
 	lp := c.procs[leader]
 	// The primary is a node that does not lead the registry: it outlives
 	// the victim either way.
@@ -277,7 +269,7 @@ func testReplication(t *testing.T, killLeader bool) {
 	// (1 MiB/s, LBA order: the last region is copied ~15 s after the
 	// restart): it still differs where it missed writes, as
 	// a replica not in sync, which blkctl reports without failing.
-	c.start(victim, "--zone", map[string]string{"node1": "z1", "node2": "z2", "node3": "z3"}[victim])
+	c.start(victim, "--zone", zoneOf(victim))
 	eventually(t, 30*time.Second, "verify compares "+victim, func() error {
 		if res = verify(); len(res.Compared) != 3 {
 			return fmt.Errorf("%+v", res)
