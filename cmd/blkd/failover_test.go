@@ -72,25 +72,13 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 		} `json:"members"`
 	}
 	lp.must(t, "GET", "/v1/cluster", "", 200, &cl)
-	// A path whose node is gone is given up after 3 s (I/O waits for a
-	// reconnect until then); the test's writes then go to the others.
-	pathConfig := initiator.Config{Transport: initiator.TransportTCP, HostNQN: hostNQN, Queues: 2,
-		IOTimeout: 2 * time.Second, KATO: 2 * time.Second, CtrlLossTimeout: 3 * time.Second, ReconnectDelay: 500 * time.Millisecond,
-		ConnectTimeout: 2 * time.Second}
-	paths := map[string]*initiator.Namespace{}
+	host := &multipathHost{}
+	defer host.close()
 	tcpAddrs := map[string]string{}
 	for _, m := range cl.Members {
 		tcpAddrs[m.ID] = m.TCPAddr
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		ctrl, err := initiator.Connect(ctx, pathConfig, m.TCPAddr, a.SubsystemNQN)
-		cancel()
-		if err != nil {
-			t.Fatalf("connect to %s's path %s: %v", m.ID, m.TCPAddr, err)
-		}
-		defer ctrl.Close()
-		paths[m.ID] = ctrl.Namespace(1)
-		if paths[m.ID] == nil {
-			t.Fatalf("%s's path has no namespace 1", m.ID)
+		if err := host.connect(m.ID, m.TCPAddr, a.SubsystemNQN); err != nil {
+			t.Fatal(err)
 		}
 	}
 
@@ -101,42 +89,20 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 	var servedMu sync.Mutex
 	served := map[string]int{}
 	lastServed := map[string]time.Time{}
-	// write writes buf at lba through the first path that completes it,
-	// trying every path until within passes (a multipath host's queueing
-	// while no path serves); an error without DNR (a path status; a
-	// command aborted as its controller is torn down in a planned
-	// handover, which Linux retries) or a lost connection moves to the
-	// next path. An error with DNR is returned.
-	var pref atomic.Value // the path that served last, tried first
-	pref.Store(ids[0])
+	// write writes buf at lba as a multipath host does (multipathHost):
+	// every path tried until within passes, a path error or a command
+	// aborted by a planned handover's teardown (no DNR, which Linux
+	// retries) moving on to the next.
 	write := func(buf []byte, lba int, within time.Duration) error {
-		deadline := time.Now().Add(within)
-		var last error
-		for time.Now().Before(deadline) {
-			first := pref.Load().(string)
-			order := append([]string{first}, ids...)
-			for i, id := range order {
-				if i > 0 && id == first {
-					continue
-				}
-				_, err := paths[id].WriteAt(buf, int64(lba*bs))
-				if err == nil {
-					servedMu.Lock()
-					served[id]++
-					lastServed[id] = time.Now()
-					servedMu.Unlock()
-					pref.Store(id)
-					return nil
-				}
-				last = fmt.Errorf("%s: %w", id, err)
-				var se *initiator.StatusError
-				if errors.As(err, &se) && se.Status.DNR() {
-					return fmt.Errorf("write of %d blocks at %d: %w", len(buf)/bs, lba, last)
-				}
-			}
-			time.Sleep(20 * time.Millisecond)
+		id, err := host.write(buf, int64(lba*bs), within)
+		if err != nil {
+			return fmt.Errorf("write of %d blocks at %d: %w", len(buf)/bs, lba, err)
 		}
-		return fmt.Errorf("write of %d blocks at %d: no path served within %v (last: %w)", len(buf)/bs, lba, within, last)
+		servedMu.Lock()
+		served[id]++
+		lastServed[id] = time.Now()
+		servedMu.Unlock()
+		return nil
 	}
 	randWrite := func(r *rand.Rand, q int) error {
 		n := 1 + r.IntN(16)
@@ -213,7 +179,7 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 		time.Sleep(3 * time.Second) // its goroutines run, its legs find their connections gone
 		// A host connecting to it again finds a path that refuses I/O.
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		ctrl, err := initiator.Connect(ctx, pathConfig, tcpAddrs[primary], a.SubsystemNQN)
+		ctrl, err := initiator.Connect(ctx, multipathConfig, tcpAddrs[primary], a.SubsystemNQN)
 		cancel()
 		if err != nil {
 			t.Fatalf("connect to the resumed old primary: %v", err)
@@ -238,7 +204,7 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 	// Every acknowledged write reads back through the new primary.
 	got := make([]byte, len(model))
 	for off := 0; off < len(got); off += 64 << 10 {
-		if _, err := paths[newPrimary].ReadAt(got[off:off+64<<10], int64(off)); err != nil {
+		if _, err := host.ns(newPrimary).ReadAt(got[off:off+64<<10], int64(off)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -262,14 +228,9 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 			}
 			return fmt.Errorf("%+v", cl.Members)
 		})
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		ctrl, err := initiator.Connect(ctx, pathConfig, tcpAddrs[primary], a.SubsystemNQN)
-		cancel()
-		if err != nil {
-			t.Fatalf("connect to the restarted %s: %v", primary, err)
+		if err := host.connect(primary, tcpAddrs[primary], a.SubsystemNQN); err != nil {
+			t.Fatal(err)
 		}
-		defer ctrl.Close()
-		paths[primary] = ctrl.Namespace(1)
 	}
 	eventually(t, 60*time.Second, primary+" rebuilt in sync", func() error {
 		v = replicatedJSON{}
@@ -316,7 +277,7 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 		}
 		newPrimary = primary
 		for off := 0; off < len(got); off += 64 << 10 {
-			if _, err := paths[primary].ReadAt(got[off:off+64<<10], int64(off)); err != nil {
+			if _, err := host.ns(primary).ReadAt(got[off:off+64<<10], int64(off)); err != nil {
 				t.Fatal(err)
 			}
 		}

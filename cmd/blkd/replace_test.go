@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -14,8 +13,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/blk-project/blk/initiator"
 )
 
 // replaceReplicaJSON is one replica with the replacement's fields.
@@ -35,83 +32,6 @@ func (v replaceVolumeJSON) nodes() []string {
 	var out []string
 	for _, r := range v.Replicas {
 		out = append(out, r.Node)
-	}
-	return out
-}
-
-// multipathHost is a host connected to a volume through several nodes'
-// paths, as Linux native multipath is: a write goes to the path that
-// served last, and on a path error (or a lost connection, or a path
-// whose controller is gone) to the next, until one completes it; an
-// error with DNR from a live path is the write's. Paths may be added while it writes (a new
-// replica's node, found through discovery).
-type multipathHost struct {
-	mu    sync.Mutex
-	paths map[string]*initiator.Namespace
-	order []string
-	pref  string
-	ctrls []*initiator.Controller
-}
-
-func (h *multipathHost) add(id string, ctrl *initiator.Controller) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.paths[id] = ctrl.Namespace(1)
-	h.order = append(h.order, id)
-	h.ctrls = append(h.ctrls, ctrl)
-	if h.pref == "" {
-		h.pref = id
-	}
-}
-
-func (h *multipathHost) close() {
-	for _, c := range h.ctrls {
-		c.Close()
-	}
-}
-
-// write writes buf at byte off through the first path that completes it
-// within within; it returns the path that did.
-func (h *multipathHost) write(buf []byte, off int64, within time.Duration) (string, error) {
-	deadline := time.Now().Add(within)
-	var last error
-	for time.Now().Before(deadline) {
-		h.mu.Lock()
-		order := append([]string{h.pref}, h.order...)
-		paths := maps(h.paths)
-		h.mu.Unlock()
-		for i, id := range order {
-			if i > 0 && id == order[0] {
-				continue
-			}
-			if _, err := paths[id].WriteAt(buf, off); err != nil {
-				last = fmt.Errorf("%s: %w", id, err)
-				if errors.Is(err, initiator.ErrControllerLost) || errors.Is(err, initiator.ErrNamespaceRemoved) {
-					// The path is gone (a node that no longer holds
-					// the volume refuses the reconnect): multipath
-					// drops it and goes on with the others.
-					continue
-				}
-				var se *initiator.StatusError
-				if errors.As(err, &se) && se.Status.DNR() {
-					return "", last
-				}
-				continue
-			}
-			h.mu.Lock()
-			h.pref = id
-			h.mu.Unlock()
-			return id, nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return "", fmt.Errorf("no path served a write at byte %d within %v (last: %w)", off, within, last)
-}
-
-func maps(m map[string]*initiator.Namespace) map[string]*initiator.Namespace {
-	out := make(map[string]*initiator.Namespace, len(m))
-	for k, v := range m {
-		out[k] = v
 	}
 	return out
 }
@@ -156,25 +76,9 @@ func TestReplaceAndMove(t *testing.T) {
 	for _, m := range cl.Members {
 		tcpAddrs[m.ID] = m.TCPAddr
 	}
-	pathConfig := initiator.Config{Transport: initiator.TransportTCP, HostNQN: hostNQN, Queues: 2,
-		IOTimeout: 2 * time.Second, KATO: 2 * time.Second, CtrlLossTimeout: 3 * time.Second, ReconnectDelay: 500 * time.Millisecond,
-		ConnectTimeout: 2 * time.Second}
-	host := &multipathHost{paths: map[string]*initiator.Namespace{}}
+	host := &multipathHost{}
 	defer host.close()
-	connect := func(id string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		ctrl, err := initiator.Connect(ctx, pathConfig, tcpAddrs[id], a.SubsystemNQN)
-		if err != nil {
-			return err
-		}
-		if ctrl.Namespace(1) == nil {
-			ctrl.Close()
-			return fmt.Errorf("%s's path has no namespace 1", id)
-		}
-		host.add(id, ctrl)
-		return nil
-	}
+	connect := func(id string) error { return host.connect(id, tcpAddrs[id], a.SubsystemNQN) }
 	host.pref = v.Node
 	for _, id := range v.nodes() {
 		if err := connect(id); err != nil {

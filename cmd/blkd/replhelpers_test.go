@@ -1,12 +1,17 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
 )
 
 // runWriters runs n writers until the returned stop, which waits for
@@ -68,3 +73,118 @@ func startZoned(t *testing.T, n int, common ...string) (c *cluster, ids []string
 
 // zoneOf is startZoned's zone of node id: z1 for node1.
 func zoneOf(id string) string { return "z" + strings.TrimPrefix(id, "node") }
+
+// multipathConfig is a multipath host's path: one given up after 3 s
+// without its node (I/O waits for a reconnect until then; the host's
+// writes then go to the others).
+var multipathConfig = initiator.Config{Transport: initiator.TransportTCP, HostNQN: hostNQN, Queues: 2,
+	IOTimeout: 2 * time.Second, KATO: 2 * time.Second, CtrlLossTimeout: 3 * time.Second, ReconnectDelay: 500 * time.Millisecond,
+	ConnectTimeout: 2 * time.Second}
+
+// multipathHost is a host connected to a volume through several nodes'
+// paths, as Linux native multipath is: a write goes to the path that
+// served last, and on a path error (or a lost connection, or a path
+// whose controller is gone) to the next, until one completes it; an
+// error with DNR from a live path is the write's. Paths may be added while it writes (a new
+// replica's node, found through discovery).
+type multipathHost struct {
+	mu    sync.Mutex
+	paths map[string]*initiator.Namespace
+	order []string
+	pref  string
+	ctrls []*initiator.Controller
+}
+
+// add makes ctrl id's path (in place of an older one: a node
+// restarted).
+func (h *multipathHost) add(id string, ctrl *initiator.Controller) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.paths == nil {
+		h.paths = map[string]*initiator.Namespace{}
+	}
+	if _, ok := h.paths[id]; !ok {
+		h.order = append(h.order, id)
+	}
+	h.paths[id] = ctrl.Namespace(1)
+	h.ctrls = append(h.ctrls, ctrl)
+	if h.pref == "" {
+		h.pref = id
+	}
+}
+
+// connect connects id's path at addr to subsystem nqn (multipathConfig)
+// and adds it.
+func (h *multipathHost) connect(id, addr, nqn string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ctrl, err := initiator.Connect(ctx, multipathConfig, addr, nqn)
+	if err != nil {
+		return fmt.Errorf("connect to %s's path %s: %w", id, addr, err)
+	}
+	if ctrl.Namespace(1) == nil {
+		ctrl.Close()
+		return fmt.Errorf("%s's path has no namespace 1", id)
+	}
+	h.add(id, ctrl)
+	return nil
+}
+
+// ns is id's path.
+func (h *multipathHost) ns(id string) *initiator.Namespace {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.paths[id]
+}
+
+func (h *multipathHost) close() {
+	for _, c := range h.ctrls {
+		c.Close()
+	}
+}
+
+// write writes buf at byte off through the first path that completes it
+// within within; it returns the path that did.
+func (h *multipathHost) write(buf []byte, off int64, within time.Duration) (string, error) {
+	deadline := time.Now().Add(within)
+	var last error
+	for time.Now().Before(deadline) {
+		h.mu.Lock()
+		order := append([]string{h.pref}, h.order...)
+		paths := maps(h.paths)
+		h.mu.Unlock()
+		for i, id := range order {
+			if i > 0 && id == order[0] {
+				continue
+			}
+			if _, err := paths[id].WriteAt(buf, off); err != nil {
+				last = fmt.Errorf("%s: %w", id, err)
+				if errors.Is(err, initiator.ErrControllerLost) || errors.Is(err, initiator.ErrNamespaceRemoved) {
+					// The path is gone (a node that no longer holds
+					// the volume refuses the reconnect): multipath
+					// drops it and goes on with the others.
+					continue
+				}
+				var se *initiator.StatusError
+				if errors.As(err, &se) && se.Status.DNR() {
+					return "", last
+				}
+				continue
+			}
+			h.mu.Lock()
+			h.pref = id
+			h.mu.Unlock()
+			return id, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return "", fmt.Errorf("no path served a write at byte %d within %v (last: %w)", off, within, last)
+}
+
+func maps(m map[string]*initiator.Namespace) map[string]*initiator.Namespace {
+	out := make(map[string]*initiator.Namespace, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
