@@ -41,6 +41,7 @@ type replicatedVolume struct {
 //     fio; the time from the kill to the first write the new primary
 //     completes is reported. The killed node, restarted, is rebuilt in
 //     sync and volume verify finds the three replicas equal.
+//
 //  2. the new primary is stopped with SIGSTOP until another node is
 //     primary, then resumed: it logs its deposition, its path turns
 //     inaccessible, and what it had taken from the host lands nowhere:
