@@ -29,7 +29,7 @@ type replicatedVolume struct {
 	} `json:"replicas"`
 }
 
-// TestClusterFailover is scenarios 1 and 3 of the replication issue: a
+// TestClusterFailover is scenarios 1, 3 and 4 of the replication issue: a
 // 3-node blkd cluster on the host, a 3-replica volume, a kernel host
 // (guest, nvme-tcp, native multipath) connected to all three nodes by
 // nvme connect-all through one node's discovery log. While fio writes
