@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +14,7 @@ import (
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/initiator/failover"
 	"github.com/blk-project/blk/initiator/nbd"
+	"github.com/blk-project/blk/internal/testseed"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/tcp"
@@ -25,29 +24,11 @@ const (
 	subNQN   = "nqn.2026-11.io.blk:failover-test"
 	hostNQN  = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000f0"
 	block    = 4096
-	blocks   = 1024 // 4 MiB
-	seedEnv  = "BLK_SEED"
+	blocks   = 1024             // 4 MiB
 	waitLong = 20 * time.Second // patience for an event that must come
 )
 
-func testSeed(t *testing.T) uint64 {
-	t.Helper()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv(seedEnv); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("%s=%q: %v", seedEnv, s, err)
-		}
-		seed = v
-	}
-	t.Logf("seed %d (%s=%d replays it)", seed, seedEnv, seed)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("failed with seed %d: %s=%d go test -run '%s' ./initiator/failover/", seed, seedEnv, seed, t.Name())
-		}
-	})
-	return seed
-}
+func testSeed(t *testing.T) uint64 { return testseed.Seed(t, "./initiator/failover/") }
 
 // node is one replica's node: a target serving subNQN with ANA over
 // NVMe/TCP on loopback. The nodes of a test share one backend, as

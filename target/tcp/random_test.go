@@ -4,36 +4,15 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
+	"github.com/blk-project/blk/internal/testseed"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target/tcp"
 )
 
-// seedEnv replays a seeded test.
-const seedEnv = "BLK_SEED"
-
-func testSeed(t *testing.T) uint64 {
-	t.Helper()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv(seedEnv); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("%s=%q: %v", seedEnv, s, err)
-		}
-		seed = v
-	}
-	t.Logf("seed %d (%s=%d replays it)", seed, seedEnv, seed)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("failed with seed %d: %s=%d go test -run '%s' ./target/tcp/", seed, seedEnv, seed, t.Name())
-		}
-	})
-	return seed
-}
+func testSeed(t *testing.T) uint64 { return testseed.Seed(t, "./target/tcp/") }
 
 // outcome is how a random PDU ended.
 type outcome int
