@@ -526,7 +526,6 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		d.repl.mu.Lock()
 		for _, hv := range d.repl.host {
 			hv.hb.cur.Store(nil)
-			hv.hb.lease.Store(0)
 		}
 		d.repl.mu.Unlock()
 		var errs []error

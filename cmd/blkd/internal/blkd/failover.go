@@ -13,7 +13,6 @@ import (
 
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/nvme"
-	"github.com/blk-project/blk/repl"
 	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 )
@@ -76,25 +75,26 @@ type hostVolume struct {
 }
 
 // hostBackend is the namespace backend of a replicated volume's host
-// subsystem: while this node is primary and holds its lease, the term's
-// repl.Backend; otherwise every I/O answers the inaccessible path status
-// (no DNR: a multipath host retries it on another path) before it
-// reaches any copy. Two atomic loads and a clock read per I/O.
+// subsystem: while this node is primary and the term holds its lease,
+// the term's repl.Backend; otherwise every I/O answers the inaccessible
+// path status (no DNR: a multipath host retries it on another path)
+// before it reaches any copy. Two atomic loads and a clock read per I/O.
+// The lease is the term's own (primaryLeg.lease): a renewal that comes
+// late for an ended term cannot reach the next one.
 type hostBackend struct {
 	local target.AsyncBackend
-	cur   atomic.Pointer[repl.Backend]
-	lease atomic.Int64 // mono() until which cur may serve
+	cur   atomic.Pointer[primaryLeg] // the term serving, nil: none
 }
 
 var errNoLease = target.WithStatus(errors.New("this node is not serving the volume as its primary (a standby path, or its lease lapsed)"), nvme.StatusANAInaccessible)
 
 func (h *hostBackend) Submit(io *target.IO) {
-	b := h.cur.Load()
-	if b == nil || mono() >= h.lease.Load() {
+	pl := h.cur.Load()
+	if pl == nil || mono() >= pl.lease.Load() {
 		io.Done(errNoLease)
 		return
 	}
-	b.Submit(io)
+	pl.b.Submit(io)
 }
 
 func (h *hostBackend) Geometry() (target.Geometry, error) { return h.local.Geometry() }
@@ -202,7 +202,7 @@ func (d *Daemon) servePrimary(v meta.Volume) error {
 	hv.pl = pl
 	d.repl.primary[v.ID] = pl
 	d.repl.mu.Unlock()
-	hv.hb.cur.Store(pl.b)
+	hv.hb.cur.Store(pl) // serving from its first lease (pl.lease)
 	d.log.Info("primary term", slog.String("volume", v.Name), slog.Uint64("epoch", pl.epoch))
 	d.startLegs(pl, v)
 	if d.ready.Load() {
@@ -232,9 +232,11 @@ func (d *Daemon) endTerm(hv *hostVolume, why string) {
 	if pl == nil {
 		return
 	}
-	_ = hv.sub.SetANAState(nvme.ANAInaccessible)
+	// The backend first, then the state: a lease round that turned the
+	// path optimized just before checks the backend again after (renew).
 	hv.hb.cur.Store(nil)
-	hv.hb.lease.Store(0)
+	pl.lease.Store(0)
+	_ = hv.sub.SetANAState(nvme.ANAInaccessible)
 	ctx, cancel := context.WithTimeout(context.Background(), ownerTimeout)
 	n, err := hv.sub.EvictAndDrain(ctx, func(string) bool { return true })
 	cancel()
@@ -318,7 +320,6 @@ func (d *Daemon) removeHostVolume(nqn string) {
 	d.repl.mu.Unlock()
 	if hv != nil {
 		hv.hb.cur.Store(nil)
-		hv.hb.lease.Store(0)
 	}
 }
 
@@ -409,8 +410,8 @@ func (d *Daemon) renew(hv *hostVolume, until int64) {
 	d.repl.mu.Lock()
 	pl := hv.pl
 	d.repl.mu.Unlock()
-	if pl == nil {
-		return
+	if pl == nil || hv.hb.cur.Load() != pl {
+		return // no term, or one deposed or being ended: reconcile ends it
 	}
 	var v meta.Volume
 	var ok bool
@@ -434,12 +435,16 @@ func (d *Daemon) renew(hv *hostVolume, until int64) {
 		}()
 		return
 	}
-	if hv.hb.cur.Load() != pl.b {
-		return // being ended
-	}
-	hv.hb.lease.Store(until)
+	pl.lease.Store(until)
 	if pl.b.Serving() && hv.sub.ANAState() != nvme.ANAOptimized {
 		_ = hv.sub.SetANAState(nvme.ANAOptimized)
+		if hv.hb.cur.Load() != pl {
+			// The term ended meanwhile (endTerm unsets the backend
+			// before it sets the state): never leave a path optimized
+			// that serves nothing.
+			_ = hv.sub.SetANAState(nvme.ANAInaccessible)
+			return
+		}
 		d.log.Info("primary serving", slog.String("volume", hv.name), slog.Uint64("epoch", pl.epoch))
 	}
 	if pl.b.Serving() {
@@ -452,7 +457,8 @@ func (d *Daemon) renew(hv *hostVolume, until int64) {
 func (d *Daemon) leaseLapsed(hvs []*hostVolume, err error) {
 	now := mono()
 	for _, hv := range hvs {
-		if now < hv.hb.lease.Load() || hv.sub.ANAState() != nvme.ANAOptimized {
+		pl := hv.hb.cur.Load()
+		if pl != nil && now < pl.lease.Load() || hv.sub.ANAState() != nvme.ANAOptimized {
 			continue
 		}
 		_ = hv.sub.SetANAState(nvme.ANAInaccessible)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/blk-project/blk/initiator"
@@ -124,6 +125,7 @@ type primaryLeg struct {
 	done   chan struct{}
 	ready  chan struct{} // closed once the backend serves
 	leased chan struct{} // closed once the path serves: a lease (failover.go)
+	lease  atomic.Int64  // mono() until which the term may serve (failover.go)
 	lease1 sync.Once     // closes leased
 	mu     sync.Mutex
 	ctrls  map[string]*initiator.Controller // by node, connected legs
