@@ -55,7 +55,7 @@ func TestReplicationIncremental(t *testing.T) {
 	model := make([]byte, size)
 	var mu sync.Mutex // writers of distinct blocks: the model's order is the host's
 	writeAt := func(off int, buf []byte) error {
-		if _, err := ns.WriteAt(buf, int64(off)); err != nil {
+		if err := pathRetry(func() error { _, err := ns.WriteAt(buf, int64(off)); return err }); err != nil {
 			return fmt.Errorf("write %d bytes at %d: %w", len(buf), off, err)
 		}
 		mu.Lock()

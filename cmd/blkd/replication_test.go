@@ -134,7 +134,10 @@ func testReplication(t *testing.T, killLeader bool) {
 		for i := range buf {
 			buf[i] = byte(r.Uint32())
 		}
-		if _, err := ns.WriteAt(buf, int64(lba*bs)); err != nil {
+		// A path status is retried, as a host does: the primary's lease
+		// may lapse for a moment while the registry elects a leader
+		// (docs/replication.md §3); a write that fails is an error.
+		if err := pathRetry(func() error { _, err := ns.WriteAt(buf, int64(lba*bs)); return err }); err != nil {
 			return fmt.Errorf("write %d blocks at %d: %w", n, lba, err)
 		}
 		copy(model[lba*bs:], buf)
@@ -242,7 +245,7 @@ func testReplication(t *testing.T, killLeader bool) {
 	// The host reads what it wrote.
 	got := make([]byte, len(model))
 	for off := 0; off < len(got); off += 64 << 10 {
-		if _, err := ns.ReadAt(got[off:off+64<<10], int64(off)); err != nil {
+		if err := pathRetry(func() error { _, err := ns.ReadAt(got[off:off+64<<10], int64(off)); return err }); err != nil {
 			t.Fatal(err)
 		}
 	}
