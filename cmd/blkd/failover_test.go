@@ -65,19 +65,11 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 	lp.must(t, "POST", "/v1/volumes/f/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
 
 	// One controller per node, as multipath connects every path.
-	var cl struct {
-		Members []struct {
-			ID      string `json:"id"`
-			TCPAddr string `json:"tcp_addr"`
-		} `json:"members"`
-	}
-	lp.must(t, "GET", "/v1/cluster", "", 200, &cl)
 	host := &multipathHost{}
 	defer host.close()
-	tcpAddrs := map[string]string{}
-	for _, m := range cl.Members {
-		tcpAddrs[m.ID] = m.TCPAddr
-		if err := host.connect(m.ID, m.TCPAddr, a.SubsystemNQN); err != nil {
+	tcpAddrs := tcpAddrsOf(t, lp)
+	for id, addr := range tcpAddrs {
+		if err := host.connect(id, addr, a.SubsystemNQN); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -219,14 +211,12 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 		// address it registered now.
 		old := tcpAddrs[primary]
 		eventually(t, 30*time.Second, primary+" registered again", func() error {
-			c.procs[newPrimary].must(t, "GET", "/v1/cluster", "", 200, &cl)
-			for _, m := range cl.Members {
-				if m.ID == primary && m.TCPAddr != "" && m.TCPAddr != old {
-					tcpAddrs[primary] = m.TCPAddr
-					return nil
-				}
+			now := tcpAddrsOf(t, c.procs[newPrimary])
+			if addr := now[primary]; addr != "" && addr != old {
+				tcpAddrs[primary] = addr
+				return nil
 			}
-			return fmt.Errorf("%+v", cl.Members)
+			return fmt.Errorf("%+v", now)
 		})
 		if err := host.connect(primary, tcpAddrs[primary], a.SubsystemNQN); err != nil {
 			t.Fatal(err)

@@ -65,17 +65,7 @@ func TestReplaceAndMove(t *testing.T) {
 	lp.must(t, "POST", "/v1/volumes/m/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
 	var a attachJSON
 	lp.must(t, "POST", "/v1/volumes/m/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
-	var cl struct {
-		Members []struct {
-			ID      string `json:"id"`
-			TCPAddr string `json:"tcp_addr"`
-		} `json:"members"`
-	}
-	lp.must(t, "GET", "/v1/cluster", "", 200, &cl)
-	tcpAddrs := map[string]string{}
-	for _, m := range cl.Members {
-		tcpAddrs[m.ID] = m.TCPAddr
-	}
+	tcpAddrs := tcpAddrsOf(t, lp)
 	host := &multipathHost{}
 	defer host.close()
 	connect := func(id string) error { return host.connect(id, tcpAddrs[id], a.SubsystemNQN) }

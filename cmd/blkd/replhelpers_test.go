@@ -188,3 +188,21 @@ func maps(m map[string]*initiator.Namespace) map[string]*initiator.Namespace {
 	}
 	return out
 }
+
+// tcpAddrsOf returns the NVMe/TCP address each member registered, by
+// node, as d's GET /v1/cluster shows them.
+func tcpAddrsOf(t *testing.T, d *daemon) map[string]string {
+	t.Helper()
+	var cl struct {
+		Members []struct {
+			ID      string `json:"id"`
+			TCPAddr string `json:"tcp_addr"`
+		} `json:"members"`
+	}
+	d.must(t, "GET", "/v1/cluster", "", 200, &cl)
+	out := make(map[string]string, len(cl.Members))
+	for _, m := range cl.Members {
+		out[m.ID] = m.TCPAddr
+	}
+	return out
+}

@@ -158,19 +158,7 @@ func testReplication(t *testing.T, killLeader bool) {
 		}
 	}
 	replNQN := fmt.Sprintf("nqn.2024-01.io.blk:replica:%d", v.ID)
-	var cl struct {
-		Members []struct {
-			ID      string `json:"id"`
-			TCPAddr string `json:"tcp_addr"`
-		} `json:"members"`
-	}
-	lp.must(t, "GET", "/v1/cluster", "", 200, &cl)
-	var tcpAddr string
-	for _, m := range cl.Members {
-		if m.ID == secondary {
-			tcpAddr = m.TCPAddr
-		}
-	}
+	tcpAddr := tcpAddrsOf(t, lp)[secondary]
 	for _, hn := range []string{
 		hostNQN, // a host
 		fmt.Sprintf("nqn.2024-01.io.blk:node:%s:epoch:1", primary),   // the primary, without the secret
