@@ -131,6 +131,10 @@ type RebuildConfig struct {
 	// (meta.Replica.Full): the log only knows what it missed while this
 	// backend wrote.
 	UseDirtyLog bool
+	// RemoteDigests, if set, makes a rebuild that has no dirty-region
+	// log to copy from a compare (resync.go): only the regions whose
+	// digests differ from the replica's are copied. Nil: a full copy.
+	RemoteDigests RemoteDigestsFunc
 	// Promote asks the registry to count the replica in sync at the
 	// backend's epoch, once every byte is on it and flushed: only after
 	// it returned nil do the replica's failures hold host writes. It may
@@ -159,6 +163,7 @@ type Rebuild struct {
 	cause   error // the first failure (fail), before ctx ends
 
 	done, copied atomic.Uint64 // bytes passed, bytes written
+	differ       atomic.Uint64 // a compare's: bytes of the regions found to differ
 	total        atomic.Uint64 // bytes to pass: the volume's, or its dirty regions'
 	fin          chan struct{}
 	err          error // set before fin closes
@@ -299,13 +304,20 @@ func (r *Rebuild) Progress() (done, total uint64) {
 // replica's dirty-region log (else it is a full copy).
 func (r *Rebuild) Incremental() bool { return r.drl != nil }
 
-// Mode is "incremental" or "full" (logs and metrics).
+// Mode is "incremental", "compare" or "full" (logs and metrics).
 func (r *Rebuild) Mode() string {
-	if r.drl != nil {
+	switch {
+	case r.drl != nil:
 		return "incremental"
+	case r.cfg.RemoteDigests != nil:
+		return "compare"
 	}
 	return "full"
 }
+
+// Differ is, for a compare, the bytes of the regions whose digests
+// differed (what it copied, holes included); 0 otherwise.
+func (r *Rebuild) Differ() uint64 { return r.differ.Load() }
 
 // Copied is the bytes written to the replica by the copier (holes not
 // counted).
@@ -351,9 +363,12 @@ func (r *Rebuild) check() error {
 func (r *Rebuild) run() {
 	start := time.Now()
 	var err error
-	if r.drl != nil {
+	switch {
+	case r.drl != nil:
 		err = r.copyDirty()
-	} else {
+	case r.cfg.RemoteDigests != nil:
+		err = r.compareAll()
+	default:
 		err = r.copyAll()
 	}
 	if err == nil {

@@ -1,0 +1,236 @@
+package repl
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/blk-project/blk/target"
+)
+
+// legDigests is RemoteDigests over a fake leg's memory, every block
+// counted as mapped (a replica's store may hold zeros in clusters the
+// primary never wrote: the digests must agree anyway).
+func legDigests(leg *fakeLeg, calls *atomic.Int32) RemoteDigestsFunc {
+	return func(ctx context.Context, lba uint64, out []Digest) error {
+		calls.Add(1)
+		src := DigestSource{
+			Mapped:     func(from, to uint64, fn func(lba, blocks uint64) error) error { return fn(from, to-from) },
+			Read:       leg.mem.Read,
+			BlockShift: 12,
+			Blocks:     testBlocks,
+		}
+		_, err := src.Digests(lba, DigestRegionBytes/testBlock, nil, out)
+		return err
+	}
+}
+
+// TestRebuildCompare: a compare rebuild of a replica that differs from
+// the primary in a few seeded places copies exactly the regions that
+// differ (none when nothing does), while host writes race it in some
+// rounds; afterwards the two hold the same bytes everywhere.
+func TestRebuildCompare(t *testing.T) {
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	defer func(b int) { digestBatch = b }(digestBatch)
+	const per = DigestRegionBytes / testBlock // blocks per region
+	for round := range 6 {
+		digestBatch = []int{DigestBatch, 5, 1}[round%3]
+		hosts := round >= 3
+		g := newRebuildRig(t)
+		g.leg.async = func(c cmd) error {
+			for range int(c.lba*7+c.blocks) % 5 {
+				runtime.Gosched()
+			}
+			return nil
+		}
+		// The same data on both, then a few writes on one side only.
+		for range 200 {
+			lba := rng.Uint64N(testBlocks)
+			data := pattern(testBlock, byte(rng.Uint32()))
+			g.localWrite(t, lba, data)
+			_ = g.leg.mem.Write(lba, data, false)
+		}
+		differ := map[uint64]bool{}
+		for range rng.IntN(6) {
+			lba := rng.Uint64N(testBlocks)
+			data := pattern(testBlock, byte(rng.Uint32())|1)
+			if rng.IntN(2) == 0 {
+				g.localWrite(t, lba, data)
+			} else {
+				_ = g.leg.mem.Write(lba, data, false)
+			}
+			differ[lba/per] = true
+		}
+		// A region may have stopped differing by chance (a write of
+		// equal bytes): count what the stores say.
+		want := uint64(0)
+		a, b := make([]byte, DigestRegionBytes), make([]byte, DigestRegionBytes)
+		for reg := range differ {
+			_ = g.local.mem.Read(reg*per, a)
+			_ = g.leg.mem.Read(reg*per, b)
+			if !bytes.Equal(a, b) {
+				want += DigestRegionBytes
+			}
+		}
+		var calls atomic.Int32
+		cfg := g.config()
+		cfg.RegionBytes = 4 * DigestRegionBytes
+		cfg.MaxTransfer = 8 * testBlock
+		cfg.RemoteDigests = legDigests(g.leg, &calls)
+		rb, err := g.b.StartRebuild(3, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rb.Mode() != "compare" {
+			t.Fatalf("mode %q", rb.Mode())
+		}
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		var failed atomic.Int32
+		if hosts {
+			for w := range 3 {
+				wrng := rand.New(rand.NewPCG(seed, uint64(round*10+w+2)))
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; ; i++ {
+						if i > 100 {
+							select {
+							case <-stop:
+								return
+							default:
+							}
+						}
+						lba := wrng.Uint64N(testBlocks/3)*3 + uint64(w)
+						var h *hostIO
+						switch k := wrng.IntN(10); {
+						case k < 7:
+							h = g.submit(target.OpWrite, lba, 1, pattern(testBlock, byte(wrng.Uint32())))
+						case k < 9:
+							h = g.submit(target.OpDeallocate, lba, 1, nil)
+						default:
+							h = g.submit(target.OpFlush, 0, 0, nil)
+						}
+						if err := h.wait(t); err != nil {
+							t.Errorf("host I/O failed: %v", err)
+							failed.Add(1)
+							return
+						}
+					}
+				}()
+			}
+		}
+		err = waitRebuild(t, rb)
+		close(stop)
+		wg.Wait()
+		if err != nil || failed.Load() != 0 {
+			t.Fatalf("round %d: rebuild: %v", round, err)
+		}
+		g.leg.wg.Wait()
+		sameStores(t, g.local, g.leg)
+		wantCalls := (testBlocks/per + digestBatch - 1) / digestBatch
+		if int(calls.Load()) != wantCalls {
+			t.Fatalf("round %d: %d digest calls, want %d", round, calls.Load(), wantCalls)
+		}
+		// Without host writes, exactly the regions that differ; with
+		// them, a region may also look different for a moment (a write
+		// on one copy and still on its way to the other when the
+		// digests are read): copying it is harmless.
+		if got := rb.Differ(); !hosts && got != want {
+			t.Fatalf("round %d: %d bytes found to differ, %d did", round, got, want)
+		}
+		if rb.Copied() > rb.Differ() {
+			t.Fatalf("round %d: copied %d bytes, more than the %d that differed", round, rb.Copied(), rb.Differ())
+		}
+		if done, total := rb.Progress(); done != total || total != testBlocks*testBlock {
+			t.Fatalf("progress %d/%d", done, total)
+		}
+		if g.promoted.Load() != 1 {
+			t.Fatalf("promoted %d times", g.promoted.Load())
+		}
+	}
+}
+
+// TestRebuildCompareDigestsFail: a replica that cannot answer its
+// digests fails the rebuild like a failed command (the replica leaves
+// the leg set, nothing promoted), and the host's writes go on.
+func TestRebuildCompareDigestsFail(t *testing.T) {
+	g := newRebuildRig(t)
+	g.leg.async = func(cmd) error { return nil }
+	cfg := g.config()
+	refusal := errors.New("node-r: 503")
+	cfg.RemoteDigests = func(context.Context, uint64, []Digest) error { return refusal }
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRebuild(t, rb); !errors.Is(err, ErrRebuildLeg) || !errors.Is(err, refusal) {
+		t.Fatalf("rebuild ended with %v", err)
+	}
+	if g.promoted.Load() != 0 {
+		t.Fatal("promoted")
+	}
+	if err := g.submit(target.OpWrite, 3, 1, pattern(testBlock, 4)).wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if st := g.b.Stats(); st.Peers[0].State != "rebuild-failed" {
+		t.Fatalf("state %q", st.Peers[0].State)
+	}
+}
+
+// TestDigests: the digest of a region is the SHA-256 of its bytes
+// whether or not it is mapped, the short last region included, and an
+// unmapped region is not read; a range off the volume is refused.
+func TestDigests(t *testing.T) {
+	const blocks = 100 // regions of 16: six whole, one of 4
+	mem, err := target.NewMemBackend(testBlock, blocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = mem.Write(17, pattern(testBlock, 9), false)
+	_ = mem.Write(97, pattern(testBlock, 3), false)
+	var reads atomic.Int32
+	src := DigestSource{
+		Mapped: func(from, to uint64, fn func(lba, blocks uint64) error) error {
+			for _, b := range []uint64{17, 97} {
+				if b >= from && b < to {
+					if err := fn(b, 1); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+		Read:       func(lba uint64, buf []byte) error { reads.Add(1); return mem.Read(lba, buf) },
+		BlockShift: 12,
+		Blocks:     blocks,
+	}
+	out := make([]Digest, 7)
+	n, err := src.Digests(0, 16, make([]byte, 2*DigestRegionBytes), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != DigestRegionBytes+4*testBlock || reads.Load() != 2 {
+		t.Fatalf("read %d bytes in %d reads, want the two mapped regions", n, reads.Load())
+	}
+	for i := range out {
+		lo, hi := uint64(i*16), min(uint64(i*16+16), blocks)
+		buf := make([]byte, (hi-lo)*testBlock)
+		_ = mem.Read(lo, buf)
+		if out[i] != Digest(sha256.Sum256(buf)) {
+			t.Fatalf("region %d: digest differs from its bytes' SHA-256", i)
+		}
+	}
+	for _, c := range []struct{ lba, regions uint64 }{{8, 1}, {96, 2}, {112, 1}, {0, 8}} {
+		if _, err := src.Digests(c.lba, 16, nil, make([]Digest, c.regions)); !errors.Is(err, ErrDigestRange) {
+			t.Fatalf("%d regions at %d: %v, want ErrDigestRange", c.regions, c.lba, err)
+		}
+	}
+}
