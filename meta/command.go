@@ -107,6 +107,12 @@ const FeatureReplication = "replication"
 // it would apply the other replica commands but not this one.
 const FeatureReplace = "replace"
 
+// FeatureDigests: the node answers POST /v1/internal/checksum with
+// digests of any region size (region_bytes), which a compare rebuild
+// asks of its replica (repl.RebuildConfig.RemoteDigests). Not a registry
+// command's: the primary copies in full to a node without it.
+const FeatureDigests = "region-digests"
+
 // SetNodeState moves a node to State.
 type SetNodeState struct {
 	ID    string    `json:"id"`

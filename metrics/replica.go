@@ -16,7 +16,7 @@ type ReplicaVolume struct {
 // primary of (docs/replication.md §2): per volume its epoch and whether
 // it serves, per replica the writes sent, failed and held, and the legs
 // that waited for a free slot of the replica connection, a rebuild's
-// progress and the bytes it copied (by mode: full or incremental), and
+// progress and the bytes it copied (by mode: full, incremental or compare), and
 // the size of the dirty regions the primary tracks for a replica out of
 // sync (what an incremental rebuild would copy). A volume of one
 // replica, or served by another node, has none of these series.
@@ -51,7 +51,7 @@ func NewReplicationCollector(vols func() []ReplicaVolume) *ReplicationCollector 
 			gauge("replica_rebuild_remaining_bytes", "Bytes the replica's rebuild has still to pass (0: none running, or done).", func(p *P) float64 { return float64(p.RebuildTotal - p.RebuildDone) }),
 		),
 		rebuild: newTable(nil, []string{"volume", "node", "mode"},
-			counter("replica_rebuild_copied_bytes_total", "Bytes the replica's last rebuild on this primary wrote to it (holes not counted), by mode: full (every allocated extent) or incremental (the dirty regions only).", func(p *P) uint64 { return p.RebuildCopied }),
+			counter("replica_rebuild_copied_bytes_total", "Bytes the replica's last rebuild on this primary wrote to it (holes not counted), by mode: full (every allocated extent), incremental (the dirty regions only) or compare (the regions whose digests differed).", func(p *P) uint64 { return p.RebuildCopied }),
 		),
 		dirty: newTable(nil, []string{"volume", "node"},
 			gauge("replica_dirty_bytes", "Bytes of the volume the primary's dirty-region log marks for a replica out of sync: what an incremental rebuild copies at most.", func(d *repl.DirtyStats) float64 { return float64(d.Bytes) }),

@@ -47,9 +47,10 @@ const (
 	// store's cluster and the dirty-region log's default region, so a
 	// 4 KiB write missed costs one cluster's copy.
 	DigestRegionBytes = 64 << 10
-	// DigestBatch is how many regions one RemoteDigests call asks for
-	// (64 MiB of the volume: 32 KiB of digests).
-	DigestBatch = 1024
+	// DigestBatch is how many regions one RemoteDigests call asks for:
+	// 32 MiB of the volume, 16 KiB of digests (about 34 KB as the hex
+	// JSON of blkd's API, whose answers are bounded at 64 KiB).
+	DigestBatch = 512
 	// digestReadBytes is the largest read of Digests: 1 MiB, the
 	// store's largest (MaxTransferBytes).
 	digestReadBytes = 1 << 20

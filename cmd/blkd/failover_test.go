@@ -96,13 +96,23 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 		servedMu.Unlock()
 		return nil
 	}
+	// touched: the 64 KiB regions the writers wrote (from the kill's
+	// eve on), all that may differ on the old primary when it returns.
+	var touchedMu sync.Mutex
+	touched := map[int]bool{}
+	span := quarter // of each quarter, the blocks written
 	randWrite := func(r *rand.Rand, q int) error {
 		n := 1 + r.IntN(16)
-		lba := q*quarter + r.IntN(quarter-n+1)
+		lba := q*quarter + r.IntN(span-n+1)
 		buf := make([]byte, n*bs)
 		for i := range buf {
 			buf[i] = byte(r.Uint32())
 		}
+		touchedMu.Lock()
+		for b := lba; b < lba+n; b++ {
+			touched[b*bs/(64<<10)] = true
+		}
+		touchedMu.Unlock()
 		if err := write(buf, lba, 30*time.Second); err != nil {
 			return err
 		}
@@ -118,6 +128,12 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 		t.Fatalf("paths served %v: only the primary %s should", served, primary)
 	}
 
+	// From now on the writers keep to the first eighth of each quarter,
+	// so that what a returning primary lacks is a part of the volume.
+	span = quarter / 8
+	touchedMu.Lock()
+	clear(touched)
+	touchedMu.Unlock()
 	var writes atomic.Int64
 	writers := func(base uint64) (stop func() error) { return runWriters(4, seed, base, &writes, randWrite) }
 
@@ -233,6 +249,28 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 		return fmt.Errorf("%+v", v.Replicas)
 	})
 	if sig == syscall.SIGKILL {
+		// The returning primary was compared, not copied whole: the
+		// new primary copied at most the regions written since the
+		// writers started (the new primary's writes, and the old one's
+		// in flight at the kill).
+		m := c.procs[newPrimary].metricsText(t)
+		copied := sampleOf(m, `blk_replica_rebuild_copied_bytes_total{mode="compare",node="`+primary+`",volume="f"}`)
+		touchedMu.Lock()
+		bound := float64(len(touched) * 64 << 10)
+		touchedMu.Unlock()
+		if copied < 0 || copied > bound || bound > float64(len(model)/4) {
+			t.Fatalf("the returning primary's compare rebuild copied %v bytes, want at most the %v bytes of the regions written since the writers started:\n%s", copied, bound, m)
+		}
+		var done string
+		for _, line := range strings.Split(c.procs[newPrimary].output(), "\n") {
+			if strings.Contains(line, `msg="rebuild done"`) && strings.Contains(line, "node="+primary) {
+				done = line
+			}
+		}
+		if !strings.Contains(done, "mode=compare") {
+			t.Fatalf("the new primary's rebuild log line: %q", done)
+		}
+		t.Logf("%s (the writers touched %v bytes of %d)", done, bound, len(model))
 		// Failback: placement's primary, in sync for 3 s, is handed the
 		// volume back while the host writes.
 		stop = writers(200)

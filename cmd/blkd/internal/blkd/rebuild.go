@@ -2,6 +2,7 @@ package blkd
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,15 +21,21 @@ import (
 // sync; on failure it is committed out of sync again with the reason and
 // tried again after rebuildBackoff. One rebuild per volume at a time.
 //
-// The copy is incremental (only the regions of the backend's dirty-region
-// log of the replica) when the backend has one, which it keeps from the
-// moment it saw the replica leave, at its epoch, until the replica is
-// back in sync; and when the registry's record of the replica does not
-// say Full (its node lost its data). Otherwise a full copy: a restarted
-// primary, a new primary after a failover (a new epoch: the logs are in
-// memory, per backend and epoch), a new or replaced replica. A failed
-// incremental rebuild leaves the log marking, so the next try is
-// incremental too.
+// Which copy. Incremental (only the regions of the backend's
+// dirty-region log of the replica) when the backend has one, which it
+// keeps from the moment it saw the replica leave, at its epoch, until
+// the replica is back in sync. Full when the registry's record of the
+// replica says Full: a new or replaced replica, or a node that lost its
+// data. Otherwise a compare (repl/resync.go): a new primary after a
+// failover (its term has no log: the old primary, back, lacks what the
+// new one wrote and may hold writes it had in flight), a restarted
+// primary (the logs are in memory), a rebuild interrupted by a crash
+// (the replica copied up to a point nobody recorded); the replica's
+// node sends a digest of each 64 KiB region and only the regions that
+// differ are copied, so an interrupted rebuild resumes where the copy
+// stands rather than starting over. A node without meta.FeatureDigests
+// (an older binary) gets a full copy instead. A failed incremental
+// rebuild leaves the log marking, so the next try is incremental too.
 
 const (
 	// rebuildPoll: how often a primary looks for a replica to rebuild.
@@ -129,8 +136,23 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	// goes with a new epoch, which fails StartRebuild, or in sync), and
 	// the log line and metrics say the mode that ran (rb.Mode).
 	mode := "full"
-	if _, ok := pl.b.DirtyBytes(node); ok && !full {
-		mode = "incremental"
+	var digests repl.RemoteDigestsFunc
+	if !full {
+		// Without a log of its own (a failover, a restart, an
+		// interrupted rebuild), a compare: only what differs is copied.
+		var has bool
+		d.node.FSM().Read(func(s *meta.State) {
+			if n, ok := s.Node(node); ok {
+				has = n.HasFeature(meta.FeatureDigests)
+			}
+		})
+		if has {
+			digests = d.remoteDigests(node, v.ID)
+			mode = "compare"
+		}
+		if _, ok := pl.b.DirtyBytes(node); ok {
+			mode = "incremental"
+		}
 	}
 	setCtx := func(ctx context.Context, state meta.ReplicaState, reason string) error {
 		rctx, cancel := context.WithTimeout(ctx, ownerTimeout)
@@ -174,7 +196,7 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	rb, err := pl.b.StartRebuild(epoch, repl.RebuildConfig{
 		Node: node, NS: ns, MaxTransfer: c.Info().MaxTransfer,
 		Mapped: vol.Mapped, Read: vol.Read, RegionBytes: rebuildRegion, Limiter: d.repl.limit,
-		UseDirtyLog: !full,
+		UseDirtyLog: !full, RemoteDigests: digests,
 		Logger:      d.log.With(slog.String("volume", v.Name)),
 		Promote: func(pctx context.Context) error {
 			if err := setCtx(pctx, meta.ReplicaInSync, fmt.Sprintf("rebuilt: %s copy from %s at epoch %d", mode, d.cfg.NodeID, epoch)); err != nil {
@@ -228,6 +250,43 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 		}
 	}
 	return err
+}
+
+// remoteDigests is a compare rebuild's RemoteDigests: node's digests of
+// its copy of volume id (POST /v1/internal/checksum with region_bytes,
+// served by localChecksums there).
+func (d *Daemon) remoteDigests(node string, id uint64) repl.RemoteDigestsFunc {
+	return func(ctx context.Context, lba uint64, out []repl.Digest) error {
+		vol, err := d.store.Volume(store.ID(id))
+		if err != nil {
+			return err
+		}
+		info, err := vol.Info()
+		if err != nil {
+			return err
+		}
+		n, err := registryParts{d.node}.Node(ctx, node)
+		if err != nil {
+			return err
+		}
+		var res checksumResponse
+		req := checksumRequest{ID: id, Offset: lba * uint64(info.BlockSize), Regions: len(out), RegionBytes: repl.DigestRegionBytes}
+		if err := d.postPeer(ctx, n.MgmtAddr, "/v1/internal/checksum", req, &res); err != nil {
+			return fmt.Errorf("node %s: %w", node, err)
+		}
+		if len(res.Sums) != len(out) {
+			return fmt.Errorf("node %s: %d digests for %d regions", node, len(res.Sums), len(out))
+		}
+		for i, h := range res.Sums {
+			if len(h) != 2*len(out[i]) {
+				return fmt.Errorf("node %s: digest %q", node, h)
+			}
+			if _, err := hex.Decode(out[i][:], []byte(h)); err != nil {
+				return fmt.Errorf("node %s: digest %q: %w", node, h, err)
+			}
+		}
+		return nil
+	}
 }
 
 // rebuildProgress is the rebuild of v's replica on node that this

@@ -2,14 +2,15 @@ package blkd
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math/bits"
 	"net/http"
 	"sync"
 
 	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/repl"
 	"github.com/blk-project/blk/store"
 )
 
@@ -35,6 +36,10 @@ type checksumRequest struct {
 	ID      uint64 `json:"id"`
 	Offset  uint64 `json:"offset"`
 	Regions int    `json:"regions"`
+	// RegionBytes is the region hashed as one (0: verifyRegion); a
+	// compare rebuild asks for repl.DigestRegionBytes (a node with
+	// meta.FeatureDigests takes any power of two from 4 KiB to 1 MiB).
+	RegionBytes int `json:"region_bytes,omitempty"`
 }
 
 // checksumResponse: one hex SHA-256 per region.
@@ -42,9 +47,19 @@ type checksumResponse struct {
 	Sums []string `json:"sums"`
 }
 
-// localChecksums hashes regions regions of this node's copy of volume id
-// from offset (region-aligned); the last may be short (the volume's end).
-func (d *Daemon) localChecksums(id, offset uint64, regions int) ([]string, error) {
+// maxChecksumBytes bounds the volume bytes one checksum request covers
+// (verifyBatch regions of verifyRegion: 256 MiB, a few hundred ms of
+// reading).
+const maxChecksumBytes = verifyBatch * verifyRegion
+
+// localChecksums hashes regions regions of regionBytes (0:
+// verifyRegion) of this node's copy of volume id from offset
+// (region-aligned); the last may be short (the volume's end). A region
+// with nothing allocated is not read (repl.DigestSource).
+func (d *Daemon) localChecksums(id, offset uint64, regions, regionBytes int) ([]string, error) {
+	if regionBytes == 0 {
+		regionBytes = verifyRegion
+	}
 	vol, err := d.store.Volume(store.ID(id))
 	if err != nil {
 		return nil, err
@@ -53,19 +68,26 @@ func (d *Daemon) localChecksums(id, offset uint64, regions int) ([]string, error
 	if err != nil {
 		return nil, err
 	}
-	if offset%verifyRegion != 0 || regions < 1 || regions > verifyBatch || offset >= info.SizeBytes {
-		return nil, badRequest("offset %d, %d regions: want a multiple of %d below the volume's %d bytes, 1 to %d regions", offset, regions, verifyRegion, info.SizeBytes, verifyBatch)
+	bs := int(info.BlockSize)
+	if regionBytes < bs || regionBytes > verifyRegion || regionBytes&(regionBytes-1) != 0 || regionBytes%bs != 0 {
+		return nil, badRequest("region_bytes %d: want a power of two from the block size %d to %d", regionBytes, bs, verifyRegion)
 	}
-	buf := make([]byte, verifyRegion)
-	var sums []string
-	for i := 0; i < regions && offset < info.SizeBytes; i++ {
-		n := min(uint64(verifyRegion), info.SizeBytes-offset)
-		if err := vol.Read(offset/uint64(info.BlockSize), buf[:n]); err != nil {
-			return nil, fmt.Errorf("read at byte %d: %w", offset, err)
-		}
-		h := sha256.Sum256(buf[:n])
-		sums = append(sums, hex.EncodeToString(h[:]))
-		offset += n
+	if offset%uint64(regionBytes) != 0 || regions < 1 || regions > maxChecksumBytes/regionBytes || offset >= info.SizeBytes {
+		return nil, badRequest("offset %d, %d regions: want a multiple of %d below the volume's %d bytes, 1 to %d regions", offset, regions, regionBytes, info.SizeBytes, maxChecksumBytes/regionBytes)
+	}
+	shift := uint(bits.TrailingZeros(uint(bs)))
+	blocks := info.SizeBytes >> shift
+	per := uint64(regionBytes) >> shift
+	lba := offset >> shift
+	regions = min(regions, int((blocks-lba+per-1)/per))
+	src := repl.DigestSource{Mapped: vol.Mapped, Read: vol.Read, BlockShift: shift, Blocks: blocks}
+	out := make([]repl.Digest, regions)
+	if _, err := src.Digests(lba, per, make([]byte, max(regionBytes, 1<<20)), out); err != nil {
+		return nil, err
+	}
+	sums := make([]string, regions)
+	for i := range out {
+		sums[i] = hex.EncodeToString(out[i][:])
 	}
 	return sums, nil
 }
@@ -77,7 +99,7 @@ func (d *Daemon) internalChecksum(w http.ResponseWriter, r *http.Request) error 
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	sums, err := d.localChecksums(req.ID, req.Offset, req.Regions)
+	sums, err := d.localChecksums(req.ID, req.Offset, req.Regions, req.RegionBytes)
 	if err != nil {
 		if _, ok := err.(*apiError); ok {
 			return err
@@ -92,7 +114,7 @@ func (d *Daemon) internalChecksum(w http.ResponseWriter, r *http.Request) error 
 // regions region hashes of volume id from offset.
 func (d *Daemon) checksums(ctx context.Context, node string, id, offset uint64, regions int) ([]string, error) {
 	if node == d.cfg.NodeID {
-		return d.localChecksums(id, offset, regions)
+		return d.localChecksums(id, offset, regions, 0)
 	}
 	n, err := registryParts{d.node}.Node(ctx, node)
 	if err != nil {
