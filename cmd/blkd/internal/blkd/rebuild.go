@@ -197,7 +197,7 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 		Node: node, NS: ns, MaxTransfer: c.Info().MaxTransfer,
 		Mapped: vol.Mapped, Read: vol.Read, RegionBytes: rebuildRegion, Limiter: d.repl.limit,
 		UseDirtyLog: !full, RemoteDigests: digests,
-		Logger:      d.log.With(slog.String("volume", v.Name)),
+		Logger: d.log.With(slog.String("volume", v.Name)),
 		Promote: func(pctx context.Context) error {
 			if err := setCtx(pctx, meta.ReplicaInSync, fmt.Sprintf("rebuilt: %s copy from %s at epoch %d", mode, d.cfg.NodeID, epoch)); err != nil {
 				return err
