@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,7 +30,7 @@ type replicatedVolume struct {
 	} `json:"replicas"`
 }
 
-// TestClusterFailover is scenarios 1, 3 and 4 of the replication issue: a
+// TestClusterFailover is scenarios 1 to 4 of the replication issue: a
 // 3-node blkd cluster on the host, a 3-replica volume, a kernel host
 // (guest, nvme-tcp, native multipath) connected to all three nodes by
 // nvme connect-all through one node's discovery log. While fio writes
@@ -40,7 +41,9 @@ type replicatedVolume struct {
 //     optimized, the host moves its I/O there with no error reaching
 //     fio; the time from the kill to the first write the new primary
 //     completes is reported. The killed node, restarted, is rebuilt in
-//     sync and volume verify finds the three replicas equal.
+//     sync (scenario 2: by a compare, which copies only the regions that
+//     differ, at most what fio wrote since; the bytes are reported) and
+//     volume verify finds the three replicas equal.
 //
 //  2. the new primary is stopped with SIGSTOP until another node is
 //     primary, then resumed: it logs its deposition, its path turns
@@ -198,6 +201,26 @@ func TestClusterFailover(t *testing.T) {
 	s.mark("switched-1")
 	p1.d.start() // back as a secondary, rebuilt from p2
 	inSync(1)
+	// Scenario 2: the returning primary is compared and only what
+	// differs is copied. Since the kill only fio's job "kill" (16 to 40
+	// MiB) wrote; a full copy would have copied every allocated extent
+	// (the jobs "before" and "kill" and the 4 MiB pattern: 36 MiB once fio
+	// is done).
+	var done string
+	for _, line := range strings.Split(string(s.readShare(fmt.Sprintf("%s.log.%d", p2.name, p2.d.runs))), "\n") {
+		if strings.Contains(line, `msg="rebuild done"`) && strings.Contains(line, " node="+p1.name+" ") {
+			done = line
+		}
+	}
+	m := regexp.MustCompile(` mode=(\w+) copied_bytes=(\d+) `).FindStringSubmatch(done)
+	if m == nil {
+		t.Fatalf("step 1: %s logged no rebuild of %s: %q", p2.name, p1.name, done)
+	}
+	copied, _ := strconv.ParseUint(m[2], 10, 64)
+	if m[1] != "compare" || copied > 24<<20 {
+		t.Errorf("step 1: the returning %s was rebuilt by a %s copying %d bytes, want a compare copying at most the 24 MiB fio wrote: %s", p1.name, m[1], copied, done)
+	}
+	t.Logf("step 1: %s rebuilt by a %s copy of %d bytes (volume 128 MiB): %s", p1.name, m[1], copied, done)
 	s.mark("rebuilt-1")
 
 	// Scenario 3: SIGSTOP of the new primary under fio, SIGCONT once
