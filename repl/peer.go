@@ -243,6 +243,9 @@ func (p *peer) missed(err error) {
 func (p *peer) report(cause error) {
 	b := p.b
 	reason := fmt.Sprintf("missed a write: %v", cause)
+	if errors.Is(cause, ErrDiverged) {
+		reason = cause.Error()
+	}
 	b.log.Warn("replica missed a write: reporting it out of sync", "node", p.node, "epoch", p.epoch, "error", cause)
 	ctx, cancel := context.WithTimeout(context.Background(), b.hold)
 	defer cancel()

@@ -157,65 +157,139 @@ func (r *Rebuild) compareAll() error {
 		return err
 	}
 	shift := r.b.shift
-	per := uint64(DigestRegionBytes) >> shift // blocks per region
-	if per == 0 {
-		per = 1
-	}
-	span := max(1, r.region/per) // regions per window
 	src := DigestSource{Mapped: r.cfg.Mapped, Read: r.cfg.Read, BlockShift: shift, Blocks: r.blocks}
-	local := make([]Digest, digestBatch)
-	remote := make([]Digest, digestBatch)
-	buf := make([]byte, digestReadBytes)
-	type answer struct{ err error }
-	res := make(chan answer, 1)
-	for lo := uint64(0); lo < r.blocks; {
-		if err := r.check(); err != nil {
-			return err
-		}
-		n := min(uint64(digestBatch), (r.blocks-lo+per-1)/per)
-		go func(lo uint64, out []Digest) {
-			res <- answer{r.cfg.RemoteDigests(r.ctx, lo, out)}
-		}(lo, remote[:n])
-		read, lerr := src.Digests(lo, per, buf, local[:n])
-		a := <-res
-		switch {
-		case lerr != nil:
-			return fmt.Errorf("repl: rebuild: local digests: %w", lerr)
-		case a.err != nil:
-			if err := r.check(); err != nil {
-				return err
+	remote := func(ctx context.Context, lba uint64, out []Digest) error {
+		if err := r.cfg.RemoteDigests(ctx, lba, out); err != nil {
+			if cerr := r.check(); cerr != nil {
+				return cerr
 			}
-			err := fmt.Errorf("%w: digests of LBA %d: %w", ErrRebuildLeg, lo, a.err)
+			err = fmt.Errorf("%w: digests of LBA %d: %w", ErrRebuildLeg, lba, err)
 			r.fail(err)
 			return err
 		}
-		// Digest reads cost the disks what copies would: they count
-		// against the rate.
-		if err := r.throttle(read); err != nil {
-			return err
-		}
-		for i := uint64(0); i < n; {
-			if local[i] == remote[i] {
-				i++
-				continue
+		return nil
+	}
+	span := max(1, r.region/src.regionBlocks()) // regions per window
+	err := walkDigests(r.ctx, src, remote, r.cfg.Limiter, r.check, func(lo, hi uint64, differ bool, end uint64) error {
+		if differ {
+			for at := lo; at < hi; at += span * src.regionBlocks() {
+				e := min(hi, at+span*src.regionBlocks())
+				if err := r.copyWindow(at, e); err != nil {
+					return err
+				}
+				r.differ.Add((e - at) << shift)
 			}
+		}
+		r.done.Store(end << shift)
+		return nil
+	})
+	if err != nil && r.ctx.Err() != nil {
+		return r.failure() // the limiter's wait, cut short
+	}
+	return err
+}
+
+// regionBlocks is the blocks of a DigestRegionBytes region (one block at
+// least).
+func (s DigestSource) regionBlocks() uint64 { return max(1, uint64(DigestRegionBytes)>>s.BlockShift) }
+
+// walkDigests compares src with remote over the whole volume in batches
+// of digestBatch regions of DigestRegionBytes (the remote call runs while
+// the local digests are computed; the bytes read locally count against
+// lim, if set) and calls fn with each run of regions [lo, hi) that differ
+// (differ) or are equal, and end, the end of the batch once its last run
+// is passed (else the run's end). check, if set, is asked before each
+// batch.
+func walkDigests(ctx context.Context, src DigestSource, remote RemoteDigestsFunc, lim *Limiter, check func() error,
+	fn func(lo, hi uint64, differ bool, end uint64) error) error {
+	per := src.regionBlocks()
+	local := make([]Digest, digestBatch)
+	theirs := make([]Digest, digestBatch)
+	buf := make([]byte, digestReadBytes)
+	res := make(chan error, 1)
+	for lo := uint64(0); lo < src.Blocks; {
+		if check != nil {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+		n := min(uint64(digestBatch), (src.Blocks-lo+per-1)/per)
+		go func(lo uint64, out []Digest) { res <- remote(ctx, lo, out) }(lo, theirs[:n])
+		read, lerr := src.Digests(lo, per, buf, local[:n])
+		if rerr := <-res; rerr != nil {
+			return rerr
+		}
+		if lerr != nil {
+			return fmt.Errorf("repl: local digests: %w", lerr)
+		}
+		// Digest reads cost the disks what copies would.
+		if lim != nil {
+			if err := lim.Wait(ctx, read); err != nil {
+				return err
+			}
+		}
+		batchEnd := min(src.Blocks, lo+n*per)
+		for i := uint64(0); i < n; {
 			j := i + 1
-			for j < n && j-i < span && local[j] != remote[j] {
+			for j < n && (local[j] == theirs[j]) == (local[i] == theirs[i]) {
 				j++
 			}
-			if err := r.check(); err != nil {
+			end := min(src.Blocks, lo+j*per)
+			if j == n {
+				end = batchEnd
+			}
+			if err := fn(lo+i*per, min(src.Blocks, lo+j*per), local[i] != theirs[i], end); err != nil {
 				return err
 			}
-			if err := r.copyWindow(lo+i*per, min(lo+j*per, r.blocks)); err != nil {
-				return err
-			}
-			r.differ.Add((min(lo+j*per, r.blocks) - (lo + i*per)) << shift)
 			i = j
 		}
-		lo = min(r.blocks, lo+n*per)
-		r.done.Store(lo << shift)
+		lo = batchEnd
 	}
 	return nil
+}
+
+// ErrDiverged: a replica counted in sync holds other bytes than the
+// primary in some region (Backend.Diverged).
+var ErrDiverged = errors.New("repl: replica differs from the primary")
+
+// DivergedRegions compares src with remote over the whole volume (see
+// walkDigests) and returns the runs of regions whose digests differ,
+// as [lba, end) pairs. Nothing is copied or held: for the check of the
+// in-sync replicas when a primary's term begins (blkd), whose runs are
+// asked again (Digests on one region) before the replica is declared
+// diverged.
+func DivergedRegions(ctx context.Context, src DigestSource, remote RemoteDigestsFunc, lim *Limiter) ([][2]uint64, error) {
+	var runs [][2]uint64
+	err := walkDigests(ctx, src, remote, lim, ctx.Err, func(lo, hi uint64, differ bool, _ uint64) error {
+		if differ {
+			runs = append(runs, [2]uint64{lo, hi})
+		}
+		return nil
+	})
+	return runs, err
+}
+
+// Diverged takes node's replica out of sync because it was found to
+// differ from the primary (cause wraps ErrDiverged and says where), as if
+// it had missed a write: writes skip it from now on and are held until the
+// Reporter recorded it out of sync. Its next rebuild is a compare, never
+// incremental: the dirty-region log it gets says only what it misses
+// from now on, not where it differed, so it is marked useless. It returns
+// false if node is no in-sync peer of the current leg set.
+func (b *Backend) Diverged(node string, cause error) bool {
+	p := b.set.Load().find(node)
+	if p == nil {
+		return false
+	}
+	if st := p.state.Load(); st != peerInSync && st != peerPromoting {
+		return false
+	}
+	b.keepDirty(p)
+	if d := b.drls.Load().find(node); d != nil {
+		d.lost.Store(true)
+	}
+	p.missed(cause)
+	return true
 }
 
 // RemoteDigestsFunc is RebuildConfig.RemoteDigests: it fills out with

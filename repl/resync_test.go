@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -233,4 +234,88 @@ func TestDigests(t *testing.T) {
 			t.Fatalf("%d regions at %d: %v, want ErrDigestRange", c.regions, c.lba, err)
 		}
 	}
+}
+
+// TestDiverged: DivergedRegions finds the runs of regions where an
+// in-sync replica differs (and nothing where it does not); Diverged
+// takes it out of sync as a missed write is (reported with its own
+// reason, writes held until the registry answered, skipped after), with
+// no usable dirty-region log, so its rebuild is a compare that copies
+// back exactly the regions that differ.
+func TestDiverged(t *testing.T) {
+	rep := newFakeReporter()
+	g := newDRLRig(t, rep)
+	g.leg.async = func(cmd) error { return nil }
+	const per = DigestRegionBytes / testBlock
+	for lba := uint64(0); lba < testBlocks; lba += 5 {
+		data := pattern(testBlock, byte(lba))
+		if err := g.submit(target.OpWrite, lba, 1, data).wait(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.leg.wg.Wait()
+	src := DigestSource{Mapped: g.local.mapped, Read: g.local.read, BlockShift: 12, Blocks: testBlocks}
+	var calls atomic.Int32
+	runs, err := DivergedRegions(context.Background(), src, legDigests(g.leg, &calls), nil)
+	if err != nil || len(runs) != 0 {
+		t.Fatalf("an equal replica: runs %v, %v", runs, err)
+	}
+	// Writes in flight at a change of primary that reached this replica
+	// only: regions 3 and 4, and 40.
+	_ = g.leg.mem.Write(3*per+1, pattern(testBlock, 0xee), false)
+	_ = g.leg.mem.Write(4*per+2, pattern(testBlock, 0xee), false)
+	_ = g.leg.mem.Write(40*per, pattern(testBlock, 0xee), false)
+	defer func(b int) { digestBatch = b }(digestBatch)
+	digestBatch = 4 // runs across batches: 3 and 4 are in two
+	runs, err = DivergedRegions(context.Background(), src, legDigests(g.leg, &calls), nil)
+	want := [][2]uint64{{3 * per, 4 * per}, {4 * per, 5 * per}, {40 * per, 41 * per}}
+	if err != nil || len(runs) != len(want) || runs[0] != want[0] || runs[1] != want[1] || runs[2] != want[2] {
+		t.Fatalf("runs %v, %v; want %v", runs, err, want)
+	}
+
+	if g.b.Diverged("node-x", ErrDiverged) {
+		t.Fatal("Diverged of no peer")
+	}
+	cause := fmt.Errorf("%w: 3 regions at epoch 1", ErrDiverged)
+	if !g.b.Diverged("node-r", cause) {
+		t.Fatal("Diverged refused the in-sync peer")
+	}
+	h := g.submit(target.OpWrite, 7, 1, pattern(testBlock, 7))
+	r := rep.next(t)
+	if r.node != "node-r" || r.reason != cause.Error() {
+		t.Fatalf("report %+v", r)
+	}
+	if h.isDone() {
+		t.Fatal("a write skipping the diverged replica completed before the registry recorded it")
+	}
+	r.answer <- nil
+	if err := h.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if g.b.Diverged("node-r", cause) {
+		t.Fatal("Diverged twice")
+	}
+	if _, ok := g.b.DirtyBytes("node-r"); ok {
+		t.Fatal("a usable dirty-region log of a diverged replica")
+	}
+	if err := g.b.SetPeers(1, nil); err != nil { // the registry took it out
+		t.Fatal(err)
+	}
+	leg := newFakeLeg(t, nil)
+	leg.async = func(cmd) error { return nil }
+	leg.mem = g.leg.mem
+	rb, err := g.b.StartRebuild(1, RebuildConfig{Node: "node-r", NS: leg, Mapped: g.local.mapped, Read: g.local.read,
+		UseDirtyLog: true, RemoteDigests: legDigests(leg, &calls), Promote: func(context.Context) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRebuild(t, rb); err != nil {
+		t.Fatal(err)
+	}
+	leg.wg.Wait()
+	// The three, and region 0: the write at 7 skipped the replica.
+	if rb.Mode() != "compare" || rb.Differ() != 4*DigestRegionBytes {
+		t.Fatalf("rebuild %s, %d bytes differed; want a compare of 4 regions", rb.Mode(), rb.Differ())
+	}
+	sameStores(t, g.local, leg)
 }

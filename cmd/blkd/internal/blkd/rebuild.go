@@ -61,6 +61,13 @@ const (
 // ctx ends.
 func (d *Daemon) rebuildLoop(ctx context.Context, pl *primaryLeg, id uint64, name string) {
 	defer close(pl.rebuilt)
+	// The term check (termcheck.go) beside it, ended with it.
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		d.termCheck(ctx, pl, id, name)
+	}()
+	defer func() { <-checked }()
 	failed := map[string]time.Time{} // node → last failure
 	t := time.NewTicker(rebuildPoll)
 	defer t.Stop()

@@ -1,0 +1,137 @@
+package blkd
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"time"
+
+	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/repl"
+	"github.com/blk-project/blk/store"
+)
+
+// The term check (docs/replication.md §5, "Built: the term check"): when
+// a primary's term begins (a failover, a handover, a restart of the
+// primary), its in-sync replicas may hold other bytes than its own copy
+// where the previous term had writes in flight: a write that reached some
+// copies and not others, never acknowledged. Nothing is lost (the host
+// was not told it was written), but reads would then depend on which
+// copy serves them, and could change at the next failover with no write
+// in between: a journal's commit block present, then gone, then present
+// again. So once the term serves, its primary compares every in-sync
+// replica with its own copy (repl.DivergedRegions: digests of 64 KiB
+// regions, both copies read whole, at --rebuild-rate), asks the regions
+// that differ again termRechecks times (one may only look different
+// because a host write was on its way to one copy), and takes a replica
+// whose regions still differ out of sync (repl.Backend.Diverged, as a
+// missed write: recorded before any write skipping it is acknowledged).
+// The rebuild loop then copies the regions that differ back from the
+// primary (a compare rebuild): the primary's copy wins, as a host that
+// retries its unacknowledged writes expects.
+
+const (
+	// termRechecks: how many more times a differing region is compared
+	// before its replica is taken out of sync.
+	termRechecks = 3
+	// termRecheckPause: the pause before each recheck, long enough for a
+	// host write in flight to land on every copy.
+	termRecheckPause = 500 * time.Millisecond
+)
+
+// termCheck compares pl's in-sync replicas of volume id with the local
+// copy (see the top of the file), until ctx ends.
+func (d *Daemon) termCheck(ctx context.Context, pl *primaryLeg, id uint64, name string) {
+	vol, err := d.store.Volume(store.ID(id))
+	if err != nil {
+		return
+	}
+	info, err := vol.Info()
+	if err != nil {
+		return
+	}
+	shift := uint(bits.TrailingZeros(uint(info.BlockSize)))
+	src := repl.DigestSource{Mapped: vol.Mapped, Read: vol.Read, BlockShift: shift, Blocks: info.SizeBytes >> shift}
+	var nodes []string
+	for _, p := range pl.b.Stats().Peers {
+		if p.State == "in-sync" {
+			nodes = append(nodes, p.Node)
+		}
+	}
+	d.node.FSM().Read(func(s *meta.State) {
+		kept := nodes[:0]
+		for _, n := range nodes {
+			if info, ok := s.Node(n); ok && info.HasFeature(meta.FeatureDigests) {
+				kept = append(kept, n)
+			}
+		}
+		nodes = kept
+	})
+	log := d.log.With(slog.String("volume", name), slog.Uint64("epoch", pl.epoch))
+	for _, node := range nodes {
+		started := time.Now()
+		remote := d.remoteDigests(node, id)
+		runs, err := repl.DivergedRegions(ctx, src, remote, d.repl.limit)
+		for try := 0; err == nil && len(runs) > 0 && try < termRechecks; try++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(termRecheckPause):
+			}
+			runs, err = stillDiffer(ctx, src, remote, runs)
+		}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			log.Warn("term check of a replica failed", slog.String("node", node), slog.String("err", err.Error()))
+			continue
+		case len(runs) == 0:
+			log.Info("term check: replica equal to the primary", slog.String("node", node), slog.Duration("took", time.Since(started).Round(time.Millisecond)))
+			continue
+		}
+		per := uint64(repl.DigestRegionBytes) >> shift
+		var regions uint64
+		for _, r := range runs {
+			regions += (r[1] - r[0] + per - 1) / per
+		}
+		cause := fmt.Errorf("%w: %d regions of %d KiB differ from primary %s's at the start of epoch %d, first at LBA %d (writes of the previous term that reached some copies only)",
+			repl.ErrDiverged, regions, repl.DigestRegionBytes>>10, d.cfg.NodeID, pl.epoch, runs[0][0])
+		if pl.b.Diverged(node, cause) {
+			log.Warn("replica differs from the primary: taken out of sync, to be copied back", slog.String("node", node), slog.Uint64("regions", regions), slog.Uint64("first_lba", runs[0][0]))
+		}
+	}
+}
+
+// stillDiffer compares runs again and returns the parts that still
+// differ.
+func stillDiffer(ctx context.Context, src repl.DigestSource, remote repl.RemoteDigestsFunc, runs [][2]uint64) ([][2]uint64, error) {
+	per := max(1, uint64(repl.DigestRegionBytes)>>src.BlockShift)
+	var out [][2]uint64
+	for _, r := range runs {
+		for lo := r[0]; lo < r[1]; {
+			n := min(uint64(repl.DigestBatch), (r[1]-lo+per-1)/per)
+			mine, theirs := make([]repl.Digest, n), make([]repl.Digest, n)
+			if _, err := src.Digests(lo, per, nil, mine); err != nil {
+				return nil, err
+			}
+			if err := remote(ctx, lo, theirs); err != nil {
+				return nil, err
+			}
+			for i := range n {
+				if mine[i] == theirs[i] {
+					continue
+				}
+				a, b := lo+i*per, min(src.Blocks, lo+(i+1)*per)
+				if k := len(out); k > 0 && out[k-1][1] == a {
+					out[k-1][1] = b
+				} else {
+					out = append(out, [2]uint64{a, b})
+				}
+			}
+			lo += n * per
+		}
+	}
+	return out, nil
+}
