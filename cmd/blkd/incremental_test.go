@@ -12,10 +12,12 @@ import (
 )
 
 // TestReplicationIncremental: a 3-replica 64 MiB volume written in full,
-// then a secondary killed with SIGKILL while the host writes to its
+// then a secondary stopped with SIGSTOP (a node cut off: its process
+// keeps everything it acknowledged) while the host writes to its
 // first 4 MiB, and 2 MiB more written at 32 MiB while it is away. The
 // primary keeps a dirty-region log of what it missed (the metric says
-// how much, a few MiB); restarted, the victim is rebuilt incrementally
+// how much, a few MiB); resumed (the same run of blkd, boot.go), the
+// victim is rebuilt incrementally
 // while the host keeps writing: the primary logs "rebuild done" with
 // mode=incremental, the bytes it copied are at most the dirty regions'
 // size and far below the volume's, no full copy ran, volume verify
@@ -88,9 +90,7 @@ func TestReplicationIncremental(t *testing.T) {
 
 	stop := writers(10)
 	time.Sleep(200 * time.Millisecond)
-	c.procs[victim].cmd.Process.Signal(syscall.SIGKILL)
-	<-c.procs[victim].exited
-	delete(c.procs, victim)
+	c.procs[victim].cmd.Process.Signal(syscall.SIGSTOP)
 	eventually(t, 20*time.Second, victim+" recorded out of sync", func() error {
 		pp.must(t, "GET", "/v1/volumes/r", "", 200, &v)
 		for _, r := range v.Replicas {
@@ -115,7 +115,7 @@ func TestReplicationIncremental(t *testing.T) {
 	}
 	t.Logf("%s missed %v bytes of dirty regions", victim, dirty)
 
-	c.start(victim, "--zone", zoneOf(victim))
+	c.procs[victim].cmd.Process.Signal(syscall.SIGCONT)
 	stop = writers(20)
 	eventually(t, 40*time.Second, victim+" rebuilt in sync", func() error {
 		v = replicatedJSON{}

@@ -56,15 +56,9 @@ func TestReplaceAndMove(t *testing.T) {
 
 	c, ids, leader := startZoned(t, 5, "--replace-after", "3s")
 	lp := c.procs[leader]
-	pin := ids[0]
-	if pin == leader {
-		pin = ids[1]
-	}
 	var v replaceVolumeJSON
-	lp.must(t, "POST", "/v1/volumes", `{"name": "m", "size": "16MiB", "replicas": 3, "node": "`+pin+`"}`, 201, &v)
-	lp.must(t, "POST", "/v1/volumes/m/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
-	var a attachJSON
-	lp.must(t, "POST", "/v1/volumes/m/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	a := pinnedVolume(t, c, ids, leader, "m", "16MiB", &v)
+	pin := v.Node
 	tcpAddrs := tcpAddrsOf(t, lp)
 	host := &multipathHost{}
 	defer host.close()

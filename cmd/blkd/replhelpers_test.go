@@ -206,3 +206,20 @@ func tcpAddrsOf(t *testing.T, d *daemon) map[string]string {
 	}
 	return out
 }
+
+// pinnedVolume creates the 3-replica volume name of size (into v) with
+// its primary on a node that does not lead the registry (its failover
+// or restart needs no election), allows hostNQN on it and attaches it.
+func pinnedVolume(t *testing.T, c *cluster, ids []string, leader, name, size string, v any) attachJSON {
+	t.Helper()
+	lp := c.procs[leader]
+	pin := ids[0]
+	if pin == leader {
+		pin = ids[1]
+	}
+	lp.must(t, "POST", "/v1/volumes", `{"name": "`+name+`", "size": "`+size+`", "replicas": 3, "node": "`+pin+`"}`, 201, v)
+	lp.must(t, "POST", "/v1/volumes/"+name+"/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	var a attachJSON
+	lp.must(t, "POST", "/v1/volumes/"+name+"/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	return a
+}

@@ -22,16 +22,9 @@ import (
 // what the host wrote.
 func TestTermCheck(t *testing.T) {
 	c, ids, leader := startZoned(t, 3)
-	lp := c.procs[leader]
-	pin := ids[0]
-	if pin == leader {
-		pin = ids[1]
-	}
 	var v replicatedJSON
-	lp.must(t, "POST", "/v1/volumes", `{"name": "t", "size": "16MiB", "replicas": 3, "node": "`+pin+`"}`, 201, &v)
-	lp.must(t, "POST", "/v1/volumes/t/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
-	var a attachJSON
-	lp.must(t, "POST", "/v1/volumes/t/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	a := pinnedVolume(t, c, ids, leader, "t", "16MiB", &v)
+	pin := v.Node
 	ctrl, ns := connect(t, a.over("tcp"))
 	model := make([]byte, 16<<20)
 	if _, err := rand.Read(model[:4<<20]); err != nil {

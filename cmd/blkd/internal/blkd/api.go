@@ -153,6 +153,8 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("POST /v1/internal/lease", w(d.internalLease))
 	// The leader's volume verify asks each replica's node (verify.go).
 	m.Handle("POST /v1/internal/checksum", handler(d.internalChecksum))
+	// A primary asks a replica's node which run of it answers (boot.go).
+	m.Handle("GET /v1/internal/boot", handler(d.internalBoot))
 	// The leader has a replaced replica's node delete its copy (replace.go).
 	m.Handle("POST /v1/internal/drop", handler(d.internalDrop))
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
@@ -165,7 +167,7 @@ func (d *Daemon) routes() http.Handler {
 		"/v1/volumes/{name}/hosts": "POST, DELETE", "/v1/volumes/{name}/hosts/{nqn}": "DELETE",
 		"/v1/volumes/{name}/attach": "POST", "/v1/volumes/{name}/detach": "POST",
 		"/v1/volumes/{name}/resize": "POST", "/v1/internal/reconcile": "POST", "/v1/internal/health": "GET", "/v1/internal/replica": "POST", "/v1/internal/lease": "POST", "/v1/internal/checksum": "POST", "/v1/volumes/{name}/verify": "POST",
-		"/v1/volumes/{name}/replicas/replace": "POST", "/v1/internal/drop": "POST",
+		"/v1/volumes/{name}/replicas/replace": "POST", "/v1/internal/drop": "POST", "/v1/internal/boot": "GET",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
 	} {
 		m.Handle(path, handler(func(w http.ResponseWriter, r *http.Request) error {

@@ -87,6 +87,8 @@ type Daemon struct {
 	// repl is the node's replication (replica.go): the fences of its
 	// secondary replicas, the legs of the volumes it is primary of.
 	repl replicas
+	// boot names this process among the node's runs (boot.go).
+	boot string
 	// Failover (failover.go): the lease loop's kick, the leader's record
 	// of the nodes it heard from, the volumes being failed over.
 	leaseKick  chan struct{}
@@ -122,7 +124,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1), stop: make(chan struct{})}
+	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1), stop: make(chan struct{}), boot: newBootID()}
 	d.repl = replicas{fences: map[uint64]fence{}, primary: map[uint64]*primaryLeg{}, host: map[uint64]*hostVolume{}}
 	d.leaseKick = make(chan struct{}, 1)
 	d.failing, d.failWarned = map[string]bool{}, map[string]bool{}

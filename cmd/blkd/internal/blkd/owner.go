@@ -328,6 +328,20 @@ func (d *Daemon) postPeer(ctx context.Context, api, path string, in, out any) er
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	return d.askPeer(req, out)
+}
+
+// getPeer is postPeer's GET, with no body.
+func (d *Daemon) getPeer(ctx context.Context, api, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.peerURL(api, path), nil)
+	if err != nil {
+		return err
+	}
+	return d.askPeer(req, out)
+}
+
+// askPeer sends req to a peer and reads its answer as postPeer says.
+func (d *Daemon) askPeer(req *http.Request, out any) error {
 	resp, err := d.peers.Do(req)
 	if err != nil {
 		return err

@@ -24,7 +24,9 @@ import (
 // Which copy. Incremental (only the regions of the backend's
 // dirty-region log of the replica) when the backend has one, which it
 // keeps from the moment it saw the replica leave, at its epoch, until
-// the replica is back in sync. Full when the registry's record of the
+// the replica is back in sync, and the replica's node still runs the
+// process the leg wrote to (boot.go: a run that died may have lost
+// writes it acknowledged, which no log marks). Full when the registry's record of the
 // replica says Full: a new or replaced replica, or a node that lost its
 // data. Otherwise a compare (repl/resync.go): a new primary after a
 // failover (its term has no log: the old primary, back, lacks what the
@@ -157,9 +159,6 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 			digests = d.remoteDigests(node, v.ID)
 			mode = "compare"
 		}
-		if _, ok := pl.b.DirtyBytes(node); ok {
-			mode = "incremental"
-		}
 	}
 	setCtx := func(ctx context.Context, state meta.ReplicaState, reason string) error {
 		rctx, cancel := context.WithTimeout(ctx, ownerTimeout)
@@ -194,6 +193,21 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 		c.Close()
 		return errors.New("the replica subsystem has no namespace 1")
 	}
+	// The log is trusted only if the replica's run that the leg wrote
+	// to still answers, after this connection was made (boot.go).
+	boot := d.bootOf(ctx, node)
+	if _, ok := pl.b.DirtyBytes(node); ok && !full {
+		pl.mu.Lock()
+		was := pl.boots[node]
+		pl.mu.Unlock()
+		if was != "" && was == boot {
+			mode = "incremental"
+		} else {
+			pl.b.DropDirtyLog(node)
+			d.log.Info("replica's node ran again since it left (or says not which run it is): its dirty-region log is dropped, the rebuild compares",
+				slog.String("volume", v.Name), slog.String("node", node), slog.String("mode", mode))
+		}
+	}
 	if err := set(meta.ReplicaRebuilding, fmt.Sprintf("%s copy from %s at epoch %d", mode, d.cfg.NodeID, epoch)); err != nil {
 		c.Close()
 		return fmt.Errorf("commit rebuilding: %w", err)
@@ -216,6 +230,7 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 				old.Close()
 			}
 			pl.ctrls[node] = c
+			pl.boots[node] = boot
 			kept = true
 			pl.mu.Unlock()
 			return nil

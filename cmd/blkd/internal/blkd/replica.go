@@ -129,6 +129,11 @@ type primaryLeg struct {
 	lease1 sync.Once     // closes leased
 	mu     sync.Mutex
 	ctrls  map[string]*initiator.Controller // by node, connected legs
+	// boots is, by node, the boot ID of the replica's run that the leg
+	// connected to (fetched before the connection; "": unknown): a
+	// rebuild trusts the dirty-region log only if that run still answers
+	// (boot.go).
+	boots map[string]string
 	// rebuilt is closed when the rebuild loop (rebuild.go) ended; nil
 	// if it never started.
 	rebuilt chan struct{}
@@ -333,6 +338,7 @@ func (d *Daemon) startLegs(pl *primaryLeg, v meta.Volume) {
 			wg.Add(1)
 			go func(node string) {
 				defer wg.Done()
+				boot := d.bootOf(ctx, node) // before the connection: see boot.go
 				c, err := d.connectLeg(ctx, v, pl.epoch, node)
 				if err == nil {
 					ns := c.Namespace(1)
@@ -342,6 +348,7 @@ func (d *Daemon) startLegs(pl *primaryLeg, v meta.Volume) {
 					} else {
 						pl.mu.Lock()
 						pl.ctrls[node] = c
+						pl.boots[node] = boot
 						pl.mu.Unlock()
 						mu.Lock()
 						peers = append(peers, repl.Peer{Node: node, NS: ns, MaxTransfer: c.Info().MaxTransfer})
@@ -542,7 +549,7 @@ func (d *Daemon) newPrimaryLeg(v meta.Volume, local target.AsyncBackend) (*prima
 	// refused with the path status (a host retries them).
 	b.SetServing(false)
 	b.SetReadOnly(true)
-	return &primaryLeg{nqn: v.NQN, b: b, epoch: v.CurrentEpoch(), ctrls: map[string]*initiator.Controller{}, ready: make(chan struct{}), leased: make(chan struct{})}, nil
+	return &primaryLeg{nqn: v.NQN, b: b, epoch: v.CurrentEpoch(), ctrls: map[string]*initiator.Controller{}, boots: map[string]string{}, ready: make(chan struct{}), leased: make(chan struct{})}, nil
 }
 
 // stopPrimaryLeg ends the replication of the volume served under nqn,
