@@ -74,6 +74,20 @@ func (s *syncBuf) String() string {
 // arguments, waits for "ready", and returns its API address.
 func startBlkd(t *testing.T, extra ...string) string {
 	t.Helper()
+	return startBlkdProc(t, extra...).api
+}
+
+// blkdProc is one blkd startBlkdProc started.
+type blkdProc struct {
+	api    string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	out    *syncBuf
+}
+
+// startBlkdProc is startBlkd, returning the process too.
+func startBlkdProc(t *testing.T, extra ...string) *blkdProc {
+	t.Helper()
 	api := freeAddr(t)
 	args := append([]string{"--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t), "--api-addr", api}, extra...)
 	cmd := exec.Command(blkdBin, args...)
@@ -112,7 +126,7 @@ func startBlkd(t *testing.T, extra ...string) string {
 	case <-time.After(60 * time.Second):
 		t.Fatalf("blkd not ready within 60 s:\n%s", out.String())
 	}
-	return api
+	return &blkdProc{api: api, cmd: cmd, exited: exited, out: out}
 }
 
 // blkctl runs the blkctl binary and returns stdout, stderr and the exit code.
