@@ -23,9 +23,17 @@ const (
 
 // serve serves realSubNQN with one namespace on b through NVMe/TCP on
 // loopback (2 poll groups); closed at the test's end or by stop.
-func serve(t *testing.T, b target.AsyncBackend) (addr string, stop func()) {
+func serve(t testing.TB, b target.AsyncBackend) (addr string, stop func()) {
 	t.Helper()
-	cfg := tcp.Config{Addr: "127.0.0.1:0", Cores: 2}
+	port, stop := servePort(t, b, tcp.Config{})
+	return port.Addr().String(), stop
+}
+
+// servePort is serve with cfg (its address and Cores are serve's),
+// giving the port (its counters).
+func servePort(t testing.TB, b target.AsyncBackend, cfg tcp.Config) (port *tcp.Port, stop func()) {
+	t.Helper()
+	cfg.Addr, cfg.Cores = "127.0.0.1:0", 2
 	lim, err := tcp.Limits(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +49,7 @@ func serve(t *testing.T, b target.AsyncBackend) (addr string, stop func()) {
 	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: b}); err != nil {
 		t.Fatal(err)
 	}
-	port, err := tcp.Listen(tgt, cfg)
+	port, err = tcp.Listen(tgt, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,10 +61,10 @@ func serve(t *testing.T, b target.AsyncBackend) (addr string, stop func()) {
 		})
 	}
 	t.Cleanup(stop)
-	return port.Addr().String(), stop
+	return port, stop
 }
 
-func connect(t *testing.T, addr string, cfg initiator.Config) *initiator.Namespace {
+func connect(t testing.TB, addr string, cfg initiator.Config) *initiator.Namespace {
 	t.Helper()
 	cfg.Transport = initiator.TransportTCP
 	cfg.HostNQN = realHostNQN

@@ -7,7 +7,10 @@
 # then, round by round, the patterns run on r1, r2 and r3 in turn through
 # blkctl bench (blk's initiator over NVMe/TCP, one I/O queue): 4 KiB
 # random writes at QD1 and QD32, 4 KiB random reads at QD32. One markdown
-# table of medians, each ratio the median of the rounds' ratios to r1.
+# table of medians, each ratio the median of the rounds' ratios to r1,
+# with the CPU time the whole machine's share of the run took per I/O
+# (the three blkd and blkctl, user + system, from /proc): where the
+# nodes share their cores, as here, IOPS follow CPU per I/O.
 #
 # Usage: deploy/bench/replicas.sh
 #
@@ -79,32 +82,48 @@ for r in 1 2 3; do
 	ctl bench "r$r" --host-nqn "$host" --transport tcp --rw write --bs 128KiB --qd 8 --ios $((2 * bytes / 131072)) >/dev/null
 done
 
+# cpu: the CPU ticks of the three blkd (utime + stime) and of this
+# shell's waited-for children, blkctl among them (cutime + cstime), so far.
+cpu() {
+	local t p
+	t=$(awk '{print $16 + $17}' "/proc/$$/stat")
+	for p in "${pids[@]}"; do
+		t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+	done
+	echo "$t"
+}
+hz=$(getconf CLK_TCK)
+
 rows=("randwrite 4KiB 1" "randwrite 4KiB 32" "randread 4KiB 32")
 declare -A res
 for run in $(seq "$RUNS"); do
 	for row in "${rows[@]}"; do
 		read -r rw bs qd <<<"$row"
 		for r in 1 2 3; do
+			c0=$(cpu)
 			j=$(ctl -o json bench "r$r" --host-nqn "$host" --transport tcp --rw "$rw" --bs "$bs" --qd "$qd" --time "${RUNTIME}s")
+			c1=$(cpu)
 			iops=$(sed -n 's/.*"iops": *\([0-9.]*\).*/\1/p' <<<"$j")
 			lat=$(sed -n 's/.*"lat_mean_us": *\([0-9.]*\).*/\1/p' <<<"$j")
 			p99=$(sed -n 's/.*"lat_p99_us": *\([0-9.]*\).*/\1/p' <<<"$j")
-			res["$row|$r|$run"]="$iops $lat $p99"
-			say "run $run $rw $bs QD$qd r$r: $iops IOPS, mean $lat us, p99 $p99 us"
+			cpuio=$(awk -v c=$((c1 - c0)) -v hz="$hz" -v i="$iops" -v t="$RUNTIME" 'BEGIN {printf "%.1f\n", c / hz * 1e6 / (i * t)}')
+			res["$row|$r|$run"]="$iops $lat $p99 $cpuio"
+			say "run $run $rw $bs QD$qd r$r: $iops IOPS, mean $lat us, p99 $p99 us, $cpuio CPU us per I/O"
 		done
 	done
 done
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 {
-	echo "| pattern | replicas | IOPS | mean µs | p99 µs | IOPS vs 1 | mean latency vs 1 |"
-	echo "| --- | --- | --- | --- | --- | --- | --- |"
+	echo "| pattern | replicas | IOPS | mean µs | p99 µs | CPU µs per I/O | IOPS vs 1 | mean latency vs 1 |"
+	echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 	for row in "${rows[@]}"; do
 		read -r rw bs qd <<<"$row"
 		for r in 1 2 3; do
 			iops=$(for run in $(seq "$RUNS"); do echo "${res["$row|$r|$run"]}" | cut -d' ' -f1; done | median)
 			lat=$(for run in $(seq "$RUNS"); do echo "${res["$row|$r|$run"]}" | cut -d' ' -f2; done | median)
 			p99=$(for run in $(seq "$RUNS"); do echo "${res["$row|$r|$run"]}" | cut -d' ' -f3; done | median)
+			cpuio=$(for run in $(seq "$RUNS"); do echo "${res["$row|$r|$run"]}" | cut -d' ' -f4; done | median)
 			ri=$(for run in $(seq "$RUNS"); do
 				read -r a _ <<<"${res["$row|$r|$run"]}"
 				read -r b _ <<<"${res["$row|1|$run"]}"
@@ -115,7 +134,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 				read -r _ b _ <<<"${res["$row|1|$run"]}"
 				awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f\n", a/b}'
 			done | median)
-			printf '| %s %s QD%s | %s | %.0f | %.1f | %.1f | %s | %s |\n' "$rw" "$bs" "$qd" "$r" "$iops" "$lat" "$p99" "$ri" "$rl"
+			printf '| %s %s QD%s | %s | %.0f | %.1f | %.1f | %.1f | %s | %s |\n' "$rw" "$bs" "$qd" "$r" "$iops" "$lat" "$p99" "$cpuio" "$ri" "$rl"
 		done
 	done
 } | tee "$OUT"

@@ -1,5 +1,5 @@
-// Package epoll is the event loop a poll group runs on: one goroutine,
-// locked to its OS thread, that owns an epoll set of non-blocking sockets
+// Package epoll is the event loop a poll group runs on: one goroutine
+// (locked to its OS thread or not: the group's choice) that owns an epoll set of non-blocking sockets
 // and sleeps in it when it has nothing to do, and a way for any other
 // goroutine to wake it. target/tcp's poll groups and transport/soft's
 // (Config.PollGroup) are built on it; what a group does with its events,

@@ -87,7 +87,7 @@ func runBenchCase(b *testing.B, bc benchCase) {
 		bareResults.Record(bc.name, b.N, r.iops)
 	})
 	b.Run("nvme", func(b *testing.B) {
-		tt := newTestTarget(b, tcp.Config{})
+		tt := newTestTarget(b, tcp.Config{LockThreads: true}) // GroupThreads: the groups' CPU time
 		h := dialBench(b, tt.addr, bc.write, bc.size, bc.depth)
 		var s0 tcp.Stats
 		r := measure(b, bc, h, tt.port.GroupThreads, func() { s0 = tt.port.Stats() })

@@ -26,14 +26,25 @@ type Config struct {
 	AdvertiseAddr string
 	// PortID is the port's identifier in discovery log entries (1).
 	PortID uint16
-	// Cores is the number of poll groups, each a goroutine locked to an
-	// OS thread that owns its connections' sockets (default GOMAXPROCS).
+	// Cores is the number of poll groups, each a goroutine that owns its
+	// connections' sockets (default GOMAXPROCS).
 	Cores int
-	// PinCores pins poll group i's thread to processor i mod NumCPU.
-	// Off by default, as target/rdma: on a small machine shared with the
-	// host a pinned group waits for its one processor while another is
-	// idle.
+	// PinCores pins poll group i's thread to processor i mod NumCPU
+	// (which locks each group's goroutine to its OS thread, as
+	// LockThreads). Off by default, as target/rdma: on a small machine
+	// shared with the host a pinned group waits for its one processor
+	// while another is idle.
 	PinCores bool
+	// LockThreads locks each poll group's goroutine to an OS thread of
+	// its own (runtime.LockOSThread) without pinning it: the thread's
+	// CPU time is then the group's (benchmarks read it). Off by default:
+	// a locked goroutine woken from its sleep in the netpoller cannot run
+	// on the thread that found it ready, which hands its processor over
+	// to the group's thread (a futex wake, a futex sleep and a context
+	// switch more per wake-up). A 4 KiB write at QD 1 through a
+	// replicated volume wakes two groups per node it crosses; locked,
+	// it took twice the CPU (repl's BenchmarkRealWrite).
+	LockThreads bool
 	// MaxQueueEntries is the largest I/O queue, MQES + 1
 	// (DefaultMaxQueueEntries).
 	MaxQueueEntries uint32

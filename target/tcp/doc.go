@@ -11,8 +11,8 @@
 //	config.go  Config, defaults with their reasons, Validate, Limits
 //	port.go    Port: listen, accept, placement on the least-loaded poll
 //	           group, the one place QueueParams is filled, Close, Stats
-//	group.go   the poll group: one per core, a goroutine locked to its
-//	           thread owning an epoll set (edge-triggered sockets) and
+//	group.go   the poll group: one per core, a goroutine (locked to its
+//	           thread with LockThreads or PinCores) owning an epoll set (edge-triggered sockets) and
 //	           the eventfd that wakes it (an internal/epoll.Loop), the
 //	           hand-over stacks (new connections, completions,
 //	           disconnects), buffer pools, the buffer FIFOs, the

@@ -17,8 +17,9 @@ import (
 )
 
 // A poll group is one core's share of the port (transport/soft's
-// poll_linux.go is its sibling; both run on internal/epoll): a goroutine locked to its OS thread
-// (pinned with Config.PinCores) that owns an epoll set, the sockets of its
+// poll_linux.go is its sibling; both run on internal/epoll): a goroutine
+// (locked to an OS thread with Config.LockThreads, and pinned with
+// Config.PinCores) that owns an epoll set, the sockets of its
 // connections (registered edge-triggered), their requests, its data
 // buffer pools and its target.Group. Each pass it
 //
@@ -48,7 +49,7 @@ type group struct {
 	stop     atomic.Bool
 	exitedCh chan struct{}
 	conns    atomic.Int32 // connections owned (for placement)
-	tid      atomic.Int32 // the group's OS thread (benchmarks read its CPU time)
+	tid      atomic.Int32 // the group's OS thread if locked (benchmarks read its CPU time), else 0
 
 	// Owned by the group's goroutine.
 	slots            epoll.Slots[conn] // connections by the slot their events carry
@@ -156,11 +157,13 @@ func (g *group) pushDone(r *req) {
 // run is the group's goroutine.
 func (g *group) run(started chan<- struct{}) {
 	defer close(g.exitedCh)
-	runtime.LockOSThread()
+	if g.p.cfg.LockThreads || g.p.cfg.PinCores {
+		runtime.LockOSThread()
+		g.tid.Store(int32(unix.Gettid()))
+	}
 	if g.p.cfg.PinCores {
 		pinThread(g.idx % runtime.NumCPU())
 	}
-	g.tid.Store(int32(unix.Gettid()))
 	close(started)
 	block := false // first pass: look at once
 	spin := g.p.cfg.PollSpin

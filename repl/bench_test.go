@@ -1,0 +1,114 @@
+package repl
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/tcp"
+)
+
+// tokenCB hands a host write's slot back to the driver.
+type tokenCB struct {
+	tok  chan struct{}
+	errs atomic.Uint64
+}
+
+func (c *tokenCB) IODone(err error) {
+	if err != nil {
+		c.errs.Add(1)
+	}
+	c.tok <- struct{}{}
+}
+
+// BenchmarkRealWrite: 4 KiB random writes from a host (blk's initiator,
+// one queue) through NVMe/TCP on loopback to a primary's Backend, "solo"
+// with no peer (its local replica alone, as a volume of one replica) or
+// "1leg" with one replica over NVMe/TCP (2 queues of 64, as blkd's),
+// memory backends on both: the replicated write path of the product
+// without its disks, both targets' poll groups without spin (as
+// deploy/bench/replicas.sh runs blkd). "locked" and "unlocked" are the
+// poll groups' tcp.Config.LockThreads (unlocked is the default).
+// Reported beside ns/op: the process's CPU time per write (host, primary
+// and replica share it) and the primary's poll-group passes per write.
+func BenchmarkRealWrite(b *testing.B) {
+	for _, qd := range []int{1, 32} {
+		for _, lock := range []bool{true, false} {
+			for _, legs := range []int{0, 1} {
+				name := fmt.Sprintf("QD%d/unlocked/solo", qd)
+				if lock {
+					name = fmt.Sprintf("QD%d/locked/solo", qd)
+				}
+				if legs == 1 {
+					name = name[:len(name)-len("solo")] + "1leg"
+				}
+				b.Run(name, func(b *testing.B) { benchRealWrite(b, qd, legs, lock) })
+			}
+		}
+	}
+}
+
+func benchRealWrite(b *testing.B, qd, legs int, lock bool) {
+	cfg := tcp.Config{PollSpin: -1, LockThreads: lock}
+	local, _ := target.NewMemBackend(testBlock, realBlocks)
+	rb, err := New(Config{Local: target.Inline(local), Reporter: newFakeReporter(), Epoch: 1, Depth: 128})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if legs > 0 {
+		replica, _ := target.NewMemBackend(testBlock, realBlocks)
+		rport, _ := servePort(b, target.Inline(replica), cfg)
+		ns := connect(b, rport.Addr().String(), initiator.Config{Queues: 2, QueueDepth: 64})
+		if err := rb.SetPeers(1, []Peer{{Node: "replica", NS: ns}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	hport, _ := servePort(b, rb, cfg)
+	host := connect(b, hport.Addr().String(), initiator.Config{Queues: 1, QueueDepth: max(qd, initiator.MinQueueDepth)})
+
+	cb := &tokenCB{tok: make(chan struct{}, qd)}
+	buf := pattern(testBlock, 7)
+	rng := rand.New(rand.NewPCG(1, 2))
+	run := func(n int) {
+		for range qd {
+			cb.tok <- struct{}{}
+		}
+		for range n {
+			<-cb.tok
+			if err := host.WriteAsync(rng.Uint64N(realBlocks), buf, 0, cb); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for range qd {
+			<-cb.tok
+		}
+	}
+	run(1000) // connections warm, buffers touched
+	st0 := hport.Stats()
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	run(b.N)
+	b.StopTimer()
+	cpu, st := cpuTime()-cpu0, hport.Stats()
+	if n := cb.errs.Load(); n != 0 {
+		b.Fatalf("%d writes failed", n)
+	}
+	if s := rb.Stats(); legs > 0 && (s.Peers[0].Failures != 0 || s.Peers[0].State != "in-sync") {
+		b.Fatalf("peer %+v", s.Peers[0])
+	}
+	b.ReportMetric(float64(cpu)/1e3/float64(b.N), "cpu-µs/op")
+	b.ReportMetric(float64(st.Passes-st0.Passes)/float64(b.N), "passes/op")
+}
+
+// cpuTime is the process's user and system CPU time in nanoseconds.
+func cpuTime() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
