@@ -87,9 +87,12 @@ const (
 	// writes to the window wait for one region's copy at most.
 	DefaultRegionBytes = 1 << 20
 	maxRegionBytes     = 64 << 20
-	// maxCopyCommands bounds the copier's commands in flight (a window's
+	// maxCopyCommands bounds the commands in flight of one window (its
 	// region at the leg's largest transfer).
 	maxCopyCommands = 64
+	// copyDepth: the windows in flight. The copier reads the next window
+	// while the others are on the wire (see the top of the file).
+	copyDepth = 4
 )
 
 var (
@@ -163,20 +166,60 @@ type Rebuild struct {
 	fin          chan struct{}
 	err          error // set before fin closes
 
-	// The copier's commands: one callback, results on cbs.
-	cbs  chan error
-	buf  []byte
-	runs [][2]uint64
+	// The copier's, read and written by its goroutine only: the windows
+	// in flight, oldest first (slots[head], n of them), their commands
+	// not yet completed (out), whose results come on cbs.
+	slots   [copyDepth]copySlot
+	head, n int
+	out     int
+	cbs     chan copyDone
+	runs    [][2]uint64
 }
 
-// window is one published range of the copier, [lo, hi) in blocks;
-// immutable once stored.
-type window struct{ lo, hi uint64 }
+// window is the copier's windows in flight, published to host writes:
+// rs[:n], each [lo, hi) in blocks; immutable once stored.
+type window struct {
+	n  int
+	rs [copyDepth][2]uint64
+}
 
-// copyCB is the initiator.Callback of the copier's commands.
-type copyCB chan error
+// overlaps reports whether [lo, hi) overlaps one of w's windows.
+func (w *window) overlaps(lo, hi uint64) bool {
+	for _, x := range w.rs[:w.n] {
+		if lo < x[1] && hi > x[0] {
+			return true
+		}
+	}
+	return false
+}
 
-func (c copyCB) IODone(err error) { c <- err }
+// copySlot is one window in flight: its range, the buffer its mapped
+// blocks are read into, its commands not yet completed.
+type copySlot struct {
+	lo, hi   uint64
+	progress uint64 // bytes Progress counts once it landed
+	copied   uint64 // bytes written by its commands
+	cmds     int
+	read     bool // buf holds a chunk its commands may still be sending
+	sent     bool // every command of the window was sent
+	failed   bool // one of them failed
+	buf      []byte
+	cb       slotCB
+}
+
+// slotCB is the initiator.Callback of a slot's commands.
+type slotCB struct {
+	ch   chan<- copyDone
+	slot int
+}
+
+// copyDone is one completion of the copier's commands.
+type copyDone struct {
+	slot int
+	err  error
+}
+
+func (c *slotCB) IODone(err error) { c.ch <- copyDone{slot: c.slot, err: err} }
 
 // StartRebuild adds cfg.Node as a rebuilding peer at epoch (the
 // backend's: the lead has committed the replica rebuilding at it) and
@@ -219,7 +262,10 @@ func (b *Backend) StartRebuild(epoch uint64, cfg RebuildConfig) (*Rebuild, error
 		return nil, fmt.Errorf("repl: local geometry: %w", err)
 	}
 	r := &Rebuild{b: b, cfg: cfg, blocks: g.Blocks, region: uint64(cfg.RegionBytes) >> b.shift,
-		xfer: uint64(xfer) >> b.shift, fin: make(chan struct{}), cbs: make(chan error, maxCopyCommands)}
+		xfer: uint64(xfer) >> b.shift, fin: make(chan struct{}), cbs: make(chan copyDone, copyDepth*maxCopyCommands)}
+	for i := range r.slots {
+		r.slots[i].cb = slotCB{ch: r.cbs, slot: i}
+	}
 	r.region = min(r.region, r.xfer*maxCopyCommands)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 
@@ -365,7 +411,7 @@ func (r *Rebuild) run() {
 	if err != nil && r.p.state.CompareAndSwap(peerRebuilding, peerDropped) {
 		r.p.kick()
 	}
-	r.release(nil) // a window left by an error: its held legs
+	r.release() // windows left by an error: their held legs
 	r.cancel()
 	b := r.b
 	b.mu.Lock()
@@ -420,9 +466,9 @@ func (r *Rebuild) promote() error {
 // (an incremental rebuild: see the top of the file).
 func (r *Rebuild) copyDirty() error {
 	// Every write that started without the replica in its leg set marks
-	// the log when it finishes: wait for them (a window nobody holds
-	// legs on) before the first look.
-	if err := r.quiesce(&window{}); err != nil {
+	// the log when it finishes: wait for them (no window is published
+	// yet, so nobody holds a leg) before the first look.
+	if err := r.quiesce(); err != nil {
 		return err
 	}
 	d := r.drl
@@ -439,11 +485,15 @@ func (r *Rebuild) copyDirty() error {
 			j++
 		}
 		lo, hi := i*per, min(j*per, r.blocks)
-		if err := r.copyWindow(lo, hi); err != nil {
+		if err := r.push(lo, hi, (hi-lo)<<r.b.shift); err != nil {
+			r.salvage()
 			return err
 		}
-		r.done.Add((hi - lo) << r.b.shift)
 		i = j
+	}
+	if err := r.drain(); err != nil {
+		r.salvage()
+		return err
 	}
 	return nil
 }
@@ -471,21 +521,40 @@ func (r *Rebuild) copyAll() error {
 		case found:
 			hi = min(e, c+r.region)
 		}
-		if err := r.copyWindow(c, hi); err != nil {
+		if err := r.push(c, hi, (hi-c)<<r.b.shift); err != nil {
 			return err
 		}
 		c = hi
-		r.done.Store(c << r.b.shift)
 	}
-	return nil
+	return r.drain()
 }
 
-// copyWindow copies [lo, hi) under a window (see the top of the file).
+// copyWindow copies [lo, hi) under a window (see the top of the file)
+// and returns once it is on the replica, with every window in flight
+// before it; Progress counts nothing of it.
 func (r *Rebuild) copyWindow(lo, hi uint64) error {
-	w := &window{lo: lo, hi: hi}
-	r.win.Store(w)
-	defer r.release(w)
-	if err := r.quiesce(w); err != nil {
+	if err := r.push(lo, hi, 0); err != nil {
+		return err
+	}
+	return r.drain()
+}
+
+// push starts the copy of [lo, hi) as the newest window in flight, once
+// the oldest landed if copyDepth are (see the top of the file): publish
+// it with the others, quiesce, look at its local map again, read each
+// mapped run and send it, deallocate the rest. progress is the bytes
+// Progress counts once it landed.
+func (r *Rebuild) push(lo, hi, progress uint64) error {
+	if r.n == copyDepth {
+		if err := r.land(); err != nil {
+			return err
+		}
+	}
+	s := &r.slots[(r.head+r.n)%copyDepth]
+	s.lo, s.hi, s.progress, s.copied, s.read, s.sent, s.failed = lo, hi, progress, 0, false, false, false
+	r.n++
+	r.publish()
+	if err := r.quiesce(); err != nil {
 		return err
 	}
 	r.runs = r.runs[:0]
@@ -498,13 +567,13 @@ func (r *Rebuild) copyWindow(lo, hi uint64) error {
 	at := lo
 	for _, run := range r.runs {
 		if run[0] > at {
-			if err := r.deallocate(at, run[0]); err != nil {
+			if err := r.deallocate(s, at, run[0]); err != nil {
 				return err
 			}
 		}
 		for c := run[0]; c < run[1]; {
 			n := min(run[1]-c, r.region)
-			if err := r.copyRegion(c, n); err != nil {
+			if err := r.copyChunk(s, c, n); err != nil {
 				return err
 			}
 			c += n
@@ -512,24 +581,121 @@ func (r *Rebuild) copyWindow(lo, hi uint64) error {
 		at = run[1]
 	}
 	if at < hi {
-		if err := r.deallocate(at, hi); err != nil {
+		if err := r.deallocate(s, at, hi); err != nil {
 			return err
 		}
 	}
+	s.sent = true
+	return nil
+}
+
+// land waits until the oldest window in flight is on the replica and
+// ends it: its regions are clean in the dirty-region log (an
+// incremental rebuild; a held leg that then fails marks them again),
+// then the windows are published without it and the legs it held alone
+// go.
+func (r *Rebuild) land() error {
+	s := &r.slots[r.head]
+	if err := r.settle(s); err != nil {
+		return err
+	}
 	if d := r.drl; d != nil {
-		// On the replica: clean, before the window's held legs go (one
-		// that fails marks the log again after this).
-		d.clear(lo>>d.shift, (hi-1)>>d.shift)
+		d.clear(s.lo>>d.shift, (s.hi-1)>>d.shift)
+	}
+	r.copied.Add(s.copied)
+	r.done.Add(s.progress)
+	r.head = (r.head + 1) % copyDepth
+	r.n--
+	r.publish()
+	return nil
+}
+
+// salvage lands, once the copy failed, the oldest windows that are on
+// the replica all the same (each command sent and completed without
+// error): their regions are clean in the log, the next incremental
+// rebuild does not copy them again.
+func (r *Rebuild) salvage() {
+	for more := true; more; {
+		select {
+		case d := <-r.cbs:
+			r.out--
+			r.slots[d.slot].cmds--
+			r.slots[d.slot].failed = r.slots[d.slot].failed || d.err != nil
+		default:
+			more = false
+		}
+	}
+	for r.n > 0 {
+		if s := &r.slots[r.head]; !s.sent || s.failed || s.cmds > 0 || r.land() != nil {
+			return
+		}
+	}
+}
+
+// drain lands every window in flight.
+func (r *Rebuild) drain() error {
+	for r.n > 0 {
+		if err := r.land(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
+// publish stores the windows in flight (nil: none) and sends, or drops
+// if the replica stopped taking writes, the held legs that overlap none
+// of them any more: every window they overlapped has landed.
+func (r *Rebuild) publish() {
+	var w *window
+	if r.n > 0 {
+		w = &window{n: r.n}
+		for k := range r.n {
+			s := &r.slots[(r.head+k)%copyDepth]
+			w.rs[k] = [2]uint64{s.lo, s.hi}
+		}
+	}
+	var out *leg
+	r.mu.Lock()
+	r.win.Store(w)
+	var kept *leg
+	for l := r.held; l != nil; {
+		next := l.nextRB
+		if lo, hi := r.span(l.r.host); w != nil && w.overlaps(lo, hi) {
+			l.nextRB, kept = kept, l
+		} else {
+			l.nextRB, out = out, l
+			r.heldN--
+		}
+		l = next
+	}
+	r.held = kept
+	r.mu.Unlock()
+	for l := out; l != nil; {
+		next := l.nextRB
+		l.nextRB = nil
+		l.r.deferredOn.Store(nil) // in use and not held: a quiesce waits for it now
+		if sending(r.p.state.Load()) {
+			l.send(l.r.host)
+		} else {
+			l.r.release() // never sent: the replica is out
+		}
+		l = next
+	}
+}
+
+// release ends every window (the copier stopped) and sends, or drops,
+// the legs they held.
+func (r *Rebuild) release() {
+	r.n = 0
+	r.publish()
+}
+
 // quiesce waits for every host write in use to complete, but those
-// holding a leg on w.
-func (r *Rebuild) quiesce(w *window) error {
+// holding their leg on a window (hold).
+func (r *Rebuild) quiesce() error {
 	b := r.b
 	for i := range b.recs {
-		if err := r.waitRecord(&b.recs[i], w); err != nil {
+		if err := r.waitRecord(&b.recs[i]); err != nil {
 			return err
 		}
 	}
@@ -540,18 +706,18 @@ func (r *Rebuild) quiesce(w *window) error {
 	}
 	b.overMu.Unlock()
 	for _, rec := range over {
-		if err := r.waitRecord(rec, w); err != nil {
+		if err := r.waitRecord(rec); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// waitRecord waits until rec's current use (if any) ended or holds a
-// leg on w.
-func (r *Rebuild) waitRecord(rec *record, w *window) error {
+// waitRecord waits until rec's current use (if any) ended or holds its
+// leg on a window.
+func (r *Rebuild) waitRecord(rec *record) error {
 	u := rec.uses.Load()
-	for spin := 0; u&1 != 0 && rec.uses.Load() == u && rec.deferredOn.Load() != w; spin++ {
+	for spin := 0; u&1 != 0 && rec.uses.Load() == u && rec.deferredOn.Load() == nil; spin++ {
 		if spin < 16 {
 			runtime.Gosched()
 			continue
@@ -564,24 +730,28 @@ func (r *Rebuild) waitRecord(rec *record, w *window) error {
 	return nil
 }
 
-// hold keeps l, the rebuilding leg of a host write io, until the current
-// window's copy is on the replica, if io overlaps that window; false: send
-// it now. The record counts l as pending already.
+// span is the blocks [lo, hi) a host I/O writes.
+func (r *Rebuild) span(io *target.IO) (lo, hi uint64) {
+	n := io.Blocks
+	if io.Op == target.OpWrite {
+		n = uint64(len(io.Data)) >> r.b.shift
+	}
+	return io.LBA, io.LBA + n
+}
+
+// hold keeps l, the rebuilding leg of a host write io, until the copy of
+// every window in flight it overlaps is on the replica; false: it
+// overlaps none, send it now. The record counts l as pending already.
 func (r *Rebuild) hold(l *leg, io *target.IO) bool {
 	w := r.win.Load()
 	if w == nil || io.Op == target.OpFlush {
 		return false
 	}
-	lo := io.LBA
-	n := io.Blocks
-	if io.Op == target.OpWrite {
-		n = uint64(len(io.Data)) >> r.b.shift
-	}
-	if lo >= w.hi || lo+n <= w.lo {
+	if lo, hi := r.span(io); !w.overlaps(lo, hi) {
 		return false
 	}
 	r.mu.Lock()
-	if r.win.Load() != w { // released meanwhile
+	if r.win.Load() != w { // published again meanwhile
 		r.mu.Unlock()
 		return r.hold(l, io)
 	}
@@ -593,90 +763,83 @@ func (r *Rebuild) hold(l *leg, io *target.IO) bool {
 	return true
 }
 
-// release clears the window w (nil: whatever is set) and sends the legs
-// it held, or drops them if the replica stopped taking writes.
-func (r *Rebuild) release(w *window) {
-	r.mu.Lock()
-	if cur := r.win.Load(); cur != nil && (w == nil || cur == w) {
-		r.win.Store(nil)
-	}
-	l := r.held
-	r.held, r.heldN = nil, 0
-	r.mu.Unlock()
-	for l != nil {
-		next := l.nextRB
-		l.nextRB = nil
-		if sending(r.p.state.Load()) {
-			l.send(l.r.host)
-		} else {
-			l.r.release() // never sent: the replica is out
+// copyChunk reads n blocks at lba (at most a region) locally into s's
+// buffer and writes them to the replica; a window with more than a
+// region mapped (a hole written since, or an incremental window of one
+// larger dirty region) reuses the buffer once its commands completed.
+func (r *Rebuild) copyChunk(s *copySlot, lba, n uint64) error {
+	if s.read {
+		if err := r.settle(s); err != nil {
+			return err
 		}
-		l = next
 	}
-}
-
-// copyRegion reads n blocks at lba locally and writes them to the
-// replica.
-func (r *Rebuild) copyRegion(lba, n uint64) error {
 	shift := r.b.shift
 	size := int(n << shift)
-	if cap(r.buf) < size {
-		r.buf = make([]byte, size)
+	if cap(s.buf) < size {
+		s.buf = make([]byte, r.region<<shift)
 	}
-	buf := r.buf[:size]
+	buf := s.buf[:size]
 	if err := r.cfg.Read(lba, buf); err != nil {
 		return fmt.Errorf("repl: rebuild: local read at LBA %d: %w", lba, err)
 	}
+	s.read = true
 	if err := r.throttle(uint64(size)); err != nil {
 		return err
 	}
-	cmds := 0
 	for k := uint64(0); k < n; k += r.xfer {
 		c := min(r.xfer, n-k)
-		if err := r.submit(func(cb initiator.Callback) error {
+		if err := r.send(s, func(cb initiator.Callback) error {
 			return r.p.ns.WriteAsync(lba+k, buf[k<<shift:(k+c)<<shift], 0, cb)
 		}); err != nil {
-			return r.wait(cmds, err)
+			return err
 		}
-		cmds++
 	}
-	if err := r.wait(cmds, nil); err != nil {
-		return err
-	}
-	r.copied.Add(uint64(size))
+	s.copied += uint64(size)
 	return nil
 }
 
 // deallocate makes [lo, hi) read as zeros on the replica (one range: a
 // window is at most maxLegDeallocate blocks).
-func (r *Rebuild) deallocate(lo, hi uint64) error {
+func (r *Rebuild) deallocate(s *copySlot, lo, hi uint64) error {
 	rng := []initiator.Range{{LBA: lo, Blocks: uint32(hi - lo)}}
-	if err := r.submit(func(cb initiator.Callback) error { return r.p.ns.DeallocateAsync(rng, cb) }); err != nil {
-		return err
-	}
-	return r.wait(1, nil)
+	return r.send(s, func(cb initiator.Callback) error { return r.p.ns.DeallocateAsync(rng, cb) })
 }
 
-// flush makes the copy durable on the replica.
+// flush makes the copy durable on the replica (no window in flight).
 func (r *Rebuild) flush() error {
-	if err := r.submit(func(cb initiator.Callback) error { return r.p.ns.FlushAsync(cb) }); err != nil {
+	s := &r.slots[r.head]
+	if err := r.send(s, func(cb initiator.Callback) error { return r.p.ns.FlushAsync(cb) }); err != nil {
 		return err
 	}
-	return r.wait(1, nil)
+	return r.settle(s)
 }
 
-// submit sends one command of the copier, waiting while the connection
-// is full.
-func (r *Rebuild) submit(send func(initiator.Callback) error) error {
+// send sends one command of s, once s has fewer than maxCopyCommands in
+// flight (r.cbs holds every completion), waiting for the copier's
+// commands while the connection is full.
+func (r *Rebuild) send(s *copySlot, op func(initiator.Callback) error) error {
+	for s.cmds >= maxCopyCommands {
+		if err := r.collect(); err != nil {
+			return err
+		}
+	}
 	for {
-		err := send(copyCB(r.cbs))
+		err := op(&s.cb)
 		if err == nil {
+			s.cmds++
+			r.out++
 			return nil
 		}
 		if !errors.Is(err, initiator.ErrQueueFull) {
 			err = fmt.Errorf("%w: %w", ErrRebuildLeg, err)
 			r.fail(err)
 			return err
+		}
+		if r.out > 0 { // one of ours frees a slot
+			if err := r.collect(); err != nil {
+				return err
+			}
+			continue
 		}
 		select {
 		case <-r.ctx.Done():
@@ -686,23 +849,35 @@ func (r *Rebuild) submit(send func(initiator.Callback) error) error {
 	}
 }
 
-// wait collects n completions of the copier's commands; first is an
-// error already met (returned in preference).
-func (r *Rebuild) wait(n int, first error) error {
-	for range n {
-		select {
-		case err := <-r.cbs:
-			if err != nil && first == nil {
-				first = fmt.Errorf("%w: %w", ErrRebuildLeg, err)
-				r.fail(first)
-			}
-		case <-r.ctx.Done():
-			// Commands may still complete into cbs: buffered, never
-			// read again (the rebuild is over).
-			return r.failure()
+// settle waits until s's commands completed.
+func (r *Rebuild) settle(s *copySlot) error {
+	for s.cmds > 0 {
+		if err := r.collect(); err != nil {
+			return err
 		}
 	}
-	return first
+	return nil
+}
+
+// collect takes one completion of the copier's commands; a failed one
+// fails the rebuild.
+func (r *Rebuild) collect() error {
+	select {
+	case d := <-r.cbs:
+		r.out--
+		r.slots[d.slot].cmds--
+		if d.err != nil {
+			r.slots[d.slot].failed = true
+			err := fmt.Errorf("%w: %w", ErrRebuildLeg, d.err)
+			r.fail(err)
+			return err
+		}
+		return nil
+	case <-r.ctx.Done():
+		// Commands may still complete into cbs: buffered, never read
+		// again (the rebuild is over).
+		return r.failure()
+	}
 }
 
 // throttle waits until copying n more bytes keeps the rate.

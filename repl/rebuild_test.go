@@ -109,6 +109,17 @@ func drive(t testing.TB, leg *fakeLeg, rb *Rebuild) error {
 	}
 }
 
+// waiting is the index of the leg's first waiting command op at lba,
+// or -1.
+func waiting(leg *fakeLeg, op target.IOOp, lba uint64) int {
+	for i, c := range leg.pending() {
+		if c.op == op && c.lba == lba {
+			return i
+		}
+	}
+	return -1
+}
+
 // until polls cond (the copier is a goroutine of its own) for 10 s.
 func until(t testing.TB, what string, cond func() bool) {
 	t.Helper()
@@ -239,18 +250,19 @@ func TestRebuildHoldsOverlappingWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	until(t, "the copy", func() bool { return len(g.leg.pending()) == 1 })
+	until(t, "the copy", func() bool { return waiting(g.leg, target.OpWrite, 0) >= 0 })
 	h := g.submit(target.OpWrite, 1, 1, pattern(testBlock, 2))
-	if n := len(g.leg.pending()); n != 1 {
-		t.Fatalf("%d commands on the replica: the host's write was not held", n)
+	if waiting(g.leg, target.OpWrite, 1) >= 0 {
+		t.Fatal("the host's write to the window was not held")
 	}
 	if h.isDone() {
 		t.Fatal("host write completed before its rebuilding leg")
 	}
-	if c := g.leg.pending()[0]; c.lba != 0 || c.blocks != 4 || !bytes.Equal(c.data[testBlock:2*testBlock], pattern(testBlock, 1)) {
+	i := waiting(g.leg, target.OpWrite, 0)
+	if c := g.leg.pending()[i]; c.lba != 0 || c.blocks != 4 || !bytes.Equal(c.data[testBlock:2*testBlock], pattern(testBlock, 1)) {
 		t.Fatalf("copy %d+%d", c.lba, c.blocks)
 	}
-	g.leg.complete(t, 0, nil) // the copy lands, then the held write goes
+	g.leg.complete(t, i, nil) // the copy lands, then the held write goes
 	until(t, "the held write", func() bool {
 		for _, c := range g.leg.pending() {
 			if c.op == target.OpWrite && c.lba == 1 {
@@ -328,8 +340,8 @@ func TestRebuildWaitsForWriteInFlight(t *testing.T) {
 	if err := h.wait(t); err != nil {
 		t.Fatal(err)
 	}
-	until(t, "the copy", func() bool { return len(g.leg.pending()) == 1 })
-	c := g.leg.pending()[0]
+	until(t, "the copy", func() bool { return waiting(g.leg, target.OpWrite, 0) >= 0 })
+	c := g.leg.pending()[waiting(g.leg, target.OpWrite, 0)]
 	if c.op != target.OpWrite || c.lba != 0 || !bytes.Equal(c.data[2*testBlock:3*testBlock], pattern(testBlock, 9)) {
 		t.Fatalf("copy %v at %d does not carry the host's write", c.op, c.lba)
 	}
@@ -356,13 +368,23 @@ func TestRebuildLegFails(t *testing.T) {
 	}
 	cfg := g.config()
 	cfg.MaxTransfer = 4 * testBlock
+	// The copier stops in its second read: windows [0, 4) and [4, 8) in
+	// flight, the first one's write on the replica.
+	var reads atomic.Int32
+	gate := make(chan struct{})
+	cfg.Read = func(lba uint64, buf []byte) error {
+		if reads.Add(1) == 2 {
+			<-gate
+		}
+		return g.local.read(lba, buf)
+	}
 	rb, err := g.b.StartRebuild(3, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	until(t, "the copy's first write", func() bool { return len(g.leg.pending()) == 1 })
-	h := g.submit(target.OpWrite, 100, 1, pattern(testBlock, 2)) // outside the window: sent
-	if len(g.leg.pending()) != 2 {
+	until(t, "the copy's second read", func() bool { return reads.Load() == 2 })
+	h := g.submit(target.OpWrite, 100, 1, pattern(testBlock, 2)) // outside the windows: sent
+	if len(g.leg.pending()) != 2 || waiting(g.leg, target.OpWrite, 100) != 1 {
 		t.Fatal("the host write did not go to the rebuilding replica")
 	}
 	g.leg.complete(t, 1, errors.New("connection lost"))
@@ -370,6 +392,7 @@ func TestRebuildLegFails(t *testing.T) {
 		t.Fatalf("host write failed with its rebuilding leg: %v", err)
 	}
 	g.leg.complete(t, 0, nil) // the copy's write, after the failure
+	close(gate)
 	if err := waitRebuild(t, rb); !errors.Is(err, ErrRebuildLeg) {
 		t.Fatalf("rebuild ended with %v, want ErrRebuildLeg", err)
 	}
