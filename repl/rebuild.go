@@ -25,46 +25,70 @@ import (
 //
 // The race between the copier and the host's writes. The copier works in
 // windows [lo, hi) (a region of at most RegionBytes of a mapped run, or
-// one hole), published in Rebuild.win. For each window:
+// one hole), and keeps up to copyDepth of them in flight, in LBA order:
+// it reads the next window's local data while the replica receives the
+// writes of the ones before it. The windows in flight are published
+// together in Rebuild.win (one immutable set, stored again whenever one
+// starts or lands). For each window W:
 //
-//  1. Publish the window.
+//  1. Start: once fewer than copyDepth windows are in flight (else the
+//     oldest lands first, 5), publish the set with W in it.
 //  2. Quiesce: wait for every record in use (a host write between get
-//     and complete: record.uses odd) to complete, except those holding a
-//     leg on this window (3).
-//  3. A host write whose rebuilding leg overlaps the published window
-//     does not send that leg: it is held (Rebuild.hold) until the
-//     window's copy has been written on the replica (the record stays
-//     pending; its local leg and in-sync legs go out as usual).
-//  4. Look at the local map of the window again, read the local data
-//     of its mapped runs, write them to the replica, deallocate the
-//     rest there, wait for those commands.
-//  5. Clear the window, send the held legs.
+//     and complete: record.uses odd) to complete, except those holding
+//     their leg on a window (3).
+//  3. A host write whose rebuilding leg overlaps a window of the
+//     published set does not send that leg: it is held (Rebuild.hold;
+//     record.deferredOn set) while it overlaps any window of the set (the
+//     record stays pending; its local leg and in-sync legs go out as
+//     usual).
+//  4. Look at the local map of W again, read the local data of its
+//     mapped runs, send them to the replica, send a deallocate for the
+//     rest; the copier goes on to the next window without waiting.
+//  5. Land, oldest window first: wait until every command of W
+//     completed, then publish the set without W and send the held legs
+//     that now overlap no window of the set (deferredOn cleared first).
 //
 // Why no copy carries bytes older than a host write that reached the
 // replica first. Take a host write H overlapping window W, and C, W's
 // copy. H takes its record (uses odd, an atomic add), then loads the
-// leg set and, for the rebuilding peer, the window; the copier stores the
-// set (StartRebuild) and the window, then loads each record's uses. Go's
-// atomics are sequentially consistent, so either H saw W (it is held,
-// step 3: its leg reaches the replica after C, so the replica ends with
-// H's bytes, and whatever C read locally is H's or older ones H
-// overwrites on both), or the copier saw H's record in use and waited
-// (step 2) until H completed on every leg, the local one and this
-// replica's included, before it read: C then carries H's bytes or a
-// later write's, never older ones. A write that loaded a leg set
-// without the rebuilding replica (before StartRebuild) is in the second
-// case too: it took its record before it loaded the set. Writes outside
-// the window go to the replica as they come: a region copied stays
-// current, one not copied yet is copied later with them in it. A hole
-// seen in step 4 after the quiesce has no write in flight but held ones,
-// which land after the Deallocate.
+// leg set and, for the rebuilding peer, the window set; the copier
+// stores the leg set (StartRebuild) and a window set holding W, then
+// loads each record's uses. Go's atomics are sequentially consistent,
+// so either H saw a set holding W, or the copier saw H's record in use.
+// In the first case H is held (step 3: a hold that finds the set
+// replaced meanwhile looks at the new one, under the mutex that
+// publishing takes), and stays held while W is in the set, that is
+// until C completed on the replica: the replica ends with H's bytes,
+// and whatever C read locally is H's or older ones H overwrites on
+// both. In the second case the copier waited (step 2) until H completed
+// on every leg, the local one and this replica's included, before it
+// read: C then carries H's bytes or a later write's, never older ones;
+// unless H was held at the time on other windows, and then it overlaps
+// W while W is in the set, so it is held until C landed, as in the
+// first case. A write that loaded a leg set without the rebuilding
+// replica (before StartRebuild) is in the second case too: it took its
+// record before it loaded the set. Writes outside every window go to
+// the replica as they come: a region copied stays current, one not
+// copied yet is copied later with them in it. A hole seen in step 4
+// after the quiesce has no write in flight but held ones, which land
+// after the Deallocate. Nothing in this argument needs the windows to
+// land in order or the replica to apply commands in order: only that a
+// held leg goes after C's completion.
+//
+// Why the copier cannot wait for itself: a held record is skipped by
+// every quiesce, and a record in use that is not held waits for
+// nothing the copier does (its commands complete on the connection's
+// goroutines into r.cbs, which has room for every command the copier
+// may have out).
 //
 // An incremental rebuild (RebuildConfig.UseDirtyLog, with a dirty-region
 // log of the replica: drl.go) takes the same windows over the dirty
 // regions only, in LBA order (runs of consecutive dirty regions, each
 // window at most RegionBytes but at least one region), and clears a
 // window's regions in the log once its copy is on the replica, before
-// the window's held legs go. Before its first look at the log it waits
+// the window's held legs go (step 5); a copy that failed still clears
+// the oldest windows whose every command completed without error
+// (salvage). Before its first look at the log it waits
 // for every record in use: a write that loaded a leg set without the
 // replica marks the log when it finishes, and could otherwise mark a
 // region behind the copier. From then on every write goes to the
@@ -156,6 +180,7 @@ type Rebuild struct {
 	mu      sync.Mutex // held: the legs waiting for the window, and the window's clearing
 	held    *leg
 	heldN   int
+	holds   int // legs held so far (tests)
 	ctx     context.Context
 	cancel  context.CancelFunc
 	errOnce sync.Once
@@ -171,6 +196,7 @@ type Rebuild struct {
 	// not yet completed (out), whose results come on cbs.
 	slots   [copyDepth]copySlot
 	head, n int
+	peak    int // the most windows in flight so far (tests)
 	out     int
 	cbs     chan copyDone
 	runs    [][2]uint64
@@ -553,6 +579,7 @@ func (r *Rebuild) push(lo, hi, progress uint64) error {
 	s := &r.slots[(r.head+r.n)%copyDepth]
 	s.lo, s.hi, s.progress, s.copied, s.read, s.sent, s.failed = lo, hi, progress, 0, false, false, false
 	r.n++
+	r.peak = max(r.peak, r.n)
 	r.publish()
 	if err := r.quiesce(); err != nil {
 		return err
@@ -759,6 +786,7 @@ func (r *Rebuild) hold(l *leg, io *target.IO) bool {
 	l.nextRB = r.held
 	r.held = l
 	r.heldN++
+	r.holds++
 	r.mu.Unlock()
 	return true
 }
