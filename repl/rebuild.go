@@ -25,14 +25,14 @@ import (
 //
 // The race between the copier and the host's writes. The copier works in
 // windows [lo, hi) (a region of at most RegionBytes of a mapped run, or
-// one hole), and keeps up to copyDepth of them in flight, in LBA order:
-// it reads the next window's local data while the replica receives the
-// writes of the ones before it. The windows in flight are published
+// one hole), and keeps several in flight, in LBA order (up to copyDepth
+// windows and copyBytes of data): it reads the next window's local data
+// while the replica receives the writes of the ones before it. The windows in flight are published
 // together in Rebuild.win (one immutable set, stored again whenever one
 // starts or lands). For each window W:
 //
 //  1. Start: once fewer than copyDepth windows are in flight (else the
-//     oldest lands first, 5), publish the set with W in it.
+//     oldest lands first, step 5), publish the set with W in it.
 //  2. Quiesce: wait for every record in use (a host write between get
 //     and complete: record.uses odd) to complete, except those holding
 //     their leg on a window (3).
@@ -42,8 +42,10 @@ import (
 //     record stays pending; its local leg and in-sync legs go out as
 //     usual).
 //  4. Look at the local map of W again, read the local data of its
-//     mapped runs, send them to the replica, send a deallocate for the
-//     rest; the copier goes on to the next window without waiting.
+//     mapped runs (older windows land first while the bytes in flight
+//     would exceed copyBytes), send them to the replica, send a
+//     deallocate for the rest; the copier goes on to the next window
+//     without waiting.
 //  5. Land, oldest window first: wait until every command of W
 //     completed, then publish the set without W and send the held legs
 //     that now overlap no window of the set (deferredOn cleared first).
@@ -114,10 +116,22 @@ const (
 	// maxCopyCommands bounds the commands in flight of one window (its
 	// region at the leg's largest transfer).
 	maxCopyCommands = 64
-	// copyDepth: the windows in flight. The copier reads the next window
-	// while the others are on the wire (see the top of the file).
-	copyDepth = 4
+	// copyDepth bounds the windows in flight, copyBytes the bytes they
+	// write: the copier reads the next window while the others are on
+	// the wire (see the top of the file). copyBytes sets both the rate
+	// and how long a host write into the newest window waits (the bytes
+	// in flight before it at the copy's rate: about 10 ms at 400 MB/s);
+	// copyDepth lets small windows (an incremental copy's, of a few
+	// dirty regions) fill it. Measured in docs/replication.md §5. The
+	// copier reads into one buffer of a region: the leg copies it before
+	// WriteAsync returns (initiator.Namespace.WriteAsync).
+	copyDepth = 16
+	copyBytes = 4 << 20
 )
+
+// copyBudget is copyBytes, a variable so that tests can make the copier
+// wait for its budget often.
+var copyBudget = copyBytes
 
 var (
 	// ErrRebuildBusy: StartRebuild while another rebuild of the backend
@@ -199,6 +213,8 @@ type Rebuild struct {
 	peak    int // the most windows in flight so far (tests)
 	out     int
 	cbs     chan copyDone
+	bytes   int    // written by the windows in flight, at most copyBudget but for the newest
+	buf     []byte // the local reads', a region
 	runs    [][2]uint64
 }
 
@@ -219,17 +235,15 @@ func (w *window) overlaps(lo, hi uint64) bool {
 	return false
 }
 
-// copySlot is one window in flight: its range, the buffer its mapped
-// blocks are read into, its commands not yet completed.
+// copySlot is one window in flight: its range, its bytes, its commands
+// not yet completed.
 type copySlot struct {
 	lo, hi   uint64
 	progress uint64 // bytes Progress counts once it landed
 	copied   uint64 // bytes written by its commands
 	cmds     int
-	read     bool // buf holds a chunk its commands may still be sending
 	sent     bool // every command of the window was sent
 	failed   bool // one of them failed
-	buf      []byte
 	cb       slotCB
 }
 
@@ -577,7 +591,7 @@ func (r *Rebuild) push(lo, hi, progress uint64) error {
 		}
 	}
 	s := &r.slots[(r.head+r.n)%copyDepth]
-	s.lo, s.hi, s.progress, s.copied, s.read, s.sent, s.failed = lo, hi, progress, 0, false, false, false
+	s.lo, s.hi, s.progress, s.copied, s.sent, s.failed = lo, hi, progress, 0, false, false
 	r.n++
 	r.peak = max(r.peak, r.n)
 	r.publish()
@@ -631,6 +645,7 @@ func (r *Rebuild) land() error {
 	}
 	r.copied.Add(s.copied)
 	r.done.Add(s.progress)
+	r.bytes -= int(s.copied)
 	r.head = (r.head + 1) % copyDepth
 	r.n--
 	r.publish()
@@ -791,26 +806,24 @@ func (r *Rebuild) hold(l *leg, io *target.IO) bool {
 	return true
 }
 
-// copyChunk reads n blocks at lba (at most a region) locally into s's
-// buffer and writes them to the replica; a window with more than a
-// region mapped (a hole written since, or an incremental window of one
-// larger dirty region) reuses the buffer once its commands completed.
+// copyChunk reads n blocks at lba (at most a region) of s, the newest
+// window, locally and writes them to the replica, once older windows
+// landed if the bytes in flight would exceed the budget.
 func (r *Rebuild) copyChunk(s *copySlot, lba, n uint64) error {
-	if s.read {
-		if err := r.settle(s); err != nil {
+	shift := r.b.shift
+	size := int(n << shift)
+	for r.n > 1 && r.bytes+size > copyBudget { // the oldest is not s
+		if err := r.land(); err != nil {
 			return err
 		}
 	}
-	shift := r.b.shift
-	size := int(n << shift)
-	if cap(s.buf) < size {
-		s.buf = make([]byte, r.region<<shift)
+	if cap(r.buf) < size {
+		r.buf = make([]byte, r.region<<shift)
 	}
-	buf := s.buf[:size]
+	buf := r.buf[:size]
 	if err := r.cfg.Read(lba, buf); err != nil {
 		return fmt.Errorf("repl: rebuild: local read at LBA %d: %w", lba, err)
 	}
-	s.read = true
 	if err := r.throttle(uint64(size)); err != nil {
 		return err
 	}
@@ -823,6 +836,7 @@ func (r *Rebuild) copyChunk(s *copySlot, lba, n uint64) error {
 		}
 	}
 	s.copied += uint64(size)
+	r.bytes += size
 	return nil
 }
 

@@ -662,8 +662,14 @@ func TestRebuildFailsWhilePromoted(t *testing.T) {
 // exactly the primary's bytes.
 func TestRebuildPipelined(t *testing.T) {
 	seed := testSeed(t)
+	defer func(n int) { copyBudget = n }(copyBudget)
 	for round := range 4 {
 		rng := rand.New(rand.NewPCG(seed, uint64(round)))
+		if round%2 == 0 { // 2 or 3 windows of data in flight
+			copyBudget = 10 * testBlock
+		} else {
+			copyBudget = copyBytes
+		}
 		g := newRebuildRig(t)
 		var dmu sync.Mutex
 		drng := rand.New(rand.NewPCG(seed, uint64(round)+100))
@@ -748,7 +754,7 @@ func TestRebuildPipelined(t *testing.T) {
 		rb.mu.Lock()
 		holds := rb.holds
 		rb.mu.Unlock()
-		if rb.peak < 2 || holds == 0 {
+		if rb.peak < 3 || holds == 0 {
 			t.Fatalf("round %d: at most %d windows in flight, %d legs held: the test did not test the pipeline", round, rb.peak, holds)
 		}
 		t.Logf("round %d: %d windows in flight at most, %d legs held", round, rb.peak, holds)
