@@ -127,6 +127,13 @@ const (
 	// WriteAsync returns (initiator.Namespace.WriteAsync).
 	copyDepth = 16
 	copyBytes = 4 << 20
+	// copyReaders, copyReadPart: a window's local read goes as up to
+	// copyReaders reads at once of at least copyReadPart bytes.
+	copyReaders  = 4
+	copyReadPart = 128 << 10
+	// salvageWait: how long a failed copy waits for its other commands
+	// (salvage).
+	salvageWait = 500 * time.Millisecond
 )
 
 // copyBudget is copyBytes, a variable so that tests can make the copier
@@ -655,18 +662,40 @@ func (r *Rebuild) land() error {
 // salvage lands, once the copy failed, the oldest windows that are on
 // the replica all the same (each command sent and completed without
 // error): their regions are clean in the log, the next incremental
-// rebuild does not copy them again.
+// rebuild does not copy them again. After a failed command it waits up
+// to salvageWait for the others (a connection failing fails them all
+// soon); after a Cancel it takes only what completed already.
 func (r *Rebuild) salvage() {
-	for more := true; more; {
-		select {
-		case d := <-r.cbs:
-			r.out--
-			r.slots[d.slot].cmds--
-			r.slots[d.slot].failed = r.slots[d.slot].failed || d.err != nil
-		default:
-			more = false
+	wait := errors.Is(r.failure(), ErrRebuildLeg)
+	t := time.NewTimer(salvageWait)
+	defer t.Stop()
+	for r.out > 0 {
+		var d copyDone
+		if wait {
+			select {
+			case d = <-r.cbs:
+			case <-t.C:
+				wait = false
+				continue
+			}
+		} else {
+			select {
+			case d = <-r.cbs:
+			default:
+				r.landLanded()
+				return
+			}
 		}
+		r.out--
+		r.slots[d.slot].cmds--
+		r.slots[d.slot].failed = r.slots[d.slot].failed || d.err != nil
 	}
+	r.landLanded()
+}
+
+// landLanded lands the oldest windows whose every command was sent and
+// completed without error.
+func (r *Rebuild) landLanded() {
 	for r.n > 0 {
 		if s := &r.slots[r.head]; !s.sent || s.failed || s.cmds > 0 || r.land() != nil {
 			return
@@ -821,8 +850,8 @@ func (r *Rebuild) copyChunk(s *copySlot, lba, n uint64) error {
 		r.buf = make([]byte, r.region<<shift)
 	}
 	buf := r.buf[:size]
-	if err := r.cfg.Read(lba, buf); err != nil {
-		return fmt.Errorf("repl: rebuild: local read at LBA %d: %w", lba, err)
+	if err := r.read(lba, buf); err != nil {
+		return err
 	}
 	if err := r.throttle(uint64(size)); err != nil {
 		return err
@@ -837,6 +866,40 @@ func (r *Rebuild) copyChunk(s *copySlot, lba, n uint64) error {
 	}
 	s.copied += uint64(size)
 	r.bytes += size
+	return nil
+}
+
+// read reads buf at lba locally, in up to copyReaders parts of at least
+// copyReadPart read at once (cfg.Read blocks: the store reads O_DIRECT,
+// one part at a time).
+func (r *Rebuild) read(lba uint64, buf []byte) error {
+	shift := r.b.shift
+	blocks := uint64(len(buf)) >> shift
+	parts := min(copyReaders, max(1, len(buf)/copyReadPart))
+	per := (blocks + uint64(parts) - 1) / uint64(parts)
+	var (
+		wg   sync.WaitGroup
+		errs [copyReaders]error
+	)
+	for k := 1; k < parts; k++ {
+		lo := min(uint64(k)*per, blocks)
+		hi := min(lo+per, blocks)
+		if lo == hi {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[k] = r.cfg.Read(lba+lo, buf[lo<<shift:hi<<shift])
+		}()
+	}
+	errs[0] = r.cfg.Read(lba, buf[:min(per, blocks)<<shift])
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return fmt.Errorf("repl: rebuild: local read at LBA %d: %w", lba, err)
+		}
+	}
 	return nil
 }
 
