@@ -692,7 +692,21 @@ func TestRebuildPipelined(t *testing.T) {
 				_ = g.leg.mem.Write(rng.Uint64N(testBlocks), pattern(testBlock, byte(rng.Uint32())), false)
 			}
 		}
-		rb, err := g.b.StartRebuild(3, g.config())
+		cfg := g.config()
+		var split atomic.Int32
+		if round == 3 { // 1 MiB windows of data, each read in 4 parts at once
+			for lba := range uint64(testBlocks) {
+				g.localWrite(t, lba, pattern(testBlock, byte(lba)))
+			}
+			cfg.RegionBytes, cfg.MaxTransfer = 256*testBlock, 32*testBlock
+			cfg.Read = func(lba uint64, buf []byte) error {
+				if len(buf) == 64*testBlock {
+					split.Add(1)
+				}
+				return g.local.read(lba, buf)
+			}
+		}
+		rb, err := g.b.StartRebuild(3, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -754,10 +768,54 @@ func TestRebuildPipelined(t *testing.T) {
 		rb.mu.Lock()
 		holds := rb.holds
 		rb.mu.Unlock()
+		if round == 3 && split.Load() == 0 {
+			t.Fatal("no window read in parts")
+		}
 		if rb.peak < 3 || holds == 0 {
 			t.Fatalf("round %d: at most %d windows in flight, %d legs held: the test did not test the pipeline", round, rb.peak, holds)
 		}
 		t.Logf("round %d: %d windows in flight at most, %d legs held", round, rb.peak, holds)
 		sameStores(t, g.local, g.leg)
+	}
+}
+
+// TestRebuildReadFails: a local read failing (one part of a window read
+// in parts) ends the rebuild with the store's error; the replica is
+// not promoted and takes no more writes.
+func TestRebuildReadFails(t *testing.T) {
+	g := newRebuildRig(t)
+	g.leg.async = func(cmd) error { return nil }
+	for lba := range uint64(512) {
+		g.localWrite(t, lba, pattern(testBlock, byte(lba)))
+	}
+	errDisk := errors.New("disk on fire")
+	cfg := g.config()
+	cfg.RegionBytes, cfg.MaxTransfer = 256*testBlock, 32*testBlock
+	cfg.Read = func(lba uint64, buf []byte) error {
+		if lba == 256+128 { // the third part of the second window
+			return errDisk
+		}
+		return g.local.read(lba, buf)
+	}
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRebuild(t, rb); !errors.Is(err, errDisk) {
+		t.Fatalf("rebuild: %v, want the read's error", err)
+	}
+	if g.promoted.Load() != 0 {
+		t.Fatal("promoted")
+	}
+	if st := g.b.Stats(); st.Peers[0].State != "rebuild-failed" {
+		t.Fatalf("state %q", st.Peers[0].State)
+	}
+	g.leg.wg.Wait()
+	n := len(g.leg.received())
+	if err := g.submit(target.OpWrite, 5, 1, pattern(testBlock, 3)).wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.leg.received()) != n {
+		t.Fatal("a write went to the replica after its rebuild failed")
 	}
 }
