@@ -161,8 +161,9 @@ type RebuildConfig struct {
 	// ((*store.Volume).Mapped); a run mapped or freed meanwhile may or
 	// may not be seen. Required.
 	Mapped func(from, to uint64, fn func(lba, blocks uint64) error) error
-	// Read reads the local replica (store.Volume.Read): the copier's own
-	// goroutine, which may block. Required.
+	// Read reads the local replica (store.Volume.Read); it may block,
+	// and is called from up to copyReaders goroutines at once (parts of
+	// one window), so it must be safe for concurrent use. Required.
 	Read func(lba uint64, buf []byte) error
 	// RegionBytes is the window's size (DefaultRegionBytes), a multiple
 	// of the block size.
