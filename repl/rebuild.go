@@ -516,7 +516,7 @@ func (r *Rebuild) copyDirty() error {
 	// Every write that started without the replica in its leg set marks
 	// the log when it finishes: wait for them (no window is published
 	// yet, so nobody holds a leg) before the first look.
-	if err := r.quiesce(); err != nil {
+	if err := r.quiesce(nil); err != nil {
 		return err
 	}
 	d := r.drl
@@ -603,7 +603,7 @@ func (r *Rebuild) push(lo, hi, progress uint64) error {
 	r.n++
 	r.peak = max(r.peak, r.n)
 	r.publish()
-	if err := r.quiesce(); err != nil {
+	if err := r.quiesce(nil); err != nil {
 		return err
 	}
 	r.runs = r.runs[:0]
@@ -763,8 +763,10 @@ func (r *Rebuild) release() {
 }
 
 // quiesce waits for every host write in use to complete, but those
-// holding their leg on a window (hold).
-func (r *Rebuild) quiesce() error {
+// holding their leg on a window (hold). Its argument is the serial
+// copier's (the window whose holders to skip) and ignored: every held
+// record is skipped, whichever windows hold it; pass nil.
+func (r *Rebuild) quiesce(*window) error {
 	b := r.b
 	for i := range b.recs {
 		if err := r.waitRecord(&b.recs[i]); err != nil {
