@@ -45,8 +45,8 @@ const (
 	// MDTS. The copier keeps up to 4 MiB of windows in flight
 	// (repl.copyBytes), reading the next while the others are on the
 	// wire: deploy/bench/rebuild.sh measured a full copy of a 1 GiB
-	// volume on loopback at 342-622 MB/s, median 508 (0.56-1.02x, median
-	// 0.83x, the disk's copy rate: the ceiling on one machine), against
+	// volume on loopback at 342-622 MB/s in 9 runs, median 508 (0.56-1.02x,
+	// median 0.83x, the disk's copy rate: the ceiling on one machine), against
 	// 207-404, median 306, for the serial copier of one window at a
 	// time, on a machine shared with other builds (docs/replication.md
 	// §5). A host write into a window waits for the copy of the windows
