@@ -772,7 +772,10 @@ func TestRebuildPipelined(t *testing.T) {
 		if round == 2 && split.Load() == 0 {
 			t.Fatal("no window read in parts")
 		}
-		if rb.peak < 3 || holds == 0 {
+		// Windows pile up to the budget or copyDepth (the copier lands
+		// only when it must); holds depend on the writers' timing, and
+		// the 1 MiB windows of round 2 see few (4 to 9 here, unloaded).
+		if rb.peak < 3 || (round < 2 && holds == 0) {
 			t.Fatalf("round %d: at most %d windows in flight, %d legs held: the test did not test the pipeline", round, rb.peak, holds)
 		}
 		t.Logf("round %d: %d windows in flight at most, %d legs held", round, rb.peak, holds)
