@@ -90,7 +90,11 @@ import (
 // window's regions in the log once its copy is on the replica, before
 // the window's held legs go (step 5); a copy that failed still clears
 // the oldest windows whose every command completed without error
-// (salvage). Before its first look at the log it waits
+// (salvage). A window's regions are marked again right after the clear
+// if the replica is no longer rebuilding then: a write that skipped it
+// once a failure dropped it marks when it finishes, perhaps before the
+// clear; seen rebuilding after the clear, the replica left after it, and
+// every such mark comes later. Before its first look at the log it waits
 // for every record in use: a write that loaded a leg set without the
 // replica marks the log when it finishes, and could otherwise mark a
 // region behind the copier. From then on every write goes to the
@@ -131,9 +135,6 @@ const (
 	// copyReaders reads at once of at least copyReadPart bytes.
 	copyReaders  = 4
 	copyReadPart = 128 << 10
-	// salvageWait: how long a failed copy waits for its other commands
-	// (salvage).
-	salvageWait = 500 * time.Millisecond
 )
 
 // copyBudget is copyBytes, a variable so that tests can make the copier
@@ -650,6 +651,14 @@ func (r *Rebuild) land() error {
 	}
 	if d := r.drl; d != nil {
 		d.clear(s.lo>>d.shift, (s.hi-1)>>d.shift)
+		// A write that skipped the replica once a failure dropped it
+		// marks the log when it finishes, which may have come before
+		// this clear: once the replica left, its regions stay marked.
+		// (Seen rebuilding after the clear, it left after it: every
+		// such mark comes later.)
+		if r.p.state.Load() != peerRebuilding {
+			d.mark(s.lo, s.hi-s.lo)
+		}
 	}
 	r.copied.Add(s.copied)
 	r.done.Add(s.progress)
@@ -662,34 +671,19 @@ func (r *Rebuild) land() error {
 
 // salvage lands, once the copy failed, the oldest windows that are on
 // the replica all the same (each command sent and completed without
-// error): their regions are clean in the log, the next incremental
-// rebuild does not copy them again. After a failed command it waits up
-// to salvageWait for the others (a connection failing fails them all
-// soon); after a Cancel it takes only what completed already.
+// error, as far as completions came already): their regions are clean
+// in the log, the next incremental rebuild does not copy them again,
+// unless the replica was dropped meanwhile (land).
 func (r *Rebuild) salvage() {
-	wait := errors.Is(r.failure(), ErrRebuildLeg)
-	t := time.NewTimer(salvageWait)
-	defer t.Stop()
-	for r.out > 0 {
-		var d copyDone
-		if wait {
-			select {
-			case d = <-r.cbs:
-			case <-t.C:
-				wait = false
-				continue
-			}
-		} else {
-			select {
-			case d = <-r.cbs:
-			default:
-				r.landLanded()
-				return
-			}
+	for more := r.out > 0; more; more = r.out > 0 {
+		select {
+		case d := <-r.cbs:
+			r.out--
+			r.slots[d.slot].cmds--
+			r.slots[d.slot].failed = r.slots[d.slot].failed || d.err != nil
+		default:
+			more = false
 		}
-		r.out--
-		r.slots[d.slot].cmds--
-		r.slots[d.slot].failed = r.slots[d.slot].failed || d.err != nil
 	}
 	r.landLanded()
 }
