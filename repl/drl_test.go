@@ -323,13 +323,18 @@ func TestRebuildIncrementalFails(t *testing.T) {
 		t.Fatalf("rebuild: %v, want ErrRebuildLeg", err)
 	}
 	leg.wg.Wait()
-	if got, want := dirtyRegions(g.b, "node-r"), []uint64{50, 75}; !equalU64(got, want) {
-		t.Fatalf("after the failed rebuild: dirty %v, want %v", got, want)
+	// Regions 25 and 26 were copied, but their windows may have been in
+	// flight still when the failure came (the copier keeps several), or
+	// landed after the replica was dropped: then they stay marked,
+	// copied again next time.
+	left := dirtyRegions(g.b, "node-r")
+	if !equalU64(left, []uint64{50, 75}) && !equalU64(left, []uint64{26, 50, 75}) && !equalU64(left, []uint64{25, 26, 50, 75}) {
+		t.Fatalf("after the failed rebuild: dirty %v, want [50 75] and perhaps the copied windows before them", left)
 	}
 	if err := g.submit(target.OpWrite, 600, 1, pattern(testBlock, 9)).wait(t); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := dirtyRegions(g.b, "node-r"), []uint64{50, 75, 150}; !equalU64(got, want) {
+	if got, want := dirtyRegions(g.b, "node-r"), append(left, 150); !equalU64(got, want) {
 		t.Fatalf("after a write: dirty %v, want %v", got, want)
 	}
 	leg = newFakeLeg(t, nil)
@@ -345,8 +350,8 @@ func TestRebuildIncrementalFails(t *testing.T) {
 	}
 	leg.wg.Wait()
 	sameStores(t, g.local, leg)
-	if rb.Copied() != 2*testRegion {
-		t.Fatalf("second rebuild copied %d bytes, want regions 50 and 150", rb.Copied())
+	if want := uint64(len(left)) * testRegion; rb.Copied() != want { // 75 a hole, 150 written
+		t.Fatalf("second rebuild copied %d bytes, want %d: regions %v but 75, and 150", rb.Copied(), want, left)
 	}
 }
 

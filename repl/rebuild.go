@@ -25,46 +25,76 @@ import (
 //
 // The race between the copier and the host's writes. The copier works in
 // windows [lo, hi) (a region of at most RegionBytes of a mapped run, or
-// one hole), published in Rebuild.win. For each window:
+// one hole), and keeps several in flight, in LBA order (up to copyDepth
+// windows and copyBytes of data): it reads the next window's local data
+// while the replica receives the writes of the ones before it. The windows in flight are published
+// together in Rebuild.win (one immutable set, stored again whenever one
+// starts or lands). For each window W:
 //
-//  1. Publish the window.
+//  1. Start: once fewer than copyDepth windows are in flight (else the
+//     oldest lands first, step 5), publish the set with W in it.
 //  2. Quiesce: wait for every record in use (a host write between get
-//     and complete: record.uses odd) to complete, except those holding a
-//     leg on this window (3).
-//  3. A host write whose rebuilding leg overlaps the published window
-//     does not send that leg: it is held (Rebuild.hold) until the
-//     window's copy has been written on the replica (the record stays
-//     pending; its local leg and in-sync legs go out as usual).
-//  4. Look at the local map of the window again, read the local data
-//     of its mapped runs, write them to the replica, deallocate the
-//     rest there, wait for those commands.
-//  5. Clear the window, send the held legs.
+//     and complete: record.uses odd) to complete, except those holding
+//     their leg on a window (3).
+//  3. A host write whose rebuilding leg overlaps a window of the
+//     published set does not send that leg: it is held (Rebuild.hold;
+//     record.deferredOn set) while it overlaps any window of the set (the
+//     record stays pending; its local leg and in-sync legs go out as
+//     usual).
+//  4. Look at the local map of W again, read the local data of its
+//     mapped runs (older windows land first while the bytes in flight
+//     would exceed copyBytes), send them to the replica, send a
+//     deallocate for the rest; the copier goes on to the next window
+//     without waiting.
+//  5. Land, oldest window first: wait until every command of W
+//     completed, then publish the set without W and send the held legs
+//     that now overlap no window of the set (deferredOn cleared first).
 //
 // Why no copy carries bytes older than a host write that reached the
 // replica first. Take a host write H overlapping window W, and C, W's
 // copy. H takes its record (uses odd, an atomic add), then loads the
-// leg set and, for the rebuilding peer, the window; the copier stores the
-// set (StartRebuild) and the window, then loads each record's uses. Go's
-// atomics are sequentially consistent, so either H saw W (it is held,
-// step 3: its leg reaches the replica after C, so the replica ends with
-// H's bytes, and whatever C read locally is H's or older ones H
-// overwrites on both), or the copier saw H's record in use and waited
-// (step 2) until H completed on every leg, the local one and this
-// replica's included, before it read: C then carries H's bytes or a
-// later write's, never older ones. A write that loaded a leg set
-// without the rebuilding replica (before StartRebuild) is in the second
-// case too: it took its record before it loaded the set. Writes outside
-// the window go to the replica as they come: a region copied stays
-// current, one not copied yet is copied later with them in it. A hole
-// seen in step 4 after the quiesce has no write in flight but held ones,
-// which land after the Deallocate.
+// leg set and, for the rebuilding peer, the window set; the copier
+// stores the leg set (StartRebuild) and a window set holding W, then
+// loads each record's uses. Go's atomics are sequentially consistent,
+// so either H saw a set holding W, or the copier saw H's record in use.
+// In the first case H is held (step 3: a hold that finds the set
+// replaced meanwhile looks at the new one, under the mutex that
+// publishing takes), and stays held while W is in the set, that is
+// until C completed on the replica: the replica ends with H's bytes,
+// and whatever C read locally is H's or older ones H overwrites on
+// both. In the second case the copier waited (step 2) until H completed
+// on every leg, the local one and this replica's included, before it
+// read: C then carries H's bytes or a later write's, never older ones;
+// unless H was held at the time on other windows, and then it overlaps
+// W while W is in the set, so it is held until C landed, as in the
+// first case. A write that loaded a leg set without the rebuilding
+// replica (before StartRebuild) is in the second case too: it took its
+// record before it loaded the set. Writes outside every window go to
+// the replica as they come: a region copied stays current, one not
+// copied yet is copied later with them in it. A hole seen in step 4
+// after the quiesce has no write in flight but held ones, which land
+// after the Deallocate. Nothing in this argument needs the windows to
+// land in order or the replica to apply commands in order: only that a
+// held leg goes after C's completion.
+//
+// Why the copier cannot wait for itself: a held record is skipped by
+// every quiesce, and a record in use that is not held waits for
+// nothing the copier does (its commands complete on the connection's
+// goroutines into r.cbs, which has room for every command the copier
+// may have out).
 //
 // An incremental rebuild (RebuildConfig.UseDirtyLog, with a dirty-region
 // log of the replica: drl.go) takes the same windows over the dirty
 // regions only, in LBA order (runs of consecutive dirty regions, each
 // window at most RegionBytes but at least one region), and clears a
 // window's regions in the log once its copy is on the replica, before
-// the window's held legs go. Before its first look at the log it waits
+// the window's held legs go (step 5); a copy that failed still clears
+// the oldest windows whose every command completed without error
+// (salvage). A window's regions are marked again right after the clear
+// if the replica is no longer rebuilding then: a write that skipped it
+// once a failure dropped it marks when it finishes, perhaps before the
+// clear; seen rebuilding after the clear, the replica left after it, and
+// every such mark comes later. Before its first look at the log it waits
 // for every record in use: a write that loaded a leg set without the
 // replica marks the log when it finishes, and could otherwise mark a
 // region behind the copier. From then on every write goes to the
@@ -87,10 +117,29 @@ const (
 	// writes to the window wait for one region's copy at most.
 	DefaultRegionBytes = 1 << 20
 	maxRegionBytes     = 64 << 20
-	// maxCopyCommands bounds the copier's commands in flight (a window's
+	// maxCopyCommands bounds the commands in flight of one window (its
 	// region at the leg's largest transfer).
 	maxCopyCommands = 64
+	// copyDepth bounds the windows in flight, copyBytes the bytes they
+	// write: the copier reads the next window while the others are on
+	// the wire (see the top of the file). copyBytes sets both the rate
+	// and how long a host write into the newest window waits (the bytes
+	// in flight before it at the copy's rate: about 10 ms at 400 MB/s);
+	// copyDepth lets small windows (an incremental copy's, of a few
+	// dirty regions) fill it. Measured in docs/replication.md §5. The
+	// copier reads into one buffer of a region: the leg copies it before
+	// WriteAsync returns (initiator.Namespace.WriteAsync).
+	copyDepth = 16
+	copyBytes = 4 << 20
+	// copyReaders, copyReadPart: a window's local read goes as up to
+	// copyReaders reads at once of at least copyReadPart bytes.
+	copyReaders  = 4
+	copyReadPart = 128 << 10
 )
+
+// copyBudget is copyBytes, a variable so that tests can make the copier
+// wait for its budget often.
+var copyBudget = copyBytes
 
 var (
 	// ErrRebuildBusy: StartRebuild while another rebuild of the backend
@@ -113,8 +162,9 @@ type RebuildConfig struct {
 	// ((*store.Volume).Mapped); a run mapped or freed meanwhile may or
 	// may not be seen. Required.
 	Mapped func(from, to uint64, fn func(lba, blocks uint64) error) error
-	// Read reads the local replica (store.Volume.Read): the copier's own
-	// goroutine, which may block. Required.
+	// Read reads the local replica (store.Volume.Read); it may block,
+	// and is called from up to copyReaders goroutines at once (parts of
+	// one window), so it must be safe for concurrent use. Required.
 	Read func(lba uint64, buf []byte) error
 	// RegionBytes is the window's size (DefaultRegionBytes), a multiple
 	// of the block size.
@@ -157,6 +207,7 @@ type Rebuild struct {
 	mu      sync.Mutex // held: the legs waiting for the window, and the window's clearing
 	held    *leg
 	heldN   int
+	holds   int // legs held so far (tests)
 	ctx     context.Context
 	cancel  context.CancelFunc
 	errOnce sync.Once
@@ -168,20 +219,61 @@ type Rebuild struct {
 	fin          chan struct{}
 	err          error // set before fin closes
 
-	// The copier's commands: one callback, results on cbs.
-	cbs  chan error
-	buf  []byte
-	runs [][2]uint64
+	// The copier's, read and written by its goroutine only: the windows
+	// in flight, oldest first (slots[head], n of them), their commands
+	// not yet completed (out), whose results come on cbs.
+	slots   [copyDepth]copySlot
+	head, n int
+	peak    int // the most windows in flight so far (tests)
+	out     int
+	cbs     chan copyDone
+	bytes   int    // written by the windows in flight, at most copyBudget but for the newest
+	buf     []byte // the local reads', a region
+	runs    [][2]uint64
 }
 
-// window is one published range of the copier, [lo, hi) in blocks;
-// immutable once stored.
-type window struct{ lo, hi uint64 }
+// window is the copier's windows in flight, published to host writes:
+// rs[:n], each [lo, hi) in blocks; immutable once stored.
+type window struct {
+	n  int
+	rs [copyDepth][2]uint64
+}
 
-// copyCB is the initiator.Callback of the copier's commands.
-type copyCB chan error
+// overlaps reports whether [lo, hi) overlaps one of w's windows.
+func (w *window) overlaps(lo, hi uint64) bool {
+	for _, x := range w.rs[:w.n] {
+		if lo < x[1] && hi > x[0] {
+			return true
+		}
+	}
+	return false
+}
 
-func (c copyCB) IODone(err error) { c <- err }
+// copySlot is one window in flight: its range, its bytes, its commands
+// not yet completed.
+type copySlot struct {
+	lo, hi   uint64
+	progress uint64 // bytes Progress counts once it landed
+	copied   uint64 // bytes written by its commands
+	cmds     int
+	sent     bool // every command of the window was sent
+	failed   bool // one of them failed
+	cb       slotCB
+}
+
+// slotCB is the initiator.Callback of a slot's commands.
+type slotCB struct {
+	ch   chan<- copyDone
+	slot int
+}
+
+// copyDone is one completion of the copier's commands.
+type copyDone struct {
+	slot int
+	err  error
+}
+
+func (c *slotCB) IODone(err error) { c.ch <- copyDone{slot: c.slot, err: err} }
 
 // StartRebuild adds cfg.Node as a rebuilding peer at epoch (the
 // backend's: the lead has committed the replica rebuilding at it) and
@@ -224,7 +316,10 @@ func (b *Backend) StartRebuild(epoch uint64, cfg RebuildConfig) (*Rebuild, error
 		return nil, fmt.Errorf("repl: local geometry: %w", err)
 	}
 	r := &Rebuild{b: b, cfg: cfg, blocks: g.Blocks, region: uint64(cfg.RegionBytes) >> b.shift,
-		xfer: uint64(xfer) >> b.shift, fin: make(chan struct{}), cbs: make(chan error, maxCopyCommands)}
+		xfer: uint64(xfer) >> b.shift, fin: make(chan struct{}), cbs: make(chan copyDone, copyDepth*maxCopyCommands)}
+	for i := range r.slots {
+		r.slots[i].cb = slotCB{ch: r.cbs, slot: i}
+	}
 	r.region = min(r.region, r.xfer*maxCopyCommands)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 
@@ -380,7 +475,7 @@ func (r *Rebuild) run() {
 	if err != nil && r.p.state.CompareAndSwap(peerRebuilding, peerDropped) {
 		r.p.kick()
 	}
-	r.release(nil) // a window left by an error: its held legs
+	r.release() // windows left by an error: their held legs
 	r.cancel()
 	b := r.b
 	b.mu.Lock()
@@ -435,9 +530,9 @@ func (r *Rebuild) promote() error {
 // (an incremental rebuild: see the top of the file).
 func (r *Rebuild) copyDirty() error {
 	// Every write that started without the replica in its leg set marks
-	// the log when it finishes: wait for them (a window nobody holds
-	// legs on) before the first look.
-	if err := r.quiesce(&window{}); err != nil {
+	// the log when it finishes: wait for them (no window is published
+	// yet, so nobody holds a leg) before the first look.
+	if err := r.quiesce(nil); err != nil {
 		return err
 	}
 	d := r.drl
@@ -454,11 +549,15 @@ func (r *Rebuild) copyDirty() error {
 			j++
 		}
 		lo, hi := i*per, min(j*per, r.blocks)
-		if err := r.copyWindow(lo, hi); err != nil {
+		if err := r.push(lo, hi, (hi-lo)<<r.b.shift); err != nil {
+			r.salvage()
 			return err
 		}
-		r.done.Add((hi - lo) << r.b.shift)
 		i = j
+	}
+	if err := r.drain(); err != nil {
+		r.salvage()
+		return err
 	}
 	return nil
 }
@@ -486,21 +585,41 @@ func (r *Rebuild) copyAll() error {
 		case found:
 			hi = min(e, c+r.region)
 		}
-		if err := r.copyWindow(c, hi); err != nil {
+		if err := r.push(c, hi, (hi-c)<<r.b.shift); err != nil {
 			return err
 		}
 		c = hi
-		r.done.Store(c << r.b.shift)
 	}
-	return nil
+	return r.drain()
 }
 
-// copyWindow copies [lo, hi) under a window (see the top of the file).
+// copyWindow copies [lo, hi) under a window (see the top of the file)
+// and returns once it is on the replica, with every window in flight
+// before it; Progress counts nothing of it.
 func (r *Rebuild) copyWindow(lo, hi uint64) error {
-	w := &window{lo: lo, hi: hi}
-	r.win.Store(w)
-	defer r.release(w)
-	if err := r.quiesce(w); err != nil {
+	if err := r.push(lo, hi, 0); err != nil {
+		return err
+	}
+	return r.drain()
+}
+
+// push starts the copy of [lo, hi) as the newest window in flight, once
+// the oldest landed if copyDepth are (see the top of the file): publish
+// it with the others, quiesce, look at its local map again, read each
+// mapped run and send it, deallocate the rest. progress is the bytes
+// Progress counts once it landed.
+func (r *Rebuild) push(lo, hi, progress uint64) error {
+	if r.n == copyDepth {
+		if err := r.land(); err != nil {
+			return err
+		}
+	}
+	s := &r.slots[(r.head+r.n)%copyDepth]
+	s.lo, s.hi, s.progress, s.copied, s.sent, s.failed = lo, hi, progress, 0, false, false
+	r.n++
+	r.peak = max(r.peak, r.n)
+	r.publish()
+	if err := r.quiesce(nil); err != nil {
 		return err
 	}
 	r.runs = r.runs[:0]
@@ -513,13 +632,13 @@ func (r *Rebuild) copyWindow(lo, hi uint64) error {
 	at := lo
 	for _, run := range r.runs {
 		if run[0] > at {
-			if err := r.deallocate(at, run[0]); err != nil {
+			if err := r.deallocate(s, at, run[0]); err != nil {
 				return err
 			}
 		}
 		for c := run[0]; c < run[1]; {
 			n := min(run[1]-c, r.region)
-			if err := r.copyRegion(c, n); err != nil {
+			if err := r.copyChunk(s, c, n); err != nil {
 				return err
 			}
 			c += n
@@ -527,24 +646,139 @@ func (r *Rebuild) copyWindow(lo, hi uint64) error {
 		at = run[1]
 	}
 	if at < hi {
-		if err := r.deallocate(at, hi); err != nil {
+		if err := r.deallocate(s, at, hi); err != nil {
 			return err
 		}
 	}
+	s.sent = true
+	return nil
+}
+
+// land waits until the oldest window in flight is on the replica and
+// ends it: its regions are clean in the dirty-region log (an
+// incremental rebuild; a held leg that then fails marks them again),
+// then the windows are published without it and the legs it held alone
+// go.
+func (r *Rebuild) land() error {
+	s := &r.slots[r.head]
+	if err := r.settle(s); err != nil {
+		return err
+	}
 	if d := r.drl; d != nil {
-		// On the replica: clean, before the window's held legs go (one
-		// that fails marks the log again after this).
-		d.clear(lo>>d.shift, (hi-1)>>d.shift)
+		d.clear(s.lo>>d.shift, (s.hi-1)>>d.shift)
+		// A write that skipped the replica once a failure dropped it
+		// marks the log when it finishes, which may have come before
+		// this clear: once the replica left, its regions stay marked.
+		// (Seen rebuilding after the clear, it left after it: every
+		// such mark comes later.)
+		if r.p.state.Load() != peerRebuilding {
+			d.mark(s.lo, s.hi-s.lo)
+		}
+	}
+	r.copied.Add(s.copied)
+	r.done.Add(s.progress)
+	r.bytes -= int(s.copied)
+	r.head = (r.head + 1) % copyDepth
+	r.n--
+	r.publish()
+	return nil
+}
+
+// salvage lands, once the copy failed, the oldest windows that are on
+// the replica all the same (each command sent and completed without
+// error, as far as completions came already): their regions are clean
+// in the log, the next incremental rebuild does not copy them again,
+// unless the replica was dropped meanwhile (land).
+func (r *Rebuild) salvage() {
+	for more := r.out > 0; more; more = r.out > 0 {
+		select {
+		case d := <-r.cbs:
+			r.out--
+			r.slots[d.slot].cmds--
+			r.slots[d.slot].failed = r.slots[d.slot].failed || d.err != nil
+		default:
+			more = false
+		}
+	}
+	r.landLanded()
+}
+
+// landLanded lands the oldest windows whose every command was sent and
+// completed without error.
+func (r *Rebuild) landLanded() {
+	for r.n > 0 {
+		if s := &r.slots[r.head]; !s.sent || s.failed || s.cmds > 0 || r.land() != nil {
+			return
+		}
+	}
+}
+
+// drain lands every window in flight.
+func (r *Rebuild) drain() error {
+	for r.n > 0 {
+		if err := r.land(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
+// publish stores the windows in flight (nil: none) and sends, or drops
+// if the replica stopped taking writes, the held legs that overlap none
+// of them any more: every window they overlapped has landed.
+func (r *Rebuild) publish() {
+	var w *window
+	if r.n > 0 {
+		w = &window{n: r.n}
+		for k := range r.n {
+			s := &r.slots[(r.head+k)%copyDepth]
+			w.rs[k] = [2]uint64{s.lo, s.hi}
+		}
+	}
+	var out *leg
+	r.mu.Lock()
+	r.win.Store(w)
+	var kept *leg
+	for l := r.held; l != nil; {
+		next := l.nextRB
+		if lo, hi := r.span(l.r.host); w != nil && w.overlaps(lo, hi) {
+			l.nextRB, kept = kept, l
+		} else {
+			l.nextRB, out = out, l
+			r.heldN--
+		}
+		l = next
+	}
+	r.held = kept
+	r.mu.Unlock()
+	for l := out; l != nil; {
+		next := l.nextRB
+		l.nextRB = nil
+		l.r.deferredOn.Store(nil) // in use and not held: a quiesce waits for it now
+		if sending(r.p.state.Load()) {
+			l.send(l.r.host)
+		} else {
+			l.r.release() // never sent: the replica is out
+		}
+		l = next
+	}
+}
+
+// release ends every window (the copier stopped) and sends, or drops,
+// the legs they held.
+func (r *Rebuild) release() {
+	r.n = 0
+	r.publish()
+}
+
 // quiesce waits for every host write in use to complete, but those
-// holding a leg on w.
-func (r *Rebuild) quiesce(w *window) error {
+// holding their leg on a window (hold). Its argument is the serial
+// copier's (the window whose holders to skip) and ignored: every held
+// record is skipped, whichever windows hold it; pass nil.
+func (r *Rebuild) quiesce(*window) error {
 	b := r.b
 	for i := range b.recs {
-		if err := r.waitRecord(&b.recs[i], w); err != nil {
+		if err := r.waitRecord(&b.recs[i]); err != nil {
 			return err
 		}
 	}
@@ -555,18 +789,18 @@ func (r *Rebuild) quiesce(w *window) error {
 	}
 	b.overMu.Unlock()
 	for _, rec := range over {
-		if err := r.waitRecord(rec, w); err != nil {
+		if err := r.waitRecord(rec); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// waitRecord waits until rec's current use (if any) ended or holds a
-// leg on w.
-func (r *Rebuild) waitRecord(rec *record, w *window) error {
+// waitRecord waits until rec's current use (if any) ended or holds its
+// leg on a window.
+func (r *Rebuild) waitRecord(rec *record) error {
 	u := rec.uses.Load()
-	for spin := 0; u&1 != 0 && rec.uses.Load() == u && rec.deferredOn.Load() != w; spin++ {
+	for spin := 0; u&1 != 0 && rec.uses.Load() == u && rec.deferredOn.Load() == nil; spin++ {
 		if spin < 16 {
 			runtime.Gosched()
 			continue
@@ -579,24 +813,28 @@ func (r *Rebuild) waitRecord(rec *record, w *window) error {
 	return nil
 }
 
-// hold keeps l, the rebuilding leg of a host write io, until the current
-// window's copy is on the replica, if io overlaps that window; false: send
-// it now. The record counts l as pending already.
+// span is the blocks [lo, hi) a host I/O writes.
+func (r *Rebuild) span(io *target.IO) (lo, hi uint64) {
+	n := io.Blocks
+	if io.Op == target.OpWrite {
+		n = uint64(len(io.Data)) >> r.b.shift
+	}
+	return io.LBA, io.LBA + n
+}
+
+// hold keeps l, the rebuilding leg of a host write io, until the copy of
+// every window in flight it overlaps is on the replica; false: it
+// overlaps none, send it now. The record counts l as pending already.
 func (r *Rebuild) hold(l *leg, io *target.IO) bool {
 	w := r.win.Load()
 	if w == nil || io.Op == target.OpFlush {
 		return false
 	}
-	lo := io.LBA
-	n := io.Blocks
-	if io.Op == target.OpWrite {
-		n = uint64(len(io.Data)) >> r.b.shift
-	}
-	if lo >= w.hi || lo+n <= w.lo {
+	if lo, hi := r.span(io); !w.overlaps(lo, hi) {
 		return false
 	}
 	r.mu.Lock()
-	if r.win.Load() != w { // released meanwhile
+	if r.win.Load() != w { // published again meanwhile
 		r.mu.Unlock()
 		return r.hold(l, io)
 	}
@@ -604,94 +842,121 @@ func (r *Rebuild) hold(l *leg, io *target.IO) bool {
 	l.nextRB = r.held
 	r.held = l
 	r.heldN++
+	r.holds++
 	r.mu.Unlock()
 	return true
 }
 
-// release clears the window w (nil: whatever is set) and sends the legs
-// it held, or drops them if the replica stopped taking writes.
-func (r *Rebuild) release(w *window) {
-	r.mu.Lock()
-	if cur := r.win.Load(); cur != nil && (w == nil || cur == w) {
-		r.win.Store(nil)
-	}
-	l := r.held
-	r.held, r.heldN = nil, 0
-	r.mu.Unlock()
-	for l != nil {
-		next := l.nextRB
-		l.nextRB = nil
-		if sending(r.p.state.Load()) {
-			l.send(l.r.host)
-		} else {
-			l.r.release() // never sent: the replica is out
-		}
-		l = next
-	}
-}
-
-// copyRegion reads n blocks at lba locally and writes them to the
-// replica.
-func (r *Rebuild) copyRegion(lba, n uint64) error {
+// copyChunk reads n blocks at lba (at most a region) of s, the newest
+// window, locally and writes them to the replica, once older windows
+// landed if the bytes in flight would exceed the budget.
+func (r *Rebuild) copyChunk(s *copySlot, lba, n uint64) error {
 	shift := r.b.shift
 	size := int(n << shift)
+	for r.n > 1 && r.bytes+size > copyBudget { // the oldest is not s
+		if err := r.land(); err != nil {
+			return err
+		}
+	}
 	if cap(r.buf) < size {
-		r.buf = make([]byte, size)
+		r.buf = make([]byte, r.region<<shift)
 	}
 	buf := r.buf[:size]
-	if err := r.cfg.Read(lba, buf); err != nil {
-		return fmt.Errorf("repl: rebuild: local read at LBA %d: %w", lba, err)
+	if err := r.read(lba, buf); err != nil {
+		return err
 	}
 	if err := r.throttle(uint64(size)); err != nil {
 		return err
 	}
-	cmds := 0
 	for k := uint64(0); k < n; k += r.xfer {
 		c := min(r.xfer, n-k)
-		if err := r.submit(func(cb initiator.Callback) error {
+		if err := r.send(s, func(cb initiator.Callback) error {
 			return r.p.ns.WriteAsync(lba+k, buf[k<<shift:(k+c)<<shift], 0, cb)
 		}); err != nil {
-			return r.wait(cmds, err)
+			return err
 		}
-		cmds++
 	}
-	if err := r.wait(cmds, nil); err != nil {
-		return err
+	s.copied += uint64(size)
+	r.bytes += size
+	return nil
+}
+
+// read reads buf at lba locally, in up to copyReaders parts of at least
+// copyReadPart read at once (cfg.Read blocks: the store reads O_DIRECT,
+// one part at a time).
+func (r *Rebuild) read(lba uint64, buf []byte) error {
+	shift := r.b.shift
+	blocks := uint64(len(buf)) >> shift
+	parts := min(copyReaders, max(1, len(buf)/copyReadPart))
+	per := (blocks + uint64(parts) - 1) / uint64(parts)
+	var (
+		wg   sync.WaitGroup
+		errs [copyReaders]error
+	)
+	for k := 1; k < parts; k++ {
+		lo := min(uint64(k)*per, blocks)
+		hi := min(lo+per, blocks)
+		if lo == hi {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[k] = r.cfg.Read(lba+lo, buf[lo<<shift:hi<<shift])
+		}()
 	}
-	r.copied.Add(uint64(size))
+	errs[0] = r.cfg.Read(lba, buf[:min(per, blocks)<<shift])
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return fmt.Errorf("repl: rebuild: local read at LBA %d: %w", lba, err)
+		}
+	}
 	return nil
 }
 
 // deallocate makes [lo, hi) read as zeros on the replica (one range: a
 // window is at most maxLegDeallocate blocks).
-func (r *Rebuild) deallocate(lo, hi uint64) error {
+func (r *Rebuild) deallocate(s *copySlot, lo, hi uint64) error {
 	rng := []initiator.Range{{LBA: lo, Blocks: uint32(hi - lo)}}
-	if err := r.submit(func(cb initiator.Callback) error { return r.p.ns.DeallocateAsync(rng, cb) }); err != nil {
-		return err
-	}
-	return r.wait(1, nil)
+	return r.send(s, func(cb initiator.Callback) error { return r.p.ns.DeallocateAsync(rng, cb) })
 }
 
-// flush makes the copy durable on the replica.
+// flush makes the copy durable on the replica (no window in flight).
 func (r *Rebuild) flush() error {
-	if err := r.submit(func(cb initiator.Callback) error { return r.p.ns.FlushAsync(cb) }); err != nil {
+	s := &r.slots[r.head]
+	if err := r.send(s, func(cb initiator.Callback) error { return r.p.ns.FlushAsync(cb) }); err != nil {
 		return err
 	}
-	return r.wait(1, nil)
+	return r.settle(s)
 }
 
-// submit sends one command of the copier, waiting while the connection
-// is full.
-func (r *Rebuild) submit(send func(initiator.Callback) error) error {
+// send sends one command of s, once s has fewer than maxCopyCommands in
+// flight (r.cbs holds every completion), waiting for the copier's
+// commands while the connection is full.
+func (r *Rebuild) send(s *copySlot, op func(initiator.Callback) error) error {
+	for s.cmds >= maxCopyCommands {
+		if err := r.collect(); err != nil {
+			return err
+		}
+	}
 	for {
-		err := send(copyCB(r.cbs))
+		err := op(&s.cb)
 		if err == nil {
+			s.cmds++
+			r.out++
 			return nil
 		}
 		if !errors.Is(err, initiator.ErrQueueFull) {
 			err = fmt.Errorf("%w: %w", ErrRebuildLeg, err)
 			r.fail(err)
 			return err
+		}
+		if r.out > 0 { // one of ours frees a slot
+			if err := r.collect(); err != nil {
+				return err
+			}
+			continue
 		}
 		select {
 		case <-r.ctx.Done():
@@ -701,23 +966,35 @@ func (r *Rebuild) submit(send func(initiator.Callback) error) error {
 	}
 }
 
-// wait collects n completions of the copier's commands; first is an
-// error already met (returned in preference).
-func (r *Rebuild) wait(n int, first error) error {
-	for range n {
-		select {
-		case err := <-r.cbs:
-			if err != nil && first == nil {
-				first = fmt.Errorf("%w: %w", ErrRebuildLeg, err)
-				r.fail(first)
-			}
-		case <-r.ctx.Done():
-			// Commands may still complete into cbs: buffered, never
-			// read again (the rebuild is over).
-			return r.failure()
+// settle waits until s's commands completed.
+func (r *Rebuild) settle(s *copySlot) error {
+	for s.cmds > 0 {
+		if err := r.collect(); err != nil {
+			return err
 		}
 	}
-	return first
+	return nil
+}
+
+// collect takes one completion of the copier's commands; a failed one
+// fails the rebuild.
+func (r *Rebuild) collect() error {
+	select {
+	case d := <-r.cbs:
+		r.out--
+		r.slots[d.slot].cmds--
+		if d.err != nil {
+			r.slots[d.slot].failed = true
+			err := fmt.Errorf("%w: %w", ErrRebuildLeg, d.err)
+			r.fail(err)
+			return err
+		}
+		return nil
+	case <-r.ctx.Done():
+		// Commands may still complete into cbs: buffered, never read
+		// again (the rebuild is over).
+		return r.failure()
+	}
 }
 
 // throttle waits until copying n more bytes keeps the rate.

@@ -109,6 +109,17 @@ func drive(t testing.TB, leg *fakeLeg, rb *Rebuild) error {
 	}
 }
 
+// waiting is the index of the leg's first waiting command op at lba,
+// or -1.
+func waiting(leg *fakeLeg, op target.IOOp, lba uint64) int {
+	for i, c := range leg.pending() {
+		if c.op == op && c.lba == lba {
+			return i
+		}
+	}
+	return -1
+}
+
 // until polls cond (the copier is a goroutine of its own) for 10 s.
 func until(t testing.TB, what string, cond func() bool) {
 	t.Helper()
@@ -239,18 +250,19 @@ func TestRebuildHoldsOverlappingWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	until(t, "the copy", func() bool { return len(g.leg.pending()) == 1 })
+	until(t, "the copy", func() bool { return waiting(g.leg, target.OpWrite, 0) >= 0 })
 	h := g.submit(target.OpWrite, 1, 1, pattern(testBlock, 2))
-	if n := len(g.leg.pending()); n != 1 {
-		t.Fatalf("%d commands on the replica: the host's write was not held", n)
+	if waiting(g.leg, target.OpWrite, 1) >= 0 {
+		t.Fatal("the host's write to the window was not held")
 	}
 	if h.isDone() {
 		t.Fatal("host write completed before its rebuilding leg")
 	}
-	if c := g.leg.pending()[0]; c.lba != 0 || c.blocks != 4 || !bytes.Equal(c.data[testBlock:2*testBlock], pattern(testBlock, 1)) {
+	i := waiting(g.leg, target.OpWrite, 0)
+	if c := g.leg.pending()[i]; c.lba != 0 || c.blocks != 4 || !bytes.Equal(c.data[testBlock:2*testBlock], pattern(testBlock, 1)) {
 		t.Fatalf("copy %d+%d", c.lba, c.blocks)
 	}
-	g.leg.complete(t, 0, nil) // the copy lands, then the held write goes
+	g.leg.complete(t, i, nil) // the copy lands, then the held write goes
 	until(t, "the held write", func() bool {
 		for _, c := range g.leg.pending() {
 			if c.op == target.OpWrite && c.lba == 1 {
@@ -328,8 +340,8 @@ func TestRebuildWaitsForWriteInFlight(t *testing.T) {
 	if err := h.wait(t); err != nil {
 		t.Fatal(err)
 	}
-	until(t, "the copy", func() bool { return len(g.leg.pending()) == 1 })
-	c := g.leg.pending()[0]
+	until(t, "the copy", func() bool { return waiting(g.leg, target.OpWrite, 0) >= 0 })
+	c := g.leg.pending()[waiting(g.leg, target.OpWrite, 0)]
 	if c.op != target.OpWrite || c.lba != 0 || !bytes.Equal(c.data[2*testBlock:3*testBlock], pattern(testBlock, 9)) {
 		t.Fatalf("copy %v at %d does not carry the host's write", c.op, c.lba)
 	}
@@ -356,13 +368,23 @@ func TestRebuildLegFails(t *testing.T) {
 	}
 	cfg := g.config()
 	cfg.MaxTransfer = 4 * testBlock
+	// The copier stops in its second read: windows [0, 4) and [4, 8) in
+	// flight, the first one's write on the replica.
+	var reads atomic.Int32
+	gate := make(chan struct{})
+	cfg.Read = func(lba uint64, buf []byte) error {
+		if reads.Add(1) == 2 {
+			<-gate
+		}
+		return g.local.read(lba, buf)
+	}
 	rb, err := g.b.StartRebuild(3, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	until(t, "the copy's first write", func() bool { return len(g.leg.pending()) == 1 })
-	h := g.submit(target.OpWrite, 100, 1, pattern(testBlock, 2)) // outside the window: sent
-	if len(g.leg.pending()) != 2 {
+	until(t, "the copy's second read", func() bool { return reads.Load() == 2 })
+	h := g.submit(target.OpWrite, 100, 1, pattern(testBlock, 2)) // outside the windows: sent
+	if len(g.leg.pending()) != 2 || waiting(g.leg, target.OpWrite, 100) != 1 {
 		t.Fatal("the host write did not go to the rebuilding replica")
 	}
 	g.leg.complete(t, 1, errors.New("connection lost"))
@@ -370,6 +392,7 @@ func TestRebuildLegFails(t *testing.T) {
 		t.Fatalf("host write failed with its rebuilding leg: %v", err)
 	}
 	g.leg.complete(t, 0, nil) // the copy's write, after the failure
+	close(gate)
 	if err := waitRebuild(t, rb); !errors.Is(err, ErrRebuildLeg) {
 		t.Fatalf("rebuild ended with %v, want ErrRebuildLeg", err)
 	}
@@ -625,4 +648,218 @@ func TestRebuildFailsWhilePromoted(t *testing.T) {
 			t.Fatalf("state %q", st.Peers[0].State)
 		}
 	}
+}
+
+// TestRebuildPipelined: the copier keeps several windows in flight
+// (regions of 4 blocks, writes of 2; 10 blocks of data in flight at
+// most in round 0; 1 MiB windows of data read in 4 parts in round 2)
+// while four writers issue seeded random writes of 1 to 4 blocks, write
+// zeroes and deallocates, each in 8-block stripes of its own, next to
+// the copier's front, so many land in windows being copied and some
+// span two; the replica completes commands on goroutines of their own
+// after a random delay, out of order, so a held leg released before the
+// copy of a window it overlaps landed would race that copy and could
+// lose. The rebuild ends in sync with windows in flight at once and
+// writes held; the replica then holds exactly the primary's bytes.
+func TestRebuildPipelined(t *testing.T) {
+	seed := testSeed(t)
+	defer func(n int) { copyBudget = n }(copyBudget)
+	for round := range 3 {
+		rng := rand.New(rand.NewPCG(seed, uint64(round)))
+		if round == 0 { // 2 or 3 windows of data in flight
+			copyBudget = 10 * testBlock
+		} else {
+			copyBudget = copyBytes
+		}
+		g := newRebuildRig(t)
+		var dmu sync.Mutex
+		drng := rand.New(rand.NewPCG(seed, uint64(round)+100))
+		g.leg.async = func(cmd) error {
+			dmu.Lock()
+			k := drng.IntN(64)
+			dmu.Unlock()
+			if k < 16 { // one command in four overtaken by those after it
+				time.Sleep(time.Duration(k) * 20 * time.Microsecond)
+			}
+			for range k % 8 {
+				runtime.Gosched()
+			}
+			return nil
+		}
+		for range 400 { // the primary's data, and stale bytes on the replica
+			lba := rng.Uint64N(testBlocks)
+			g.localWrite(t, lba, pattern(testBlock, byte(rng.Uint32())))
+			if rng.IntN(2) == 0 {
+				_ = g.leg.mem.Write(rng.Uint64N(testBlocks), pattern(testBlock, byte(rng.Uint32())), false)
+			}
+		}
+		cfg := g.config()
+		var split atomic.Int32
+		if round == 2 { // 1 MiB windows of data, each read in 4 parts at once
+			for lba := range uint64(testBlocks) {
+				g.localWrite(t, lba, pattern(testBlock, byte(lba)))
+			}
+			cfg.RegionBytes, cfg.MaxTransfer = 256*testBlock, 32*testBlock
+			cfg.Read = func(lba uint64, buf []byte) error {
+				if len(buf) == 64*testBlock {
+					split.Add(1)
+				}
+				return g.local.read(lba, buf)
+			}
+		}
+		rb, err := g.b.StartRebuild(3, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var failed atomic.Int32
+		stop := make(chan struct{})
+		for w := range uint64(4) {
+			wrng := rand.New(rand.NewPCG(seed, uint64(round*10)+w+1000))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-rb.Done():
+						return
+					default:
+					}
+					// Near the copier's front (the blocks landed), in
+					// this writer's 8-block stripes: a block is seldom
+					// written again once the copier went past it.
+					front := rb.done.Load() / testBlock
+					stripe := front/32*4 + 4*wrng.Uint64N(3) + w
+					off := wrng.Uint64N(8)
+					n := min(1+wrng.Uint64N(4), 8-off)
+					lba := stripe*8 + off
+					if lba+n > testBlocks {
+						continue
+					}
+					var h *hostIO
+					switch k := wrng.IntN(10); {
+					case k < 7:
+						data := make([]byte, n*testBlock)
+						for b := range n {
+							copy(data[b*testBlock:], pattern(testBlock, byte(wrng.Uint32())))
+						}
+						h = g.submit(target.OpWrite, lba, n, data)
+					case k < 9:
+						h = g.submit(target.OpWriteZeroes, lba, n, nil)
+					default:
+						h = g.submit(target.OpDeallocate, lba, n, nil)
+					}
+					if err := h.wait(t); err != nil {
+						t.Errorf("host I/O failed: %v", err)
+						failed.Add(1)
+						return
+					}
+				}
+			}()
+		}
+		err = waitRebuild(t, rb)
+		close(stop)
+		wg.Wait()
+		if err != nil || failed.Load() != 0 {
+			t.Fatalf("round %d: rebuild: %v", round, err)
+		}
+		g.leg.wg.Wait()
+		rb.mu.Lock()
+		holds := rb.holds
+		rb.mu.Unlock()
+		if round == 2 && split.Load() == 0 {
+			t.Fatal("no window read in parts")
+		}
+		// Windows pile up to the budget or copyDepth (the copier lands
+		// only when it must); holds depend on the writers' timing, and
+		// the 1 MiB windows of round 2 see few (4 to 9 here, unloaded).
+		if rb.peak < 3 || (round < 2 && holds == 0) {
+			t.Fatalf("round %d: at most %d windows in flight, %d legs held: the test did not test the pipeline", round, rb.peak, holds)
+		}
+		t.Logf("round %d: %d windows in flight at most, %d legs held", round, rb.peak, holds)
+		sameStores(t, g.local, g.leg)
+	}
+}
+
+// TestRebuildReadFails: a local read failing (one part of a window read
+// in parts) ends the rebuild with the store's error; the replica is
+// not promoted and takes no more writes.
+func TestRebuildReadFails(t *testing.T) {
+	g := newRebuildRig(t)
+	g.leg.async = func(cmd) error { return nil }
+	for lba := range uint64(512) {
+		g.localWrite(t, lba, pattern(testBlock, byte(lba)))
+	}
+	errDisk := errors.New("disk on fire")
+	cfg := g.config()
+	cfg.RegionBytes, cfg.MaxTransfer = 256*testBlock, 32*testBlock
+	cfg.Read = func(lba uint64, buf []byte) error {
+		if lba == 256+128 { // the third part of the second window
+			return errDisk
+		}
+		return g.local.read(lba, buf)
+	}
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRebuild(t, rb); !errors.Is(err, errDisk) {
+		t.Fatalf("rebuild: %v, want the read's error", err)
+	}
+	if g.promoted.Load() != 0 {
+		t.Fatal("promoted")
+	}
+	if st := g.b.Stats(); st.Peers[0].State != "rebuild-failed" {
+		t.Fatalf("state %q", st.Peers[0].State)
+	}
+	g.leg.wg.Wait()
+	n := len(g.leg.received())
+	if err := g.submit(target.OpWrite, 5, 1, pattern(testBlock, 3)).wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.leg.received()) != n {
+		t.Fatal("a write went to the replica after its rebuild failed")
+	}
+}
+
+// TestRebuildHoldsPerWindow: with four windows in flight ([0, 4),
+// [4, 8), [8, 12) copied, the hole after them deallocated), a host
+// write inside the first is held until the first window's copy landed,
+// and goes then, while one spanning the first two waits for the second
+// too; a write to none goes at once.
+func TestRebuildHoldsPerWindow(t *testing.T) {
+	g := newRebuildRig(t)
+	for lba := range uint64(12) {
+		g.localWrite(t, lba, pattern(testBlock, 1))
+	}
+	cfg := g.config()
+	cfg.MaxTransfer = 4 * testBlock
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	until(t, "four windows in flight", func() bool { return waiting(g.leg, target.OpDeallocate, 12) >= 0 })
+	inside := g.submit(target.OpWrite, 1, 1, pattern(testBlock, 2))
+	across := g.submit(target.OpWrite, 3, 2, append(pattern(testBlock, 3), pattern(testBlock, 4)...))
+	if waiting(g.leg, target.OpWrite, 1) >= 0 || waiting(g.leg, target.OpWrite, 3) >= 0 {
+		t.Fatal("a write to a window in flight was sent before its copy landed")
+	}
+	g.leg.complete(t, waiting(g.leg, target.OpWrite, 0), nil) // the first window lands
+	until(t, "the write inside the first window", func() bool { return waiting(g.leg, target.OpWrite, 1) >= 0 })
+	if waiting(g.leg, target.OpWrite, 3) >= 0 {
+		t.Fatal("the write across two windows went when the first landed")
+	}
+	g.leg.complete(t, waiting(g.leg, target.OpWrite, 4), nil) // the second
+	until(t, "the write across the first two", func() bool { return waiting(g.leg, target.OpWrite, 3) >= 0 })
+	if err := drive(t, g.leg, rb); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []*hostIO{inside, across} {
+		if err := h.wait(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sameStores(t, g.local, g.leg)
 }

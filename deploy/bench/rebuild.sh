@@ -16,6 +16,19 @@
 # Each rebuild's bytes, time and rate come from node1's "rebuild done"
 # log line. One markdown table.
 #
+# The ceiling. The baseline only writes; a copy reads on node1 and
+# writes on node2, both on BENCH_DIR's disk, and crosses the link. So
+# before the nodes start, the raw figures: the disk with fio (if
+# installed: 1 MiB O_DIRECT sequential, QD 8, 1 GiB files) writing,
+# reading, and "copying" (reading one file while writing another: the
+# rate of each), and the link with deploy/bench/loopback (one TCP
+# connection over 127.0.0.1). The copy's ceiling is the slower of the
+# disk's copy rate (the mean of the two directions: the disk's combined
+# throughput, shared evenly, as a copy needs) and the link; the table
+# gives each rebuild against the baseline and against that ceiling. All
+# of it shares the machine's cores with whatever else runs: the load
+# average is printed under the table.
+#
 # Usage: deploy/bench/rebuild.sh
 #
 # Environment (defaults in brackets):
@@ -50,7 +63,32 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 say "building blkd and blkctl"
-(cd "$repo" && go build -o "$scratch/blkd" ./cmd/blkd && go build -o "$scratch/blkctl" ./cmd/blkctl)
+(cd "$repo" && go build -o "$scratch/blkd" ./cmd/blkd && go build -o "$scratch/blkctl" ./cmd/blkctl &&
+	go build -o "$scratch/loopback" ./deploy/bench/loopback)
+
+# fio1 ARGS...: one fio run of 1 MiB O_DIRECT sequential I/O at QD 8 on
+# 1 GiB files in the scratch directory; prints each job's MB/s (read for
+# a reader, write for a writer), one a line.
+fio1() {
+	fio --output-format=terse --terse-version=3 --direct=1 --ioengine=libaio --iodepth=8 --bs=1M --size=1g "$@" |
+		awk -F';' '{ print ($7 > 0 ? $7 : $48) * 1.024 / 1000 }'
+}
+disk_w=-- disk_r=-- disk_cr=-- disk_cw=--
+if command -v fio >/dev/null; then
+	say "disk: fio in $scratch"
+	disk_w=$(fio1 --name=w --rw=write --filename="$scratch/fio-a")
+	disk_r=$(fio1 --name=r --rw=read --filename="$scratch/fio-a")
+	read -r disk_cr disk_cw < <(fio1 --name=r --rw=read --filename="$scratch/fio-a" --name=w --rw=write --filename="$scratch/fio-b" | paste -sd' ')
+	rm -f "$scratch/fio-a" "$scratch/fio-b"
+else
+	say "disk: no fio, no disk figures"
+fi
+say "link: loopback TCP"
+link=$("$scratch/loopback")
+# The copy's ceiling: the slower of the disk's copy rate (its combined
+# throughput, halved) and the link.
+ceiling=$(awk -v r="$disk_cr" -v w="$disk_cw" -v l="$link" 'BEGIN { c = l; if (r != "--" && (r + w) / 2 < c) c = (r + w) / 2; printf "%.1f", c }')
+say "disk write $disk_w, read $disk_r, copy $disk_cr read + $disk_cw write MB/s; link $link MB/s; ceiling $ceiling MB/s"
 
 api() { echo "127.0.0.1:$((BASE_PORT + 30 + $1))"; }
 runs=0
@@ -136,11 +174,18 @@ start "$sn"
 read -r ib it ir < <(rebuilt incremental "$n0")
 say "incremental: $ib bytes in $it, $ir MB/s"
 
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a/b}'; }
 {
-	echo "| what | bytes | time | MB/s | vs baseline |"
-	echo "| --- | ---: | ---: | ---: | ---: |"
-	printf '| baseline: %s of one replica, 128 KiB writes QD 8 | %s | | %s | 1.00 |\n' "$SIZE" "$bytes" "$base_mbps"
-	printf '| full rebuild, unthrottled | %s | %s | %s | %s |\n' "$fb" "$ft" "$fr" "$(awk -v a="$fr" -v b="$base_mbps" 'BEGIN {printf "%.2f", a/b}')"
-	printf '| incremental rebuild after %s random 4 KiB writes | %s | %s | %s | %s |\n' "$DIRTY" "$ib" "$it" "$ir" "$(awk -v a="$ir" -v b="$base_mbps" 'BEGIN {printf "%.2f", a/b}')"
+	echo "| what | bytes | time | MB/s | vs baseline | vs ceiling |"
+	echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+	printf '| disk (fio, 1 MiB O_DIRECT QD 8): write | | | %s | | |\n' "$disk_w"
+	printf '| disk: read | | | %s | | |\n' "$disk_r"
+	printf '| disk: copy (read one file while writing another), read / write | | | %s / %s | | |\n' "$disk_cr" "$disk_cw"
+	printf '| link: loopback TCP, one connection | | | %s | | |\n' "$link"
+	printf '| ceiling of a copy: the slower of the disk copy (mean of both directions) and the link | | | %s | | 1.00 |\n' "$ceiling"
+	printf '| baseline: %s of one replica, 128 KiB writes QD 8 | %s | | %s | 1.00 | |\n' "$SIZE" "$bytes" "$base_mbps"
+	printf '| full rebuild, unthrottled | %s | %s | %s | %s | %s |\n' "$fb" "$ft" "$fr" "$(ratio "$fr" "$base_mbps")" "$(ratio "$fr" "$ceiling")"
+	printf '| incremental rebuild after %s random 4 KiB writes | %s | %s | %s | %s | %s |\n' "$DIRTY" "$ib" "$it" "$ir" "$(ratio "$ir" "$base_mbps")" "$(ratio "$ir" "$ceiling")"
+	printf '\nload average at the end: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$OUT"
 say "table in $OUT"
