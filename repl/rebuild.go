@@ -593,16 +593,6 @@ func (r *Rebuild) copyAll() error {
 	return r.drain()
 }
 
-// copyWindow copies [lo, hi) under a window (see the top of the file)
-// and returns once it is on the replica, with every window in flight
-// before it; Progress counts nothing of it.
-func (r *Rebuild) copyWindow(lo, hi uint64) error {
-	if err := r.push(lo, hi, 0); err != nil {
-		return err
-	}
-	return r.drain()
-}
-
 // push starts the copy of [lo, hi) as the newest window in flight, once
 // the oldest landed if copyDepth are (see the top of the file): publish
 // it with the others, quiesce, look at its local map again, read each

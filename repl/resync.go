@@ -174,10 +174,20 @@ func (r *Rebuild) compareAll() error {
 		if differ {
 			for at := lo; at < hi; at += span * src.regionBlocks() {
 				e := min(hi, at+span*src.regionBlocks())
-				if err := r.copyWindow(at, e); err != nil {
+				if err := r.push(at, e, 0); err != nil { // pipelined: windows in flight
+					r.salvage()
 					return err
 				}
 				r.differ.Add((e - at) << shift)
+			}
+		}
+		// The batch's last run: its windows land before the next batch's
+		// digests are read, so no host write waits on a window while they
+		// are.
+		if hi == end && (end == src.Blocks || end%(uint64(digestBatch)*src.regionBlocks()) == 0) {
+			if err := r.drain(); err != nil {
+				r.salvage()
+				return err
 			}
 		}
 		r.done.Store(end << shift)
