@@ -178,46 +178,11 @@ func TestRebuildRandom(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var wg sync.WaitGroup
-		var failed atomic.Int32
-		stop := make(chan struct{})
-		for w := range 4 {
-			wrng := rand.New(rand.NewPCG(seed, uint64(round*10+w+2)))
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; ; i++ {
-					if i > 200 {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-					}
-					lba := wrng.Uint64N(testBlocks/4)*4 + uint64(w)
-					var h *hostIO
-					switch k := wrng.IntN(10); {
-					case k < 6:
-						h = g.submit(target.OpWrite, lba, 1, pattern(testBlock, byte(wrng.Uint32())))
-					case k < 8:
-						h = g.submit(target.OpWriteZeroes, lba, 1, nil)
-					case k < 9:
-						h = g.submit(target.OpDeallocate, lba, 1, nil)
-					default:
-						h = g.submit(target.OpFlush, 0, 0, nil)
-					}
-					if err := h.wait(t); err != nil {
-						t.Errorf("host I/O failed: %v", err)
-						failed.Add(1)
-						return
-					}
-				}
-			}()
-		}
+		stop := hostWriters(t, seed, uint64(round*10+2), 4, 200, true, nil, g.submit, func(r *rand.Rand, w int) (uint64, uint64, bool) {
+			return r.Uint64N(testBlocks/4)*4 + uint64(w), 1, true
+		})
 		err = waitRebuild(t, rb)
-		close(stop)
-		wg.Wait()
-		if err != nil || failed.Load() != 0 {
+		if failed := stop(); err != nil || failed != 0 {
 			t.Fatalf("round %d: rebuild: %v", round, err)
 		}
 		if g.promoted.Load() != 1 {
@@ -711,58 +676,19 @@ func TestRebuildPipelined(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var wg sync.WaitGroup
-		var failed atomic.Int32
-		stop := make(chan struct{})
-		for w := range uint64(4) {
-			wrng := rand.New(rand.NewPCG(seed, uint64(round*10)+w+1000))
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-rb.Done():
-						return
-					default:
-					}
-					// Near the copier's front (the blocks landed), in
-					// this writer's 8-block stripes: a block is seldom
-					// written again once the copier went past it.
-					front := rb.done.Load() / testBlock
-					stripe := front/32*4 + 4*wrng.Uint64N(3) + w
-					off := wrng.Uint64N(8)
-					n := min(1+wrng.Uint64N(4), 8-off)
-					lba := stripe*8 + off
-					if lba+n > testBlocks {
-						continue
-					}
-					var h *hostIO
-					switch k := wrng.IntN(10); {
-					case k < 7:
-						data := make([]byte, n*testBlock)
-						for b := range n {
-							copy(data[b*testBlock:], pattern(testBlock, byte(wrng.Uint32())))
-						}
-						h = g.submit(target.OpWrite, lba, n, data)
-					case k < 9:
-						h = g.submit(target.OpWriteZeroes, lba, n, nil)
-					default:
-						h = g.submit(target.OpDeallocate, lba, n, nil)
-					}
-					if err := h.wait(t); err != nil {
-						t.Errorf("host I/O failed: %v", err)
-						failed.Add(1)
-						return
-					}
-				}
-			}()
-		}
+		stop := hostWriters(t, seed, uint64(round*10)+1000, 4, 0, false, rb.Done(), g.submit, func(r *rand.Rand, w int) (uint64, uint64, bool) {
+			// Near the copier's front (the blocks landed), in this
+			// writer's 8-block stripes: a block is seldom written again
+			// once the copier went past it.
+			front := rb.done.Load() / testBlock
+			stripe := front/32*4 + 4*r.Uint64N(3) + uint64(w)
+			off := r.Uint64N(8)
+			n := min(1+r.Uint64N(4), 8-off)
+			lba := stripe*8 + off
+			return lba, n, lba+n <= testBlocks
+		})
 		err = waitRebuild(t, rb)
-		close(stop)
-		wg.Wait()
-		if err != nil || failed.Load() != 0 {
+		if failed := stop(); err != nil || failed != 0 {
 			t.Fatalf("round %d: rebuild: %v", round, err)
 		}
 		g.leg.wg.Wait()
@@ -862,4 +788,66 @@ func TestRebuildHoldsPerWindow(t *testing.T) {
 		}
 	}
 	sameStores(t, g.local, g.leg)
+}
+
+// hostWriters runs n writers of random host I/O through submit while a
+// rebuild runs: writer w, with its own seeded generator, picks where
+// (at: blocks [lba, lba+blocks), or skip) and submits a write of random
+// bytes (six in ten), a write zeroes (two), a deallocate (one) or, with
+// flushes, a flush (one; else a write), and waits for it; it makes at
+// least min I/Os and stops at stop's call (or when done closes), which
+// returns how many writers saw an I/O fail.
+func hostWriters(t *testing.T, seed, stream uint64, n, min int, flushes bool, done <-chan struct{},
+	submit func(op target.IOOp, lba, blocks uint64, data []byte) *hostIO,
+	at func(r *rand.Rand, w int) (lba, blocks uint64, ok bool)) (stop func() int32) {
+	var wg sync.WaitGroup
+	var failed atomic.Int32
+	quit := make(chan struct{})
+	for w := range n {
+		r := rand.New(rand.NewPCG(seed, stream+uint64(w)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				if i > min {
+					select {
+					case <-quit:
+						return
+					case <-done:
+						return
+					default:
+					}
+				}
+				lba, blocks, ok := at(r, w)
+				if !ok {
+					continue
+				}
+				var h *hostIO
+				switch k := r.IntN(10); {
+				case k < 6 || k == 9 && !flushes:
+					data := make([]byte, blocks*testBlock)
+					for b := range blocks {
+						copy(data[b*testBlock:], pattern(testBlock, byte(r.Uint32())))
+					}
+					h = submit(target.OpWrite, lba, blocks, data)
+				case k < 8:
+					h = submit(target.OpWriteZeroes, lba, blocks, nil)
+				case k < 9:
+					h = submit(target.OpDeallocate, lba, blocks, nil)
+				default:
+					h = submit(target.OpFlush, 0, 0, nil)
+				}
+				if err := h.wait(t); err != nil {
+					t.Errorf("host I/O failed: %v", err)
+					failed.Add(1)
+					return
+				}
+			}
+		}()
+	}
+	return func() int32 {
+		close(quit)
+		wg.Wait()
+		return failed.Load()
+	}
 }

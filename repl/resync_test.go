@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -92,46 +91,14 @@ func TestRebuildCompare(t *testing.T) {
 		if rb.Mode() != "compare" {
 			t.Fatalf("mode %q", rb.Mode())
 		}
-		var wg sync.WaitGroup
-		stop := make(chan struct{})
-		var failed atomic.Int32
+		stop := func() int32 { return 0 }
 		if hosts {
-			for w := range 3 {
-				wrng := rand.New(rand.NewPCG(seed, uint64(round*10+w+2)))
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := 0; ; i++ {
-						if i > 100 {
-							select {
-							case <-stop:
-								return
-							default:
-							}
-						}
-						lba := wrng.Uint64N(testBlocks/3)*3 + uint64(w)
-						var h *hostIO
-						switch k := wrng.IntN(10); {
-						case k < 7:
-							h = g.submit(target.OpWrite, lba, 1, pattern(testBlock, byte(wrng.Uint32())))
-						case k < 9:
-							h = g.submit(target.OpDeallocate, lba, 1, nil)
-						default:
-							h = g.submit(target.OpFlush, 0, 0, nil)
-						}
-						if err := h.wait(t); err != nil {
-							t.Errorf("host I/O failed: %v", err)
-							failed.Add(1)
-							return
-						}
-					}
-				}()
-			}
+			stop = hostWriters(t, seed, uint64(round*10+2), 3, 100, true, nil, g.submit, func(r *rand.Rand, w int) (uint64, uint64, bool) {
+				return r.Uint64N(testBlocks/3)*3 + uint64(w), 1, true
+			})
 		}
 		err = waitRebuild(t, rb)
-		close(stop)
-		wg.Wait()
-		if err != nil || failed.Load() != 0 {
+		if failed := stop(); err != nil || failed != 0 {
 			t.Fatalf("round %d: rebuild: %v", round, err)
 		}
 		g.leg.wg.Wait()
