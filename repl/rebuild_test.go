@@ -42,6 +42,23 @@ func (g *rebuildRig) config() RebuildConfig {
 		Promote: func(context.Context) error { g.promoted.Add(1); return nil }}
 }
 
+// startWritten writes the first n blocks of the local replica only
+// (pattern 1) and starts the rebuild, a window's copy one write of 4
+// blocks.
+func (g *rebuildRig) startWritten(t testing.TB, n uint64) *Rebuild {
+	t.Helper()
+	for lba := range n {
+		g.localWrite(t, lba, pattern(testBlock, 1))
+	}
+	cfg := g.config()
+	cfg.MaxTransfer = 4 * testBlock
+	rb, err := g.b.StartRebuild(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rb
+}
+
 // localWrite puts data at lba on the local replica only (written before
 // the rebuild: the replica lacks it).
 func (g *rebuildRig) localWrite(t testing.TB, lba uint64, data []byte) {
@@ -206,15 +223,7 @@ func TestRebuildRandom(t *testing.T) {
 // not the copy's.
 func TestRebuildHoldsOverlappingWrite(t *testing.T) {
 	g := newRebuildRig(t)
-	for lba := range uint64(4) {
-		g.localWrite(t, lba, pattern(testBlock, 1))
-	}
-	cfg := g.config()
-	cfg.MaxTransfer = 4 * testBlock
-	rb, err := g.b.StartRebuild(3, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rb := g.startWritten(t, 4)
 	until(t, "the copy", func() bool { return waiting(g.leg, target.OpWrite, 0) >= 0 })
 	h := g.submit(target.OpWrite, 1, 1, pattern(testBlock, 2))
 	if waiting(g.leg, target.OpWrite, 1) >= 0 {
@@ -757,15 +766,7 @@ func TestRebuildReadFails(t *testing.T) {
 // too; a write to none goes at once.
 func TestRebuildHoldsPerWindow(t *testing.T) {
 	g := newRebuildRig(t)
-	for lba := range uint64(12) {
-		g.localWrite(t, lba, pattern(testBlock, 1))
-	}
-	cfg := g.config()
-	cfg.MaxTransfer = 4 * testBlock
-	rb, err := g.b.StartRebuild(3, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rb := g.startWritten(t, 12)
 	until(t, "four windows in flight", func() bool { return waiting(g.leg, target.OpDeallocate, 12) >= 0 })
 	inside := g.submit(target.OpWrite, 1, 1, pattern(testBlock, 2))
 	across := g.submit(target.OpWrite, 3, 2, append(pattern(testBlock, 3), pattern(testBlock, 4)...))
