@@ -110,6 +110,13 @@ type Config struct {
 	// CtrlLossTimeout is how long reconnecting is tried after a failure
 	// before the controller is lost. Default 60 s.
 	CtrlLossTimeout time.Duration
+	// NoReconnect makes the first failure of the association lose the
+	// controller (ErrControllerLost) instead of reconnecting: for a
+	// caller that must not reach, under the same Controller, a target
+	// that may have restarted and lost what it acknowledged (a
+	// replicated volume's primary writing to a replica: the primary
+	// reports the replica and connects again itself).
+	NoReconnect bool
 	// ReconnectDelay is the first pause before reconnecting; it doubles
 	// per failed attempt up to MaxReconnectDelay. Default 1 s / 10 s.
 	ReconnectDelay    time.Duration

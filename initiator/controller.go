@@ -400,6 +400,12 @@ func (c *Controller) supervise() {
 			c.teardown(a)
 			return
 		}
+		if c.cfg.NoReconnect {
+			c.mu.Unlock()
+			c.teardown(a)
+			c.lose(fmt.Errorf("%w: association failed and reconnecting is off (Config.NoReconnect): %w", ErrControllerLost, a.lostErr()))
+			return
+		}
 		c.state = StateReconnecting
 		c.liveCh = make(chan struct{})
 		c.mu.Unlock()

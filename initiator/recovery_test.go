@@ -452,3 +452,44 @@ func TestDown(t *testing.T) {
 		t.Fatal("Down open after Close")
 	}
 }
+
+// With NoReconnect, the association's first failure loses the controller:
+// Down closes, the state is Lost, I/O fails with ErrControllerLost, and
+// no reconnect is tried although the target would take one.
+func TestNoReconnect(t *testing.T) {
+	f := newFakeTarget(t, testNQN)
+	f.start()
+	cfg := testConfig(t)
+	cfg.IOTimeout = time.Second
+	cfg.NoReconnect = true
+	c := connectFake(t, f, cfg)
+	down := c.Down()
+	ns := c.Namespace(1)
+	f.holdIO.Store(true)
+	done := make(DoneChan, 1)
+	if err := ns.WriteAsync(0, make([]byte, 512), 0, done); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrConnectionLost) {
+			t.Fatalf("held write: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("I/O timeout not detected")
+	}
+	f.holdIO.Store(false)
+	select {
+	case <-down:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Down not closed")
+	}
+	waitFor(t, "the controller lost", 5*time.Second, func() bool { return c.State() == StateLost })
+	time.Sleep(2 * cfg.ReconnectDelay)
+	if _, err := ns.WriteAt(make([]byte, 512), 0); !errors.Is(err, ErrControllerLost) && !errors.Is(err, ErrNamespaceRemoved) {
+		t.Fatalf("write after the loss: %v, want ErrControllerLost", err)
+	}
+	if s := c.Stats(); s.Associations != 1 || s.ReconnectAttempts != 0 {
+		t.Errorf("stats %+v: want one association, no reconnect attempt", s)
+	}
+}

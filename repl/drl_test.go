@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -679,5 +680,41 @@ func TestRebuildIncrementalWaitsForOlderWrites(t *testing.T) {
 	sameStores(t, g.local, leg)
 	if rb.Copied() != 2*testBlock {
 		t.Fatalf("copied %d bytes, want the blocks mapped in regions 10 and 50", rb.Copied())
+	}
+}
+
+// TestLegLost: a leg whose connection is gone for good while idle is
+// dropped as a missed write (reported, writes skipping it held until the
+// registry answered), with a dirty-region log from then on; a lost
+// connection that is not the peer's current leg changes nothing.
+func TestLegLost(t *testing.T) {
+	rep := newFakeReporter()
+	g := newDRLRig(t, rep)
+	g.leg.async = func(cmd) error { return nil }
+	other := newFakeLeg(t, nil)
+	cause := errors.New("initiator: controller lost")
+	if g.b.LegLost("node-r", other, cause) || g.b.LegLost("node-x", g.leg, cause) {
+		t.Fatal("LegLost dropped a peer for another connection or node")
+	}
+	if !g.b.LegLost("node-r", g.leg, cause) {
+		t.Fatal("LegLost kept the peer")
+	}
+	h := g.submit(target.OpWrite, 9, 1, pattern(testBlock, 9))
+	r := rep.next(t)
+	if r.node != "node-r" || !strings.Contains(r.reason, "controller lost") {
+		t.Fatalf("report %+v", r)
+	}
+	if h.isDone() {
+		t.Fatal("a write skipping the lost replica completed before the registry recorded it")
+	}
+	r.answer <- nil
+	if err := h.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := g.b.DirtyBytes("node-r"); !ok || n != testRegion {
+		t.Fatalf("dirty-region log %d bytes (%v), want the one region written since", n, ok)
+	}
+	if g.b.LegLost("node-r", g.leg, cause) {
+		t.Fatal("LegLost twice")
 	}
 }

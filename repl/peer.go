@@ -291,3 +291,24 @@ func (p *peer) drain() {
 		r = next
 	}
 }
+
+// LegLost records that the connection behind ns, node's leg, is gone
+// for good (its Controller lost: the lead watches it) although no
+// command may have failed on it: the replica is dropped as if it had
+// missed a write (reported if in sync, its rebuild ended if rebuilding),
+// so that a replica that went away while idle does not stay counted in
+// sync until the next write. Only the peer that writes through ns: a
+// newer leg to the same node is left alone. It returns whether it
+// dropped one.
+func (b *Backend) LegLost(node string, ns Leg, cause error) bool {
+	p := b.set.Load().find(node)
+	if p == nil || !sameLeg(p.ns, ns) {
+		return false
+	}
+	switch p.state.Load() {
+	case peerInSync, peerPromoting, peerRebuilding:
+		p.missed(cause)
+		return true
+	}
+	return false
+}

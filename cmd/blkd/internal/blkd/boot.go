@@ -4,10 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"time"
 
+	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/meta"
+	"github.com/blk-project/blk/repl"
 )
 
 // Boot IDs. A replica acknowledges a write once its store has it, but
@@ -71,4 +75,36 @@ func (d *Daemon) bootOf(ctx context.Context, node string) string {
 		return ""
 	}
 	return a.Boot
+}
+
+// watchLeg drops node's peer from pl's backend as soon as c, the
+// connection its leg (or rebuild) writes through as ns, is lost for good
+// (legConfig sets NoReconnect): without a command failing on it, a
+// replica that went away while idle would stay counted in sync until the
+// next write, and one whose process restarted meanwhile may have lost
+// writes it acknowledged. A connection closed on purpose is not a loss.
+func (d *Daemon) watchLeg(ctx context.Context, pl *primaryLeg, volume, node string, c *initiator.Controller, ns repl.Leg) {
+	select {
+	case <-c.Down():
+	case <-ctx.Done():
+		return
+	}
+	// The association is down; the controller is Lost once its
+	// supervisor tore it down, or Closed if that was us.
+	for i := 0; i < 200; i++ {
+		if st := c.State(); st == initiator.StateLost || st == initiator.StateClosed {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if c.State() != initiator.StateLost {
+		return
+	}
+	if pl.b.LegLost(node, ns, fmt.Errorf("%w: its connection was lost (the replica's node or process went away)", initiator.ErrControllerLost)) {
+		d.log.Warn("replica connection lost while no write failed on it: reporting it out of sync", slog.String("volume", volume), slog.String("node", node), slog.Uint64("epoch", pl.epoch))
+	}
 }

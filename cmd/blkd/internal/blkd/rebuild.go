@@ -200,6 +200,9 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	// The log is trusted only if the replica's run that the leg wrote
 	// to still answers, after this connection was made (boot.go).
 	boot := d.bootOf(ctx, node)
+	// A connection lost between the copier's commands ends the rebuild,
+	// and once in sync it is the leg's watch.
+	go d.watchLeg(ctx, pl, v.Name, node, c, ns)
 	if _, ok := pl.b.DirtyBytes(node); ok && !full {
 		pl.mu.Lock()
 		was := pl.boots[node]

@@ -307,6 +307,10 @@ func (d *Daemon) legConfig(v meta.Volume, epoch uint64) initiator.Config {
 		Queues: replicaQueues, QueueDepth: replicaQueueDepth,
 		KATO: replicaKATO, IOTimeout: replicaIOTimeout, AdminTimeout: 5 * time.Second,
 		ConnectTimeout: 5 * time.Second, CtrlLossTimeout: replicaKATO,
+		// A replica connection never comes back by itself: the replica's
+		// process may have restarted and lost what it acknowledged
+		// (boot.go). watchLeg reports it; a rebuild connects anew.
+		NoReconnect: true,
 		Logf: func(format string, args ...any) {
 			d.log.Debug("replica connection", slog.String("volume", v.Name), slog.String("msg", fmt.Sprintf(format, args...)))
 		},
@@ -350,6 +354,7 @@ func (d *Daemon) startLegs(pl *primaryLeg, v meta.Volume) {
 						pl.ctrls[node] = c
 						pl.boots[node] = boot
 						pl.mu.Unlock()
+						go d.watchLeg(ctx, pl, v.Name, node, c, ns)
 						mu.Lock()
 						peers = append(peers, repl.Peer{Node: node, NS: ns, MaxTransfer: c.Info().MaxTransfer})
 						mu.Unlock()
