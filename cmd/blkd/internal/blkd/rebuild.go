@@ -26,9 +26,9 @@ import (
 // keeps from the moment it saw the replica leave, at its epoch, until
 // the replica is back in sync, and the replica's node still runs the
 // process the leg wrote to (boot.go: a run that died may have lost
-// writes it acknowledged, which no log marks). Full when the registry's record of the
-// replica says Full: a new or replaced replica, or a node that lost its
-// data. Otherwise a compare (repl/resync.go): a new primary after a
+// writes it acknowledged, which no log marks). Full when the registry's
+// record of the replica says Full: a new or replaced replica, or a node
+// that lost its data. Otherwise a compare (repl/resync.go): a new primary after a
 // failover (its term has no log: the old primary, back, lacks what the
 // new one wrote and may hold writes it had in flight), a restarted
 // primary (the logs are in memory), a rebuild interrupted by a crash
