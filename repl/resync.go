@@ -170,7 +170,7 @@ func (r *Rebuild) compareAll() error {
 		return nil
 	}
 	span := max(1, r.region/src.regionBlocks()) // regions per window
-	err := walkDigests(r.ctx, src, remote, r.cfg.Limiter, r.check, func(lo, hi uint64, differ bool, end uint64) error {
+	err := walkDigests(r.ctx, src, 0, src.Blocks, remote, r.cfg.Limiter, r.check, func(lo, hi uint64, differ bool, end uint64) error {
 		if differ {
 			for at := lo; at < hi; at += span * src.regionBlocks() {
 				e := min(hi, at+span*src.regionBlocks())
@@ -203,27 +203,28 @@ func (r *Rebuild) compareAll() error {
 // least).
 func (s DigestSource) regionBlocks() uint64 { return max(1, uint64(DigestRegionBytes)>>s.BlockShift) }
 
-// walkDigests compares src with remote over the whole volume in batches
+// walkDigests compares src with remote over [from, to) (from a multiple
+// of a region, to at most src.Blocks) in batches
 // of digestBatch regions of DigestRegionBytes (the remote call runs while
 // the local digests are computed; the bytes read locally count against
 // lim, if set) and calls fn with each run of regions [lo, hi) that differ
 // (differ) or are equal, and end, the end of the batch once its last run
 // is passed (else the run's end). check, if set, is asked before each
 // batch.
-func walkDigests(ctx context.Context, src DigestSource, remote RemoteDigestsFunc, lim *Limiter, check func() error,
+func walkDigests(ctx context.Context, src DigestSource, from, to uint64, remote RemoteDigestsFunc, lim *Limiter, check func() error,
 	fn func(lo, hi uint64, differ bool, end uint64) error) error {
 	per := src.regionBlocks()
 	local := make([]Digest, digestBatch)
 	theirs := make([]Digest, digestBatch)
 	buf := make([]byte, digestReadBytes)
 	res := make(chan error, 1)
-	for lo := uint64(0); lo < src.Blocks; {
+	for lo := from; lo < to; {
 		if check != nil {
 			if err := check(); err != nil {
 				return err
 			}
 		}
-		n := min(uint64(digestBatch), (src.Blocks-lo+per-1)/per)
+		n := min(uint64(digestBatch), (to-lo+per-1)/per)
 		go func(lo uint64, out []Digest) { res <- remote(ctx, lo, out) }(lo, theirs[:n])
 		read, lerr := src.Digests(lo, per, buf, local[:n])
 		if rerr := <-res; rerr != nil {
@@ -238,17 +239,17 @@ func walkDigests(ctx context.Context, src DigestSource, remote RemoteDigestsFunc
 				return err
 			}
 		}
-		batchEnd := min(src.Blocks, lo+n*per)
+		batchEnd := min(to, lo+n*per)
 		for i := uint64(0); i < n; {
 			j := i + 1
 			for j < n && (local[j] == theirs[j]) == (local[i] == theirs[i]) {
 				j++
 			}
-			end := min(src.Blocks, lo+j*per)
+			end := min(to, lo+j*per)
 			if j == n {
 				end = batchEnd
 			}
-			if err := fn(lo+i*per, min(src.Blocks, lo+j*per), local[i] != theirs[i], end); err != nil {
+			if err := fn(lo+i*per, min(to, lo+j*per), local[i] != theirs[i], end); err != nil {
 				return err
 			}
 			i = j
@@ -262,21 +263,30 @@ func walkDigests(ctx context.Context, src DigestSource, remote RemoteDigestsFunc
 // primary in some region (Backend.Diverged).
 var ErrDiverged = errors.New("repl: replica differs from the primary")
 
-// DivergedRegions compares src with remote over the whole volume (see
-// walkDigests) and returns the runs of regions whose digests differ,
-// as [lba, end) pairs. Nothing is copied or held: for the check of the
-// in-sync replicas when a primary's term begins (blkd), whose runs are
-// asked again (Digests on one region) before the replica is declared
+// DivergedRegions compares src with remote over the runs within ([lba,
+// end) pairs, region-aligned; nil: the whole volume; see walkDigests)
+// and returns the runs of regions whose digests differ, as [lba, end)
+// pairs. Nothing is copied or held: for the check of the in-sync
+// replicas when a primary's term begins (blkd), whose runs are asked
+// again (DivergedRegions within them) before the replica is declared
 // diverged.
-func DivergedRegions(ctx context.Context, src DigestSource, remote RemoteDigestsFunc, lim *Limiter) ([][2]uint64, error) {
+func DivergedRegions(ctx context.Context, src DigestSource, remote RemoteDigestsFunc, lim *Limiter, within [][2]uint64) ([][2]uint64, error) {
+	if within == nil {
+		within = [][2]uint64{{0, src.Blocks}}
+	}
 	var runs [][2]uint64
-	err := walkDigests(ctx, src, remote, lim, ctx.Err, func(lo, hi uint64, differ bool, _ uint64) error {
-		if differ {
-			runs = append(runs, [2]uint64{lo, hi})
+	for _, w := range within {
+		err := walkDigests(ctx, src, w[0], min(w[1], src.Blocks), remote, lim, ctx.Err, func(lo, hi uint64, differ bool, _ uint64) error {
+			if differ {
+				runs = append(runs, [2]uint64{lo, hi})
+			}
+			return nil
+		})
+		if err != nil {
+			return runs, err
 		}
-		return nil
-	})
-	return runs, err
+	}
+	return runs, nil
 }
 
 // Diverged takes node's replica out of sync because it was found to

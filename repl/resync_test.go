@@ -223,7 +223,7 @@ func TestDiverged(t *testing.T) {
 	g.leg.wg.Wait()
 	src := DigestSource{Mapped: g.local.mapped, Read: g.local.read, BlockShift: 12, Blocks: testBlocks}
 	var calls atomic.Int32
-	runs, err := DivergedRegions(context.Background(), src, legDigests(g.leg, &calls), nil)
+	runs, err := DivergedRegions(context.Background(), src, legDigests(g.leg, &calls), nil, nil)
 	if err != nil || len(runs) != 0 {
 		t.Fatalf("an equal replica: runs %v, %v", runs, err)
 	}
@@ -234,7 +234,7 @@ func TestDiverged(t *testing.T) {
 	_ = g.leg.mem.Write(40*per, pattern(testBlock, 0xee), false)
 	defer func(b int) { digestBatch = b }(digestBatch)
 	digestBatch = 4 // runs across batches: 3 and 4 are in two
-	runs, err = DivergedRegions(context.Background(), src, legDigests(g.leg, &calls), nil)
+	runs, err = DivergedRegions(context.Background(), src, legDigests(g.leg, &calls), nil, nil)
 	want := [][2]uint64{{3 * per, 4 * per}, {4 * per, 5 * per}, {40 * per, 41 * per}}
 	if err != nil || len(runs) != len(want) || runs[0] != want[0] || runs[1] != want[1] || runs[2] != want[2] {
 		t.Fatalf("runs %v, %v; want %v", runs, err, want)

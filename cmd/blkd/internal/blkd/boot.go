@@ -108,3 +108,15 @@ func (d *Daemon) watchLeg(ctx context.Context, pl *primaryLeg, volume, node stri
 		d.log.Warn("replica connection lost while no write failed on it: reporting it out of sync", slog.String("volume", volume), slog.String("node", node), slog.Uint64("epoch", pl.epoch))
 	}
 }
+
+// nodeHas says whether node registered feature f, as this node's
+// registry copy has it.
+func (d *Daemon) nodeHas(node, f string) bool {
+	var has bool
+	d.node.FSM().Read(func(s *meta.State) {
+		if n, ok := s.Node(node); ok {
+			has = n.HasFeature(f)
+		}
+	})
+	return has
+}

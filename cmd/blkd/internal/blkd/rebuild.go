@@ -153,14 +153,8 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	if !full {
 		// Without a log of its own (a failover, a restart, an
 		// interrupted rebuild), a compare: only what differs is copied.
-		var has bool
-		d.node.FSM().Read(func(s *meta.State) {
-			if n, ok := s.Node(node); ok {
-				has = n.HasFeature(meta.FeatureDigests)
-			}
-		})
-		if has {
-			digests = d.remoteDigests(node, v.ID)
+		if d.nodeHas(node, meta.FeatureDigests) {
+			digests = d.remoteDigests(node, v.ID, v.BlockSize)
 			mode = "compare"
 		}
 	}
@@ -282,24 +276,16 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 }
 
 // remoteDigests is a compare rebuild's RemoteDigests: node's digests of
-// its copy of volume id (POST /v1/internal/checksum with region_bytes,
+// its copy of volume id (of blocks of blockSize bytes) (POST /v1/internal/checksum with region_bytes,
 // served by localChecksums there).
-func (d *Daemon) remoteDigests(node string, id uint64) repl.RemoteDigestsFunc {
+func (d *Daemon) remoteDigests(node string, id uint64, blockSize uint32) repl.RemoteDigestsFunc {
 	return func(ctx context.Context, lba uint64, out []repl.Digest) error {
-		vol, err := d.store.Volume(store.ID(id))
-		if err != nil {
-			return err
-		}
-		info, err := vol.Info()
-		if err != nil {
-			return err
-		}
 		n, err := registryParts{d.node}.Node(ctx, node)
 		if err != nil {
 			return err
 		}
 		var res checksumResponse
-		req := checksumRequest{ID: id, Offset: lba * uint64(info.BlockSize), Regions: len(out), RegionBytes: repl.DigestRegionBytes}
+		req := checksumRequest{ID: id, Offset: lba * uint64(blockSize), Regions: len(out), RegionBytes: repl.DigestRegionBytes}
 		if err := d.postPeer(ctx, n.MgmtAddr, "/v1/internal/checksum", req, &res); err != nil {
 			return fmt.Errorf("node %s: %w", node, err)
 		}

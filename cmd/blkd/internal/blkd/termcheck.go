@@ -59,27 +59,21 @@ func (d *Daemon) termCheck(ctx context.Context, pl *primaryLeg, id uint64, name 
 			nodes = append(nodes, p.Node)
 		}
 	}
-	d.node.FSM().Read(func(s *meta.State) {
-		kept := nodes[:0]
-		for _, n := range nodes {
-			if info, ok := s.Node(n); ok && info.HasFeature(meta.FeatureDigests) {
-				kept = append(kept, n)
-			}
-		}
-		nodes = kept
-	})
 	log := d.log.With(slog.String("volume", name), slog.Uint64("epoch", pl.epoch))
 	for _, node := range nodes {
+		if !d.nodeHas(node, meta.FeatureDigests) {
+			continue
+		}
 		started := time.Now()
-		remote := d.remoteDigests(node, id)
-		runs, err := repl.DivergedRegions(ctx, src, remote, d.repl.limit)
+		remote := d.remoteDigests(node, id, info.BlockSize)
+		runs, err := repl.DivergedRegions(ctx, src, remote, d.repl.limit, nil)
 		for try := 0; err == nil && len(runs) > 0 && try < termRechecks; try++ {
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(termRecheckPause):
 			}
-			runs, err = stillDiffer(ctx, src, remote, runs)
+			runs, err = repl.DivergedRegions(ctx, src, remote, nil, runs)
 		}
 		switch {
 		case ctx.Err() != nil:
@@ -102,36 +96,4 @@ func (d *Daemon) termCheck(ctx context.Context, pl *primaryLeg, id uint64, name 
 			log.Warn("replica differs from the primary: taken out of sync, to be copied back", slog.String("node", node), slog.Uint64("regions", regions), slog.Uint64("first_lba", runs[0][0]))
 		}
 	}
-}
-
-// stillDiffer compares runs again and returns the parts that still
-// differ.
-func stillDiffer(ctx context.Context, src repl.DigestSource, remote repl.RemoteDigestsFunc, runs [][2]uint64) ([][2]uint64, error) {
-	per := max(1, uint64(repl.DigestRegionBytes)>>src.BlockShift)
-	var out [][2]uint64
-	for _, r := range runs {
-		for lo := r[0]; lo < r[1]; {
-			n := min(uint64(repl.DigestBatch), (r[1]-lo+per-1)/per)
-			mine, theirs := make([]repl.Digest, n), make([]repl.Digest, n)
-			if _, err := src.Digests(lo, per, nil, mine); err != nil {
-				return nil, err
-			}
-			if err := remote(ctx, lo, theirs); err != nil {
-				return nil, err
-			}
-			for i := range n {
-				if mine[i] == theirs[i] {
-					continue
-				}
-				a, b := lo+i*per, min(src.Blocks, lo+(i+1)*per)
-				if k := len(out); k > 0 && out[k-1][1] == a {
-					out[k-1][1] = b
-				} else {
-					out = append(out, [2]uint64{a, b})
-				}
-			}
-			lo += n * per
-		}
-	}
-	return out, nil
 }
