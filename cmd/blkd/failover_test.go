@@ -50,19 +50,9 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 	lp := c.procs[leader]
 	// The primary does not lead the registry: the failover needs no
 	// election (TestClusterLeaderLoss in e2e covers a lost leader).
-	pin := ""
-	for _, id := range ids {
-		if id != leader {
-			pin = id
-			break
-		}
-	}
 	var v replicatedJSON
-	lp.must(t, "POST", "/v1/volumes", `{"name": "f", "size": "16MiB", "replicas": 3, "node": "`+pin+`"}`, 201, &v)
+	a := pinnedVolume(t, c, ids, leader, "f", "16MiB", &v)
 	primary := v.Node
-	lp.must(t, "POST", "/v1/volumes/f/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
-	var a attachJSON
-	lp.must(t, "POST", "/v1/volumes/f/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
 
 	// One controller per node, as multipath connects every path.
 	host := &multipathHost{}
