@@ -276,23 +276,18 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 }
 
 // remoteDigests is a compare rebuild's RemoteDigests: node's digests of
-// its copy of volume id (of blocks of blockSize bytes) (POST /v1/internal/checksum with region_bytes,
-// served by localChecksums there).
+// its copy of volume id (of blocks of blockSize bytes), asked as
+// checksums with region_bytes (served by localChecksums there).
 func (d *Daemon) remoteDigests(node string, id uint64, blockSize uint32) repl.RemoteDigestsFunc {
 	return func(ctx context.Context, lba uint64, out []repl.Digest) error {
-		n, err := registryParts{d.node}.Node(ctx, node)
+		sums, err := d.checksums(ctx, node, id, lba*uint64(blockSize), len(out), repl.DigestRegionBytes)
 		if err != nil {
 			return err
 		}
-		var res checksumResponse
-		req := checksumRequest{ID: id, Offset: lba * uint64(blockSize), Regions: len(out), RegionBytes: repl.DigestRegionBytes}
-		if err := d.postPeer(ctx, n.MgmtAddr, "/v1/internal/checksum", req, &res); err != nil {
-			return fmt.Errorf("node %s: %w", node, err)
+		if len(sums) != len(out) {
+			return fmt.Errorf("node %s: %d digests for %d regions", node, len(sums), len(out))
 		}
-		if len(res.Sums) != len(out) {
-			return fmt.Errorf("node %s: %d digests for %d regions", node, len(res.Sums), len(out))
-		}
-		for i, h := range res.Sums {
+		for i, h := range sums {
 			if len(h) != 2*len(out[i]) {
 				return fmt.Errorf("node %s: digest %q", node, h)
 			}

@@ -111,17 +111,18 @@ func (d *Daemon) internalChecksum(w http.ResponseWriter, r *http.Request) error 
 }
 
 // checksums asks node (this one, or through its internal route) for
-// regions region hashes of volume id from offset.
-func (d *Daemon) checksums(ctx context.Context, node string, id, offset uint64, regions int) ([]string, error) {
+// regions region hashes of regionBytes (0: verifyRegion) of volume id
+// from offset.
+func (d *Daemon) checksums(ctx context.Context, node string, id, offset uint64, regions, regionBytes int) ([]string, error) {
 	if node == d.cfg.NodeID {
-		return d.localChecksums(id, offset, regions, 0)
+		return d.localChecksums(id, offset, regions, regionBytes)
 	}
 	n, err := registryParts{d.node}.Node(ctx, node)
 	if err != nil {
 		return nil, err
 	}
 	var out checksumResponse
-	if err := d.postPeer(ctx, n.MgmtAddr, "/v1/internal/checksum", checksumRequest{ID: id, Offset: offset, Regions: regions}, &out); err != nil {
+	if err := d.postPeer(ctx, n.MgmtAddr, "/v1/internal/checksum", checksumRequest{ID: id, Offset: offset, Regions: regions, RegionBytes: regionBytes}, &out); err != nil {
 		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
 	return out.Sums, nil
@@ -179,7 +180,7 @@ func (d *Daemon) verify(ctx context.Context, v meta.Volume) (api.VerifyResult, e
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				s, err := d.checksums(ctx, n, v.ID, off, verifyBatch)
+				s, err := d.checksums(ctx, n, v.ID, off, verifyBatch, 0)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
@@ -227,8 +228,8 @@ func (d *Daemon) verify(ctx context.Context, v meta.Volume) (api.VerifyResult, e
 // region differ for a moment.
 func (d *Daemon) stillDiffers(ctx context.Context, v meta.Volume, node string, off uint64) bool {
 	for range verifyRetries {
-		a, err1 := d.checksums(ctx, v.Node, v.ID, off, 1)
-		b, err2 := d.checksums(ctx, node, v.ID, off, 1)
+		a, err1 := d.checksums(ctx, v.Node, v.ID, off, 1, 0)
+		b, err2 := d.checksums(ctx, node, v.ID, off, 1, 0)
 		if err1 == nil && err2 == nil && len(a) == 1 && len(b) == 1 && a[0] == b[0] {
 			return false
 		}
