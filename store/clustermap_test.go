@@ -354,17 +354,23 @@ func (m *plainMap) set(i, phys uint64) {
 }
 
 // BenchmarkClusterMapGet: a lookup at a random index of a full map of
-// 2^20 clusters (64 GiB at 64 KiB clusters, 8 MiB of leaves: past the
-// L2 cache, as a busy volume's map is): the map before ownership
-// (plain), a map that owns its pages (a volume without snapshots), and a
-// map that shares every page (a clone just made).
+// 2^14 clusters (1 GiB at 64 KiB clusters, 128 KiB of leaves: in the L2
+// cache) and of 2^20 (64 GiB, 8 MiB of leaves: past it, as a busy large
+// volume's map is): the map before ownership (plain), a map that owns its
+// pages (a volume without snapshots), and a map that shares every page (a
+// clone just made).
 //
 //	go test ./store -run '^$' -bench ClusterMapGet -count 5
 func BenchmarkClusterMapGet(b *testing.B) {
-	const n = 1 << 20
-	plain := &plainMap{top: make([]atomic.Pointer[[midLen]atomic.Pointer[leaf]], n>>topShift)}
+	for _, n := range []uint64{1 << 14, 1 << 20} {
+		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) { benchMapGet(b, n) })
+	}
+}
+
+func benchMapGet(b *testing.B, n uint64) {
+	plain := &plainMap{top: make([]atomic.Pointer[[midLen]atomic.Pointer[leaf]], (n+(1<<topShift)-1)>>topShift)}
 	own := newTestMap(1, n)
-	for i := range uint64(n) {
+	for i := range n {
 		plain.set(i, i+1)
 		own.set(i, i+1)
 	}
