@@ -51,6 +51,7 @@ const FUA WriteFlags = 1
 
 func newVolume(s *Store, r volumeRecord) *Volume {
 	v := &Volume{s: s, id: r.info.ID, mapID: r.mapID}
+	v.m.id = r.mapID // the volume's pages are its own
 	v.claimDone.L = &v.allocMu
 	v.setRecord(r)
 	v.m.resize(v.clusters())
