@@ -257,7 +257,13 @@ func TestCommandRoundTrip(t *testing.T) {
 		CreateVolume{Name: "r", SizeBytes: 4096, BlockSize: 4096, Node: "a", At: 3, Replicas: []string{"a", "b", "c"}},
 		SetReplicaState{Volume: "r", Epoch: 2, Node: "b", State: ReplicaFailed, Reason: "disk", Full: true, At: 9},
 		SetPrimary{Volume: "r", Epoch: 3, Node: "b", Failover: true, At: 10},
-		AddReplica{Volume: "r", Node: "d", At: 11}, RemoveReplica{Volume: "r", Node: "c"}) {
+		AddReplica{Volume: "r", Node: "d", At: 11}, RemoveReplica{Volume: "r", Node: "c"},
+		DeleteVolume{Name: "r", Force: true, WithSnapshots: true},
+		CreateSnapshot{Volume: "r", Name: "s1", At: 12}, SnapshotDone{Volume: "r", Name: "s1", Epoch: 3, Nodes: []string{"a", "b"}},
+		DeleteSnapshot{Volume: "r", Name: "s1"}, PurgeSnapshot{Volume: "r", Name: "s1"},
+		CloneVolume{Name: "c", Volume: "r", Snapshot: "s1", NQN: "nqn.x:c", At: 13, ReplicaSecret: &HostSecret{Host: "DHHC-1:00:a:", Ctrl: "DHHC-1:00:b:"}},
+		FlattenVolume{Name: "c", At: 14}, FlattenDone{Name: "c"}, RevertVolume{Name: "r", Snapshot: "s1", Epoch: 4},
+		SnapshotNodes{Volume: "r", Snapshot: "s1", Add: "d"}, SnapshotNodes{Volume: "r", Snapshot: "s1", Remove: "b"}) {
 		b, err := EncodeCommand(c)
 		if err != nil {
 			t.Fatal(err)
