@@ -141,6 +141,9 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 		c.failed.Add(1)
 	}
 	for _, info := range infos {
+		if info.Kind != store.KindVolume {
+			continue // snapshots are not volumes: not served, not counted as one
+		}
 		v, err := c.s.Volume(info.ID)
 		if err != nil {
 			c.failed.Add(1)

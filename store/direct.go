@@ -88,14 +88,17 @@ func (v *Volume) BeginDirect(write bool, lba uint64, buf []byte, segs []Segment)
 		idx, in := off>>s.cshift, off&s.cmask
 		seg := min(s.cmask+1-in, end-off)
 		p := v.m.get(idx)
-		if p == 0 {
-			if write {
-				v.mu.RUnlock()
-				return 0, DirectSlow, nil
-			}
-		} else {
+		switch {
+		case write && !owned(p):
+			// A first write, or a copy-on-write of a parent's cluster
+			// (docs/snapshots.md §1.3): on a goroutine that may block,
+			// never on a poll group.
+			v.mu.RUnlock()
+			return 0, DirectSlow, nil
+		case physOf(p) == 0: // a read of a hole or a tombstone
+		default:
 			seg = v.run(idx, p, off, seg, end)
-			phys := p<<s.cshift + in
+			phys := physOf(p)<<s.cshift + in
 			if n == len(segs) || phys&(DirectAlign-1) != 0 || seg&(DirectAlign-1) != 0 {
 				v.mu.RUnlock()
 				return 0, DirectSlow, nil

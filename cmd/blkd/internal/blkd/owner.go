@@ -85,9 +85,13 @@ func (p storeParts) List() ([]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]uint64, len(infos))
-	for i, in := range infos {
-		ids[i] = uint64(in.ID)
+	ids := make([]uint64, 0, len(infos))
+	for _, in := range infos {
+		// Volumes only: the reconcile deletes what the registry does not
+		// know, and a snapshot is never one of its volumes.
+		if in.Kind == store.KindVolume {
+			ids = append(ids, uint64(in.ID))
+		}
 	}
 	return ids, nil
 }
