@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -762,45 +761,16 @@ func (r *Rebuild) release() {
 }
 
 // quiesce waits for every host write in use to complete, but those
-// holding their leg on a window (hold). Its argument is the serial
-// copier's (the window whose holders to skip) and ignored: every held
-// record is skipped, whichever windows hold it; pass nil.
+// holding their leg on a window (hold): Backend.waitIdle, exempting
+// them. Its argument is the serial copier's (the window whose holders to
+// skip) and ignored: every held record is skipped, whichever windows
+// hold it; pass nil.
 func (r *Rebuild) quiesce(*window) error {
-	b := r.b
-	for i := range b.recs {
-		if err := r.waitRecord(&b.recs[i]); err != nil {
-			return err
-		}
+	err := r.b.waitIdle(r.ctx, true, r.check)
+	if err != nil && r.ctx.Err() != nil {
+		return r.failure()
 	}
-	b.overMu.Lock()
-	over := make([]*record, 0, len(b.over))
-	for rec := range b.over {
-		over = append(over, rec)
-	}
-	b.overMu.Unlock()
-	for _, rec := range over {
-		if err := r.waitRecord(rec); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// waitRecord waits until rec's current use (if any) ended or holds its
-// leg on a window.
-func (r *Rebuild) waitRecord(rec *record) error {
-	u := rec.uses.Load()
-	for spin := 0; u&1 != 0 && rec.uses.Load() == u && rec.deferredOn.Load() == nil; spin++ {
-		if spin < 16 {
-			runtime.Gosched()
-			continue
-		}
-		if err := r.check(); err != nil {
-			return err
-		}
-		time.Sleep(min(time.Duration(spin)*10*time.Microsecond, time.Millisecond))
-	}
-	return nil
+	return err
 }
 
 // span is the blocks [lo, hi) a host I/O writes.
