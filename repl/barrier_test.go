@@ -381,8 +381,9 @@ func testBarrier(t *testing.T, depth int) {
 // TestBarrierTimeout: a write whose leg does not complete keeps the
 // barrier from draining: when its context ends, the barrier returns
 // ErrBarrierTimeout (wrapping the context's error) without running fn,
-// and the write held meanwhile goes to every leg; both complete once
-// the legs do. No replica is dropped.
+// and the write and the flush held meanwhile go to every leg, in that
+// order; all complete once the legs do. A read meanwhile is served. No
+// replica is dropped.
 func TestBarrierTimeout(t *testing.T) {
 	g := newRig(t, 2, Config{})
 	h1 := g.write(5, 1, false)
@@ -397,27 +398,43 @@ func TestBarrierTimeout(t *testing.T) {
 	}()
 	until(t, "the gate", g.b.gated.Load)
 	h2 := g.write(6, 2, false)
-	if len(g.local.pending()) != 1 || len(g.legs[0].pending()) != 1 || len(g.legs[1].pending()) != 1 || h2.isDone() {
-		t.Fatal("a write submitted while gated was not held")
+	h3 := newHostIO(target.OpFlush, 0, 0, nil, false)
+	g.b.Submit(&h3.io)
+	if len(g.local.pending()) != 1 || len(g.legs[0].pending()) != 1 || len(g.legs[1].pending()) != 1 || h2.isDone() || h3.isDone() {
+		t.Fatal("a write or flush submitted while gated was not held")
+	}
+	rd := newHostIO(target.OpRead, 6, 1, make([]byte, testBlock), false)
+	g.b.Submit(&rd.io)
+	if p := g.local.pending(); len(p) != 2 || p[1].Op != target.OpRead {
+		t.Fatal("a read submitted while gated did not reach the local replica")
+	}
+	g.local.complete(t, 1, nil)
+	if err := rd.wait(t); err != nil {
+		t.Fatal(err)
 	}
 	err := <-res
 	if !errors.Is(err, ErrBarrierTimeout) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("barrier: %v", err)
 	}
-	if len(g.local.pending()) != 2 || len(g.legs[0].pending()) != 2 || len(g.legs[1].pending()) != 2 {
-		t.Fatal("the held write was not released")
+	for _, l := range g.legs {
+		if p := l.pending(); len(p) != 3 || p[1].op != target.OpWrite || p[1].lba != 6 || p[2].op != target.OpFlush {
+			t.Fatalf("after the release a leg has %d commands: the held write and flush were not released in order", len(p))
+		}
+	}
+	if len(g.local.pending()) != 3 {
+		t.Fatal("the held write and flush did not reach the local replica")
 	}
 	for len(g.local.pending()) > 0 {
 		g.local.complete(t, 0, nil)
 	}
 	g.legs[0].completeAll(t)
 	g.legs[1].completeAll(t)
-	for _, h := range []*hostIO{h1, h2} {
+	for _, h := range []*hostIO{h1, h2, h3} {
 		if err := h.wait(t); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if st := g.b.Stats(); st.Peers[0].State != "in-sync" || st.Peers[1].State != "in-sync" || st.HeldIOs != 1 {
+	if st := g.b.Stats(); st.Peers[0].State != "in-sync" || st.Peers[1].State != "in-sync" || st.HeldIOs != 2 {
 		t.Fatalf("stats %+v", st)
 	}
 }
