@@ -60,8 +60,10 @@ import (
 // Errors of Barrier.
 var (
 	// ErrBarrierTimeout: the barrier's context ended before the writes
-	// in flight drained or fn returned (or while another barrier ran);
-	// the held writes were released and no replica was dropped.
+	// in flight drained or fn returned (or while another barrier ran):
+	// the held writes were released and no replica was dropped; or
+	// before the registry answered the report of a replica fn left out
+	// (dropped, its verdict still to come).
 	ErrBarrierTimeout = errors.New("repl: barrier did not complete in time")
 	// ErrRebuildSnapshot ends a rebuild in progress at a barrier: its copy
 	// is a mix of old and new data, not a copy to snapshot; the lead

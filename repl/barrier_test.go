@@ -381,8 +381,9 @@ func testBarrier(t *testing.T, depth int) {
 // TestBarrierTimeout: a write whose leg does not complete keeps the
 // barrier from draining: when its context ends, the barrier returns
 // ErrBarrierTimeout (wrapping the context's error) without running fn,
-// and the write held meanwhile goes to every leg; both complete once
-// the legs do. No replica is dropped.
+// and the write and the flush held meanwhile go to every leg, in that
+// order; all complete once the legs do. A read meanwhile is served. No
+// replica is dropped.
 func TestBarrierTimeout(t *testing.T) {
 	g := newRig(t, 2, Config{})
 	h1 := g.write(5, 1, false)
@@ -397,27 +398,43 @@ func TestBarrierTimeout(t *testing.T) {
 	}()
 	until(t, "the gate", g.b.gated.Load)
 	h2 := g.write(6, 2, false)
-	if len(g.local.pending()) != 1 || len(g.legs[0].pending()) != 1 || len(g.legs[1].pending()) != 1 || h2.isDone() {
-		t.Fatal("a write submitted while gated was not held")
+	h3 := newHostIO(target.OpFlush, 0, 0, nil, false)
+	g.b.Submit(&h3.io)
+	if len(g.local.pending()) != 1 || len(g.legs[0].pending()) != 1 || len(g.legs[1].pending()) != 1 || h2.isDone() || h3.isDone() {
+		t.Fatal("a write or flush submitted while gated was not held")
+	}
+	rd := newHostIO(target.OpRead, 6, 1, make([]byte, testBlock), false)
+	g.b.Submit(&rd.io)
+	if p := g.local.pending(); len(p) != 2 || p[1].Op != target.OpRead {
+		t.Fatal("a read submitted while gated did not reach the local replica")
+	}
+	g.local.complete(t, 1, nil)
+	if err := rd.wait(t); err != nil {
+		t.Fatal(err)
 	}
 	err := <-res
 	if !errors.Is(err, ErrBarrierTimeout) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("barrier: %v", err)
 	}
-	if len(g.local.pending()) != 2 || len(g.legs[0].pending()) != 2 || len(g.legs[1].pending()) != 2 {
-		t.Fatal("the held write was not released")
+	for _, l := range g.legs {
+		if p := l.pending(); len(p) != 3 || p[1].op != target.OpWrite || p[1].lba != 6 || p[2].op != target.OpFlush {
+			t.Fatalf("after the release a leg has %d commands: the held write and flush were not released in order", len(p))
+		}
+	}
+	if len(g.local.pending()) != 3 {
+		t.Fatal("the held write and flush did not reach the local replica")
 	}
 	for len(g.local.pending()) > 0 {
 		g.local.complete(t, 0, nil)
 	}
 	g.legs[0].completeAll(t)
 	g.legs[1].completeAll(t)
-	for _, h := range []*hostIO{h1, h2} {
+	for _, h := range []*hostIO{h1, h2, h3} {
 		if err := h.wait(t); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if st := g.b.Stats(); st.Peers[0].State != "in-sync" || st.Peers[1].State != "in-sync" || st.HeldIOs != 1 {
+	if st := g.b.Stats(); st.Peers[0].State != "in-sync" || st.Peers[1].State != "in-sync" || st.HeldIOs != 2 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -537,6 +554,21 @@ func TestBarrierErrors(t *testing.T) {
 			t.Fatalf("barrier %v; held write's status %v", err, status)
 		}
 	})
+	t.Run("rebuild started during fn", func(t *testing.T) {
+		// Refused: the barrier looked for a rebuild to end already.
+		g := newBarrierRig(t, 4)
+		var err error
+		if _, berr := g.b.Barrier(context.Background(), func(in []string) ([]string, error) {
+			_, err = g.b.StartRebuild(5, RebuildConfig{Node: "node-r", NS: newFakeLeg(t, nil), Mapped: g.local.mapped, Read: g.local.read,
+				Promote: func(context.Context) error { return nil }})
+			return in, nil
+		}); berr != nil {
+			t.Fatal(berr)
+		}
+		if !errors.Is(err, ErrRebuildBusy) || !strings.Contains(err.Error(), "barrier") {
+			t.Fatalf("rebuild during a barrier: %v", err)
+		}
+	})
 	t.Run("report refused", func(t *testing.T) {
 		// A replica left out of took whose report the registry refuses:
 		// the backend stops serving and the barrier fails.
@@ -570,7 +602,6 @@ func TestBarrierRebuild(t *testing.T) {
 	rb := g.startWritten(t, 4)
 	until(t, "the copy", func() bool { return waiting(g.leg, target.OpWrite, 0) >= 0 })
 	h := g.submit(target.OpWrite, 1, 1, pattern(testBlock, 2))
-	until(t, "the hold", func() bool { return g.b.recs[0].deferredOn.Load() != nil || g.b.recordsInUse() == 1 })
 	if h.isDone() || waiting(g.leg, target.OpWrite, 1) >= 0 {
 		t.Fatal("the host's write to the window was not held on it")
 	}

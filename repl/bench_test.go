@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"syscall"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/tcp"
 )
@@ -120,17 +122,44 @@ func cpuTime() int64 {
 // while a host keeps 32 4 KiB random writes in flight through NVMe/TCP
 // on loopback to a primary whose one replica is over NVMe/TCP too (the
 // "QD32/unlocked/1leg" rig of BenchmarkRealWrite), at least 64 writes
-// completing between two barriers. Reported: held-ns (how long writes
+// completing between two barriers; the primary's local replica a memory
+// backend ("mem") or a store volume in a file of the test's directory
+// ("store": its held writes released on the store's blocking path). Reported: held-ns (how long writes
 // were held, as Barrier returns it: the drain and fn), barrier-ns (the
 // wall time of the call, the release included), the 99th percentile and
 // the worst of held (p99-held-ns, max-held-ns) and the writes held per
 // barrier. The snapshot's goal is 10 ms in all
 // (docs/snapshots.md §4.1).
 func BenchmarkBarrier(b *testing.B) {
+	b.Run("mem", func(b *testing.B) {
+		local, _ := target.NewMemBackend(testBlock, realBlocks)
+		benchBarrier(b, target.Inline(local))
+	})
+	b.Run("store", func(b *testing.B) {
+		s, err := store.Open(store.Config{Dir: filepath.Join(b.TempDir(), "meta"), ClusterBytes: 16 << 10, AreaBytes: 64 << 20, Logger: quietLogger{}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		v, err := s.Create(1, store.CreateOptions{SizeBytes: realBlocks * testBlock, BlockSize: testBlock})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sio, err := target.NewStoreIO(s, target.StoreIOConfig{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() {
+			sio.Close()
+			_ = s.Close()
+		})
+		benchBarrier(b, sio.Backend(v))
+	})
+}
+
+func benchBarrier(b *testing.B, local target.AsyncBackend) {
 	const qd = 32
 	cfg := tcp.Config{PollSpin: -1}
-	local, _ := target.NewMemBackend(testBlock, realBlocks)
-	rb, err := New(Config{Local: target.Inline(local), Reporter: newFakeReporter(), Epoch: 1, Depth: 128})
+	rb, err := New(Config{Local: local, Reporter: newFakeReporter(), Epoch: 1, Depth: 128})
 	if err != nil {
 		b.Fatal(err)
 	}

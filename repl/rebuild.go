@@ -142,7 +142,7 @@ var copyBudget = copyBytes
 
 var (
 	// ErrRebuildBusy: StartRebuild while another rebuild of the backend
-	// runs.
+	// runs, or a barrier (Barrier).
 	ErrRebuildBusy = errors.New("repl: a rebuild is running")
 	// ErrRebuildLeg: the rebuilding replica failed a command.
 	ErrRebuildLeg = errors.New("repl: rebuilding replica failed")
@@ -329,8 +329,14 @@ func (b *Backend) StartRebuild(epoch uint64, cfg RebuildConfig) (*Rebuild, error
 		b.mu.Unlock()
 		return nil, fmt.Errorf("%w: rebuild at epoch %d, backend at %d", ErrStaleEpoch, epoch, old.epoch)
 	case b.rb != nil:
+		node := b.rb.p.node
 		b.mu.Unlock()
-		return nil, fmt.Errorf("%w: of %s", ErrRebuildBusy, b.rb.p.node)
+		return nil, fmt.Errorf("%w: of %s", ErrRebuildBusy, node)
+	case b.gated.Load():
+		// A barrier stores the gate before it looks for a rebuild to
+		// end, under mu: a rebuild it would not see is refused here.
+		b.mu.Unlock()
+		return nil, fmt.Errorf("%w: a snapshot barrier is running", ErrRebuildBusy)
 	}
 	s := &legSet{epoch: epoch, peers: make([]*peer, 0, len(old.peers)+1)}
 	for _, p := range old.peers {
