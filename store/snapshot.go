@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -258,4 +259,43 @@ func (s *Store) scanOrphanMaps(known map[uint64]*Volume, fn func(k, v []byte) er
 		return fmt.Errorf("store: %w: %w", ErrIO, err)
 	}
 	return nil
+}
+
+// cowSync is the group sync of copies on write: each must have its new
+// cluster's bytes durable before its map key can be (allocate says why),
+// and one area sync that starts after a copy's write covers it. So a copy
+// that finds a sync running waits for it to end and for the next one,
+// which it or another waiter starts and which covers every copy written
+// meanwhile: with many writers, one sync per round, not per copy.
+type cowSync struct {
+	mu       sync.Mutex
+	cond     sync.Cond
+	running  bool
+	started  uint64 // syncs started
+	finished uint64 // syncs ended (in order: one runs at a time)
+	err      error  // the last one's
+}
+
+// syncForCopy returns once an area sync that started after the call has
+// ended: its error, if that one failed.
+func (s *Store) syncForCopy() error {
+	g := &s.cowSync
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	want := g.started + 1 // a running sync may have started before our write
+	for g.finished < want {
+		if g.running {
+			g.cond.Wait()
+			continue
+		}
+		g.running = true
+		g.started++
+		n := g.started
+		g.mu.Unlock()
+		err := s.syncArea()
+		g.mu.Lock()
+		g.running, g.finished, g.err = false, n, err
+		g.cond.Broadcast()
+	}
+	return g.err
 }

@@ -310,3 +310,254 @@ func snapModelOnce(seed uint64, nops int) error {
 	}
 	return drain(s)
 }
+
+// TestSnapshotCrash crashes the store at each step of a snapshot, a clone
+// and a copy-on-write (docs/snapshots.md §1.4: hookSnapFlushed,
+// hookSnapCommitted, hookCloneCommitted, and the first write's
+// hookDataWritten and hookMapCommitted, which copies on write pass too),
+// at a free's commit (tombstones), or after the last operation, with the
+// crash test's machinery: pebble's crashable filesystem and a MemArea,
+// each keeping what was synced and a random part of the rest. After Open
+// on the clones: the objects are those of the model (a snapshot or a
+// clone exists iff its commit was durable), every block of every object
+// reads its value at its last durable point or one written since (a
+// snapshot: exactly what its volume held when it was taken, since it
+// flushes first), never another block's bytes, never zeros where a copy
+// on write lost the parent's bytes; Check passes, and every cluster
+// handed out afterwards reads zeros (scrub).
+func TestSnapshotCrash(t *testing.T) {
+	seed := testSeed(t)
+	points := []hookPoint{hookSnapFlushed, hookSnapCommitted, hookCloneCommitted, hookDataWritten, hookMapCommitted, hookFreed, numHookPoints}
+	n := iterations(t, 210, 6, 10)
+	crashed := map[hookPoint]int{}
+	for it := range n {
+		s := seed + uint64(it)
+		point := points[s%uint64(len(points))]
+		ok, err := snapCrashOnce(s, point)
+		if err != nil {
+			t.Fatalf("iteration %d (crash at %d): %v\nreplay it alone with BLK_SEED=%d BLK_ITERS=1", it, point, err, s)
+		}
+		if ok {
+			crashed[point]++
+		}
+	}
+	t.Logf("crashes per step: %v", crashed)
+	if n >= 100 {
+		for _, p := range points {
+			if crashed[p] == 0 {
+				t.Errorf("no iteration crashed at %v: the harness does not reach it", p)
+			}
+		}
+	}
+}
+
+// cobj is an object of the crash model: cvol's blocks, and its kind.
+type cobj struct {
+	cvol
+	kind Kind
+}
+
+func snapCrashOnce(seed uint64, point hookPoint) (crashedAt bool, err error) {
+	rng := rand.New(rand.NewPCG(seed, 0x5c4a5))
+	// numHookPoints: after the last operation, or at any step of the
+	// write path it reaches first.
+	if point == numHookPoints {
+		point = hookPoint(rng.IntN(int(numHookPoints)))
+	}
+	bs := []uint32{BlockSize512, BlockSize4K}[rng.IntN(2)]
+	fs := vfs.NewCrashableMem()
+	area := NewMemArea(256*(16<<10), 512, int(bs))
+	cfg := memConfig(fs, area)
+	s, err := Open(cfg)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = s.Close() }()
+	model := map[ID]*cobj{}
+	var pending, pendingOf *cobj // a snapshot or clone being made (in the model at a crash after its commit), and its volume
+	cloneModel := func() map[ID]*cobj {
+		out := map[ID]*cobj{}
+		for id, o := range model {
+			c := &cobj{cvol: cvol{id: o.id, bs: o.bs, blocks: slices.Clone(o.blocks)}, kind: o.kind}
+			for i := range c.blocks {
+				c.blocks[i].later = slices.Clone(c.blocks[i].later)
+			}
+			out[id] = c
+		}
+		return out
+	}
+	next := ID(1)
+	for range 2 {
+		blocks := uint64(8+rng.IntN(60)) * uint64(BlockSize4K/bs)
+		if _, err := s.Create(next, CreateOptions{SizeBytes: blocks * uint64(bs), BlockSize: bs}); err != nil {
+			return false, err
+		}
+		model[next] = &cobj{cvol: cvol{id: next, bs: bs, blocks: make([]cblock, blocks)}}
+		next++
+	}
+	k := 1 + rng.IntN(6)
+	var (
+		fsClone   vfs.FS
+		areaClone *MemArea
+		atCrash   map[ID]*cobj
+		seen      int
+	)
+	unsynced := 0
+	if rng.IntN(3) != 0 {
+		unsynced = rng.IntN(101)
+	}
+	crash := func(committed bool) {
+		fsClone = fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: unsynced, RNG: rand.New(rand.NewPCG(seed, 1))})
+		areaClone = area.CrashClone(rand.New(rand.NewPCG(seed, 2)), unsynced)
+		atCrash = cloneModel()
+		if committed && pending != nil {
+			atCrash[pending.id] = pending
+		}
+	}
+	var flushed func()
+	s.testHook = func(p hookPoint) {
+		if p == hookSnapFlushed && atCrash == nil {
+			// The snapshot's flush completed: every block is durable, and
+			// the snapshot holds what its volume does.
+			flushed()
+			pending.blocks = slices.Clone(pendingOf.blocks)
+		}
+		if p == point && atCrash == nil {
+			if seen++; seen == k {
+				crash(p == hookSnapCommitted || p == hookCloneCommitted)
+			}
+		}
+	}
+	flushed = func() {
+		for _, o := range model {
+			o.durable(0, uint64(len(o.blocks)))
+		}
+	}
+	ids := func(kind Kind) []ID {
+		var out []ID
+		for id, o := range model {
+			if o.kind == kind {
+				out = append(out, id)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	buf := alignedBuf(64<<10, 4096)
+	nops := 20 + rng.IntN(150)
+	for op := 0; op < nops && atCrash == nil; op++ {
+		vols, snaps := ids(KindVolume), ids(KindSnapshot)
+		m := model[vols[rng.IntN(len(vols))]]
+		v, err := s.Volume(m.id)
+		if err != nil {
+			return false, err
+		}
+		blocks, B := uint64(len(m.blocks)), uint64(bs)
+		tag := uint64(op + 1)
+		switch r := rng.IntN(100); {
+		case r < 50: // write, across clusters
+			n := 1 + rng.Uint64N(min(blocks, uint64(48<<10)/B))
+			lba := rng.Uint64N(blocks - n + 1)
+			for i := range n {
+				fillTagged(buf[i*B:(i+1)*B], 0, lba+i, tag)
+			}
+			fua := rng.IntN(5) == 0
+			m.set(lba, n, tag)
+			if err := v.Write(lba, buf[:n*B], map[bool]WriteFlags{true: FUA}[fua]); err != nil {
+				return false, fmt.Errorf("op %d: write: %w", op, err)
+			}
+			if fua {
+				m.durable(lba, n)
+			}
+		case r < 62: // write zeroes, deallocate
+			n := 1 + rng.Uint64N(min(blocks, uint64(64<<10)/B))
+			lba := rng.Uint64N(blocks - n + 1)
+			m.set(lba, n, 0)
+			if rng.IntN(2) == 0 {
+				err = v.WriteZeroes(lba, n, 0)
+			} else {
+				err = v.Deallocate(lba, n)
+			}
+			if err != nil {
+				return false, fmt.Errorf("op %d: remove: %w", op, err)
+			}
+		case r < 75 && len(model) < 10: // snapshot: flushes the store first
+			sn := &cobj{cvol: cvol{id: next, bs: bs}, kind: KindSnapshot}
+			pending, pendingOf = sn, m
+			if err := s.Snapshot(m.id, next); err != nil {
+				return false, fmt.Errorf("op %d: snapshot: %w", op, err)
+			}
+			pending = nil
+			if atCrash == nil {
+				model[next] = sn
+			}
+			next++
+		case r < 82 && len(snaps) > 0 && len(model) < 10: // clone
+			src := model[snaps[rng.IntN(len(snaps))]]
+			c := &cobj{cvol: cvol{id: next, bs: bs, blocks: slices.Clone(src.blocks)}}
+			pending = c
+			if err := s.Clone(src.id, next); err != nil {
+				return false, fmt.Errorf("op %d: clone: %w", op, err)
+			}
+			pending = nil
+			if atCrash == nil {
+				model[next] = c
+			}
+			next++
+		case r < 90:
+			if err := s.Flush(); err != nil {
+				return false, err
+			}
+			flushed()
+		}
+	}
+	crashedAt = atCrash != nil
+	if atCrash == nil {
+		crash(false)
+	}
+	s.testHook = nil
+	_ = s.Close()
+
+	cfg.FS, cfg.Area = fsClone, areaClone
+	s2, err := Open(cfg)
+	if err != nil {
+		return crashedAt, fmt.Errorf("crash at %v #%d (unsynced kept %d%%): reopen: %w", point, k, unsynced, err)
+	}
+	defer func() { _ = s2.Close() }()
+	if err := s2.Check(); err != nil {
+		return crashedAt, err
+	}
+	infos, err := s2.List()
+	if err != nil {
+		return crashedAt, err
+	}
+	if len(infos) != len(atCrash) {
+		return crashedAt, fmt.Errorf("%d objects after the crash, the model has %d: %+v", len(infos), len(atCrash), infos)
+	}
+	one := alignedBuf(int(bs), 4096)
+	for _, in := range infos {
+		o := atCrash[in.ID]
+		if o == nil || o.kind != in.Kind || in.Blocks() != uint64(len(o.blocks)) {
+			return crashedAt, fmt.Errorf("object %+v after the crash; the model: %+v", in, o)
+		}
+		v, err := s2.Volume(in.ID)
+		if err != nil {
+			return crashedAt, err
+		}
+		for lba := range in.Blocks() {
+			if err := v.Read(lba, one); err != nil {
+				return crashedAt, err
+			}
+			got, err := readTag(one, 0, lba)
+			b := o.blocks[lba]
+			if err != nil || (got != b.durable && !slices.Contains(b.later, got)) {
+				return crashedAt, fmt.Errorf("crash at %v #%d (%v; unsynced kept %d%%): %v %d block %d holds tag %d (%v); it may hold %d (durable) or %v (since)",
+					point, k, crashedAt, unsynced, in.Kind, in.ID, lba, got, err, b.durable, b.later)
+			}
+		}
+	}
+	if err := scrub(s2); err != nil {
+		return crashedAt, err
+	}
+	return crashedAt, drain(s2)
+}

@@ -63,6 +63,8 @@ type Store struct {
 	// zeroBuf is one cluster of zeros, aligned: write zeroes over part of
 	// a parent's cluster copies it on write with these. Never written.
 	zeroBuf []byte
+	// cowSync groups the area syncs of concurrent copies on write.
+	cowSync cowSync
 
 	// nextMap is the next map ID a snapshot, clone or revert takes (the
 	// 'N' key). Guarded by mu.
@@ -142,6 +144,7 @@ func Open(cfg Config) (*Store, error) {
 	askedCluster := cfg.ClusterBytes
 	cfg = cfg.WithDefaults()
 	s := &Store{cfg: cfg, vols: make(map[ID]*Volume), log: cfg.Logger}
+	s.cowSync.cond.L = &s.cowSync.mu
 	if s.log == nil {
 		s.log = pebble.DefaultLogger
 	}

@@ -348,8 +348,9 @@ func (v *Volume) firstWrite(idx, in uint64, data []byte) (n uint64, err error) {
 // (docs/snapshots.md §1.3): a first or last cluster the data covers only
 // partly goes alone through copyOnWrite; clusters covered whole are
 // written from data, as any first write. Either way the area is synced
-// before the map key is committed when the key replaces a parent's
-// cluster: pebble may make an unsynced key durable with anyone's later
+// (syncForCopy: one sync for the copies in flight together) before the
+// map key is committed when the key replaces a parent's cluster: pebble
+// may make an unsynced key durable with anyone's later
 // synced commit, and a key durable before its cluster's bytes would make
 // the index read zeros, neither the parent's bytes nor the write's.
 func (v *Volume) allocate(idx, in uint64, data []byte, ps []uint64) (taken int, err error) {
@@ -381,7 +382,7 @@ func (v *Volume) allocate(idx, in uint64, data []byte, ps []uint64) (taken int, 
 	for i := range ps {
 		if physOf(v.m.get(idx+uint64(i))) != 0 {
 			s.c.cows.Add(1)
-			if err := s.syncArea(); err != nil {
+			if err := s.syncForCopy(); err != nil {
 				s.toLimbo(ps...)
 				return 0, err
 			}
@@ -420,7 +421,7 @@ func (v *Volume) copyOnWrite(idx, in uint64, data []byte, old uint64, ps []uint6
 	}
 	s.hook(hookDataWritten)
 	s.c.cows.Add(1)
-	if err := s.syncArea(); err != nil {
+	if err := s.syncForCopy(); err != nil {
 		s.toLimbo(p)
 		return 0, err
 	}
