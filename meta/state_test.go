@@ -316,6 +316,9 @@ func checkInvariants(t *testing.T, s *State) {
 			t.Errorf("connection %+v through unknown node", c)
 		}
 	}
+	if err := snapshotInvariants(s); err != nil {
+		t.Error(err)
+	}
 	// The canonical encoding round-trips.
 	b := s.MarshalState()
 	s2, err := UnmarshalState(b)
