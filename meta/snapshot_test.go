@@ -219,7 +219,9 @@ func snapshotCommand(rng *rand.Rand, s *State, at int64) Command {
 		}
 		return CloneVolume{Name: fmt.Sprintf("c%d", rng.IntN(6)), Volume: vol, Snapshot: snap, At: at}
 	case k < 85:
-		if v, _, ok := pick(func(v *Volume, sn *VolumeSnapshot) bool { return sn == nil && v.CloneOf != nil && serving(v.State) && len(v.Snapshots) == 0 }); ok {
+		if v, _, ok := pick(func(v *Volume, sn *VolumeSnapshot) bool {
+			return sn == nil && v.CloneOf != nil && serving(v.State) && len(v.Snapshots) == 0
+		}); ok {
 			vol = v
 		}
 		return FlattenVolume{Name: vol, At: at}
