@@ -2,10 +2,17 @@ package meta
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"os"
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/hashicorp/raft"
 )
 
 // snapshotInvariants are the rules of docs/snapshots.md §2.2 every
@@ -302,4 +309,273 @@ func TestSnapshotRandom(t *testing.T) {
 		}
 	}
 	t.Logf("succeeded: %v", ok)
+}
+
+// snapshotBase: nodes a, b, c (zones za, zb, zc); volume "v" on a, b
+// online with snapshots s1 ← s2 (ready) ← v, a clone "c" of v@s1 on a,
+// b, flattening, a clone "d" of v@s2 on a, b, with its own snapshot d1,
+// and "w" on c, reverted to its snapshot w1 with w2 taken after it.
+func snapshotBase(t *testing.T) *State {
+	t.Helper()
+	s := NewState()
+	for _, c := range []Command{
+		RegisterNode{ID: "a", TCPAddr: "a:1", MgmtAddr: "a:2", Zone: "za", Features: []string{FeatureSnapshots}},
+		RegisterNode{ID: "b", TCPAddr: "b:1", MgmtAddr: "b:2", Zone: "zb", Features: []string{FeatureSnapshots}},
+		RegisterNode{ID: "c", TCPAddr: "c:1", MgmtAddr: "c:2", Zone: "zc", Features: []string{FeatureSnapshots}},
+		CreateVolume{Name: "v", SizeBytes: 8192, BlockSize: 4096, Node: "a", Replicas: []string{"a", "b"}, At: 1},
+		SetVolumeState{Name: "v", State: VolumeOnline},
+		CreateSnapshot{Volume: "v", Name: "s1", At: 2},
+		SnapshotDone{Volume: "v", Name: "s1", Epoch: 1, Nodes: []string{"a", "b"}},
+		CreateSnapshot{Volume: "v", Name: "s2", At: 3},
+		SnapshotDone{Volume: "v", Name: "s2", Epoch: 1, Nodes: []string{"b", "a"}},
+		CloneVolume{Name: "c", Volume: "v", Snapshot: "s1", At: 4},
+		SetVolumeState{Name: "c", State: VolumeOnline},
+		FlattenVolume{Name: "c", At: 5},
+		CloneVolume{Name: "d", Volume: "v", Snapshot: "s2", NQN: "nqn.x:d", At: 6},
+		SetVolumeState{Name: "d", State: VolumeOnline},
+		CreateSnapshot{Volume: "d", Name: "d1", At: 7},
+		SnapshotDone{Volume: "d", Name: "d1", Epoch: 1, Nodes: []string{"a", "b"}},
+		CreateVolume{Name: "w", SizeBytes: 4096, BlockSize: 4096, Node: "c", At: 8},
+		SetVolumeState{Name: "w", State: VolumeOnline},
+		CreateSnapshot{Volume: "w", Name: "w1", At: 9},
+		SnapshotDone{Volume: "w", Name: "w1", Epoch: 1, Nodes: []string{"c"}},
+		ResizeVolume{Name: "w", SizeBytes: 8192},
+		CreateSnapshot{Volume: "w", Name: "w2", At: 10},
+		SnapshotDone{Volume: "w", Name: "w2", Epoch: 1, Nodes: []string{"c"}},
+		RevertVolume{Name: "w", Snapshot: "w1", Epoch: 1},
+		CreateSnapshot{Volume: "w", Name: "w3", At: 11},
+	} {
+		mustApply(t, s, c)
+	}
+	checkInvariants(t, s)
+	return s
+}
+
+// TestSnapshotHelpers: Snapshot, SnapshotByID, Children and Clones, which
+// the control layer and the API read the registry through.
+func TestSnapshotHelpers(t *testing.T) {
+	s := snapshotBase(t)
+	v, _ := s.Volume("v")
+	s1, ok := v.Snapshot("s1")
+	if !ok || s1.State != SnapshotReady || !slices.Equal(s1.Nodes, []string{"a", "b"}) || s1.Parent != 0 || s1.SizeBytes != 8192 || s1.CreatedAt != 2 {
+		t.Fatalf("v@s1 = %+v, %v", s1, ok)
+	}
+	s2, _ := v.Snapshot("s2")
+	if got, ok := v.SnapshotByID(s2.ID); !ok || got.Name != "s2" || got.Parent != s1.ID || v.Parent != s2.ID {
+		t.Fatalf("SnapshotByID(%d) = %+v, %v; v.Parent %d", s2.ID, got, ok, v.Parent)
+	}
+	if _, ok := v.Snapshot("nope"); ok {
+		t.Fatal("v@nope found")
+	}
+	if vol, got, ok := s.SnapshotByID(s2.ID); !ok || vol != "v" || got.Name != "s2" {
+		t.Fatalf("State.SnapshotByID = %q %+v %v", vol, got, ok)
+	}
+	if _, _, ok := s.SnapshotByID(v.ID); ok {
+		t.Fatal("a volume's ID found as a snapshot")
+	}
+	d, _ := s.Volume("d")
+	d1, _ := d.Snapshot("d1")
+	snaps, vols := s.Children(s2.ID)
+	if want := []SnapshotRef{{Volume: "d", Snapshot: "d1", ID: d1.ID}}; !reflect.DeepEqual(snaps, want) || !slices.Equal(vols, []string{"v"}) {
+		t.Fatalf("Children(v@s2) = %v %v", snaps, vols)
+	}
+	if snaps, vols := s.Children(s1.ID); len(snaps) != 1 || snaps[0].String() != "v@s2" || !slices.Equal(vols, []string{"c"}) {
+		t.Fatalf("Children(v@s1) = %v %v", snaps, vols)
+	}
+	if got := s.Clones("v", s1.ID); !slices.Equal(got, []string{"c"}) {
+		t.Fatalf("Clones(v@s1) = %v", got)
+	}
+	if got := s.Clones("v", s2.ID); !slices.Equal(got, []string{"d"}) {
+		t.Fatalf("Clones(v@s2) = %v", got)
+	}
+	if snaps, vols := s.Children(0); snaps != nil || vols != nil {
+		t.Fatalf("Children(0) = %v %v", snaps, vols)
+	}
+	if d.CloneOf == nil || d.CloneOf.String() != "v@s2" || d.CloneOf.ID != s2.ID || d.Parent != d1.ID || d1.Parent != s2.ID {
+		t.Fatalf("d: %+v, d1 %+v", d, d1)
+	}
+	w, _ := s.Volume("w")
+	w1, _ := w.Snapshot("w1")
+	if w.Parent != w1.ID || w.SizeBytes != 4096 || w.Reverted != 24 || w.CurrentEpoch() != 2 {
+		t.Fatalf("w after revert: %+v", w)
+	}
+}
+
+// TestVolumeCloneDeep: the copies State hands out share nothing with
+// the registry (the control layer keeps them across calls).
+func TestVolumeCloneDeep(t *testing.T) {
+	s := snapshotBase(t)
+	before := s.MarshalState()
+	for _, name := range []string{"c", "d", "v"} {
+		v, _ := s.Volume(name)
+		for i := range v.Snapshots {
+			v.Snapshots[i].Nodes[0] = "zz"
+			v.Snapshots[i].Name = "zz"
+		}
+		if v.CloneOf != nil {
+			v.CloneOf.Snapshot, v.CloneOf.ID = "zz", 99
+		}
+		if v.Flatten != nil {
+			v.Flatten.Since = 99
+		}
+		if sn, ok := v.Snapshot("zz"); ok {
+			sn.Nodes[0] = "yy"
+		}
+	}
+	r := mustApply(t, s, SnapshotNodes{Volume: "v", Snapshot: "s1", Remove: "b"})
+	r.Snapshot.Nodes[0] = "zz"
+	r.Volume.Snapshots[0].Nodes = append(r.Volume.Snapshots[0].Nodes, "zz")
+	for i := range r.Volume.Snapshots {
+		r.Volume.Snapshots[i].Nodes[0] = "zz"
+	}
+	mustApply(t, s, SnapshotNodes{Volume: "v", Snapshot: "s1", Add: "b"})
+	s.index = 25 // the two SnapshotNodes undid each other
+	v, _ := s.Volume("v")
+	if sn, _ := v.Snapshot("s1"); !slices.Equal(sn.Nodes, []string{"a", "b"}) {
+		t.Fatalf("v@s1 nodes %v", sn.Nodes)
+	}
+	if after := s.MarshalState(); !bytes.Equal(before, after) {
+		t.Fatalf("changing copies changed the registry:\n%s\n%s", before, after)
+	}
+}
+
+// TestSnapshotRestore: the new fields survive the raft snapshot (FSM
+// Snapshot, Persist, Restore) and Export unchanged, and the restored
+// registry applies the next commands as the original does.
+func TestSnapshotRestore(t *testing.T) {
+	s := snapshotBase(t)
+	f := &FSM{s: s}
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &memSink{}
+	if err := snap.Persist(sink); err != nil {
+		t.Fatal(err)
+	}
+	g := NewFSM()
+	if err := g.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(f.Export(), g.Export()) || !bytes.Equal(f.MarshalState(), g.MarshalState()) {
+		t.Fatalf("restored registry differs:\n%s\n%s", f.MarshalState(), g.MarshalState())
+	}
+	for _, want := range []string{`"snapshots":[`, `"parent":`, `"clone_of":{"volume":"v","snapshot":"s1","id":`, `"flatten":{"since":5}`, `"reverted":24`, `"state":"creating"`, `"nodes":["b","a"]`} {
+		if !bytes.Contains(sink.Bytes(), []byte(want)) {
+			t.Errorf("snapshot lacks %s: %s", want, sink.Bytes())
+		}
+	}
+	next := []Command{
+		SnapshotDone{Volume: "w", Name: "w3", Epoch: 2, Nodes: []string{"c"}},
+		FlattenDone{Name: "c"},
+		DeleteSnapshot{Volume: "v", Name: "s1"},
+		PurgeSnapshot{Volume: "v", Name: "s1"},
+		CloneVolume{Name: "e", Volume: "w", Snapshot: "w2", At: 30},
+	}
+	for i, c := range next {
+		idx := uint64(100 + i)
+		data := mustEncode(t, c)
+		l := &raft.Log{Index: idx, Type: raft.LogCommand, Data: data}
+		ra, rb := f.Apply(l).(Result), g.Apply(l).(Result)
+		if ra.Err != nil || rb.Err != nil || !reflect.DeepEqual(ra, rb) {
+			t.Fatalf("%#v: %+v / %+v", c, ra, rb)
+		}
+	}
+	if !bytes.Equal(f.MarshalState(), g.MarshalState()) {
+		t.Fatal("registries differ after the same commands")
+	}
+	f.Read(func(s *State) { checkInvariants(t, s) })
+}
+
+// TestOldRegistrySnapshots: a registry written before snapshots
+// (testdata/registry-before-replicas.json) loads with no snapshot, no
+// parent, no clone, re-encodes to the same bytes, and takes a snapshot,
+// a clone and a revert.
+func TestOldRegistrySnapshots(t *testing.T) {
+	old, err := os.ReadFile("testdata/registry-before-replicas.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := UnmarshalState(bytes.TrimSpace(old))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := s.Volume("v")
+	if v.Snapshots != nil || v.Parent != 0 || v.CloneOf != nil || v.Flatten != nil || v.Reverted != 0 {
+		t.Fatalf("old volume %+v", v)
+	}
+	if got := s.MarshalState(); !bytes.Equal(got, bytes.TrimSpace(old)) {
+		t.Fatalf("re-encoded differently:\n%s\n%s", got, old)
+	}
+	r := mustApply(t, s, CreateSnapshot{Volume: "v", Name: "first", At: 10})
+	if !slices.Equal(r.Snapshot.Nodes, []string{"n2"}) || r.Snapshot.ID != 2 {
+		t.Fatalf("snapshot %+v", r.Snapshot)
+	}
+	mustApply(t, s, SnapshotDone{Volume: "v", Name: "first", Epoch: 1, Nodes: []string{"n2"}})
+	mustApply(t, s, CloneVolume{Name: "c", Volume: "v", Snapshot: "first", At: 11})
+	if r := s.Apply(s.Index()+1, RevertVolume{Name: "v", Snapshot: "first", Epoch: 1}); !errors.Is(r.Err, ErrHasConnections) || !strings.Contains(r.Err.Error(), "host nqn.2014-08.org.nvmexpress:uuid:host1 is connected through node n2") {
+		t.Fatalf("revert with a host connected: %v", r.Err)
+	}
+	mustApply(t, s, Disconnect{HostNQN: "nqn.2014-08.org.nvmexpress:uuid:host1", Volume: "v", Node: "n2"})
+	r = mustApply(t, s, RevertVolume{Name: "v", Snapshot: "first", Epoch: 1})
+	if r.Volume.CurrentEpoch() != 2 || r.Volume.Parent != 2 {
+		t.Fatalf("after revert %+v", r.Volume)
+	}
+	checkInvariants(t, s)
+}
+
+// TestBadSnapshotRegistry: a registry whose snapshots break an
+// invariant is refused at load, not loaded.
+func TestBadSnapshotRegistry(t *testing.T) {
+	s := snapshotBase(t)
+	v, _ := s.Volume("v")
+	s1, _ := v.Snapshot("s1")
+	s2, _ := v.Snapshot("s2")
+	good := string(s.MarshalState())
+	id := func(n uint64) string { return fmt.Sprint(n) }
+	for name, bad := range map[string][2]string{
+		"snapshot ID of a volume": {`"name":"s1","id":` + id(s1.ID), `"name":"s1","id":` + id(v.ID)},
+		"snapshot ID twice":       {`"name":"s2","id":` + id(s2.ID), `"name":"s2","id":` + id(s1.ID)},
+		"snapshot ID too high":    {`"name":"s2","id":` + id(s2.ID), `"name":"s2","id":999`},
+		"name twice":              {`"name":"s2","id":`, `"name":"s1","id":`},
+		"bogus state":             {`"state":"creating","parent"`, `"state":"lost","parent"`},
+		"node not a replica":      {`"nodes":["b","a"]`, `"nodes":["b","c"]`},
+		"node twice":              {`"nodes":["b","a"]`, `"nodes":["b","b"]`},
+		"parent missing":          {`"parent":` + id(s1.ID) + `,"nodes"`, `"parent":999,"nodes"`},
+		"parent a volume":         {`"parent":` + id(s1.ID) + `,"nodes"`, `"parent":` + id(v.ID) + `,"nodes"`},
+		"cycle":                   {`"name":"s1","id":` + id(s1.ID) + `,"size_bytes":8192,"created_at":2,"state":"ready","nodes"`, `"name":"s1","id":` + id(s1.ID) + `,"size_bytes":8192,"created_at":2,"state":"ready","parent":` + id(s2.ID) + `,"nodes"`},
+		"origin missing":          {`"clone_of":{"volume":"v","snapshot":"s1"`, `"clone_of":{"volume":"v","snapshot":"nope"`},
+		"flatten of no clone":     {`"clone_of":{"volume":"v","snapshot":"s1","id":` + id(s1.ID) + `},`, ``},
+	} {
+		b := strings.Replace(good, bad[0], bad[1], 1)
+		if b == good {
+			t.Errorf("%s: %q not in the registry %s", name, bad[0], good)
+			continue
+		}
+		if _, err := UnmarshalState([]byte(b)); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("%s: loaded (%v)", name, err)
+		}
+	}
+}
+
+// TestSnapshotLimit: a volume takes at most MaxSnapshots snapshots;
+// deleting and purging one makes room.
+func TestSnapshotLimit(t *testing.T) {
+	s := snapshotBase(t)
+	for i := range MaxSnapshots - 1 {
+		name := fmt.Sprintf("t%d", i)
+		mustApply(t, s, CreateSnapshot{Volume: "d", Name: name, At: 20})
+		mustApply(t, s, SnapshotDone{Volume: "d", Name: name, Epoch: 1, Nodes: []string{"a", "b"}})
+	}
+	r := s.Apply(s.Index()+1, CreateSnapshot{Volume: "d", Name: "over", At: 21})
+	if !errors.Is(r.Err, ErrLimit) {
+		t.Fatalf("snapshot %d: %v", MaxSnapshots+1, r.Err)
+	}
+	mustApply(t, s, DeleteSnapshot{Volume: "d", Name: "t7"})
+	if r := s.Apply(s.Index()+1, CreateSnapshot{Volume: "d", Name: "over", At: 21}); !errors.Is(r.Err, ErrLimit) {
+		t.Fatalf("with one deleting: %v", r.Err)
+	}
+	mustApply(t, s, PurgeSnapshot{Volume: "d", Name: "t7"})
+	mustApply(t, s, CreateSnapshot{Volume: "d", Name: "over", At: 21})
+	checkInvariants(t, s)
 }
