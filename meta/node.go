@@ -413,7 +413,7 @@ func (n *Node) Apply(ctx context.Context, c Command) (Result, error) {
 }
 
 // checkProposal holds new names to the name grammar before they reach
-// the log: a new volume's, and a node's that the registry does not know
+// the log: a new volume's (created or cloned), a new snapshot's, and a node's that the registry does not know
 // yet. Apply itself accepts the names older logs hold (see
 // CreateVolume.checkCommitted), so this is the only place the grammar is
 // enforced for commands; a node with a legacy ID still re-registers.
@@ -421,6 +421,10 @@ func (n *Node) checkProposal(c Command) error {
 	switch c := c.(type) {
 	case CreateVolume:
 		return CheckVolumeName(c.Name)
+	case CloneVolume:
+		return CheckVolumeName(c.Name)
+	case CreateSnapshot:
+		return checkNewName("snapshot name", c.Name)
 	case RegisterNode:
 		if c.Zone != "" {
 			if err := CheckZone(c.Zone); err != nil {

@@ -236,15 +236,24 @@ func (v *Volume) snapshot(name string) (*VolumeSnapshot, error) {
 	return &v.Snapshots[i], nil
 }
 
+// creatingSnapshot is v's snapshot being taken, nil if none (there is
+// at most one).
+func (v *Volume) creatingSnapshot() *VolumeSnapshot {
+	for i := range v.Snapshots {
+		if v.Snapshots[i].State == SnapshotCreating {
+			return &v.Snapshots[i]
+		}
+	}
+	return nil
+}
+
 // checkQuiet says why the live map of v cannot change base now (a
 // snapshot, a revert, a flatten): a snapshot of it being taken, or its
 // parent snapshot being deleted, which its nodes do by merging that
 // snapshot into v's live map.
 func (s *State) checkQuiet(v *Volume) error {
-	for i := range v.Snapshots {
-		if sn := &v.Snapshots[i]; sn.State == SnapshotCreating {
-			return fmt.Errorf("meta: volume %q: snapshot %s is being taken: retry once it is done: %w", v.Name, snapName(v.Name, sn.Name), ErrBusy)
-		}
+	if sn := v.creatingSnapshot(); sn != nil {
+		return fmt.Errorf("meta: volume %q: snapshot %s is being taken: retry once it is done: %w", v.Name, snapName(v.Name, sn.Name), ErrBusy)
 	}
 	if pv, p := s.findSnapshot(v.Parent); p != nil && p.State == SnapshotDeleting {
 		return fmt.Errorf("meta: volume %q: its base %s is being deleted (merged into it): retry once it is gone: %w", v.Name, snapName(pv.Name, p.Name), ErrBusy)

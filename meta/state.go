@@ -794,6 +794,11 @@ func (s *State) resizeVolume(c ResizeVolume) Result {
 	if c.SizeBytes < v.SizeBytes {
 		return Result{Err: fmt.Errorf("meta: volume %q: %d < %d bytes: %w", c.Name, c.SizeBytes, v.SizeBytes, ErrShrink)}
 	}
+	if sn := v.creatingSnapshot(); sn != nil && c.SizeBytes != v.SizeBytes {
+		// The snapshot records the size it was asked at; its nodes
+		// must take it at that size.
+		return Result{Err: fmt.Errorf("meta: volume %q: snapshot %s is being taken: resize it once that is done: %w", c.Name, snapName(v.Name, sn.Name), ErrBusy)}
+	}
 	v.SizeBytes = c.SizeBytes
 	cp := v.clone()
 	return Result{Volume: &cp}
