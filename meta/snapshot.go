@@ -150,14 +150,13 @@ func (s *State) SnapshotByID(id uint64) (volume string, snap VolumeSnapshot, ok 
 }
 
 func (s *State) findSnapshot(id uint64) (*Volume, *VolumeSnapshot) {
-	if id == 0 {
+	v, ok := s.vols[s.snaps[id]]
+	if !ok {
 		return nil, nil
 	}
-	for _, v := range s.vols {
-		for i := range v.Snapshots {
-			if v.Snapshots[i].ID == id {
-				return v, &v.Snapshots[i]
-			}
+	for i := range v.Snapshots {
+		if v.Snapshots[i].ID == id {
+			return v, &v.Snapshots[i]
 		}
 	}
 	return nil, nil
@@ -295,6 +294,7 @@ func (s *State) createSnapshot(c CreateSnapshot) Result {
 	}
 	s.nextVol++
 	v.Snapshots = append(v.Snapshots, sn)
+	s.snaps[sn.ID] = v.Name
 	return snapResult(v, len(v.Snapshots)-1)
 }
 
@@ -419,6 +419,7 @@ func (s *State) purgeSnapshot(c PurgeSnapshot) Result {
 	if len(v.Snapshots) == 0 {
 		v.Snapshots = nil
 	}
+	delete(s.snaps, id)
 	// Its nodes merged it into its one child, which now reads through
 	// its parent: re-parent, and move a clone's origin up the chain.
 	var origin *SnapshotRef
@@ -679,10 +680,32 @@ func (s *State) checkDeleteSnapshots(v *Volume, with bool) error {
 		}
 		return nil
 	}
+	// One pass over the registry, not one per snapshot: a clone is an
+	// object of another volume whose parent is one of v's snapshots.
+	own := make(map[uint64]*VolumeSnapshot, len(v.Snapshots))
+	for i := range v.Snapshots {
+		own[v.Snapshots[i].ID] = &v.Snapshots[i]
+	}
+	clones := map[uint64][]string{}
+	for _, w := range s.vols {
+		if w == v {
+			continue
+		}
+		if _, ok := own[w.Parent]; ok {
+			clones[w.Parent] = append(clones[w.Parent], w.Name)
+		}
+		for i := range w.Snapshots {
+			if p := w.Snapshots[i].Parent; own[p] != nil {
+				clones[p] = append(clones[p], w.Name)
+			}
+		}
+	}
 	for i := range v.Snapshots {
 		sn := &v.Snapshots[i]
-		if clones := s.Clones(v.Name, sn.ID); len(clones) > 0 {
-			return fmt.Errorf("meta: snapshot %s has clones %s: flatten them (blkctl volume flatten %s) or delete them first: %w", snapName(v.Name, sn.Name), strings.Join(clones, ", "), clones[0], ErrHasClones)
+		if names := clones[sn.ID]; len(names) > 0 {
+			slices.Sort(names)
+			names = slices.Compact(names)
+			return fmt.Errorf("meta: snapshot %s has clones %s: flatten them (blkctl volume flatten %s) or delete them first: %w", snapName(v.Name, sn.Name), strings.Join(names, ", "), names[0], ErrHasClones)
 		}
 	}
 	return nil

@@ -350,6 +350,7 @@ type State struct {
 	vols    map[string]*Volume
 	nqns    map[string]string // subsystem NQN → volume name
 	conns   map[connKey]*Connection
+	snaps   map[uint64]string // snapshot ID → its volume's name
 }
 
 // NewState returns an empty registry.
@@ -360,6 +361,7 @@ func NewState() *State {
 		vols:    make(map[string]*Volume),
 		nqns:    make(map[string]string),
 		conns:   make(map[connKey]*Connection),
+		snaps:   make(map[uint64]string),
 	}
 }
 
@@ -1102,6 +1104,9 @@ func UnmarshalState(b []byte) (*State, error) {
 		}
 		s.vols[v.Name] = &v
 		s.nqns[v.NQN] = v.Name
+		for _, sn := range v.Snapshots {
+			s.snaps[sn.ID] = v.Name // duplicates: checkSnapshots refuses them
+		}
 	}
 	if err := s.checkSnapshots(); err != nil {
 		return bad("%v", err)
