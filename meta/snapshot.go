@@ -352,6 +352,36 @@ func (s *State) childNames(snaps []SnapshotRef, vols []string) []string {
 	return append(out, vols...)
 }
 
+// liveChildren is what the children snaps and vols of a snapshot leave
+// it once the nodes have freed those being deleted: a deleting volume is
+// a leaf and leaves nothing; a deleting snapshot is merged into its own
+// children, which take its place (recursively). The nodes merge a
+// snapshot into its one child, so that is what must count, not the
+// direct children: counting only those, a snapshot could be deleted
+// with one child left while a deleting child of it still had one.
+func (s *State) liveChildren(snaps []SnapshotRef, vols []string) ([]SnapshotRef, []string) {
+	var outSnaps []SnapshotRef
+	var outVols []string
+	for _, n := range vols {
+		if s.vols[n].State != VolumeDeleting {
+			outVols = append(outVols, n)
+		}
+	}
+	for _, r := range snaps {
+		if _, c := s.findSnapshot(r.ID); c.State != SnapshotDeleting {
+			outSnaps = append(outSnaps, r)
+			continue
+		}
+		// The chain is a forest (checked at load, kept by every
+		// command), so this ends.
+		cs, cv := s.liveChildren(s.Children(r.ID))
+		outSnaps, outVols = append(outSnaps, cs...), append(outVols, cv...)
+	}
+	slices.SortFunc(outSnaps, func(a, b SnapshotRef) int { return strings.Compare(a.String(), b.String()) })
+	slices.Sort(outVols)
+	return outSnaps, outVols
+}
+
 // checkDeletable says why snapshot sn of v cannot be deleted now. Its
 // nodes free it by merging its clusters into its one child, so it may
 // have at most one; that child must not be changing base itself (a
@@ -359,17 +389,34 @@ func (s *State) childNames(snaps []SnapshotRef, vols []string) []string {
 func (s *State) checkDeletable(v *Volume, sn *VolumeSnapshot) error {
 	name := snapName(v.Name, sn.Name)
 	snaps, vols := s.Children(sn.ID)
-	if len(snaps)+len(vols) > 1 {
-		if clones := s.Clones(v.Name, sn.ID); len(clones) > 0 {
-			return fmt.Errorf("meta: snapshot %s has clones %s: flatten them (blkctl volume flatten %s) or delete them first: %w", name, strings.Join(clones, ", "), clones[0], ErrHasClones)
-		}
-		all := s.childNames(snaps, vols)
-		return fmt.Errorf("meta: snapshot %s is the base of %s and of %s: delete %s first: %w", name, strings.Join(all[:len(all)-1], ", "), all[len(all)-1], all[0], ErrHasChildren)
-	}
+	// A snapshot being taken has the same parent as its volume: its
+	// base then has two children, but the news an operator needs is
+	// that the barrier is running.
 	for _, r := range snaps {
 		if _, c := s.findSnapshot(r.ID); c.State == SnapshotCreating {
 			return fmt.Errorf("meta: snapshot %s: %s is being taken on it: retry once it is done: %w", name, r, ErrBusy)
 		}
+	}
+	snaps, vols = s.liveChildren(snaps, vols)
+	if len(snaps)+len(vols) > 1 {
+		var clones []string
+		for _, r := range snaps {
+			if r.Volume != v.Name {
+				clones = append(clones, r.Volume)
+			}
+		}
+		for _, n := range vols {
+			if n != v.Name {
+				clones = append(clones, n)
+			}
+		}
+		if len(clones) > 0 {
+			slices.Sort(clones)
+			clones = slices.Compact(clones)
+			return fmt.Errorf("meta: snapshot %s has clones %s: flatten them (blkctl volume flatten %s) or delete them first: %w", name, strings.Join(clones, ", "), clones[0], ErrHasClones)
+		}
+		all := s.childNames(snaps, vols)
+		return fmt.Errorf("meta: snapshot %s is the base of %s and of %s: delete %s first: %w", name, strings.Join(all[:len(all)-1], ", "), all[len(all)-1], all[0], ErrHasChildren)
 	}
 	for _, n := range vols {
 		w := s.vols[n]
@@ -671,8 +718,8 @@ func (v *Volume) dropSnapshotNode(node string) {
 }
 
 // checkDeleteSnapshots is DeleteVolume's check of v's snapshots: with
-// them, none may have a clone; without, it may have none but those
-// being deleted already.
+// them, none may have a clone not being deleted; without, it may have
+// none but those being deleted already.
 func (s *State) checkDeleteSnapshots(v *Volume, with bool) error {
 	if !with {
 		if names := v.snapshotNames(false); len(names) > 0 {
@@ -680,24 +727,20 @@ func (s *State) checkDeleteSnapshots(v *Volume, with bool) error {
 		}
 		return nil
 	}
-	// One pass over the registry, not one per snapshot: a clone is an
-	// object of another volume whose parent is one of v's snapshots.
-	own := make(map[uint64]*VolumeSnapshot, len(v.Snapshots))
+	// One pass over the registry, not one per snapshot. A volume's
+	// objects (it, its snapshots) form one tree whose root reads through
+	// its CloneOf (kept by every command), so a volume not being deleted
+	// whose CloneOf is one of v's snapshots is what keeps them: whether
+	// it reads through that snapshot directly, through snapshots of its
+	// own, or through some being deleted.
+	own := make(map[uint64]bool, len(v.Snapshots))
 	for i := range v.Snapshots {
-		own[v.Snapshots[i].ID] = &v.Snapshots[i]
+		own[v.Snapshots[i].ID] = true
 	}
 	clones := map[uint64][]string{}
 	for _, w := range s.vols {
-		if w == v {
-			continue
-		}
-		if _, ok := own[w.Parent]; ok {
-			clones[w.Parent] = append(clones[w.Parent], w.Name)
-		}
-		for i := range w.Snapshots {
-			if p := w.Snapshots[i].Parent; own[p] != nil {
-				clones[p] = append(clones[p], w.Name)
-			}
+		if w != v && w.State != VolumeDeleting && w.CloneOf != nil && own[w.CloneOf.ID] {
+			clones[w.CloneOf.ID] = append(clones[w.CloneOf.ID], w.Name)
 		}
 	}
 	for i := range v.Snapshots {

@@ -18,9 +18,9 @@ import (
 // snapshotInvariants are the rules of docs/snapshots.md §2.2 every
 // registry keeps after every command: store IDs unique across volumes
 // and snapshots; every Parent an existing snapshot, with no cycle; a
-// snapshot's Nodes among its volume's replicas; a deleting snapshot has
-// at most one child that is not being deleted itself (its nodes merge it
-// into that one); a volume's chain (its Parent, then its own snapshots'
+// snapshot's Nodes among its volume's replicas; a deleting snapshot
+// leaves at most one child once the deleting ones below it are freed
+// (its nodes merge it into that one); a volume's chain (its Parent, then its own snapshots'
 // parents) leaves the volume's own snapshots at its CloneOf, or at
 // nothing when it is no clone; a flatten only of a clone without
 // snapshots; at most one snapshot of a volume being taken, and none
@@ -93,17 +93,29 @@ func snapshotInvariants(s *State) error {
 			}
 		}
 	}
+	// live counts the objects a snapshot's children leave it once the
+	// deleting ones are freed (a deleting snapshot merged into its
+	// children): computed here from the object graph, independently of
+	// State.liveChildren.
+	var live func(id uint64) int
+	live = func(id uint64) int {
+		n := 0
+		for _, c := range children[id] {
+			switch {
+			case c.sn == nil && c.vol.State == VolumeDeleting:
+			case c.sn != nil && c.sn.State == SnapshotDeleting:
+				n += live(c.sn.ID)
+			default:
+				n++
+			}
+		}
+		return n
+	}
 	for id, o := range objs {
 		if o.sn == nil || o.sn.State != SnapshotDeleting {
 			continue
 		}
-		alive := 0
-		for _, c := range children[id] {
-			if (c.sn == nil || c.sn.State != SnapshotDeleting) && c.vol.State != VolumeDeleting {
-				alive++
-			}
-		}
-		if alive > 1 {
+		if alive := live(id); alive > 1 {
 			return fmt.Errorf("%s is being deleted with %d children alive", o.what, alive)
 		}
 	}
