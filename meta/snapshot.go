@@ -164,8 +164,10 @@ func (s *State) findSnapshot(id uint64) (*Volume, *VolumeSnapshot) {
 
 // Children returns the objects whose store parent is the snapshot with
 // ID id: snapshots (of any volume) and volumes (by name; the snapshot's
-// own volume, clones), each sorted. A snapshot with more than one child
-// cannot be deleted (its clusters would have to go to two maps).
+// own volume, clones), each sorted: the store forest as the registry
+// knows it. A snapshot that would be left more than one child cannot be
+// deleted (its clusters would have to go to two maps; see
+// liveChildren).
 func (s *State) Children(id uint64) (snaps []SnapshotRef, vols []string) {
 	if id == 0 {
 		return nil, nil
