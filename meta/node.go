@@ -424,9 +424,9 @@ func (n *Node) checkProposal(c Command) error {
 	case CreateVolume:
 		return CheckVolumeName(c.Name)
 	case CloneVolume:
-		return CheckVolumeName(c.Name)
+		return c.Check()
 	case CreateSnapshot:
-		return checkNewName("snapshot name", c.Name)
+		return c.Check()
 	case RegisterNode:
 		if c.Zone != "" {
 			if err := CheckZone(c.Zone); err != nil {

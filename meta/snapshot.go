@@ -207,6 +207,28 @@ func (s *State) Clones(volume string, id uint64) []string {
 	return slices.Compact(out)
 }
 
+// Check is what CreateSnapshot requires of its own fields, whatever the
+// registry holds (as CreateVolume.Check): a snapshot name in the name
+// grammar, which keeps '@' out of it, so VOL@SNAP is never ambiguous.
+// Apply requires it too: snapshot names are new, so every one in the log
+// is in the grammar.
+func (c CreateSnapshot) Check() error { return checkNewName("snapshot name", c.Name) }
+
+// Check is what CloneVolume requires of its own fields, whatever the
+// registry holds (as CreateVolume.Check): the clone's name in the name
+// grammar, its NQN (when given) and replica secret well formed.
+func (c CloneVolume) Check() error {
+	if err := CheckVolumeName(c.Name); err != nil {
+		return err
+	}
+	if c.NQN != "" {
+		if err := checkNQN(c.NQN); err != nil {
+			return err
+		}
+	}
+	return checkReplicaSecret(c.Name, c.ReplicaSecret)
+}
+
 // snapName is how messages name a snapshot: VOL@SNAP.
 func snapName(volume, snap string) string { return volume + "@" + snap }
 
@@ -270,7 +292,7 @@ func (s *State) createSnapshot(c CreateSnapshot) Result {
 	if !serving(v.State) {
 		return Result{Err: fmt.Errorf("meta: volume %q is %v: %w", v.Name, v.State, ErrVolumeNotOnline)}
 	}
-	if err := checkNewName("snapshot name", c.Name); err != nil {
+	if err := c.Check(); err != nil {
 		return Result{Err: err}
 	}
 	if i := v.snapshotIndex(c.Name); i >= 0 {
@@ -529,24 +551,18 @@ func (s *State) cloneVolume(c CloneVolume) Result {
 	if sn.State != SnapshotReady {
 		return Result{Err: fmt.Errorf("meta: snapshot %s is %v: %w", name, sn.State, ErrSnapshotNotReady)}
 	}
-	if err := CheckVolumeName(c.Name); err != nil {
+	if err := c.Check(); err != nil {
 		return Result{Err: err}
 	}
 	nqn := c.NQN
 	if nqn == "" {
 		nqn = DefaultNQN(c.Name)
 	}
-	if err := checkNQN(nqn); err != nil {
-		return Result{Err: err}
-	}
 	if _, ok := s.vols[c.Name]; ok {
 		return Result{Err: fmt.Errorf("meta: volume %q: %w", c.Name, ErrVolumeExists)}
 	}
 	if other, ok := s.nqns[nqn]; ok {
 		return Result{Err: fmt.Errorf("meta: NQN %q belongs to volume %q: %w", nqn, other, ErrNQNInUse)}
-	}
-	if err := checkReplicaSecret(c.Name, c.ReplicaSecret); err != nil {
-		return Result{Err: err}
 	}
 	nodes := s.cloneNodes(src, sn)
 	if len(nodes) == 0 {
