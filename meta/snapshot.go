@@ -189,7 +189,8 @@ func (s *State) Children(id uint64) (snaps []SnapshotRef, vols []string) {
 
 // Clones returns the names of the volumes other than volume (sorted)
 // that are children of the snapshot with ID id, directly or through a
-// snapshot of theirs: the clones that keep it from being deleted.
+// snapshot of theirs: its clones, as listings show them (those being
+// deleted included; they no longer keep it from being deleted).
 func (s *State) Clones(volume string, id uint64) []string {
 	snaps, vols := s.Children(id)
 	var out []string
@@ -340,7 +341,7 @@ func (s *State) snapshotDone(c SnapshotDone) Result {
 		return Result{Err: err}
 	}
 	name := snapName(v.Name, c.Name)
-	if sn.State != SnapshotCreating {
+	if !validSnapshotTransition(sn.State, SnapshotReady) {
 		return Result{Err: fmt.Errorf("meta: snapshot %s is %v, not being taken: %w", name, sn.State, ErrBadTransition)}
 	}
 	if sn.Parent != v.Parent {
@@ -463,7 +464,7 @@ func (s *State) deleteSnapshot(c DeleteSnapshot) Result {
 	if err != nil {
 		return Result{Err: err}
 	}
-	if sn.State == SnapshotDeleting {
+	if !validSnapshotTransition(sn.State, SnapshotDeleting) {
 		return Result{Err: fmt.Errorf("meta: snapshot %s is being deleted already: %w", snapName(v.Name, c.Name), ErrBadTransition)}
 	}
 	if err := s.checkDeletable(v, sn); err != nil {

@@ -647,3 +647,30 @@ func BenchmarkSnapshotCycle(b *testing.B) {
 		})
 	}
 }
+
+// TestSnapshotStateText: states encode by name, as the package's other
+// states do, and an unknown name or number is refused, not loaded.
+func TestSnapshotStateText(t *testing.T) {
+	for st, name := range map[SnapshotState]string{SnapshotCreating: "creating", SnapshotReady: "ready", SnapshotDeleting: "deleting"} {
+		b, err := st.MarshalText()
+		var back SnapshotState
+		if err != nil || string(b) != name || back.UnmarshalText(b) != nil || back != st || !st.valid() {
+			t.Errorf("%d: %q %v → %v", st, b, err, back)
+		}
+	}
+	var st SnapshotState
+	if err := st.UnmarshalText([]byte("snapshot-state(9)")); !errors.Is(err, ErrInvalid) {
+		t.Errorf("unknown state decoded: %v", err)
+	}
+	if SnapshotState(9).String() != "snapshot-state(9)" || SnapshotState(0).valid() || SnapshotState(4).valid() {
+		t.Error("out-of-range states")
+	}
+	for from := SnapshotState(0); from <= 4; from++ {
+		for to := SnapshotState(0); to <= 4; to++ {
+			want := (from == SnapshotCreating && (to == SnapshotReady || to == SnapshotDeleting)) || (from == SnapshotReady && to == SnapshotDeleting)
+			if validSnapshotTransition(from, to) != want {
+				t.Errorf("%v → %v: %v", from, to, !want)
+			}
+		}
+	}
+}
