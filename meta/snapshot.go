@@ -150,14 +150,13 @@ func (s *State) SnapshotByID(id uint64) (volume string, snap VolumeSnapshot, ok 
 }
 
 func (s *State) findSnapshot(id uint64) (*Volume, *VolumeSnapshot) {
-	if id == 0 {
+	v, ok := s.vols[s.snaps[id]]
+	if !ok {
 		return nil, nil
 	}
-	for _, v := range s.vols {
-		for i := range v.Snapshots {
-			if v.Snapshots[i].ID == id {
-				return v, &v.Snapshots[i]
-			}
+	for i := range v.Snapshots {
+		if v.Snapshots[i].ID == id {
+			return v, &v.Snapshots[i]
 		}
 	}
 	return nil, nil
@@ -165,8 +164,10 @@ func (s *State) findSnapshot(id uint64) (*Volume, *VolumeSnapshot) {
 
 // Children returns the objects whose store parent is the snapshot with
 // ID id: snapshots (of any volume) and volumes (by name; the snapshot's
-// own volume, clones), each sorted. A snapshot with more than one child
-// cannot be deleted (its clusters would have to go to two maps).
+// own volume, clones), each sorted: the store forest as the registry
+// knows it. A snapshot that would be left more than one child cannot be
+// deleted (its clusters would have to go to two maps; see
+// liveChildren).
 func (s *State) Children(id uint64) (snaps []SnapshotRef, vols []string) {
 	if id == 0 {
 		return nil, nil
@@ -188,7 +189,8 @@ func (s *State) Children(id uint64) (snaps []SnapshotRef, vols []string) {
 
 // Clones returns the names of the volumes other than volume (sorted)
 // that are children of the snapshot with ID id, directly or through a
-// snapshot of theirs: the clones that keep it from being deleted.
+// snapshot of theirs: its clones, as listings show them (those being
+// deleted included; they no longer keep it from being deleted).
 func (s *State) Clones(volume string, id uint64) []string {
 	snaps, vols := s.Children(id)
 	var out []string
@@ -204,6 +206,28 @@ func (s *State) Clones(volume string, id uint64) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// Check is what CreateSnapshot requires of its own fields, whatever the
+// registry holds (as CreateVolume.Check): a snapshot name in the name
+// grammar, which keeps '@' out of it, so VOL@SNAP is never ambiguous.
+// Apply requires it too: snapshot names are new, so every one in the log
+// is in the grammar.
+func (c CreateSnapshot) Check() error { return checkNewName("snapshot name", c.Name) }
+
+// Check is what CloneVolume requires of its own fields, whatever the
+// registry holds (as CreateVolume.Check): the clone's name in the name
+// grammar, its NQN (when given) and replica secret well formed.
+func (c CloneVolume) Check() error {
+	if err := CheckVolumeName(c.Name); err != nil {
+		return err
+	}
+	if c.NQN != "" {
+		if err := checkNQN(c.NQN); err != nil {
+			return err
+		}
+	}
+	return checkReplicaSecret(c.Name, c.ReplicaSecret)
 }
 
 // snapName is how messages name a snapshot: VOL@SNAP.
@@ -236,15 +260,24 @@ func (v *Volume) snapshot(name string) (*VolumeSnapshot, error) {
 	return &v.Snapshots[i], nil
 }
 
+// creatingSnapshot is v's snapshot being taken, nil if none (there is
+// at most one).
+func (v *Volume) creatingSnapshot() *VolumeSnapshot {
+	for i := range v.Snapshots {
+		if v.Snapshots[i].State == SnapshotCreating {
+			return &v.Snapshots[i]
+		}
+	}
+	return nil
+}
+
 // checkQuiet says why the live map of v cannot change base now (a
 // snapshot, a revert, a flatten): a snapshot of it being taken, or its
 // parent snapshot being deleted, which its nodes do by merging that
 // snapshot into v's live map.
 func (s *State) checkQuiet(v *Volume) error {
-	for i := range v.Snapshots {
-		if sn := &v.Snapshots[i]; sn.State == SnapshotCreating {
-			return fmt.Errorf("meta: volume %q: snapshot %s is being taken: retry once it is done: %w", v.Name, snapName(v.Name, sn.Name), ErrBusy)
-		}
+	if sn := v.creatingSnapshot(); sn != nil {
+		return fmt.Errorf("meta: volume %q: snapshot %s is being taken: retry once it is done: %w", v.Name, snapName(v.Name, sn.Name), ErrBusy)
 	}
 	if pv, p := s.findSnapshot(v.Parent); p != nil && p.State == SnapshotDeleting {
 		return fmt.Errorf("meta: volume %q: its base %s is being deleted (merged into it): retry once it is gone: %w", v.Name, snapName(pv.Name, p.Name), ErrBusy)
@@ -260,7 +293,7 @@ func (s *State) createSnapshot(c CreateSnapshot) Result {
 	if !serving(v.State) {
 		return Result{Err: fmt.Errorf("meta: volume %q is %v: %w", v.Name, v.State, ErrVolumeNotOnline)}
 	}
-	if err := checkNewName("snapshot name", c.Name); err != nil {
+	if err := c.Check(); err != nil {
 		return Result{Err: err}
 	}
 	if i := v.snapshotIndex(c.Name); i >= 0 {
@@ -286,6 +319,7 @@ func (s *State) createSnapshot(c CreateSnapshot) Result {
 	}
 	s.nextVol++
 	v.Snapshots = append(v.Snapshots, sn)
+	s.snaps[sn.ID] = v.Name
 	return snapResult(v, len(v.Snapshots)-1)
 }
 
@@ -307,7 +341,7 @@ func (s *State) snapshotDone(c SnapshotDone) Result {
 		return Result{Err: err}
 	}
 	name := snapName(v.Name, c.Name)
-	if sn.State != SnapshotCreating {
+	if !validSnapshotTransition(sn.State, SnapshotReady) {
 		return Result{Err: fmt.Errorf("meta: snapshot %s is %v, not being taken: %w", name, sn.State, ErrBadTransition)}
 	}
 	if sn.Parent != v.Parent {
@@ -343,6 +377,36 @@ func (s *State) childNames(snaps []SnapshotRef, vols []string) []string {
 	return append(out, vols...)
 }
 
+// liveChildren is what the children snaps and vols of a snapshot leave
+// it once the nodes have freed those being deleted: a deleting volume is
+// a leaf and leaves nothing; a deleting snapshot is merged into its own
+// children, which take its place (recursively). The nodes merge a
+// snapshot into its one child, so that is what must count, not the
+// direct children: counting only those, a snapshot could be deleted
+// with one child left while a deleting child of it still had one.
+func (s *State) liveChildren(snaps []SnapshotRef, vols []string) ([]SnapshotRef, []string) {
+	var outSnaps []SnapshotRef
+	var outVols []string
+	for _, n := range vols {
+		if s.vols[n].State != VolumeDeleting {
+			outVols = append(outVols, n)
+		}
+	}
+	for _, r := range snaps {
+		if _, c := s.findSnapshot(r.ID); c.State != SnapshotDeleting {
+			outSnaps = append(outSnaps, r)
+			continue
+		}
+		// The chain is a forest (checked at load, kept by every
+		// command), so this ends.
+		cs, cv := s.liveChildren(s.Children(r.ID))
+		outSnaps, outVols = append(outSnaps, cs...), append(outVols, cv...)
+	}
+	slices.SortFunc(outSnaps, func(a, b SnapshotRef) int { return strings.Compare(a.String(), b.String()) })
+	slices.Sort(outVols)
+	return outSnaps, outVols
+}
+
 // checkDeletable says why snapshot sn of v cannot be deleted now. Its
 // nodes free it by merging its clusters into its one child, so it may
 // have at most one; that child must not be changing base itself (a
@@ -350,17 +414,34 @@ func (s *State) childNames(snaps []SnapshotRef, vols []string) []string {
 func (s *State) checkDeletable(v *Volume, sn *VolumeSnapshot) error {
 	name := snapName(v.Name, sn.Name)
 	snaps, vols := s.Children(sn.ID)
-	if len(snaps)+len(vols) > 1 {
-		if clones := s.Clones(v.Name, sn.ID); len(clones) > 0 {
-			return fmt.Errorf("meta: snapshot %s has clones %s: flatten them (blkctl volume flatten %s) or delete them first: %w", name, strings.Join(clones, ", "), clones[0], ErrHasClones)
-		}
-		all := s.childNames(snaps, vols)
-		return fmt.Errorf("meta: snapshot %s is the base of %s and of %s: delete %s first: %w", name, strings.Join(all[:len(all)-1], ", "), all[len(all)-1], all[0], ErrHasChildren)
-	}
+	// A snapshot being taken has the same parent as its volume: its
+	// base then has two children, but the news an operator needs is
+	// that the barrier is running.
 	for _, r := range snaps {
 		if _, c := s.findSnapshot(r.ID); c.State == SnapshotCreating {
 			return fmt.Errorf("meta: snapshot %s: %s is being taken on it: retry once it is done: %w", name, r, ErrBusy)
 		}
+	}
+	snaps, vols = s.liveChildren(snaps, vols)
+	if len(snaps)+len(vols) > 1 {
+		var clones []string
+		for _, r := range snaps {
+			if r.Volume != v.Name {
+				clones = append(clones, r.Volume)
+			}
+		}
+		for _, n := range vols {
+			if n != v.Name {
+				clones = append(clones, n)
+			}
+		}
+		if len(clones) > 0 {
+			slices.Sort(clones)
+			clones = slices.Compact(clones)
+			return fmt.Errorf("meta: snapshot %s has clones %s: flatten them (blkctl volume flatten %s) or delete them first: %w", name, strings.Join(clones, ", "), clones[0], ErrHasClones)
+		}
+		all := s.childNames(snaps, vols)
+		return fmt.Errorf("meta: snapshot %s is the base of %s and of %s: delete %s first: %w", name, strings.Join(all[:len(all)-1], ", "), all[len(all)-1], all[0], ErrHasChildren)
 	}
 	for _, n := range vols {
 		w := s.vols[n]
@@ -383,7 +464,7 @@ func (s *State) deleteSnapshot(c DeleteSnapshot) Result {
 	if err != nil {
 		return Result{Err: err}
 	}
-	if sn.State == SnapshotDeleting {
+	if !validSnapshotTransition(sn.State, SnapshotDeleting) {
 		return Result{Err: fmt.Errorf("meta: snapshot %s is being deleted already: %w", snapName(v.Name, c.Name), ErrBadTransition)}
 	}
 	if err := s.checkDeletable(v, sn); err != nil {
@@ -410,6 +491,7 @@ func (s *State) purgeSnapshot(c PurgeSnapshot) Result {
 	if len(v.Snapshots) == 0 {
 		v.Snapshots = nil
 	}
+	delete(s.snaps, id)
 	// Its nodes merged it into its one child, which now reads through
 	// its parent: re-parent, and move a clone's origin up the chain.
 	var origin *SnapshotRef
@@ -470,24 +552,18 @@ func (s *State) cloneVolume(c CloneVolume) Result {
 	if sn.State != SnapshotReady {
 		return Result{Err: fmt.Errorf("meta: snapshot %s is %v: %w", name, sn.State, ErrSnapshotNotReady)}
 	}
-	if err := CheckVolumeName(c.Name); err != nil {
+	if err := c.Check(); err != nil {
 		return Result{Err: err}
 	}
 	nqn := c.NQN
 	if nqn == "" {
 		nqn = DefaultNQN(c.Name)
 	}
-	if err := checkNQN(nqn); err != nil {
-		return Result{Err: err}
-	}
 	if _, ok := s.vols[c.Name]; ok {
 		return Result{Err: fmt.Errorf("meta: volume %q: %w", c.Name, ErrVolumeExists)}
 	}
 	if other, ok := s.nqns[nqn]; ok {
 		return Result{Err: fmt.Errorf("meta: NQN %q belongs to volume %q: %w", nqn, other, ErrNQNInUse)}
-	}
-	if err := checkReplicaSecret(c.Name, c.ReplicaSecret); err != nil {
-		return Result{Err: err}
 	}
 	nodes := s.cloneNodes(src, sn)
 	if len(nodes) == 0 {
@@ -661,8 +737,8 @@ func (v *Volume) dropSnapshotNode(node string) {
 }
 
 // checkDeleteSnapshots is DeleteVolume's check of v's snapshots: with
-// them, none may have a clone; without, it may have none but those
-// being deleted already.
+// them, none may have a clone not being deleted; without, it may have
+// none but those being deleted already.
 func (s *State) checkDeleteSnapshots(v *Volume, with bool) error {
 	if !with {
 		if names := v.snapshotNames(false); len(names) > 0 {
@@ -670,10 +746,28 @@ func (s *State) checkDeleteSnapshots(v *Volume, with bool) error {
 		}
 		return nil
 	}
+	// One pass over the registry, not one per snapshot. A volume's
+	// objects (it, its snapshots) form one tree whose root reads through
+	// its CloneOf (kept by every command), so a volume not being deleted
+	// whose CloneOf is one of v's snapshots is what keeps them: whether
+	// it reads through that snapshot directly, through snapshots of its
+	// own, or through some being deleted.
+	own := make(map[uint64]bool, len(v.Snapshots))
+	for i := range v.Snapshots {
+		own[v.Snapshots[i].ID] = true
+	}
+	clones := map[uint64][]string{}
+	for _, w := range s.vols {
+		if w != v && w.State != VolumeDeleting && w.CloneOf != nil && own[w.CloneOf.ID] {
+			clones[w.CloneOf.ID] = append(clones[w.CloneOf.ID], w.Name)
+		}
+	}
 	for i := range v.Snapshots {
 		sn := &v.Snapshots[i]
-		if clones := s.Clones(v.Name, sn.ID); len(clones) > 0 {
-			return fmt.Errorf("meta: snapshot %s has clones %s: flatten them (blkctl volume flatten %s) or delete them first: %w", snapName(v.Name, sn.Name), strings.Join(clones, ", "), clones[0], ErrHasClones)
+		if names := clones[sn.ID]; len(names) > 0 {
+			slices.Sort(names)
+			names = slices.Compact(names)
+			return fmt.Errorf("meta: snapshot %s has clones %s: flatten them (blkctl volume flatten %s) or delete them first: %w", snapName(v.Name, sn.Name), strings.Join(names, ", "), names[0], ErrHasClones)
 		}
 	}
 	return nil

@@ -350,6 +350,7 @@ type State struct {
 	vols    map[string]*Volume
 	nqns    map[string]string // subsystem NQN → volume name
 	conns   map[connKey]*Connection
+	snaps   map[uint64]string // snapshot ID → its volume's name
 }
 
 // NewState returns an empty registry.
@@ -360,6 +361,7 @@ func NewState() *State {
 		vols:    make(map[string]*Volume),
 		nqns:    make(map[string]string),
 		conns:   make(map[connKey]*Connection),
+		snaps:   make(map[uint64]string),
 	}
 }
 
@@ -794,6 +796,11 @@ func (s *State) resizeVolume(c ResizeVolume) Result {
 	if c.SizeBytes < v.SizeBytes {
 		return Result{Err: fmt.Errorf("meta: volume %q: %d < %d bytes: %w", c.Name, c.SizeBytes, v.SizeBytes, ErrShrink)}
 	}
+	if sn := v.creatingSnapshot(); sn != nil && c.SizeBytes != v.SizeBytes {
+		// The snapshot records the size it was asked at; its nodes
+		// must take it at that size.
+		return Result{Err: fmt.Errorf("meta: volume %q: snapshot %s is being taken: resize it once that is done: %w", c.Name, snapName(v.Name, sn.Name), ErrBusy)}
+	}
 	v.SizeBytes = c.SizeBytes
 	cp := v.clone()
 	return Result{Volume: &cp}
@@ -1097,6 +1104,9 @@ func UnmarshalState(b []byte) (*State, error) {
 		}
 		s.vols[v.Name] = &v
 		s.nqns[v.NQN] = v.Name
+		for _, sn := range v.Snapshots {
+			s.snaps[sn.ID] = v.Name // duplicates: checkSnapshots refuses them
+		}
 	}
 	if err := s.checkSnapshots(); err != nil {
 		return bad("%v", err)

@@ -117,6 +117,9 @@ func runTranscript(t *testing.T, path string) {
 					d += ": " + r.Err.Error()
 				}
 				got = append(got, fmt.Sprintf("%d %s: %s", index, name, d))
+				if err := snapshotInvariants(s); err != nil {
+					t.Errorf("%s:%d: after %s: %v", path, start, in, err)
+				}
 			}
 		case "state":
 			got = describeState(s)
