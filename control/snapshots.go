@@ -273,8 +273,12 @@ func (m *Manager) Snapshot(ctx context.Context, volume, name string) (meta.Volum
 	if err != nil {
 		return meta.Volume{}, meta.VolumeSnapshot{}, 0, err
 	}
+	cmd := meta.CreateSnapshot{Volume: volume, Name: name, At: m.Now().UnixNano()}
+	if err := cmd.Check(); err != nil {
+		return meta.Volume{}, meta.VolumeSnapshot{}, 0, err
+	}
 	defer m.lock(volume)()
-	res, err := m.reg.Apply(ctx, meta.CreateSnapshot{Volume: volume, Name: name, At: m.Now().UnixNano()})
+	res, err := m.reg.Apply(ctx, cmd)
 	if err != nil {
 		return meta.Volume{}, meta.VolumeSnapshot{}, 0, err
 	}
@@ -368,6 +372,9 @@ func (m *Manager) Clone(ctx context.Context, volume, snap, name, nqn string) (me
 		return meta.Volume{}, err
 	}
 	cmd := meta.CloneVolume{Name: name, Volume: volume, Snapshot: snap, NQN: nqn, At: m.Now().UnixNano()}
+	if err := cmd.Check(); err != nil {
+		return meta.Volume{}, err
+	}
 	if s, ok := src.Snapshot(snap); ok && len(s.Nodes) > 1 {
 		rs, err := NewReplicaSecret()
 		if err != nil {
