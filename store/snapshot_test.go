@@ -1,9 +1,11 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 
@@ -42,7 +44,13 @@ type sobj struct {
 	parent ID
 	bs     uint32
 	tags   []uint64
+	own    map[uint64]uint8 // cluster index -> ownCluster or ownTomb (absent: read through the parent)
 }
+
+const (
+	ownCluster = 1
+	ownTomb    = 2
+)
 
 type smodel struct {
 	objs map[ID]*sobj
@@ -60,14 +68,104 @@ func (m *smodel) sorted(kind Kind) []*sobj {
 	return out
 }
 
-func (m *smodel) children(id ID) int {
-	n := 0
+func (m *smodel) children(id ID) int { return len(m.kids(id)) }
+
+func (m *smodel) kids(id ID) []*sobj {
+	var out []*sobj
 	for _, o := range m.objs {
 		if o.parent == id {
-			n++
+			out = append(out, o)
 		}
 	}
-	return n
+	return out
+}
+
+// reads says what o reads at cluster index i: ownCluster (data, its own
+// or an ancestor's) or 0 (zeros).
+func (m *smodel) reads(o *sobj, i uint64) uint8 {
+	for ; o != nil; o = m.objs[o.parent] {
+		switch o.own[i] {
+		case ownCluster:
+			return ownCluster
+		case ownTomb:
+			return 0
+		}
+		if o.parent == 0 {
+			return 0
+		}
+	}
+	return 0
+}
+
+// parentHas says whether an ancestor of o owns cluster index i (data or
+// a tombstone).
+func (m *smodel) parentHas(o *sobj, i uint64) bool {
+	for a := m.objs[o.parent]; a != nil; a = m.objs[a.parent] {
+		if a.own[i] != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *smodel) parentReads(o *sobj, i uint64) bool {
+	return o.parent != 0 && m.reads(m.objs[o.parent], i) == ownCluster
+}
+
+// cpb is the blocks per cluster of o.
+func cpb(o *sobj) uint64 { return (16 << 10) / uint64(o.bs) }
+
+// nclusters is the clusters o's size spans.
+func nclusters(o *sobj) uint64 { return (uint64(len(o.tags)) + cpb(o) - 1) / cpb(o) }
+
+// written: a write (or a partial write zeroes over a read cluster) made
+// cluster i of o its own.
+func (m *smodel) written(o *sobj, i uint64) { o.own[i] = ownCluster }
+
+// removed: blocks [lba, lba+n) of o write zeroes: whole clusters become
+// tombstones (where the parent reads data) or nothing; a partial one
+// read through the parent's data is copied.
+func (m *smodel) removed(o *sobj, lba, n uint64) {
+	c := cpb(o)
+	for i := lba / c; i*c < lba+n; i++ {
+		whole := i*c >= lba && (i+1)*c <= lba+n
+		switch {
+		case whole && o.own[i] == ownCluster && m.parentHas(o, i):
+			o.own[i] = ownTomb
+		case whole && o.own[i] == ownCluster:
+			delete(o.own, i)
+		case whole && o.own[i] == 0 && m.parentReads(o, i):
+			o.own[i] = ownTomb
+		case !whole && o.own[i] == 0 && m.parentReads(o, i):
+			o.own[i] = ownCluster
+		}
+	}
+}
+
+// space is what SpaceOf must say of o, in clusters.
+func (m *smodel) space(o *sobj) (owned, shared, excl uint64) {
+	kids := m.kids(o.id)
+	for i, st := range o.own {
+		if st != ownCluster {
+			continue
+		}
+		owned++
+		hidden := true
+		for _, k := range kids {
+			if i < nclusters(k) && k.own[i] == 0 {
+				hidden = false
+			}
+		}
+		if hidden {
+			excl++
+		}
+	}
+	for i := range nclusters(o) {
+		if o.own[i] == 0 && m.parentReads(o, i) {
+			shared++
+		}
+	}
+	return
 }
 
 // verifyObj reads o whole and compares every block with the model.
@@ -100,6 +198,8 @@ func verifyObj(s *Store, o *sobj, buf []byte) error {
 	return nil
 }
 
+var debugSnap = os.Getenv("BLK_SNAPDEBUG") != ""
+
 func snapModelOnce(seed uint64, nops int) error {
 	rng := rand.New(rand.NewPCG(seed, 0x5a9))
 	fs := vfs.NewMem()
@@ -120,7 +220,7 @@ func snapModelOnce(seed uint64, nops int) error {
 		if _, err := s.Create(id, CreateOptions{SizeBytes: blocks * uint64(bs), BlockSize: bs}); err != nil {
 			return err
 		}
-		m.objs[id] = &sobj{id: id, kind: KindVolume, bs: bs, tags: make([]uint64, blocks)}
+		m.objs[id] = &sobj{id: id, kind: KindVolume, bs: bs, tags: make([]uint64, blocks), own: map[uint64]uint8{}}
 		return nil
 	}
 	for range 2 {
@@ -135,7 +235,17 @@ func snapModelOnce(seed uint64, nops int) error {
 		vols := m.sorted(KindVolume)
 		snaps := m.sorted(KindSnapshot)
 		var touched *sobj
-		switch r := rng.IntN(100); {
+		r := rng.IntN(100)
+		if debugSnap {
+			for _, o := range m.sorted(KindVolume) {
+				fmt.Printf("  vol %d parent %d own %v\n", o.id, o.parent, o.own)
+			}
+			for _, o := range m.sorted(KindSnapshot) {
+				fmt.Printf("  snap %d parent %d own %v\n", o.id, o.parent, o.own)
+			}
+			fmt.Println("op", k, "r", r)
+		}
+		switch {
 		case r < 40 && len(vols) > 0: // write 1 block to 3 clusters at a random offset
 			o := vols[rng.IntN(len(vols))]
 			B := uint64(o.bs)
@@ -148,6 +258,7 @@ func snapModelOnce(seed uint64, nops int) error {
 			for i := range n {
 				fillTagged(b[i*B:(i+1)*B], 0, lba+i, tag)
 				o.tags[lba+i] = tag
+				m.written(o, (lba+i)/cpb(o))
 			}
 			v, err := s.Volume(o.id)
 			if err != nil {
@@ -162,6 +273,7 @@ func snapModelOnce(seed uint64, nops int) error {
 			n := 1 + rng.Uint64N(min(uint64(len(o.tags)), 4*C/uint64(o.bs)))
 			lba := rng.Uint64N(uint64(len(o.tags)) - n + 1)
 			clear(o.tags[lba : lba+n])
+			m.removed(o, lba, n)
 			v, err := s.Volume(o.id)
 			if err != nil {
 				return err
@@ -185,8 +297,8 @@ func snapModelOnce(seed uint64, nops int) error {
 			if err := s.Snapshot(o.id, id); err != nil { // idempotent
 				return fmt.Errorf("op %d: snapshot %d of %d again: %w", k, id, o.id, err)
 			}
-			m.objs[id] = &sobj{id: id, kind: KindSnapshot, parent: o.parent, bs: o.bs, tags: slices.Clone(o.tags)}
-			o.parent = id
+			m.objs[id] = &sobj{id: id, kind: KindSnapshot, parent: o.parent, bs: o.bs, tags: slices.Clone(o.tags), own: o.own}
+			o.parent, o.own = id, map[uint64]uint8{}
 			touched = m.objs[id]
 		case r < 68 && len(snaps) > 0 && len(m.objs) < 14: // clone
 			o := snaps[rng.IntN(len(snaps))]
@@ -198,7 +310,7 @@ func snapModelOnce(seed uint64, nops int) error {
 			if err := s.Clone(o.id, id); err != nil {
 				return fmt.Errorf("op %d: clone %d of %d again: %w", k, id, o.id, err)
 			}
-			m.objs[id] = &sobj{id: id, kind: KindVolume, parent: o.id, bs: o.bs, tags: slices.Clone(o.tags)}
+			m.objs[id] = &sobj{id: id, kind: KindVolume, parent: o.id, bs: o.bs, tags: slices.Clone(o.tags), own: map[uint64]uint8{}}
 			touched = m.objs[id]
 		case r < 72 && len(vols) > 0: // grow
 			o := vols[rng.IntN(len(vols))]
@@ -207,6 +319,9 @@ func snapModelOnce(seed uint64, nops int) error {
 				add = uint64(1 + rng.IntN(10))
 			}
 			nb := uint64(len(o.tags)) + add
+			if old := uint64(len(o.tags)); old%cpb(o) != 0 && o.own[old/cpb(o)] == 0 && m.parentReads(o, old/cpb(o)) {
+				o.own[old/cpb(o)] = ownCluster // zeroTail copies it with zeros past the old end
+			}
 			if err := s.Resize(o.id, nb*uint64(o.bs), false); err != nil {
 				return fmt.Errorf("op %d: grow %d: %w", k, o.id, err)
 			}
@@ -216,17 +331,98 @@ func snapModelOnce(seed uint64, nops int) error {
 			all := append(vols, snaps...)
 			o := all[rng.IntN(len(all))]
 			err := s.Delete(o.id)
-			if m.children(o.id) > 0 {
+			kids := m.kids(o.id)
+			if len(kids) > 1 {
 				if !errors.Is(err, ErrHasChildren) {
-					return fmt.Errorf("op %d: delete of %v %d with children: %v, want ErrHasChildren", k, o.kind, o.id, err)
+					return fmt.Errorf("op %d: delete of %v %d with %d children: %v, want ErrHasChildren", k, o.kind, o.id, len(kids), err)
 				}
 				break
 			}
 			if err != nil {
 				return fmt.Errorf("op %d: delete %v %d: %w", k, o.kind, o.id, err)
 			}
+			if len(kids) == 1 { // merged into its one child
+				c := kids[0]
+				for i, st := range o.own {
+					if c.own[i] == 0 && (st == ownCluster || o.parent != 0) {
+						c.own[i] = st
+					}
+				}
+				c.parent = o.parent
+				if c.parent == 0 {
+					dropTombs(c)
+				}
+				touched = c
+			}
 			delete(m.objs, o.id)
-		case r < 81: // the refusals
+		case r < 80 && len(vols) > 0: // revert to an ancestor, by token; a retry is a no-op
+			o := vols[rng.IntN(len(vols))]
+			var anc []*sobj
+			for a := m.objs[o.parent]; a != nil; a = m.objs[a.parent] {
+				anc = append(anc, a)
+			}
+			if len(anc) == 0 {
+				break
+			}
+			a := anc[rng.IntN(len(anc))]
+			token := uint64(k + 1)
+			if err := s.Revert(o.id, a.id, token); err != nil {
+				return fmt.Errorf("op %d: revert %d to %d: %w", k, o.id, a.id, err)
+			}
+			o.tags, o.parent, o.own = slices.Clone(a.tags), a.id, map[uint64]uint8{}
+			if err := verifyObj(s, o, rbuf); err != nil {
+				return fmt.Errorf("op %d: after revert: %w", k, err)
+			}
+			if len(snaps) > 0 { // a retry with the same token, even naming another snapshot
+				if err := s.Revert(o.id, snaps[0].id, token); err != nil {
+					return fmt.Errorf("op %d: revert retry: %w", k, err)
+				}
+			}
+			touched = o
+		case r < 82 && len(vols) > 0: // flatten, whole or cancelled after a few clusters
+			o := vols[rng.IntN(len(vols))]
+			v, err := s.Volume(o.id)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			stop := -1
+			if rng.IntN(3) == 0 {
+				stop = rng.IntN(4)
+			}
+			copied := 0
+			s.testHook = func(p hookPoint) {
+				if p == hookFlattenChunk {
+					if copied++; copied == stop {
+						cancel()
+					}
+				}
+			}
+			var last uint64
+			err = v.Flatten(ctx, func(done, total uint64) { last = done })
+			s.testHook = nil
+			cancel()
+			// The model: the first copied inherited clusters become its own.
+			n := 0
+			for i := range nclusters(o) {
+				if o.own[i] == 0 && m.parentReads(o, i) && (err == nil || n < copied) {
+					o.own[i] = ownCluster
+					n++
+				}
+			}
+			switch {
+			case errors.Is(err, context.Canceled):
+			case err != nil:
+				return fmt.Errorf("op %d: flatten %d: %w", k, o.id, err)
+			default:
+				if last != uint64(n) && n > 0 {
+					return fmt.Errorf("op %d: flatten %d: progress said %d copied, the model %d", k, o.id, last, n)
+				}
+				o.parent = 0
+				dropTombs(o)
+			}
+			touched = o
+		case r < 84: // the refusals
 			if len(snaps) > 0 {
 				o := snaps[rng.IntN(len(snaps))]
 				v, err := s.Volume(o.id)
@@ -262,18 +458,18 @@ func snapModelOnce(seed uint64, nops int) error {
 					break
 				}
 			}
-		case r < 84:
+		case r < 86:
 			if err := s.Flush(); err != nil {
 				return err
 			}
-		case r < 87: // clean reopen
+		case r < 89: // clean reopen
 			if err := s.Close(); err != nil {
 				return fmt.Errorf("op %d: close: %w", k, err)
 			}
 			if s, err = Open(cfg); err != nil {
 				return fmt.Errorf("op %d: reopen: %w", k, err)
 			}
-		case r < 89 && len(m.objs) < 14:
+		case r < 91 && len(m.objs) < 14:
 			if err := create(); err != nil {
 				return err
 			}
@@ -282,10 +478,21 @@ func snapModelOnce(seed uint64, nops int) error {
 			if err := verifyObj(s, touched, rbuf); err != nil {
 				return fmt.Errorf("op %d: %w", k, err)
 			}
+			if err := checkSpace(s, m, touched); err != nil {
+				return fmt.Errorf("op %d: %w", k, err)
+			}
+			if err := checkChanges(s, m, touched, rng, rbuf); err != nil {
+				return fmt.Errorf("op %d: %w", k, err)
+			}
 		}
-		if k%25 == 0 {
+		if k%25 == 0 || debugSnap {
 			if err := s.Check(); err != nil {
 				return fmt.Errorf("op %d: %w", k, err)
+			}
+			for _, o := range m.objs {
+				if err := checkSpace(s, m, o); err != nil {
+					return fmt.Errorf("op %d (full check): %w", k, err)
+				}
 			}
 		}
 	}
@@ -309,6 +516,137 @@ func snapModelOnce(seed uint64, nops int) error {
 		}
 	}
 	return drain(s)
+}
+
+// dropTombs: o has no parent any more; its tombstones read as holes.
+func dropTombs(o *sobj) {
+	for i, st := range o.own {
+		if st == ownTomb {
+			delete(o.own, i)
+		}
+	}
+}
+
+// checkSpace compares SpaceOf and MappedOwn of o with the model, and the
+// sum of every object's owned space with the store's mapped clusters.
+func checkSpace(s *Store, m *smodel, o *sobj) error {
+	const C = 16 << 10
+	sp, err := s.SpaceOf(o.id)
+	if err != nil {
+		return err
+	}
+	owned, shared, excl := m.space(o)
+	if o.kind == KindVolume {
+		excl = owned
+	}
+	if sp != (ObjectSpace{owned * C, shared * C, excl * C}) {
+		return fmt.Errorf("%v %d (parent %d): space %+v; the model: owned %d, shared %d, exclusive %d clusters", o.kind, o.id, o.parent, sp, owned, shared, excl)
+	}
+	var sum uint64
+	for _, x := range m.objs {
+		n, _, _ := m.space(x)
+		sum += n
+	}
+	if st := s.Stats(); st.Mapped != sum {
+		return fmt.Errorf("%d clusters mapped, the objects own %d", st.Mapped, sum)
+	}
+	v, err := s.Volume(o.id)
+	if err != nil {
+		return err
+	}
+	c := cpb(o)
+	got := make([]uint8, len(o.tags))
+	err = v.MappedOwn(0, ^uint64(0), func(lba, n uint64, zero bool) error {
+		for b := lba; b < lba+n; b++ {
+			if got[b] != 0 {
+				return fmt.Errorf("block %d reported twice", b)
+			}
+			got[b] = map[bool]uint8{false: ownCluster, true: ownTomb}[zero]
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for b := range uint64(len(o.tags)) {
+		if got[b] != o.own[b/c] {
+			return fmt.Errorf("%v %d block %d: MappedOwn says %d, the model %d", o.kind, o.id, b, got[b], o.own[b/c])
+		}
+	}
+	return nil
+}
+
+// checkChanges runs Changes from a random ancestor of o (or 0) to o and
+// checks it with the model, and by content: a block not reported reads
+// the same in both (zeros, from 0).
+func checkChanges(s *Store, m *smodel, o *sobj, rng *rand.Rand, buf []byte) error {
+	var anc []*sobj
+	for a := m.objs[o.parent]; a != nil; a = m.objs[a.parent] {
+		anc = append(anc, a)
+	}
+	var from *sobj
+	if n := rng.IntN(len(anc) + 1); n < len(anc) {
+		from = anc[n]
+	}
+	fromID := ID(0)
+	if from != nil {
+		fromID = from.id
+	}
+	got := make([]uint8, len(o.tags))
+	err := s.Changes(fromID, o.id, func(lba, n uint64, zero bool) error {
+		for b := lba; b < lba+n; b++ {
+			if got[b] != 0 {
+				return fmt.Errorf("block %d reported twice", b)
+			}
+			got[b] = map[bool]uint8{false: ownCluster, true: ownTomb}[zero]
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("changes %d..%d: %w", fromID, o.id, err)
+	}
+	c := cpb(o)
+	for b := range uint64(len(o.tags)) {
+		want := uint8(0)
+		for x := o; x != nil && x != from; x = m.objs[x.parent] {
+			if st := x.own[b/c]; st != 0 {
+				want = st
+				break
+			}
+			if x.parent == 0 {
+				break
+			}
+		}
+		if from == nil && want == ownTomb {
+			want = 0
+		}
+		if got[b] != want {
+			return fmt.Errorf("changes %d..%d block %d: %d, the model %d", fromID, o.id, b, got[b], want)
+		}
+		if want == 0 {
+			base := uint64(0)
+			if from != nil && b < uint64(len(from.tags)) {
+				base = from.tags[b]
+			}
+			if o.tags[b] != base {
+				return fmt.Errorf("changes %d..%d block %d: not reported, and reads %d, not %d", fromID, o.id, b, o.tags[b], base)
+			}
+		}
+	}
+	// Not an ancestor: a sibling or o's own child.
+	for _, x := range m.objs {
+		isAnc := x == o
+		for _, a := range anc {
+			isAnc = isAnc || a == x
+		}
+		if !isAnc {
+			if err := s.Changes(x.id, o.id, func(uint64, uint64, bool) error { return nil }); !errors.Is(err, ErrNotAncestor) {
+				return fmt.Errorf("changes %d..%d (not an ancestor): %v, want ErrNotAncestor", x.id, o.id, err)
+			}
+			break
+		}
+	}
+	return nil
 }
 
 // TestSnapshotCrash crashes the store at each step of a snapshot, a clone
