@@ -127,6 +127,9 @@ const (
 )
 
 func (p hookPoint) String() string {
+	if p >= numHookPoints {
+		return fmt.Sprintf("hookPoint(%d)", uint8(p))
+	}
 	return [...]string{"reserved", "data-written", "map-committed", "freed", "limbo-zeroed",
 		"area-synced", "release-zeroed", "size-committed", "grown", "watermark-zeroed", "watermark-synced", "migrated",
 		"snap-flushed", "snap-committed", "clone-committed", "revert-committed", "merge-chunk", "merge-done",
