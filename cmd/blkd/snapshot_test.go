@@ -110,7 +110,7 @@ func TestSnapshotAPI(t *testing.T) {
 	mustRead(t, ns, 0, append(pattern('B', mib/2), pattern('A', mib/2)...), "v after the snapshot")
 
 	// Refusals.
-	d.refuse(t, "POST", "/v1/volumes/v/snapshots", `{"name": "s1"}`, 409, `v@s1.*already in use.*another name`)
+	d.refuse(t, "POST", "/v1/volumes/v/snapshots", `{"name": "s1"}`, 409, `v@s1 exists: choose another name`)
 	d.refuse(t, "POST", "/v1/volumes/v/snapshots", `{"name": "a@b"}`, 400, `snapshot name`)
 	d.refuse(t, "POST", "/v1/volumes/v/snapshots", `{}`, 400, `missing "name"`)
 	d.refuse(t, "POST", "/v1/volumes/nope/snapshots", `{"name": "x"}`, 404, `unknown volume`)
@@ -120,7 +120,7 @@ func TestSnapshotAPI(t *testing.T) {
 	d.refuse(t, "POST", "/v1/volumes/v/snapshots/s1/clone", `{"name": "v"}`, 409, `already in use`)
 	d.refuse(t, "POST", "/v1/volumes/v/flatten", "", 409, `not a clone`)
 	d.refuse(t, "POST", "/v1/volumes/v/revert", `{"snapshot": "s1"}`, 409, `connected`)
-	d.refuse(t, "DELETE", "/v1/volumes/v?force=true", "", 409, `snapshots s1.*snapshots=true`)
+	d.refuse(t, "DELETE", "/v1/volumes/v?force=true", "", 409, `snapshots v@s1.*snapshots=true`)
 
 	// The listing, with the space the primary counts.
 	var l struct {

@@ -544,6 +544,10 @@ func (d *Daemon) revertVolume(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("%v", api.CheckName("snapshot name", req.Snapshot))
 	}
 	v, err := d.mgr.Revert(r.Context(), name, req.Snapshot)
+	if errors.Is(err, meta.ErrHasConnections) {
+		// Not metaError's hint: no force drops hosts under a revert.
+		return &apiError{http.StatusConflict, strings.ReplaceAll(err.Error(), ": meta: ", ": ") + ": a revert needs no host connected (blkctl detach " + name + " --host-nqn NQN, and disconnect the host)"}
+	}
 	if err != nil {
 		return metaError(err, "")
 	}
