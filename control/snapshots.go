@@ -162,10 +162,9 @@ func (r *Reconciler) reconcileSnapshots(st *Status, v meta.Volume) error {
 func (r *Reconciler) flatten(st *Status, v meta.Volume, ss SnapshotStore) {
 	f := r.flattens[v.ID]
 	if v.Flatten == nil || v.CloneOf == nil {
-		if f != nil {
-			f.cancel()
-			delete(r.flattens, v.ID)
-		}
+		// stopFlatten, not f.cancel(): a flatten found finished at start
+		// (the copy flat already) never had a cancel.
+		r.stopFlatten(v.ID)
 		return
 	}
 	if f == nil {
