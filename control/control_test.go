@@ -311,10 +311,13 @@ type owners struct {
 	reg  *fakeRegistry
 	recs map[string]*Reconciler
 	down map[string]bool
+	// lose, if set, says whether a call to Reconcile is lost (not
+	// answered) before it reaches node.
+	lose func(node string) bool
 }
 
 func (o *owners) Reconcile(_ context.Context, node, name string, _ uint64) (Status, error) {
-	if o.down[node] {
+	if o.down[node] || (o.lose != nil && o.lose(node)) {
 		return Status{}, errors.New("connection refused")
 	}
 	r := o.recs[node]

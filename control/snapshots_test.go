@@ -598,3 +598,203 @@ func TestSnapshotCrashBetweenSteps(t *testing.T) {
 		t.Logf("round %d: %d steps, %d crash-and-recover worlds checked", round, total, worlds)
 	}
 }
+
+// snapCluster is a cluster with volume a (8 MiB) and its snapshot s1.
+func snapCluster(t *testing.T) *cluster {
+	t.Helper()
+	ctx := context.Background()
+	c := newCluster(t)
+	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "a", SizeBytes: 8 << 20, Node: nodeID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, s, _, err := c.mgr.Snapshot(ctx, "a", "s1"); err != nil || s.State != meta.SnapshotReady {
+		t.Fatalf("snapshot a@s1: %+v %v", s, err)
+	}
+	return c
+}
+
+// mustCheck fails t unless c is converged (check) after a settle round.
+func mustCheck(t *testing.T, c *cluster) {
+	t.Helper()
+	if bad, err := c.mgr.Settle(context.Background()); err != nil || len(bad) != 0 {
+		t.Fatalf("settle: %v %v", bad, err)
+	}
+	if err := c.check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *cluster) volume(t *testing.T, name string) meta.Volume {
+	t.Helper()
+	v, ok := c.reg.state.Volume(name)
+	if !ok {
+		t.Fatalf("volume %q not registered", name)
+	}
+	return v
+}
+
+// TestDeleteSnapshotWithClone: a snapshot a clone reads through is not
+// deleted (meta.ErrHasClones, naming the clone) and stays whole in the
+// registry and the store; once the clone is flattened (no parent in the
+// store), it is, and its clusters are merged into its volume.
+func TestDeleteSnapshotWithClone(t *testing.T) {
+	ctx := context.Background()
+	c := snapCluster(t)
+	if _, err := c.mgr.Clone(ctx, "a", "s1", "b", ""); err != nil {
+		t.Fatal(err)
+	}
+	a := c.volume(t, "a")
+	s1, _ := a.Snapshot("s1")
+	b := c.volume(t, "b")
+	if o := c.store.vols[b.ID]; o.parent != s1.ID || o.size != s1.SizeBytes || o.snap {
+		t.Fatalf("clone in the store: %+v, want a volume on snapshot %d of %d bytes", o, s1.ID, s1.SizeBytes)
+	}
+	err := c.mgr.DeleteSnapshot(ctx, "a", "s1")
+	if !errors.Is(err, meta.ErrHasClones) || !strings.Contains(err.Error(), `clones b`) {
+		t.Fatalf("delete a@s1 with clone b: %v, want ErrHasClones naming b", err)
+	}
+	if a := c.volume(t, "a"); a.Snapshots[0].State != meta.SnapshotReady {
+		t.Fatalf("a@s1 after a refused delete: %v, want ready", a.Snapshots[0].State)
+	}
+	mustCheck(t, c)
+
+	if _, err := c.mgr.Flatten(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	c.runFlattens()
+	mustCheck(t, c)
+	if b := c.volume(t, "b"); b.CloneOf != nil || b.Parent != 0 || c.store.vols[b.ID].parent != 0 {
+		t.Fatalf("b after its flatten: clone of %v, parent %d, store parent %d; want none", b.CloneOf, b.Parent, c.store.vols[b.ID].parent)
+	}
+	if err := c.mgr.DeleteSnapshot(ctx, "a", "s1"); err != nil {
+		t.Fatalf("delete a@s1 once b is flat: %v", err)
+	}
+	if a := c.volume(t, "a"); len(a.Snapshots) != 0 || a.Parent != 0 {
+		t.Fatalf("a after its snapshot's delete: %+v", a)
+	}
+	if _, ok := c.store.vols[s1.ID]; ok {
+		t.Fatal("a@s1 still in the store")
+	}
+	mustCheck(t, c)
+}
+
+// TestRevertRefusedWhileConnected: a revert is refused while a host has
+// a live controller on the volume (no attachment needed), naming it,
+// and leaves the registry and the store as they were; with the host
+// gone it is applied once (by its token), the volume at the snapshot's
+// size.
+func TestRevertRefusedWhileConnected(t *testing.T) {
+	ctx := context.Background()
+	c := snapCluster(t)
+	if _, err := c.mgr.Resize(ctx, "a", 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	a := c.volume(t, "a")
+	const h1 = "nqn.2014-08.org.nvmexpress:uuid:h1"
+	c.tgt.subs[a.NQN].connected = []string{h1}
+	before, stored := c.reg.index, c.store.vols[a.ID]
+	_, err := c.mgr.Revert(ctx, "a", "s1")
+	if !errors.Is(err, meta.ErrHasConnections) || !strings.Contains(err.Error(), h1) {
+		t.Fatalf("revert with %s connected: %v, want ErrHasConnections naming it", h1, err)
+	}
+	if c.reg.index != before || c.store.vols[a.ID] != stored {
+		t.Fatalf("a refused revert changed the registry (index %d → %d) or the store (%+v → %+v)", before, c.reg.index, stored, c.store.vols[a.ID])
+	}
+
+	c.tgt.subs[a.NQN].connected = nil
+	v, err := c.mgr.Revert(ctx, "a", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, _ := v.Snapshot("s1")
+	if o := c.store.vols[a.ID]; v.SizeBytes != 8<<20 || v.Reverted == 0 || o.size != 8<<20 || o.parent != s1.ID || o.token != v.Reverted {
+		t.Fatalf("after the revert: registry %d bytes, token %d; store %+v; want 8 MiB on snapshot %d, the token applied", v.SizeBytes, v.Reverted, o, s1.ID)
+	}
+	reverts := func() int { return strings.Count(strings.Join(c.w.trace, " "), "store.revert") }
+	if n := reverts(); n != 1 {
+		t.Fatalf("%d store reverts, want 1", n)
+	}
+	// Applied once: neither the settle rounds nor a restart revert again
+	// (which would drop what was written since).
+	mustCheck(t, c)
+	c.restart()
+	c.recover(t)
+	if n := reverts(); n != 1 {
+		t.Fatalf("%d store reverts after a restart, want 1", n)
+	}
+	mustCheck(t, c)
+}
+
+// TestDeleteWithSnapshotsLeavesNothing: a volume with snapshots is not
+// deleted plainly (meta.ErrHasSnapshots), nor with them while one has a
+// clone (meta.ErrHasClones); once the clone is gone, deleting it with
+// its snapshots — a forest after a revert — leaves nothing in the
+// registry or the store.
+func TestDeleteWithSnapshotsLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	c := snapCluster(t)
+	for _, step := range []func() error{
+		func() error { _, err := c.mgr.Resize(ctx, "a", 12<<20); return err },
+		func() error { _, _, _, err := c.mgr.Snapshot(ctx, "a", "s2"); return err },
+		func() error { _, err := c.mgr.Revert(ctx, "a", "s1"); return err },
+		func() error { _, _, _, err := c.mgr.Snapshot(ctx, "a", "s3"); return err },
+		func() error { _, err := c.mgr.Clone(ctx, "a", "s2", "b", ""); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustCheck(t, c)
+	if err := c.mgr.Delete(ctx, "a", false); !errors.Is(err, meta.ErrHasSnapshots) {
+		t.Fatalf("plain delete of a volume with snapshots: %v, want ErrHasSnapshots", err)
+	}
+	if err := c.mgr.DeleteWith(ctx, "a", false, true); !errors.Is(err, meta.ErrHasClones) || !strings.Contains(err.Error(), "b") {
+		t.Fatalf("delete with snapshots, one with clone b: %v, want ErrHasClones naming b", err)
+	}
+	if len(c.store.vols) != 5 {
+		t.Fatalf("after refused deletes the store holds %d objects, want 5 (a, s1..s3, b)", len(c.store.vols))
+	}
+	mustCheck(t, c)
+	if err := c.mgr.Delete(ctx, "b", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.mgr.DeleteWith(ctx, "a", false, true); err != nil {
+		t.Fatalf("delete with snapshots: %v", err)
+	}
+	if vols, _ := c.reg.Volumes(ctx); len(vols) != 0 {
+		t.Fatalf("registry after the deletes: %+v", vols)
+	}
+	if len(c.store.vols) != 0 {
+		t.Fatalf("store after the deletes: %v, want nothing", c.store.vols)
+	}
+	mustCheck(t, c)
+}
+
+// TestSnapshotStoreFailure: a primary whose store fails the snapshot
+// makes Snapshot fail with ErrOwnerFailed and the store's reason; the
+// snapshot is deleted again (registry and store), and its name can be
+// taken once the store works.
+func TestSnapshotStoreFailure(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "a", SizeBytes: 8 << 20, Node: nodeID}); err != nil {
+		t.Fatal(err)
+	}
+	c.store.failSnapshot = errors.New("no space left on device")
+	_, _, _, err := c.mgr.Snapshot(ctx, "a", "s1")
+	if !errors.Is(err, ErrOwnerFailed) || !strings.Contains(err.Error(), "no space left") {
+		t.Fatalf("snapshot on a failing store: %v, want ErrOwnerFailed with the reason", err)
+	}
+	if a := c.volume(t, "a"); len(a.Snapshots) != 0 || a.Parent != 0 {
+		t.Fatalf("registry after a failed snapshot: snapshots %+v, parent %d", a.Snapshots, a.Parent)
+	}
+	if len(c.store.vols) != 1 {
+		t.Fatalf("store after a failed snapshot: %v, want volume a only", c.store.vols)
+	}
+	mustCheck(t, c)
+	c.store.failSnapshot = nil
+	if _, s, _, err := c.mgr.Snapshot(ctx, "a", "s1"); err != nil || s.State != meta.SnapshotReady {
+		t.Fatalf("snapshot once the store works: %+v %v", s, err)
+	}
+	mustCheck(t, c)
+}
