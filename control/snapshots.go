@@ -278,6 +278,17 @@ func (m *Manager) Snapshot(ctx context.Context, volume, name string) (meta.Volum
 		return meta.Volume{}, meta.VolumeSnapshot{}, 0, err
 	}
 	v := *res.Volume
+	if v.Reverted != 0 {
+		// A revert the registry holds but a node has not applied (its
+		// reconcile was lost) must be applied before the snapshot is
+		// taken: else the snapshot holds the volume as it was before,
+		// and the revert, applied later onto the new snapshot, is lost
+		// (TestSnapshotAfterUnappliedRevert). Applied ones cost a
+		// reconcile and no store change (the token says so).
+		if err := m.applyReverts(ctx, v, name, res.Index); err != nil {
+			return v, meta.VolumeSnapshot{}, 0, err
+		}
+	}
 	taken, err := taker.TakeSnapshot(ctx, v.Node, volume, name, res.Index)
 	if err != nil {
 		var ae interface{ Refused() bool }
@@ -294,6 +305,27 @@ func (m *Manager) Snapshot(ctx context.Context, volume, name string) (meta.Volum
 	}
 	s, _ := res.Volume.Snapshot(name)
 	return *res.Volume, s, taken.Held, nil
+}
+
+// applyReverts has the nodes of v's in-sync replicas (those that take
+// snapshot name) reconcile v as of index, which applies a revert not yet
+// applied; if one does not answer or fails, the snapshot is deleted
+// again and the error says which.
+func (m *Manager) applyReverts(ctx context.Context, v meta.Volume, name string, index uint64) error {
+	sts, errs := m.reconcileReplicas(ctx, v, index)
+	for _, node := range v.InSync() {
+		err := errs[node]
+		if err != nil {
+			err = fmt.Errorf("%w: snapshot %s@%s: node %s did not answer, so whether it applied the volume's revert is unknown: %v", ErrOwnerUnreachable, v.Name, name, node, err)
+		} else if st := sts[node]; st.State == StateFailed {
+			err = fmt.Errorf("%w: snapshot %s@%s: node %s: %s", ErrOwnerFailed, v.Name, name, node, st.Reason)
+		}
+		if err != nil {
+			m.dropSnapshot(context.WithoutCancel(ctx), v.Name, name)
+			return err
+		}
+	}
+	return nil
 }
 
 // dropSnapshot deletes a snapshot whose taking failed: the registry

@@ -798,3 +798,54 @@ func TestSnapshotStoreFailure(t *testing.T) {
 	}
 	mustCheck(t, c)
 }
+
+// TestSnapshotAfterUnappliedRevert: a revert the registry holds but the
+// node has not applied yet (its reconcile was lost) is applied before a
+// snapshot is taken: the snapshot holds what the volume reads after the
+// revert (the reverted-to snapshot's content and size), not what it
+// read before, and the store's parent links are the registry's.
+func TestSnapshotAfterUnappliedRevert(t *testing.T) {
+	ctx := context.Background()
+	c := snapCluster(t)
+	if _, err := c.mgr.Resize(ctx, "a", 12<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := c.mgr.Snapshot(ctx, "a", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	// Revert asks the node for its connected hosts, registers the
+	// revert, then asks the node to apply it: that call is lost.
+	calls := 0
+	c.owners.lose = func(string) bool { calls++; return calls == 2 }
+	if _, err := c.mgr.Revert(ctx, "a", "s1"); !errors.Is(err, ErrOwnerUnreachable) {
+		t.Fatalf("revert whose reconcile is lost: %v, want ErrOwnerUnreachable", err)
+	}
+	c.owners.lose = nil
+	a := c.volume(t, "a")
+	s1, _ := a.Snapshot("s1")
+	s2, _ := a.Snapshot("s2")
+	if o := c.store.vols[a.ID]; a.Reverted == 0 || o.token != 0 || o.parent != s2.ID {
+		t.Fatalf("setup: registry token %d, store %+v: want the revert registered and not applied", a.Reverted, o)
+	}
+	// The node does not answer: whether it applied the revert is
+	// unknown, so no snapshot is taken.
+	c.owners.lose = func(string) bool { return true }
+	if _, _, _, err := c.mgr.Snapshot(ctx, "a", "s3"); !errors.Is(err, ErrOwnerUnreachable) {
+		t.Fatalf("snapshot with the node unreachable: %v, want ErrOwnerUnreachable", err)
+	}
+	c.owners.lose = nil
+	if len(c.store.vols) != 3 {
+		t.Fatalf("store after an unanswered snapshot: %v, want a, s1, s2", c.store.vols)
+	}
+	_, s4, _, err := c.mgr.Snapshot(ctx, "a", "s4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := c.store.vols[s4.ID]; o.parent != s1.ID || o.size != s1.SizeBytes || s4.Parent != s1.ID {
+		t.Fatalf("a@s4 in the store: %+v, registry parent %d; want the reverted volume's: on a@s1 (%d), %d bytes", o, s4.Parent, s1.ID, s1.SizeBytes)
+	}
+	mustCheck(t, c)
+	if a := c.volume(t, "a"); len(a.Snapshots) != 3 {
+		t.Fatalf("a's snapshots after a settle round: %+v, want s1, s2, s4 (s3, never taken, forgotten)", a.Snapshots)
+	}
+}
