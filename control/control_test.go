@@ -314,6 +314,8 @@ type owners struct {
 	// lose, if set, says whether a call to Reconcile is lost (not
 	// answered) before it reaches node.
 	lose func(node string) bool
+	// takeLost: TakeSnapshot's answer is lost after the primary took it.
+	takeLost bool
 }
 
 func (o *owners) Reconcile(_ context.Context, node, name string, _ uint64) (Status, error) {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/store"
@@ -281,6 +282,9 @@ func (o *owners) TakeSnapshot(_ context.Context, node, volume, snap string, _ ui
 	}
 	if err := r.store.(SnapshotStore).Snapshot(v.ID, s.ID); err != nil {
 		return Taken{}, refusal{fmt.Errorf("snapshot %s@%s on node %s: %w", volume, snap, node, err)}
+	}
+	if o.takeLost {
+		return Taken{}, errors.New("context deadline exceeded")
 	}
 	return Taken{Nodes: []string{node}}, nil
 }
@@ -848,4 +852,88 @@ func TestSnapshotAfterUnappliedRevert(t *testing.T) {
 	if a := c.volume(t, "a"); len(a.Snapshots) != 3 {
 		t.Fatalf("a's snapshots after a settle round: %+v, want s1, s2, s4 (s3, never taken, forgotten)", a.Snapshots)
 	}
+}
+
+// TestCloneFailureLeavesNothing: a clone the store cannot make fails
+// with ErrOwnerFailed and the store's reason, and leaves no registry
+// entry and no store object; the snapshot stays ready and can be
+// deleted (it has no clone).
+func TestCloneFailureLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	c := snapCluster(t)
+	c.store.failCreate = errors.New("no space left on device")
+	_, err := c.mgr.Clone(ctx, "a", "s1", "b", "")
+	if !errors.Is(err, ErrOwnerFailed) || !strings.Contains(err.Error(), "no space left") {
+		t.Fatalf("clone on a failing store: %v, want ErrOwnerFailed with the reason", err)
+	}
+	if _, ok := c.reg.state.Volume("b"); ok {
+		t.Fatal("clone registered after a failed clone")
+	}
+	if len(c.store.vols) != 2 {
+		t.Fatalf("store after a failed clone: %v, want a and a@s1", c.store.vols)
+	}
+	mustCheck(t, c)
+	c.store.failCreate = nil
+	if err := c.mgr.DeleteSnapshot(ctx, "a", "s1"); err != nil {
+		t.Fatalf("delete a@s1, whose clone failed: %v", err)
+	}
+	mustCheck(t, c)
+}
+
+// TestSnapshotUnanswered: a snapshot whose primary does not answer is
+// ErrOwnerUnreachable and stays creating (another snapshot of the
+// volume is refused meanwhile); the settle rounds leave it so for
+// snapshotSettle, then mark it ready if the primary's store took it (the
+// answer was lost) or delete it if not (the primary was down).
+func TestSnapshotUnanswered(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	now := time.Unix(1000, 0)
+	c.mgr.Now = func() time.Time { return now }
+	for _, n := range []string{"a", "b"} {
+		if _, err := c.mgr.Create(ctx, CreateRequest{Name: n, SizeBytes: 8 << 20, Node: nodeID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.owners.takeLost = true
+	if _, _, _, err := c.mgr.Snapshot(ctx, "a", "s"); !errors.Is(err, ErrOwnerUnreachable) {
+		t.Fatalf("snapshot whose answer is lost: %v, want ErrOwnerUnreachable", err)
+	}
+	c.owners.takeLost = false
+	if _, _, _, err := c.mgr.Snapshot(ctx, "a", "s2"); !errors.Is(err, meta.ErrBusy) {
+		t.Fatalf("a second snapshot while one is being taken: %v, want ErrBusy", err)
+	}
+	c.owners.down[nodeID] = true
+	if _, _, _, err := c.mgr.Snapshot(ctx, "b", "s"); !errors.Is(err, ErrOwnerUnreachable) {
+		t.Fatalf("snapshot with the primary down: %v, want ErrOwnerUnreachable", err)
+	}
+	c.owners.down[nodeID] = false
+	state := func(name string) string {
+		if v := c.volume(t, name); len(v.Snapshots) == 1 {
+			return v.Snapshots[0].State.String()
+		}
+		return "gone"
+	}
+	for _, step := range []struct {
+		after time.Duration
+		a, b  string
+	}{
+		{0, "creating", "creating"},
+		{snapshotSettle - time.Second, "creating", "creating"},
+		{time.Second, "ready", "deleting"},
+		{0, "ready", "gone"},
+	} {
+		now = now.Add(step.after)
+		if _, err := c.mgr.Settle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if a, b := state("a"), state("b"); a != step.a || b != step.b {
+			t.Fatalf("%v after the snapshots: a@s %s, b@s %s; want %s, %s", now.Sub(time.Unix(1000, 0)), a, b, step.a, step.b)
+		}
+	}
+	a := c.volume(t, "a")
+	if s, _ := a.Snapshot("s"); a.Parent != s.ID || c.store.vols[a.ID].parent != s.ID {
+		t.Fatalf("a's parent: registry %d, store %d; want a@s (%d)", a.Parent, c.store.vols[a.ID].parent, s.ID)
+	}
+	mustCheck(t, c)
 }
