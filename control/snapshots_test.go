@@ -937,3 +937,58 @@ func TestSnapshotUnanswered(t *testing.T) {
 	}
 	mustCheck(t, c)
 }
+
+// TestFlattenProgressAndDelete: a flatten runs in the background: the
+// node's status shows it unfinished until the store's copy ends, then
+// done with its progress, and a settle round records it; a clone
+// deleted while its flatten runs has the flatten stopped and leaves
+// nothing in the store.
+func TestFlattenProgressAndDelete(t *testing.T) {
+	ctx := context.Background()
+	c := snapCluster(t)
+	for _, n := range []string{"b", "d"} {
+		if _, err := c.mgr.Clone(ctx, "a", "s1", n, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := c.volume(t, "b")
+	v, err := c.mgr.Flatten(ctx, "b")
+	if err != nil || v.Flatten == nil {
+		t.Fatalf("flatten b: %+v %v, want it registered", v.Flatten, err)
+	}
+	st := c.rec.Reconcile(c.volume(t, "b"))
+	if st.Flatten == nil || st.Flatten.Finished || c.store.vols[b.ID].parent == 0 {
+		t.Fatalf("before the store's copy: status %+v, store %+v; want a flatten running", st.Flatten, c.store.vols[b.ID])
+	}
+	if _, _, _, err := c.mgr.Snapshot(ctx, "b", "t"); !errors.Is(err, meta.ErrBusy) {
+		t.Fatalf("snapshot of a clone being flattened: %v, want ErrBusy", err)
+	}
+	c.runFlattens()
+	p, ok := c.rec.FlattenProgress(b.ID)
+	if !ok || !p.Finished || p.TotalBytes != b.SizeBytes || p.DoneBytes != p.TotalBytes || p.Err != "" {
+		t.Fatalf("after the store's copy: %+v, want finished, %d of %d bytes", p, b.SizeBytes, b.SizeBytes)
+	}
+	mustCheck(t, c)
+	if v := c.volume(t, "b"); v.Flatten != nil || v.CloneOf != nil {
+		t.Fatalf("b after a settle round: flatten %+v, clone of %v; want neither", v.Flatten, v.CloneOf)
+	}
+
+	d := c.volume(t, "d")
+	if _, err := c.mgr.Flatten(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.mgr.Delete(ctx, "d", false); err != nil {
+		t.Fatalf("delete a clone being flattened: %v", err)
+	}
+	if c.flattening() {
+		t.Fatal("the flatten of a deleted clone still runs")
+	}
+	if _, ok := c.store.vols[d.ID]; ok {
+		t.Fatal("a deleted clone is still in the store")
+	}
+	mustCheck(t, c)
+	if err := c.mgr.DeleteSnapshot(ctx, "a", "s1"); err != nil {
+		t.Fatalf("delete a@s1, its clones flat or gone: %v", err)
+	}
+	mustCheck(t, c)
+}
