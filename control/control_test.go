@@ -314,11 +314,18 @@ type owners struct {
 	// lose, if set, says whether a call to Reconcile is lost (not
 	// answered) before it reaches node.
 	lose func(node string) bool
-	// takeLost: TakeSnapshot's answer is lost after the primary took it.
-	takeLost bool
+	// takeLost: TakeSnapshot's answer is lost after the primary took
+	// it; takeDropped: its request is lost before.
+	takeLost, takeDropped bool
+	// stepCalls makes each call to a node a step ("owner.*"): a crash
+	// there is the caller's, before the node hears of it.
+	stepCalls bool
 }
 
 func (o *owners) Reconcile(_ context.Context, node, name string, _ uint64) (Status, error) {
+	if o.stepCalls {
+		o.reg.w.step("owner.reconcile")
+	}
 	if o.down[node] || (o.lose != nil && o.lose(node)) {
 		return Status{}, errors.New("connection refused")
 	}

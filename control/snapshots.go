@@ -278,16 +278,16 @@ func (m *Manager) Snapshot(ctx context.Context, volume, name string) (meta.Volum
 		return meta.Volume{}, meta.VolumeSnapshot{}, 0, err
 	}
 	v := *res.Volume
-	if v.Reverted != 0 {
-		// A revert the registry holds but a node has not applied (its
-		// reconcile was lost) must be applied before the snapshot is
-		// taken: else the snapshot holds the volume as it was before,
-		// and the revert, applied later onto the new snapshot, is lost
-		// (TestSnapshotAfterUnappliedRevert). Applied ones cost a
-		// reconcile and no store change (the token says so).
-		if err := m.applyReverts(ctx, v, name, res.Index); err != nil {
-			return v, meta.VolumeSnapshot{}, 0, err
-		}
+	// What the registry holds for the volume and a node has not applied
+	// (its reconcile lost with a leader) is applied before the snapshot
+	// is taken: else the snapshot holds the volume as it was before. A
+	// revert applied later would go onto the new snapshot and be lost
+	// (TestSnapshotAfterUnappliedRevert); a growth would leave the
+	// snapshot shorter than the registry says (TestSnapshotCrashThenGoOn).
+	// When every node is up to date this is a reconcile that changes
+	// nothing.
+	if err := m.convergeForSnapshot(ctx, v, name, res.Index); err != nil {
+		return v, meta.VolumeSnapshot{}, 0, err
 	}
 	taken, err := taker.TakeSnapshot(ctx, v.Node, volume, name, res.Index)
 	if err != nil {
@@ -307,16 +307,16 @@ func (m *Manager) Snapshot(ctx context.Context, volume, name string) (meta.Volum
 	return *res.Volume, s, taken.Held, nil
 }
 
-// applyReverts has the nodes of v's in-sync replicas (those that take
-// snapshot name) reconcile v as of index, which applies a revert not yet
-// applied; if one does not answer or fails, the snapshot is deleted
-// again and the error says which.
-func (m *Manager) applyReverts(ctx context.Context, v meta.Volume, name string, index uint64) error {
+// convergeForSnapshot has the nodes of v's replicas reconcile v as of
+// index (a revert or a growth not yet applied is); if one of the in-sync
+// replicas (those that take snapshot name) does not answer or fails, the
+// snapshot is deleted again and the error says which.
+func (m *Manager) convergeForSnapshot(ctx context.Context, v meta.Volume, name string, index uint64) error {
 	sts, errs := m.reconcileReplicas(ctx, v, index)
 	for _, node := range v.InSync() {
 		err := errs[node]
 		if err != nil {
-			err = fmt.Errorf("%w: snapshot %s@%s: node %s did not answer, so whether it applied the volume's revert is unknown: %v", ErrOwnerUnreachable, v.Name, name, node, err)
+			err = fmt.Errorf("%w: snapshot %s@%s: node %s did not answer, so whether its copy is the registry's (a revert, a growth) is unknown: %v", ErrOwnerUnreachable, v.Name, name, node, err)
 		} else if st := sts[node]; st.State == StateFailed {
 			err = fmt.Errorf("%w: snapshot %s@%s: node %s: %s", ErrOwnerFailed, v.Name, name, node, st.Reason)
 		}
