@@ -262,9 +262,10 @@ func (m *Manager) snapshotter() (Snapshotter, error) {
 // it as being taken, every replica's node reconciles the volume (so that
 // the snapshot is of what the registry holds), the primary takes it on
 // every in-sync copy at one point of the write stream, and the registry
-// marks it ready on the copies that took it. If the primary fails, the snapshot is deleted
-// again (on the nodes that took it) and the error says why; if it does
-// not answer, the leader's settle rounds finish or delete it.
+// marks it ready on the copies that took it. If the primary fails, the
+// snapshot is deleted again (on the nodes that took it) and the error
+// says why; if it does not answer, the leader's settle rounds finish or
+// delete it.
 func (m *Manager) Snapshot(ctx context.Context, volume, name string) (meta.Volume, meta.VolumeSnapshot, time.Duration, error) {
 	if err := m.requireFeature(ctx, meta.FeatureSnapshots); err != nil {
 		return meta.Volume{}, meta.VolumeSnapshot{}, 0, err
