@@ -209,6 +209,9 @@ func (r *Reconciler) runFlatten(ctx context.Context, f *flattenRun, v meta.Volum
 		return
 	}
 	r.log.Info("flatten done", "volume", v.Name, "id", v.ID, "copied_bytes", f.done.Load(), "took", time.Since(start).String())
+	if r.OnFlattenDone != nil {
+		r.OnFlattenDone(v.Name)
+	}
 }
 
 // deleteSnapshots deletes a deleted volume's snapshots from the store,

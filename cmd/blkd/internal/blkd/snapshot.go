@@ -43,7 +43,9 @@ func (p storeParts) Flatten(ctx context.Context, vol uint64, progress func(done,
 	if err != nil {
 		return err
 	}
-	return v.Flatten(ctx, progress)
+	// The store counts clusters; the API shows bytes.
+	cb := p.s.Stats().ClusterBytes
+	return v.Flatten(ctx, func(done, total uint64) { progress(done*cb, total*cb) })
 }
 
 func (p storeParts) Parent(id uint64) (uint64, error) {
