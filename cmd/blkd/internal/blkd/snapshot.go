@@ -217,15 +217,18 @@ func (d *Daemon) takeSnapshot(ctx context.Context, volume, snap string, index ui
 				d.log.Warn("a replica did not take a snapshot: it leaves the in-sync set", "volume", volume, "snapshot", snap, "node", a.node, "err", a.err)
 				continue
 			}
-			took = append(took, a.node)
+			if a.node != d.cfg.NodeID {
+				took = append(took, a.node) // the barrier's peers: the primary is none
+			}
 		}
-		slices.Sort(took)
 		return took, nil
 	})
 	if err != nil {
 		return control.Taken{}, fmt.Errorf("snapshot %s@%s: %w", volume, snap, err)
 	}
-	return control.Taken{Nodes: took, Held: held}, nil
+	nodes := append([]string{d.cfg.NodeID}, took...)
+	slices.Sort(nodes)
+	return control.Taken{Nodes: nodes, Held: held}, nil
 }
 
 // internalSnapshot serves POST /v1/internal/snapshot: the leader asks
