@@ -146,6 +146,12 @@ func TestSnapshotAPI(t *testing.T) {
 	mustWrite(t, cns, 4096, pattern('C', 8192))
 	mustRead(t, ns, 0, append(pattern('B', mib/2), pattern('A', mib/2)...), "v after c1 was written")
 	d.refuse(t, "DELETE", "/v1/volumes/v/snapshots/s1", "", 409, `v@s1.*clones c1.*flatten`)
+	if n := d.metric(t, "blk_volume_store_copies_on_write_total"); n < 2 {
+		t.Fatalf("blk_volume_store_copies_on_write_total %v after writes over v's and c1's shared clusters, want at least 2", n)
+	}
+	if n := d.metric(t, "blk_snapshot_disk_bytes"); n < mib {
+		t.Fatalf("blk_snapshot_disk_bytes %v, want at least the MiB s1 holds", n)
+	}
 
 	// Revert once the host is gone: v reads A again.
 	detachNS(t, d, "v", ctrl)
