@@ -674,7 +674,7 @@ func TestSnapshotCrash(t *testing.T) {
 	seed := testSeed(t)
 	points := []hookPoint{hookSnapFlushed, hookSnapCommitted, hookCloneCommitted, hookDataWritten, hookMapCommitted, hookFreed,
 		hookRevertCommitted, hookMergeChunk, hookMergeDone, hookFlattenChunk, hookFlattenDone, numHookPoints}
-	n := iterations(t, 360, 6, 10)
+	n := iterations(t, 240, 6, 10)
 	crashed := map[hookPoint]int{}
 	for it := range n {
 		s := seed + uint64(it)
