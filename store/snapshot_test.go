@@ -1400,7 +1400,7 @@ func TestSnapshotUnderWrites(t *testing.T) {
 	)
 	s := openStore(t, memConfig(vfs.NewMem(), NewMemArea(1024*(16<<10), 512, 512)))
 	v := mustCreate(t, s, 1, blocks, BlockSize4K)
-	var acked [blocks]atomic.Uint64   // per block: the last tag acknowledged
+	var acked [blocks]atomic.Uint64    // per block: the last tag acknowledged
 	var started [writers]atomic.Uint64 // per writer: the tag of its write in flight, or its last
 	var nwrites atomic.Uint64
 	stop := make(chan struct{})
