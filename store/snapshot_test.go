@@ -2,12 +2,14 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1492,6 +1494,115 @@ func TestSnapshotUnderWrites(t *testing.T) {
 		}
 	}
 	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestKindJSON: an Info says its kind by name and reads back unchanged.
+func TestKindJSON(t *testing.T) {
+	in := Info{ID: 3, SizeBytes: 4096, BlockSize: 4096, State: StateReadOnly, Kind: KindSnapshot, Parent: 2}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"kind":"snapshot"`) || !strings.Contains(string(b), `"parent":2`) {
+		t.Fatalf("JSON %s", b)
+	}
+	var out Info
+	if err := json.Unmarshal(b, &out); err != nil || out != in {
+		t.Fatalf("round trip: %+v, %v; want %+v", out, err, in)
+	}
+	b, _ = json.Marshal(Info{ID: 1, Kind: KindVolume})
+	if !strings.Contains(string(b), `"kind":"volume"`) || strings.Contains(string(b), "parent") {
+		t.Fatalf("a volume without a parent: %s", b)
+	}
+	if err := json.Unmarshal([]byte(`{"kind":"bogus"}`), &out); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bogus kind: %v", err)
+	}
+}
+
+// TestSnapshotMergeReadOnly: a merge a crash interrupted is left as it is
+// by a read-only open (its child reads through the merging snapshot, the
+// same bytes), and finished by the next read-write open.
+func TestSnapshotMergeReadOnly(t *testing.T) {
+	fs := vfs.NewCrashableMem()
+	area := NewMemArea(64*(16<<10), 512, 512)
+	cfg := memConfig(fs, area)
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := mustCreate(t, s, 1, 16, BlockSize4K)
+	buf := alignedBuf(16*BlockSize4K, 4096)
+	for i := range uint64(16) {
+		fillTagged(buf[i*BlockSize4K:(i+1)*BlockSize4K], 0, i, 3)
+	}
+	if err := v.Write(0, buf, FUA); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Snapshot(1, 2); err != nil {
+		t.Fatal(err)
+	}
+	fillTagged(buf[:BlockSize4K], 0, 5, 4)
+	if err := v.Write(5, buf[:BlockSize4K], FUA); err != nil {
+		t.Fatal(err)
+	}
+	var fsClone vfs.FS
+	var areaClone *MemArea
+	s.testHook = func(p hookPoint) {
+		if p == hookMergeChunk && fsClone == nil {
+			fsClone = fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+			areaClone = area.CrashClone(rand.New(rand.NewPCG(1, 1)), 0)
+		}
+	}
+	if err := s.Delete(2); err != nil {
+		t.Fatal(err)
+	}
+	s.testHook = nil
+	_ = s.Close()
+	if fsClone == nil {
+		t.Fatal("the merge never reached hookMergeChunk")
+	}
+	check := func(s *Store) {
+		t.Helper()
+		infos, err := s.List()
+		if err != nil || len(infos) != 1 || infos[0].ID != 1 {
+			t.Fatalf("objects %+v, %v; want volume 1 alone", infos, err)
+		}
+		v, err := s.Volume(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		one := alignedBuf(BlockSize4K, 4096)
+		for lba := range uint64(16) {
+			if err := v.Read(lba, one); err != nil {
+				t.Fatal(err)
+			}
+			want := uint64(3)
+			if lba == 5 {
+				want = 4
+			}
+			if got, err := readTag(one, 0, lba); err != nil || got != want {
+				t.Fatalf("block %d: tag %d (%v), want %d", lba, got, err, want)
+			}
+		}
+	}
+	ro := cfg
+	ro.FS, ro.Area, ro.ReadOnly = fsClone, areaClone, true
+	s2, err := Open(ro)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(s2)
+	_ = s2.Close()
+	rw := cfg
+	rw.FS, rw.Area = fsClone, areaClone
+	s3 := openStore(t, rw)
+	check(s3)
+	if info, _ := s3.vols[1].Info(); info.Parent != 0 {
+		t.Fatalf("after the merge finished: %+v, want no parent", info)
+	}
+	if err := s3.Check(); err != nil {
 		t.Fatal(err)
 	}
 }
