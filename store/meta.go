@@ -53,6 +53,28 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
 
+// MarshalText makes a Kind read as its name in JSON ("volume",
+// "snapshot").
+func (k Kind) MarshalText() ([]byte, error) {
+	if k > KindSnapshot {
+		return nil, fmt.Errorf("kind %d: %w", uint8(k), ErrInvalid)
+	}
+	return []byte(k.String()), nil
+}
+
+// UnmarshalText reads what MarshalText writes.
+func (k *Kind) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "volume":
+		*k = KindVolume
+	case "snapshot":
+		*k = KindSnapshot
+	default:
+		return fmt.Errorf("kind %q, want volume or snapshot: %w", b, ErrInvalid)
+	}
+	return nil
+}
+
 func (s State) String() string {
 	switch s {
 	case StateOnline:

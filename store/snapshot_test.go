@@ -2,11 +2,14 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -674,7 +677,7 @@ func TestSnapshotCrash(t *testing.T) {
 	seed := testSeed(t)
 	points := []hookPoint{hookSnapFlushed, hookSnapCommitted, hookCloneCommitted, hookDataWritten, hookMapCommitted, hookFreed,
 		hookRevertCommitted, hookMergeChunk, hookMergeDone, hookFlattenChunk, hookFlattenDone, numHookPoints}
-	n := iterations(t, 360, 6, 10)
+	n := iterations(t, 240, 6, 10)
 	crashed := map[hookPoint]int{}
 	for it := range n {
 		s := seed + uint64(it)
@@ -1381,5 +1384,225 @@ func TestSnapshotDirect(t *testing.T) {
 	}
 	if got, err := readTag(buf[:4096], 0, 1); err != nil || got != 5 {
 		t.Fatalf("the snapshot after the clone's copy on write: tag %d (%v), want 5", got, err)
+	}
+}
+
+// TestSnapshotUnderWrites takes snapshots (and clones of them) while
+// writers rewrite their blocks: each block of a snapshot holds a value
+// its writer had acknowledged by the time the snapshot returned, and
+// none older than the last one acknowledged before Snapshot was called
+// (crash-consistent: a point between the two); the snapshots never
+// change afterwards, while the writers go on. Run it under -race.
+func TestSnapshotUnderWrites(t *testing.T) {
+	seed := testSeed(t)
+	const (
+		blocks  = 256 // 4 KiB: 64 clusters of 16 KiB
+		writers = 4
+		snaps   = 6
+	)
+	s := openStore(t, memConfig(vfs.NewMem(), NewMemArea(1024*(16<<10), 512, 512)))
+	v := mustCreate(t, s, 1, blocks, BlockSize4K)
+	var acked [blocks]atomic.Uint64    // per block: the last tag acknowledged
+	var started [writers]atomic.Uint64 // per writer: the tag of its write in flight, or its last
+	var nwrites atomic.Uint64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			b := alignedBuf(BlockSize4K, 4096)
+			for k := uint64(1); ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				lba := rng.Uint64N(blocks/writers)*writers + uint64(w)
+				tag := k*writers + uint64(w)
+				fillTagged(b, 0, lba, tag)
+				started[w].Store(tag)
+				if err := v.Write(lba, b, 0); err != nil {
+					errs <- err
+					return
+				}
+				acked[lba].Store(tag)
+				nwrites.Add(1)
+			}
+		}()
+	}
+	type taken struct {
+		id     ID
+		before [blocks]uint64
+		after  [writers]uint64
+	}
+	var got []*taken
+	for i := range snaps {
+		for n := nwrites.Load(); nwrites.Load() < n+300 && len(errs) == 0; { // let the writers move on
+			runtime.Gosched()
+		}
+		tk := &taken{id: ID(100 + i)}
+		for j := range blocks {
+			tk.before[j] = acked[j].Load()
+		}
+		if err := s.Snapshot(1, tk.id); err != nil {
+			t.Fatal(err)
+		}
+		for w := range writers {
+			tk.after[w] = started[w].Load()
+		}
+		if i%2 == 0 {
+			if err := s.Clone(tk.id, ID(200+i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got = append(got, tk)
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	one := alignedBuf(BlockSize4K, 4096)
+	for _, tk := range got {
+		ids := []ID{tk.id}
+		if (tk.id-100)%2 == 0 {
+			ids = append(ids, tk.id+100) // its clone reads the same
+		}
+		for _, id := range ids {
+			sv, err := s.Volume(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range uint64(blocks) {
+				if err := sv.Read(j, one); err != nil {
+					t.Fatal(err)
+				}
+				tag, err := readTag(one, 0, j)
+				// A writer's tags grow: the block holds one acknowledged
+				// before the call or later, and none its writer started
+				// after the snapshot returned.
+				w := j % writers
+				if err != nil || tag < tk.before[j] || tag > tk.after[w] || (tag != 0 && tag%writers != w) {
+					t.Fatalf("object %d (snapshot %d) block %d: tag %d (%v); acknowledged before the call %d, its writer's last started by the return %d",
+						id, tk.id, j, tag, err, tk.before[j], tk.after[w])
+				}
+			}
+		}
+	}
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestKindJSON: an Info says its kind by name and reads back unchanged.
+func TestKindJSON(t *testing.T) {
+	in := Info{ID: 3, SizeBytes: 4096, BlockSize: 4096, State: StateReadOnly, Kind: KindSnapshot, Parent: 2}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"kind":"snapshot"`) || !strings.Contains(string(b), `"parent":2`) {
+		t.Fatalf("JSON %s", b)
+	}
+	var out Info
+	if err := json.Unmarshal(b, &out); err != nil || out != in {
+		t.Fatalf("round trip: %+v, %v; want %+v", out, err, in)
+	}
+	b, _ = json.Marshal(Info{ID: 1, Kind: KindVolume})
+	if !strings.Contains(string(b), `"kind":"volume"`) || strings.Contains(string(b), "parent") {
+		t.Fatalf("a volume without a parent: %s", b)
+	}
+	if err := json.Unmarshal([]byte(`{"kind":"bogus"}`), &out); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bogus kind: %v", err)
+	}
+}
+
+// TestSnapshotMergeReadOnly: a merge a crash interrupted is left as it is
+// by a read-only open (its child reads through the merging snapshot, the
+// same bytes), and finished by the next read-write open.
+func TestSnapshotMergeReadOnly(t *testing.T) {
+	fs := vfs.NewCrashableMem()
+	area := NewMemArea(64*(16<<10), 512, 512)
+	cfg := memConfig(fs, area)
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := mustCreate(t, s, 1, 16, BlockSize4K)
+	buf := alignedBuf(16*BlockSize4K, 4096)
+	for i := range uint64(16) {
+		fillTagged(buf[i*BlockSize4K:(i+1)*BlockSize4K], 0, i, 3)
+	}
+	if err := v.Write(0, buf, FUA); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Snapshot(1, 2); err != nil {
+		t.Fatal(err)
+	}
+	fillTagged(buf[:BlockSize4K], 0, 5, 4)
+	if err := v.Write(5, buf[:BlockSize4K], FUA); err != nil {
+		t.Fatal(err)
+	}
+	var fsClone vfs.FS
+	var areaClone *MemArea
+	s.testHook = func(p hookPoint) {
+		if p == hookMergeChunk && fsClone == nil {
+			fsClone = fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+			areaClone = area.CrashClone(rand.New(rand.NewPCG(1, 1)), 0)
+		}
+	}
+	if err := s.Delete(2); err != nil {
+		t.Fatal(err)
+	}
+	s.testHook = nil
+	_ = s.Close()
+	if fsClone == nil {
+		t.Fatal("the merge never reached hookMergeChunk")
+	}
+	check := func(s *Store) {
+		t.Helper()
+		infos, err := s.List()
+		if err != nil || len(infos) != 1 || infos[0].ID != 1 {
+			t.Fatalf("objects %+v, %v; want volume 1 alone", infos, err)
+		}
+		v, err := s.Volume(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		one := alignedBuf(BlockSize4K, 4096)
+		for lba := range uint64(16) {
+			if err := v.Read(lba, one); err != nil {
+				t.Fatal(err)
+			}
+			want := uint64(3)
+			if lba == 5 {
+				want = 4
+			}
+			if got, err := readTag(one, 0, lba); err != nil || got != want {
+				t.Fatalf("block %d: tag %d (%v), want %d", lba, got, err, want)
+			}
+		}
+	}
+	ro := cfg
+	ro.FS, ro.Area, ro.ReadOnly = fsClone, areaClone, true
+	s2, err := Open(ro)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(s2)
+	_ = s2.Close()
+	rw := cfg
+	rw.FS, rw.Area = fsClone, areaClone
+	s3 := openStore(t, rw)
+	check(s3)
+	if info, _ := s3.vols[1].Info(); info.Parent != 0 {
+		t.Fatalf("after the merge finished: %+v, want no parent", info)
+	}
+	if err := s3.Check(); err != nil {
+		t.Fatal(err)
 	}
 }
