@@ -231,12 +231,16 @@ func (s *Store) Revert(vol, snap ID, token uint64) error {
 	if !ok {
 		return fmt.Errorf("volume %d: revert to %d: %w", vol, snap, ErrNotFound)
 	}
-	a := v.parent
-	for a != nil && a != sv {
-		a = a.parent
+	// Any snapshot will do, not only an ancestor: after a revert to s1,
+	// the snapshot s2 taken after s1 is no longer on the volume's chain,
+	// and a revert to s2 (the registry allows the volume's own
+	// snapshots) must still be carried out, or the volume would fail on
+	// every reconcile. The volume becomes one more child of snap.
+	if v.info.Kind != KindVolume || sv.info.Kind != KindSnapshot {
+		return fmt.Errorf("volume %d: revert to %d: a %v cannot revert to a %v: %w", vol, snap, v.info.Kind, sv.info.Kind, ErrInvalid)
 	}
-	if v.info.Kind != KindVolume || a == nil {
-		return fmt.Errorf("volume %d: revert to %d: not a snapshot of its: %w", vol, snap, ErrInvalid)
+	if sv.info.BlockSize != v.info.BlockSize {
+		return fmt.Errorf("volume %d: revert to %d: %d-byte blocks, the snapshot has %d: %w", vol, snap, v.info.BlockSize, sv.info.BlockSize, ErrInvalid)
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -360,11 +360,21 @@ func snapModelOnce(seed uint64, nops int) error {
 				touched = c
 			}
 			delete(m.objs, o.id)
-		case r < 80 && len(vols) > 0: // revert to an ancestor, by token; a retry is a no-op
+		case r < 80 && len(vols) > 0: // revert to an ancestor or any snapshot, by token; a retry is a no-op
 			o := vols[rng.IntN(len(vols))]
 			var anc []*sobj
 			for a := m.objs[o.parent]; a != nil; a = m.objs[a.parent] {
 				anc = append(anc, a)
+			}
+			if len(snaps) > 0 && rng.IntN(2) == 0 {
+				// Any snapshot of the same block size, not only an
+				// ancestor: after a revert to s1, s2 is off the
+				// volume's chain and still a target.
+				if a := snaps[rng.IntN(len(snaps))]; a.bs == o.bs {
+					anc = append(anc[:0], a)
+				} else if err := s.Revert(o.id, a.id, uint64(k+1)); !errors.Is(err, ErrInvalid) {
+					return fmt.Errorf("op %d: revert %d (%d-byte blocks) to %d (%d-byte blocks): %v, want ErrInvalid", k, o.id, o.bs, a.id, a.bs, err)
+				}
 			}
 			if len(anc) == 0 {
 				break
