@@ -51,7 +51,7 @@ CNQN=$(cat /share/clone-nqn)
 log "clone c1 of v@s1: mount read-write (the journal replays a crash state), files as before the snapshot"
 cdev=$(attach "$CNQN")
 mount -t ext4 "$cdev" /mnt/c || fail "mount the clone"
-(cd /mnt/c && sha256sum -c --quiet /tmp/sums) || fail "the clone's files differ from what was written before the snapshot"
+(cd /mnt/c && sha256sum -c -s /tmp/sums) || fail "the clone's files differ from what was written before the snapshot"
 head -c 3145728 /dev/urandom >/mnt/c/tree/new
 sha256sum /mnt/c/tree/new | sed 's| /mnt/c/| |' >/tmp/newsum
 sync
@@ -62,7 +62,7 @@ wait $fio || fail "fio on v"
 umount /mnt/v || fail "umount v"
 e2fsck -fn "$vdev" >/share/fsck-v.txt 2>&1 || fail "e2fsck of v: $(tail -5 /share/fsck-v.txt)"
 mount -t ext4 -o ro "$vdev" /mnt/v || fail "mount v again"
-(cd /mnt/v && sha256sum -c --quiet /tmp/sums) || fail "v's files of before the snapshot changed"
+(cd /mnt/v && sha256sum -c -s /tmp/sums) || fail "v's files of before the snapshot changed"
 [ ! -e /mnt/v/tree/new ] || fail "the clone's new file shows in v"
 umount /mnt/v
 
@@ -71,8 +71,8 @@ wait_file /share/flattened 300
 log "after the flatten and the snapshot's deletion: the clone reads the same"
 e2fsck -fn "$cdev" >/share/fsck-clone2.txt 2>&1 || fail "e2fsck of the flat clone: $(tail -5 /share/fsck-clone2.txt)"
 mount -t ext4 -o ro "$cdev" /mnt/c || fail "mount the flat clone"
-(cd /mnt/c && sha256sum -c --quiet /tmp/sums) || fail "the flat clone's files differ"
-(cd /mnt/c && sha256sum -c --quiet /tmp/newsum) || fail "the flat clone's own file differs"
+(cd /mnt/c && sha256sum -c -s /tmp/sums) || fail "the flat clone's files differ"
+(cd /mnt/c && sha256sum -c -s /tmp/newsum) || fail "the flat clone's own file differs"
 umount /mnt/c
 e2fsck -fn "$vdev" >/share/fsck-v2.txt 2>&1 || fail "e2fsck of v after the snapshot's deletion"
 no_io_errors
