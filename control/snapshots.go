@@ -144,6 +144,7 @@ func (r *Reconciler) reconcileSnapshots(st *Status, v meta.Volume) error {
 		}
 		r.log.Info("snapshot deleted", "volume", v.Name, "snapshot", s.Name, "id", s.ID)
 	}
+	r.dropOrphans(v, ss)
 	for _, s := range v.Snapshots {
 		has, err := ss.Has(s.ID)
 		if err != nil {
@@ -155,6 +156,40 @@ func (r *Reconciler) reconcileSnapshots(st *Status, v meta.Volume) error {
 	}
 	r.flatten(st, v, ss)
 	return nil
+}
+
+// dropOrphans deletes the snapshots on v's chain in this node's store
+// that the registry does not know: one a replica took after its barrier
+// had failed and the snapshot was dropped (the copy's request arrived
+// late), or whose purge the node missed. The chain is walked from the
+// volume down to its clone origin (whose snapshots are the origin
+// volume's). Each is merged into its child, as a delete of it would; a
+// failure is logged and tried again at the next reconcile, never fails
+// the volume: its data reads the same either way.
+func (r *Reconciler) dropOrphans(v meta.Volume, ss SnapshotStore) {
+	known := make(map[uint64]bool, len(v.Snapshots))
+	for _, s := range v.Snapshots {
+		known[s.ID] = true
+	}
+	stop := uint64(0)
+	if v.CloneOf != nil {
+		stop = v.CloneOf.ID
+	}
+	for id, n := v.ID, 0; n <= meta.MaxSnapshots+1; n++ {
+		p, err := ss.Parent(id)
+		if err != nil || p == 0 || p == stop {
+			return
+		}
+		if !known[p] {
+			if err := r.store.Delete(p); err != nil && !errors.Is(err, store.ErrNotFound) {
+				r.log.Warn("store snapshot unknown to the registry not deleted", "volume", v.Name, "id", p, "err", err)
+				return
+			}
+			r.log.Warn("store snapshot unknown to the registry deleted (a snapshot dropped after this node took it)", "volume", v.Name, "id", p)
+			continue // id's parent is now p's parent
+		}
+		id = p
+	}
 }
 
 // flatten starts v's flatten on this node if the registry asks for one
@@ -513,14 +548,21 @@ func (m *Manager) Revert(ctx context.Context, name, snap string) (meta.Volume, e
 // it, else deleted; a deleting one held by no node is forgotten; a
 // flatten every replica finished is recorded.
 func (m *Manager) settleSnapshots(ctx context.Context, v meta.Volume, sts map[string]Status, complete bool) {
-	if !complete {
-		return
-	}
 	now := m.Now()
 	for _, s := range v.Snapshots {
 		switch s.State {
 		case meta.SnapshotCreating:
 			if now.Sub(time.Unix(0, s.CreatedAt)) < snapshotSettle {
+				continue
+			}
+			// The in-sync replicas decide (a node down since is out of
+			// sync after its failover): each must have answered.
+			answered := true
+			for _, node := range v.InSync() {
+				_, ok := sts[node]
+				answered = answered && ok
+			}
+			if !answered {
 				continue
 			}
 			var took []string
@@ -541,6 +583,9 @@ func (m *Manager) settleSnapshots(ctx context.Context, v meta.Volume, sts map[st
 				m.logger().Warn("snapshot left creating not settled", "volume", v.Name, "snapshot", s.Name, "err", err)
 			}
 		case meta.SnapshotDeleting:
+			if !complete {
+				continue // a node that did not answer may still hold it
+			}
 			held := false
 			for _, st := range sts {
 				held = held || slices.Contains(st.Snapshots, s.ID)
@@ -550,7 +595,7 @@ func (m *Manager) settleSnapshots(ctx context.Context, v meta.Volume, sts map[st
 			}
 		}
 	}
-	if v.Flatten != nil {
+	if v.Flatten != nil && complete {
 		_, _ = m.flattenDone(ctx, v, sts)
 	}
 }

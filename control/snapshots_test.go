@@ -1105,3 +1105,34 @@ func (c *cluster) settleAll(t *testing.T) {
 		}
 	}
 }
+
+// TestOrphanSnapshotDropped: a store snapshot on a volume's chain that
+// the registry does not know (a replica took it after its barrier had
+// failed and the snapshot was dropped) is merged away by the next
+// reconcile, leaving the chain the registry's.
+func TestOrphanSnapshotDropped(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	if _, err := c.mgr.Create(ctx, CreateRequest{Name: "a", SizeBytes: 8 << 20, Node: nodeID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := c.mgr.Snapshot(ctx, "a", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	a := c.volume(t, "a")
+	const orphan = 1 << 40
+	if err := c.store.Snapshot(a.ID, orphan); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := c.store.Parent(a.ID); p != orphan {
+		t.Fatalf("store parent %d, want the orphan", p)
+	}
+	c.recover(t)
+	if has, _ := c.store.Has(orphan); has {
+		t.Fatal("the orphan snapshot is still in the store")
+	}
+	if p, _ := c.store.Parent(a.ID); p != a.Parent {
+		t.Fatalf("store parent %d after the reconcile, registry %d", p, a.Parent)
+	}
+	mustCheck(t, c)
+}
