@@ -219,6 +219,7 @@ func volumeFlatten(c *cli.Context) error {
 			fmt.Fprintf(e.stderr, "flatten %s: %s\n", v.Name, progressText(f.DoneBytes, f.TotalBytes, time.Since(start)))
 		}
 		time.Sleep(200 * time.Millisecond)
+		v = volume{} // what the answer omits (clone_of once flat) must not keep its old value
 		if err := e.api.do("GET", volPath(a[0]), nil, &v); err != nil {
 			return err
 		}
