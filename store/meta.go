@@ -24,6 +24,10 @@ const (
 	// volume's clusters, so that Open finishes a delete a crash
 	// interrupted. Never visible through Info.
 	stateDeleting State = 3
+	// stateMerging is persisted (synced) before Delete merges a snapshot
+	// into its one child (docs/snapshots.md §1.6), so that Open finishes
+	// the merge. Never visible through Info.
+	stateMerging State = 4
 )
 
 // Kind says what an object of the store is (docs/snapshots.md §1.1): a
@@ -57,6 +61,8 @@ func (s State) String() string {
 		return "read-only"
 	case stateDeleting:
 		return "deleting"
+	case stateMerging:
+		return "merging"
 	}
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
@@ -156,7 +162,7 @@ func decodeVolumeRecord(id ID, v []byte) (volumeRecord, error) {
 		r.token = binary.BigEndian.Uint64(v[32:40])
 	}
 	if err := checkShape(r.info.SizeBytes, r.info.BlockSize); err != nil ||
-		(!r.info.State.valid() && r.info.State != stateDeleting) ||
+		(!r.info.State.valid() && r.info.State != stateDeleting && r.info.State != stateMerging) ||
 		r.info.Kind > KindSnapshot || (r.info.Parent != 0 && r.info.Parent == id) ||
 		(r.info.Kind == KindSnapshot && r.info.State == StateOnline) {
 		return volumeRecord{}, fmt.Errorf("volume %d: record %+v: %w", id, r.info, ErrCorrupt)

@@ -103,28 +103,37 @@ type storeCounters struct {
 type hookPoint uint8
 
 const (
-	hookReserved       hookPoint = iota // a refill's 'R' keys are durable; nothing written yet
-	hookDataWritten                     // a first write's data is in its cluster; its map key is not committed
-	hookMapCommitted                    // the map key is committed (not synced); the entry not published
-	hookFreed                           // a free's {delete 'X', set 'R'} is committed, not synced; clusters in limbo
-	hookLimboZeroed                     // a flush zeroed the limbo clusters; the area is not synced
-	hookAreaSynced                      // a flush synced the area; the WAL is not synced
-	hookReleaseZeroed                   // delete or shrink zeroed and synced its clusters; the map is not changed
-	hookSizeCommitted                   // a shrink's new size is durable; its clusters are not released
-	hookGrown                           // the area grew (durably); the format record does not say so yet
-	hookAheadZeroed                     // a refill zeroed clusters at or past the zeroed watermark; the area is not synced
-	hookAheadSynced                     // ... and synced the area; its 'R' keys and the new watermark are not committed
-	hookMigrated                        // an upgrade batch is committed (not synced); its data synced
-	hookSnapFlushed                     // a snapshot flushed its volume (under its exclusive lock); nothing committed
-	hookSnapCommitted                   // a snapshot's records and 'N' are durable; the tables not swapped
-	hookCloneCommitted                  // a clone's record and 'N' are durable
+	hookReserved        hookPoint = iota // a refill's 'R' keys are durable; nothing written yet
+	hookDataWritten                      // a first write's data is in its cluster; its map key is not committed
+	hookMapCommitted                     // the map key is committed (not synced); the entry not published
+	hookFreed                            // a free's {delete 'X', set 'R'} is committed, not synced; clusters in limbo
+	hookLimboZeroed                      // a flush zeroed the limbo clusters; the area is not synced
+	hookAreaSynced                       // a flush synced the area; the WAL is not synced
+	hookReleaseZeroed                    // delete or shrink zeroed and synced its clusters; the map is not changed
+	hookSizeCommitted                    // a shrink's new size is durable; its clusters are not released
+	hookGrown                            // the area grew (durably); the format record does not say so yet
+	hookAheadZeroed                      // a refill zeroed clusters at or past the zeroed watermark; the area is not synced
+	hookAheadSynced                      // ... and synced the area; its 'R' keys and the new watermark are not committed
+	hookMigrated                         // an upgrade batch is committed (not synced); its data synced
+	hookSnapFlushed                      // a snapshot flushed its volume (under its exclusive lock); nothing committed
+	hookSnapCommitted                    // a snapshot's records and 'N' are durable; the tables not swapped
+	hookCloneCommitted                   // a clone's record and 'N' are durable
+	hookRevertCommitted                  // a revert's record and 'N' are durable; the old map not released
+	hookMergeChunk                       // a chunk of a snapshot's merge into its child is committed (not synced)
+	hookMergeDone                        // a merge's last batch (the snapshot's record gone, the child re-parented) is durable
+	hookFlattenChunk                     // a flatten copied one cluster (committed, not synced)
+	hookFlattenDone                      // a flatten's record (no parent) is durable; tombstones not deleted
 	numHookPoints
 )
 
 func (p hookPoint) String() string {
+	if p >= numHookPoints {
+		return fmt.Sprintf("hookPoint(%d)", uint8(p))
+	}
 	return [...]string{"reserved", "data-written", "map-committed", "freed", "limbo-zeroed",
 		"area-synced", "release-zeroed", "size-committed", "grown", "watermark-zeroed", "watermark-synced", "migrated",
-		"snap-flushed", "snap-committed", "clone-committed"}[p]
+		"snap-flushed", "snap-committed", "clone-committed", "revert-committed", "merge-chunk", "merge-done",
+		"flatten-chunk", "flatten-done"}[p]
 }
 
 func (s *Store) hook(p hookPoint) {
@@ -515,7 +524,7 @@ func (s *Store) load() error {
 	}
 	byMap := map[uint64]*Volume{}
 	all := map[ID]*Volume{}
-	var deleting []*Volume
+	var deleting, merging []*Volume
 	err := s.scan(familyVolume, func(k, v []byte) error {
 		id, ok := volumeKeyID(k)
 		if !ok {
@@ -536,9 +545,12 @@ func (s *Store) load() error {
 		vol := newVolume(s, r)
 		byMap[r.mapID] = vol
 		all[id] = vol
-		if r.info.State == stateDeleting {
+		switch r.info.State {
+		case stateDeleting:
 			deleting = append(deleting, vol)
-		} else {
+		case stateMerging:
+			merging = append(merging, vol)
+		default:
 			s.vols[id] = vol
 		}
 		return nil
@@ -681,7 +693,7 @@ func (s *Store) load() error {
 		s.log.Infof("store: open: %d reserved clusters zeroed, %d clusters of deleted or shrunk volumes released, %d deletes finished",
 			len(reserved), len(trim), len(deleting))
 	}
-	return nil
+	return s.finishMerges(merging, all)
 }
 
 // loadZeroed sets the allocator's zeroed watermark: the 'Z' key of a lazy
@@ -868,8 +880,12 @@ func (s *Store) Delete(id ID) error {
 	if !ok {
 		return fmt.Errorf("volume %d: delete: %w", id, ErrNotFound)
 	}
-	if cs := s.children(v); len(cs) > 0 {
+	cs := s.children(v)
+	if len(cs) > 1 {
 		return fmt.Errorf("volume %d: delete: %d objects read through it (%d...): %w", id, len(cs), cs[0].id, ErrHasChildren)
+	}
+	if len(cs) == 1 {
+		return s.deleteMerging(v, cs[0])
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -621,10 +621,13 @@ func (v *Volume) zeroIn(off, end uint64) error {
 // and the clusters go to limbo, where the next flush zeroes them and
 // syncs before they can be reused. In an object with a parent
 // (docs/snapshots.md §1.3) an index must go on reading zeros, not the
-// parent's cluster: its key becomes a tombstone (0) where the parent
-// reads a cluster, own or inherited, and a parent's cluster read there
-// gets a tombstone too (no cluster freed: it is the parent's). Requires
-// v.mu exclusively.
+// parent's cluster: its key becomes a tombstone (0) where the parent has
+// an entry (a cluster or a tombstone, own or inherited), and a parent's
+// cluster read there gets a tombstone too (no cluster freed: it is the
+// parent's). A parent's tombstone would read zeros through a deleted key
+// too, but the table's 0 must keep meaning "nothing here nor in any
+// ancestor": Changes and SpaceOf tell an index the object hides from one
+// it reads through by it. Requires v.mu exclusively.
 func (v *Volume) free(first, last uint64) error {
 	s := v.s
 	type ent struct{ i, p uint64 } // p: own cluster freed, 0 if none
@@ -634,7 +637,7 @@ func (v *Volume) free(first, last uint64) error {
 		switch {
 		case owned(e):
 			es = append(es, ent{i, e})
-			tomb = append(tomb, v.parent != nil && physOf(v.parent.m.get(i)) != 0)
+			tomb = append(tomb, v.parent != nil && v.parent.m.get(i) != 0)
 		case e&inherited != 0 && physOf(e) != 0:
 			es = append(es, ent{i, 0})
 			tomb = append(tomb, true)
