@@ -292,7 +292,7 @@ type objectSpace struct {
 func (d *Daemon) localSpace(ids []uint64) map[string]objectSpace {
 	out := make(map[string]objectSpace, len(ids))
 	for _, id := range ids {
-		sp, err := d.store.ObjectSpace(store.ID(id))
+		sp, err := d.store.SpaceOf(store.ID(id))
 		if err != nil {
 			continue
 		}
