@@ -111,7 +111,7 @@ func (d *Daemon) exportSnapshot(w http.ResponseWriter, r *http.Request) error {
 	case err != nil:
 		return &apiError{http.StatusInternalServerError, fmt.Sprintf("export %s@%s: the store's changes: %v", name, snap, err)}
 	}
-	h := image.Header{Volume: v.Name, Snapshot: s.Name, SnapshotID: s.ID, SizeBytes: s.SizeBytes, BlockSize: v.BlockSize, Base: base}
+	h := image.Header{Magic: image.Magic, Volume: v.Name, Snapshot: s.Name, SnapshotID: s.ID, SizeBytes: s.SizeBytes, BlockSize: v.BlockSize, Base: base}
 	d.node.FSM().Read(func(st *meta.State) { h.Cluster = st.ClusterID() })
 	bs := uint64(v.BlockSize)
 	length := uint64(image.HeaderSize + image.RecordSize + image.ChecksumSize)
