@@ -110,6 +110,11 @@ type Reconciler struct {
 	tgt   Target
 	log   *slog.Logger
 
+	// OnFlattenDone, if set, is called (on the flatten's goroutine) when
+	// a flatten finished on this node, so that the registry can record it
+	// without waiting for the next settle round.
+	OnFlattenDone func(volume string)
+
 	mu       sync.Mutex
 	vols     map[uint64]*Status     // by volume ID
 	flattens map[uint64]*flattenRun // by volume ID (snapshots.go)

@@ -162,10 +162,9 @@ func (r *Reconciler) reconcileSnapshots(st *Status, v meta.Volume) error {
 func (r *Reconciler) flatten(st *Status, v meta.Volume, ss SnapshotStore) {
 	f := r.flattens[v.ID]
 	if v.Flatten == nil || v.CloneOf == nil {
-		if f != nil {
-			f.cancel()
-			delete(r.flattens, v.ID)
-		}
+		// stopFlatten, not f.cancel(): a flatten found finished at start
+		// (the copy flat already) never had a cancel.
+		r.stopFlatten(v.ID)
 		return
 	}
 	if f == nil {
@@ -210,6 +209,9 @@ func (r *Reconciler) runFlatten(ctx context.Context, f *flattenRun, v meta.Volum
 		return
 	}
 	r.log.Info("flatten done", "volume", v.Name, "id", v.ID, "copied_bytes", f.done.Load(), "took", time.Since(start).String())
+	if r.OnFlattenDone != nil {
+		r.OnFlattenDone(v.Name)
+	}
 }
 
 // deleteSnapshots deletes a deleted volume's snapshots from the store,
@@ -260,11 +262,13 @@ func (m *Manager) snapshotter() (Snapshotter, error) {
 }
 
 // Snapshot takes a snapshot called name of volume: the registry records
-// it as being taken, the primary takes it on every in-sync copy at one
-// point of the write stream, and the registry marks it ready on the
-// copies that took it. If the primary fails, the snapshot is deleted
-// again (on the nodes that took it) and the error says why; if it does
-// not answer, the leader's settle rounds finish or delete it.
+// it as being taken, every replica's node reconciles the volume (so that
+// the snapshot is of what the registry holds), the primary takes it on
+// every in-sync copy at one point of the write stream, and the registry
+// marks it ready on the copies that took it. If the primary fails, the
+// snapshot is deleted again (on the nodes that took it) and the error
+// says why; if it does not answer, the leader's settle rounds finish or
+// delete it.
 func (m *Manager) Snapshot(ctx context.Context, volume, name string) (meta.Volume, meta.VolumeSnapshot, time.Duration, error) {
 	return m.SnapshotOrigin(ctx, volume, name, "")
 }
@@ -290,6 +294,17 @@ func (m *Manager) SnapshotOrigin(ctx context.Context, volume, name, origin strin
 		return meta.Volume{}, meta.VolumeSnapshot{}, 0, err
 	}
 	v := *res.Volume
+	// What the registry holds for the volume and a node has not applied
+	// (its reconcile lost with a leader) is applied before the snapshot
+	// is taken: else the snapshot holds the volume as it was before. A
+	// revert applied later would go onto the new snapshot and be lost
+	// (TestSnapshotAfterUnappliedRevert); a growth would leave the
+	// snapshot shorter than the registry says (TestSnapshotCrashThenGoOn).
+	// When every node is up to date this is a reconcile that changes
+	// nothing.
+	if err := m.convergeForSnapshot(ctx, v, name, res.Index); err != nil {
+		return v, meta.VolumeSnapshot{}, 0, err
+	}
 	taken, err := taker.TakeSnapshot(ctx, v.Node, volume, name, res.Index)
 	if err != nil {
 		var ae interface{ Refused() bool }
@@ -306,6 +321,27 @@ func (m *Manager) SnapshotOrigin(ctx context.Context, volume, name, origin strin
 	}
 	s, _ := res.Volume.Snapshot(name)
 	return *res.Volume, s, taken.Held, nil
+}
+
+// convergeForSnapshot has the nodes of v's replicas reconcile v as of
+// index (a revert or a growth not yet applied is); if one of the in-sync
+// replicas (those that take snapshot name) does not answer or fails, the
+// snapshot is deleted again and the error says which.
+func (m *Manager) convergeForSnapshot(ctx context.Context, v meta.Volume, name string, index uint64) error {
+	sts, errs := m.reconcileReplicas(ctx, v, index)
+	for _, node := range v.InSync() {
+		err := errs[node]
+		if err != nil {
+			err = fmt.Errorf("%w: snapshot %s@%s: node %s did not answer, so whether its copy is the registry's (a revert, a growth) is unknown: %v", ErrOwnerUnreachable, v.Name, name, node, err)
+		} else if st := sts[node]; st.State == StateFailed {
+			err = fmt.Errorf("%w: snapshot %s@%s: node %s: %s", ErrOwnerFailed, v.Name, name, node, st.Reason)
+		}
+		if err != nil {
+			m.dropSnapshot(context.WithoutCancel(ctx), v.Name, name)
+			return err
+		}
+	}
+	return nil
 }
 
 // dropSnapshot deletes a snapshot whose taking failed: the registry

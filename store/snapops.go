@@ -342,7 +342,10 @@ func (s *Store) merge(sv, c *Volume) error {
 	s.hook(hookMergeDone)
 	c.parent = sv.parent
 	c.setRecord(r)
-	if c.parent == nil {
+	if c.parent == nil && c.info.Kind == KindVolume {
+		// Not a snapshot's: its children read its table (free looks at
+		// their parent's) without its lock. Its tombstones read zeros as
+		// holes would; Open trims their keys.
 		c.unshare()
 	}
 	return nil
@@ -453,6 +456,9 @@ func (v *Volume) unshare() {
 // volume with no parent is flat: nil at once.
 func (v *Volume) Flatten(ctx context.Context, progress func(done, total uint64)) error {
 	s := v.s
+	if s.cfg.ReadOnly {
+		return fmt.Errorf("volume %d: flatten: store opened read-only: %w", v.id, ErrReadOnly)
+	}
 	var total, done uint64
 	v.mu.RLock()
 	if v.gone != nil {

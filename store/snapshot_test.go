@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -350,7 +351,7 @@ func snapModelOnce(seed uint64, nops int) error {
 					}
 				}
 				c.parent = o.parent
-				if c.parent == 0 {
+				if c.parent == 0 && c.kind == KindVolume {
 					dropTombs(c)
 				}
 				touched = c
@@ -469,6 +470,11 @@ func snapModelOnce(seed uint64, nops int) error {
 			}
 			if s, err = Open(cfg); err != nil {
 				return fmt.Errorf("op %d: reopen: %w", k, err)
+			}
+			for _, o := range m.objs {
+				if o.parent == 0 {
+					dropTombs(o) // Open trims a parentless map's tombstones
+				}
 			}
 		case r < 91 && len(m.objs) < 14:
 			if err := create(); err != nil {
@@ -948,11 +954,14 @@ func snapCrashOnce(seed uint64, point hookPoint) (crashedAt bool, err error) {
 // torn, and afterwards every block reads its last write or the origin's
 // data, the forest is what the operation makes it, Check passes and the
 // clusters mapped are exactly the origin's and the copies' (no second
-// copy of an index, none leaked). Run it under -race.
+// copy of an index, none leaked). In "merge-middle" the snapshot merged
+// is the volume's grandparent, merged into the volume's parent (another
+// snapshot, which the volume's deallocates look at meanwhile). Run it
+// under -race.
 func TestCOWConcurrent(t *testing.T) {
 	seed := testSeed(t)
 	for it := range iterations(t, 8, 2, 4) {
-		for _, mode := range []string{"flatten", "merge"} {
+		for _, mode := range []string{"flatten", "merge", "merge-middle"} {
 			if err := cowConcurrentOnce(seed+uint64(it), mode); err != nil {
 				t.Fatalf("iteration %d, %s: %v\nreplay it alone with BLK_SEED=%d BLK_ITERS=1", it, mode, err, seed+uint64(it))
 			}
@@ -963,7 +972,8 @@ func TestCOWConcurrent(t *testing.T) {
 func cowConcurrentOnce(seed uint64, mode string) error {
 	const (
 		C        = 16 << 10
-		clusters = 48
+		clusters = 48 // written by the writers
+		tail     = 16 // deallocated whole by one more goroutine
 		blocks   = clusters * C / BlockSize4K
 		writers  = 4
 	)
@@ -972,12 +982,12 @@ func cowConcurrentOnce(seed uint64, mode string) error {
 		return err
 	}
 	defer func() { _ = s.Close() }()
-	v1, err := s.Create(1, CreateOptions{SizeBytes: blocks * BlockSize4K})
+	v1, err := s.Create(1, CreateOptions{SizeBytes: (clusters + tail) * C})
 	if err != nil {
 		return err
 	}
 	buf := alignedBuf(C, 4096)
-	for c := range uint64(clusters) {
+	for c := range uint64(clusters + tail) {
 		for i := range uint64(C / BlockSize4K) {
 			fillTagged(buf[i*BlockSize4K:(i+1)*BlockSize4K], 0, c*4+i, 1)
 		}
@@ -989,6 +999,15 @@ func cowConcurrentOnce(seed uint64, mode string) error {
 		return err
 	}
 	target := ID(1)
+	if mode == "merge-middle" {
+		fillTagged(buf[:BlockSize4K], 0, 0, 1)
+		if err := v1.Write(0, buf[:BlockSize4K], 0); err != nil { // one cluster of 4's own
+			return err
+		}
+		if err := s.Snapshot(1, 4); err != nil {
+			return err
+		}
+	}
 	if mode == "flatten" {
 		if err := s.Clone(2, 3); err != nil {
 			return err
@@ -1003,8 +1022,32 @@ func cowConcurrentOnce(seed uint64, mode string) error {
 	for i := range last {
 		last[i] = 1
 	}
-	errs := make(chan error, writers+2)
+	errs := make(chan error, writers+3)
 	var wg sync.WaitGroup
+	freed := make([]bool, tail)
+	var opDone atomic.Bool
+	wg.Add(1)
+	go func() { // whole-cluster deallocates of the tail: tombstones over the parent's clusters
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(seed, 99))
+		b := alignedBuf(BlockSize4K, 4096)
+		for k := 0; k < 40 || !opDone.Load(); k++ { // and on until the flatten or merge ended
+			c := rng.IntN(tail)
+			if rng.IntN(2) == 0 { // own it first (a copy on write): its deallocate then asks the parent
+				lba := uint64(clusters+c) * C / BlockSize4K
+				fillTagged(b, 0, lba, 1)
+				if err := tv.Write(lba, b, 0); err != nil {
+					errs <- err
+					return
+				}
+			}
+			if err := tv.Deallocate(uint64(clusters+c)*C/BlockSize4K, C/BlockSize4K); err != nil {
+				errs <- err
+				return
+			}
+			freed[c] = true
+		}
+	}()
 	for w := range writers {
 		wg.Add(1)
 		go func() {
@@ -1041,8 +1084,9 @@ func cowConcurrentOnce(seed uint64, mode string) error {
 		if mode == "flatten" {
 			err = tv.Flatten(context.Background(), nil)
 		} else {
-			err = s.Delete(2)
+			err = s.Delete(2) // merged into 1 ("merge") or into 4 ("merge-middle")
 		}
+		opDone.Store(true)
 		if err != nil {
 			errs <- fmt.Errorf("%s: %w", mode, err)
 		}
@@ -1061,6 +1105,16 @@ func cowConcurrentOnce(seed uint64, mode string) error {
 			return fmt.Errorf("volume %d block %d: tag %d (%v), want %d", target, lba, got, err, last[lba])
 		}
 	}
+	for c := range uint64(tail) {
+		lba := (clusters + c) * C / BlockSize4K
+		if err := tv.Read(lba, one); err != nil {
+			return err
+		}
+		want := map[bool]uint64{true: 0, false: 1}[freed[c]]
+		if got, err := readTag(one, 0, lba); err != nil || got != want {
+			return fmt.Errorf("volume %d tail cluster %d: tag %d (%v), want %d", target, c, got, err, want)
+		}
+	}
 	if err := s.Check(); err != nil {
 		return err
 	}
@@ -1075,15 +1129,44 @@ func cowConcurrentOnce(seed uint64, mode string) error {
 		if err != nil {
 			return err
 		}
-		if info.Parent != 0 || sp.OwnedBytes != clusters*C || sp.SharedBytes != 0 || st.Mapped != 2*clusters {
-			return fmt.Errorf("after flatten: %+v, %+v, %d clusters mapped, want %d", info, sp, st.Mapped, 2*clusters)
+		nfreed := uint64(0)
+		for _, f := range freed {
+			if f {
+				nfreed++
+			}
+		}
+		own := clusters + tail - nfreed
+		if info.Parent != 0 || sp.OwnedBytes != own*C || sp.SharedBytes != 0 || st.Mapped != clusters+tail+own {
+			return fmt.Errorf("after flatten: %+v, %+v, %d clusters mapped, want %d", info, sp, st.Mapped, clusters+tail+own)
 		}
 	case "merge": // the volume owns every cluster: its copies, and the snapshot's it had not hidden
 		if _, err := s.Volume(2); !errors.Is(err, ErrNotFound) {
 			return fmt.Errorf("snapshot 2 after its delete: %v", err)
 		}
-		if info.Parent != 0 || st.Mapped != clusters {
-			return fmt.Errorf("after merge: %+v, %d clusters mapped, want %d", info, st.Mapped, clusters)
+		nfreed := uint64(0)
+		for _, f := range freed {
+			if f {
+				nfreed++
+			}
+		}
+		if info.Parent != 0 || st.Mapped != clusters+tail-nfreed {
+			return fmt.Errorf("after merge: %+v, %d clusters mapped, want %d", info, st.Mapped, clusters+tail-nfreed)
+		}
+	case "merge-middle": // the volume reads through 4, now parentless, which keeps what it read
+		if info.Parent != 4 {
+			return fmt.Errorf("after merge: %+v, want parent 4", info)
+		}
+		snap, err := s.Volume(4)
+		if err != nil {
+			return err
+		}
+		for lba := uint64(0); lba < (clusters+tail)*C/BlockSize4K; lba += 3 {
+			if err := snap.Read(lba, one); err != nil {
+				return err
+			}
+			if got, err := readTag(one, 0, lba); err != nil || got != 1 {
+				return fmt.Errorf("snapshot 4 block %d after the merge: tag %d (%v), want 1", lba, got, err)
+			}
 		}
 	}
 	return nil

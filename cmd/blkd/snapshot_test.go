@@ -110,7 +110,7 @@ func TestSnapshotAPI(t *testing.T) {
 	mustRead(t, ns, 0, append(pattern('B', mib/2), pattern('A', mib/2)...), "v after the snapshot")
 
 	// Refusals.
-	d.refuse(t, "POST", "/v1/volumes/v/snapshots", `{"name": "s1"}`, 409, `v@s1.*already in use.*another name`)
+	d.refuse(t, "POST", "/v1/volumes/v/snapshots", `{"name": "s1"}`, 409, `v@s1 exists: choose another name`)
 	d.refuse(t, "POST", "/v1/volumes/v/snapshots", `{"name": "a@b"}`, 400, `snapshot name`)
 	d.refuse(t, "POST", "/v1/volumes/v/snapshots", `{}`, 400, `missing "name"`)
 	d.refuse(t, "POST", "/v1/volumes/nope/snapshots", `{"name": "x"}`, 404, `unknown volume`)
@@ -120,7 +120,7 @@ func TestSnapshotAPI(t *testing.T) {
 	d.refuse(t, "POST", "/v1/volumes/v/snapshots/s1/clone", `{"name": "v"}`, 409, `already in use`)
 	d.refuse(t, "POST", "/v1/volumes/v/flatten", "", 409, `not a clone`)
 	d.refuse(t, "POST", "/v1/volumes/v/revert", `{"snapshot": "s1"}`, 409, `connected`)
-	d.refuse(t, "DELETE", "/v1/volumes/v?force=true", "", 409, `snapshots s1.*snapshots=true`)
+	d.refuse(t, "DELETE", "/v1/volumes/v?force=true", "", 409, `snapshots v@s1.*snapshots=true`)
 
 	// The listing, with the space the primary counts.
 	var l struct {
@@ -146,6 +146,12 @@ func TestSnapshotAPI(t *testing.T) {
 	mustWrite(t, cns, 4096, pattern('C', 8192))
 	mustRead(t, ns, 0, append(pattern('B', mib/2), pattern('A', mib/2)...), "v after c1 was written")
 	d.refuse(t, "DELETE", "/v1/volumes/v/snapshots/s1", "", 409, `v@s1.*clones c1.*flatten`)
+	if n := d.metric(t, "blk_volume_store_copies_on_write_total"); n < 2 {
+		t.Fatalf("blk_volume_store_copies_on_write_total %v after writes over v's and c1's shared clusters, want at least 2", n)
+	}
+	if n := d.metric(t, "blk_snapshot_disk_bytes"); n < mib {
+		t.Fatalf("blk_snapshot_disk_bytes %v, want at least the MiB s1 holds", n)
+	}
 
 	// Revert once the host is gone: v reads A again.
 	detachNS(t, d, "v", ctrl)
@@ -166,6 +172,7 @@ func TestSnapshotAPI(t *testing.T) {
 			t.Fatalf("c1 not flat after 30 s: %+v", c)
 		}
 		time.Sleep(100 * time.Millisecond)
+		c = snapVolumeJSON{} // fields the answer omits must not keep old values
 		d.must(t, "GET", "/v1/volumes/c1", "", 200, &c)
 	}
 	want := pattern('A', mib)

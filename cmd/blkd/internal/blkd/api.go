@@ -69,13 +69,11 @@ func metaError(err error, hint string) error {
 		status, hint = http.StatusConflict, "the host is not attached to this volume"
 	case errors.Is(err, meta.ErrUnknownSnapshot):
 		status, hint = http.StatusNotFound, "list the volume's snapshots with GET /v1/volumes/{name}/snapshots (blkctl volume snapshots VOLUME)"
-	case errors.Is(err, meta.ErrSnapshotExists):
-		status, hint = http.StatusConflict, "choose another name, or delete the snapshot first"
-	case errors.Is(err, meta.ErrHasClones):
-		status, hint = http.StatusConflict, "flatten the clones (blkctl volume flatten CLONE) or delete them first"
 	case errors.Is(err, meta.ErrHasSnapshots):
-		status, hint = http.StatusConflict, "delete them first, or repeat with ?snapshots=true (blkctl volume delete VOLUME --snapshots)"
-	case errors.Is(err, meta.ErrHasChildren), errors.Is(err, meta.ErrSnapshotNotReady), errors.Is(err, meta.ErrNotClone):
+		status, hint = http.StatusConflict, "DELETE with ?snapshots=true (blkctl volume delete VOLUME --snapshots) deletes them with it"
+	case errors.Is(err, meta.ErrSnapshotExists), errors.Is(err, meta.ErrHasClones), errors.Is(err, meta.ErrHasChildren),
+		errors.Is(err, meta.ErrSnapshotNotReady), errors.Is(err, meta.ErrNotClone):
+		// The registry's message names the objects and what to do.
 		status = http.StatusConflict
 	case errors.Is(err, meta.ErrBusy):
 		status, hint = http.StatusConflict, "retry once it is done"

@@ -419,6 +419,12 @@ func (d *Daemon) internalReconcile(w http.ResponseWriter, r *http.Request) error
 func (d *Daemon) startControl(ctx context.Context) {
 	d.tparts = &targetParts{d: d}
 	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{d.store}, d.tparts, d.audit.logger())
+	d.rec.OnFlattenDone = func(string) {
+		select {
+		case d.settleNow <- struct{}{}:
+		default:
+		}
+	}
 	d.mgr = control.NewManager(registryParts{d.node}, ownerParts{d})
 	d.mgr.MaxReplicas = meta.MaxReplicas // blkd replicates (replica.go)
 	d.mgr.Log = d.audit.logger()
@@ -485,17 +491,18 @@ func (d *Daemon) settleLoop(stop <-chan struct{}) {
 		case <-stop:
 			return
 		case <-t.C:
-			legacy.warn(d)
-			ctx, cancel := context.WithCancel(context.Background())
-			go func() {
-				select {
-				case <-stop:
-					cancel()
-				case <-ctx.Done():
-				}
-			}()
-			d.settle(ctx)
-			cancel()
+		case <-d.settleNow:
 		}
+		legacy.warn(d)
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		d.settle(ctx)
+		cancel()
 	}
 }

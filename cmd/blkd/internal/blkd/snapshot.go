@@ -43,7 +43,9 @@ func (p storeParts) Flatten(ctx context.Context, vol uint64, progress func(done,
 	if err != nil {
 		return err
 	}
-	return v.Flatten(ctx, progress)
+	// The store counts clusters; the API shows bytes.
+	cb := p.s.Stats().ClusterBytes
+	return v.Flatten(ctx, func(done, total uint64) { progress(done*cb, total*cb) })
 }
 
 func (p storeParts) Parent(id uint64) (uint64, error) {
@@ -215,15 +217,18 @@ func (d *Daemon) takeSnapshot(ctx context.Context, volume, snap string, index ui
 				d.log.Warn("a replica did not take a snapshot: it leaves the in-sync set", "volume", volume, "snapshot", snap, "node", a.node, "err", a.err)
 				continue
 			}
-			took = append(took, a.node)
+			if a.node != d.cfg.NodeID {
+				took = append(took, a.node) // the barrier's peers: the primary is none
+			}
 		}
-		slices.Sort(took)
 		return took, nil
 	})
 	if err != nil {
 		return control.Taken{}, fmt.Errorf("snapshot %s@%s: %w", volume, snap, err)
 	}
-	return control.Taken{Nodes: took, Held: held}, nil
+	nodes := append([]string{d.cfg.NodeID}, took...)
+	slices.Sort(nodes)
+	return control.Taken{Nodes: nodes, Held: held}, nil
 }
 
 // internalSnapshot serves POST /v1/internal/snapshot: the leader asks
@@ -547,6 +552,10 @@ func (d *Daemon) revertVolume(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("%v", api.CheckName("snapshot name", req.Snapshot))
 	}
 	v, err := d.mgr.Revert(r.Context(), name, req.Snapshot)
+	if errors.Is(err, meta.ErrHasConnections) {
+		// Not metaError's hint: no force drops hosts under a revert.
+		return &apiError{http.StatusConflict, strings.ReplaceAll(err.Error(), ": meta: ", ": ") + ": a revert needs no host connected (blkctl detach " + name + " --host-nqn NQN, and disconnect the host)"}
+	}
 	if err != nil {
 		return metaError(err, "")
 	}
