@@ -60,7 +60,8 @@ func (s *Store) DirectFD() (fd int, path string, ok bool) {
 // BeginDirect resolves a read (write false) into buf, or a write of buf,
 // at lba, into at most len(segs) segments written to segs (n of them).
 // A read's unallocated clusters are zeroed in buf here and make no
-// segment. A write must find every cluster allocated (a first write is
+// segment. A write must find every cluster allocated and the volume's
+// own (a first write, and a copy on write of a parent's cluster, are
 // DirectSlow). More segments than segs holds is DirectSlow. err is the
 // request's error (range, alignment of the block size, read-only, a
 // closed or deleted volume), counted as Read and Write count theirs; then

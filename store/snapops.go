@@ -448,7 +448,8 @@ func (v *Volume) unshare() {
 // parent, then detaches it (docs/snapshots.md §1.8): each cluster is a
 // copy on write of the whole cluster (claimed as a host's first write
 // claims it, so a host write and the flatten copy it once between them),
-// in index order, under the volume's shared lock per batch; last, one
+// in index order, under the volume's shared lock per batch of at most
+// flattenCopies; last, one
 // synced batch drops the parent from the record. progress, if not nil,
 // is called after each batch with the clusters copied and the total (the
 // inherited clusters at the start). A cancelled ctx stops it between
@@ -523,9 +524,16 @@ func (v *Volume) Flatten(ctx context.Context, progress func(done, total uint64))
 	return nil
 }
 
+// flattenCopies bounds the clusters one flattenBatch copies under the
+// volume's shared lock (2 MiB at 64 KiB clusters): a Deallocate, a
+// Resize, a snapshot or a merge chunk waiting for the exclusive lock, and
+// the host's requests queued behind it, wait for that many copies at
+// most, not a batch of mappedBatch.
+const flattenCopies = 32
+
 // flattenBatch copies the inherited clusters of up to mappedBatch indices
-// from from, under v's shared lock; next is where the next batch starts
-// (^0: done).
+// from from, at most flattenCopies of them, under v's shared lock; next
+// is where the next batch starts (^0: done).
 func (v *Volume) flattenBatch(ctx context.Context, from uint64) (next, n uint64, err error) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
@@ -551,6 +559,9 @@ func (v *Volume) flattenBatch(ctx context.Context, from uint64) (next, n uint64,
 		}
 		n++
 		v.s.hook(hookFlattenChunk)
+		if n == flattenCopies {
+			return i + 1, n, nil
+		}
 	}
 	if limit >= end {
 		return ^uint64(0), n, nil

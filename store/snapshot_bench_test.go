@@ -218,3 +218,59 @@ func BenchmarkCloneRead(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSnapshotDelete: Store.Delete of the snapshot of a written
+// 1 GiB volume, merged into the volume (docs/snapshots.md §1.6): "move",
+// the volume having written nothing since (every key moves to its map),
+// and "free", the volume having rewritten every cluster (every cluster of
+// the snapshot is freed: in limbo until the next flush, after which the
+// store maps the volume's clusters only). keys/s are the snapshot's map
+// keys merged.
+func BenchmarkSnapshotDelete(b *testing.B) {
+	const size = 1 << 30
+	for _, mode := range []string{"move", "free"} {
+		b.Run(mode, func(b *testing.B) {
+			s, v := openSnapBench(b, size, true, false)
+			buf := alignedBuf(1<<20, 4096)
+			var total time.Duration
+			var keys, freed uint64
+			for i := range b.N {
+				b.StopTimer()
+				snap := ID(1000 + i)
+				if err := s.Snapshot(1, snap); err != nil {
+					b.Fatal(err)
+				}
+				if mode == "free" {
+					for off := uint64(0); off < size; off += 1 << 20 {
+						if err := v.Write(off/benchBlock, buf, 0); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				sp, err := s.SpaceOf(snap)
+				if err != nil {
+					b.Fatal(err)
+				}
+				keys += sp.OwnedBytes >> 16
+				freed += sp.ExclusiveBytes >> 16
+				b.StartTimer()
+				t := time.Now()
+				if err := s.Delete(snap); err != nil {
+					b.Fatal(err)
+				}
+				total += time.Since(t)
+				b.StopTimer()
+				if err := s.Flush(); err != nil {
+					b.Fatal(err)
+				}
+				if st := s.Stats(); st.Limbo != 0 || st.Mapped != size>>16 {
+					b.Fatalf("after the delete and a flush: %+v", st)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms/delete")
+			b.ReportMetric(float64(keys)/total.Seconds(), "keys/s")
+			b.ReportMetric(float64(freed)/float64(b.N), "clusters-freed/op")
+		})
+	}
+}

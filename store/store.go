@@ -971,7 +971,9 @@ func (s *Store) Resize(id ID, sizeBytes uint64, force bool) error {
 	}
 	old := r.info.SizeBytes
 	switch {
-	case r.info.Kind == KindSnapshot && sizeBytes != old:
+	case r.info.Kind == KindSnapshot && sizeBytes == old:
+		return nil // nothing to do, and a snapshot's clusters are never written (not even its tail)
+	case r.info.Kind == KindSnapshot:
 		return fmt.Errorf("volume %d: resize: a snapshot's size is fixed: %w", id, ErrInvalid)
 	case v.parent != nil && sizeBytes < old:
 		// A regrown object would read its parent's clusters past the old

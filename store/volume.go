@@ -112,7 +112,9 @@ type VolumeStats struct {
 	// FUAWrites are among Writes; RemovedBlocks: the blocks named by
 	// WriteZeroes and Deallocate requests.
 	FUAWrites, WriteZeroes, Deallocates, Flushes, RemovedBlocks uint64
-	// AllocatedBytes: clusters mapped × cluster size (exact).
+	// AllocatedBytes: the clusters its own map names × cluster size
+	// (exact). A snapshot taken of the volume owns what the volume had
+	// (Store.SpaceOf says what it reads through its parent).
 	AllocatedBytes uint64
 }
 
@@ -705,7 +707,8 @@ func (v *Volume) Flush() error {
 const mappedBatch = 1 << 16
 
 // Mapped calls fn, in LBA order, for each run of allocated clusters whose
-// blocks meet [from, to): lba and blocks give the run clipped to [from,
+// blocks meet [from, to) (its own and those it reads through its parent:
+// everything it reads but holes and tombstones; MappedOwn gives its own): lba and blocks give the run clipped to [from,
 // to) and to the volume's size (a long run may come in pieces: at most
 // 65536 clusters are looked at per lock). Unallocated clusters (holes, which read
 // as zeros) are skipped. It holds no lock while fn runs, so fn may read
