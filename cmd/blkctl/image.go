@@ -10,8 +10,10 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/signal"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/blk-project/blk/api"
@@ -27,8 +29,8 @@ import (
 func imageCommands() []*cli.Command {
 	return []*cli.Command{
 		{
-			Name: "export", Usage: "write a snapshot to a file or stdout: a blk-image (whole, or the blocks changed since an earlier snapshot) or a raw sparse file",
-			UsageText: "blkctl volume export VOLUME@SNAPSHOT FILE|- [--since VOLUME@SNAPSHOT0] [--format blk|raw] [--progress]",
+			Name: "export", Usage: "write a snapshot (of VOLUME: one taken for the export and deleted after it) to a file or stdout: a blk-image (whole, or the blocks changed since an earlier snapshot) or a raw sparse file",
+			UsageText: "blkctl volume export VOLUME@SNAPSHOT|VOLUME FILE|- [--since VOLUME@SNAPSHOT0] [--format blk|raw] [--progress]",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "since", Usage: "export only the blocks changed since this earlier snapshot (`VOLUME@SNAPSHOT0` or SNAPSHOT0), for an incremental backup"},
 				&cli.StringFlag{Name: "format", Value: "blk", Usage: "blk (a blk-image, for blkctl volume import) or raw (the volume's bytes, holes left sparse; whole snapshots only)"},
@@ -127,7 +129,9 @@ func volumeExport(c *cli.Context) error {
 	case err != nil:
 		return usageErrorf("%s: %v", c.Command.FullName(), err)
 	case !ok:
-		return usageErrorf("%s: %q names no snapshot: export VOLUME@SNAPSHOT (take one with blkctl volume snapshot %s NAME)", c.Command.FullName(), a[0], a[0])
+		if err := api.CheckName("VOLUME", vol); err != nil {
+			return usageErrorf("%s: %v", c.Command.FullName(), err)
+		}
 	}
 	format := c.String("format")
 	if format != "blk" && format != "raw" {
@@ -155,12 +159,27 @@ func volumeExport(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if !ok {
+		// VOL: a snapshot taken for the export, deleted after it (also
+		// on failure or Ctrl-C).
+		snap = fmt.Sprintf("export-%d", time.Now().Unix())
+		if err := e.api.do("POST", volPath(vol)+"/snapshots", api.SnapshotRequest{Name: snap}, nil); err != nil {
+			return hint(noSnapshots(e, err), vol, "")
+		}
+		fmt.Fprintf(e.stderr, "took snapshot %s@%s to export; it is deleted when the export ends\n", vol, snap)
+		defer func() {
+			if err := e.api.do("DELETE", snapPath(vol, snap), nil, nil); err != nil {
+				fmt.Fprintf(e.stderr, "blkctl: delete the export's snapshot %s@%s: %v (delete it with blkctl volume delete %s@%s)\n", vol, snap, err, vol, snap)
+			}
+		}()
+		a[0] = vol + "@" + snap
+	}
 	path := snapPath(vol, snap) + "/export"
 	if since != "" {
 		path += "?since=" + url.QueryEscape(since)
 	}
-	ctx, cancel := context.WithCancel(c.Context)
-	defer cancel()
 	hc := streamClient(e)
 	resp, err := getStream(ctx, hc, e.api.base+path)
 	if err != nil {

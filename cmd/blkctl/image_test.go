@@ -30,7 +30,7 @@ func TestExportImportUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"volume", "export", "v", "f"}, "names no snapshot"},
+		{[]string{"volume", "export", "v w", "f"}, "VOLUME"},
 		{[]string{"volume", "export", "v@s", "f", "--format", "qcow2"}, "use blk or raw"},
 		{[]string{"volume", "export", "v@s", "f", "--since", "s0", "--format", "raw"}, "whole volume"},
 		{[]string{"volume", "export", "v@s", "f", "--since", "w@s0"}, "snapshot of w, not of v"},

@@ -204,8 +204,23 @@ func TestExportImport(t *testing.T) {
 	d.refuse(t, "GET", "/v1/volumes/v/snapshots/s1/export?since=s2", "", 409, `not an earlier snapshot`)
 	d.refuse(t, "GET", "/v1/volumes/v/snapshots/s1/export?since=s1", "", 400, `itself`)
 	d.refuse(t, "GET", "/v1/volumes/v/snapshots/nope/export", "", 404, `unknown snapshot`)
-	if code, o := blkctl(t, d, "volume", "export", "v", filepath.Join(out, "n.img")); code == 0 || !strings.Contains(o, "names no snapshot") {
-		t.Fatalf("export without a snapshot: exit %d: %s", code, o)
+
+	// export VOL takes a snapshot for the export and deletes it after.
+	now := filepath.Join(out, "now.raw")
+	if o := mustBlkctl(t, d, "volume", "export", "v", now, "--format", "raw"); !strings.Contains(o, "took snapshot v@export-") {
+		t.Fatalf("export v: %s", o)
+	}
+	copy(model, pattern('x', 4096))
+	if rb, err = os.ReadFile(now); err != nil {
+		t.Fatal(err)
+	}
+	sameBytes(t, "raw export of v", rb, model)
+	var l struct {
+		Snapshots []snapshotJSON `json:"snapshots"`
+	}
+	d.must(t, "GET", "/v1/volumes/v/snapshots", "", 200, &l)
+	if len(l.Snapshots) != 2 {
+		t.Fatalf("v's snapshots after export v: %+v, want s1 and s2 only", l.Snapshots)
 	}
 	ctrl.Close()
 }
