@@ -413,6 +413,15 @@ func volumeImport(c *cli.Context) error {
 	case h.Base != nil && base == "":
 		return usageErrorf("%s holds the changes of %s@%s since %s@%s: import it onto the volume that holds that snapshot's import, with --base SNAPSHOT (blkctl volume snapshots VOLUME lists their origins)", a[0], h.Volume, h.Snapshot, h.Volume, h.Base.Name)
 	case base != "":
+		var s api.Snapshot
+		err := e.api.do("GET", snapPath(name, h.Snapshot), nil, &s)
+		var ae *apiError
+		switch {
+		case err == nil:
+			return fmt.Errorf("%s@%s exists: %s (the changes up to %s@%s) was imported already", name, h.Snapshot, a[0], h.Volume, h.Snapshot)
+		case !errors.As(err, &ae) || ae.Status != http.StatusNotFound:
+			return hint(noSnapshots(e, err), name, "")
+		}
 		if v, err = prepareBase(e, name, base, max(h.SizeBytes, minSize)); err != nil {
 			return err
 		}
@@ -454,6 +463,9 @@ func volumeImport(c *cli.Context) error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		err, _ := streamError(resp, "import")
+		if base == "" {
+			return fmt.Errorf("%w (volume %s was created for the import: delete it with blkctl volume delete %s)", err, name, name)
+		}
 		return err
 	}
 	var res api.ImportResult

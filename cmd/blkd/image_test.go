@@ -180,6 +180,9 @@ func TestExportImport(t *testing.T) {
 	wctrl, wns = attachNS(t, d, "w")
 	sameBytes(t, "w after the diff v@s1..s2", readAll(t, wns, size), s2)
 	d.must(t, "GET", "/v1/volumes/w/snapshots/s2", "", 200, &ws)
+	if code, o := blkctl(t, d, "volume", "import", diff, "w", "--base", "s1"); code == 0 || !strings.Contains(o, "imported already") {
+		t.Fatalf("the same diff again: exit %d: %s", code, o)
+	}
 	detachNS(t, d, "w", wctrl)
 
 	// A damaged image: one data byte changed. The import fails by the
@@ -193,7 +196,7 @@ func TestExportImport(t *testing.T) {
 	if err := os.WriteFile(bad, img, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if code, o := blkctl(t, d, "volume", "import", bad, "x"); code == 0 || !strings.Contains(o, "checksum") || !strings.Contains(o, "left as written") {
+	if code, o := blkctl(t, d, "volume", "import", bad, "x"); code == 0 || !strings.Contains(o, "checksum") || !strings.Contains(o, "left as written") || !strings.Contains(o, "blkctl volume delete x") {
 		t.Fatalf("import of a damaged image: exit %d: %s", code, o)
 	}
 	d.refuse(t, "GET", "/v1/volumes/x/snapshots/s1", "", 404, `unknown snapshot`)

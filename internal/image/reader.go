@@ -168,10 +168,10 @@ func (r *Reader) end() error {
 
 // Read reads the current data record's bytes; io.EOF at its end.
 func (r *Reader) Read(p []byte) (int, error) {
-	if r.left == 0 {
-		if r.err != nil {
-			return 0, r.err
-		}
+	switch {
+	case r.err != nil:
+		return 0, r.err
+	case r.left == 0:
 		return 0, io.EOF
 	}
 	p = p[:min(uint64(len(p)), r.left)]
