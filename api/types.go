@@ -110,6 +110,10 @@ type Snapshot struct {
 	// HeldNanos (the answer of a create only): how long host writes were
 	// held while it was taken.
 	HeldNanos int64 `json:"held_ns,omitempty"`
+	// Origin is, for a snapshot an import made, the exported snapshot
+	// it is a copy of, "cluster/ID": the next diff of that snapshot's
+	// volume imports onto it.
+	Origin string `json:"origin,omitempty"`
 }
 
 // SnapshotList is GET /v1/volumes/{name}/snapshots.
@@ -120,6 +124,34 @@ type SnapshotList struct {
 // SnapshotRequest is POST /v1/volumes/{name}/snapshots.
 type SnapshotRequest struct {
 	Name string `json:"name"`
+	// Origin (an import's snapshot only): the exported snapshot, as
+	// ImportResult.Origin gives it.
+	Origin string `json:"origin,omitempty"`
+}
+
+// ImageContentType is the media type of a blk-image/1 stream
+// (internal/image): GET .../export answers it, PUT .../import takes it.
+const ImageContentType = "application/vnd.blk.image"
+
+// ImageDataBytesHeader is the answer header of an export that gives the
+// image's data bytes (Content-Length is the whole stream's).
+const ImageDataBytesHeader = "Blk-Image-Data-Bytes"
+
+// ImportResult is the answer of PUT /v1/volumes/{name}/import: what the
+// image was, and what was written.
+type ImportResult struct {
+	Volume string `json:"volume"`
+	// Snapshot is the name of the exported snapshot (blkctl gives the
+	// volume a snapshot of that name, with Origin).
+	Snapshot string `json:"snapshot"`
+	// Origin is the exported snapshot as "cluster/ID".
+	Origin string `json:"origin"`
+	// Base is the snapshot a diff image was taken since ("": full).
+	Base         string `json:"base,omitempty"`
+	SizeBytes    uint64 `json:"size_bytes"`
+	DataBytes    uint64 `json:"data_bytes"`
+	WrittenBytes uint64 `json:"written_bytes"`
+	Records      uint64 `json:"records"`
 }
 
 // CloneRequest is POST /v1/volumes/{name}/snapshots/{snap}/clone: a new

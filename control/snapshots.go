@@ -305,6 +305,13 @@ func (m *Manager) snapshotter() (Snapshotter, error) {
 // says why; if it does not answer, the leader's settle rounds finish or
 // delete it.
 func (m *Manager) Snapshot(ctx context.Context, volume, name string) (meta.Volume, meta.VolumeSnapshot, time.Duration, error) {
+	return m.SnapshotOrigin(ctx, volume, name, "")
+}
+
+// SnapshotOrigin is Snapshot for the snapshot an import takes: origin,
+// the exported snapshot's "cluster/ID", is kept as its Origin
+// (meta.CreateSnapshot), where the next diff's base is looked for.
+func (m *Manager) SnapshotOrigin(ctx context.Context, volume, name, origin string) (meta.Volume, meta.VolumeSnapshot, time.Duration, error) {
 	if err := m.requireFeature(ctx, meta.FeatureSnapshots); err != nil {
 		return meta.Volume{}, meta.VolumeSnapshot{}, 0, err
 	}
@@ -312,7 +319,7 @@ func (m *Manager) Snapshot(ctx context.Context, volume, name string) (meta.Volum
 	if err != nil {
 		return meta.Volume{}, meta.VolumeSnapshot{}, 0, err
 	}
-	cmd := meta.CreateSnapshot{Volume: volume, Name: name, At: m.Now().UnixNano()}
+	cmd := meta.CreateSnapshot{Volume: volume, Name: name, At: m.Now().UnixNano(), Origin: origin}
 	if err := cmd.Check(); err != nil {
 		return meta.Volume{}, meta.VolumeSnapshot{}, 0, err
 	}

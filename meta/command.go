@@ -343,10 +343,13 @@ type ReplaceReplica struct {
 // volume (ErrSnapshotExists); no other snapshot of the volume being
 // taken, no flatten in progress, the volume's parent snapshot not being
 // deleted (ErrBusy); fewer than MaxSnapshots snapshots (ErrLimit).
+// Origin, for the snapshot an import takes, is the exported snapshot's
+// "cluster/ID" (docs/snapshots.md §5.3), kept as the snapshot's Origin.
 type CreateSnapshot struct {
 	Volume string `json:"volume"`
 	Name   string `json:"name"`
 	At     int64  `json:"at"` // creation time, Unix nanoseconds, set by the proposer
+	Origin string `json:"origin,omitempty"`
 }
 
 // SnapshotDone marks a snapshot being taken ready: Nodes took it, at the

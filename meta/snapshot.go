@@ -3,6 +3,7 @@ package meta
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -213,7 +214,35 @@ func (s *State) Clones(volume string, id uint64) []string {
 // grammar, which keeps '@' out of it, so VOL@SNAP is never ambiguous.
 // Apply requires it too: snapshot names are new, so every one in the log
 // is in the grammar.
-func (c CreateSnapshot) Check() error { return checkNewName("snapshot name", c.Name) }
+// An Origin, when given, is "cluster/ID": a cluster ID of printable
+// characters and a positive decimal ID, at most MaxOriginLen bytes.
+func (c CreateSnapshot) Check() error {
+	if err := checkNewName("snapshot name", c.Name); err != nil {
+		return err
+	}
+	return checkOrigin(c.Origin)
+}
+
+// MaxOriginLen bounds a snapshot's Origin.
+const MaxOriginLen = 300
+
+func checkOrigin(o string) error {
+	if o == "" {
+		return nil
+	}
+	i := strings.LastIndexByte(o, '/')
+	cluster, id := o[:max(i, 0)], o[i+1:]
+	n, err := strconv.ParseUint(id, 10, 64)
+	switch {
+	case len(o) > MaxOriginLen:
+		return fmt.Errorf("meta: snapshot origin of %d bytes, more than %d: %w", len(o), MaxOriginLen, ErrInvalid)
+	case i < 0 || err != nil || n == 0 || strconv.FormatUint(n, 10) != id:
+		return fmt.Errorf("meta: snapshot origin %q is not \"cluster/ID\": %w", o, ErrInvalid)
+	case strings.IndexFunc(cluster, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
+		return fmt.Errorf("meta: snapshot origin %q holds a control character: %w", o, ErrInvalid)
+	}
+	return nil
+}
 
 // Check is what CloneVolume requires of its own fields, whatever the
 // registry holds (as CreateVolume.Check): the clone's name in the name
@@ -315,7 +344,7 @@ func (s *State) createSnapshot(c CreateSnapshot) Result {
 	}
 	sn := VolumeSnapshot{
 		Name: c.Name, ID: s.nextVol, SizeBytes: v.SizeBytes, CreatedAt: c.At,
-		State: SnapshotCreating, Parent: v.Parent, Nodes: v.InSync(),
+		State: SnapshotCreating, Parent: v.Parent, Nodes: v.InSync(), Origin: c.Origin,
 	}
 	s.nextVol++
 	v.Snapshots = append(v.Snapshots, sn)

@@ -18,7 +18,7 @@ import (
 
 // snapshotCommands are the volume verbs of snapshots and clones.
 func snapshotCommands() []*cli.Command {
-	return []*cli.Command{
+	return append([]*cli.Command{
 		{
 			Name: "snapshot", Usage: "take a read-only, crash-consistent point-in-time copy of a volume, also while hosts write (no data is copied)", UsageText: "blkctl volume snapshot VOLUME NAME",
 			Action: volumeSnapshot,
@@ -41,7 +41,7 @@ func snapshotCommands() []*cli.Command {
 			Name: "revert", Usage: "make a volume's content (and size) its snapshot's again; refused while a host is connected", UsageText: "blkctl volume revert VOLUME SNAPSHOT",
 			Action: volumeRevert,
 		},
-	}
+	}, imageCommands()...)
 }
 
 // splitSnap splits VOL@SNAP; ok is false when s has no '@'.

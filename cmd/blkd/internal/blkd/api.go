@@ -161,6 +161,8 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("POST /v1/volumes/{name}/snapshots/{snap}/clone", w(d.cloneSnapshot))
 	m.Handle("POST /v1/volumes/{name}/flatten", w(d.flattenVolume))
 	m.Handle("POST /v1/volumes/{name}/revert", w(d.revertVolume))
+	m.Handle("GET /v1/volumes/{name}/snapshots/{snap}/export", handler(d.exportSnapshot))
+	m.Handle("PUT /v1/volumes/{name}/import", handler(d.importVolume))
 	// The leader asks a volume's owner to reconcile it (owner.go).
 	m.Handle("POST /v1/internal/reconcile", handler(d.internalReconcile))
 	m.Handle("GET /v1/internal/health", handler(d.health))
@@ -193,6 +195,7 @@ func (d *Daemon) routes() http.Handler {
 		"/v1/volumes/{name}/replicas/replace": "POST", "/v1/internal/drop": "POST", "/v1/internal/boot": "GET",
 		"/v1/volumes/{name}/snapshots": "GET, POST", "/v1/volumes/{name}/snapshots/{snap}": "GET, DELETE",
 		"/v1/volumes/{name}/snapshots/{snap}/clone": "POST", "/v1/volumes/{name}/flatten": "POST", "/v1/volumes/{name}/revert": "POST",
+		"/v1/volumes/{name}/snapshots/{snap}/export": "GET", "/v1/volumes/{name}/import": "PUT",
 		"/v1/internal/snapshot": "POST", "/v1/internal/snapshot-copy": "POST", "/v1/internal/space": "GET",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
 	} {

@@ -364,7 +364,7 @@ func (d *Daemon) space(ctx context.Context, v meta.Volume, ids []uint64) map[str
 func snapshotView(st *meta.State, v meta.Volume, s meta.VolumeSnapshot) api.Snapshot {
 	return api.Snapshot{
 		Name: s.Name, Volume: v.Name, ID: s.ID, SizeBytes: s.SizeBytes, CreatedAt: s.CreatedAt,
-		State: s.State.String(), Nodes: s.Nodes, Clones: st.Clones(v.Name, s.ID),
+		State: s.State.String(), Nodes: s.Nodes, Clones: st.Clones(v.Name, s.ID), Origin: s.Origin,
 	}
 }
 
@@ -398,7 +398,10 @@ func (d *Daemon) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	case api.CheckName("snapshot name", req.Name) != nil:
 		return badRequest("%v", api.CheckName("snapshot name", req.Name))
 	}
-	v, s, held, err := d.mgr.Snapshot(r.Context(), name, req.Name)
+	if err := (meta.CreateSnapshot{Name: req.Name, Origin: req.Origin}).Check(); err != nil {
+		return badRequest("%v", err)
+	}
+	v, s, held, err := d.mgr.SnapshotOrigin(r.Context(), name, req.Name, req.Origin)
 	if err != nil {
 		return metaError(err, "")
 	}
