@@ -87,6 +87,15 @@ writeall() { # VOLUME BYTES
 	ctl bench "$1" --host-nqn "$host" --transport tcp --rw write --bs 128KiB --qd 8 --ios $(($2 / 131072)) >/dev/null
 }
 
+# served PATH: how long blkd took to answer the last POST of PATH, in ms
+# (its audit log's duration: the request's whole time in blkd, the
+# registry's commits included, without blkctl's own start).
+served() {
+	grep "msg=\"api call\".*method=POST path=$1 status=20" "$scratch/node.log" | tail -1 |
+		sed -n 's/.* duration=\([0-9.]*\)\(µs\|ms\|s\).*/\1 \2/p' |
+		awk '{v = $1; if ($2 == "µs") v /= 1000; if ($2 == "s") v *= 1000; printf "%.2f\n", v}'
+}
+
 declare -A res
 rows=(create-written clone-written create-thin-big writes-none writes-after writes-owned reads-origin reads-clone)
 for run in $(seq "$RUNS"); do
@@ -101,7 +110,7 @@ for run in $(seq "$RUNS"); do
 
 	w0=$(bench "$v" randwrite --ios "$ios")
 	t0=$(now); j=$(ctl -o json volume snapshot "$v" s1); t1=$(now)
-	res["create-written|$run"]="$(ms "$t0" "$t1") $(awk -v h="$(field held_ns <<<"$j")" 'BEGIN {printf "%.2f\n", h / 1e6}')"
+	res["create-written|$run"]="$(ms "$t0" "$t1") $(awk -v h="$(field held_ns <<<"$j")" 'BEGIN {printf "%.2f\n", h / 1e6}') $(served "/v1/volumes/$v/snapshots")"
 	w1=$(bench "$v" randwrite --ios "$ios")
 	writeall "$v" "$bytes"
 	# The copies' map keys (one per cluster) are being flushed and
@@ -114,10 +123,10 @@ for run in $(seq "$RUNS"); do
 	res["writes-owned|$run"]="$w2 $(awk -v a="$w2" -v b="$w0" 'BEGIN {printf "%.2f\n", a/b}')"
 
 	t0=$(now); ctl volume clone "$v@s1" "$c" >/dev/null; t1=$(now)
-	res["clone-written|$run"]="$(ms "$t0" "$t1") -"
+	res["clone-written|$run"]="$(ms "$t0" "$t1") - $(served "/v1/volumes/$v/snapshots/s1/clone")"
 	ctl host allow "$c" "$host" >/dev/null
 	t0=$(now); j=$(ctl -o json volume snapshot "$big" s1); t1=$(now)
-	res["create-thin-big|$run"]="$(ms "$t0" "$t1") $(awk -v h="$(field held_ns <<<"$j")" 'BEGIN {printf "%.2f\n", h / 1e6}')"
+	res["create-thin-big|$run"]="$(ms "$t0" "$t1") $(awk -v h="$(field held_ns <<<"$j")" 'BEGIN {printf "%.2f\n", h / 1e6}') $(served "/v1/volumes/$big/snapshots")"
 
 	# The origin's reads: its snapshot's clusters are what the clone reads.
 	r0=$(bench "$v" randread --time "${RUNTIME}s")
@@ -135,9 +144,9 @@ col() { for run in $(seq "$RUNS"); do echo "${res["$1|$run"]}" | cut -d' ' -f"$2
 {
 	echo "| measure | median | second figure |"
 	echo "| --- | --- | --- |"
-	printf '| `volume snapshot` of a written %s volume, ms (wall) | %s | writes held %s ms |\n' "$SIZE" "$(col create-written 1)" "$(col create-written 2)"
-	printf '| `volume clone` of it, ms (wall) | %s | - |\n' "$(col clone-written 1)"
-	printf '| `volume snapshot` of a %s volume, %s written, ms (wall) | %s | writes held %s ms |\n' "$BIG" "$SIZE" "$(col create-thin-big 1)" "$(col create-thin-big 2)"
+	printf '| `volume snapshot` of a written %s volume, ms (blkctl wall) | %s | in blkd %s ms, writes held %s ms |\n' "$SIZE" "$(col create-written 1)" "$(col create-written 3)" "$(col create-written 2)"
+	printf '| `volume clone` of it, ms (blkctl wall) | %s | in blkd %s ms |\n' "$(col clone-written 1)" "$(col clone-written 3)"
+	printf '| `volume snapshot` of a %s volume, %s written, ms (blkctl wall) | %s | in blkd %s ms, writes held %s ms |\n' "$BIG" "$SIZE" "$(col create-thin-big 1)" "$(col create-thin-big 3)" "$(col create-thin-big 2)"
 	printf '| 4 KiB random writes QD32, no snapshot, IOPS | %s | 1 |\n' "$(col writes-none 1)"
 	printf '| the same right after a snapshot (first writes copy), IOPS | %s | %s × |\n' "$(col writes-after 1)" "$(col writes-after 2)"
 	printf '| the same once every cluster was rewritten, IOPS | %s | %s × |\n' "$(col writes-owned 1)" "$(col writes-owned 2)"
