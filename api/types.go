@@ -53,6 +53,120 @@ type Volume struct {
 	// Node is the primary. A volume online with fewer in sync than
 	// WantReplicas has the Reason "degraded: K/N in sync".
 	Replicas []Replica `json:"replicas"`
+	// Snapshots names the volume's snapshots, oldest first (GET
+	// /v1/volumes/{name}/snapshots lists them with their sizes).
+	Snapshots []string `json:"snapshots,omitempty"`
+	// CloneOf is the snapshot a clone was made from, as VOL@SNAP, until
+	// the clone is flattened; Flatten is a flatten's progress while it
+	// runs.
+	CloneOf string           `json:"clone_of,omitempty"`
+	Flatten *FlattenProgress `json:"flatten,omitempty"`
+	// OwnedBytes is the space the volume's own clusters take on its
+	// primary; SharedBytes what it reads from the snapshots below it
+	// (its own earlier snapshots, or a clone's origin). Both are given
+	// by the primary when it answers (absent when it did not).
+	OwnedBytes  *uint64 `json:"owned_bytes,omitempty"`
+	SharedBytes *uint64 `json:"shared_bytes,omitempty"`
+}
+
+// FlattenProgress is a running flatten of a clone: the bytes its primary
+// copied from the origin snapshot and those it has to copy (what the
+// clone read from the snapshot when the flatten began).
+type FlattenProgress struct {
+	DoneBytes  uint64 `json:"done_bytes"`
+	TotalBytes uint64 `json:"total_bytes"`
+	// Since: when the flatten was asked for (Unix nanoseconds).
+	Since int64 `json:"since"`
+}
+
+// Snapshot states of Snapshot.State.
+const (
+	SnapshotCreating = "creating" // being taken
+	SnapshotReady    = "ready"
+	SnapshotDeleting = "deleting" // its space is being merged or freed
+)
+
+// Snapshot is one read-only point-in-time copy of a volume (GET
+// /v1/volumes/{name}/snapshots/{snap}), named VOL@NAME.
+type Snapshot struct {
+	Name      string `json:"name"`
+	Volume    string `json:"volume"`
+	ID        uint64 `json:"id"`
+	SizeBytes uint64 `json:"size_bytes"` // the volume's size when taken
+	CreatedAt int64  `json:"created_at"` // Unix nanoseconds
+	State     string `json:"state"`
+	// Nodes hold a copy of it (the volume's in-sync replicas when it
+	// was taken).
+	Nodes []string `json:"nodes"`
+	// Clones are the volumes made from it and not yet flattened: it
+	// cannot be deleted while it has any.
+	Clones []string `json:"clones,omitempty"`
+	// OwnedBytes is the space of the clusters it holds (shared with
+	// later snapshots and the volume where they did not change them);
+	// ExclusiveBytes what deleting it would free. Given by the primary
+	// when it answers.
+	OwnedBytes     *uint64 `json:"owned_bytes,omitempty"`
+	ExclusiveBytes *uint64 `json:"exclusive_bytes,omitempty"`
+	// HeldNanos (the answer of a create only): how long host writes were
+	// held while it was taken.
+	HeldNanos int64 `json:"held_ns,omitempty"`
+	// Origin is, for a snapshot an import made, the exported snapshot
+	// it is a copy of, "cluster/ID": the next diff of that snapshot's
+	// volume imports onto it.
+	Origin string `json:"origin,omitempty"`
+}
+
+// SnapshotList is GET /v1/volumes/{name}/snapshots.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// SnapshotRequest is POST /v1/volumes/{name}/snapshots.
+type SnapshotRequest struct {
+	Name string `json:"name"`
+	// Origin (an import's snapshot only): the exported snapshot, as
+	// ImportResult.Origin gives it.
+	Origin string `json:"origin,omitempty"`
+}
+
+// ImageContentType is the media type of a blk-image/1 stream
+// (internal/image): GET .../export answers it, PUT .../import takes it.
+const ImageContentType = "application/vnd.blk.image"
+
+// ImageDataBytesHeader is the answer header of an export that gives the
+// image's data bytes (Content-Length is the whole stream's).
+const ImageDataBytesHeader = "Blk-Image-Data-Bytes"
+
+// ImportResult is the answer of PUT /v1/volumes/{name}/import: what the
+// image was, and what was written.
+type ImportResult struct {
+	Volume string `json:"volume"`
+	// Snapshot is the name of the exported snapshot (blkctl gives the
+	// volume a snapshot of that name, with Origin).
+	Snapshot string `json:"snapshot"`
+	// Origin is the exported snapshot as "cluster/ID".
+	Origin string `json:"origin"`
+	// Base is the snapshot a diff image was taken since ("": full).
+	Base         string `json:"base,omitempty"`
+	SizeBytes    uint64 `json:"size_bytes"`
+	DataBytes    uint64 `json:"data_bytes"`
+	WrittenBytes uint64 `json:"written_bytes"`
+	Records      uint64 `json:"records"`
+}
+
+// CloneRequest is POST /v1/volumes/{name}/snapshots/{snap}/clone: a new
+// writable volume Name that starts as the snapshot's content and shares
+// its clusters. NQN: its subsystem NQN; "": the default for Name.
+type CloneRequest struct {
+	Name string `json:"name"`
+	NQN  string `json:"nqn,omitempty"`
+}
+
+// RevertRequest is POST /v1/volumes/{name}/revert: the volume's content
+// becomes its snapshot Snapshot's (and its size the snapshot's). Refused
+// while a host is connected.
+type RevertRequest struct {
+	Snapshot string `json:"snapshot"`
 }
 
 // Replica states of Replica.State.

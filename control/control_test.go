@@ -39,14 +39,26 @@ func (w *world) step(name string) {
 	}
 }
 
+// shape is one store object: a volume (a plain volume or a clone) or a
+// snapshot, with the parent link and revert token the store keeps
+// (snapshots_test.go has the snapshot calls).
 type shape struct {
-	size uint64
-	bs   uint32
+	size   uint64
+	bs     uint32
+	snap   bool   // a read-only snapshot, not a volume
+	parent uint64 // the snapshot it reads through; 0: none
+	token  uint64 // the last revert token applied
 }
 
 type fakeStore struct {
-	w    *world
+	w *world
+	// vols are the store's objects, volumes and snapshots, by ID.
 	vols map[uint64]shape
+	// failSnapshot makes Snapshot fail (a store error, not a crash).
+	failSnapshot error
+	// flat holds the Flatten calls of the reconciler's goroutines until
+	// the test runs them (snapshots_test.go).
+	flat flattenQueue
 	// failCreate makes Create fail (a store error, not a crash).
 	failCreate error
 	// full is what Full says.
@@ -74,7 +86,7 @@ func (s *fakeStore) Create(id, size uint64, bs uint32) error {
 	if err := store.CheckShape(size, bs); err != nil {
 		return err
 	}
-	s.vols[id] = shape{size, bs}
+	s.vols[id] = shape{size: size, bs: bs}
 	return nil
 }
 
@@ -84,6 +96,9 @@ func (s *fakeStore) Grow(id, size uint64) error {
 	if !ok {
 		return fmt.Errorf("volume %d: %w", id, store.ErrNotFound)
 	}
+	if v.snap {
+		return fmt.Errorf("volume %d is a snapshot: %w", id, store.ErrReadOnly)
+	}
 	if err := store.CheckShape(size, v.bs); err != nil {
 		return err
 	}
@@ -92,19 +107,47 @@ func (s *fakeStore) Grow(id, size uint64) error {
 	return nil
 }
 
+// Delete removes an object, as the store does: a snapshot with one
+// child is merged into it (the child reads through the snapshot's
+// parent), one with more is refused.
 func (s *fakeStore) Delete(id uint64) error {
 	s.w.step("store.delete")
-	if _, ok := s.vols[id]; !ok {
+	o, ok := s.vols[id]
+	if !ok {
 		return fmt.Errorf("volume %d: %w", id, store.ErrNotFound)
+	}
+	kids := s.children(id)
+	switch {
+	case len(kids) > 1:
+		return fmt.Errorf("volume %d: delete: %d objects read through it (%d...): %w", id, len(kids), kids[0], store.ErrHasChildren)
+	case len(kids) == 1:
+		c := s.vols[kids[0]]
+		c.parent = o.parent
+		s.vols[kids[0]] = c
 	}
 	delete(s.vols, id)
 	return nil
 }
 
+// children are the objects whose parent is id, sorted.
+func (s *fakeStore) children(id uint64) []uint64 {
+	var out []uint64
+	for k, o := range s.vols {
+		if o.parent == id {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// List returns the volumes only, as blkd's adapter does.
 func (s *fakeStore) List() ([]uint64, error) {
 	var ids []uint64
-	for id := range s.vols {
-		ids = append(ids, id)
+	for id, o := range s.vols {
+		if !o.snap {
+			ids = append(ids, id)
+		}
 	}
 	slices.Sort(ids)
 	return ids, nil
@@ -268,10 +311,22 @@ type owners struct {
 	reg  *fakeRegistry
 	recs map[string]*Reconciler
 	down map[string]bool
+	// lose, if set, says whether a call to Reconcile is lost (not
+	// answered) before it reaches node.
+	lose func(node string) bool
+	// takeLost: TakeSnapshot's answer is lost after the primary took
+	// it; takeDropped: its request is lost before.
+	takeLost, takeDropped bool
+	// stepCalls makes each call to a node a step ("owner.*"): a crash
+	// there is the caller's, before the node hears of it.
+	stepCalls bool
 }
 
 func (o *owners) Reconcile(_ context.Context, node, name string, _ uint64) (Status, error) {
-	if o.down[node] {
+	if o.stepCalls {
+		o.reg.w.step("owner.reconcile")
+	}
+	if o.down[node] || (o.lose != nil && o.lose(node)) {
 		return Status{}, errors.New("connection refused")
 	}
 	r := o.recs[node]
@@ -302,15 +357,19 @@ const nodeID = "n1"
 func newCluster(t *testing.T) *cluster {
 	w := &world{}
 	c := &cluster{w: w, reg: &fakeRegistry{w: w, state: meta.NewState()}, store: &fakeStore{w: w, vols: map[uint64]shape{}}}
-	if _, err := c.reg.Apply(context.Background(), meta.RegisterNode{ID: nodeID, TargetAddr: "127.0.0.1:4420", MgmtAddr: "127.0.0.1:7070"}); err != nil {
+	if _, err := c.reg.Apply(context.Background(), meta.RegisterNode{ID: nodeID, TargetAddr: "127.0.0.1:4420", MgmtAddr: "127.0.0.1:7070", Features: []string{meta.FeatureSnapshots}}); err != nil {
 		t.Fatal(err)
 	}
 	c.restart()
 	return c
 }
 
-// restart is a new process on the same store and registry.
+// restart is a new process on the same store and registry: the old
+// one's flattens end unfinished first.
 func (c *cluster) restart() {
+	if c.rec != nil {
+		stopFlattens(c.rec)
+	}
 	c.tgt = &fakeTarget{w: c.w, subs: map[string]*sub{}, store: c.store}
 	c.rec = NewReconciler(nodeID, c.store, c.tgt, nil)
 	c.owners = &owners{reg: c.reg, recs: map[string]*Reconciler{nodeID: c.rec}, down: map[string]bool{}}
@@ -318,12 +377,26 @@ func (c *cluster) restart() {
 }
 
 // recover is the restart path: reconcile what the registry says this
-// node owns, then the leader's settle round records the outcome.
+// node owns, then the leader's settle rounds record the outcome, until
+// one changes nothing. The clock is past snapshotSettle, so a snapshot
+// left being taken is decided; the flattens the reconciler starts run
+// to their end between rounds.
 func (c *cluster) recover(t *testing.T) {
+	c.mgr.Now = func() time.Time { return time.Now().Add(time.Hour) }
 	vols, _ := c.reg.Volumes(context.Background())
 	c.rec.ReconcileAll(vols)
-	if bad, err := c.mgr.Settle(context.Background()); err != nil || len(bad) != 0 {
-		t.Fatalf("settle: %v %v", bad, err)
+	for round := 0; ; round++ {
+		c.runFlattens()
+		before := c.reg.index
+		if bad, err := c.mgr.Settle(context.Background()); err != nil || len(bad) != 0 {
+			t.Fatalf("settle: %v %v", bad, err)
+		}
+		if c.reg.index == before && !c.flattening() {
+			return
+		}
+		if round == 5 {
+			t.Fatalf("settle rounds still change the registry after %d rounds", round+1)
+		}
 	}
 }
 
@@ -336,6 +409,9 @@ func (c *cluster) check() error {
 	nqns := map[string]bool{}
 	for _, v := range vols {
 		ids[v.ID], nqns[v.NQN] = true, true
+		for _, s := range v.Snapshots {
+			ids[s.ID] = true
+		}
 		if v.State != meta.VolumeOnline {
 			return fmt.Errorf("volume %q is %v (%s), want online", v.Name, v.State, v.Reason)
 		}
@@ -359,7 +435,7 @@ func (c *cluster) check() error {
 	}
 	for id := range c.store.vols {
 		if !ids[id] {
-			return fmt.Errorf("store volume %d has no registry entry (half-made or half-deleted)", id)
+			return fmt.Errorf("store object %d has no registry entry (half-made or half-deleted)", id)
 		}
 	}
 	for nqn := range c.tgt.subs {
@@ -367,7 +443,7 @@ func (c *cluster) check() error {
 			return fmt.Errorf("subsystem %s served without a registry entry", nqn)
 		}
 	}
-	return nil
+	return c.checkSnapshots(vols)
 }
 
 type op func(ctx context.Context, m *Manager) error
@@ -558,7 +634,7 @@ func TestBadVolumeFailsAloneAndRecovers(t *testing.T) {
 	if _, err := c.reg.Apply(ctx, meta.ResizeVolume{Name: "huge", SizeBytes: 4194305 << 40}); err != nil {
 		t.Fatal(err)
 	}
-	c.store.vols[vid("blocks")] = shape{8 << 20, 512}
+	c.store.vols[vid("blocks")] = shape{size: 8 << 20, bs: 512}
 
 	c.restart()
 	vols, _ := c.reg.Volumes(ctx)

@@ -199,8 +199,14 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (meta.Volume, e
 	if err != nil {
 		return meta.Volume{}, err
 	}
-	v := *res.Volume
-	sts, errs := m.reconcileReplicas(ctx, v, res.Index)
+	return m.finishCreate(ctx, *res.Volume, res.Index, "create")
+}
+
+// finishCreate has the nodes of v, a volume just registered (creating)
+// at index, make it, and puts it online; what ("create", "clone") names
+// the operation in errors. A node that fails undoes it all.
+func (m *Manager) finishCreate(ctx context.Context, v meta.Volume, index uint64, what string) (meta.Volume, error) {
+	sts, errs := m.reconcileReplicas(ctx, v, index)
 	for _, node := range replicaNodes(v) {
 		if st, ok := sts[node]; ok && st.State != readyState(v, node) {
 			// Leave nothing half-made: delete what the nodes made, forget it.
@@ -210,7 +216,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (meta.Volume, e
 					_, _ = m.reg.Apply(ctx, meta.PurgeVolume{Name: v.Name})
 				}
 			}
-			return meta.Volume{}, fmt.Errorf("%w: create volume %q on node %s: %s", ErrOwnerFailed, v.Name, node, st.Reason)
+			return meta.Volume{}, fmt.Errorf("%w: %s volume %q on node %s: %s", ErrOwnerFailed, what, v.Name, node, st.Reason)
 		}
 	}
 	for _, node := range replicaNodes(v) {
@@ -270,6 +276,13 @@ func (m *Manager) reconcileReplicas(ctx context.Context, v meta.Volume, index ui
 // unless force), has its owner remove it, and forgets it. A volume left
 // deleting by an earlier failure is finished.
 func (m *Manager) Delete(ctx context.Context, name string, force bool) error {
+	return m.DeleteWith(ctx, name, force, false)
+}
+
+// DeleteWith is Delete; withSnapshots deletes the volume's snapshots
+// with it (refused while one has clones), where Delete refuses a volume
+// that has snapshots (meta.ErrHasSnapshots, naming them).
+func (m *Manager) DeleteWith(ctx context.Context, name string, force, withSnapshots bool) error {
 	defer m.lock(name)()
 	v, err := m.reg.Volume(ctx, name)
 	if err != nil {
@@ -288,12 +301,13 @@ func (m *Manager) Delete(ctx context.Context, name string, force bool) error {
 		}
 	}
 	if v.State != meta.VolumeDeleting {
-		res, err := m.reg.Apply(ctx, meta.DeleteVolume{Name: name, Force: force})
+		res, err := m.reg.Apply(ctx, meta.DeleteVolume{Name: name, Force: force, WithSnapshots: withSnapshots})
 		if err != nil {
 			return err
 		}
 		v, index = *res.Volume, res.Index
 	}
+
 	// Every replica node removes its copy; the registry forgets the
 	// volume only once all did, or a node never would.
 	sts, errs := m.reconcileReplicas(ctx, v, index)
@@ -317,7 +331,18 @@ func (m *Manager) Delete(ctx context.Context, name string, force bool) error {
 			return fmt.Errorf("%w: delete volume %q on node %s: %s", ErrOwnerFailed, name, node, st.Reason)
 		}
 	}
-	_, err = m.reg.Apply(ctx, meta.PurgeVolume{Name: name})
+	return m.purgeVolume(ctx, v)
+}
+
+// purgeVolume forgets v, deleted on every node: its snapshots (each
+// node deleted its copies of them with the volume) first.
+func (m *Manager) purgeVolume(ctx context.Context, v meta.Volume) error {
+	for _, s := range v.Snapshots {
+		if _, err := m.reg.Apply(ctx, meta.PurgeSnapshot{Volume: v.Name, Name: s.Name}); err != nil && !errors.Is(err, meta.ErrUnknownSnapshot) {
+			return err
+		}
+	}
+	_, err := m.reg.Apply(ctx, meta.PurgeVolume{Name: v.Name})
 	return err
 }
 
@@ -455,7 +480,7 @@ func (m *Manager) settle(ctx context.Context, v meta.Volume, st Status, others b
 	switch {
 	case v.State == meta.VolumeDeleting:
 		if st.State == StateDeleted && others {
-			c = meta.PurgeVolume{Name: v.Name}
+			return v, m.purgeVolume(ctx, v)
 		}
 	case v.State == meta.VolumeCreating && !others:
 	case st.State == StateOnline && v.State != meta.VolumeOnline:
@@ -520,6 +545,7 @@ func (m *Manager) Settle(ctx context.Context) (unreachable map[string]error, err
 			}
 			// The secondaries: create, grow or delete their copies.
 			others := true
+			sts := map[string]Status{cur.Node: st}
 			for _, node := range replicaNodes(cur) {
 				if node == cur.Node {
 					continue
@@ -537,6 +563,7 @@ func (m *Manager) Settle(ctx context.Context) (unreachable map[string]error, err
 					others = false
 					continue
 				}
+				sts[node] = sst
 				if sst.State != readyState(cur, node) && sst.State != StateDeleted {
 					others = false
 				}
@@ -544,6 +571,7 @@ func (m *Manager) Settle(ctx context.Context) (unreachable map[string]error, err
 					others = false
 				}
 			}
+			m.settleSnapshots(ctx, cur, sts, len(sts) == len(replicaNodes(cur)))
 			_, _ = m.settle(ctx, cur, st, others)
 			m.expireAttachments(ctx, cur, st, conns)
 		}()

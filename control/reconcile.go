@@ -88,6 +88,12 @@ type Status struct {
 	// Connected are the hosts with a live NVMe controller on the volume's
 	// subsystem when the reconcile ended: attached or not, they use it.
 	Connected []string `json:"connected,omitempty"`
+	// Snapshots are the store IDs of the volume's registry snapshots
+	// this node's store holds (snapshots.go).
+	Snapshots []uint64 `json:"snapshots,omitempty"`
+	// Flatten is a flatten's progress on this node, while the registry
+	// asks for one.
+	Flatten *FlattenStatus `json:"flatten,omitempty"`
 }
 
 // Reconciler brings one node's store and target to what the registry
@@ -104,8 +110,14 @@ type Reconciler struct {
 	tgt   Target
 	log   *slog.Logger
 
-	mu   sync.Mutex
-	vols map[uint64]*Status // by volume ID
+	// OnFlattenDone, if set, is called (on the flatten's goroutine) when
+	// a flatten finished on this node, so that the registry can record it
+	// without waiting for the next settle round.
+	OnFlattenDone func(volume string)
+
+	mu       sync.Mutex
+	vols     map[uint64]*Status     // by volume ID
+	flattens map[uint64]*flattenRun // by volume ID (snapshots.go)
 }
 
 // NewReconciler returns a reconciler for node's store and target. log
@@ -118,7 +130,7 @@ func NewReconciler(node string, store Store, tgt Target, log *slog.Logger) *Reco
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reconciler{node: node, store: store, tgt: tgt, log: log, vols: make(map[uint64]*Status)}
+	return &Reconciler{node: node, store: store, tgt: tgt, log: log, vols: make(map[uint64]*Status), flattens: make(map[uint64]*flattenRun)}
 }
 
 // Node is the ID of the node the reconciler serves.
@@ -215,6 +227,7 @@ func (r *Reconciler) Reconcile(v meta.Volume) Status {
 		r.transition(st, StateFailed, fmt.Sprintf("node %s holds no replica of it; its primary is node %s", r.node, v.Node))
 		return *st
 	}
+	st.Snapshots, st.Flatten = nil, nil
 	reconcile := r.reconcile
 	if v.Node != r.node {
 		reconcile = func(st *Status, v meta.Volume) error { return r.reconcileSecondary(st, v, rep) }
@@ -242,11 +255,20 @@ func (r *Reconciler) reconcile(st *Status, v meta.Volume) error {
 	if err := r.unserveReplica(v.ID); err != nil {
 		return err
 	}
+	// A revert changes the volume's size: before the shape is read.
+	if err := r.reconcileSnapshots(st, v); err != nil {
+		_ = r.tgt.Unserve(v.NQN)
+		return err
+	}
 	size, bs, err := r.store.Shape(v.ID)
 	switch {
 	case errors.Is(err, store.ErrNotFound) && v.State == meta.VolumeCreating:
 		r.transition(st, StateCreating, "")
-		if err := r.store.Create(v.ID, v.SizeBytes, v.BlockSize); err != nil {
+		if v.CloneOf != nil {
+			if err := r.createClone(v); err != nil {
+				return err
+			}
+		} else if err := r.store.Create(v.ID, v.SizeBytes, v.BlockSize); err != nil {
 			return fmt.Errorf("create store volume %d: %w", v.ID, err)
 		}
 		size, bs = v.SizeBytes, v.BlockSize
@@ -314,8 +336,12 @@ func (r *Reconciler) delete(st *Status, v meta.Volume) error {
 	if err := r.unserveReplica(v.ID); err != nil {
 		return err
 	}
+	r.stopFlatten(v.ID)
 	if err := r.store.Delete(v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("delete store volume %d: %w", v.ID, err)
+	}
+	if err := r.deleteSnapshots(v); err != nil {
+		return err
 	}
 	r.transition(st, StateDeleted, "")
 	return nil
@@ -339,8 +365,17 @@ func (r *Reconciler) reconcileSecondary(st *Status, v meta.Volume, rep meta.Repl
 	if err := stop(v.NQN); err != nil {
 		return fmt.Errorf("stop serving subsystem %s (node %s is a secondary now): %w", v.NQN, r.node, err)
 	}
+	if err := r.reconcileSnapshots(st, v); err != nil {
+		return err
+	}
 	size, bs, err := r.store.Shape(v.ID)
 	switch {
+	case errors.Is(err, store.ErrNotFound) && v.State == meta.VolumeCreating && v.CloneOf != nil:
+		r.transition(st, StateCreating, "")
+		if err := r.createClone(v); err != nil {
+			return err
+		}
+		size, bs = v.SizeBytes, v.BlockSize
 	case errors.Is(err, store.ErrNotFound) && (v.State == meta.VolumeCreating || (rep.Full && rep.State != meta.ReplicaInSync)):
 		r.transition(st, StateCreating, "")
 		if err := r.store.Create(v.ID, v.SizeBytes, v.BlockSize); err != nil {

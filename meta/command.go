@@ -36,6 +36,16 @@ const (
 	OpRemoveReplica   Op = 18
 	// Replace and move (docs/replication.md §6).
 	OpReplaceReplica Op = 19
+	// Snapshots and clones (docs/snapshots.md §2.2).
+	OpCreateSnapshot Op = 20
+	OpSnapshotDone   Op = 21
+	OpDeleteSnapshot Op = 22
+	OpPurgeSnapshot  Op = 23
+	OpCloneVolume    Op = 24
+	OpFlattenVolume  Op = 25
+	OpFlattenDone    Op = 26
+	OpRevertVolume   Op = 27
+	OpSnapshotNodes  Op = 28
 )
 
 var opNames = map[Op]string{
@@ -49,6 +59,11 @@ var opNames = map[Op]string{
 	OpSetReplicaState: "set-replica-state", OpSetPrimary: "set-primary",
 	OpAddReplica: "add-replica", OpRemoveReplica: "remove-replica",
 	OpReplaceReplica: "replace-replica",
+	OpCreateSnapshot: "create-snapshot", OpSnapshotDone: "snapshot-done",
+	OpDeleteSnapshot: "delete-snapshot", OpPurgeSnapshot: "purge-snapshot",
+	OpCloneVolume: "clone-volume", OpFlattenVolume: "flatten-volume",
+	OpFlattenDone: "flatten-done", OpRevertVolume: "revert-volume",
+	OpSnapshotNodes: "snapshot-nodes",
 }
 
 func (o Op) String() string {
@@ -107,6 +122,14 @@ const FeatureReplication = "replication"
 // it would apply the other replica commands but not this one.
 const FeatureReplace = "replace"
 
+// FeatureSnapshots: the node applies the snapshot commands (Op 20 to 28:
+// CreateSnapshot, SnapshotDone, DeleteSnapshot, PurgeSnapshot,
+// CloneVolume, FlattenVolume, FlattenDone, RevertVolume, SnapshotNodes)
+// and DeleteVolume's WithSnapshots, and its store keeps snapshots and
+// clones. An older binary fails to decode those commands: the leader
+// proposes them only when every registered node has it.
+const FeatureSnapshots = "snapshots"
+
 // FeatureDigests: the node answers POST /v1/internal/checksum with
 // digests of any region size (region_bytes), which a compare rebuild
 // asks of its replica (repl.RebuildConfig.RemoteDigests). Not a registry
@@ -163,12 +186,19 @@ type ResizeVolume struct {
 
 // DeleteVolume moves a volume to VolumeDeleting. It fails with
 // ErrHasConnections while hosts are connected unless Force, which drops them.
+// It fails with ErrHasSnapshots, naming them, while the volume has
+// snapshots not already being deleted, unless WithSnapshots, which moves
+// every one of them to SnapshotDeleting too; that is refused with
+// ErrHasClones when one of them is the base of a clone. A clone not
+// flattened may be deleted: its origin snapshot loses a child.
 type DeleteVolume struct {
-	Name  string `json:"name"`
-	Force bool   `json:"force,omitempty"`
+	Name          string `json:"name"`
+	Force         bool   `json:"force,omitempty"`
+	WithSnapshots bool   `json:"with_snapshots,omitempty"`
 }
 
-// PurgeVolume forgets a volume in VolumeDeleting once its node freed the data.
+// PurgeVolume forgets a volume in VolumeDeleting once its node freed the
+// data. Its snapshots must have been purged first (ErrHasSnapshots).
 type PurgeVolume struct {
 	Name string `json:"name"`
 }
@@ -304,6 +334,122 @@ type ReplaceReplica struct {
 	ReplicaSecret *HostSecret `json:"replica_secret,omitempty"`
 }
 
+// CreateSnapshot registers a snapshot of Volume named Name, in
+// SnapshotCreating, before the nodes are asked to take it: its ID comes
+// from the volume ID counter (never reused), its Nodes are the volume's
+// in-sync replicas, its Parent the volume's Parent, its size the
+// volume's. The volume must be online, offline or degraded
+// (ErrVolumeNotOnline); the name in the name grammar and unused in the
+// volume (ErrSnapshotExists); no other snapshot of the volume being
+// taken, no flatten in progress, the volume's parent snapshot not being
+// deleted (ErrBusy); fewer than MaxSnapshots snapshots (ErrLimit).
+// Origin, for the snapshot an import takes, is the exported snapshot's
+// "cluster/ID" (docs/snapshots.md §5.3), kept as the snapshot's Origin.
+type CreateSnapshot struct {
+	Volume string `json:"volume"`
+	Name   string `json:"name"`
+	At     int64  `json:"at"` // creation time, Unix nanoseconds, set by the proposer
+	Origin string `json:"origin,omitempty"`
+}
+
+// SnapshotDone marks a snapshot being taken ready: Nodes took it, at the
+// volume's epoch Epoch (ErrStaleEpoch otherwise). Nodes must be replicas
+// of the volume, each once, and include the primary and every replica in
+// sync now (ErrInvalid: an in-sync replica without the snapshot would be
+// rebuilt wrong). The volume's Parent becomes the snapshot.
+type SnapshotDone struct {
+	Volume string   `json:"volume"`
+	Name   string   `json:"name"`
+	Epoch  uint64   `json:"epoch"`
+	Nodes  []string `json:"nodes"`
+}
+
+// DeleteSnapshot moves a snapshot (being taken: its barrier failed; or
+// ready) to SnapshotDeleting; its nodes free it and PurgeSnapshot
+// forgets it. Refused while it is the base of two objects or more
+// (ErrHasClones naming the clones when a clone is among them, else
+// ErrHasChildren naming them), while its one child is a clone being
+// flattened or a snapshot being taken (ErrBusy).
+type DeleteSnapshot struct {
+	Volume string `json:"volume"`
+	Name   string `json:"name"`
+}
+
+// PurgeSnapshot forgets a snapshot in SnapshotDeleting once its nodes
+// freed it (merged it into its one child): every snapshot and volume
+// whose Parent was its ID takes its Parent, and a clone whose origin it
+// was takes its parent as origin (or stops being a clone when it had
+// none).
+type PurgeSnapshot struct {
+	Volume string `json:"volume"`
+	Name   string `json:"name"`
+}
+
+// CloneVolume registers a new volume Name, in VolumeCreating, that
+// starts as the content of Volume's snapshot Snapshot and shares its
+// clusters: on the snapshot's Nodes that are up (at least one:
+// ErrNodeNotUp), which hold a copy, the source's primary first if it is
+// among them; all in sync at epoch 1; Want as the source's; the
+// snapshot's size and the source's block size. The snapshot must be
+// ready (ErrSnapshotNotReady); the name in the name grammar and free
+// (ErrVolumeExists), the NQN (DefaultNQN(Name) when empty) free
+// (ErrNQNInUse); every node must have the capacity (ErrNoCapacity),
+// since a flattened clone holds all of its size.
+type CloneVolume struct {
+	Name     string `json:"name"`
+	Volume   string `json:"volume"`   // the source volume
+	Snapshot string `json:"snapshot"` // its snapshot
+	NQN      string `json:"nqn,omitempty"`
+	At       int64  `json:"at"` // creation time, Unix nanoseconds, set by the proposer
+	// ReplicaSecret is the clone's replica key pair (see CreateVolume).
+	ReplicaSecret *HostSecret `json:"replica_secret,omitempty"`
+}
+
+// FlattenVolume asks for a clone to be detached from its origin (a
+// background copy of what it still shares, on every replica): Flatten
+// is set until FlattenDone. Refused for a volume that is not a clone
+// (ErrNotClone), while a flatten is in progress or its parent snapshot
+// is being deleted (ErrBusy), and while the clone has snapshots of its
+// own (ErrHasSnapshots: they share the origin's clusters too, and a
+// flatten copies into the live map only).
+type FlattenVolume struct {
+	Name string `json:"name"`
+	At   int64  `json:"at"` // Unix nanoseconds, set by the proposer
+}
+
+// FlattenDone ends a flatten (every replica copied what it shared): the
+// volume is no clone any more (CloneOf, Flatten and Parent cleared).
+// Refused unless a flatten is in progress (ErrBadTransition).
+type FlattenDone struct {
+	Name string `json:"name"`
+}
+
+// RevertVolume makes volume Name read as its snapshot Snapshot again:
+// its size becomes the snapshot's, its Parent the snapshot, Reverted
+// the command's log index (the stores' revert token, so a retried revert
+// is applied once), and its epoch moves on (fencing any write of the
+// old term). The snapshot must be the volume's own and ready; Epoch the
+// volume's current one (ErrStaleEpoch); no host connected
+// (ErrHasConnections, naming each host and its node); every in-sync
+// replica must hold the snapshot and none be rebuilding, and no snapshot
+// be being taken, nor the volume's parent being deleted (ErrBusy).
+type RevertVolume struct {
+	Name     string `json:"name"`
+	Snapshot string `json:"snapshot"`
+	Epoch    uint64 `json:"epoch"`
+}
+
+// SnapshotNodes records that a rebuild gave node Add (a replica of the
+// volume) a copy of ready snapshot Snapshot, or that node Remove holds
+// none any more. Adding a node listed already, or removing one not
+// listed, is a no-op. Exactly one of Add and Remove is set.
+type SnapshotNodes struct {
+	Volume   string `json:"volume"`
+	Snapshot string `json:"snapshot"`
+	Add      string `json:"add,omitempty"`
+	Remove   string `json:"remove,omitempty"`
+}
+
 func (RegisterNode) Op() Op    { return OpRegisterNode }
 func (SetNodeState) Op() Op    { return OpSetNodeState }
 func (RemoveNode) Op() Op      { return OpRemoveNode }
@@ -323,6 +469,15 @@ func (SetPrimary) Op() Op      { return OpSetPrimary }
 func (AddReplica) Op() Op      { return OpAddReplica }
 func (RemoveReplica) Op() Op   { return OpRemoveReplica }
 func (ReplaceReplica) Op() Op  { return OpReplaceReplica }
+func (CreateSnapshot) Op() Op  { return OpCreateSnapshot }
+func (SnapshotDone) Op() Op    { return OpSnapshotDone }
+func (DeleteSnapshot) Op() Op  { return OpDeleteSnapshot }
+func (PurgeSnapshot) Op() Op   { return OpPurgeSnapshot }
+func (CloneVolume) Op() Op     { return OpCloneVolume }
+func (FlattenVolume) Op() Op   { return OpFlattenVolume }
+func (FlattenDone) Op() Op     { return OpFlattenDone }
+func (RevertVolume) Op() Op    { return OpRevertVolume }
+func (SnapshotNodes) Op() Op   { return OpSnapshotNodes }
 
 // SetClusterID names the cluster the registry belongs to, once: the first
 // leader of a new cluster applies it. A node whose data directory belongs
@@ -402,6 +557,24 @@ func DecodeCommand(b []byte) (Command, error) {
 		c = new(RemoveReplica)
 	case OpReplaceReplica:
 		c = new(ReplaceReplica)
+	case OpCreateSnapshot:
+		c = new(CreateSnapshot)
+	case OpSnapshotDone:
+		c = new(SnapshotDone)
+	case OpDeleteSnapshot:
+		c = new(DeleteSnapshot)
+	case OpPurgeSnapshot:
+		c = new(PurgeSnapshot)
+	case OpCloneVolume:
+		c = new(CloneVolume)
+	case OpFlattenVolume:
+		c = new(FlattenVolume)
+	case OpFlattenDone:
+		c = new(FlattenDone)
+	case OpRevertVolume:
+		c = new(RevertVolume)
+	case OpSnapshotNodes:
+		c = new(SnapshotNodes)
 	default:
 		return nil, fmt.Errorf("meta: unknown op %d: %w", b[1], ErrBadCommand)
 	}
@@ -451,6 +624,24 @@ func deref(c Command) Command {
 	case *RemoveReplica:
 		return *c
 	case *ReplaceReplica:
+		return *c
+	case *CreateSnapshot:
+		return *c
+	case *SnapshotDone:
+		return *c
+	case *DeleteSnapshot:
+		return *c
+	case *PurgeSnapshot:
+		return *c
+	case *CloneVolume:
+		return *c
+	case *FlattenVolume:
+		return *c
+	case *FlattenDone:
+		return *c
+	case *RevertVolume:
+		return *c
+	case *SnapshotNodes:
 		return *c
 	}
 	return c

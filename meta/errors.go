@@ -34,4 +34,30 @@ var (
 	// volume's current one: it comes from a primary that was replaced
 	// (deposed), or raced another change of primary.
 	ErrStaleEpoch = errors.New("meta: stale epoch")
+
+	// Snapshots and clones (docs/snapshots.md §2). Messages name the
+	// objects (VOL@SNAP, clones and hosts by name): the API shows them to
+	// operators verbatim.
+
+	// ErrUnknownSnapshot: the volume has no snapshot of that name.
+	ErrUnknownSnapshot = errors.New("meta: unknown snapshot")
+	// ErrSnapshotExists: the volume has a snapshot of that name already
+	// (ready, being taken or being deleted).
+	ErrSnapshotExists = errors.New("meta: snapshot name already in use")
+	// ErrSnapshotNotReady: the snapshot is being taken or deleted.
+	ErrSnapshotNotReady = errors.New("meta: snapshot is not ready")
+	// ErrHasClones: the snapshot is the base of clones (named in the
+	// message): flatten or delete them first.
+	ErrHasClones = errors.New("meta: snapshot has clones")
+	// ErrHasChildren: the snapshot is the base of two or more of its own
+	// volume's objects (a revert gave it a second child): delete the
+	// later snapshot first.
+	ErrHasChildren = errors.New("meta: snapshot is the base of more than one object")
+	// ErrHasSnapshots: the volume has snapshots (named in the message).
+	ErrHasSnapshots = errors.New("meta: volume has snapshots")
+	// ErrNotClone: the volume is not a clone (or was flattened).
+	ErrNotClone = errors.New("meta: volume is not a clone")
+	// ErrBusy: another operation on the volume must finish first (a
+	// snapshot being taken, a flatten, a merge, a rebuild): retry.
+	ErrBusy = errors.New("meta: volume is busy")
 )

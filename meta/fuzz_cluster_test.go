@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -52,6 +53,65 @@ func fuzzReplicaCommand(rng *rand.Rand, volume string, epochs map[string]uint64,
 	}
 }
 
+// fuzzSnapshotCommand is a snapshot command (or the SetVolumeState that
+// lets one apply) drawn against reg, the leader's registry: on one of
+// its volumes, mostly on snapshots it has, at its current epoch. The
+// command may still be refused when another member leads by the time it
+// is proposed, or when it is drawn to be.
+func fuzzSnapshotCommand(rng *rand.Rand, reg *State, at int64) Command {
+	var names, withSnaps []string
+	for n, v := range reg.vols {
+		names = append(names, n)
+		if len(v.Snapshots) > 0 {
+			withSnaps = append(withSnaps, n)
+		}
+	}
+	slices.Sort(names)
+	slices.Sort(withSnaps)
+	if len(names) == 0 {
+		return SetVolumeState{Name: "none", State: VolumeOnline}
+	}
+	if len(withSnaps) > 0 && rng.IntN(3) != 0 {
+		names = withSnaps // the snapshot commands but create need one
+	}
+	v := reg.vols[names[rng.IntN(len(names))]]
+	snap := fmt.Sprintf("s%d", rng.IntN(3))
+	if len(v.Snapshots) > 0 && rng.IntN(4) != 0 {
+		snap = v.Snapshots[rng.IntN(len(v.Snapshots))].Name
+	}
+	if v.State == VolumeCreating && rng.IntN(4) != 0 {
+		return SetVolumeState{Name: v.Name, State: VolumeOnline}
+	}
+	for _, sn := range v.Snapshots {
+		if sn.State == SnapshotCreating && rng.IntN(3) != 0 {
+			return SnapshotDone{Volume: v.Name, Name: sn.Name, Epoch: v.CurrentEpoch(), Nodes: v.InSync()}
+		}
+	}
+	switch rng.IntN(10) {
+	case 0:
+		return SetVolumeState{Name: v.Name, State: VolumeOffline}
+	case 1, 2:
+		return CreateSnapshot{Volume: v.Name, Name: snap, At: at}
+	case 3:
+		return SnapshotDone{Volume: v.Name, Name: snap, Epoch: v.CurrentEpoch(), Nodes: v.InSync()}
+	case 4:
+		if rng.IntN(2) == 0 {
+			return DeleteSnapshot{Volume: v.Name, Name: snap}
+		}
+		return PurgeSnapshot{Volume: v.Name, Name: snap}
+	case 5:
+		return CloneVolume{Name: fmt.Sprintf("k%d", rng.IntN(4)), Volume: v.Name, Snapshot: snap, At: at}
+	case 6:
+		return FlattenVolume{Name: v.Name, At: at}
+	case 7:
+		return FlattenDone{Name: v.Name}
+	case 8:
+		return RevertVolume{Name: v.Name, Snapshot: snap, Epoch: v.CurrentEpoch()}
+	default:
+		return SnapshotNodes{Volume: v.Name, Snapshot: snap, Add: []string{"s2", "s3", "s4"}[rng.IntN(3)]}
+	}
+}
+
 // TestClusterFuzzy: a seeded run of partitions, heals, crashes and restarts
 // between batches of writes. At the end every member holds the same
 // registry, and every write that was acknowledged is in it.
@@ -80,6 +140,8 @@ func TestClusterFuzzy(t *testing.T) {
 	epochs := map[string]uint64{} // volume → highest acknowledged epoch
 	replicated := []string{}
 	var replicaOK int
+	var created []string // every volume acknowledged, for snapshot commands
+	snapOK := map[Op]int{}
 
 	acked := map[string]bool{}
 	next := 0
@@ -156,7 +218,10 @@ func TestClusterFuzzy(t *testing.T) {
 			}
 			actx, cancel := context.WithTimeout(ctx, time.Second)
 			cmd := Command(CreateVolume{Name: name, SizeBytes: 4096, BlockSize: 4096, Node: "s1", At: int64(round)})
-			if rng.IntN(3) == 0 {
+			if len(created) > 0 && rng.IntN(2) == 0 {
+				l.FSM().Read(func(s *State) { cmd = fuzzSnapshotCommand(rng, s, int64(round)) })
+				next-- // not a create
+			} else if rng.IntN(3) == 0 {
 				cmd = CreateVolume{Name: name, SizeBytes: 4096, BlockSize: 4096, Node: "s2", At: int64(round), Replicas: []string{"s2", "s3", "s4"}}
 			} else if len(replicated) > 0 && rng.IntN(2) == 0 {
 				cmd = fuzzReplicaCommand(rng, replicated[rng.IntN(len(replicated))], epochs, int64(round))
@@ -168,13 +233,17 @@ func TestClusterFuzzy(t *testing.T) {
 				break // no quorum, or an election: next round
 			}
 			if err == nil {
-				if cv, ok := cmd.(CreateVolume); ok {
+				switch cv := cmd.(type) {
+				case CreateVolume:
 					acked[name] = true
+					created = append(created, name)
 					if len(cv.Replicas) > 0 {
 						replicated = append(replicated, name)
 					}
-				} else {
+				case SetReplicaState, SetPrimary, AddReplica, RemoveReplica, ReplaceReplica:
 					replicaOK++
+				default:
+					snapOK[cmd.Op()]++
 				}
 				if r.Volume != nil {
 					if e := r.Volume.CurrentEpoch(); e < epochs[r.Volume.Name] {
@@ -184,14 +253,23 @@ func TestClusterFuzzy(t *testing.T) {
 					}
 				}
 			}
-			// The invariants, on the leader's registry after every command.
-			l.FSM().Read(func(s *State) {
-				for _, v := range s.vols {
-					if err := replicaInvariants(s, v); err != nil {
-						t.Errorf("after %#v: volume %q: %v", cmd, v.Name, err)
-					}
+			// The invariants, on every running member's registry (any
+			// prefix of the log keeps them) after every command.
+			for i, n := range c.nodes {
+				if n == nil {
+					continue
 				}
-			})
+				n.FSM().Read(func(s *State) {
+					for _, v := range s.vols {
+						if err := replicaInvariants(s, v); err != nil {
+							t.Errorf("m%d after %#v: volume %q: %v (seed %d)", i, cmd, v.Name, err, seed)
+						}
+					}
+					if err := snapshotInvariants(s); err != nil {
+						t.Errorf("m%d after %#v: %v (seed %d)", i, cmd, err, seed)
+					}
+				})
+			}
 		}
 	}
 	t.Logf("events: %v; %d writes, %d acknowledged", events, next, len(acked))
@@ -214,7 +292,7 @@ func TestClusterFuzzy(t *testing.T) {
 			t.Errorf("volume %s: epoch %d, acknowledged %d", name, v.CurrentEpoch(), e)
 		}
 	}
-	t.Logf("%d replicated volumes, %d replica commands acknowledged", len(replicated), replicaOK)
+	t.Logf("%d replicated volumes, %d replica commands acknowledged; snapshot commands acknowledged: %v", len(replicated), replicaOK, snapOK)
 	for name := range acked {
 		if _, err := l.ReadVolume(ctx, name); err != nil {
 			if errors.Is(err, ErrUnknownVolume) {

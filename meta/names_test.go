@@ -30,6 +30,35 @@ func TestNewNamesHeldToGrammar(t *testing.T) {
 	if err := (CreateVolume{Name: "vol-1.a_b", SizeBytes: 4096, BlockSize: 4096, Node: "s"}).Check(); err != nil || LegacyName("vol-1.a_b") {
 		t.Errorf("good name: %v", err)
 	}
+	// Clones and snapshots are new: Check and Apply both hold their
+	// names to the grammar ('@' included: VOL@SNAP must not be
+	// ambiguous).
+	s := snapshotBase(t)
+	for _, name := range append(legacyNames, "v@s1", "") {
+		for _, c := range []interface {
+			Command
+			Check() error
+		}{CloneVolume{Name: name, Volume: "v", Snapshot: "s1"}, CreateSnapshot{Volume: "v", Name: name}} {
+			if err := c.Check(); !errors.Is(err, ErrInvalid) {
+				t.Errorf("%#v: Check: %v, want ErrInvalid", c, err)
+			}
+			if r := s.Apply(s.Index()+1, c); !errors.Is(r.Err, ErrInvalid) {
+				t.Errorf("%#v: Apply: %v, want ErrInvalid", c, r.Err)
+			}
+		}
+	}
+	if err := (CloneVolume{Name: "c-1", NQN: "bad"}).Check(); !errors.Is(err, ErrInvalid) {
+		t.Errorf("clone with a bad NQN: %v", err)
+	}
+	if err := (CloneVolume{Name: "c-1", ReplicaSecret: &HostSecret{Host: "DHHC-1:00:a:"}}).Check(); !errors.Is(err, ErrInvalid) {
+		t.Errorf("clone with half a replica secret: %v", err)
+	}
+	if err := (CloneVolume{Name: "c-1", Volume: "v", Snapshot: "s1"}).Check(); err != nil {
+		t.Errorf("good clone: %v", err)
+	}
+	if err := (CreateSnapshot{Volume: "v", Name: "nightly-2026.11.27_3"}).Check(); err != nil {
+		t.Errorf("good snapshot: %v", err)
+	}
 }
 
 // TestLegacyNamesReplay: a registry whose log and snapshot hold names

@@ -413,14 +413,20 @@ func (n *Node) Apply(ctx context.Context, c Command) (Result, error) {
 }
 
 // checkProposal holds new names to the name grammar before they reach
-// the log: a new volume's, and a node's that the registry does not know
-// yet. Apply itself accepts the names older logs hold (see
-// CreateVolume.checkCommitted), so this is the only place the grammar is
-// enforced for commands; a node with a legacy ID still re-registers.
+// the log: a new volume's (created or cloned), a new snapshot's, and a
+// node's that the registry does not know yet. Apply itself accepts the
+// names older logs hold (see CreateVolume.checkCommitted), so this is the
+// only place the grammar is enforced for commands that had names before
+// it (the snapshot commands, new, are held to it by Apply as well); a
+// node with a legacy ID still re-registers.
 func (n *Node) checkProposal(c Command) error {
 	switch c := c.(type) {
 	case CreateVolume:
 		return CheckVolumeName(c.Name)
+	case CloneVolume:
+		return c.Check()
+	case CreateSnapshot:
+		return c.Check()
 	case RegisterNode:
 		if c.Zone != "" {
 			if err := CheckZone(c.Zone); err != nil {

@@ -388,6 +388,7 @@ func (s *State) replaceReplica(c ReplaceReplica) Result {
 			nr.Reason = "replacing the replica on " + origin
 		}
 		v.Replicas[i] = nr
+		v.dropSnapshotNode(c.Node)
 	} else {
 		v.Replicas[i].ReplacedBy = c.New
 		v.Replicas = slices.Insert(v.Replicas, i+1, nr)
@@ -418,6 +419,7 @@ func (s *State) removeReplica(c RemoveReplica) Result {
 	}
 	i := v.explicit(c.Node)
 	v.Replicas = slices.Delete(v.Replicas, i, i+1)
+	v.dropSnapshotNode(c.Node)
 	// Removing a replacement cancels it: the replica it replaced stays.
 	for j := range v.Replicas {
 		if v.Replicas[j].ReplacedBy == c.Node {

@@ -332,7 +332,7 @@ func TestReplicaInvariantsRandom(t *testing.T) {
 	s := NewState()
 	n := 4000
 	if testing.Short() {
-		n = 800
+		n = 2500
 	}
 	epochs := map[uint64]uint64{} // volume ID → last epoch seen
 	ok := map[Op]int{}

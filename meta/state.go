@@ -221,6 +221,23 @@ type Volume struct {
 	// Want is the replication factor asked for at creation; 0 (written
 	// before replicas) reads as 1: see WantReplicas.
 	Want int `json:"want_replicas,omitempty"`
+
+	// Snapshots (docs/snapshots.md §2.1) are the volume's snapshots in
+	// creation order; they live on its nodes and have no NQN, host nor
+	// connection. Read one through Snapshot or SnapshotByID.
+	Snapshots []VolumeSnapshot `json:"snapshots,omitempty"`
+	// Parent is the store parent of the volume's live map: the ID of a
+	// snapshot (its own latest, the one it was reverted to, or its
+	// origin's for a clone without snapshots); 0: none.
+	Parent uint64 `json:"parent,omitempty"`
+	// CloneOf is the snapshot a clone shares clusters with (nil: not a
+	// clone, or flattened).
+	CloneOf *SnapshotRef `json:"clone_of,omitempty"`
+	// Flatten is set while a flatten asked for (FlattenVolume) runs.
+	Flatten *FlattenState `json:"flatten,omitempty"`
+	// Reverted is the log index of the last RevertVolume applied: the
+	// stores' revert token. 0: never reverted.
+	Reverted uint64 `json:"reverted,omitempty"`
 }
 
 func (v *Volume) clone() Volume {
@@ -231,6 +248,20 @@ func (v *Volume) clone() Volume {
 	if v.ReplicaSecret != nil {
 		rs := *v.ReplicaSecret
 		c.ReplicaSecret = &rs
+	}
+	if v.Snapshots != nil {
+		c.Snapshots = make([]VolumeSnapshot, len(v.Snapshots))
+		for i := range v.Snapshots {
+			c.Snapshots[i] = v.Snapshots[i].clone()
+		}
+	}
+	if v.CloneOf != nil {
+		r := *v.CloneOf
+		c.CloneOf = &r
+	}
+	if v.Flatten != nil {
+		f := *v.Flatten
+		c.Flatten = &f
 	}
 	return c
 }
@@ -319,6 +350,7 @@ type State struct {
 	vols    map[string]*Volume
 	nqns    map[string]string // subsystem NQN → volume name
 	conns   map[connKey]*Connection
+	snaps   map[uint64]string // snapshot ID → its volume's name
 }
 
 // NewState returns an empty registry.
@@ -329,6 +361,7 @@ func NewState() *State {
 		vols:    make(map[string]*Volume),
 		nqns:    make(map[string]string),
 		conns:   make(map[connKey]*Connection),
+		snaps:   make(map[uint64]string),
 	}
 }
 
@@ -338,7 +371,10 @@ type Result struct {
 	Index  uint64    // log index of the command (0 outside raft)
 	Volume *Volume   // CreateVolume, ResizeVolume, SetVolumeState, ...: the volume after the command
 	Node   *NodeInfo // RegisterNode, SetNodeState: the node after the command
-	Err    error
+	// Snapshot is the snapshot after CreateSnapshot, SnapshotDone,
+	// DeleteSnapshot and SnapshotNodes (Volume is its volume).
+	Snapshot *VolumeSnapshot
+	Err      error
 }
 
 // ApplyBytes decodes and applies one encoded command at log index index.
@@ -394,6 +430,24 @@ func (s *State) Apply(index uint64, c Command) Result {
 		r = s.removeReplica(c)
 	case ReplaceReplica:
 		r = s.replaceReplica(c)
+	case CreateSnapshot:
+		r = s.createSnapshot(c)
+	case SnapshotDone:
+		r = s.snapshotDone(c)
+	case DeleteSnapshot:
+		r = s.deleteSnapshot(c)
+	case PurgeSnapshot:
+		r = s.purgeSnapshot(c)
+	case CloneVolume:
+		r = s.cloneVolume(c)
+	case FlattenVolume:
+		r = s.flattenVolume(c)
+	case FlattenDone:
+		r = s.flattenDone(c)
+	case RevertVolume:
+		r = s.revertVolume(index, c)
+	case SnapshotNodes:
+		r = s.snapshotNodes(c)
 	default:
 		r = Result{Err: fmt.Errorf("meta: command %T: %w", c, ErrBadCommand)}
 	}
@@ -742,6 +796,11 @@ func (s *State) resizeVolume(c ResizeVolume) Result {
 	if c.SizeBytes < v.SizeBytes {
 		return Result{Err: fmt.Errorf("meta: volume %q: %d < %d bytes: %w", c.Name, c.SizeBytes, v.SizeBytes, ErrShrink)}
 	}
+	if sn := v.creatingSnapshot(); sn != nil && c.SizeBytes != v.SizeBytes {
+		// The snapshot records the size it was asked at; its nodes
+		// must take it at that size.
+		return Result{Err: fmt.Errorf("meta: volume %q: snapshot %s is being taken: resize it once that is done: %w", c.Name, snapName(v.Name, sn.Name), ErrBusy)}
+	}
 	v.SizeBytes = c.SizeBytes
 	cp := v.clone()
 	return Result{Volume: &cp}
@@ -777,8 +836,14 @@ func (s *State) deleteVolume(c DeleteVolume) Result {
 	if n := s.countConns(c.Name, ""); n > 0 && !c.Force {
 		return Result{Err: fmt.Errorf("meta: volume %q: %d connections: %w", c.Name, n, ErrHasConnections)}
 	}
+	if err := s.checkDeleteSnapshots(v, c.WithSnapshots); err != nil {
+		return Result{Err: err}
+	}
 	s.dropConns(c.Name, "")
 	v.State = VolumeDeleting
+	for i := range v.Snapshots {
+		v.Snapshots[i].State = SnapshotDeleting
+	}
 	cp := v.clone()
 	return Result{Volume: &cp}
 }
@@ -790,6 +855,10 @@ func (s *State) purgeVolume(c PurgeVolume) Result {
 	}
 	if v.State != VolumeDeleting {
 		return Result{Err: fmt.Errorf("meta: purge volume %q in state %v: %w", c.Name, v.State, ErrBadTransition)}
+	}
+	if len(v.Snapshots) > 0 {
+		// Its snapshots' records are how the nodes know to free them.
+		return Result{Err: fmt.Errorf("meta: purge volume %q: its snapshots %s are not purged yet: %w", c.Name, strings.Join(v.snapshotNames(true), ", "), ErrHasSnapshots)}
 	}
 	// DeleteVolume dropped the connections and Connect refuses a deleting
 	// volume, so none can remain.
@@ -1035,6 +1104,12 @@ func UnmarshalState(b []byte) (*State, error) {
 		}
 		s.vols[v.Name] = &v
 		s.nqns[v.NQN] = v.Name
+		for _, sn := range v.Snapshots {
+			s.snaps[sn.ID] = v.Name // duplicates: checkSnapshots refuses them
+		}
+	}
+	if err := s.checkSnapshots(); err != nil {
+		return bad("%v", err)
 	}
 	for i := range snap.Connections {
 		c := snap.Connections[i]

@@ -257,7 +257,13 @@ func TestCommandRoundTrip(t *testing.T) {
 		CreateVolume{Name: "r", SizeBytes: 4096, BlockSize: 4096, Node: "a", At: 3, Replicas: []string{"a", "b", "c"}},
 		SetReplicaState{Volume: "r", Epoch: 2, Node: "b", State: ReplicaFailed, Reason: "disk", Full: true, At: 9},
 		SetPrimary{Volume: "r", Epoch: 3, Node: "b", Failover: true, At: 10},
-		AddReplica{Volume: "r", Node: "d", At: 11}, RemoveReplica{Volume: "r", Node: "c"}) {
+		AddReplica{Volume: "r", Node: "d", At: 11}, RemoveReplica{Volume: "r", Node: "c"},
+		DeleteVolume{Name: "r", Force: true, WithSnapshots: true},
+		CreateSnapshot{Volume: "r", Name: "s1", At: 12}, SnapshotDone{Volume: "r", Name: "s1", Epoch: 3, Nodes: []string{"a", "b"}},
+		DeleteSnapshot{Volume: "r", Name: "s1"}, PurgeSnapshot{Volume: "r", Name: "s1"},
+		CloneVolume{Name: "c", Volume: "r", Snapshot: "s1", NQN: "nqn.x:c", At: 13, ReplicaSecret: &HostSecret{Host: "DHHC-1:00:a:", Ctrl: "DHHC-1:00:b:"}},
+		FlattenVolume{Name: "c", At: 14}, FlattenDone{Name: "c"}, RevertVolume{Name: "r", Snapshot: "s1", Epoch: 4},
+		SnapshotNodes{Volume: "r", Snapshot: "s1", Add: "d"}, SnapshotNodes{Volume: "r", Snapshot: "s1", Remove: "b"}) {
 		b, err := EncodeCommand(c)
 		if err != nil {
 			t.Fatal(err)
@@ -310,6 +316,9 @@ func checkInvariants(t *testing.T, s *State) {
 			t.Errorf("connection %+v through unknown node", c)
 		}
 	}
+	if err := snapshotInvariants(s); err != nil {
+		t.Error(err)
+	}
 	// The canonical encoding round-trips.
 	b := s.MarshalState()
 	s2, err := UnmarshalState(b)
@@ -328,7 +337,26 @@ func randCommand(rng *rand.Rand, at int64) Command {
 	vol := fmt.Sprintf("v%d", rng.IntN(8))
 	host := fmt.Sprintf("nqn.2014-08.org.nvmexpress:uuid:h%d", rng.IntN(4))
 	bs := []uint32{512, 4096, 4096, 1000}[rng.IntN(4)]
-	switch rng.IntN(18) {
+	snap := fmt.Sprintf("s%d", rng.IntN(3))
+	switch rng.IntN(24) {
+	case 18:
+		return CreateSnapshot{Volume: vol, Name: snap, At: at}
+	case 19:
+		return SnapshotDone{Volume: vol, Name: snap, Epoch: uint64(rng.IntN(3)), Nodes: []string{node}}
+	case 20:
+		if rng.IntN(2) == 0 {
+			return DeleteSnapshot{Volume: vol, Name: snap}
+		}
+		return PurgeSnapshot{Volume: vol, Name: snap}
+	case 21:
+		return CloneVolume{Name: fmt.Sprintf("v%d", rng.IntN(8)), Volume: vol, Snapshot: snap, At: at}
+	case 22:
+		if rng.IntN(2) == 0 {
+			return FlattenVolume{Name: vol, At: at}
+		}
+		return FlattenDone{Name: vol}
+	case 23:
+		return RevertVolume{Name: vol, Snapshot: snap, Epoch: uint64(rng.IntN(3))}
 	case 14:
 		return SetReplicaState{Volume: vol, Epoch: uint64(rng.IntN(4)), Node: node,
 			State:  []ReplicaState{ReplicaInSync, ReplicaOutOfSync, ReplicaRebuilding, ReplicaFailed, "bogus"}[rng.IntN(5)],

@@ -27,6 +27,10 @@ var sentinels = []struct {
 	{"ErrHasConnections", ErrHasConnections}, {"ErrHostNotAllowed", ErrHostNotAllowed},
 	{"ErrAlreadyConnected", ErrAlreadyConnected}, {"ErrNotConnected", ErrNotConnected},
 	{"ErrStaleEpoch", ErrStaleEpoch}, {"ErrNoCapacity", ErrNoCapacity},
+	{"ErrUnknownSnapshot", ErrUnknownSnapshot}, {"ErrSnapshotExists", ErrSnapshotExists},
+	{"ErrSnapshotNotReady", ErrSnapshotNotReady}, {"ErrHasClones", ErrHasClones},
+	{"ErrHasChildren", ErrHasChildren}, {"ErrHasSnapshots", ErrHasSnapshots},
+	{"ErrNotClone", ErrNotClone}, {"ErrBusy", ErrBusy},
 }
 
 func sentinelName(err error) string {
@@ -42,6 +46,8 @@ func sentinelName(err error) string {
 // input lines, "----", and the expected output up to a blank line:
 //
 //	apply                      one command per line: <op-name> <JSON body>
+//	apply-verbose              as apply, with each error's message (what
+//	                           operators read: it must name the objects)
 //	state                      the registry, one line per object
 //
 // Lines starting with # between blocks are comments.
@@ -97,7 +103,7 @@ func runTranscript(t *testing.T, path string) {
 		}
 		var got []string
 		switch directive {
-		case "apply":
+		case "apply", "apply-verbose":
 			for _, in := range input {
 				name, body, _ := strings.Cut(in, " ")
 				op, ok := byName[name]
@@ -106,7 +112,14 @@ func runTranscript(t *testing.T, path string) {
 				}
 				index++
 				r := s.ApplyBytes(index, append([]byte{CommandVersion, byte(op)}, body...))
-				got = append(got, fmt.Sprintf("%d %s: %s", index, name, describe(r)))
+				d := describe(r)
+				if r.Err != nil && directive == "apply-verbose" {
+					d += ": " + r.Err.Error()
+				}
+				got = append(got, fmt.Sprintf("%d %s: %s", index, name, d))
+				if err := snapshotInvariants(s); err != nil {
+					t.Errorf("%s:%d: after %s: %v", path, start, in, err)
+				}
 			}
 		case "state":
 			got = describeState(s)
@@ -171,7 +184,30 @@ func describeVolume(v Volume) string {
 		}
 		s += fmt.Sprintf(" epoch=%d want=%d replicas=%s", v.Epoch, v.Want, strings.Join(rs, ","))
 	}
+	if v.Parent != 0 {
+		s += fmt.Sprintf(" parent=%d", v.Parent)
+	}
+	if v.CloneOf != nil {
+		s += fmt.Sprintf(" clone-of=%s(%d)", v.CloneOf, v.CloneOf.ID)
+	}
+	if v.Flatten != nil {
+		s += fmt.Sprintf(" flatten-since=%d", v.Flatten.Since)
+	}
+	if v.Reverted != 0 {
+		s += fmt.Sprintf(" reverted=%d", v.Reverted)
+	}
+	for _, sn := range v.Snapshots {
+		s += " " + describeSnapshot(sn)
+	}
 	return s
+}
+
+func describeSnapshot(sn VolumeSnapshot) string {
+	s := fmt.Sprintf("@%s(id=%d %v size=%d at=%d nodes=%s", sn.Name, sn.ID, sn.State, sn.SizeBytes, sn.CreatedAt, strings.Join(sn.Nodes, ","))
+	if sn.Parent != 0 {
+		s += fmt.Sprintf(" parent=%d", sn.Parent)
+	}
+	return s + ")"
 }
 
 func describeNode(n NodeInfo) string {

@@ -24,6 +24,7 @@ type StoreCollector struct {
 	vol    table[volStats]
 	store  table[storeStats]
 	engine table[store.EngineStats]
+	snap   table[volStats]
 	info   *prometheus.Desc
 	errors *prometheus.Desc
 	// failed counts volumes whose counters failed during a scrape (deleted
@@ -72,6 +73,10 @@ func NewStoreCollector(s *store.Store, names func() map[uint64]VolumeLabel) *Sto
 			gauge("volume_disk_bytes", "Bytes of the data area the volume's clusters take (exact: allocated clusters times the cluster size).", func(s *V) float64 { return float64(s.AllocatedBytes) }),
 			gauge("volume_size_bytes", "The volume's capacity.", func(s *V) float64 { return float64(s.info.SizeBytes) }),
 		),
+		snap: newTable(nil, []string{"snapshot", "parent"},
+			gauge("snapshot_disk_bytes", "Bytes of the data area the snapshot's own clusters take (shared with the objects above it where they did not change them; what deleting it frees is exclusive_bytes in GET /v1/volumes/{name}/snapshots).", func(s *V) float64 { return float64(s.AllocatedBytes) }),
+			gauge("snapshot_size_bytes", "The volume's capacity when the snapshot was taken.", func(s *V) float64 { return float64(s.info.SizeBytes) }),
+		),
 		store: newTable(nil, nil,
 			gauge("volume_store_healthy", "1 while the store has not failed.", func(s *St) float64 { return b2f(s.health == nil) }),
 			gauge("volume_store_free_bytes", "Free space on the store's filesystem (last reading).", func(s *St) float64 { return float64(s.space.FreeBytes) }),
@@ -91,6 +96,7 @@ func NewStoreCollector(s *store.Store, names func() map[uint64]VolumeLabel) *Sto
 			counter("volume_store_refills_total", "Refills of the ready pool (one synced pebble commit each).", func(s *St) uint64 { return s.Refills }),
 			counter("volume_store_background_refills_total", "Refills of the ready pool made in the background when first writes left it below its low-water mark (among volume_store_refills_total; the rest were paid by a first write that found the pool empty).", func(s *St) uint64 { return s.BackgroundRefills }),
 			counter("volume_store_background_refill_errors_total", "Background refills of the ready pool that failed (logged; first writes refill it until one succeeds).", func(s *St) uint64 { return s.BackgroundRefillErrors }),
+			counter("volume_store_copies_on_write_total", "Writes that replaced a snapshot's cluster with one of the writer's own (a 64 KiB read and write each; docs/snapshots.md §1.3).", func(s *St) uint64 { return s.CopiesOnWrite }),
 			counter("volume_store_frees_total", "Batches of clusters freed by Deallocate and Write Zeroes.", func(s *St) uint64 { return s.Frees }),
 			counter("volume_store_syncs_total", "Flushes that synced the data area and then pebble's WAL (Flush, FUA, the background syncer).", func(s *St) uint64 { return s.Flushes }),
 			counter("volume_store_area_syncs_total", "fdatasyncs of the data area.", func(s *St) uint64 { return s.AreaSyncs }),
@@ -118,6 +124,7 @@ func NewStoreCollector(s *store.Store, names func() map[uint64]VolumeLabel) *Sto
 // Describe implements prometheus.Collector.
 func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.vol.describe(ch)
+	c.snap.describe(ch)
 	c.store.describe(ch)
 	c.engine.describe(ch)
 	ch <- c.info
@@ -148,6 +155,12 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		st := volStats{info: info, VolumeStats: v.Stats()}
 		id := strconv.FormatUint(uint64(info.ID), 10)
+		if info.Kind != store.KindVolume {
+			// Snapshots are not volumes (not served, not counted as one):
+			// their own series, by store ID and parent.
+			c.snap.collect(ch, &st, id, strconv.FormatUint(uint64(info.Parent), 10))
+			continue
+		}
 		c.vol.collect(ch, &st, id)
 		if n, ok := names[uint64(info.ID)]; ok {
 			ch <- prometheus.MustNewConstMetric(c.info, prometheus.GaugeValue, 1, id, n.Name, n.NQN)

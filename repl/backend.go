@@ -198,6 +198,15 @@ type Backend struct {
 	drls        atomic.Pointer[dirtySet]
 	drlMu       sync.Mutex
 	blocks      atomic.Uint64
+
+	// The barrier (barrier.go): gated is loaded by every write; held is
+	// the FIFO of the IOs it holds, made at New with Depth entries, under
+	// gateMu; barrier is the slot of the one barrier running.
+	gated                            atomic.Bool
+	gateMu                           sync.Mutex
+	held                             []*target.IO
+	barrier                          chan struct{}
+	barriers, heldIOs, heldOverflows atomic.Uint64
 }
 
 var _ target.AsyncBackend = (*Backend)(nil)
@@ -234,6 +243,8 @@ func New(cfg Config) (*Backend, error) {
 	b.set.Store(&legSet{epoch: cfg.Epoch})
 	b.serving.Store(true)
 	b.over = make(map[*record]struct{})
+	b.held = make([]*target.IO, 0, cfg.Depth)
+	b.barrier = make(chan struct{}, 1)
 	b.recs = make([]record, cfg.Depth)
 	for i := range b.recs {
 		r := &b.recs[i]
@@ -361,6 +372,9 @@ func (b *Backend) SetServing(ok bool) {
 		b.localOnce.Store(false)
 	}
 	b.serving.Store(ok)
+	if !ok {
+		b.failHeld()
+	}
 	for _, p := range b.set.Load().peers {
 		p.kick() // nothing parked waits on a change
 	}
@@ -382,6 +396,7 @@ func (b *Backend) SetReadOnly(ok bool) { b.readable.Store(ok) }
 func (b *Backend) stop() {
 	b.readable.Store(false)
 	b.serving.Store(false)
+	b.failHeld()
 }
 
 // Geometry is the local replica's (its size is what a new dirty-region
@@ -416,8 +431,14 @@ func (b *Backend) NewWriteGroup() target.WriteGroup { return nil }
 
 // Submit implements target.AsyncBackend: reads (and anything with no
 // remote leg) go to the local replica alone; writes, write zeroes,
-// deallocates and flushes take a record and fan out.
-func (b *Backend) Submit(io *target.IO) {
+// deallocates and flushes take a record and fan out, or wait for a
+// barrier's release (barrier.go).
+func (b *Backend) Submit(io *target.IO) { b.submit(io, io) }
+
+// submit is Submit with the IO whose poll group the local leg uses
+// (IO.Inherit): io itself, or offGroup for an IO a barrier releases off
+// its group.
+func (b *Backend) submit(io, parent *target.IO) {
 	if !b.serving.Load() {
 		if io.Op == target.OpRead && b.readable.Load() {
 			b.local.Submit(io)
@@ -438,8 +459,13 @@ func (b *Backend) Submit(io *target.IO) {
 	// older set (without that replica) is then in use already, so the
 	// copier waits for it to land before it reads what it wrote.
 	r := b.get()
+	// The gate after the record: a barrier stores the gate, then waits
+	// for every record in use (barrier.go).
+	if b.gated.Load() && b.holdIO(io, r) {
+		return
+	}
 	r.drls = b.drls.Load() // the logs before the legs: see drl.go
-	r.start(io, b.set.Load())
+	r.start(io, b.set.Load(), parent)
 }
 
 // now is the backend's monotonic clock in nanoseconds (backlog ages).
@@ -468,6 +494,9 @@ type Stats struct {
 	// Dirty: the dirty-region logs the backend keeps, one per replica
 	// that left at this epoch and has not been rebuilt since.
 	Dirty []DirtyStats
+	// Barriers taken (Barrier), the host I/Os they held, and those held
+	// beyond Depth (the FIFO grew).
+	Barriers, HeldIOs, HeldOverflows uint64
 }
 
 // DirtyStats is one replica's dirty-region log.
@@ -504,7 +533,8 @@ type PeerStats struct {
 // Stats returns the counters of the backend and of its current peers.
 func (b *Backend) Stats() Stats {
 	s := b.set.Load()
-	st := Stats{Epoch: s.epoch, Serving: b.serving.Load(), Overflows: b.overflows.Load(), LocalFailures: b.localFailures.Load()}
+	st := Stats{Epoch: s.epoch, Serving: b.serving.Load(), Overflows: b.overflows.Load(), LocalFailures: b.localFailures.Load(),
+		Barriers: b.barriers.Load(), HeldIOs: b.heldIOs.Load(), HeldOverflows: b.heldOverflows.Load()}
 	for _, p := range s.peers {
 		st.Peers = append(st.Peers, PeerStats{Node: p.node, State: peerStateNames[p.state.Load()],
 			Writes: p.writes.Load(), Failures: p.failures.Load(), Held: p.held.Load(),

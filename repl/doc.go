@@ -40,6 +40,14 @@
 // missed, when this backend saw it leave at its epoch; a full copy
 // otherwise.
 //
+// Barrier (barrier.go) stops the write stream at one point for a
+// snapshot of every copy (docs/snapshots.md §4.1): new writes and
+// flushes are held (one atomic load per write when no barrier runs),
+// those in flight drain on every leg, the caller's function runs with
+// the in-sync replicas, and the held writes go in arrival order; a
+// replica that did not take the snapshot leaves as if it missed a
+// write.
+//
 // What it must never do: acknowledge a write a replica the registry
 // counts in sync missed; block a poll group (a submit never waits); read
 // from a remote replica; know how the registry is reached (the Reporter

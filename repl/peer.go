@@ -48,6 +48,9 @@ type peer struct {
 	maxBlocks uint64 // blocks per write command
 	state     atomic.Uint32
 	rb        *Rebuild // the rebuild that added it (StartRebuild), or nil
+	// verdict is closed once the registry's answer to its report is in
+	// state (peerOut or peerRefused): a barrier that dropped it waits.
+	verdict chan struct{}
 	// waiting are the records held until the verdict: pushed by any
 	// completion, taken by whoever sees the verdict (see hold).
 	waiting lfstack.Stack[record]
@@ -93,7 +96,7 @@ const backlogTick = 10 * time.Millisecond
 var ErrBacklogTimeout = errors.New("repl: replica connection full for longer than the hold timeout")
 
 func newPeer(b *Backend, node string, ns Leg, epoch, maxBlocks uint64) *peer {
-	p := &peer{b: b, node: node, ns: ns, epoch: epoch, maxBlocks: maxBlocks}
+	p := &peer{b: b, node: node, ns: ns, epoch: epoch, maxBlocks: maxBlocks, verdict: make(chan struct{})}
 	p.bl.timer = time.AfterFunc(time.Hour, p.tick)
 	p.bl.timer.Stop()
 	return p
@@ -267,6 +270,7 @@ func (p *peer) report(cause error) {
 		p.state.Store(peerOut)
 		b.log.Info("replica out of sync confirmed", "node", p.node, "epoch", p.epoch)
 	}
+	close(p.verdict)
 	p.drain()
 }
 

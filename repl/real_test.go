@@ -3,6 +3,7 @@ package repl
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -94,7 +95,18 @@ func connect(t testing.TB, addr string, cfg initiator.Config) *initiator.Namespa
 // Write Zeroes there waits for the volume's lock, held by direct I/Os
 // only that group reaps: the test hangs.)
 func TestRealLegs(t *testing.T) {
-	realLegs(t, initiator.Config{Queues: 2, QueueDepth: 128}, false)
+	realLegs(t, initiator.Config{Queues: 2, QueueDepth: 128}, false, false)
+}
+
+// TestRealBarrier: TestRealLegs with barriers taken every 10 ms while
+// the host writes: at a barrier's fn the replica, read through its
+// connection, and the primary's store hold the same bytes everywhere
+// (the point a snapshot of each would be taken at); the writes a
+// barrier held are released off their poll groups (their local legs on
+// the store's blocking path) and complete; in the end the replica holds
+// what the host reads.
+func TestRealBarrier(t *testing.T) {
+	realLegs(t, initiator.Config{Queues: 2, QueueDepth: 128}, false, true)
 }
 
 // TestRealLegsFewSlots: TestRealLegs with a replica connection of one
@@ -103,10 +115,10 @@ func TestRealLegs(t *testing.T) {
 // time and wait in the backlog; still no replica is reported and the
 // replica holds exactly what the primary does.
 func TestRealLegsFewSlots(t *testing.T) {
-	realLegs(t, initiator.Config{Queues: 1, QueueDepth: initiator.MinQueueDepth}, true)
+	realLegs(t, initiator.Config{Queues: 1, QueueDepth: initiator.MinQueueDepth}, true, false)
 }
 
-func realLegs(t *testing.T, legCfg initiator.Config, wantBacklog bool) {
+func realLegs(t *testing.T, legCfg initiator.Config, wantBacklog, barriers bool) {
 	seed := testSeed(t)
 	replica, err := target.NewMemBackend(testBlock, realBlocks)
 	if err != nil {
@@ -146,8 +158,18 @@ func realLegs(t *testing.T, legCfg initiator.Config, wantBacklog bool) {
 	if testing.Short() {
 		ops = 300
 	}
+	stopBarriers := func() int { return 0 }
+	if barriers {
+		stopBarriers = takeBarriers(t, b, v, leg)
+	}
 	initiatortest.RandomWorkload(t, host, seed, 64, ops)
 	all := initiatortest.RandomWorkload(t, host, seed+1, 64, ops) // overwrites: the direct path
+	if n, st := stopBarriers(), b.Stats(); barriers {
+		if n == 0 || st.HeldIOs == 0 {
+			t.Fatalf("%d barriers held %d writes", n, st.HeldIOs)
+		}
+		t.Logf("%d barriers held %d writes", n, st.HeldIOs)
+	}
 	if err := host.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -240,6 +262,55 @@ func TestRealLegLost(t *testing.T) {
 	st := b.Stats()
 	if st.Peers[0].State != "out-of-sync" || !st.Serving || rep.n.Load() != 1 {
 		t.Fatalf("stats %+v, %d reports", st, rep.n.Load())
+	}
+}
+
+// takeBarriers takes barriers on b every 10 ms until stop, the first
+// four fns comparing the whole of the local volume v with the replica
+// behind leg; stop returns how many were taken.
+func takeBarriers(t *testing.T, b *Backend, v *store.Volume, leg *initiator.Namespace) (stop func() int) {
+	quit := make(chan struct{})
+	done := make(chan int)
+	local, remote := make([]byte, realBlocks*testBlock), make([]byte, realBlocks*testBlock)
+	go func() {
+		n := 0
+		defer func() { done <- n }()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			_, err := b.Barrier(context.Background(), func(in []string) ([]string, error) {
+				if len(in) != 1 || in[0] != "replica" {
+					return nil, fmt.Errorf("in sync: %v", in)
+				}
+				if n >= 4 {
+					return in, nil // enough compared (32 MiB read each, slow under -race)
+				}
+				for lba := uint64(0); lba < realBlocks; lba += 256 {
+					if err := v.Read(lba, local[lba*testBlock:(lba+256)*testBlock]); err != nil {
+						return nil, err
+					}
+				}
+				if _, err := leg.ReadAt(remote, 0); err != nil {
+					return nil, err
+				}
+				if i := firstDiff(local, remote); i >= 0 {
+					return nil, fmt.Errorf("at the barrier the replica differs from the primary at byte %d (block %d)", i, i/testBlock)
+				}
+				return in, nil
+			})
+			if err != nil {
+				t.Errorf("barrier %d: %v", n, err)
+				return
+			}
+			n++
+		}
+	}()
+	return func() int {
+		close(quit)
+		return <-done
 	}
 }
 

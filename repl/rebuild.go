@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -143,7 +142,7 @@ var copyBudget = copyBytes
 
 var (
 	// ErrRebuildBusy: StartRebuild while another rebuild of the backend
-	// runs.
+	// runs, or a barrier (Barrier).
 	ErrRebuildBusy = errors.New("repl: a rebuild is running")
 	// ErrRebuildLeg: the rebuilding replica failed a command.
 	ErrRebuildLeg = errors.New("repl: rebuilding replica failed")
@@ -330,8 +329,14 @@ func (b *Backend) StartRebuild(epoch uint64, cfg RebuildConfig) (*Rebuild, error
 		b.mu.Unlock()
 		return nil, fmt.Errorf("%w: rebuild at epoch %d, backend at %d", ErrStaleEpoch, epoch, old.epoch)
 	case b.rb != nil:
+		node := b.rb.p.node
 		b.mu.Unlock()
-		return nil, fmt.Errorf("%w: of %s", ErrRebuildBusy, b.rb.p.node)
+		return nil, fmt.Errorf("%w: of %s", ErrRebuildBusy, node)
+	case b.gated.Load():
+		// A barrier stores the gate before it looks for a rebuild to
+		// end, under mu: a rebuild it would not see is refused here.
+		b.mu.Unlock()
+		return nil, fmt.Errorf("%w: a snapshot barrier is running", ErrRebuildBusy)
 	}
 	s := &legSet{epoch: epoch, peers: make([]*peer, 0, len(old.peers)+1)}
 	for _, p := range old.peers {
@@ -762,45 +767,16 @@ func (r *Rebuild) release() {
 }
 
 // quiesce waits for every host write in use to complete, but those
-// holding their leg on a window (hold). Its argument is the serial
-// copier's (the window whose holders to skip) and ignored: every held
-// record is skipped, whichever windows hold it; pass nil.
+// holding their leg on a window (hold): Backend.waitIdle, exempting
+// them. Its argument is the serial copier's (the window whose holders to
+// skip) and ignored: every held record is skipped, whichever windows
+// hold it; pass nil.
 func (r *Rebuild) quiesce(*window) error {
-	b := r.b
-	for i := range b.recs {
-		if err := r.waitRecord(&b.recs[i]); err != nil {
-			return err
-		}
+	err := r.b.waitIdle(r.ctx, true, r.check)
+	if err != nil && r.ctx.Err() != nil {
+		return r.failure()
 	}
-	b.overMu.Lock()
-	over := make([]*record, 0, len(b.over))
-	for rec := range b.over {
-		over = append(over, rec)
-	}
-	b.overMu.Unlock()
-	for _, rec := range over {
-		if err := r.waitRecord(rec); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// waitRecord waits until rec's current use (if any) ended or holds its
-// leg on a window.
-func (r *Rebuild) waitRecord(rec *record) error {
-	u := rec.uses.Load()
-	for spin := 0; u&1 != 0 && rec.uses.Load() == u && rec.deferredOn.Load() == nil; spin++ {
-		if spin < 16 {
-			runtime.Gosched()
-			continue
-		}
-		if err := r.check(); err != nil {
-			return err
-		}
-		time.Sleep(min(time.Duration(spin)*10*time.Microsecond, time.Millisecond))
-	}
-	return nil
+	return err
 }
 
 // span is the blocks [lo, hi) a host I/O writes.

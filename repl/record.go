@@ -76,8 +76,9 @@ func (r *record) init(b *Backend) {
 	}
 }
 
-// start sends io's remote legs, then its local one.
-func (r *record) start(io *target.IO, s *legSet) {
+// start sends io's remote legs, then its local one, which inherits
+// parent's poll group (io's, or offGroup's none: Backend.submit).
+func (r *record) start(io *target.IO, s *legSet, parent *target.IO) {
 	r.host = io
 	r.localErr = nil
 	r.solo = len(s.peers) == 0
@@ -103,7 +104,7 @@ func (r *record) start(io *target.IO, s *legSet) {
 	}
 	lo := &r.local
 	lo.Op, lo.LBA, lo.Blocks, lo.Data, lo.FUA = io.Op, io.LBA, io.Blocks, io.Data, io.FUA
-	lo.Inherit(io)
+	lo.Inherit(parent)
 	r.b.local.Submit(lo)
 	r.release()
 }

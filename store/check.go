@@ -15,7 +15,10 @@ import (
 // of them (none leaked), the counts, and the zeroed watermark (the 'Z'
 // key of a lazily zeroed area equals the allocator's, which is the
 // area's end on any other; no cluster at or past it is anything but
-// free). It reads every key of the
+// free); and for snapshots and clones (docs/snapshots.md §1.4): every
+// inherited entry is what the parent reads there, tombstones only in
+// maps with a parent, every parent a live snapshot no larger than its
+// child, every map ID from the 'N' counter below it. It reads every key of the
 // store: for tests and for an operator's fsck, not for the data path.
 // Call it while no request is in flight (a first write between its pop
 // and its map commit would show as leaked); it waits for a refill that is
@@ -51,20 +54,33 @@ func (s *Store) Check() error {
 	err := s.scan(familyMap, func(k, val []byte) error {
 		m, idx, _ := parseMapKey(k)
 		p, _ := parsePhys(val)
+		v := byMap[m]
+		if p == 0 { // a tombstone: only in a map with a parent
+			switch {
+			case v == nil:
+				bad("map %d index %d: no volume has this map", m, idx)
+			case v.parent == nil && v.info.Kind == KindVolume:
+				// (A snapshot keeps its tombstones when a merge leaves it
+				// with no parent: its children read its table.)
+				bad("volume %d index %d: a tombstone in a map with no parent", v.id, idx)
+			case v.m.get(idx) != tombstone:
+				bad("volume %d index %d: pebble says tombstone, memory %#x", v.id, idx, v.m.get(idx))
+			}
+			return nil
+		}
 		switch {
-		case p == 0 || p >= s.al.clusters:
+		case p >= s.al.clusters:
 			bad("map %d index %d names cluster %d, outside the area", m, idx, p)
 		case state[p] != stFree:
 			bad("cluster %d mapped twice (again by map %d index %d)", p, m, idx)
 		default:
 			state[p] = stMapped
 		}
-		v := byMap[m]
 		switch {
 		case v == nil:
 			bad("map %d index %d: no volume has this map", m, idx)
 		case v.m.get(idx) != p:
-			bad("volume %d index %d: pebble says cluster %d, memory %d", v.id, idx, p, v.m.get(idx))
+			bad("volume %d index %d: pebble says cluster %d, memory %#x", v.id, idx, p, v.m.get(idx))
 		default:
 			counts[v]++
 		}
@@ -75,9 +91,33 @@ func (s *Store) Check() error {
 	}
 	for _, v := range s.vols {
 		var n int64
-		v.m.each(0, ^uint64(0), func(uint64, uint64) { n++ })
+		v.m.each(0, ^uint64(0), func(i, e uint64) {
+			switch {
+			case owned(e):
+				n++
+			case e&inherited != 0 && v.parent == nil:
+				bad("volume %d index %d: inherited entry %#x, and no parent", v.id, i, e)
+			case e&inherited != 0 && physOf(v.parent.m.get(i)) != physOf(e):
+				// Compared by what they read: a merge leaves a child of the
+				// merged child reading a tombstone where its parent reads 0.
+				bad("volume %d index %d: inherited entry %#x, its parent %d reads %#x", v.id, i, e, v.parent.id, v.parent.m.get(i))
+			}
+		})
 		if n != counts[v] || n != v.allocated.Load() {
 			bad("volume %d: %d entries in memory, %d map keys, %d counted allocated", v.id, n, counts[v], v.allocated.Load())
+		}
+		if v.mapID >= firstMapID && v.mapID >= s.nextMap && s.nextMap != 0 {
+			bad("volume %d: map %d, not below the next map ID %d", v.id, v.mapID, s.nextMap)
+		}
+		if p := v.parent; p != nil {
+			switch {
+			case s.vols[p.id] != p || p.info.Kind != KindSnapshot || v.info.Parent != p.id:
+				bad("volume %d: parent %d (record %d) is not a live snapshot", v.id, p.id, v.info.Parent)
+			case v.info.SizeBytes < p.info.SizeBytes:
+				bad("volume %d of %d bytes is smaller than its parent %d (%d)", v.id, v.info.SizeBytes, p.id, p.info.SizeBytes)
+			}
+		} else if v.info.Parent != 0 {
+			bad("volume %d: record names parent %d, memory none", v.id, v.info.Parent)
 		}
 	}
 	err = s.scan(familyReserved, func(k, _ []byte) error {

@@ -60,7 +60,8 @@ func (s *Store) DirectFD() (fd int, path string, ok bool) {
 // BeginDirect resolves a read (write false) into buf, or a write of buf,
 // at lba, into at most len(segs) segments written to segs (n of them).
 // A read's unallocated clusters are zeroed in buf here and make no
-// segment. A write must find every cluster allocated (a first write is
+// segment. A write must find every cluster allocated and the volume's
+// own (a first write, and a copy on write of a parent's cluster, are
 // DirectSlow). More segments than segs holds is DirectSlow. err is the
 // request's error (range, alignment of the block size, read-only, a
 // closed or deleted volume), counted as Read and Write count theirs; then
@@ -88,14 +89,17 @@ func (v *Volume) BeginDirect(write bool, lba uint64, buf []byte, segs []Segment)
 		idx, in := off>>s.cshift, off&s.cmask
 		seg := min(s.cmask+1-in, end-off)
 		p := v.m.get(idx)
-		if p == 0 {
-			if write {
-				v.mu.RUnlock()
-				return 0, DirectSlow, nil
-			}
-		} else {
+		switch {
+		case write && !owned(p):
+			// A first write, or a copy-on-write of a parent's cluster
+			// (docs/snapshots.md §1.3): on a goroutine that may block,
+			// never on a poll group.
+			v.mu.RUnlock()
+			return 0, DirectSlow, nil
+		case physOf(p) == 0: // a read of a hole or a tombstone
+		default:
 			seg = v.run(idx, p, off, seg, end)
-			phys := p<<s.cshift + in
+			phys := physOf(p)<<s.cshift + in
 			if n == len(segs) || phys&(DirectAlign-1) != 0 || seg&(DirectAlign-1) != 0 {
 				v.mu.RUnlock()
 				return 0, DirectSlow, nil

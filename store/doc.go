@@ -25,6 +25,14 @@
 // other volume can get it; Flush syncs the area before the WAL. The allocator is rebuilt from pebble at Open and Check
 // recomputes it.
 //
+// Snapshots and clones (docs/snapshots.md; snapshot.go, snapops.go) are
+// objects with a parent: a snapshot takes its volume's map as it is, the
+// volume and any clone start an empty map that reads through it, sharing
+// its in-memory pages; a cluster still belongs to one map key. A write to
+// a cluster read through the parent copies it first (its bytes synced
+// before its key is committed); deleting a snapshot with one child merges
+// its map into the child's.
+//
 // Around the core: a background syncer bounds how long a plain write stays
 // volatile (Config.SyncInterval, sync.go); a space guard refuses new
 // clusters when pebble's filesystem runs low (space.go); a file area grows
@@ -40,6 +48,8 @@
 //     the area and then the WAL are synced; acknowledge anything after a
 //     failed sync (the store fails instead).
 //   - Reuse a freed cluster before the commit that freed it is durable.
+//   - Write a snapshot's clusters, or make a copy's map key durable before
+//     the copy's bytes.
 //   - Allocate, take a store-wide lock or touch pebble on the overwrite
 //     and read paths (the volume's shared lock is the only one).
 //   - Panic on any input, or keep a caller's buffer after a call returns.

@@ -45,6 +45,13 @@ var (
 	// did not write, or a map that names a cluster twice. NVMe: Internal
 	// Error (0x06).
 	ErrCorrupt = errors.New("store: corrupt")
+	// ErrHasChildren: deleting a snapshot that two or more objects read
+	// through (its volume and a clone, say): one of them must be deleted
+	// or flattened first. NVMe: none (administrative).
+	ErrHasChildren = errors.New("store: snapshot has children")
+	// ErrNotAncestor: Changes between objects of which the first is not an
+	// ancestor of the second.
+	ErrNotAncestor = errors.New("store: not an ancestor")
 	// ErrInUse: the data device is mounted, held by a device mapper or md
 	// array, or open exclusively by another process (Open only).
 	ErrInUse = errors.New("store: data device in use")

@@ -11,7 +11,14 @@ const (
 	familyMap      = 'X' // 'X' | map ID | cluster index -> physical cluster
 	familyReserved = 'R' // 'R' | physical cluster -> (empty): may hold bytes no map names
 	familyZeroed   = 'Z' // 'Z' -> zeroed watermark (lazily zeroed areas only): clusters below it read zeros when free
+	familyNextMap  = 'N' // 'N' -> the next map ID a snapshot, clone or revert takes (docs/snapshots.md §1.2)
 )
+
+// firstMapID is the first map ID the 'N' counter hands out: volumes made
+// by Create keep map ID = their ID, and registry IDs are far below 2^62,
+// so the two ranges never meet (a page's owner is never mistaken for
+// another map).
+const firstMapID = 1 << 62
 
 const (
 	volumeKeyLen   = 1 + 8
@@ -20,8 +27,9 @@ const (
 )
 
 var (
-	formatKey = []byte{familyFormat}
-	zeroedKey = []byte{familyZeroed}
+	formatKey  = []byte{familyFormat}
+	zeroedKey  = []byte{familyZeroed}
+	nextMapKey = []byte{familyNextMap}
 )
 
 const zeroedValueLen = 8

@@ -24,7 +24,56 @@ const (
 	// volume's clusters, so that Open finishes a delete a crash
 	// interrupted. Never visible through Info.
 	stateDeleting State = 3
+	// stateMerging is persisted (synced) before Delete merges a snapshot
+	// into its one child (docs/snapshots.md §1.6), so that Open finishes
+	// the merge. Never visible through Info.
+	stateMerging State = 4
 )
+
+// Kind says what an object of the store is (docs/snapshots.md §1.1): a
+// volume (writable: a plain volume or a clone) or a snapshot (read-only,
+// a parent of other objects).
+type Kind uint8
+
+const (
+	// KindVolume: a writable volume, with or without a parent.
+	KindVolume Kind = 0
+	// KindSnapshot: a read-only point-in-time copy; its writes and
+	// SetState fail.
+	KindSnapshot Kind = 1
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindVolume:
+		return "volume"
+	case KindSnapshot:
+		return "snapshot"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// MarshalText makes a Kind read as its name in JSON ("volume",
+// "snapshot").
+func (k Kind) MarshalText() ([]byte, error) {
+	if k > KindSnapshot {
+		return nil, fmt.Errorf("kind %d: %w", uint8(k), ErrInvalid)
+	}
+	return []byte(k.String()), nil
+}
+
+// UnmarshalText reads what MarshalText writes.
+func (k *Kind) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "volume":
+		*k = KindVolume
+	case "snapshot":
+		*k = KindSnapshot
+	default:
+		return fmt.Errorf("kind %q, want volume or snapshot: %w", b, ErrInvalid)
+	}
+	return nil
+}
 
 func (s State) String() string {
 	switch s {
@@ -34,6 +83,8 @@ func (s State) String() string {
 		return "read-only"
 	case stateDeleting:
 		return "deleting"
+	case stateMerging:
+		return "merging"
 	}
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
@@ -52,45 +103,74 @@ const (
 // largest thin volume at 64 KiB clusters.
 const MaxSizeBytes = 1 << 52
 
-// Info describes a volume.
+// Info describes a volume or a snapshot.
 type Info struct {
 	ID        ID     `json:"id"`
 	SizeBytes uint64 `json:"size_bytes"`
 	BlockSize uint32 `json:"block_size"`
 	State     State  `json:"state"`
+	// Kind: a volume or a snapshot.
+	Kind Kind `json:"kind"`
+	// Parent is the snapshot this object reads through where it has no
+	// cluster of its own; 0: none.
+	Parent ID `json:"parent,omitempty"`
 }
 
 // Blocks returns the capacity in blocks.
 func (i Info) Blocks() uint64 { return i.SizeBytes / uint64(i.BlockSize) }
 
-// volumeRecord is what 'V'|id holds:
+// volumeRecord is what 'V'|id holds, in one of two encodings. Version 1
+// (24 bytes) is a volume with no parent: a store that never used
+// snapshots writes only these, so it still opens with releases before
+// them. Version 2 (40 bytes) is written for snapshots and for objects
+// with a parent or a revert token (docs/snapshots.md §1.2); older
+// releases refuse it as corrupt, the safe side.
 //
-//	[0]      encoding version (1)
+//	[0]      encoding version (1 or 2)
 //	[1]      log2(block size)
 //	[2]      State (stateDeleting included)
-//	[3:8]    zero
+//	[3]      (v2) Kind; zero in v1
+//	[4:8]    zero
 //	[8:16]   size in bytes, big-endian
-//	[16:24]  map ID, big-endian (the volume's ID today; a snapshot will
-//	         hand a volume a new map, docs/store.md)
+//	[16:24]  map ID, big-endian: the object's ID for a volume Create made;
+//	         from the 'N' counter for the maps snapshots, clones and
+//	         reverts make
+//	[24:32]  (v2) parent object ID, 0: none
+//	[32:40]  (v2) revert token: the registry index of the last revert
+//	         applied (Store.Revert)
 type volumeRecord struct {
 	info  Info
 	mapID uint64
+	token uint64
 }
 
-const volumeRecordLen = 24
+const (
+	volumeRecordLen   = 24
+	volumeRecordLenV2 = 40
+)
 
 func (r volumeRecord) encode() []byte {
-	v := make([]byte, volumeRecordLen)
-	v[0] = 1
+	n, ver := volumeRecordLen, byte(1)
+	if r.info.Kind != KindVolume || r.info.Parent != 0 || r.token != 0 {
+		n, ver = volumeRecordLenV2, 2
+	}
+	v := make([]byte, n)
+	v[0] = ver
 	v[1] = byte(bits.TrailingZeros32(r.info.BlockSize))
 	v[2] = byte(r.info.State)
 	binary.BigEndian.PutUint64(v[8:16], r.info.SizeBytes)
 	binary.BigEndian.PutUint64(v[16:24], r.mapID)
+	if ver == 2 {
+		v[3] = byte(r.info.Kind)
+		binary.BigEndian.PutUint64(v[24:32], uint64(r.info.Parent))
+		binary.BigEndian.PutUint64(v[32:40], r.token)
+	}
 	return v
 }
 
 func decodeVolumeRecord(id ID, v []byte) (volumeRecord, error) {
-	if len(v) != volumeRecordLen || v[0] != 1 {
+	ok := len(v) == volumeRecordLen && v[0] == 1 || len(v) == volumeRecordLenV2 && v[0] == 2
+	if !ok {
 		return volumeRecord{}, fmt.Errorf("volume %d: record of %d bytes: %w", id, len(v), ErrCorrupt)
 	}
 	r := volumeRecord{
@@ -98,8 +178,15 @@ func decodeVolumeRecord(id ID, v []byte) (volumeRecord, error) {
 			SizeBytes: binary.BigEndian.Uint64(v[8:16])},
 		mapID: binary.BigEndian.Uint64(v[16:24]),
 	}
+	if v[0] == 2 {
+		r.info.Kind = Kind(v[3])
+		r.info.Parent = ID(binary.BigEndian.Uint64(v[24:32]))
+		r.token = binary.BigEndian.Uint64(v[32:40])
+	}
 	if err := checkShape(r.info.SizeBytes, r.info.BlockSize); err != nil ||
-		(!r.info.State.valid() && r.info.State != stateDeleting) {
+		(!r.info.State.valid() && r.info.State != stateDeleting && r.info.State != stateMerging) ||
+		r.info.Kind > KindSnapshot || (r.info.Parent != 0 && r.info.Parent == id) ||
+		(r.info.Kind == KindSnapshot && r.info.State == StateOnline) {
 		return volumeRecord{}, fmt.Errorf("volume %d: record %+v: %w", id, r.info, ErrCorrupt)
 	}
 	return r, nil

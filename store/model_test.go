@@ -229,13 +229,26 @@ func modelOnce(seed uint64, nops int) error {
 // drain deletes every volume and flushes: every cluster but the header
 // must then be free or ready (none leaked), and Check must pass.
 func drain(s *Store) error {
-	infos, err := s.List()
-	if err != nil {
-		return err
-	}
-	for _, in := range infos {
-		if err := s.Delete(in.ID); err != nil {
+	// Children before their parents (a snapshot with children refuses).
+	for {
+		infos, err := s.List()
+		if err != nil {
 			return err
+		}
+		if len(infos) == 0 {
+			break
+		}
+		parents := map[ID]bool{}
+		for _, in := range infos {
+			parents[in.Parent] = true
+		}
+		for _, in := range infos {
+			if parents[in.ID] {
+				continue
+			}
+			if err := s.Delete(in.ID); err != nil {
+				return err
+			}
 		}
 	}
 	if err := s.Flush(); err != nil {

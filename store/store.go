@@ -57,6 +57,18 @@ type Store struct {
 	refillStop, refillDone chan struct{}
 
 	bounce sync.Pool // *[]byte of MaxTransferBytes, aligned: for unaligned caller buffers
+	// cowBufs: *[]byte of one cluster, aligned: copy-on-write reads the
+	// parent's cluster into one (docs/snapshots.md §1.3).
+	cowBufs sync.Pool
+	// zeroBuf is one cluster of zeros, aligned: write zeroes over part of
+	// a parent's cluster copies it on write with these. Never written.
+	zeroBuf []byte
+	// cowSync groups the area syncs of concurrent copies on write.
+	cowSync cowSync
+
+	// nextMap is the next map ID a snapshot, clone or revert takes (the
+	// 'N' key). Guarded by mu.
+	nextMap uint64
 
 	c storeCounters
 
@@ -79,6 +91,7 @@ type Store struct {
 type storeCounters struct {
 	refills, mapCommits, frees, flushes, areaSyncs, bounces, bgSyncs, zeroedAtOpen, zeroedAhead atomic.Uint64
 	bgRefills, bgRefillErrors                                                                   atomic.Uint64
+	cows                                                                                        atomic.Uint64
 	// pebble's health (events): background errors, write stalls and their
 	// total length; stallStart is the running stall's start (UnixNano), 0
 	// when none.
@@ -90,24 +103,37 @@ type storeCounters struct {
 type hookPoint uint8
 
 const (
-	hookReserved      hookPoint = iota // a refill's 'R' keys are durable; nothing written yet
-	hookDataWritten                    // a first write's data is in its cluster; its map key is not committed
-	hookMapCommitted                   // the map key is committed (not synced); the entry not published
-	hookFreed                          // a free's {delete 'X', set 'R'} is committed, not synced; clusters in limbo
-	hookLimboZeroed                    // a flush zeroed the limbo clusters; the area is not synced
-	hookAreaSynced                     // a flush synced the area; the WAL is not synced
-	hookReleaseZeroed                  // delete or shrink zeroed and synced its clusters; the map is not changed
-	hookSizeCommitted                  // a shrink's new size is durable; its clusters are not released
-	hookGrown                          // the area grew (durably); the format record does not say so yet
-	hookAheadZeroed                    // a refill zeroed clusters at or past the zeroed watermark; the area is not synced
-	hookAheadSynced                    // ... and synced the area; its 'R' keys and the new watermark are not committed
-	hookMigrated                       // an upgrade batch is committed (not synced); its data synced
+	hookReserved        hookPoint = iota // a refill's 'R' keys are durable; nothing written yet
+	hookDataWritten                      // a first write's data is in its cluster; its map key is not committed
+	hookMapCommitted                     // the map key is committed (not synced); the entry not published
+	hookFreed                            // a free's {delete 'X', set 'R'} is committed, not synced; clusters in limbo
+	hookLimboZeroed                      // a flush zeroed the limbo clusters; the area is not synced
+	hookAreaSynced                       // a flush synced the area; the WAL is not synced
+	hookReleaseZeroed                    // delete or shrink zeroed and synced its clusters; the map is not changed
+	hookSizeCommitted                    // a shrink's new size is durable; its clusters are not released
+	hookGrown                            // the area grew (durably); the format record does not say so yet
+	hookAheadZeroed                      // a refill zeroed clusters at or past the zeroed watermark; the area is not synced
+	hookAheadSynced                      // ... and synced the area; its 'R' keys and the new watermark are not committed
+	hookMigrated                         // an upgrade batch is committed (not synced); its data synced
+	hookSnapFlushed                      // a snapshot flushed its volume (under its exclusive lock); nothing committed
+	hookSnapCommitted                    // a snapshot's records and 'N' are durable; the tables not swapped
+	hookCloneCommitted                   // a clone's record and 'N' are durable
+	hookRevertCommitted                  // a revert's record and 'N' are durable; the old map not released
+	hookMergeChunk                       // a chunk of a snapshot's merge into its child is committed (not synced)
+	hookMergeDone                        // a merge's last batch (the snapshot's record gone, the child re-parented) is durable
+	hookFlattenChunk                     // a flatten copied one cluster (committed, not synced)
+	hookFlattenDone                      // a flatten's record (no parent) is durable; tombstones not deleted
 	numHookPoints
 )
 
 func (p hookPoint) String() string {
+	if p >= numHookPoints {
+		return fmt.Sprintf("hookPoint(%d)", uint8(p))
+	}
 	return [...]string{"reserved", "data-written", "map-committed", "freed", "limbo-zeroed",
-		"area-synced", "release-zeroed", "size-committed", "grown", "watermark-zeroed", "watermark-synced", "migrated"}[p]
+		"area-synced", "release-zeroed", "size-committed", "grown", "watermark-zeroed", "watermark-synced", "migrated",
+		"snap-flushed", "snap-committed", "clone-committed", "revert-committed", "merge-chunk", "merge-done",
+		"flatten-chunk", "flatten-done"}[p]
 }
 
 func (s *Store) hook(p hookPoint) {
@@ -127,6 +153,7 @@ func Open(cfg Config) (*Store, error) {
 	askedCluster := cfg.ClusterBytes
 	cfg = cfg.WithDefaults()
 	s := &Store{cfg: cfg, vols: make(map[ID]*Volume), log: cfg.Logger}
+	s.cowSync.cond.L = &s.cowSync.mu
 	if s.log == nil {
 		s.log = pebble.DefaultLogger
 	}
@@ -171,6 +198,9 @@ func Open(cfg Config) (*Store, error) {
 	}
 	align := s.align
 	s.bounce.New = func() any { b := alignedBuf(cfg.MaxTransferBytes, align); return &b }
+	cluster := int(s.cmask + 1)
+	s.cowBufs.New = func() any { b := alignedBuf(cluster, align); return &b }
+	s.zeroBuf = alignedBuf(cluster, align)
 	s.startSpaceGuard()
 	s.startSyncer()
 	s.startRefiller()
@@ -489,8 +519,12 @@ func (s *Store) load() error {
 	if err := s.loadZeroed(); err != nil {
 		return err
 	}
+	if err := s.loadNextMap(); err != nil {
+		return err
+	}
 	byMap := map[uint64]*Volume{}
-	var deleting []*Volume
+	all := map[ID]*Volume{}
+	var deleting, merging []*Volume
 	err := s.scan(familyVolume, func(k, v []byte) error {
 		id, ok := volumeKeyID(k)
 		if !ok {
@@ -500,11 +534,23 @@ func (s *Store) load() error {
 		if err != nil {
 			return err
 		}
+		if byMap[r.mapID] != nil {
+			return fmt.Errorf("store: volume %d: map %d shared with another object: %w", id, r.mapID, ErrCorrupt)
+		}
+		if r.mapID >= s.nextMap && s.nextMap != 0 {
+			// A volume a release before snapshots created with an ID in
+			// the counter's range: the counter goes past it (0: none left).
+			s.nextMap = r.mapID + 1
+		}
 		vol := newVolume(s, r)
 		byMap[r.mapID] = vol
-		if r.info.State == stateDeleting {
+		all[id] = vol
+		switch r.info.State {
+		case stateDeleting:
 			deleting = append(deleting, vol)
-		} else {
+		case stateMerging:
+			merging = append(merging, vol)
+		default:
 			s.vols[id] = vol
 		}
 		return nil
@@ -512,13 +558,18 @@ func (s *Store) load() error {
 	if err != nil {
 		return err
 	}
+	order, err := parentsFirst(all)
+	if err != nil {
+		return err
+	}
 	type orphan struct{ m, idx, phys uint64 }
-	var trim []orphan // map keys past a volume's end, of a deleting volume, or of no volume
-	err = s.scan(familyMap, func(k, v []byte) error {
-		m, idx, ok := parseMapKey(k)
-		phys, okv := parsePhys(v)
-		if !ok || !okv || phys == 0 || phys >= s.al.clusters {
-			return fmt.Errorf("store: map key %x = %x: %w", k, v, ErrCorrupt)
+	var trim []orphan // map keys past a volume's end, of a deleting volume, or of no volume; tombstones of parentless maps
+	checkKey := func(m, idx, phys uint64) error {
+		if phys >= s.al.clusters {
+			return fmt.Errorf("store: map %d index %d names cluster %d, outside the area: %w", m, idx, phys, ErrCorrupt)
+		}
+		if phys == 0 {
+			return nil // a tombstone: no cluster
 		}
 		if phys >= s.al.zeroed {
 			return fmt.Errorf("store: map %d index %d names cluster %d, at or past the zeroed watermark %d (never zeroed): %w", m, idx, phys, s.al.zeroed, ErrCorrupt)
@@ -526,14 +577,52 @@ func (s *Store) load() error {
 		if !s.al.markUsed(phys) {
 			return fmt.Errorf("store: cluster %d is mapped twice (map %d index %d): %w", phys, m, idx, ErrCorrupt)
 		}
-		vol := byMap[m]
-		if vol == nil || vol.info.State == stateDeleting || idx >= vol.clusters() {
-			trim = append(trim, orphan{m, idx, phys})
-			return nil
+		return nil
+	}
+	// Parents first, one key range per map: a child's table starts as its
+	// parent's top (pages shared) and its own keys path-copy what they
+	// change.
+	for _, vol := range order {
+		if vol.parent != nil {
+			vol.m = vol.parent.m.share(vol.mapID)
+			vol.m.resize(vol.clusters())
 		}
-		vol.m.set(idx, phys)
-		vol.allocated.Add(1)
-		s.al.mapped++
+		err := s.scanMap(vol.mapID, func(k, v []byte) error {
+			m, idx, ok := parseMapKey(k)
+			phys, okv := parsePhys(v)
+			if !ok || !okv {
+				return fmt.Errorf("store: map key %x = %x: %w", k, v, ErrCorrupt)
+			}
+			if err := checkKey(m, idx, phys); err != nil {
+				return err
+			}
+			if vol.info.State == stateDeleting || idx >= vol.clusters() || (phys == 0 && vol.parent == nil) {
+				trim = append(trim, orphan{m, idx, phys})
+				return nil
+			}
+			if phys == 0 {
+				vol.m.set(idx, tombstone)
+				return nil
+			}
+			vol.m.set(idx, phys)
+			vol.allocated.Add(1)
+			s.al.mapped++
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	err = s.scanOrphanMaps(byMap, func(k, v []byte) error {
+		m, idx, ok := parseMapKey(k)
+		phys, okv := parsePhys(v)
+		if !ok || !okv {
+			return fmt.Errorf("store: map key %x = %x: %w", k, v, ErrCorrupt)
+		}
+		if err := checkKey(m, idx, phys); err != nil {
+			return err
+		}
+		trim = append(trim, orphan{m, idx, phys})
 		return nil
 	})
 	if err != nil {
@@ -562,7 +651,9 @@ func (s *Store) load() error {
 	// the zeroing synced before anything can hand it out.
 	zero := slices.Clone(reserved)
 	for _, o := range trim {
-		zero = append(zero, o.phys)
+		if o.phys != 0 {
+			zero = append(zero, o.phys)
+		}
 	}
 	if err := s.zeroClusters(zero); err != nil {
 		return err
@@ -593,14 +684,16 @@ func (s *Store) load() error {
 		return fmt.Errorf("store: repair: %w", err)
 	}
 	for _, o := range trim {
-		s.al.release(o.phys)
+		if o.phys != 0 {
+			s.al.release(o.phys)
+		}
 	}
 	s.al.pushReady(reserved)
 	if n := len(trim) + len(reserved) + len(deleting); n > 0 {
 		s.log.Infof("store: open: %d reserved clusters zeroed, %d clusters of deleted or shrunk volumes released, %d deletes finished",
 			len(reserved), len(trim), len(deleting))
 	}
-	return nil
+	return s.finishMerges(merging, all)
 }
 
 // loadZeroed sets the allocator's zeroed watermark: the 'Z' key of a lazy
@@ -629,7 +722,12 @@ func (s *Store) loadZeroed() error {
 
 // scan calls fn for every key of one family.
 func (s *Store) scan(family byte, fn func(k, v []byte) error) error {
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{family}, UpperBound: []byte{family + 1}})
+	return s.scanRange([]byte{family}, []byte{family + 1}, fn)
+}
+
+// scanRange calls fn for every key in [lo, hi).
+func (s *Store) scanRange(lo, hi []byte, fn func(k, v []byte) error) error {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return fmt.Errorf("store: %w: %w", ErrIO, err)
 	}
@@ -708,8 +806,23 @@ func (s *Store) Create(id ID, o CreateOptions) (*Volume, error) {
 		return nil, fmt.Errorf("volume %d: create: %w", id, ErrExists)
 	}
 	r := volumeRecord{info: Info{ID: id, SizeBytes: o.SizeBytes, BlockSize: o.BlockSize, State: StateOnline}, mapID: uint64(id)}
-	if err := s.putRecord(r); err != nil {
+	b := s.db.NewBatch()
+	if uint64(id) >= firstMapID {
+		// An ID in the 'N' counter's range takes its map from the counter,
+		// so no two objects ever name one map.
+		m, err := s.takeMapID(b)
+		if err != nil {
+			_ = b.Close()
+			return nil, fmt.Errorf("volume %d: create: %w", id, err)
+		}
+		r.mapID = m
+	}
+	_ = b.Set(volumeKey(id), r.encode(), nil)
+	if err := s.commit(b, true); err != nil {
 		return nil, fmt.Errorf("volume %d: create: %w", id, err)
+	}
+	if uint64(id) >= firstMapID {
+		s.nextMap = r.mapID + 1 // 0 past the last: none left
 	}
 	v := newVolume(s, r)
 	s.vols[id] = v
@@ -767,6 +880,13 @@ func (s *Store) Delete(id ID) error {
 	if !ok {
 		return fmt.Errorf("volume %d: delete: %w", id, ErrNotFound)
 	}
+	cs := s.children(v)
+	if len(cs) > 1 {
+		return fmt.Errorf("volume %d: delete: %d objects read through it (%d...): %w", id, len(cs), cs[0].id, ErrHasChildren)
+	}
+	if len(cs) == 1 {
+		return s.deleteMerging(v, cs[0])
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	r := v.record()
@@ -788,7 +908,11 @@ func (s *Store) Delete(id ID) error {
 // read zeros). Requires v.mu held exclusively.
 func (s *Store) release(v *Volume, from uint64, extra func(*pebble.Batch)) error {
 	var idx, ps []uint64
-	v.m.each(from, ^uint64(0), func(i, p uint64) { idx, ps = append(idx, i), append(ps, p) })
+	v.m.each(from, ^uint64(0), func(i, e uint64) {
+		if owned(e) { // a parent's clusters and tombstones are not v's to free
+			idx, ps = append(idx, i), append(ps, e)
+		}
+	})
 	if len(ps) > 0 {
 		if err := s.zeroClusters(slices.Clone(ps)); err != nil {
 			return err
@@ -846,6 +970,16 @@ func (s *Store) Resize(id ID, sizeBytes uint64, force bool) error {
 		return fmt.Errorf("volume %d: resize: %w", id, err)
 	}
 	old := r.info.SizeBytes
+	switch {
+	case r.info.Kind == KindSnapshot && sizeBytes == old:
+		return nil // nothing to do, and a snapshot's clusters are never written (not even its tail)
+	case r.info.Kind == KindSnapshot:
+		return fmt.Errorf("volume %d: resize: a snapshot's size is fixed: %w", id, ErrInvalid)
+	case v.parent != nil && sizeBytes < old:
+		// A regrown object would read its parent's clusters past the old
+		// end again (docs/snapshots.md §1.9).
+		return fmt.Errorf("volume %d: shrink from %d to %d bytes: it has a parent (%d): %w", id, old, sizeBytes, v.parent.id, ErrInvalid)
+	}
 	r.info.SizeBytes = sizeBytes
 	newClusters := (sizeBytes + s.cmask) >> s.cshift
 	if sizeBytes >= old {
@@ -879,18 +1013,27 @@ func (s *Store) Resize(id ID, sizeBytes uint64, force bool) error {
 }
 
 // zeroTail zeroes the bytes from end to the end of its cluster, if that
-// cluster is allocated, and syncs: a shrink leaves them as they were.
+// cluster is allocated, and syncs: a shrink leaves them as they were. A
+// parent's cluster there is copied on write with zeros (its bytes past
+// end may be what a shrink of the parent left).
 func (s *Store) zeroTail(v *Volume, end uint64) error {
 	in := end & s.cmask
 	if in == 0 {
 		return nil
 	}
-	p := v.m.get(end >> s.cshift)
-	if p == 0 {
+	idx := end >> s.cshift
+	e := v.m.get(idx)
+	switch {
+	case owned(e):
+		if err := s.area.Zero(int64(e<<s.cshift+in), int64(s.cmask+1-in)); err != nil {
+			return fmt.Errorf("zero past the end: %w: %w", ErrIO, err)
+		}
+	case physOf(e) != 0:
+		if _, err := v.firstWrite(idx, in, s.zeroBuf[:s.cmask+1-in]); err != nil {
+			return fmt.Errorf("zero past the end: %w", err)
+		}
+	default:
 		return nil
-	}
-	if err := s.area.Zero(int64(p<<s.cshift+in), int64(s.cmask+1-in)); err != nil {
-		return fmt.Errorf("zero past the end: %w: %w", ErrIO, err)
 	}
 	return s.syncArea()
 }
@@ -931,6 +1074,9 @@ func (s *Store) SetState(id ID, state State) error {
 	v, ok := s.vols[id]
 	if !ok {
 		return fmt.Errorf("volume %d: set state: %w", id, ErrNotFound)
+	}
+	if v.info.Kind == KindSnapshot {
+		return fmt.Errorf("volume %d: set state %v: a snapshot is read-only: %w", id, state, ErrInvalid)
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -1367,6 +1513,11 @@ type Stats struct {
 	// BackgroundRefillErrors the rounds that failed (logged; the pool is
 	// then refilled by first writes, as without it, until one succeeds).
 	BackgroundRefills, BackgroundRefillErrors uint64
+	// CopiesOnWrite: first writes (and partial write zeroes) that replaced
+	// a parent's cluster with one of the object's own (docs/snapshots.md
+	// §1.3), each one area sync; those that covered the cluster partly
+	// also read it whole.
+	CopiesOnWrite uint64
 }
 
 // Stats returns the store's space and counters.
@@ -1379,6 +1530,7 @@ func (s *Store) Stats() Stats {
 	st.Flushes, st.AreaSyncs, st.BounceCopies = s.c.flushes.Load(), s.c.areaSyncs.Load(), s.c.bounces.Load()
 	st.BackgroundSyncs, st.ZeroedAtOpen, st.ZeroedAhead = s.c.bgSyncs.Load(), s.c.zeroedAtOpen.Load(), s.c.zeroedAhead.Load()
 	st.BackgroundRefills, st.BackgroundRefillErrors = s.c.bgRefills.Load(), s.c.bgRefillErrors.Load()
+	st.CopiesOnWrite = s.c.cows.Load()
 	return st
 }
 

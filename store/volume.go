@@ -24,6 +24,11 @@ type Volume struct {
 	shift uint8      // log2(block size), guarded by mu
 	gone  error      // ErrNotFound after Delete, ErrClosed after Close; guarded by mu
 	m     clusterMap // top replaced under mu held exclusively
+	// parent is the snapshot this object reads through (nil: none);
+	// token the record's revert token. Both change under s.mu and mu
+	// held exclusively (Snapshot, Revert, the merge of a deleted parent).
+	parent *Volume
+	token  uint64
 
 	// allocMu guards claims (the cluster indices whose first write is in
 	// flight: claim) and serialises clusterMap.set for first writes;
@@ -50,7 +55,7 @@ type WriteFlags uint8
 const FUA WriteFlags = 1
 
 func newVolume(s *Store, r volumeRecord) *Volume {
-	v := &Volume{s: s, id: r.info.ID, mapID: r.mapID}
+	v := &Volume{s: s, id: r.info.ID, mapID: r.mapID, token: r.token}
 	v.m.id = r.mapID // the volume's pages are its own
 	v.claimDone.L = &v.allocMu
 	v.setRecord(r)
@@ -63,7 +68,9 @@ func (v *Volume) setRecord(r volumeRecord) {
 	v.shift = uint8(bits.TrailingZeros32(r.info.BlockSize))
 }
 
-func (v *Volume) record() volumeRecord { return volumeRecord{info: v.info, mapID: v.mapID} }
+func (v *Volume) record() volumeRecord {
+	return volumeRecord{info: v.info, mapID: v.mapID, token: v.token}
+}
 
 // clusters is the number of clusters the volume's size spans.
 func (v *Volume) clusters() uint64 { return (v.info.SizeBytes + v.s.cmask) >> v.s.cshift }
@@ -105,7 +112,9 @@ type VolumeStats struct {
 	// FUAWrites are among Writes; RemovedBlocks: the blocks named by
 	// WriteZeroes and Deallocate requests.
 	FUAWrites, WriteZeroes, Deallocates, Flushes, RemovedBlocks uint64
-	// AllocatedBytes: clusters mapped × cluster size (exact).
+	// AllocatedBytes: the clusters its own map names × cluster size
+	// (exact). A snapshot taken of the volume owns what the volume had
+	// (Store.SpaceOf says what it reads through its parent).
 	AllocatedBytes uint64
 }
 
@@ -193,11 +202,11 @@ func (v *Volume) Read(lba uint64, buf []byte) error {
 		idx, in := off>>s.cshift, off&s.cmask
 		seg := min(s.cmask+1-in, end-off)
 		p := v.m.get(idx)
-		if p == 0 {
+		if physOf(p) == 0 {
 			clear(dst[pos : pos+seg])
 		} else {
 			seg = v.run(idx, p, off, seg, end)
-			if err := s.area.ReadAt(dst[pos:pos+seg], int64(p<<s.cshift+in)); err != nil {
+			if err := s.area.ReadAt(dst[pos:pos+seg], int64(physOf(p)<<s.cshift+in)); err != nil {
 				if bounce != nil {
 					s.bounce.Put(bounce)
 				}
@@ -215,9 +224,11 @@ func (v *Volume) Read(lba uint64, buf []byte) error {
 	return nil
 }
 
-// run extends a segment of seg bytes at off (in cluster idx, physical p)
+// run extends a segment of seg bytes at off (in cluster idx, entry p)
 // over the following clusters while they are allocated and physically
-// contiguous, up to end, and returns its length.
+// contiguous, up to end, and returns its length. Entries are compared
+// with their flags: a run of a write never extends from an own cluster
+// into an inherited one.
 func (v *Volume) run(idx, p, off, seg, end uint64) uint64 {
 	s := v.s
 	for off+seg < end {
@@ -252,7 +263,7 @@ func (v *Volume) Write(lba uint64, data []byte, flags WriteFlags) error {
 		idx, in := off>>s.cshift, off&s.cmask
 		seg := min(s.cmask+1-in, end-off)
 		p := v.m.get(idx)
-		if p == 0 {
+		if !owned(p) { // unallocated, a tombstone, or a parent's cluster (copy-on-write)
 			n, err := v.firstWrite(idx, in, src[pos:])
 			if err != nil {
 				return v.fail(opWrite, lba, err)
@@ -334,10 +345,28 @@ func (v *Volume) firstWrite(idx, in uint64, data []byte) (n uint64, err error) {
 // allocate is a claimed first write of len(ps) clusters from idx: it
 // takes ready clusters into ps (taken of them, physically contiguous),
 // writes data into them and commits their map keys.
+//
+// An index that reads a parent's cluster is copied on write
+// (docs/snapshots.md §1.3): a first or last cluster the data covers only
+// partly goes alone through copyOnWrite; clusters covered whole are
+// written from data, as any first write. Either way the area is synced
+// (syncForCopy: one sync for the copies in flight together) before the
+// map key is committed when the key replaces a parent's cluster: pebble
+// may make an unsynced key durable with anyone's later
+// synced commit, and a key durable before its cluster's bytes would make
+// the index read zeros, neither the parent's bytes nor the write's.
 func (v *Volume) allocate(idx, in uint64, data []byte, ps []uint64) (taken int, err error) {
 	s := v.s
 	if s.noSpace.Load() {
 		return 0, fmt.Errorf("filesystem of the metadata: %d bytes free, reserve %d: %w", s.freeBytes.Load(), s.reserve.Load(), ErrNoSpace)
+	}
+	C, k := s.cmask+1, uint64(len(ps))
+	end := in + uint64(len(data)) // past the data, from cluster idx's start
+	if old := physOf(v.m.get(idx)); old != 0 && (in != 0 || end < C) {
+		return v.copyOnWrite(idx, in, data, old, ps[:1])
+	}
+	if k > 1 && end < k*C && physOf(v.m.get(idx+k-1)) != 0 {
+		ps = ps[:k-1] // the last is partly covered: copied by the caller's next round
 	}
 	p, err := s.takeCluster()
 	if err != nil {
@@ -352,6 +381,62 @@ func (v *Volume) allocate(idx, in uint64, data []byte, ps []uint64) (taken int, 
 		return 0, fmt.Errorf("%w: %w", ErrIO, err)
 	}
 	s.hook(hookDataWritten)
+	for i := range ps {
+		if physOf(v.m.get(idx+uint64(i))) != 0 {
+			s.c.cows.Add(1)
+			if err := s.syncForCopy(); err != nil {
+				s.toLimbo(ps...)
+				return 0, err
+			}
+			break
+		}
+	}
+	if err := v.commitMap(idx, ps); err != nil {
+		return 0, err
+	}
+	return taken, nil
+}
+
+// copyOnWrite is a claimed first write into cluster idx, which reads the
+// parent's cluster old, of data (at most to the cluster's end) at offset
+// in: take a ready cluster, read old whole into a cluster buffer, copy
+// data in, write the buffer (one read, one write), sync the area, commit
+// the key. old is never written: the snapshot cannot change.
+func (v *Volume) copyOnWrite(idx, in uint64, data []byte, old uint64, ps []uint64) (int, error) {
+	s := v.s
+	p, err := s.takeCluster()
+	if err != nil {
+		return 0, err
+	}
+	ps[0] = p
+	bp := s.cowBufs.Get().(*[]byte)
+	defer s.cowBufs.Put(bp)
+	buf := *bp
+	if err := s.area.ReadAt(buf, int64(old<<s.cshift)); err != nil {
+		s.toLimbo(p)
+		return 0, fmt.Errorf("copy-on-write: read cluster %d: %w: %w", old, ErrIO, err)
+	}
+	copy(buf[in:], data)
+	if err := s.area.WriteAt(buf, int64(p<<s.cshift)); err != nil {
+		s.toLimbo(p)
+		return 0, fmt.Errorf("copy-on-write: %w: %w", ErrIO, err)
+	}
+	s.hook(hookDataWritten)
+	s.c.cows.Add(1)
+	if err := s.syncForCopy(); err != nil {
+		s.toLimbo(p)
+		return 0, err
+	}
+	if err := v.commitMap(idx, ps); err != nil {
+		return 0, err
+	}
+	return 1, nil
+}
+
+// commitMap commits {map keys idx+i -> ps[i], delete their 'R' keys} in
+// one unsynced batch (clusters to limbo if it fails).
+func (v *Volume) commitMap(idx uint64, ps []uint64) error {
+	s := v.s
 	b := s.db.NewBatch()
 	var key [mapKeyLen]byte
 	var val [8]byte
@@ -364,11 +449,11 @@ func (v *Volume) allocate(idx, in uint64, data []byte, ps []uint64) (taken int, 
 	}
 	if err := s.commit(b, false); err != nil {
 		s.toLimbo(ps...)
-		return 0, err
+		return err
 	}
 	s.hook(hookMapCommitted)
 	s.c.mapCommits.Add(1)
-	return taken, nil
+	return nil
 }
 
 // claim makes the caller the one first write of clusters [idx,
@@ -381,7 +466,7 @@ func (v *Volume) claim(idx, want uint64) (claimed uint64) {
 	v.allocMu.Lock()
 	defer v.allocMu.Unlock()
 	for {
-		if v.m.get(idx) != 0 {
+		if owned(v.m.get(idx)) {
 			return 0
 		}
 		if !slices.Contains(v.claims, idx) {
@@ -393,7 +478,7 @@ func (v *Volume) claim(idx, want uint64) (claimed uint64) {
 	}
 	for claimed = 1; claimed < want; claimed++ {
 		i := idx + claimed
-		if v.m.get(i) != 0 || slices.Contains(v.claims, i) {
+		if owned(v.m.get(i)) || slices.Contains(v.claims, i) {
 			break
 		}
 	}
@@ -505,16 +590,27 @@ func (v *Volume) remove(o op, lba, n uint64, fua bool) error {
 	return nil
 }
 
-// zeroIn zeroes bytes [off, end) of the volume in place, in allocated
-// clusters only (the rest reads zeros already).
+// zeroIn zeroes bytes [off, end) of the volume: in place in its own
+// clusters; a parent's cluster is copied on write with zeros over the
+// range (its other bytes stay the parent's); the rest reads zeros
+// already.
 func (v *Volume) zeroIn(off, end uint64) error {
 	s := v.s
 	for off < end {
 		idx, in := off>>s.cshift, off&s.cmask
 		seg := min(s.cmask+1-in, end-off)
-		if p := v.m.get(idx); p != 0 {
-			if err := s.area.Zero(int64(p<<s.cshift+in), int64(seg)); err != nil {
+		switch e := v.m.get(idx); {
+		case owned(e):
+			if err := s.area.Zero(int64(e<<s.cshift+in), int64(seg)); err != nil {
 				return fmt.Errorf("%w: %w", ErrIO, err)
+			}
+		case physOf(e) != 0:
+			n, err := v.firstWrite(idx, in, s.zeroBuf[:seg])
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				continue // another write made it own meanwhile: zero it in place
 			}
 		}
 		off += seg
@@ -522,38 +618,70 @@ func (v *Volume) zeroIn(off, end uint64) error {
 	return nil
 }
 
-// free releases the allocated clusters with index in [first, last): per
-// chunk, one unsynced batch {delete map key, set 'R'}, then the entries
-// are cleared and the clusters go to limbo, where the next flush zeroes
-// them and syncs before they can be reused. Requires v.mu exclusively.
+// free releases the clusters with index in [first, last): per chunk, one
+// unsynced batch {delete map key, set 'R'}, then the entries are cleared
+// and the clusters go to limbo, where the next flush zeroes them and
+// syncs before they can be reused. In an object with a parent
+// (docs/snapshots.md §1.3) an index must go on reading zeros, not the
+// parent's cluster: its key becomes a tombstone (0) where the parent has
+// an entry (a cluster or a tombstone, own or inherited), and a parent's
+// cluster read there gets a tombstone too (no cluster freed: it is the
+// parent's). A parent's tombstone would read zeros through a deleted key
+// too, but the table's 0 must keep meaning "nothing here nor in any
+// ancestor": Changes and SpaceOf tell an index the object hides from one
+// it reads through by it. Requires v.mu exclusively.
 func (v *Volume) free(first, last uint64) error {
 	s := v.s
-	var idx, ps []uint64
-	v.m.each(first, last, func(i, p uint64) { idx, ps = append(idx, i), append(ps, p) })
+	type ent struct{ i, p uint64 } // p: own cluster freed, 0 if none
+	var es []ent
+	var tomb []bool // per es: the key becomes a tombstone
+	v.m.each(first, last, func(i, e uint64) {
+		switch {
+		case owned(e):
+			es = append(es, ent{i, e})
+			tomb = append(tomb, v.parent != nil && v.parent.m.get(i) != 0)
+		case e&inherited != 0 && physOf(e) != 0:
+			es = append(es, ent{i, 0})
+			tomb = append(tomb, true)
+		}
+	})
 	var key [mapKeyLen]byte
-	for len(idx) > 0 {
-		k := min(len(idx), freeChunk)
+	var zero [8]byte
+	for len(es) > 0 {
+		k := min(len(es), freeChunk)
 		b := s.db.NewBatch()
-		for j := range k {
-			putMapKey(key[:], v.mapID, idx[j])
-			_ = b.Delete(key[:], nil)
-			putReservedKey(key[:], ps[j])
-			_ = b.Set(key[:reservedKeyLen], nil, nil)
+		var ps []uint64
+		for j, e := range es[:k] {
+			putMapKey(key[:], v.mapID, e.i)
+			if tomb[j] {
+				_ = b.Set(key[:], zero[:], nil)
+			} else {
+				_ = b.Delete(key[:], nil)
+			}
+			if e.p != 0 {
+				ps = append(ps, e.p)
+				putReservedKey(key[:], e.p)
+				_ = b.Set(key[:reservedKeyLen], nil, nil)
+			}
 		}
 		if err := s.commit(b, false); err != nil {
 			return err
 		}
-		for j := range k {
-			v.m.set(idx[j], 0)
+		for j, e := range es[:k] {
+			if tomb[j] {
+				v.m.set(e.i, tombstone)
+			} else {
+				v.m.set(e.i, 0)
+			}
 		}
-		v.allocated.Add(-int64(k))
+		v.allocated.Add(-int64(len(ps)))
 		s.al.mu.Lock()
-		s.al.limbo = append(s.al.limbo, ps[:k]...)
-		s.al.mapped -= uint64(k)
+		s.al.limbo = append(s.al.limbo, ps...)
+		s.al.mapped -= uint64(len(ps))
 		s.al.mu.Unlock()
 		s.c.frees.Add(1)
 		s.hook(hookFreed)
-		idx, ps = idx[k:], ps[k:]
+		es, tomb = es[k:], tomb[k:]
 	}
 	return nil
 }
@@ -579,7 +707,8 @@ func (v *Volume) Flush() error {
 const mappedBatch = 1 << 16
 
 // Mapped calls fn, in LBA order, for each run of allocated clusters whose
-// blocks meet [from, to): lba and blocks give the run clipped to [from,
+// blocks meet [from, to) (its own and those it reads through its parent:
+// everything it reads but holes and tombstones; MappedOwn gives its own): lba and blocks give the run clipped to [from,
 // to) and to the volume's size (a long run may come in pieces: at most
 // 65536 clusters are looked at per lock). Unallocated clusters (holes, which read
 // as zeros) are skipped. It holds no lock while fn runs, so fn may read

@@ -249,6 +249,10 @@ func args(c *cli.Context, names ...string) ([]string, error) {
 func checkArg(c *cli.Context, name, v string) error {
 	switch name {
 	case "name", "volume", "nodeid":
+		if name == "name" && c.Command.Name == "delete" && strings.Contains(v, "@") && !c.Bool("legacy-name") {
+			_, _, _, err := splitSnap(v) // volume delete VOL@SNAP
+			return err
+		}
 		if c.Bool("legacy-name") {
 			return nil
 		}
@@ -363,7 +367,7 @@ func volumeCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "volume",
 		Usage: "create, list, show, resize and delete volumes",
-		Subcommands: []*cli.Command{
+		Subcommands: append([]*cli.Command{
 			{
 				Name: "create", Usage: "create a volume; the cluster places it on the node with the most free capacity, or --node", UsageText: "blkctl volume create NAME --size 10GiB [--block-size 4096] [--node NODEID] [--replicas N]",
 				Flags: []cli.Flag{
@@ -399,14 +403,15 @@ func volumeCommand() *cli.Command {
 				Action: volumeMove,
 			},
 			{
-				Name: "delete", Usage: "delete a volume", UsageText: "blkctl volume delete NAME [--force] [--legacy-name]",
+				Name: "delete", Usage: "delete a volume, or a snapshot (VOLUME@SNAPSHOT)", UsageText: "blkctl volume delete NAME|VOLUME@SNAPSHOT [--force] [--snapshots] [--legacy-name]",
 				Flags: []cli.Flag{
 					&cli.BoolFlag{Name: "force", Usage: "delete even while hosts are attached (drops their connections)"},
+					&cli.BoolFlag{Name: "snapshots", Usage: "delete the volume's snapshots with it (refused while one has clones)"},
 					&cli.BoolFlag{Name: "legacy-name", Usage: "NAME is outside the name grammar (from an older blkd, e.g. '.' or 'a/b'): take it as it is"},
 				},
 				Action: volumeDelete,
 			},
-		},
+		}, snapshotCommands()...),
 	}
 }
 
@@ -813,6 +818,12 @@ func volumeDelete(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if vol, snap, ok, _ := splitSnap(a[0]); ok && !c.Bool("legacy-name") {
+		if c.Bool("force") || c.Bool("snapshots") {
+			return usageErrorf("%s: --force and --snapshots are for volumes, not a snapshot (%s)", c.Command.FullName(), a[0])
+		}
+		return snapshotDelete(c, e, vol, snap)
+	}
 	p := volPath(a[0])
 	if c.Bool("legacy-name") {
 		// Any name is one query value; no path could hold ".." or "a/b".
@@ -821,8 +832,14 @@ func volumeDelete(c *cli.Context) error {
 	if c.Bool("force") {
 		p += sep(p) + "force=true"
 	}
+	if c.Bool("snapshots") {
+		p += sep(p) + "snapshots=true"
+	}
 	if err := e.api.do("DELETE", p, nil, nil); err != nil {
 		var ae *apiError
+		if errors.As(err, &ae) && ae.Status == http.StatusConflict && strings.Contains(ae.Msg, "snapshots") {
+			return fmt.Errorf("%s (with blkctl: blkctl volume delete %s --snapshots)", ae.Msg, a[0])
+		}
 		if errors.As(err, &ae) && ae.Status == http.StatusConflict && !c.Bool("force") {
 			return fmt.Errorf("%s (with blkctl: blkctl detach %s --host-nqn NQN, or blkctl volume delete %s --force)", ae.Msg, a[0], a[0])
 		}

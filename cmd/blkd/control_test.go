@@ -586,6 +586,8 @@ func TestAPIMutualTLS(t *testing.T) {
 		t.Fatalf("reader's list: %+v, want the volume without its host NQNs", rs)
 	}
 	d.refuse(t, "DELETE", "/v1/volumes/v", "", 403, `reader:bob may not DELETE /v1/volumes/v`)
+	// An export reads a volume's data: not a reader's.
+	d.refuse(t, "GET", "/v1/volumes/v/snapshots/s/export", "", 403, `reader:bob may not GET /v1/volumes/v/snapshots/s/export`)
 	if d.metric(t, "blk_volume_size_bytes") <= 0 {
 		t.Fatal("reader cannot scrape /metrics")
 	}

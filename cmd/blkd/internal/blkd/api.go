@@ -67,6 +67,16 @@ func metaError(err error, hint string) error {
 		status, hint = http.StatusConflict, "the host is already attached; detach it first to attach again"
 	case errors.Is(err, meta.ErrNotConnected):
 		status, hint = http.StatusConflict, "the host is not attached to this volume"
+	case errors.Is(err, meta.ErrUnknownSnapshot):
+		status, hint = http.StatusNotFound, "list the volume's snapshots with GET /v1/volumes/{name}/snapshots (blkctl volume snapshots VOLUME)"
+	case errors.Is(err, meta.ErrHasSnapshots):
+		status, hint = http.StatusConflict, "DELETE with ?snapshots=true (blkctl volume delete VOLUME --snapshots) deletes them with it"
+	case errors.Is(err, meta.ErrSnapshotExists), errors.Is(err, meta.ErrHasClones), errors.Is(err, meta.ErrHasChildren),
+		errors.Is(err, meta.ErrSnapshotNotReady), errors.Is(err, meta.ErrNotClone):
+		// The registry's message names the objects and what to do.
+		status = http.StatusConflict
+	case errors.Is(err, meta.ErrBusy):
+		status, hint = http.StatusConflict, "retry once it is done"
 	case errors.Is(err, meta.ErrStaleEpoch):
 		status, hint = http.StatusConflict, "the volume's primary changed meanwhile: read the volume again"
 	case errors.Is(err, control.ErrFeatureMissing):
@@ -144,6 +154,15 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("POST /v1/volumes/{name}/resize", w(d.resizeVolume))
 	m.Handle("POST /v1/volumes/{name}/verify", w(d.verifyVolume))
 	m.Handle("POST /v1/volumes/{name}/replicas/replace", w(d.replaceReplica))
+	m.Handle("POST /v1/volumes/{name}/snapshots", w(d.createSnapshot))
+	m.Handle("GET /v1/volumes/{name}/snapshots", handler(d.listSnapshots))
+	m.Handle("GET /v1/volumes/{name}/snapshots/{snap}", handler(d.getSnapshot))
+	m.Handle("DELETE /v1/volumes/{name}/snapshots/{snap}", w(d.deleteSnapshot))
+	m.Handle("POST /v1/volumes/{name}/snapshots/{snap}/clone", w(d.cloneSnapshot))
+	m.Handle("POST /v1/volumes/{name}/flatten", w(d.flattenVolume))
+	m.Handle("POST /v1/volumes/{name}/revert", w(d.revertVolume))
+	m.Handle("GET /v1/volumes/{name}/snapshots/{snap}/export", handler(d.exportSnapshot))
+	m.Handle("PUT /v1/volumes/{name}/import", handler(d.importVolume))
 	// The leader asks a volume's owner to reconcile it (owner.go).
 	m.Handle("POST /v1/internal/reconcile", handler(d.internalReconcile))
 	m.Handle("GET /v1/internal/health", handler(d.health))
@@ -157,6 +176,12 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("GET /v1/internal/boot", handler(d.internalBoot))
 	// The leader has a replaced replica's node delete its copy (replace.go).
 	m.Handle("POST /v1/internal/drop", handler(d.internalDrop))
+	// The leader has a volume's primary take a snapshot, which has each
+	// in-sync replica's node snapshot its copy inside its barrier
+	// (snapshot.go); listings ask the primary for the space figures.
+	m.Handle("POST /v1/internal/snapshot", handler(d.internalSnapshot))
+	m.Handle("POST /v1/internal/snapshot-copy", handler(d.internalSnapshotCopy))
+	m.Handle("GET /v1/internal/space", handler(d.internalSpace))
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
 	m.Handle("POST /v1/cluster/join", w(d.clusterJoin))
 	m.Handle("POST /v1/cluster/remove", w(d.clusterRemove))
@@ -168,6 +193,10 @@ func (d *Daemon) routes() http.Handler {
 		"/v1/volumes/{name}/attach": "POST", "/v1/volumes/{name}/detach": "POST",
 		"/v1/volumes/{name}/resize": "POST", "/v1/internal/reconcile": "POST", "/v1/internal/health": "GET", "/v1/internal/replica": "POST", "/v1/internal/lease": "POST", "/v1/internal/checksum": "POST", "/v1/volumes/{name}/verify": "POST",
 		"/v1/volumes/{name}/replicas/replace": "POST", "/v1/internal/drop": "POST", "/v1/internal/boot": "GET",
+		"/v1/volumes/{name}/snapshots": "GET, POST", "/v1/volumes/{name}/snapshots/{snap}": "GET, DELETE",
+		"/v1/volumes/{name}/snapshots/{snap}/clone": "POST", "/v1/volumes/{name}/flatten": "POST", "/v1/volumes/{name}/revert": "POST",
+		"/v1/volumes/{name}/snapshots/{snap}/export": "GET", "/v1/volumes/{name}/import": "PUT",
+		"/v1/internal/snapshot": "POST", "/v1/internal/snapshot-copy": "POST", "/v1/internal/space": "GET",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
 	} {
 		m.Handle(path, handler(func(w http.ResponseWriter, r *http.Request) error {
@@ -394,16 +423,22 @@ func (d *Daemon) deleteVolumeByQuery(w http.ResponseWriter, r *http.Request) err
 }
 
 func (d *Daemon) deleteNamed(w http.ResponseWriter, r *http.Request, name string) error {
-	force := false
+	force, withSnapshots := false, false
 	if f := r.URL.Query().Get("force"); f != "" {
 		var err error
 		if force, err = strconv.ParseBool(f); err != nil {
 			return badRequest("force=%q: use force=true or force=false", f)
 		}
 	}
+	if f := r.URL.Query().Get("snapshots"); f != "" {
+		var err error
+		if withSnapshots, err = strconv.ParseBool(f); err != nil {
+			return badRequest("snapshots=%q: use snapshots=true or snapshots=false", f)
+		}
+	}
 	// A volume already deleting (an earlier delete whose owner did not
 	// answer) is finished.
-	if err := d.mgr.Delete(r.Context(), name, force); err != nil {
+	if err := d.mgr.DeleteWith(r.Context(), name, force, withSnapshots); err != nil {
 		return metaError(err, "")
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -187,7 +187,9 @@ func allowed(role, method, path string) bool {
 	case pki.RoleAdmin:
 		return !strings.HasPrefix(path, "/v1/internal/")
 	case pki.RoleReader:
-		return read && !internal
+		// An export is a read of a volume's data, not of the registry:
+		// an admin's.
+		return read && !internal && !(strings.HasPrefix(path, "/v1/volumes/") && strings.HasSuffix(path, "/export"))
 	}
 	return false
 }

@@ -82,7 +82,10 @@ type Daemon struct {
 	tparts      *targetParts
 	settleMu    sync.Mutex
 	unreachable map[string]error
-	stop        chan struct{}
+	// settleNow asks the settle loop for a round at once (a flatten
+	// ended here: the registry records it without waiting a period).
+	settleNow chan struct{}
+	stop      chan struct{}
 
 	// repl is the node's replication (replica.go): the fences of its
 	// secondary replicas, the legs of the volumes it is primary of.
@@ -124,7 +127,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1), stop: make(chan struct{}), boot: newBootID()}
+	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1), stop: make(chan struct{}), boot: newBootID(), settleNow: make(chan struct{}, 1)}
 	d.repl = replicas{fences: map[uint64]fence{}, primary: map[uint64]*primaryLeg{}, host: map[uint64]*hostVolume{}}
 	d.leaseKick = make(chan struct{}, 1)
 	d.failing, d.failWarned = map[string]bool{}, map[string]bool{}

@@ -199,6 +199,7 @@ func views(s *meta.State, vols ...meta.Volume) []api.Volume {
 			a.State, a.Reason = api.StateUnavailable, fmt.Sprintf("its node %s is down (not heard from)", v.Node)
 		}
 		replicaView(v, &a)
+		snapshotFields(v, &a)
 		out = append(out, a)
 	}
 	return out
@@ -234,6 +235,11 @@ func (d *Daemon) view(v meta.Volume) api.Volume {
 	for i, r := range out[0].Replicas {
 		if done, total, ok := d.rebuildProgress(v.ID, r.Node); ok {
 			out[0].Replicas[i].Rebuild = &api.RebuildProgress{DoneBytes: done, TotalBytes: total}
+		}
+	}
+	if f := out[0].Flatten; f != nil && d.rec != nil {
+		if p, ok := d.rec.FlattenProgress(v.ID); ok {
+			f.DoneBytes, f.TotalBytes = p.DoneBytes, p.TotalBytes
 		}
 	}
 	return out[0]

@@ -85,9 +85,13 @@ func (p storeParts) List() ([]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]uint64, len(infos))
-	for i, in := range infos {
-		ids[i] = uint64(in.ID)
+	ids := make([]uint64, 0, len(infos))
+	for _, in := range infos {
+		// Volumes only: the reconcile deletes what the registry does not
+		// know, and a snapshot is never one of its volumes.
+		if in.Kind == store.KindVolume {
+			ids = append(ids, uint64(in.ID))
+		}
 	}
 	return ids, nil
 }
@@ -415,6 +419,12 @@ func (d *Daemon) internalReconcile(w http.ResponseWriter, r *http.Request) error
 func (d *Daemon) startControl(ctx context.Context) {
 	d.tparts = &targetParts{d: d}
 	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{d.store}, d.tparts, d.audit.logger())
+	d.rec.OnFlattenDone = func(string) {
+		select {
+		case d.settleNow <- struct{}{}:
+		default:
+		}
+	}
 	d.mgr = control.NewManager(registryParts{d.node}, ownerParts{d})
 	d.mgr.MaxReplicas = meta.MaxReplicas // blkd replicates (replica.go)
 	d.mgr.Log = d.audit.logger()
@@ -481,17 +491,18 @@ func (d *Daemon) settleLoop(stop <-chan struct{}) {
 		case <-stop:
 			return
 		case <-t.C:
-			legacy.warn(d)
-			ctx, cancel := context.WithCancel(context.Background())
-			go func() {
-				select {
-				case <-stop:
-					cancel()
-				case <-ctx.Done():
-				}
-			}()
-			d.settle(ctx)
-			cancel()
+		case <-d.settleNow:
 		}
+		legacy.warn(d)
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		d.settle(ctx)
+		cancel()
 	}
 }

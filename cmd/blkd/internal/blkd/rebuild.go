@@ -130,7 +130,11 @@ func (d *Daemon) rebuildLoop(ctx context.Context, pl *primaryLeg, id uint64, nam
 			continue
 		}
 		if err := d.rebuildReplica(ctx, pl, v, node, left, full); err != nil {
-			failed[node] = time.Now()
+			// A snapshot's barrier ended the copy (or ran as it began):
+			// it starts again at once, with no backoff.
+			if !errors.Is(err, repl.ErrRebuildSnapshot) && !errors.Is(err, repl.ErrRebuildBusy) {
+				failed[node] = time.Now()
+			}
 			if ctx.Err() == nil {
 				d.log.Warn("replica rebuild failed", slog.String("volume", v.Name), slog.String("node", node), slog.String("err", err.Error()))
 			}
