@@ -58,11 +58,7 @@ type imageRun struct {
 // an error is a status; an error of the store mid-stream aborts the
 // connection, which the client sees as a truncated image.
 func (d *Daemon) exportSnapshot(w http.ResponseWriter, r *http.Request) error {
-	name, err := d.volumeName(r)
-	if err != nil {
-		return err
-	}
-	snap, err := snapshotName(r)
+	name, snap, err := d.snapshotPath(r)
 	if err != nil {
 		return err
 	}

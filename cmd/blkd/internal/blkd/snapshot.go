@@ -374,13 +374,17 @@ func withSpace(a *api.Snapshot, sp map[string]objectSpace) {
 	}
 }
 
-// snapshotName is the {snap} of r's path, in the name grammar.
-func snapshotName(r *http.Request) (string, error) {
-	snap := r.PathValue("snap")
-	if err := api.CheckName("snapshot name", snap); err != nil {
-		return "", badRequest("%v", err)
+// snapshotPath is the {name} (as volumeName takes it) and {snap} (in
+// the name grammar) of r's path.
+func (d *Daemon) snapshotPath(r *http.Request) (volume, snap string, err error) {
+	if volume, err = d.volumeName(r); err != nil {
+		return "", "", err
 	}
-	return snap, nil
+	snap = r.PathValue("snap")
+	if err := api.CheckName("snapshot name", snap); err != nil {
+		return "", "", badRequest("%v", err)
+	}
+	return volume, snap, nil
 }
 
 func (d *Daemon) createSnapshot(w http.ResponseWriter, r *http.Request) error {
@@ -455,11 +459,7 @@ func (d *Daemon) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) getSnapshot(w http.ResponseWriter, r *http.Request) error {
-	name, err := d.volumeName(r)
-	if err != nil {
-		return err
-	}
-	snap, err := snapshotName(r)
+	name, snap, err := d.snapshotPath(r)
 	if err != nil {
 		return err
 	}
@@ -479,11 +479,7 @@ func (d *Daemon) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
-	name, err := d.volumeName(r)
-	if err != nil {
-		return err
-	}
-	snap, err := snapshotName(r)
+	name, snap, err := d.snapshotPath(r)
 	if err != nil {
 		return err
 	}
@@ -495,11 +491,7 @@ func (d *Daemon) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (d *Daemon) cloneSnapshot(w http.ResponseWriter, r *http.Request) error {
-	name, err := d.volumeName(r)
-	if err != nil {
-		return err
-	}
-	snap, err := snapshotName(r)
+	name, snap, err := d.snapshotPath(r)
 	if err != nil {
 		return err
 	}
