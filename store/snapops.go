@@ -202,8 +202,9 @@ func (s *Store) Changes(from, to ID, fn func(lba, blocks uint64, zero bool) erro
 	return nil
 }
 
-// Revert makes volume vol read what snapshot snap, one of its ancestors,
-// reads (docs/snapshots.md §1.7): one synced batch gives vol a new, empty
+// Revert makes volume vol read what snapshot snap reads (docs/snapshots.md
+// §1.7; snap is any snapshot of vol's block size: one of its ancestors,
+// or one a revert left off its chain): one synced batch gives vol a new, empty
 // map whose parent is snap, snap's size and the revert token; then the
 // clusters of vol's old map are released (zeroed, synced, its keys
 // deleted in one synced batch; a crash in between leaves keys of no
@@ -212,8 +213,8 @@ func (s *Store) Changes(from, to ID, fn func(lba, blocks uint64, zero bool) erro
 // record holds was applied already and is a no-op; token 0 is always
 // applied and leaves the record's token as it was (a rebuild's local
 // revert). It waits for vol's requests in flight; the host must not be
-// connected (the registry checks). ErrInvalid if vol is not a volume or
-// snap not a snapshot among its ancestors.
+// connected (the registry checks). ErrInvalid if vol is not a volume, snap
+// not a snapshot, or their block sizes differ.
 func (s *Store) Revert(vol, snap ID, token uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
