@@ -206,6 +206,33 @@ func TestSnapshotReplicaAway(t *testing.T) {
 	if !slices.Contains(s1.Nodes, victim) || len(s1.Nodes) != 3 {
 		t.Fatalf("r@s1 after %s's rebuild: nodes %v, want all three", victim, s1.Nodes)
 	}
+	// The victim's store: its live copy reads through its copy of r@s1.
+	vp := c.procs[victim]
+	var chain struct {
+		Chain []struct {
+			ID     uint64 `json:"id"`
+			Parent uint64 `json:"parent"`
+		} `json:"chain"`
+		Held []uint64 `json:"held"`
+	}
+	vp.must(t, "GET", fmt.Sprintf("/v1/internal/snapshots?id=%d&ids=%d,999999", v.ID, s1.ID), "", 200, &chain)
+	if len(chain.Chain) != 2 || chain.Chain[0].ID != v.ID || chain.Chain[0].Parent != s1.ID || !slices.Equal(chain.Held, []uint64{s1.ID}) {
+		t.Fatalf("%s's chain of r: %+v, want r on r@s1 (%d)", victim, chain, s1.ID)
+	}
+	// The rebuild's routes refuse what no rebuild asks: an in-sync
+	// replica, a stale epoch, missing fields, an unknown snapshot.
+	body := func(snap string, epoch uint64) string {
+		return fmt.Sprintf(`{"volume": "r", "snapshot": %q, "epoch": %d}`, snap, epoch)
+	}
+	vp.refuse(t, "POST", "/v1/internal/rebuild-revert", body("s1", v.Epoch), 409, `holds no secondary replica of it out of sync or rebuilding`)
+	vp.refuse(t, "POST", "/v1/internal/rebuild-snapshot", body("s1", v.Epoch), 409, `out of sync or rebuilding`)
+	vp.refuse(t, "POST", "/v1/internal/rebuild-revert", body("s1", v.Epoch+7), 409, `epoch`)
+	vp.refuse(t, "POST", "/v1/internal/rebuild-revert", body("", v.Epoch), 400, `required`)
+	vp.refuse(t, "POST", "/v1/internal/rebuild-snapshot", body("nope", v.Epoch), 409, `out of sync or rebuilding`)
+	vp.refuse(t, "GET", "/v1/internal/snapshots?id=x", "", 400, `store object ID`)
+	vp.refuse(t, "GET", "/v1/internal/snapshots?id=999999", "", 404, `no store object`)
+	lp.refuse(t, "POST", "/v1/internal/snapshot-nodes", `{"volume": "r"}`, 400, `required`)
+	lp.refuse(t, "POST", "/v1/internal/snapshot-nodes", `{"volume": "r", "snapshot": "s1", "node": "nobody"}`, 404, `no replica on node`)
 	ctrl.Close()
 	lp.must(t, "POST", "/v1/volumes/r/detach", `{"host_nqn": "`+hostNQN+`"}`, 204, nil)
 	eventually(t, 20*time.Second, "the revert to r@s1 once the host is gone", func() error {
