@@ -219,7 +219,15 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	useLog := !full
 	var own func(from, to uint64, fn func(lba, blocks uint64, zero bool) error) error
 	if !full {
-		got, err := d.carrySnapshots(ctx, v, epoch, node, ns)
+		got, err := d.carrySnapshots(ctx, v, epoch, node, ns, func() {
+			pl.b.DropDirtyLog(node)
+			if mode == "incremental" {
+				mode = "full"
+				if digests != nil {
+					mode = "compare"
+				}
+			}
+		})
 		if err != nil {
 			c.Close()
 			return fmt.Errorf("snapshots not carried: %w", err)

@@ -292,8 +292,13 @@ type carried struct {
 
 // carrySnapshots gives node's replica of v the snapshots of the
 // primary's chain it lacks (steps 1 and 2 above), over ns, a
-// connection to it at epoch that is no leg yet.
-func (d *Daemon) carrySnapshots(ctx context.Context, v meta.Volume, epoch uint64, node string, ns *initiator.Namespace) (carried, error) {
+// connection to it at epoch that is no leg yet. changing is called
+// before the replica's copy is first changed: from then on the
+// primary's dirty-region log of the replica no longer says what differs
+// (the revert threw away what the replica held since B), and the caller
+// drops it, so that a rebuild failing after this point is followed by a
+// compare, not an incremental copy.
+func (d *Daemon) carrySnapshots(ctx context.Context, v meta.Volume, epoch uint64, node string, ns *initiator.Namespace, changing func()) (carried, error) {
 	// The registry copy now, not the rebuild loop's: a snapshot taken
 	// while the replica's node came up is in the store already.
 	var ok bool
@@ -365,6 +370,7 @@ func (d *Daemon) carrySnapshots(ctx context.Context, v meta.Volume, epoch uint64
 	}
 	slices.Reverse(lack)
 	index := d.node.AppliedIndex()
+	changing()
 	if base.ID != 0 {
 		rctx, cancel := context.WithTimeout(ctx, ownerTimeout)
 		err := d.postPeer(rctx, api, "/v1/internal/rebuild-revert", snapshotRequest{Volume: v.Name, Snapshot: base.Name, Index: index, Epoch: epoch}, nil)
