@@ -358,12 +358,23 @@ func (m *Manager) SnapshotOrigin(ctx context.Context, volume, name, origin strin
 	return *res.Volume, s, taken.Held, nil
 }
 
-// convergeForSnapshot has the nodes of v's replicas reconcile v as of
-// index (a revert or a growth not yet applied is); if one of the in-sync
-// replicas (those that take snapshot name) does not answer or fails, the
-// snapshot is deleted again and the error says which.
+// convergeForSnapshot has the nodes of v's in-sync replicas (those that
+// take snapshot name) reconcile v as of index (a revert or a growth not
+// yet applied is), the secondaries first; if one does not answer or
+// fails, the snapshot is deleted again and the error says which. An
+// out-of-sync replica's node is not asked: its copy takes no snapshot,
+// and a node that hangs (stopped, cut off) would hold every snapshot
+// for the request's whole timeout.
 func (m *Manager) convergeForSnapshot(ctx context.Context, v meta.Volume, name string, index uint64) error {
-	sts, errs := m.reconcileReplicas(ctx, v, index)
+	sts, errs := map[string]Status{}, map[string]error{}
+	nodes := v.InSync()
+	if i := slices.Index(nodes, v.Node); i >= 0 {
+		nodes = append(slices.Delete(slices.Clone(nodes), i, i+1), v.Node)
+	}
+	for _, node := range nodes {
+		st, err := m.owners.Reconcile(ctx, node, v.Name, index)
+		sts[node], errs[node] = st, err
+	}
 	for _, node := range v.InSync() {
 		err := errs[node]
 		if err != nil {

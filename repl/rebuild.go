@@ -173,6 +173,17 @@ type RebuildConfig struct {
 	Rate int64
 	// Limiter, if set, is shared with other rebuilds (a node's rate).
 	Limiter *Limiter
+	// MappedOwn, if set, makes a full copy (no dirty-region log, no
+	// RemoteDigests) copy only what the local replica owns on top of its
+	// parent snapshot ((*store.Volume).MappedOwn): runs of own clusters
+	// (zero false) are copied, own tombstones (zero true) deallocated,
+	// and every other region (read through the parent, or a hole there
+	// too) is left as the replica has it. The caller guarantees that the
+	// replica's copy reads what the local parent reads
+	// (docs/snapshots.md §4.3: the replica was brought to its own copy
+	// of that snapshot), and fails the walk if the local parent changes.
+	// Nil: the whole volume is copied, holes deallocated.
+	MappedOwn func(from, to uint64, fn func(lba, blocks uint64, zero bool) error) error
 	// UseDirtyLog copies only the regions the backend's dirty-region log
 	// of Node marks, if it keeps a usable one (Backend.DirtyBytes; see
 	// Rebuild.Incremental), and a full copy otherwise. The lead leaves it
@@ -229,6 +240,8 @@ type Rebuild struct {
 	bytes   int    // written by the windows in flight, at most copyBudget but for the newest
 	buf     []byte // the local reads', a region
 	runs    [][2]uint64
+	zeros   []bool // runs[i] is an own tombstone (a MappedOwn copy)
+	own     bool   // a full copy through cfg.MappedOwn
 }
 
 // window is the copier's windows in flight, published to host writes:
@@ -363,6 +376,7 @@ func (b *Backend) StartRebuild(epoch uint64, cfg RebuildConfig) (*Rebuild, error
 	} else {
 		r.total.Store(r.blocks << b.shift)
 	}
+	r.own = r.drl == nil && cfg.RemoteDigests == nil && cfg.MappedOwn != nil
 	r.p = newPeer(b, cfg.Node, cfg.NS, epoch, r.xfer)
 	r.p.rb = r
 	r.p.state.Store(peerRebuilding)
@@ -576,14 +590,14 @@ func (r *Rebuild) copyAll() error {
 		}
 		var s, e uint64
 		found := false
-		err := r.cfg.Mapped(c, r.blocks, func(lba, n uint64) error {
+		err := r.walk(c, r.blocks, func(lba, n uint64, _ bool) error {
 			s, e, found = lba, lba+n, true
 			return errFound
 		})
 		if err != nil && err != errFound {
 			return fmt.Errorf("repl: rebuild: local map: %w", err)
 		}
-		hi := min(r.blocks, c+maxLegDeallocate) // a hole
+		hi := min(r.blocks, c+maxLegDeallocate) // a hole (left alone by a MappedOwn copy)
 		switch {
 		case found && s > c:
 			hi = min(hi, s)
@@ -617,19 +631,27 @@ func (r *Rebuild) push(lo, hi, progress uint64) error {
 	if err := r.quiesce(nil); err != nil {
 		return err
 	}
-	r.runs = r.runs[:0]
-	if err := r.cfg.Mapped(lo, hi, func(lba, n uint64) error {
+	r.runs, r.zeros = r.runs[:0], r.zeros[:0]
+	if err := r.walk(lo, hi, func(lba, n uint64, zero bool) error {
 		r.runs = append(r.runs, [2]uint64{lba, lba + n})
+		r.zeros = append(r.zeros, zero)
 		return nil
 	}); err != nil {
 		return fmt.Errorf("repl: rebuild: local map: %w", err)
 	}
 	at := lo
-	for _, run := range r.runs {
-		if run[0] > at {
+	for i, run := range r.runs {
+		if run[0] > at && !r.own {
 			if err := r.deallocate(s, at, run[0]); err != nil {
 				return err
 			}
+		}
+		if r.zeros[i] {
+			if err := r.deallocate(s, run[0], run[1]); err != nil {
+				return err
+			}
+			at = run[1]
+			continue
 		}
 		for c := run[0]; c < run[1]; {
 			n := min(run[1]-c, r.region)
@@ -640,13 +662,23 @@ func (r *Rebuild) push(lo, hi, progress uint64) error {
 		}
 		at = run[1]
 	}
-	if at < hi {
+	if at < hi && !r.own {
 		if err := r.deallocate(s, at, hi); err != nil {
 			return err
 		}
 	}
 	s.sent = true
 	return nil
+}
+
+// walk is the copy's look at the local map over [lo, hi): Mapped's runs
+// (zero false), or with a MappedOwn copy the own runs, tombstones with
+// zero true.
+func (r *Rebuild) walk(lo, hi uint64, fn func(lba, n uint64, zero bool) error) error {
+	if r.own {
+		return r.cfg.MappedOwn(lo, hi, fn)
+	}
+	return r.cfg.Mapped(lo, hi, func(lba, n uint64) error { return fn(lba, n, false) })
 }
 
 // land waits until the oldest window in flight is on the replica and

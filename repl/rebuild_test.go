@@ -852,3 +852,112 @@ func hostWriters(t *testing.T, seed, stream uint64, n, min int, flushes bool, do
 		return failed.Load()
 	}
 }
+
+// TestRebuildMappedOwn: a full copy through MappedOwn (docs/snapshots.md
+// §4.3) copies the local replica's own runs, deallocates its own
+// tombstones on the replica, and leaves every other region as the
+// replica has it: the replica, holding the same parent snapshot's
+// content, ends equal to the local replica, and only the own runs were
+// written (no inherited region copied nor deallocated). Host writes run
+// meanwhile, into inherited regions too.
+func TestRebuildMappedOwn(t *testing.T) {
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	for round := range 4 {
+		g := newRebuildRig(t)
+		g.leg.async = func(cmd) error { runtime.Gosched(); return nil }
+		// The parent snapshot's content, on both.
+		for lba := range uint64(testBlocks) {
+			if rng.IntN(4) == 0 {
+				continue // a hole in the snapshot too
+			}
+			data := pattern(testBlock, byte(rng.Uint32()))
+			g.localWrite(t, lba, data)
+			_ = g.leg.mem.Write(lba, data, false)
+		}
+		// What the local volume owns on top: clusters written (own) and
+		// tombstones (zeros over the parent's data); the replica lacks
+		// both and holds stale bytes of its own there.
+		var ownMu sync.Mutex
+		own := map[uint64]int8{} // 1 data, -1 tombstone
+		ownBytes := uint64(0)
+		for range testBlocks / 4 {
+			lba := rng.Uint64N(testBlocks)
+			if _, ok := own[lba]; ok {
+				continue
+			}
+			_ = g.leg.mem.Write(lba, pattern(testBlock, byte(rng.Uint32())), false)
+			if rng.IntN(3) == 0 {
+				g.localWrite(t, lba, make([]byte, testBlock))
+				own[lba] = -1
+				continue
+			}
+			g.localWrite(t, lba, pattern(testBlock, byte(rng.Uint32())))
+			own[lba] = 1
+			ownBytes += testBlock
+		}
+		mappedOwn := func(from, to uint64, fn func(lba, blocks uint64, zero bool) error) error {
+			type run struct {
+				lba, n uint64
+				zero   bool
+			}
+			var runs []run
+			ownMu.Lock()
+			for b := from; b < min(to, testBlocks); b++ {
+				k, ok := own[b]
+				if !ok {
+					continue
+				}
+				if n := len(runs); n > 0 && runs[n-1].lba+runs[n-1].n == b && runs[n-1].zero == (k < 0) {
+					runs[n-1].n++
+				} else {
+					runs = append(runs, run{b, 1, k < 0})
+				}
+			}
+			ownMu.Unlock()
+			for _, r := range runs {
+				if err := fn(r.lba, r.n, r.zero); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		cfg := g.config()
+		cfg.MappedOwn = mappedOwn
+		if round%2 == 1 {
+			cfg.RegionBytes, cfg.MaxTransfer = 16*testBlock, 16*testBlock
+		}
+		rb, err := g.b.StartRebuild(3, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rb.Mode() != "full" {
+			t.Fatalf("mode %q", rb.Mode())
+		}
+		// Host writes go to both (the replica is a leg now); a write to
+		// a block makes it own locally, as the store's copy-on-write does.
+		var hostBytes atomic.Uint64
+		stop := hostWriters(t, seed, uint64(round*10+3), 2, 50, false, nil, func(op target.IOOp, lba, blocks uint64, data []byte) *hostIO {
+			ownMu.Lock()
+			for b := lba; b < lba+blocks; b++ {
+				own[b] = 1
+			}
+			ownMu.Unlock()
+			hostBytes.Add(blocks * testBlock)
+			return g.submit(op, lba, blocks, data)
+		}, func(r *rand.Rand, w int) (uint64, uint64, bool) {
+			return r.Uint64N(testBlocks/2)*2 + uint64(w), 1, true
+		})
+		err = waitRebuild(t, rb)
+		if failed := stop(); err != nil || failed != 0 {
+			t.Fatalf("seed %d round %d: rebuild: %v (%d host writes failed)", seed, round, err, failed)
+		}
+		g.leg.wg.Wait()
+		sameStores(t, g.local, g.leg)
+		// Copied: the own data runs at most, and the blocks host writes
+		// made own; never the inherited rest of the volume.
+		if c := rb.Copied(); c < ownBytes || c > ownBytes+hostBytes.Load() {
+			t.Fatalf("seed %d round %d: copied %d bytes, own %d, host %d", seed, round, c, ownBytes, hostBytes.Load())
+		}
+	}
+}

@@ -138,12 +138,12 @@ func TestSnapshotReplicated(t *testing.T) {
 }
 
 // TestSnapshotReplicaAway: a snapshot taken while a replica is out of
-// sync is on the in-sync copies only, and says so (nodes); the replica
-// rebuilt afterwards holds the live volume but not that snapshot (a
-// rebuild does not carry snapshots yet: docs/snapshots.md §4.3), so a
-// revert to it is refused naming the replica, and a clone of it goes on
-// the nodes that hold it. A snapshot taken with every replica in sync
-// is on all three, and a revert to it leaves the three copies equal.
+// sync is on the in-sync copies only, and says so (nodes); the rebuild
+// that brings the replica back carries it (docs/snapshots.md §4.3): the
+// replica then holds it, listed in its nodes, a revert to it works and
+// leaves the three copies equal, and every node's copy of it equals the
+// others' byte for byte. A snapshot taken with every replica in sync is
+// on all three, and a revert to it leaves the three copies equal.
 func TestSnapshotReplicaAway(t *testing.T) {
 	c, ids, leader := startZoned(t, 3)
 	lp := c.procs[leader]
@@ -201,22 +201,56 @@ func TestSnapshotReplicaAway(t *testing.T) {
 		}
 		return fmt.Errorf("%+v", v.Replicas)
 	})
+	// Recorded before the replica was committed in sync.
 	lp.must(t, "GET", "/v1/volumes/r/snapshots/s1", "", 200, &s1)
-	if slices.Contains(s1.Nodes, victim) {
-		t.Fatalf("r@s1 lists %s, which never took it: %v", victim, s1.Nodes)
+	if !slices.Contains(s1.Nodes, victim) || len(s1.Nodes) != 3 {
+		t.Fatalf("r@s1 after %s's rebuild: nodes %v, want all three", victim, s1.Nodes)
 	}
+	// The victim's store: its live copy reads through its copy of r@s1.
+	vp := c.procs[victim]
+	var chain struct {
+		Chain []struct {
+			ID     uint64 `json:"id"`
+			Parent uint64 `json:"parent"`
+		} `json:"chain"`
+		Held []uint64 `json:"held"`
+	}
+	vp.must(t, "GET", fmt.Sprintf("/v1/internal/snapshots?id=%d&ids=%d,999999", v.ID, s1.ID), "", 200, &chain)
+	if len(chain.Chain) != 2 || chain.Chain[0].ID != v.ID || chain.Chain[0].Parent != s1.ID || !slices.Equal(chain.Held, []uint64{s1.ID}) {
+		t.Fatalf("%s's chain of r: %+v, want r on r@s1 (%d)", victim, chain, s1.ID)
+	}
+	// The rebuild's routes refuse what no rebuild asks: an in-sync
+	// replica, a stale epoch, missing fields, an unknown snapshot.
+	body := func(snap string, epoch uint64) string {
+		return fmt.Sprintf(`{"volume": "r", "snapshot": %q, "epoch": %d}`, snap, epoch)
+	}
+	vp.refuse(t, "POST", "/v1/internal/rebuild-revert", body("s1", v.Epoch), 409, `holds no secondary replica of it out of sync or rebuilding`)
+	vp.refuse(t, "POST", "/v1/internal/rebuild-snapshot", body("s1", v.Epoch), 409, `out of sync or rebuilding`)
+	vp.refuse(t, "POST", "/v1/internal/rebuild-revert", body("s1", v.Epoch+7), 409, `epoch`)
+	vp.refuse(t, "POST", "/v1/internal/rebuild-revert", body("", v.Epoch), 400, `required`)
+	vp.refuse(t, "POST", "/v1/internal/rebuild-snapshot", body("nope", v.Epoch), 409, `out of sync or rebuilding`)
+	vp.refuse(t, "GET", "/v1/internal/snapshots?id=x", "", 400, `store object ID`)
+	vp.refuse(t, "GET", "/v1/internal/snapshots?id=999999", "", 404, `no store object`)
+	lp.refuse(t, "POST", "/v1/internal/snapshot-nodes", `{"volume": "r"}`, 400, `required`)
+	lp.refuse(t, "POST", "/v1/internal/snapshot-nodes", `{"volume": "r", "snapshot": "s1", "node": "nobody"}`, 404, `no replica on node`)
 	ctrl.Close()
 	lp.must(t, "POST", "/v1/volumes/r/detach", `{"host_nqn": "`+hostNQN+`"}`, 204, nil)
-	lp.refuse(t, "POST", "/v1/volumes/r/revert", `{"snapshot": "s1"}`, 409, victim+` holds no copy of r@s1`)
-	var cl replicatedJSON
-	lp.must(t, "POST", "/v1/volumes/r/snapshots/s1/clone", `{"name": "c"}`, 201, &cl)
-	for _, r := range cl.Replicas {
-		if r.Node == victim {
-			t.Fatalf("clone c of r@s1 placed on %s, which holds no copy of it: %+v", victim, cl.Replicas)
+	eventually(t, 20*time.Second, "the revert to r@s1 once the host is gone", func() error {
+		if code, msg := lp.call(t, "POST", "/v1/volumes/r/revert", `{"snapshot": "s1"}`, nil); code != 200 {
+			return fmt.Errorf("%d %s", code, msg)
 		}
+		return nil
+	})
+	var res struct {
+		Mismatches []any `json:"mismatches"`
 	}
-	lp.must(t, "DELETE", "/v1/volumes/c?force=true", "", 204, nil)
-	lp.must(t, "DELETE", "/v1/volumes/r/snapshots/s1", "", 204, nil)
+	eventually(t, 30*time.Second, "the replicas equal after the revert to r@s1", func() error {
+		lp.must(t, "POST", "/v1/volumes/r/verify", "", 200, &res)
+		if len(res.Mismatches) != 0 {
+			return fmt.Errorf("%+v", res.Mismatches)
+		}
+		return nil
+	})
 
 	var s2 snapshotJSON
 	lp.must(t, "POST", "/v1/volumes/r/snapshots", `{"name": "s2"}`, 201, &s2)
@@ -237,9 +271,6 @@ func TestSnapshotReplicaAway(t *testing.T) {
 		}
 		return nil
 	})
-	var res struct {
-		Mismatches []any `json:"mismatches"`
-	}
 	eventually(t, 30*time.Second, "the replicas equal after the revert", func() error {
 		lp.must(t, "POST", "/v1/volumes/r/verify", "", 200, &res)
 		if len(res.Mismatches) != 0 {
@@ -249,12 +280,159 @@ func TestSnapshotReplicaAway(t *testing.T) {
 	})
 	lp.must(t, "GET", "/v1/volumes/r", "", 200, &v)
 	c.stopAll(syscall.SIGTERM)
+	// r@s1 (and so r@s2, and the volume reverted to it) read 'a' then
+	// 'b': the 'c' written after r@s1 is undone, on the victim too.
 	want := make([]byte, 16<<20)
-	copy(want, bytes.Repeat([]byte{'c'}, 64<<10))
+	copy(want, bytes.Repeat([]byte{'a'}, 64<<10))
 	copy(want[1<<20:], bytes.Repeat([]byte{'b'}, 64<<10))
 	for _, id := range ids {
-		if err := storeEquals(filepath.Join(c.nodes[id].dir, "volumes"), v.ID, want); err != nil {
+		dir := filepath.Join(c.nodes[id].dir, "volumes")
+		if err := storeEquals(dir, v.ID, want); err != nil {
 			t.Errorf("replica on %s after the revert to r@s2: %v", id, err)
+		}
+		for _, s := range []snapshotJSON{s1, s2} {
+			if err := storeEquals(dir, s.ID, want); err != nil {
+				t.Errorf("r@%s on %s: %v", s.Name, id, err)
+			}
+		}
+	}
+}
+
+// TestSnapshotRebuildCarries: a replica that misses two snapshots, with
+// writes between and after them, comes back holding both (the rebuild
+// carries them from the snapshot it shares with the primary, r@s0, its
+// live copy reverted to it first: docs/snapshots.md §4.3), listed in
+// their nodes; every node's copy of every snapshot and of the volume
+// equals what the host had written at that point, byte for byte. Killed
+// (SIGKILL: the node restarts, its run changed) and stopped (SIGSTOP:
+// the primary kept a dirty-region log of it).
+func TestSnapshotRebuildCarries(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
+		t.Run(map[syscall.Signal]string{syscall.SIGKILL: "kill", syscall.SIGSTOP: "stop"}[sig], func(t *testing.T) { testSnapshotRebuildCarries(t, sig) })
+	}
+}
+
+func testSnapshotRebuildCarries(t *testing.T, sig syscall.Signal) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 24))
+	c, ids, leader := startZoned(t, 3)
+	lp := c.procs[leader]
+	var v replicatedJSON
+	a := pinnedVolume(t, c, ids, leader, "r", "16MiB", &v)
+	victim := ""
+	for _, id := range ids {
+		if id != leader && id != v.Node {
+			victim = id
+		}
+	}
+	if victim == "" {
+		for _, id := range ids {
+			if id != v.Node {
+				victim = id
+			}
+		}
+	}
+	ctrl, ns := connect(t, a.over("tcp"))
+	defer ctrl.Close()
+	const bs = 4096
+	model := make([]byte, 16<<20)
+	// writes puts n random runs of 1 to 32 blocks, some of them over
+	// 64 KiB clusters the snapshots share, some zeroed.
+	writes := func(n int) {
+		t.Helper()
+		for range n {
+			blocks := 1 + rng.IntN(32)
+			lba := rng.IntN(len(model)/bs - blocks)
+			buf := make([]byte, blocks*bs)
+			if rng.IntN(5) != 0 {
+				for i := range buf {
+					buf[i] = byte(rng.Uint32())
+				}
+			}
+			if err := pathRetry(func() error { _, err := ns.WriteAt(buf, int64(lba*bs)); return err }); err != nil {
+				t.Fatalf("seed %d: write %d blocks at %d: %v", seed, blocks, lba, err)
+			}
+			copy(model[lba*bs:], buf)
+		}
+	}
+	snap := func(name string, nodes int) snapshotJSON {
+		t.Helper()
+		var s snapshotJSON
+		lp.must(t, "POST", "/v1/volumes/r/snapshots", `{"name": "`+name+`"}`, 201, &s)
+		if len(s.Nodes) != nodes {
+			t.Fatalf("r@%s: nodes %v, want %d", name, s.Nodes, nodes)
+		}
+		return s
+	}
+	writes(200)
+	s0 := snap("s0", 3)
+	m0 := bytes.Clone(model)
+	writes(100) // the victim has these: its live copy is past r@s0
+	c.procs[victim].cmd.Process.Signal(sig)
+	if sig == syscall.SIGKILL {
+		<-c.procs[victim].exited
+		delete(c.procs, victim)
+	}
+	writes(20)
+	eventually(t, 20*time.Second, victim+" out of sync", func() error {
+		v = replicatedJSON{}
+		lp.must(t, "GET", "/v1/volumes/r", "", 200, &v)
+		for _, r := range v.Replicas {
+			if r.Node == victim && r.State == "out-of-sync" {
+				return nil
+			}
+		}
+		return fmt.Errorf("%+v", v.Replicas)
+	})
+	writes(100)
+	s1 := snap("s1", 2)
+	m1 := bytes.Clone(model)
+	writes(100)
+	s2 := snap("s2", 2)
+	m2 := bytes.Clone(model)
+	writes(100)
+	if sig == syscall.SIGKILL {
+		c.start(victim)
+	} else {
+		c.procs[victim].cmd.Process.Signal(syscall.SIGCONT)
+	}
+	eventually(t, 60*time.Second, victim+" rebuilt in sync", func() error {
+		v = replicatedJSON{}
+		lp.must(t, "GET", "/v1/volumes/r", "", 200, &v)
+		for _, r := range v.Replicas {
+			if r.Node == victim && r.State == "in-sync" {
+				return nil
+			}
+		}
+		return fmt.Errorf("%+v", v.Replicas)
+	})
+	writes(50) // on the three again
+	for _, s := range []*snapshotJSON{&s1, &s2} {
+		lp.must(t, "GET", "/v1/volumes/r/snapshots/"+s.Name, "", 200, s)
+		if len(s.Nodes) != 3 {
+			t.Fatalf("r@%s after %s's rebuild: nodes %v, want all three", s.Name, victim, s.Nodes)
+		}
+	}
+	var res struct {
+		Mismatches []any `json:"mismatches"`
+	}
+	lp.must(t, "POST", "/v1/volumes/r/verify", "", 200, &res)
+	if len(res.Mismatches) != 0 {
+		t.Fatalf("verify after the rebuild: %+v", res.Mismatches)
+	}
+	ctrl.Close()
+	c.stopAll(syscall.SIGTERM)
+	for _, id := range ids {
+		dir := filepath.Join(c.nodes[id].dir, "volumes")
+		for _, o := range []struct {
+			name string
+			id   uint64
+			want []byte
+		}{{"r@s0", s0.ID, m0}, {"r@s1", s1.ID, m1}, {"r@s2", s2.ID, m2}, {"r", v.ID, model}} {
+			if err := storeEquals(dir, o.id, o.want); err != nil {
+				t.Errorf("seed %d: %s on %s: %v", seed, o.name, id, err)
+			}
 		}
 	}
 }

@@ -182,6 +182,14 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("POST /v1/internal/snapshot", handler(d.internalSnapshot))
 	m.Handle("POST /v1/internal/snapshot-copy", handler(d.internalSnapshotCopy))
 	m.Handle("GET /v1/internal/space", handler(d.internalSpace))
+	// A primary rebuilding a replica gives it the snapshots it lacks
+	// (rebuildsnap.go): it asks the replica's node which it holds, has it
+	// revert its live copy to the newest and snapshot it as each one
+	// carried, and the leader record the replica among their copies.
+	m.Handle("GET /v1/internal/snapshots", handler(d.internalSnapshots))
+	m.Handle("POST /v1/internal/rebuild-revert", handler(d.internalRebuildRevert))
+	m.Handle("POST /v1/internal/rebuild-snapshot", handler(d.internalRebuildSnapshot))
+	m.Handle("POST /v1/internal/snapshot-nodes", w(d.internalSnapshotNodes))
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
 	m.Handle("POST /v1/cluster/join", w(d.clusterJoin))
 	m.Handle("POST /v1/cluster/remove", w(d.clusterRemove))
@@ -197,6 +205,7 @@ func (d *Daemon) routes() http.Handler {
 		"/v1/volumes/{name}/snapshots/{snap}/clone": "POST", "/v1/volumes/{name}/flatten": "POST", "/v1/volumes/{name}/revert": "POST",
 		"/v1/volumes/{name}/snapshots/{snap}/export": "GET", "/v1/volumes/{name}/import": "PUT",
 		"/v1/internal/snapshot": "POST", "/v1/internal/snapshot-copy": "POST", "/v1/internal/space": "GET",
+		"/v1/internal/snapshots": "GET", "/v1/internal/rebuild-revert": "POST", "/v1/internal/rebuild-snapshot": "POST", "/v1/internal/snapshot-nodes": "POST",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
 	} {
 		m.Handle(path, handler(func(w http.ResponseWriter, r *http.Request) error {

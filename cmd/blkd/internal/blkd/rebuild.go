@@ -213,6 +213,51 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 				slog.String("volume", v.Name), slog.String("node", node), slog.String("mode", mode))
 		}
 	}
+	// The snapshots the replica lacks, before the live copy
+	// (rebuildsnap.go). Not to a replica that lost its data (Full): as
+	// before, the live volume only.
+	useLog := !full
+	var own func(from, to uint64, fn func(lba, blocks uint64, zero bool) error) error
+	if !full {
+		got, err := d.carrySnapshots(ctx, v, epoch, node, ns, func() {
+			pl.b.DropDirtyLog(node)
+			if mode == "incremental" {
+				mode = "full"
+				if digests != nil {
+					mode = "compare"
+				}
+			}
+		})
+		if err != nil {
+			c.Close()
+			return fmt.Errorf("snapshots not carried: %w", err)
+		}
+		if got.top != 0 {
+			// The replica's live copy reads the newest snapshot now, not
+			// what it held: its dirty-region log no longer says what
+			// differs, but the live volume reads through that snapshot,
+			// so only what it owns on top is copied. A snapshot taken
+			// meanwhile: started again at once, to carry it too.
+			if info, err := vol.Info(); err != nil || uint64(info.Parent) != got.top {
+				c.Close()
+				return fmt.Errorf("the volume's parent changed while snapshots were carried (%v): %w", err, repl.ErrRebuildSnapshot)
+			}
+			useLog, mode, digests = false, "own", nil
+			top := store.ID(got.top)
+			own = func(from, to uint64, fn func(lba, blocks uint64, zero bool) error) error {
+				info, err := vol.Info()
+				if err != nil {
+					return err
+				}
+				if info.Parent != top {
+					return fmt.Errorf("the volume reads through store object %d now, not %d, which the replica was brought to: %w", info.Parent, top, repl.ErrRebuildSnapshot)
+				}
+				return vol.MappedOwn(from, to, fn)
+			}
+			d.log.Info("snapshots carried to a replica", slog.String("volume", v.Name), slog.String("node", node),
+				slog.Any("snapshots", got.names), slog.String("mode", mode))
+		}
+	}
 	if err := set(meta.ReplicaRebuilding, fmt.Sprintf("%s copy from %s at epoch %d", mode, d.cfg.NodeID, epoch)); err != nil {
 		c.Close()
 		return fmt.Errorf("commit rebuilding: %w", err)
@@ -222,7 +267,7 @@ func (d *Daemon) rebuildReplica(ctx context.Context, pl *primaryLeg, v meta.Volu
 	rb, err := pl.b.StartRebuild(epoch, repl.RebuildConfig{
 		Node: node, NS: ns, MaxTransfer: c.Info().MaxTransfer,
 		Mapped: vol.Mapped, Read: vol.Read, RegionBytes: rebuildRegion, Limiter: d.repl.limit,
-		UseDirtyLog: !full, RemoteDigests: digests,
+		UseDirtyLog: useLog, RemoteDigests: digests, MappedOwn: own,
 		Logger: d.log.With(slog.String("volume", v.Name)),
 		Promote: func(pctx context.Context) error {
 			if err := setCtx(pctx, meta.ReplicaInSync, fmt.Sprintf("rebuilt: %s copy from %s at epoch %d", mode, d.cfg.NodeID, epoch)); err != nil {
