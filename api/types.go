@@ -352,6 +352,9 @@ type VerifyResult struct {
 	// Mismatches are the regions where a replica differs from the
 	// primary (in sync or not: an out-of-sync replica is expected to).
 	Mismatches []VerifyMismatch `json:"mismatches"`
+	// Snapshots are the snapshots compared too (?snapshots=true: every
+	// ready one, on the nodes it lists).
+	Snapshots []string `json:"snapshots,omitempty"`
 }
 
 // VerifyMismatch is one region where Node's replica differs from the
@@ -362,4 +365,8 @@ type VerifyMismatch struct {
 	Offset uint64 `json:"offset"`
 	Node   string `json:"node"`
 	InSync bool   `json:"in_sync"`
+	// Snapshot: the region is of that snapshot's copy on Node, which
+	// differs from the reference copy (the primary's, or the first node
+	// holding it); a snapshot's listed copies must all be equal.
+	Snapshot string `json:"snapshot,omitempty"`
 }

@@ -386,7 +386,8 @@ func volumeCommand() *cli.Command {
 				Action: volumeResize,
 			},
 			{
-				Name: "verify", Usage: "compare a volume's replicas with its primary's, region by region (SHA-256 of each MiB)", UsageText: "blkctl volume verify NAME",
+				Name: "verify", Usage: "compare a volume's replicas with its primary's, region by region (SHA-256 of each MiB)", UsageText: "blkctl volume verify NAME [--snapshots]",
+				Flags:  []cli.Flag{&cli.BoolFlag{Name: "snapshots", Usage: "also compare every ready snapshot's copies on the nodes holding it"}},
 				Action: volumeVerify,
 			},
 			{
@@ -652,7 +653,11 @@ func volumeVerify(c *cli.Context) error {
 		return err
 	}
 	var res api.VerifyResult
-	if err := e.api.do("POST", volPath(a[0])+"/verify", nil, &res); err != nil {
+	p := volPath(a[0]) + "/verify"
+	if c.Bool("snapshots") {
+		p += "?snapshots=true"
+	}
+	if err := e.api.do("POST", p, nil, &res); err != nil {
 		return hint(err, a[0], "")
 	}
 	bad := 0
@@ -667,12 +672,18 @@ func volumeVerify(c *cli.Context) error {
 		}
 	} else {
 		fmt.Fprintf(e.stdout, "volume %s (epoch %d): %d regions of %s compared on %s (primary first)\n", res.Volume, res.Epoch, res.Regions, api.HumanSize(res.RegionBytes), strings.Join(res.Compared, ", "))
+		if len(res.Snapshots) > 0 {
+			fmt.Fprintf(e.stdout, "  and the copies of its snapshots %s\n", strings.Join(res.Snapshots, ", "))
+		}
 		for n, why := range res.Unreachable {
 			fmt.Fprintf(e.stdout, "  %s not compared: %s\n", n, why)
 		}
 		per := map[string]int{}
 		var order []string
 		for _, m := range res.Mismatches {
+			if m.Snapshot != "" {
+				continue
+			}
 			if per[m.Node] == 0 {
 				order = append(order, m.Node)
 			}
@@ -681,12 +692,17 @@ func volumeVerify(c *cli.Context) error {
 		for _, n := range order {
 			what := "out of sync: its rebuild copies them"
 			for _, m := range res.Mismatches {
-				if m.Node == n && m.InSync {
+				if m.Node == n && m.InSync && m.Snapshot == "" {
 					what = "IN SYNC: lost writes or corruption"
 					break
 				}
 			}
 			fmt.Fprintf(e.stdout, "  %s differs from the primary in %d region(s) (%s); first at byte %d\n", n, per[n], what, firstOffset(res.Mismatches, n))
+		}
+		for _, m := range res.Mismatches {
+			if m.Snapshot != "" {
+				fmt.Fprintf(e.stdout, "  %s's copy of %s@%s differs from the reference copy at byte %d (corruption)\n", m.Node, res.Volume, m.Snapshot, m.Offset)
+			}
 		}
 		if len(res.Mismatches) == 0 {
 			fmt.Fprintln(e.stdout, "  no difference")
@@ -700,7 +716,7 @@ func volumeVerify(c *cli.Context) error {
 
 func firstOffset(ms []api.VerifyMismatch, node string) uint64 {
 	for _, m := range ms {
-		if m.Node == node {
+		if m.Node == node && m.Snapshot == "" {
 			return m.Offset
 		}
 	}

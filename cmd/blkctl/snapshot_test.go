@@ -24,6 +24,9 @@ func TestSnapshotVerbs(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^NAME\s+SIZE\s+CREATED\s+STATE\s+OWNED\s+EXCLUSIVE\s+CLONES\s+NODES\n^s1\s+64 MiB\s+\S+\s+ready\s+64 MiB\s+0 B\s+-\s+node1$`).MatchString(out) {
 		t.Fatalf("snapshots table:\n%s", out)
 	}
+	if out := ok(t, api, "volume", "verify", "v", "--snapshots"); !strings.Contains(out, "no difference") {
+		t.Fatalf("verify --snapshots output %q", out)
+	}
 	fails(t, api, 2, `"v" is not a snapshot: name it VOLUME@SNAPSHOT`, "volume", "clone", "v", "c1")
 	fails(t, api, 2, `snapshot name`, "volume", "clone", "v@", "c1")
 	fails(t, api, 1, `v@nope.*unknown snapshot`, "volume", "clone", "v@nope", "c1")

@@ -76,12 +76,14 @@ func TestSnapshotReplicated(t *testing.T) {
 	}
 	// A verify compares the live copies: equal.
 	var res struct {
-		Mismatches []any `json:"mismatches"`
+		Mismatches []any    `json:"mismatches"`
+		Snapshots  []string `json:"snapshots"`
 	}
-	lp.must(t, "POST", "/v1/volumes/r/verify", "", 200, &res)
-	if len(res.Mismatches) != 0 {
-		t.Fatalf("verify after the snapshots: %+v", res)
+	lp.must(t, "POST", "/v1/volumes/r/verify?snapshots=true", "", 200, &res)
+	if len(res.Mismatches) != 0 || len(res.Snapshots) != 4 {
+		t.Fatalf("verify with the snapshots: %+v, want the 4 snapshots compared, no mismatch", res)
 	}
+	lp.refuse(t, "POST", "/v1/volumes/r/verify?snapshots=maybe", "", 400, `snapshots="maybe"`)
 	ctrl.Close()
 
 	c.stopAll(syscall.SIGTERM)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/bits"
 	"net/http"
+	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/blk-project/blk/api"
@@ -141,9 +143,18 @@ func (d *Daemon) verifyVolume(w http.ResponseWriter, r *http.Request) error {
 	if v.State != meta.VolumeOnline {
 		return &apiError{http.StatusConflict, fmt.Sprintf("volume %q is %s: only an online volume is verified", name, v.State)}
 	}
+	snaps := false
+	if f := r.URL.Query().Get("snapshots"); f != "" {
+		if snaps, err = strconv.ParseBool(f); err != nil {
+			return badRequest("snapshots=%q: use snapshots=true or snapshots=false", f)
+		}
+	}
 	res, err := d.verify(r.Context(), v)
 	if err != nil {
 		return err
+	}
+	if snaps {
+		d.verifySnapshots(r.Context(), v, &res)
 	}
 	writeJSON(w, http.StatusOK, res)
 	return nil
@@ -235,4 +246,63 @@ func (d *Daemon) stillDiffers(ctx context.Context, v meta.Volume, node string, o
 		}
 	}
 	return true
+}
+
+// verifySnapshots compares, for every ready snapshot of v, its copies on
+// the nodes it lists, region by region, with the primary's copy (or, if
+// the primary holds none, the first listed node's). A snapshot is
+// immutable: a region that differs is reported at once, never asked
+// again, and counts as an in-sync copy's (the registry says it holds the
+// snapshot). A node that does not answer is left out, named in
+// Unreachable as NODE@SNAPSHOT.
+func (d *Daemon) verifySnapshots(ctx context.Context, v meta.Volume, res *api.VerifyResult) {
+	for _, s := range v.Snapshots {
+		if s.State != meta.SnapshotReady || len(s.Nodes) < 2 {
+			continue
+		}
+		nodes := slices.Clone(s.Nodes)
+		if i := slices.Index(nodes, v.Node); i > 0 {
+			nodes[0], nodes[i] = nodes[i], nodes[0]
+		}
+		res.Snapshots = append(res.Snapshots, s.Name)
+		down := map[string]bool{}
+		for off := uint64(0); off < s.SizeBytes; off += verifyBatch * verifyRegion {
+			sums := make([][]string, len(nodes))
+			var wg sync.WaitGroup
+			for i, n := range nodes {
+				if down[n] {
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					sums[i], _ = d.checksums(ctx, n, s.ID, off, verifyBatch, 0)
+				}()
+			}
+			wg.Wait()
+			for i, n := range nodes {
+				if !down[n] && sums[i] == nil {
+					down[n] = true
+					if res.Unreachable == nil {
+						res.Unreachable = map[string]string{}
+					}
+					res.Unreachable[n+"@"+s.Name] = "gave no checksums of its copy of " + v.Name + "@" + s.Name
+				}
+			}
+			ref := sums[0]
+			if down[nodes[0]] {
+				break // no reference: the others are not compared
+			}
+			for i, n := range nodes[1:] {
+				if down[n] {
+					continue
+				}
+				for j := range ref {
+					if j >= len(sums[i+1]) || sums[i+1][j] != ref[j] {
+						res.Mismatches = append(res.Mismatches, api.VerifyMismatch{Offset: off + uint64(j)*verifyRegion, Node: n, InSync: true, Snapshot: s.Name})
+					}
+				}
+			}
+		}
+	}
 }
