@@ -90,10 +90,10 @@ func (v *Volume) BeginDirect(write bool, lba uint64, buf []byte, segs []Segment)
 		seg := min(s.cmask+1-in, end-off)
 		p := v.m.get(idx)
 		switch {
-		case write && !owned(p):
-			// A first write, or a copy-on-write of a parent's cluster
-			// (docs/snapshots.md §1.3): on a goroutine that may block,
-			// never on a poll group.
+		case write && !inPlace(p), p&partial != 0:
+			// A first write, a redirect of a parent's cluster, or a
+			// partial cluster (docs/snapshots.md §1.3), read or written:
+			// on a goroutine that may block, never on a poll group.
 			v.mu.RUnlock()
 			return 0, DirectSlow, nil
 		case physOf(p) == 0: // a read of a hole or a tombstone
