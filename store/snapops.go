@@ -495,7 +495,7 @@ func (v *Volume) Flatten(ctx context.Context, progress func(done, total uint64))
 		return fmt.Errorf("volume %d: flatten: a %v: %w", v.id, v.info.Kind, ErrInvalid)
 	}
 	v.m.each(0, ^uint64(0), func(_, e uint64) {
-		if flattens(e) {
+		if e&inherited != 0 && physOf(e) != 0 {
 			total++
 		}
 	})
@@ -574,12 +574,13 @@ func (v *Volume) flattenBatch(ctx context.Context, from uint64) (next, n uint64,
 	end := v.clusters()
 	limit := min(end, from+mappedBatch)
 	var idx []uint64
+	var fill []bool // an own partial cluster: filled, not counted as a copy
 	v.m.each(from, limit, func(i, e uint64) {
 		if flattens(e) {
-			idx = append(idx, i)
+			idx, fill = append(idx, i), append(fill, e&inherited == 0)
 		}
 	})
-	for _, i := range idx {
+	for j, i := range idx {
 		if err := ctx.Err(); err != nil {
 			return 0, n, err
 		}
@@ -588,6 +589,9 @@ func (v *Volume) flattenBatch(ctx context.Context, from uint64) (next, n uint64,
 		// filled (writePartial).
 		if _, err := v.firstWrite(i, 0, nil); err != nil {
 			return 0, n, err
+		}
+		if fill[j] {
+			continue
 		}
 		n++
 		v.s.hook(hookFlattenChunk)

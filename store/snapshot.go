@@ -2,6 +2,7 @@ package store
 
 import (
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"slices"
 
@@ -177,7 +178,10 @@ func (s *Store) loadNextMap() error {
 	if err != nil {
 		return fmt.Errorf("store: read the next map ID: %w: %w", ErrIO, err)
 	}
-	n, ok := parsePhys(v)
+	n, ok := uint64(0), len(v) == 8
+	if ok {
+		n = binary.BigEndian.Uint64(v)
+	}
 	_ = closer.Close()
 	if !ok || (n < firstMapID && n != 0) { // 0: every ID handed out
 		return fmt.Errorf("store: next map ID %x: %w", v, ErrCorrupt)

@@ -215,7 +215,11 @@ func snapModelOnce(seed uint64, nops int) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = s.Close() }()
+	defer func() {
+		if s != nil {
+			_ = s.Close()
+		}
+	}()
 	m := &smodel{objs: map[ID]*sobj{}, next: 1}
 	create := func() error {
 		bs := []uint32{BlockSize512, BlockSize4K}[rng.IntN(2)]
@@ -1374,6 +1378,32 @@ func TestSnapshotDirect(t *testing.T) {
 	}
 	if err := c.Write(1, buf[:4096], 0); err != nil {
 		t.Fatal(err)
+	}
+	// The write was redirected: the clone's cluster holds block 1 only
+	// (partial), and both reads and writes of it go the slow way.
+	if e := c.m.get(0); e&partial == 0 || maskOf(e) != 1<<1 {
+		t.Fatalf("the clone's entry after a 4 KiB write: %#x, want partial with mask 0b10", e)
+	}
+	for _, write := range []bool{false, true} {
+		if _, k, err := c.BeginDirect(write, 2, buf[:4096], segs); err != nil || k != DirectSlow {
+			t.Fatalf("direct (write %v) of a partial cluster: %v, %v; want DirectSlow", write, k, err)
+		}
+	}
+	if err := c.Read(2, buf[:4096]); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readTag(buf[:4096], 0, 2); err != nil || got != 5 {
+		t.Fatalf("the clone's block 2, read through the snapshot: tag %d (%v), want 5", got, err)
+	}
+	// Writing its other sub-blocks makes it whole.
+	for _, b := range []uint64{0, 2, 3} {
+		fillTagged(buf[:4096], 0, b, 7)
+		if err := c.Write(b, buf[:4096], 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e := c.m.get(0); !inPlace(e) {
+		t.Fatalf("the clone's entry once every sub-block was written: %#x, want whole", e)
 	}
 	n, k, err = c.BeginDirect(true, 2, buf[:4096], segs)
 	if err != nil || k != DirectIO || n != 1 || segs[0].Off == int64(snapPhys<<14+8192) {

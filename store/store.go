@@ -113,27 +113,27 @@ type storeCounters struct {
 type hookPoint uint8
 
 const (
-	hookReserved        hookPoint = iota // a refill's 'R' keys are durable; nothing written yet
-	hookDataWritten                      // a first write's data is in its cluster; its map key is not committed
-	hookMapCommitted                     // the map key is committed (not synced); the entry not published
-	hookFreed                            // a free's {delete 'X', set 'R'} is committed, not synced; clusters in limbo
-	hookLimboZeroed                      // a flush zeroed the limbo clusters; the area is not synced
-	hookAreaSynced                       // a flush synced the area; the WAL is not synced
-	hookReleaseZeroed                    // delete or shrink zeroed and synced its clusters; the map is not changed
-	hookSizeCommitted                    // a shrink's new size is durable; its clusters are not released
-	hookGrown                            // the area grew (durably); the format record does not say so yet
-	hookAheadZeroed                      // a refill zeroed clusters at or past the zeroed watermark; the area is not synced
-	hookAheadSynced                      // ... and synced the area; its 'R' keys and the new watermark are not committed
-	hookMigrated                         // an upgrade batch is committed (not synced); its data synced
-	hookSnapFlushed                      // a snapshot flushed its volume (under its exclusive lock); nothing committed
-	hookSnapCommitted                    // a snapshot's records and 'N' are durable; the tables not swapped
-	hookCloneCommitted                   // a clone's record and 'N' are durable
-	hookRevertCommitted                  // a revert's record and 'N' are durable; the old map not released
-	hookMergeChunk                       // a chunk of a snapshot's merge into its child is committed (not synced)
-	hookMergeDone                        // a merge's last batch (the snapshot's record gone, the child re-parented) is durable
-	hookFlattenChunk                     // a flatten copied one cluster (committed, not synced)
-	hookFlattenDone                      // a flatten's record (no parent) is durable; tombstones not deleted
-	hookDeferredCommitted                // deferred map keys were committed after an area sync (not synced unless the batch was)
+	hookReserved          hookPoint = iota // a refill's 'R' keys are durable; nothing written yet
+	hookDataWritten                        // a first write's data is in its cluster; its map key is not committed
+	hookMapCommitted                       // the map key is committed (not synced); the entry not published
+	hookFreed                              // a free's {delete 'X', set 'R'} is committed, not synced; clusters in limbo
+	hookLimboZeroed                        // a flush zeroed the limbo clusters; the area is not synced
+	hookAreaSynced                         // a flush synced the area; the WAL is not synced
+	hookReleaseZeroed                      // delete or shrink zeroed and synced its clusters; the map is not changed
+	hookSizeCommitted                      // a shrink's new size is durable; its clusters are not released
+	hookGrown                              // the area grew (durably); the format record does not say so yet
+	hookAheadZeroed                        // a refill zeroed clusters at or past the zeroed watermark; the area is not synced
+	hookAheadSynced                        // ... and synced the area; its 'R' keys and the new watermark are not committed
+	hookMigrated                           // an upgrade batch is committed (not synced); its data synced
+	hookSnapFlushed                        // a snapshot flushed its volume (under its exclusive lock); nothing committed
+	hookSnapCommitted                      // a snapshot's records and 'N' are durable; the tables not swapped
+	hookCloneCommitted                     // a clone's record and 'N' are durable
+	hookRevertCommitted                    // a revert's record and 'N' are durable; the old map not released
+	hookMergeChunk                         // a chunk of a snapshot's merge into its child is committed (not synced)
+	hookMergeDone                          // a merge's last batch (the snapshot's record gone, the child re-parented) is durable
+	hookFlattenChunk                       // a flatten copied one cluster (committed, not synced)
+	hookFlattenDone                        // a flatten's record (no parent) is durable; tombstones not deleted
+	hookDeferredCommitted                  // deferred map keys were committed after an area sync (not synced unless the batch was)
 	numHookPoints
 )
 
@@ -197,6 +197,10 @@ func Open(cfg Config) (*Store, error) {
 	if openHook != nil {
 		openHook(s)
 	}
+	// Lazily: the area's alignment and cluster size are known once load
+	// opened it, and a merge load finishes may copy clusters.
+	s.bounce.New = func() any { b := alignedBuf(cfg.MaxTransferBytes, s.align); return &b }
+	s.cowBufs.New = func() any { b := alignedBuf(int(s.cmask+1), s.align); return &b }
 	err = s.load()
 	if err == nil && s.legacy {
 		err = s.migrate()
@@ -206,11 +210,7 @@ func Open(cfg Config) (*Store, error) {
 		_ = s.area.Close()
 		return nil, err
 	}
-	align := s.align
-	s.bounce.New = func() any { b := alignedBuf(cfg.MaxTransferBytes, align); return &b }
-	cluster := int(s.cmask + 1)
-	s.cowBufs.New = func() any { b := alignedBuf(cluster, align); return &b }
-	s.zeroBuf = alignedBuf(cluster, align)
+	s.zeroBuf = alignedBuf(int(s.cmask+1), s.align)
 	s.startSpaceGuard()
 	s.startSyncer()
 	s.startRefiller()
@@ -380,7 +380,7 @@ func (s *Store) setCluster(l uint8) {
 	s.cshift = l
 	s.cmask = 1<<l - 1
 	s.sbShift = max(l, 16) - 4
-	s.fullMask = 1<<(l-s.sbShift) - 1
+	s.fullMask = 1<<(1<<(l-s.sbShift)) - 1
 }
 
 // partials says whether first writes into a parent's cluster redirect

@@ -380,14 +380,15 @@ func (v *Volume) allocate(idx, in uint64, data []byte, es []uint64) (taken, fres
 	C, k := s.cmask+1, uint64(len(es))
 	end := in + uint64(len(data)) // past the data, from cluster idx's start
 	e0 := v.m.get(idx)
+	one := data[:min(uint64(len(data)), C-in)] // what goes into cluster idx
 	if e0&(partial|inherited) == partial { // claimed: nobody changes it
-		if err := v.writePartial(idx, in, data, e0, es[:1]); err != nil {
+		if err := v.writePartial(idx, in, one, e0, es[:1]); err != nil {
 			return 0, 0, err
 		}
 		return 1, 0, nil
 	}
 	if physOf(e0) != 0 && (in != 0 || end < C) {
-		if err := v.redirect(idx, in, data, es[:1]); err != nil {
+		if err := v.redirect(idx, in, one, es[:1]); err != nil {
 			return 0, 0, err
 		}
 		return 1, 1, nil
