@@ -381,7 +381,7 @@ func (v *Volume) allocate(idx, in uint64, data []byte, es []uint64) (taken, fres
 	end := in + uint64(len(data)) // past the data, from cluster idx's start
 	e0 := v.m.get(idx)
 	one := data[:min(uint64(len(data)), C-in)] // what goes into cluster idx
-	if e0&(partial|inherited) == partial { // claimed: nobody changes it
+	if e0&(partial|inherited) == partial {     // claimed: nobody changes it
 		if err := v.writePartial(idx, in, one, e0, es[:1]); err != nil {
 			return 0, 0, err
 		}
