@@ -106,27 +106,29 @@ func (s *Store) commitWithDeferred(b *pebble.Batch, sync bool) error {
 		_ = d.Close()
 		return s.apply(b, sync)
 	}
+	// On an error b is left to the caller, as apply leaves it.
 	if err := s.syncArea(); err != nil {
 		_ = d.Close()
-		_ = b.Close()
 		return err
 	}
-	if b != nil {
+	alone := b.Count() == 0 // the hook is this commit's only when it carries nothing else
+	if !alone {
 		if err := d.Apply(b, nil); err != nil {
 			_ = d.Close()
-			_ = b.Close()
 			err = fmt.Errorf("store: deferred map keys: %w: %w", ErrIO, err)
 			s.fail(err)
 			return err
 		}
-		_ = b.Close()
 	}
 	if err := s.apply(d, sync); err != nil {
 		s.fail(err)
 		return err
 	}
+	_ = b.Close()
 	s.c.deferredCommits.Add(uint64(n))
-	s.hook(hookDeferredCommitted)
+	if alone {
+		s.hook(hookDeferredCommitted)
+	}
 	return nil
 }
 

@@ -690,7 +690,7 @@ func checkChanges(s *Store, m *smodel, o *sobj, rng *rand.Rand, buf []byte) erro
 func TestSnapshotCrash(t *testing.T) {
 	seed := testSeed(t)
 	points := []hookPoint{hookSnapFlushed, hookSnapCommitted, hookCloneCommitted, hookDataWritten, hookMapCommitted, hookFreed,
-		hookRevertCommitted, hookMergeChunk, hookMergeDone, hookFlattenChunk, hookFlattenDone, numHookPoints}
+		hookRevertCommitted, hookMergeChunk, hookMergeDone, hookFlattenChunk, hookFlattenDone, hookDeferredCommitted, numHookPoints}
 	n := iterations(t, 240, 6, 10)
 	crashed := map[hookPoint]int{}
 	for it := range n {
