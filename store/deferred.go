@@ -60,9 +60,20 @@ func (s *Store) deferKey(m, i, e, fresh uint64) {
 	if fresh != 0 {
 		d.rdel = append(d.rdel, fresh)
 	}
-	d.n.Store(int64(len(d.keys) + len(d.rdel)))
+	n := len(d.keys) + len(d.rdel)
+	d.n.Store(int64(n))
 	d.mu.Unlock()
+	if n >= maxDeferred {
+		// No flush came (a store with no background syncer, whose hosts
+		// do not flush): the writer commits them, so memory stays
+		// bounded. An error fails the store; the write's own comes later.
+		_ = s.drainDeferred()
+	}
 }
+
+// maxDeferred bounds the keys waiting (about 40 bytes each): one area
+// sync per 8192 redirects at most, when nothing else commits them.
+const maxDeferred = 8192
 
 // takeDeferred moves the waiting keys into b (sets first, in no order:
 // each key once) and returns how many it moved; the caller holds
