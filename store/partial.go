@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"slices"
 )
 
 // Sub-cluster redirect (docs/snapshots.md §1.3).
@@ -219,4 +220,104 @@ func (v *Volume) writePartial(idx, in uint64, data []byte, e uint64, es []uint64
 		s.deferKey(v.mapID, idx, ne, 0)
 	}
 	return nil
+}
+
+// The direct path's redirect. A write of whole sub-blocks within one
+// cluster that v reads through its parent, or into v's own partial
+// cluster, needs no read and no metadata but its deferred key: BeginDirect
+// claims the index, takes a ready cluster (a redirect) without waiting,
+// and hands the write to the disk engine as one segment; EndDirect
+// publishes the entry and defers its key, or on an error gives the
+// cluster back (to limbo: it may hold part of the write). Anything else
+// (no ready cluster, the index claimed, the store out of space) goes the
+// slow way.
+
+// directClaim is a claimed index whose write is at the disk: the entry
+// to publish once it lands; fresh, the cluster it took (0: none).
+type directClaim struct{ idx, e, fresh uint64 }
+
+// redirectable says whether a write of n bytes at offset in of a cluster
+// whose entry is e may be redirected on the direct path.
+func (v *Volume) redirectable(e, in, n uint64) bool {
+	s := v.s
+	sb := uint64(1)<<s.sbShift - 1
+	return s.partials() && in&sb == 0 && n&sb == 0 &&
+		(e&(partial|inherited) == partial || (e&inherited != 0 && physOf(e) != 0))
+}
+
+// beginRedirect claims index idx (entry e when looked at) for a direct
+// write of n bytes at in and sets segs[0]; false if it cannot without
+// waiting. Requires v.mu shared.
+func (v *Volume) beginRedirect(idx, in, n, e uint64, segs []Segment) bool {
+	s := v.s
+	if len(segs) == 0 || s.noSpace.Load() {
+		return false
+	}
+	a, b := s.sub(in, in+n)
+	v.allocMu.Lock()
+	defer v.allocMu.Unlock()
+	if v.m.get(idx) != e || slices.Contains(v.claims, idx) {
+		return false
+	}
+	var q, fresh uint64
+	if e&inherited != 0 {
+		s.al.mu.Lock()
+		p, ok := s.al.popReady()
+		if ok {
+			s.kickRefill()
+		}
+		s.al.mu.Unlock()
+		if !ok {
+			return false
+		}
+		q, fresh = p, p
+		e = s.partialEntry(q, subMask(a, b))
+	} else {
+		q = physOf(e)
+		e = s.partialEntry(q, maskOf(e)|subMask(a, b))
+	}
+	v.claims = append(v.claims, idx)
+	v.directs = append(v.directs, directClaim{idx, e, fresh})
+	v.ndirect.Add(1)
+	segs[0] = Segment{Off: int64(q<<s.cshift + in), Pos: 0, Len: int(n)}
+	return true
+}
+
+// endRedirect ends the direct claim of the cluster lba lies in, if there
+// is one (the write may be an ordinary one: nothing to do). Requires v.mu
+// shared.
+func (v *Volume) endRedirect(lba uint64, ioErr error) {
+	s := v.s
+	idx := (lba << v.shift) >> s.cshift
+	v.allocMu.Lock()
+	j := slices.IndexFunc(v.directs, func(d directClaim) bool { return d.idx == idx })
+	if j < 0 {
+		v.allocMu.Unlock()
+		return
+	}
+	d := v.directs[j]
+	v.directs = slices.Delete(v.directs, j, j+1)
+	v.ndirect.Add(-1)
+	v.allocMu.Unlock()
+	if ioErr != nil {
+		if d.fresh != 0 {
+			s.toLimbo(d.fresh)
+		}
+		v.unclaim(idx, 1, nil, 0)
+		return
+	}
+	if d.fresh != 0 {
+		s.c.redirects.Add(1)
+	}
+	if old := v.m.get(idx); old != d.e { // a mask widened, or a redirect
+		s.deferKey(v.mapID, idx, d.e, d.fresh)
+	}
+	fresh := 0
+	if d.fresh != 0 {
+		fresh = 1
+		s.al.mu.Lock()
+		s.al.mapped++
+		s.al.mu.Unlock()
+	}
+	v.unclaim(idx, 1, []uint64{d.e}, fresh)
 }

@@ -201,3 +201,67 @@ func TestPartialCrash(t *testing.T) {
 		})
 	}
 }
+
+// TestPartialDirect: the direct path's redirect. A 4 KiB write into an
+// inherited cluster, then into the partial cluster it made, each one
+// segment and the entry published at EndDirect; a write whose I/O failed
+// publishes nothing (the volume reads the snapshot's bytes there), gives
+// a redirect's cluster back (limbo), and releases the claim (a write of
+// the index afterwards does not wait).
+func TestPartialDirect(t *testing.T) {
+	s := openStore(t, memConfig(vfs.NewMem(), NewMemArea(64*(16<<10), 4096, 4096)))
+	v := mustCreate(t, s, 1, 8, BlockSize4K)
+	for b := range uint64(8) {
+		partialWrite(t, s, 1, b, 1)
+	}
+	if err := s.Snapshot(1, 10); err != nil {
+		t.Fatal(err)
+	}
+	buf := alignedBuf(4096, 4096)
+	segs := make([]Segment, 4)
+	direct := func(block, tag uint64, ioErr error) Segment {
+		t.Helper()
+		fillTagged(buf, 1, block, tag)
+		n, k, err := v.BeginDirect(true, block, buf, segs)
+		if err != nil || k != DirectIO || n != 1 {
+			t.Fatalf("block %d: BeginDirect %d %v %v, want one segment", block, n, k, err)
+		}
+		if ioErr == nil {
+			if err := s.area.WriteAt(buf, segs[0].Off); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := v.EndDirect(true, block, 4096, ioErr); (err != nil) != (ioErr != nil) {
+			t.Fatalf("block %d: EndDirect %v, I/O error %v", block, err, ioErr)
+		}
+		return segs[0]
+	}
+	sg := direct(5, 2, nil)
+	if e := v.m.get(1); e&(partial|inherited) != partial || maskOf(e) != 0b10 || int64(physOf(e))<<14+4096 != sg.Off {
+		t.Fatalf("after a direct 4 KiB write into an inherited cluster: entry %#x, segment at %d", v.m.get(1), sg.Off)
+	}
+	sg2 := direct(6, 3, nil)
+	if e := v.m.get(1); maskOf(e) != 0b110 || sg2.Off != sg.Off+4096 {
+		t.Fatalf("a second direct write into the partial cluster: entry %#x, segment at %d (first at %d)", e, sg2.Off, sg.Off)
+	}
+	limbo := s.Stats().Limbo
+	direct(7, 4, fmt.Errorf("injected"))
+	direct(0, 4, fmt.Errorf("injected"))
+	if e := v.m.get(1); maskOf(e) != 0b110 {
+		t.Fatalf("after a failed write into the partial cluster: entry %#x, want the mask unchanged", e)
+	}
+	if e := v.m.get(0); e&inherited == 0 {
+		t.Fatalf("after a failed redirect: entry %#x, want inherited still", e)
+	}
+	if got := s.Stats().Limbo; got != limbo+1 {
+		t.Fatalf("limbo %d after a failed redirect, want %d", got, limbo+1)
+	}
+	wantTags(t, s, 1, []uint64{1, 1, 1, 1, 1, 2, 3, 1})
+	partialWrite(t, s, 1, 7, 5) // the claim was released: no wait
+	partialWrite(t, s, 1, 0, 5)
+	wantTags(t, s, 1, []uint64{5, 1, 1, 1, 1, 2, 3, 5})
+	wantTags(t, s, 10, []uint64{1, 1, 1, 1, 1, 1, 1, 1})
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+}

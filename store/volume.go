@@ -38,6 +38,8 @@ type Volume struct {
 	// claimDone (on allocMu) wakes first writes waiting for a claim.
 	allocMu      sync.Mutex
 	claims       []uint64
+	directs      []directClaim // claims of redirects at the disk (partial.go); guarded by allocMu
+	ndirect      atomic.Int32  // len(directs), read by EndDirect without allocMu
 	claimDone    sync.Cond
 	claimWaiters int        // first writes waiting for a claim (tests)
 	serialMu     sync.Mutex // held across a first write with Store.serialFirstWrites (benchmarks)
