@@ -232,6 +232,9 @@ func readRecords(ir *image.Reader, w *importWriter, res *api.ImportResult) error
 			continue
 		}
 		for lba, end := rec.LBA, rec.LBA+rec.Blocks; lba < end; {
+			if w.failed() != nil {
+				return nil
+			}
 			n := min(end-lba, imageChunk/bs)
 			s := w.slot()
 			if s.buf == nil {
