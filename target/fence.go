@@ -20,6 +20,9 @@ import (
 // before an EvictAndDrain whose controller the eviction did not see
 // (registered after its snapshot) asks Admit again once registered, and
 // is refused if the caller changed what Admit answers before evicting.
+// Subsystem.Refuse (any subsystem, host list or Admit) turns every new
+// controller away for a while — blkd's volume import — and bumps
+// evictGen the same way, so a Connect it did not see asks again too.
 
 // ErrAdmitRetry, wrapped in an error SubsystemConfig.Admit returns,
 // refuses the Connect without DNR: the host may connect again later
