@@ -111,7 +111,7 @@ func TestImportReplicated(t *testing.T) {
 	}
 	lp.must(t, "GET", "/v1/volumes/w", "", 200, &w)
 	pp := c.procs[w.Node]
-	pp.waitOutput(t, `import: hosts refused until it ends.*volume=w`)
+	pp.waitOutput(t, `import: hosts refused until it ends.*volume=w snapshot=v@s2`) // not the whole image's, v@s1
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	cfg := hostConfig(t, a, hostNQN)
 	cfg.Queues = 1
