@@ -59,18 +59,18 @@ type importTerm struct {
 // Submit passes io to the host path's backend while pl is its term. The
 // count goes up before the term is checked, and endTerm clears the term
 // before it reads the count: either this sees the term gone, or endTerm
-// sees the write and waits for it.
+// sees the write and waits for it. Every IO, passed on or failed here,
+// is completed through done, which counts it down.
 func (t importTerm) Submit(io *target.IO) {
 	t.pl.imports.Add(1)
 	if t.hv.hb.cur.Load() != t.pl {
-		t.pl.imports.Add(-1)
 		io.Done(errTermEnded)
 		return
 	}
 	t.hv.hb.Submit(io)
 }
 
-// done is told of each write Submit passed on, once it completed.
+// done is told of each IO Submit took, once it completed.
 func (t importTerm) done() { t.pl.imports.Add(-1) }
 
 // importBackend is the backend an import into v writes through, and the

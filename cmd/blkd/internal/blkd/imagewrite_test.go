@@ -248,3 +248,35 @@ func TestImportWriter(t *testing.T) {
 		t.Fatalf("a truncated image: %v, want the image's error", err)
 	}
 }
+
+// TestImportTerm: an import's writes through a term that is not (or no
+// longer) the host path's fail with errTermEnded, through one without a
+// lease with the path's status, and the term's count of import writes
+// (what endTerm waits for) is back to 0 after each.
+func TestImportTerm(t *testing.T) {
+	m, err := target.NewMemBackend(4096, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hv := &hostVolume{hb: &hostBackend{local: target.Inline(m)}}
+	pl := &primaryLeg{}
+	it := importTerm{hv, pl}
+	write := func() error {
+		w := newImportWriter(it.Submit, it.done, 2)
+		s := w.slot()
+		s.io.Op, s.io.LBA, s.io.Blocks, s.io.Data = target.OpWrite, 0, 1, make([]byte, 4096)
+		w.start(s)
+		return w.wait()
+	}
+	if err := write(); !errors.Is(err, errTermEnded) || pl.imports.Load() != 0 {
+		t.Fatalf("no term: %v, %d writes counted", err, pl.imports.Load())
+	}
+	hv.hb.cur.Store(pl) // the term, its lease never granted
+	if err := write(); !errors.Is(err, errNoLease) || pl.imports.Load() != 0 {
+		t.Fatalf("no lease: %v, %d writes counted", err, pl.imports.Load())
+	}
+	hv.hb.cur.Store(&primaryLeg{}) // another term
+	if err := write(); !errors.Is(err, errTermEnded) || pl.imports.Load() != 0 {
+		t.Fatalf("another term: %v, %d writes counted", err, pl.imports.Load())
+	}
+}
