@@ -49,7 +49,12 @@ type reconcileRequest struct {
 }
 
 // storeParts adapts the extent store to control.Store.
-type storeParts struct{ s *store.Store }
+type storeParts struct {
+	s *store.Store
+	// limit is the node's rebuild limiter, which a flatten draws its
+	// copies from (throttle.go; nil: unlimited).
+	limit copyLimiter
+}
 
 func (p storeParts) Shape(id uint64) (uint64, uint32, error) {
 	v, err := p.s.Volume(store.ID(id))
@@ -418,7 +423,7 @@ func (d *Daemon) internalReconcile(w http.ResponseWriter, r *http.Request) error
 // served is reported and left failed; it never stops the node.
 func (d *Daemon) startControl(ctx context.Context) {
 	d.tparts = &targetParts{d: d}
-	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{d.store}, d.tparts, d.audit.logger())
+	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{s: d.store, limit: d.copyLimit()}, d.tparts, d.audit.logger())
 	d.rec.OnFlattenDone = func(string) {
 		select {
 		case d.settleNow <- struct{}{}:
