@@ -37,10 +37,18 @@ const (
 // healthResponse is the body of GET /v1/internal/health.
 type healthResponse struct {
 	NodeID string `json:"node_id"`
+	// Full says why the node's store refuses new clusters (its disk is
+	// full), "" if it has room: placement leaves such a node out
+	// (control.DiskReporter). Absent from an older node's answer.
+	Full string `json:"full,omitempty"`
 }
 
 func (d *Daemon) health(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, healthResponse{NodeID: d.cfg.NodeID})
+	h := healthResponse{NodeID: d.cfg.NodeID}
+	if d.store != nil {
+		h.Full = storeParts{s: d.store}.Full()
+	}
+	writeJSON(w, http.StatusOK, h)
 	return nil
 }
 
@@ -141,23 +149,29 @@ func (d *Daemon) probeAll(client *http.Client, nodes []meta.NodeInfo) map[string
 }
 
 func probe(ctx context.Context, client *http.Client, url string, n meta.NodeInfo) probeAnswer {
+	_, a := probeHealth(ctx, client, url, n)
+	return a
+}
+
+// probeHealth is probe with the node's answer (valid if probeAlive).
+func probeHealth(ctx context.Context, client *http.Client, url string, n meta.NodeInfo) (healthResponse, probeAnswer) {
+	var h healthResponse
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return probeSilent
+		return h, probeSilent
 	}
 	resp, err := client.Do(req)
 	if errors.Is(err, syscall.ECONNREFUSED) {
-		return probeRefused
+		return h, probeRefused
 	}
 	if err != nil {
-		return probeSilent
+		return h, probeSilent
 	}
 	defer resp.Body.Close()
-	var h healthResponse
 	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&h) != nil || h.NodeID != n.ID {
-		return probeSilent
+		return h, probeSilent
 	}
-	return probeAlive
+	return h, probeAlive
 }
 
 func (d *Daemon) setNodeState(id string, st meta.NodeState, why string) {

@@ -294,6 +294,31 @@ func (p ownerParts) Answers(ctx context.Context, node string) bool {
 	return probe(ctx, p.d.peers, p.d.peerURL(n.MgmtAddr, "/v1/internal/health"), n) == probeAlive
 }
 
+// DiskFull implements control.DiskReporter: why node's store refuses
+// new clusters now (storeParts.Full: its disk is full), asked of this
+// node's store directly and of another through its health route; "" if
+// it has room, or does not answer (Answers' business), or is older and
+// does not say.
+func (p ownerParts) DiskFull(ctx context.Context, node string) string {
+	if node == p.d.cfg.NodeID {
+		if p.d.store == nil {
+			return ""
+		}
+		return storeParts{s: p.d.store}.Full()
+	}
+	n, err := registryParts{p.d.node}.Node(ctx, node)
+	if err != nil || n.MgmtAddr == "" {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	h, a := probeHealth(ctx, p.d.peers, p.d.peerURL(n.MgmtAddr, "/v1/internal/health"), n)
+	if a != probeAlive {
+		return ""
+	}
+	return h.Full
+}
+
 func (p ownerParts) Reconcile(ctx context.Context, node, name string, index uint64) (control.Status, error) {
 	if node == p.d.cfg.NodeID {
 		return p.d.reconcileLocal(ctx, name, index)
