@@ -47,6 +47,20 @@ func (v *Volume) PromisedOn(node string) uint64 {
 	return v.SizeBytes
 }
 
+// PromisedBytes is how many bytes of node's capacity its volumes take
+// (Volume.PromisedOn summed): the sizes of the volumes and clones with a
+// replica there, not being deleted. Snapshots are not counted (what one
+// holds grows with the writes after it, which the registry does not
+// see; docs/volume.md, "Capacity"): the node's own store reports its
+// real use.
+func (s *State) PromisedBytes(node string) uint64 {
+	var promised uint64
+	for _, v := range s.vols {
+		promised += v.PromisedOn(node)
+	}
+	return promised
+}
+
 // placeCand is one eligible node as Place ranks it.
 type placeCand struct {
 	id   string
@@ -62,10 +76,7 @@ func (s *State) free(n *NodeInfo) uint64 {
 	if n.CapacityBytes == 0 {
 		return math.MaxUint64
 	}
-	var promised uint64
-	for _, v := range s.vols {
-		promised += v.PromisedOn(n.ID)
-	}
+	promised := s.PromisedBytes(n.ID)
 	if promised >= n.CapacityBytes {
 		return 0
 	}

@@ -396,6 +396,19 @@ func TestDiskFull(t *testing.T) {
 	if vs := d.volumes(t); len(vs) != 1 {
 		t.Fatalf("volumes after the refusal: %+v", vs)
 	}
+	// cluster status shows it: promised the volume's 128 MiB, the disk full.
+	var cl struct {
+		Members []struct {
+			Promised uint64 `json:"promised_bytes"`
+			Disk     struct {
+				Full string `json:"full"`
+			} `json:"disk"`
+		} `json:"members"`
+	}
+	d.must(t, "GET", "/v1/cluster?usage=true", "", 200, &cl)
+	if len(cl.Members) != 1 || cl.Members[0].Promised != 128<<20 || !strings.Contains(cl.Members[0].Disk.Full, "disk is full") {
+		t.Fatalf("cluster usage on a full disk: %+v", cl.Members)
+	}
 	// A write that needs a new cluster (here 1 MiB in: the volume's
 	// clusters are 64 KiB) is refused; an overwrite within the cluster
 	// already written goes on, as do reads (docs/store.md: the data area

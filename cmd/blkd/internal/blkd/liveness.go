@@ -41,15 +41,26 @@ type healthResponse struct {
 	// full), "" if it has room: placement leaves such a node out
 	// (control.DiskReporter). Absent from an older node's answer.
 	Full string `json:"full,omitempty"`
+	// Disk is the node's store, measured (GET /v1/cluster?usage=true).
+	Disk *api.NodeDisk `json:"disk,omitempty"`
 }
 
 func (d *Daemon) health(w http.ResponseWriter, r *http.Request) error {
-	h := healthResponse{NodeID: d.cfg.NodeID}
-	if d.store != nil {
-		h.Full = storeParts{s: d.store}.Full()
+	h := healthResponse{NodeID: d.cfg.NodeID, Disk: d.disk()}
+	if h.Disk != nil {
+		h.Full = h.Disk.Full
 	}
 	writeJSON(w, http.StatusOK, h)
 	return nil
+}
+
+// disk is this node's store, measured; nil without a store.
+func (d *Daemon) disk() *api.NodeDisk {
+	if d.store == nil {
+		return nil
+	}
+	st, sp := d.store.Stats(), d.store.Space()
+	return &api.NodeDisk{MappedBytes: st.Mapped * st.ClusterBytes, FreeBytes: sp.FreeBytes, TotalBytes: sp.TotalBytes, Full: storeParts{s: d.store}.Full()}
 }
 
 // livenessLoop runs the leader's probes until stop closes.
