@@ -324,6 +324,7 @@ func TestCopiesShareRebuildRate(t *testing.T) {
 	if min := time.Duration(float64(done-last) / rate * float64(time.Second)); time.Since(start) < min || done < 32*cb {
 		t.Fatalf("flatten of %d bytes at %d B/s took %v, want at least %v", done, rate, time.Since(start), min)
 	}
+	t.Logf("flatten: %d bytes at %d B/s in %v (%.1f MiB/s)", done, rate, time.Since(start), float64(done)/(1<<20)/time.Since(start).Seconds())
 
 	lim = repl.NewLimiter(rate)
 	start = time.Now()
@@ -334,4 +335,5 @@ func TestCopiesShareRebuildRate(t *testing.T) {
 	if min := time.Duration(float64(h.DataBytes-imageChunk) / rate * float64(time.Second)); time.Since(start) < min || h.DataBytes < 2*imageChunk {
 		t.Fatalf("export of %d bytes at %d B/s took %v, want at least %v", h.DataBytes, rate, time.Since(start), min)
 	}
+	t.Logf("export: %d bytes at %d B/s in %v (%.1f MiB/s)", h.DataBytes, rate, time.Since(start), float64(h.DataBytes)/(1<<20)/time.Since(start).Seconds())
 }
