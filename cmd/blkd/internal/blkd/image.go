@@ -1,6 +1,7 @@
 package blkd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -128,15 +129,19 @@ func (d *Daemon) exportSnapshot(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Length", strconv.FormatUint(length, 10))
 	w.Header().Set(api.ImageDataBytesHeader, strconv.FormatUint(h.DataBytes, 10))
 	w.WriteHeader(http.StatusOK)
-	if err := writeImage(w, h, runs, sv); err != nil {
+	if err := writeImage(r.Context(), w, h, runs, sv, d.copyLimit()); err != nil {
 		d.log.Warn("export aborted", "volume", name, "snapshot", snap, "err", err)
 		panic(http.ErrAbortHandler) // the client must not take a short stream for a whole one
 	}
 	return nil
 }
 
-// writeImage writes runs of sv as the image h.
-func writeImage(w io.Writer, h image.Header, runs []imageRun, sv *store.Volume) error {
+// writeImage writes runs of sv as the image h. Each read of the store
+// first draws its bytes from lim (the node's rebuild limiter; nil:
+// unlimited), so an export shares --rebuild-rate with the rebuilds and
+// flattens; zero runs read nothing and cost nothing. A ctx that ends
+// while it waits stops it with ctx's cause.
+func writeImage(ctx context.Context, w io.Writer, h image.Header, runs []imageRun, sv *store.Volume, lim copyLimiter) error {
 	iw, err := image.NewWriter(w, h)
 	if err != nil {
 		return err
@@ -156,6 +161,11 @@ func writeImage(w io.Writer, h image.Header, runs []imageRun, sv *store.Volume) 
 		for lba, end := run.lba, run.lba+run.blocks; lba < end; {
 			n := min(end-lba, imageChunk/bs)
 			p := buf[:n*bs]
+			if lim != nil {
+				if err := lim.Wait(ctx, uint64(len(p))); err != nil {
+					return fmt.Errorf("waiting for the rebuild rate at LBA %d: %w", lba, err)
+				}
+			}
 			if err := sv.Read(lba, p); err != nil {
 				return fmt.Errorf("read LBA %d: %w", lba, err)
 			}
