@@ -316,6 +316,33 @@ type Member struct {
 	// gives it its NVMe controller IDs and PORTIDs; 0 (absent): none
 	// yet, or unregistered.
 	Ordinal int `json:"ordinal,omitempty"`
+	// CapacityBytes is how many bytes of volumes the registry may
+	// promise the node (its disk times its --overcommit; 0: no limit),
+	// PromisedBytes what it has promised: the sizes of the volumes and
+	// clones with a replica there. Snapshots are not promised (what one
+	// holds grows with the writes after it): Disk says what the node
+	// really holds (docs/volume.md, "Capacity").
+	CapacityBytes uint64 `json:"capacity_bytes,omitempty"`
+	PromisedBytes uint64 `json:"promised_bytes,omitempty"`
+	// Disk is the node's store as the node reports it, asked with GET
+	// /v1/cluster?usage=true; absent without it, or if the node did not
+	// answer.
+	Disk *NodeDisk `json:"disk,omitempty"`
+}
+
+// NodeDisk is a node's store, measured by the node.
+type NodeDisk struct {
+	// MappedBytes: the clusters of its data area that its volumes and
+	// snapshots hold.
+	MappedBytes uint64 `json:"mapped_bytes"`
+	// FreeBytes, TotalBytes: the filesystem of its store's metadata
+	// (and of its data area, unless --data-device); absent if the
+	// filesystem cannot say.
+	FreeBytes  uint64 `json:"free_bytes,omitempty"`
+	TotalBytes uint64 `json:"total_bytes,omitempty"`
+	// Full says why the store refuses new clusters (free space under its
+	// reserve); "": it has room. Placement leaves such a node out.
+	Full string `json:"full,omitempty"`
 }
 
 // Cluster is GET /v1/cluster.

@@ -76,6 +76,18 @@ type Answerer interface {
 	Answers(ctx context.Context, node string) bool
 }
 
+// DiskReporter is an optional interface of Owners: why node's store
+// refuses new clusters now (its disk is full), "" if it has room or
+// cannot say. The registry promises a node's capacity by its volumes'
+// sizes, not its snapshots' (docs/snapshots.md §2.2: what a snapshot
+// holds grows with the writes after it, which the registry does not
+// see), so a node can fill up under its promise; placement then leaves
+// it out, and a create pinned to it is refused, rather than make a
+// volume whose first write fails.
+type DiskReporter interface {
+	DiskFull(ctx context.Context, node string) string
+}
+
 // Manager runs the management operations on the registry leader: each
 // is a short sequence of registry commands around one call to the
 // owner's Reconcile, so that a crash between any two steps leaves intent
@@ -638,6 +650,11 @@ func (m *Manager) place(ctx context.Context, cmd meta.CreateVolume, replicas int
 		}
 		if err := m.checkCapacity(ctx, cmd.Node, cmd.SizeBytes, ""); err != nil {
 			return meta.Result{}, err
+		}
+		if d, ok := m.owners.(DiskReporter); ok {
+			if why := d.DiskFull(ctx, cmd.Node); why != "" {
+				return meta.Result{}, fmt.Errorf("%w: a new volume on node %s: %s; free space there (delete snapshots or volumes) or choose another node", ErrCapacity, cmd.Node, why)
+			}
 		}
 		if explicit {
 			cmd.Replicas = []string{cmd.Node}

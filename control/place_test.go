@@ -180,3 +180,69 @@ func TestPlacementSkipsSilentNodes(t *testing.T) {
 		t.Fatalf("pinned to a: %+v, %v, asked %v; want it on a, nobody asked", v, err, owners.asked)
 	}
 }
+
+// fullOwners answers every reconcile with the volume online on its
+// primary and standby elsewhere, and DiskFull (control.DiskReporter)
+// with full's reason for a node.
+type fullOwners struct {
+	reg  *lockedRegistry
+	mu   sync.Mutex
+	full map[string]string
+}
+
+func (o *fullOwners) Reconcile(ctx context.Context, node, name string, _ uint64) (Status, error) {
+	v, err := o.reg.Volume(ctx, name)
+	if err != nil {
+		return Status{}, err
+	}
+	return Status{Name: name, State: readyState(v, node)}, nil
+}
+
+func (o *fullOwners) DiskFull(_ context.Context, node string) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.full[node]
+}
+
+// TestPlacementSkipsFullNodes: a node whose disk is full (snapshots
+// hold space the registry does not promise) is not where placement puts
+// a volume although it has the most unpromised capacity; the next choice
+// is taken, for a replica set too. With every node full, the create
+// fails with meta.ErrNoCapacity (507 at the API) naming them and writes
+// nothing; pinned to a full node, it is
+// refused with ErrCapacity and the node's reason, nothing written.
+func TestPlacementSkipsFullNodes(t *testing.T) {
+	reg := &lockedRegistry{s: meta.NewState()}
+	ctx := context.Background()
+	for id, capacity := range map[string]uint64{"a": 300 << 20, "b": 200 << 20, "c": 100 << 20} {
+		if _, err := reg.Apply(ctx, meta.RegisterNode{ID: id, TCPAddr: id + ":4420", MgmtAddr: id + ":7070", CapacityBytes: capacity, Zone: "z" + id, Features: []string{meta.FeatureReplication}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const why = "the node's disk is full (test)"
+	owners := &fullOwners{reg: reg, full: map[string]string{"a": why}}
+	m := NewManager(reg, owners)
+	m.MaxReplicas = 3
+	v, err := m.Create(ctx, CreateRequest{Name: "v", SizeBytes: 8 << 20, Replicas: 1})
+	if err != nil || v.Node != "b" {
+		t.Fatalf("placed on %s (%v); want b (a has the most room but a full disk)", v.Node, err)
+	}
+	v, err = m.Create(ctx, CreateRequest{Name: "r", SizeBytes: 8 << 20, Replicas: 2})
+	if got := slices.Sorted(slices.Values(replicaNodes(v))); err != nil || !slices.Equal(got, []string{"b", "c"}) {
+		t.Fatalf("two replicas on %v (%v); want b and c", got, err)
+	}
+
+	before := reg.index
+	_, err = m.Create(ctx, CreateRequest{Name: "p", SizeBytes: 8 << 20, Node: "a", Replicas: 1})
+	if !errors.Is(err, ErrCapacity) || !strings.Contains(err.Error(), why) || reg.index != before {
+		t.Fatalf("pinned to a full node: %v (index %d, was %d), want ErrCapacity with its reason and nothing written", err, reg.index, before)
+	}
+
+	owners.mu.Lock()
+	owners.full = map[string]string{"a": why, "b": why, "c": why}
+	owners.mu.Unlock()
+	_, err = m.Create(ctx, CreateRequest{Name: "w", SizeBytes: 8 << 20, Replicas: 1})
+	if !errors.Is(err, meta.ErrNoCapacity) || !strings.Contains(err.Error(), "whose disk is full") || reg.index != before {
+		t.Fatalf("every disk full: %v (index %d, was %d), want meta.ErrNoCapacity naming them and nothing written", err, reg.index, before)
+	}
+}

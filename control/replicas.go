@@ -343,26 +343,39 @@ func replicaNodes(v meta.Volume) []string {
 }
 
 // placeAnswering is Place, skipping chosen nodes the Owners' Answerer
-// says do not answer (see Answerer). The caller holds placeMu.
+// says do not answer (see Answerer) and those its DiskReporter says have
+// a full disk (see DiskReporter). The caller holds placeMu.
 func (m *Manager) placeAnswering(ctx context.Context, req meta.PlaceRequest) ([]string, error) {
 	a, _ := m.owners.(Answerer)
+	d, _ := m.owners.(DiskReporter)
 	for {
 		nodes, err := m.reg.Place(ctx, req)
+		if err != nil && len(req.Full) > 0 && !errors.Is(err, meta.ErrNoCapacity) {
+			// Too few nodes once the full ones are left out: a want of
+			// space (507 at the API), not of nodes.
+			return nil, fmt.Errorf("%w (%w: free space on the full nodes, or add one)", err, meta.ErrNoCapacity)
+		}
 		if err != nil {
 			return nil, err
 		}
-		silent := ""
+		skip := false
 		for _, n := range nodes {
 			if a != nil && !a.Answers(ctx, n) {
-				silent = n
+				req.Exclude, skip = append(req.Exclude, n), true
 				break
 			}
+			if d != nil {
+				if why := d.DiskFull(ctx, n); why != "" {
+					m.logger().Warn("placement: node left out, its disk is full", "node", n, "reason", why)
+					req.Full, skip = append(req.Full, n), true
+					break
+				}
+			}
 		}
-		if silent == "" {
+		if !skip {
 			return nodes, nil
 		}
-		// Place never chooses an excluded node: this ends after at most
-		// one round per node.
-		req.Exclude = append(req.Exclude, silent)
+		// Place never chooses an excluded or full node: this ends after
+		// at most one round per node.
 	}
 }

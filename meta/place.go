@@ -21,6 +21,11 @@ type PlaceRequest struct {
 	// up: the caller found they do not answer (the leader marks a silent
 	// node down only after a while).
 	Exclude []string
+	// Full names nodes not to choose because their store's disk is full
+	// (the caller asked them): the registry promises capacity by volume
+	// sizes and not snapshots (docs/snapshots.md §2.2), so a node can
+	// fill up under its promise. An error names them apart from Exclude.
+	Full []string
 	// Taken names the nodes that hold the volume already (AddReplica's
 	// choice of one more): they are not chosen, nor any node in their
 	// zones. Replicas counts the nodes to choose besides them.
@@ -42,6 +47,20 @@ func (v *Volume) PromisedOn(node string) uint64 {
 	return v.SizeBytes
 }
 
+// PromisedBytes is how many bytes of node's capacity its volumes take
+// (Volume.PromisedOn summed): the sizes of the volumes and clones with a
+// replica there, not being deleted. Snapshots are not counted (what one
+// holds grows with the writes after it, which the registry does not
+// see; docs/volume.md, "Capacity"): the node's own store reports its
+// real use.
+func (s *State) PromisedBytes(node string) uint64 {
+	var promised uint64
+	for _, v := range s.vols {
+		promised += v.PromisedOn(node)
+	}
+	return promised
+}
+
 // placeCand is one eligible node as Place ranks it.
 type placeCand struct {
 	id   string
@@ -57,10 +76,7 @@ func (s *State) free(n *NodeInfo) uint64 {
 	if n.CapacityBytes == 0 {
 		return math.MaxUint64
 	}
-	var promised uint64
-	for _, v := range s.vols {
-		promised += v.PromisedOn(n.ID)
-	}
+	promised := s.PromisedBytes(n.ID)
 	if promised >= n.CapacityBytes {
 		return 0
 	}
@@ -100,7 +116,7 @@ func (s *State) Place(req PlaceRequest) ([]string, error) {
 	}
 	var cands []placeCand
 	for _, n := range s.nodes {
-		if n.State != NodeUp || (n.TCPAddr == "" && n.TargetAddr == "") || slices.Contains(req.Exclude, n.ID) {
+		if n.State != NodeUp || (n.TCPAddr == "" && n.TargetAddr == "") || slices.Contains(req.Exclude, n.ID) || slices.Contains(req.Full, n.ID) {
 			continue
 		}
 		zone := zoneOf(n)
@@ -121,6 +137,9 @@ func (s *State) Place(req PlaceRequest) ([]string, error) {
 		if len(req.Exclude) > 0 {
 			unanswered = fmt.Sprintf(" (not counting %s, which did not answer)", strings.Join(req.Exclude, ", "))
 		}
+		if len(req.Full) > 0 {
+			unanswered += fmt.Sprintf(" (not counting %s, whose disk is full: free space or delete snapshots there)", strings.Join(req.Full, ", "))
+		}
 		if len(req.Taken) > 0 {
 			unanswered += fmt.Sprintf(" (not counting the zones of %s, which hold the volume)", strings.Join(req.Taken, ", "))
 		}
@@ -140,7 +159,11 @@ func (s *State) Place(req PlaceRequest) ([]string, error) {
 	}
 	if len(out) < want {
 		// cands is sorted by free capacity: the first is the largest.
-		return nil, fmt.Errorf("meta: a volume of %d bytes fits on %d node(s) up in distinct zones, %d needed: node %s may be promised the most, %d more bytes (its disk times its --overcommit, less its volumes' sizes): choose a smaller size, free space, add a node, or raise a node's --overcommit: %w", req.SizeBytes, len(out), want, cands[0].id, cands[0].free, ErrNoCapacity)
+		full := ""
+		if len(req.Full) > 0 {
+			full = fmt.Sprintf(" (not counting %s, whose disk is full)", strings.Join(req.Full, ", "))
+		}
+		return nil, fmt.Errorf("meta: a volume of %d bytes fits on %d node(s) up in distinct zones%s, %d needed: node %s may be promised the most, %d more bytes (its disk times its --overcommit, less its volumes' sizes): choose a smaller size, free space, add a node, or raise a node's --overcommit: %w", req.SizeBytes, len(out), full, want, cands[0].id, cands[0].free, ErrNoCapacity)
 	}
 	if len(req.Taken) == 0 && len(out) > 1 {
 		// The primary serves every host I/O and every read: of the chosen

@@ -35,7 +35,7 @@
 //	addr.go         listen and advertised addresses, shared by the bindings
 //	events.go       structured events (Config.Logger): controllers, refused Connects
 //	ana.go          Asymmetric Namespace Access: SetANAState, its notice, log 0x0C, the I/O status
-//	fence.go        admission (SubsystemConfig.Admit) and EvictAndDrain, the replication fence
+//	fence.go        admission (SubsystemConfig.Admit, Subsystem.Refuse) and EvictAndDrain, the replication fence
 //	io_cmd.go       Read, Write, Flush, Write Zeroes, Dataset Management, Compare
 //	workers.go      the sync worker pool
 //	status.go       StatusError, WithStatus; statusOf reads a backend error's status

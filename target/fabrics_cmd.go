@@ -143,14 +143,15 @@ func (q *Queue) connectAdmin(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme
 		c.abandon()
 		return invalidParam(ipoSubNQN, true)
 	}
-	if s.admit != nil && s.evictGen.Load() != gen {
-		// An eviction ran since Admit said yes, and may not have seen
-		// this controller: ask again, under what the fence says now.
-		if err := s.admit(host); err != nil {
+	if s.evictGen.Load() != gen {
+		// An eviction or a Refuse ran since the host was admitted, and
+		// may not have seen this controller: ask again, under what the
+		// fence says now.
+		if err := s.readmit(host); err != nil {
 			s.removeCtrl(c)
 			q.ctrl.Store(nil)
 			c.abandon()
-			q.refusal = "not admitted (after an eviction): " + err.Error()
+			q.refusal = "not admitted (asked again after an eviction or a Refuse): " + err.Error()
 			return admitStatus(err), nvme.ConnectInvalidParamDW0(ipoHost, true)
 		}
 	}

@@ -20,6 +20,9 @@ import (
 // before an EvictAndDrain whose controller the eviction did not see
 // (registered after its snapshot) asks Admit again once registered, and
 // is refused if the caller changed what Admit answers before evicting.
+// Subsystem.Refuse (any subsystem, host list or Admit) turns every new
+// controller away for a while — blkd's volume import — and bumps
+// evictGen the same way, so a Connect it did not see asks again too.
 
 // ErrAdmitRetry, wrapped in an error SubsystemConfig.Admit returns,
 // refuses the Connect without DNR: the host may connect again later
@@ -38,20 +41,75 @@ func admitStatus(err error) nvme.Status {
 	return nvme.StatusConnectInvalidHost.WithDNR()
 }
 
-// admitHost checks whether a host may create a controller: Admit, or
-// the host list. On refusal it sets q.refusal and returns the status.
+// admitHost checks whether a host may create a controller: the host
+// list (a host it does not name is refused for good, refusal or not),
+// then Refuse, then Admit (which a refusal spares a call). On refusal it
+// sets q.refusal and returns the status.
 func (q *Queue) admitHost(s *Subsystem, host string) (nvme.Status, bool) {
-	if s.admit == nil {
-		if !s.hostAllowed(host) {
-			return nvme.StatusConnectInvalidHost.WithDNR(), false
-		}
-		return nvme.StatusSuccess, true
+	if s.admit == nil && !s.hostAllowed(host) {
+		return nvme.StatusConnectInvalidHost.WithDNR(), false
 	}
-	if err := s.admit(host); err != nil {
-		q.refusal = "not admitted: " + err.Error()
+	if err := s.refusing(); err != nil {
+		q.refusal = "refused: " + err.Error()
 		return admitStatus(err), false
 	}
+	if s.admit != nil {
+		if err := s.admit(host); err != nil {
+			q.refusal = "not admitted: " + err.Error()
+			return admitStatus(err), false
+		}
+	}
 	return nvme.StatusSuccess, true
+}
+
+// readmit is the admission asked again of a Connect during which an
+// EvictAndDrain or a Refuse ran (evictGen moved): Admit, if set, and
+// Refuse. The host list is not asked again (a host denied meanwhile has
+// its controllers torn down by DenyHost).
+func (s *Subsystem) readmit(host string) error {
+	if s.admit != nil {
+		if err := s.admit(host); err != nil {
+			return err
+		}
+	}
+	return s.refusing()
+}
+
+// refusing is Refuse's reason in force, nil if none.
+func (s *Subsystem) refusing() error {
+	if p := s.refuse.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Refuse turns away every new controller of the subsystem from now on:
+// an admin queue Connect of a host that the host list (or Admit) admits
+// is refused with Connect Invalid Host, IPO at HOSTNQN, with why in the
+// target's log — without DNR if why wraps ErrAdmitRetry (the host may
+// connect again later), with DNR otherwise. Refuse(nil) admits them
+// again. The controllers that exist are left as they are: Refuse
+// returns the hosts that have one once the refusal is in force, and the
+// caller decides (a volume's import gives up if there are any; a
+// fence would EvictAndDrain them). A Connect running meanwhile either
+// has its controller among those returned or is refused (it asks
+// again once registered, as after an EvictAndDrain), so a caller that
+// gets none knows that no host has a controller until it calls
+// Refuse(nil). blkd refuses a volume's hosts while an import writes it.
+// The discovery subsystem refuses nobody.
+func (s *Subsystem) Refuse(why error) []string {
+	if s.discovery {
+		return s.ConnectedHosts()
+	}
+	s.mu.Lock()
+	if why == nil {
+		s.refuse.Store(nil)
+	} else {
+		s.refuse.Store(&why)
+	}
+	s.evictGen.Add(1)
+	s.mu.Unlock()
+	return s.ConnectedHosts()
 }
 
 // EvictAndDrain tears down every controller of the subsystem whose host

@@ -283,6 +283,48 @@ func TestEvictDuringConnect(t *testing.T) {
 	}
 }
 
+// TestRefuseDuringConnect: a Refuse that runs after a Connect was
+// admitted but before its controller was registered reports no host;
+// the Connect then asks again and is refused, so that nothing connects
+// behind the caller's back (blkd's import counts on it), without DNR
+// when the reason wraps ErrAdmitRetry. The controller ID goes back.
+func TestRefuseDuringConnect(t *testing.T) {
+	h := newHarness(t)
+	var s *target.Subsystem
+	var calls atomic.Int32
+	why := fmt.Errorf("an import writes the volume: %w", target.ErrAdmitRetry)
+	admit := func(host string) error {
+		if calls.Add(1) == 1 {
+			if hosts := s.Refuse(why); len(hosts) != 0 {
+				t.Errorf("Refuse during the first Connect: hosts %v connected", hosts)
+			}
+		}
+		return nil
+	}
+	var err error
+	s, err = h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subRep, Admit: admit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := h.queue("admin", target.QueueParams{QID: 0, SQSize: 31})
+	c := h.exec(q, connectCmd(0, 31, 5000), connectData(epoch1, subRep, 0xFFFF, hostIDA))
+	if c.status() != nvme.StatusConnectInvalidHost || calls.Load() != 2 {
+		t.Fatalf("connect racing a refusal: %s after %d Admit calls", fmtStatus(c.status()), calls.Load())
+	}
+	if st := h.tgt.Stats(); st.Controllers != 0 {
+		t.Fatalf("%d controllers live", st.Controllers)
+	}
+	if hosts := s.Refuse(nil); len(hosts) != 0 {
+		t.Fatalf("lifted: hosts %v connected", hosts)
+	}
+	if _, id := h.adminConnect("admin2", epoch1, subRep, 5000); id != 1 {
+		t.Fatalf("CNTLID %d", id)
+	}
+	if hosts := s.Refuse(why); len(hosts) != 1 || hosts[0] != epoch1 {
+		t.Fatalf("refused with a controller live: hosts %v, want [%s]", hosts, epoch1)
+	}
+}
+
 // TestAdmitThenAuthenticate: Admit replaces the host list, not
 // DH-HMAC-CHAP: an admitted host with secrets must still authenticate.
 func TestAdmitThenAuthenticate(t *testing.T) {

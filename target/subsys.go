@@ -113,6 +113,9 @@ type Subsystem struct {
 	// calls, so that a Connect admitted before one re-asks (fence.go).
 	admit    func(hostNQN string) error
 	evictGen atomic.Uint64
+	// refuse is Refuse's reason, nil when new controllers are admitted;
+	// stored under mu, before evictGen is bumped (fence.go).
+	refuse atomic.Pointer[error]
 	// ioQueues are the I/O queues connected to the subsystem's
 	// controllers that have not drained yet (Queue.Drained), with their
 	// host NQN: what EvictAndDrain waits for, including the queues of

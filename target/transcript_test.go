@@ -246,6 +246,7 @@ func (tr *transcript) queue(a *args) *tq {
 //	subsystem nqn= [serial=] [model=] [any] [hosts=a,b] [ana] [ana-state=] [admit=a,b [later=c]]
 //	ana nqn= state=optimized|non-optimized|inaccessible|persistent-loss|change|N
 //	admit nqn= hosts=a,b [later=c]        change what Admit admits
+//	refuse nqn= [why=text [retry]]        Refuse(why) (none: nil); prints the hosts connected
 //	paths nqn= set=id/trtype/addr/svc,... SetPaths (IPv4), set= empty: none
 //	rm-subsystem nqn=
 //	allow nqn= host= | deny nqn= host= | allow-any nqn= on|off
@@ -359,6 +360,15 @@ func (tr *transcript) run(line string) []string {
 			tr.fatalf("subsystem has no Admit")
 		}
 		ad.set(a, "hosts", "later")
+	case "refuse":
+		var why error
+		if a.has("why") {
+			why = errors.New(strings.ReplaceAll(a.must("why"), "_", " "))
+			if a.has("retry") {
+				why = fmt.Errorf("%w: %w", why, target.ErrAdmitRetry)
+			}
+		}
+		out = append(out, "connected="+strings.Join(tr.subsystem(a).Refuse(why), ","))
 	case "rm-subsystem":
 		out = append(out, errLine(tr.harness().tgt.RemoveSubsystem(a.must("nqn"))))
 	case "allow", "deny", "allow-any":

@@ -44,7 +44,7 @@ func imageCommands() []*cli.Command {
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "base", Usage: "apply a diff image to the existing volume NAME, reverted to its snapshot `SNAPSHOT` (the import of the image's base)"},
 				&cli.StringFlag{Name: "size", Usage: "the new volume's size if larger than the image's: " + api.SizeHelp},
-				&cli.IntFlag{Name: "replicas", Value: 1, Usage: "the new volume's copies (`N`; an import writes volumes of one copy only, for now)"},
+				&cli.IntFlag{Name: "replicas", Usage: "the new volume's copies (`N`, 1 to 5), as volume create: default 3 when the cluster has three zones, else 1; the import writes every copy"},
 				&cli.StringFlag{Name: "node", Usage: "put the new volume on this node (`NODEID`)"},
 				&cli.BoolFlag{Name: "progress", Usage: "show progress on stderr once a second (the default when stderr is a terminal)"},
 			},
@@ -506,7 +506,14 @@ func createForImport(c *cli.Context, e *env, name string, h image.Header, minSiz
 	if size%uint64(h.BlockSize) != 0 {
 		return volume{}, usageErrorf("--size %d is not a multiple of the image's block size %d", size, h.BlockSize)
 	}
-	body := map[string]any{"name": name, "size": size, "block_size": h.BlockSize, "replicas": c.Int("replicas")}
+	body := map[string]any{"name": name, "size": size, "block_size": h.BlockSize}
+	if c.IsSet("replicas") {
+		n := c.Int("replicas")
+		if n < 1 || n > 5 {
+			return volume{}, usageErrorf("--replicas %d: give 1 to 5", n)
+		}
+		body["replicas"] = n
+	}
 	if c.IsSet("node") {
 		node := c.String("node")
 		if err := api.CheckName("--node", node); err != nil {

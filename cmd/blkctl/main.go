@@ -1021,7 +1021,7 @@ func clusterStatus(c *cli.Context) error {
 		return err
 	}
 	var ci clusterInfo
-	if err := e.api.do("GET", "/v1/cluster", nil, &ci); err != nil {
+	if err := e.api.do("GET", "/v1/cluster?usage=true", nil, &ci); err != nil {
 		return err
 	}
 	if e.json {
@@ -1035,15 +1035,42 @@ func clusterStatus(c *cli.Context) error {
 	}
 	fmt.Fprintf(e.stdout, "answered by: %s\nleader:      %s\n\n", ci.NodeID, leader)
 	tw := e.table()
-	fmt.Fprintln(tw, "NODE\tLEADER\tSTATE\tZONE\tSUFFRAGE\tRAFT\tAPI\tNVME")
+	fmt.Fprintln(tw, "NODE\tLEADER\tSTATE\tZONE\tSUFFRAGE\tRAFT\tAPI\tNVME\tPROMISED\tDISK")
 	for _, m := range ci.Members {
 		l := ""
 		if m.Leader {
 			l = "*"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, l, m.State, dash(m.Zone), m.Suffrage, m.RaftAddr, dash(m.APIAddr), dash(m.NVMeAddr))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, l, m.State, dash(m.Zone), m.Suffrage, m.RaftAddr, dash(m.APIAddr), dash(m.NVMeAddr), promised(m), disk(m.Disk))
 	}
 	return tw.Flush()
+}
+
+// promised is a member's promised capacity, "8MiB of 100GiB" (volume
+// sizes; snapshots are not promised: see DISK).
+func promised(m api.Member) string {
+	switch {
+	case m.State == "unregistered":
+		return "-"
+	case m.CapacityBytes == 0:
+		return api.HumanSize(m.PromisedBytes) + " (no limit)"
+	}
+	return api.HumanSize(m.PromisedBytes) + " of " + api.HumanSize(m.CapacityBytes)
+}
+
+// disk is what a member's store really holds, as it reports it:
+// "1GiB held, 40GiB free of 100GiB", "FULL: <reason>", or "-" (it did
+// not answer).
+func disk(d *api.NodeDisk) string {
+	switch {
+	case d == nil:
+		return "-"
+	case d.Full != "":
+		return "FULL: " + d.Full
+	case d.TotalBytes == 0:
+		return api.HumanSize(d.MappedBytes) + " held"
+	}
+	return fmt.Sprintf("%s held, %s free of %s", api.HumanSize(d.MappedBytes), api.HumanSize(d.FreeBytes), api.HumanSize(d.TotalBytes))
 }
 
 func dash(s string) string {

@@ -370,6 +370,11 @@ func TestClusterStatus(t *testing.T) {
 	if out := ok(t, api, "volume", "create", "pinned", "--size", "8MiB", "--node", "node1"); !strings.Contains(out, "on node node1") {
 		t.Fatalf("create --node:\n%s", out)
 	}
+	// The node's promised capacity (the volume's size) and its disk as
+	// it measures it.
+	if out := ok(t, api, "cluster", "status"); !regexp.MustCompile(`(?m)PROMISED\s+DISK\n^node1\s.*\s8 MiB of [0-9.]+ [KMGTP]iB\s+[0-9.]+ [KMGTP]?i?B held, [0-9.]+ [KMGTP]?i?B free of [0-9.]+ [KMGTP]iB\s*$`).MatchString(out) {
+		t.Fatalf("cluster status after a create:\n%s", out)
+	}
 	fails(t, api, 1, `node "ghost".*unknown node`, "volume", "create", "lost", "--size", "8MiB", "--node", "ghost")
 	if out := ok(t, api, "cluster", "join"); !strings.Contains(out, "--join") {
 		t.Fatalf("cluster join:\n%s", out)

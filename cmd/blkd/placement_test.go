@@ -56,6 +56,28 @@ func TestPlacement(t *testing.T) {
 		})
 	}
 
+	// With ?usage=true, any node reports every member's capacity (from
+	// the registry) and its store as that member measures it.
+	var cl struct {
+		Members []struct {
+			ID       string `json:"id"`
+			Capacity uint64 `json:"capacity_bytes"`
+			Disk     *struct {
+				Total uint64 `json:"total_bytes"`
+				Free  uint64 `json:"free_bytes"`
+			} `json:"disk"`
+		} `json:"members"`
+	}
+	c.procs[follower].must(t, "GET", "/v1/cluster?usage=true", "", 200, &cl)
+	for _, m := range cl.Members {
+		if m.Capacity == 0 || m.Disk == nil || m.Disk.Total == 0 || m.Disk.Free > m.Disk.Total {
+			t.Fatalf("cluster usage, member %s: capacity %d, disk %+v", m.ID, m.Capacity, m.Disk)
+		}
+	}
+	if len(cl.Members) != 3 {
+		t.Fatalf("cluster usage: %d members", len(cl.Members))
+	}
+
 	// create posts through via, and on a 421 to the leader it names.
 	create := func(via, body string) volumeJSON {
 		t.Helper()

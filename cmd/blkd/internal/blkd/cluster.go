@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -281,6 +282,7 @@ func (d *Daemon) members() []api.Member {
 			if n, ok := s.Node(m.ID); ok {
 				m.APIAddr, m.NVMeAddr, m.TCPAddr, m.State, m.Zone = n.MgmtAddr, n.TargetAddr, n.TCPAddr, n.State.String(), n.Zone
 				m.Ordinal = n.Ordinal
+				m.CapacityBytes, m.PromisedBytes = n.CapacityBytes, s.PromisedBytes(n.ID)
 			}
 			out = append(out, m)
 		}
@@ -300,11 +302,39 @@ func (d *Daemon) getCluster(w http.ResponseWriter, r *http.Request) error {
 	id, leaderAPI := d.leaderAPI()
 	var clusterID string
 	d.node.FSM().Read(func(s *meta.State) { clusterID = s.ClusterID() })
+	members := d.members()
+	if r.URL.Query().Get("usage") == "true" {
+		d.memberDisks(r.Context(), members)
+	}
 	writeJSON(w, http.StatusOK, api.Cluster{
-		NodeID: d.cfg.NodeID, ClusterID: clusterID, LeaderID: id, LeaderAPI: leaderAPI, Members: d.members(),
+		NodeID: d.cfg.NodeID, ClusterID: clusterID, LeaderID: id, LeaderAPI: leaderAPI, Members: members,
 		AppliedIndex: d.node.AppliedIndex(),
 	})
 	return nil
+}
+
+// memberDisks fills in each registered member's Disk: this node's from
+// its store, the others' from their health route, all at once, each
+// within probeTimeout (a member that does not answer has none).
+func (d *Daemon) memberDisks(ctx context.Context, members []api.Member) {
+	var wg sync.WaitGroup
+	for i := range members {
+		m := &members[i]
+		switch {
+		case m.ID == d.cfg.NodeID:
+			m.Disk = d.disk()
+		case m.APIAddr != "" && m.State != "unregistered":
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+				defer cancel()
+				n := meta.NodeInfo{ID: m.ID}
+				if h, a := probeHealth(ctx, d.peers, d.peerURL(m.APIAddr, "/v1/internal/health"), n); a == probeAlive {
+					m.Disk = h.Disk
+				}
+			})
+		}
+	}
+	wg.Wait()
 }
 
 // catchUp waits until this follower's registry copy holds every command

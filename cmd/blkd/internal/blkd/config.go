@@ -126,8 +126,9 @@ type Config struct {
 	// volatile write cache (docs/volume.md, "Durability").
 	SyncInterval Duration `json:"sync_interval,omitempty"`
 	// RebuildRate bounds, in bytes per second, what the rebuilds of
-	// replicas this node runs as primary copy, together
-	// (docs/replication.md §5); 0: unlimited (the default).
+	// replicas this node runs as primary, the snapshot exports it serves
+	// and the flattens it runs copy, together (docs/replication.md §5,
+	// throttle.go); 0: unlimited (the default).
 	RebuildRate int64 `json:"rebuild_rate,omitempty"`
 	// FailbackAfter is how long the replica placement chose as a
 	// volume's primary (its first) must have been in sync, after a

@@ -239,9 +239,17 @@ func (d *Daemon) endTerm(hv *hostVolume, why string) {
 	_ = hv.sub.SetANAState(nvme.ANAInaccessible)
 	ctx, cancel := context.WithTimeout(context.Background(), ownerTimeout)
 	n, err := hv.sub.EvictAndDrain(ctx, func(string) bool { return true })
-	cancel()
 	if err != nil {
 		d.log.Error("primary term ended, its host I/O not drained", slog.String("volume", hv.name), slog.String("err", err.Error()))
+	}
+	// An import's writes (imagewrite.go) are no host's: wait for those
+	// that passed the term check before cur was cleared.
+	for pl.imports.Load() != 0 && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if k := pl.imports.Load(); k != 0 {
+		d.log.Error("primary term ended, an import's writes not drained", slog.String("volume", hv.name), slog.Int64("writes", k))
 	}
 	d.stopPrimaryLeg(hv.nqn)
 	d.log.Info("primary term ended", slog.String("volume", hv.name), slog.Uint64("epoch", pl.epoch), slog.String("reason", why), slog.Int("evicted", n))

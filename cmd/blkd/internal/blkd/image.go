@@ -1,17 +1,20 @@
 package blkd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/internal/image"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/store"
+	"github.com/blk-project/blk/target"
 )
 
 // Export and import (docs/snapshots.md §5): a snapshot streamed as a
@@ -126,15 +129,19 @@ func (d *Daemon) exportSnapshot(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Length", strconv.FormatUint(length, 10))
 	w.Header().Set(api.ImageDataBytesHeader, strconv.FormatUint(h.DataBytes, 10))
 	w.WriteHeader(http.StatusOK)
-	if err := writeImage(w, h, runs, sv); err != nil {
+	if err := writeImage(r.Context(), w, h, runs, sv, d.copyLimit()); err != nil {
 		d.log.Warn("export aborted", "volume", name, "snapshot", snap, "err", err)
 		panic(http.ErrAbortHandler) // the client must not take a short stream for a whole one
 	}
 	return nil
 }
 
-// writeImage writes runs of sv as the image h.
-func writeImage(w io.Writer, h image.Header, runs []imageRun, sv *store.Volume) error {
+// writeImage writes runs of sv as the image h. Each read of the store
+// first draws its bytes from lim (the node's rebuild limiter; nil:
+// unlimited), so an export shares --rebuild-rate with the rebuilds and
+// flattens; zero runs read nothing and cost nothing. A ctx that ends
+// while it waits stops it with ctx's cause.
+func writeImage(ctx context.Context, w io.Writer, h image.Header, runs []imageRun, sv *store.Volume, lim copyLimiter) error {
 	iw, err := image.NewWriter(w, h)
 	if err != nil {
 		return err
@@ -154,6 +161,11 @@ func writeImage(w io.Writer, h image.Header, runs []imageRun, sv *store.Volume) 
 		for lba, end := run.lba, run.lba+run.blocks; lba < end; {
 			n := min(end-lba, imageChunk/bs)
 			p := buf[:n*bs]
+			if lim != nil {
+				if err := lim.Wait(ctx, uint64(len(p))); err != nil {
+					return fmt.Errorf("waiting for the rebuild rate at LBA %d: %w", lba, err)
+				}
+			}
 			if err := sv.Read(lba, p); err != nil {
 				return fmt.Errorf("read LBA %d: %w", lba, err)
 			}
@@ -180,11 +192,13 @@ func readySnapshot(v meta.Volume, name string) (meta.VolumeSnapshot, error) {
 
 // importVolume serves PUT /v1/volumes/{name}/import[?base=SNAP]: the
 // image in the body written into the volume, on its primary, with no
-// host connected. A full image goes into a volume that reads zeros
-// everywhere (a new one); a diff onto the volume as its snapshot base
-// left it (base's origin, or base itself, is the image's base, and
-// nothing was written since: blkctl reverts first). Only a volume of
-// one copy: the writes go to this node's store.
+// host connected, and none admitted until it ends. A full image goes
+// into a volume that reads zeros everywhere (a new one); a diff onto the
+// volume as its snapshot base left it (base's origin, or base itself,
+// is the image's base, and nothing was written since: blkctl reverts
+// first). A replicated volume is written through its namespace backend,
+// as a host's writes are: every in-sync replica gets each write
+// (imagewrite.go).
 //
 // The image is written as it is read, and its checksum is known only at
 // its end: a damaged image fails (400), and the volume keeps what was
@@ -208,9 +222,6 @@ func (d *Daemon) importVolume(w http.ResponseWriter, r *http.Request) error {
 		d.notPrimary(w, v)
 		return nil
 	}
-	if n := len(v.ReplicaSet()); n > 1 {
-		return &apiError{http.StatusConflict, fmt.Sprintf("volume %q has %d replicas: import into a replicated volume is not supported yet; import into a volume of one replica (--replicas 1)", name, n)}
-	}
 	if v.State != meta.VolumeOnline {
 		return &apiError{http.StatusConflict, fmt.Sprintf("volume %q is %v, not online", name, v.State)}
 	}
@@ -219,12 +230,22 @@ func (d *Daemon) importVolume(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusConflict, fmt.Sprintf("volume %q: an import into it is running", name)}
 	}
 	defer importing.Delete(key)
-	if hosts := d.tparts.Connected(v.NQN); len(hosts) > 0 {
-		return metaError(fmt.Errorf("meta: volume %q: hosts connected to it through node %s now: %v: disconnect them first: %w", name, d.cfg.NodeID, hosts, meta.ErrHasConnections), "")
-	}
-	sv, err := d.store.Volume(store.ID(v.ID))
+	submit, done, depth, err := d.importBackend(r.Context(), v)
 	if err != nil {
-		return &apiError{http.StatusInternalServerError, fmt.Sprintf("volume %q: node %s's store: %v", name, d.cfg.NodeID, err)}
+		return err
+	}
+	// No host may connect from here to the end: the host path refuses
+	// new controllers (without DNR: a host may connect once the import
+	// ended), and gives up if one is connected already.
+	sub, ok := d.tgt.Subsystem(v.NQN)
+	if !ok {
+		return &apiError{http.StatusServiceUnavailable, fmt.Sprintf("volume %q: node %s does not serve it now: try again", name, d.cfg.NodeID)}
+	}
+	why := fmt.Errorf("an import into volume %q is running on node %s (since %s): connect once it has ended: %w", name, d.cfg.NodeID, time.Now().UTC().Format(time.RFC3339), target.ErrAdmitRetry)
+	hosts := sub.Refuse(why)
+	defer sub.Refuse(nil)
+	if len(hosts) > 0 {
+		return metaError(fmt.Errorf("meta: volume %q: hosts connected to it through node %s now: %v: disconnect them first: %w", name, d.cfg.NodeID, hosts, meta.ErrHasConnections), "")
 	}
 	ir, err := image.NewReader(r.Body)
 	if err != nil {
@@ -234,22 +255,18 @@ func (d *Daemon) importVolume(w http.ResponseWriter, r *http.Request) error {
 	if err := d.checkImport(v, h, baseName); err != nil {
 		return err
 	}
+	d.log.Info("import: hosts refused until it ends", "volume", name, "snapshot", h.Volume+"@"+h.Snapshot, "data_bytes", h.DataBytes, "replicas", len(v.ReplicaSet()))
 	res := api.ImportResult{Volume: v.Name, Snapshot: h.Snapshot, Origin: h.Origin(), SizeBytes: h.SizeBytes, DataBytes: h.DataBytes}
 	if h.Base != nil {
 		res.Base = h.Base.Name
 	}
-	werr := readImage(ir, sv, &res)
-	ferr := sv.Flush()
-	if werr != nil {
+	if werr := readImage(ir, newImportWriter(submit, done, depth), &res); werr != nil {
 		status := http.StatusBadRequest
 		var se *storeError
 		if errors.As(werr, &se) {
 			status = http.StatusInternalServerError
 		}
 		return &apiError{status, fmt.Sprintf("import into %q failed after %d of %d data bytes: %v; the volume is left as written (what the image held up to there): import again, or delete the volume", name, res.WrittenBytes, h.DataBytes, werr)}
-	}
-	if ferr != nil {
-		return &apiError{http.StatusInternalServerError, fmt.Sprintf("import into %q: flush: %v", name, ferr)}
 	}
 	writeJSON(w, http.StatusOK, res)
 	return nil
@@ -308,38 +325,4 @@ func (d *Daemon) written(from, to uint64) bool {
 	errAny := errors.New("written")
 	err := d.store.Changes(store.ID(from), store.ID(to), func(uint64, uint64, bool) error { return errAny })
 	return err != nil
-}
-
-// readImage writes the records of ir into sv, counting into res.
-func readImage(ir *image.Reader, sv *store.Volume, res *api.ImportResult) error {
-	bs := uint64(ir.Header().BlockSize)
-	buf := make([]byte, imageChunk)
-	for {
-		rec, err := ir.Next()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		res.Records++
-		if rec.Kind == image.KindZero {
-			if err := sv.WriteZeroes(rec.LBA, rec.Blocks, 0); err != nil {
-				return &storeError{fmt.Errorf("write zeroes at LBA %d: %w", rec.LBA, err)}
-			}
-			continue
-		}
-		for lba, end := rec.LBA, rec.LBA+rec.Blocks; lba < end; {
-			n := min(end-lba, imageChunk/bs)
-			p := buf[:n*bs]
-			if _, err := io.ReadFull(ir, p); err != nil {
-				return err
-			}
-			if err := sv.Write(lba, p, 0); err != nil {
-				return &storeError{fmt.Errorf("write at LBA %d: %w", lba, err)}
-			}
-			res.WrittenBytes += uint64(len(p))
-			lba += n
-		}
-	}
 }

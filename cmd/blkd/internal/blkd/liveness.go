@@ -37,11 +37,30 @@ const (
 // healthResponse is the body of GET /v1/internal/health.
 type healthResponse struct {
 	NodeID string `json:"node_id"`
+	// Full says why the node's store refuses new clusters (its disk is
+	// full), "" if it has room: placement leaves such a node out
+	// (control.DiskReporter). Absent from an older node's answer.
+	Full string `json:"full,omitempty"`
+	// Disk is the node's store, measured (GET /v1/cluster?usage=true).
+	Disk *api.NodeDisk `json:"disk,omitempty"`
 }
 
 func (d *Daemon) health(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, healthResponse{NodeID: d.cfg.NodeID})
+	h := healthResponse{NodeID: d.cfg.NodeID, Disk: d.disk()}
+	if h.Disk != nil {
+		h.Full = h.Disk.Full
+	}
+	writeJSON(w, http.StatusOK, h)
 	return nil
+}
+
+// disk is this node's store, measured; nil without a store.
+func (d *Daemon) disk() *api.NodeDisk {
+	if d.store == nil {
+		return nil
+	}
+	st, sp := d.store.Stats(), d.store.Space()
+	return &api.NodeDisk{MappedBytes: st.Mapped * st.ClusterBytes, FreeBytes: sp.FreeBytes, TotalBytes: sp.TotalBytes, Full: storeParts{s: d.store}.Full()}
 }
 
 // livenessLoop runs the leader's probes until stop closes.
@@ -141,23 +160,29 @@ func (d *Daemon) probeAll(client *http.Client, nodes []meta.NodeInfo) map[string
 }
 
 func probe(ctx context.Context, client *http.Client, url string, n meta.NodeInfo) probeAnswer {
+	_, a := probeHealth(ctx, client, url, n)
+	return a
+}
+
+// probeHealth is probe with the node's answer (valid if probeAlive).
+func probeHealth(ctx context.Context, client *http.Client, url string, n meta.NodeInfo) (healthResponse, probeAnswer) {
+	var h healthResponse
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return probeSilent
+		return h, probeSilent
 	}
 	resp, err := client.Do(req)
 	if errors.Is(err, syscall.ECONNREFUSED) {
-		return probeRefused
+		return h, probeRefused
 	}
 	if err != nil {
-		return probeSilent
+		return h, probeSilent
 	}
 	defer resp.Body.Close()
-	var h healthResponse
 	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&h) != nil || h.NodeID != n.ID {
-		return probeSilent
+		return h, probeSilent
 	}
-	return probeAlive
+	return h, probeAlive
 }
 
 func (d *Daemon) setNodeState(id string, st meta.NodeState, why string) {

@@ -49,7 +49,12 @@ type reconcileRequest struct {
 }
 
 // storeParts adapts the extent store to control.Store.
-type storeParts struct{ s *store.Store }
+type storeParts struct {
+	s *store.Store
+	// limit is the node's rebuild limiter, which a flatten draws its
+	// copies from (throttle.go; nil: unlimited).
+	limit copyLimiter
+}
 
 func (p storeParts) Shape(id uint64) (uint64, uint32, error) {
 	v, err := p.s.Volume(store.ID(id))
@@ -289,6 +294,31 @@ func (p ownerParts) Answers(ctx context.Context, node string) bool {
 	return probe(ctx, p.d.peers, p.d.peerURL(n.MgmtAddr, "/v1/internal/health"), n) == probeAlive
 }
 
+// DiskFull implements control.DiskReporter: why node's store refuses
+// new clusters now (storeParts.Full: its disk is full), asked of this
+// node's store directly and of another through its health route; "" if
+// it has room, or does not answer (Answers' business), or is older and
+// does not say.
+func (p ownerParts) DiskFull(ctx context.Context, node string) string {
+	if node == p.d.cfg.NodeID {
+		if p.d.store == nil {
+			return ""
+		}
+		return storeParts{s: p.d.store}.Full()
+	}
+	n, err := registryParts{p.d.node}.Node(ctx, node)
+	if err != nil || n.MgmtAddr == "" {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	h, a := probeHealth(ctx, p.d.peers, p.d.peerURL(n.MgmtAddr, "/v1/internal/health"), n)
+	if a != probeAlive {
+		return ""
+	}
+	return h.Full
+}
+
 func (p ownerParts) Reconcile(ctx context.Context, node, name string, index uint64) (control.Status, error) {
 	if node == p.d.cfg.NodeID {
 		return p.d.reconcileLocal(ctx, name, index)
@@ -418,7 +448,7 @@ func (d *Daemon) internalReconcile(w http.ResponseWriter, r *http.Request) error
 // served is reported and left failed; it never stops the node.
 func (d *Daemon) startControl(ctx context.Context) {
 	d.tparts = &targetParts{d: d}
-	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{d.store}, d.tparts, d.audit.logger())
+	d.rec = control.NewReconciler(d.cfg.NodeID, storeParts{s: d.store, limit: d.copyLimit()}, d.tparts, d.audit.logger())
 	d.rec.OnFlattenDone = func(string) {
 		select {
 		case d.settleNow <- struct{}{}:

@@ -127,8 +127,11 @@ type primaryLeg struct {
 	leased chan struct{} // closed once the path serves: a lease (failover.go)
 	lease  atomic.Int64  // mono() until which the term may serve (failover.go)
 	lease1 sync.Once     // closes leased
-	mu     sync.Mutex
-	ctrls  map[string]*initiator.Controller // by node, connected legs
+	// imports counts an import's writes at the term's backend
+	// (imagewrite.go): endTerm waits for them as for the hosts'.
+	imports atomic.Int64
+	mu      sync.Mutex
+	ctrls   map[string]*initiator.Controller // by node, connected legs
 	// boots is, by node, the boot ID of the replica's run that the leg
 	// connected to (fetched before the connection; "": unknown): a
 	// rebuild trusts the dirty-region log only if that run still answers

@@ -45,7 +45,23 @@ func (p storeParts) Flatten(ctx context.Context, vol uint64, progress func(done,
 	}
 	// The store counts clusters; the API shows bytes.
 	cb := p.s.Stats().ClusterBytes
-	return v.Flatten(ctx, func(done, total uint64) { progress(done*cb, total*cb) })
+	if p.limit == nil {
+		return v.Flatten(ctx, func(done, total uint64) { progress(done*cb, total*cb) })
+	}
+	// Throttled in the progress callback, which the store calls after
+	// each batch of at most 32 copies and outside the volume's lock: the
+	// batch's bytes are drawn from the limiter, and the wait holds back
+	// the next batch (the store has no hook of its own, and needs none).
+	// A ctx that ends during the wait cuts it short, and Flatten stops
+	// at its next check of ctx.
+	var drawn uint64
+	return v.Flatten(ctx, func(done, total uint64) {
+		progress(done*cb, total*cb)
+		if done > drawn {
+			_ = p.limit.Wait(ctx, (done-drawn)*cb)
+			drawn = done
+		}
+	})
 }
 
 func (p storeParts) Parent(id uint64) (uint64, error) {
