@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -29,6 +30,9 @@ func (s *Store) Check() error {
 	if s.closed {
 		return ErrClosed
 	}
+	if err := s.drainDeferred(); err != nil {
+		return err
+	}
 	s.al.mu.Lock()
 	defer s.al.mu.Unlock()
 	for s.al.refilling { // a refill's picked clusters are neither free nor ready yet
@@ -53,9 +57,17 @@ func (s *Store) Check() error {
 	}
 	err := s.scan(familyMap, func(k, val []byte) error {
 		m, idx, _ := parseMapKey(k)
-		p, _ := parsePhys(val)
+		e, ok := parsePhys(val)
+		if !ok {
+			bad("map %d index %d: value %x", m, idx, val)
+			return nil
+		}
+		p := physOf(e)
 		v := byMap[m]
-		if p == 0 { // a tombstone: only in a map with a parent
+		if e != 0 && e&partial != 0 && (maskOf(e)&^s.fullMask != 0 || maskOf(e) == s.fullMask) {
+			bad("map %d index %d: partial entry %#x, a store of %d sub-blocks", m, idx, e, bits.OnesCount64(s.fullMask))
+		}
+		if e == 0 { // a tombstone: only in a map with a parent
 			switch {
 			case v == nil:
 				bad("map %d index %d: no volume has this map", m, idx)
@@ -79,8 +91,8 @@ func (s *Store) Check() error {
 		switch {
 		case v == nil:
 			bad("map %d index %d: no volume has this map", m, idx)
-		case v.m.get(idx) != p:
-			bad("volume %d index %d: pebble says cluster %d, memory %#x", v.id, idx, p, v.m.get(idx))
+		case v.m.get(idx) != e:
+			bad("volume %d index %d: pebble says %#x, memory %#x", v.id, idx, e, v.m.get(idx))
 		default:
 			counts[v]++
 		}

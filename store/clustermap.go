@@ -39,8 +39,10 @@ const (
 	topShift = leafBits + midBits
 )
 
-// Entry flags. Bits 0-61 are the physical cluster, which leaves 2^62
-// clusters: far past any area.
+// Entry flags. Bits 0-43 are the physical cluster, which leaves 2^44
+// clusters (a PiB of 64 KiB clusters; Open refuses a larger area); bits
+// 44-59 the sub-blocks a partial cluster holds (docs/snapshots.md §1.3,
+// "Sub-cluster redirect").
 const (
 	// inherited: the entry is an ancestor's (the map owns no key here).
 	// Only get, each and the copies set makes carry it.
@@ -49,12 +51,26 @@ const (
 	// parent's cluster (its pebble key holds 0); with inherited, an
 	// ancestor's tombstone: it reads zeros too.
 	tombstone uint64 = 1 << 62
-	physMask  uint64 = tombstone - 1
+	// partial: the cluster holds only the sub-blocks of the mask (bits
+	// maskShift up); the others read what the map owning the entry reads
+	// through its parent. Its pebble value carries the flag and the mask.
+	partial   uint64 = 1 << 60
+	maskShift        = 44
+	physMask  uint64 = 1<<maskShift - 1
+	maskBits  uint64 = 0xffff << maskShift
 )
 
 // physOf is the physical cluster an entry reads (0: zeros, a tombstone
 // or nothing).
 func physOf(e uint64) uint64 { return e & physMask }
+
+// maskOf is the sub-block mask of a partial entry.
+func maskOf(e uint64) uint64 { return (e & maskBits) >> maskShift }
+
+// inPlace says whether a write may overwrite e's cluster in place: an own
+// cluster that is whole (not inherited, not a tombstone, not partial).
+// One compare: 0 wraps to the top, every flag lies above physMask.
+func inPlace(e uint64) bool { return e-1 < physMask }
 
 type (
 	leaf [leafLen]atomic.Uint64

@@ -90,10 +90,19 @@ func (v *Volume) BeginDirect(write bool, lba uint64, buf []byte, segs []Segment)
 		seg := min(s.cmask+1-in, end-off)
 		p := v.m.get(idx)
 		switch {
-		case write && !owned(p):
-			// A first write, or a copy-on-write of a parent's cluster
-			// (docs/snapshots.md §1.3): on a goroutine that may block,
-			// never on a poll group.
+		case write && !inPlace(p) && pos == 0 && off+seg == end && v.redirectable(p, in, seg):
+			// A write of whole sub-blocks into one cluster the volume
+			// reads through its parent, or into its own partial one: a
+			// redirect at the disk like any write (partial.go).
+			if !v.beginRedirect(idx, in, seg, p, segs) {
+				v.mu.RUnlock()
+				return 0, DirectSlow, nil
+			}
+			return 1, DirectIO, nil
+		case write && !inPlace(p), p&partial != 0:
+			// A first write, a redirect of a parent's cluster, or a
+			// partial cluster (docs/snapshots.md §1.3), read or written:
+			// on a goroutine that may block, never on a poll group.
 			v.mu.RUnlock()
 			return 0, DirectSlow, nil
 		case physOf(p) == 0: // a read of a hole or a tombstone
@@ -137,6 +146,9 @@ func (v *Volume) BeginDirect(write bool, lba uint64, buf []byte, segs []Segment)
 // It returns the request's error: nil, or ioErr as an ErrIO.
 func (v *Volume) EndDirect(write bool, lba uint64, n int, ioErr error) error {
 	defer v.mu.RUnlock()
+	if write && v.ndirect.Load() != 0 {
+		v.endRedirect(lba, ioErr)
+	}
 	if ioErr != nil {
 		o := opRead
 		if write {

@@ -107,5 +107,14 @@ func parsePhys(v []byte) (uint64, bool) {
 	if len(v) != 8 {
 		return 0, false
 	}
-	return binary.BigEndian.Uint64(v), true
+	e := binary.BigEndian.Uint64(v)
+	switch {
+	case e&^(physMask|partial|maskBits) != 0:
+		return 0, false // a flag a map value never holds
+	case e&partial == 0 && e&maskBits != 0:
+		return 0, false
+	case e&partial != 0 && (maskOf(e) == 0 || physOf(e) == 0):
+		return 0, false
+	}
+	return e, true
 }

@@ -266,10 +266,11 @@ func (s *Store) Revert(vol, snap ID, token uint64) error {
 	var ps []uint64
 	v.m.each(0, ^uint64(0), func(_, e uint64) {
 		if owned(e) {
-			ps = append(ps, e)
+			ps = append(ps, physOf(e))
 		}
 	})
-	v.mapID, v.parent, v.token = m, sv, r.token
+	v.mapID, v.token = m, r.token
+	v.setParent(sv)
 	v.setRecord(r)
 	v.m = sv.m.share(m)
 	v.m.resize(v.clusters())
@@ -345,7 +346,7 @@ func (s *Store) merge(sv, c *Volume) error {
 		return err
 	}
 	s.hook(hookMergeDone)
-	c.parent = sv.parent
+	c.setParent(sv.parent)
 	c.setRecord(r)
 	if c.parent == nil && c.info.Kind == KindVolume {
 		// Not a snapshot's: its children read its table (free looks at
@@ -363,6 +364,24 @@ type mergeEnt struct{ i, e uint64 }
 func (s *Store) mergeChunk(sv, c *Volume, es []mergeEnt, key, val []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// c's partial entries where sv owns an entry read sv's bytes for the
+	// sub-blocks they lack: filled first (their keys deferred, committed
+	// with this chunk's batch after an area sync), and the reads of c's
+	// children that saw them partial are waited for (gate) before sv's
+	// cluster is freed.
+	filled := false
+	for _, x := range es {
+		if c.m.get(x.i)&(partial|inherited) == partial {
+			if _, err := c.firstWrite(x.i, 0, nil); err != nil {
+				return fmt.Errorf("fill partial cluster %d of %d: %w", x.i, c.id, err)
+			}
+			filled = true
+		}
+	}
+	if filled {
+		s.gate.Lock()
+		s.gate.Unlock() //nolint:staticcheck // a barrier: the readers before it are done
+	}
 	b := s.db.NewBatch()
 	var freed []uint64
 	moved := 0
@@ -372,8 +391,8 @@ func (s *Store) mergeChunk(sv, c *Volume, es []mergeEnt, key, val []byte) error 
 		ce := c.m.get(x.i)
 		if ce&inherited == 0 && ce != 0 { // c hides it: sv's cluster is nobody's now
 			if owned(x.e) {
-				freed = append(freed, x.e)
-				putReservedKey(key, x.e)
+				freed = append(freed, physOf(x.e))
+				putReservedKey(key, physOf(x.e))
 				_ = b.Set(key[:reservedKeyLen], nil, nil)
 			}
 			continue
@@ -382,7 +401,7 @@ func (s *Store) mergeChunk(sv, c *Volume, es []mergeEnt, key, val []byte) error 
 			continue // zeros in c with no parent: nothing to keep
 		}
 		putMapKey(key, c.mapID, x.i)
-		putPhys(val, physOf(x.e))
+		putPhys(val, x.e&^(inherited|tombstone)) // a tombstone's key holds 0; a partial one's its mask
 		_ = b.Set(key, val, nil)
 		if owned(x.e) {
 			moved++
@@ -512,7 +531,7 @@ func (v *Volume) Flatten(ctx context.Context, progress func(done, total uint64))
 		return nil
 	}
 	left := false
-	v.m.each(0, ^uint64(0), func(_, e uint64) { left = left || (e&inherited != 0 && physOf(e) != 0) })
+	v.m.each(0, ^uint64(0), func(_, e uint64) { left = left || flattens(e) })
 	if left {
 		// A revert or a merge moved the volume meanwhile: run again.
 		return fmt.Errorf("volume %d: flatten: its parent changed while it ran; run it again: %w", v.id, ErrInvalid)
@@ -523,10 +542,17 @@ func (v *Volume) Flatten(ctx context.Context, progress func(done, total uint64))
 		return fmt.Errorf("volume %d: flatten: %w", v.id, err)
 	}
 	s.hook(hookFlattenDone)
-	v.parent = nil
+	v.setParent(nil)
 	v.setRecord(r)
 	v.unshare()
 	return nil
+}
+
+// flattens says whether a flatten copies entry e: a cluster read through
+// the parent, or an own partial one (it reads its missing sub-blocks
+// there).
+func flattens(e uint64) bool {
+	return (e&inherited != 0 && physOf(e) != 0) || e&(partial|inherited) == partial
 }
 
 // flattenCopies bounds the clusters one flattenBatch copies under the
@@ -548,19 +574,24 @@ func (v *Volume) flattenBatch(ctx context.Context, from uint64) (next, n uint64,
 	end := v.clusters()
 	limit := min(end, from+mappedBatch)
 	var idx []uint64
+	var fill []bool // an own partial cluster: filled, not counted as a copy
 	v.m.each(from, limit, func(i, e uint64) {
-		if e&inherited != 0 && physOf(e) != 0 {
-			idx = append(idx, i)
+		if flattens(e) {
+			idx, fill = append(idx, i), append(fill, e&inherited == 0)
 		}
 	})
-	for _, i := range idx {
+	for j, i := range idx {
 		if err := ctx.Err(); err != nil {
 			return 0, n, err
 		}
-		// A whole-cluster copy on write: no data of the caller's, the
-		// parent's cluster read whole (copyOnWrite).
+		// A whole-cluster copy: no data of the caller's, the parent's
+		// cluster read whole (redirect), or an own partial cluster
+		// filled (writePartial).
 		if _, err := v.firstWrite(i, 0, nil); err != nil {
 			return 0, n, err
+		}
+		if fill[j] {
+			continue
 		}
 		n++
 		v.s.hook(hookFlattenChunk)

@@ -2,9 +2,9 @@ package store
 
 import (
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -78,10 +78,11 @@ func (s *Store) Snapshot(vol, snap ID) error {
 	s.nextMap = m + 1
 	sv := newVolume(s, sr)
 	sv.m = v.m // its pages are owned by v's old map ID, now the snapshot's
-	sv.parent = v.parent
+	sv.setParent(v.parent)
 	sv.allocated.Store(v.allocated.Load())
 	v.m = v.m.share(m)
-	v.mapID, v.parent = m, sv
+	v.mapID = m
+	v.setParent(sv)
 	v.setRecord(vr)
 	v.allocated.Store(0)
 	s.vols[snap] = sv
@@ -132,7 +133,7 @@ func (s *Store) Clone(snap, clone ID) error {
 	cv := newVolume(s, r)
 	cv.m = sv.m.share(m)
 	cv.m.resize(cv.clusters())
-	cv.parent = sv
+	cv.setParent(sv)
 	s.vols[clone] = cv
 	return nil
 }
@@ -177,7 +178,10 @@ func (s *Store) loadNextMap() error {
 	if err != nil {
 		return fmt.Errorf("store: read the next map ID: %w: %w", ErrIO, err)
 	}
-	n, ok := parsePhys(v)
+	n, ok := uint64(0), len(v) == 8
+	if ok {
+		n = binary.BigEndian.Uint64(v)
+	}
 	_ = closer.Close()
 	if !ok || (n < firstMapID && n != 0) { // 0: every ID handed out
 		return fmt.Errorf("store: next map ID %x: %w", v, ErrCorrupt)
@@ -201,7 +205,7 @@ func parentsFirst(all map[ID]*Volume) ([]*Volume, error) {
 		if pv == nil || pv.info.Kind != KindSnapshot || pv.info.State == stateDeleting {
 			return nil, fmt.Errorf("store: object %d: its parent %d is missing, not a snapshot, or being deleted: %w", id, p, ErrCorrupt)
 		}
-		v.parent = pv
+		v.setParent(pv)
 	}
 	out := make([]*Volume, 0, len(all))
 	for id, v := range all {
@@ -259,43 +263,4 @@ func (s *Store) scanOrphanMaps(known map[uint64]*Volume, fn func(k, v []byte) er
 		return fmt.Errorf("store: %w: %w", ErrIO, err)
 	}
 	return nil
-}
-
-// cowSync is the group sync of copies on write: each must have its new
-// cluster's bytes durable before its map key can be (allocate says why),
-// and one area sync that starts after a copy's write covers it. So a copy
-// that finds a sync running waits for it to end and for the next one,
-// which it or another waiter starts and which covers every copy written
-// meanwhile: with many writers, one sync per round, not per copy.
-type cowSync struct {
-	mu       sync.Mutex
-	cond     sync.Cond
-	running  bool
-	started  uint64 // syncs started
-	finished uint64 // syncs ended (in order: one runs at a time)
-	err      error  // the last one's
-}
-
-// syncForCopy returns once an area sync that started after the call has
-// ended: its error, if that one failed.
-func (s *Store) syncForCopy() error {
-	g := &s.cowSync
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	want := g.started + 1 // a running sync may have started before our write
-	for g.finished < want {
-		if g.running {
-			g.cond.Wait()
-			continue
-		}
-		g.running = true
-		g.started++
-		n := g.started
-		g.mu.Unlock()
-		err := s.syncArea()
-		g.mu.Lock()
-		g.running, g.finished, g.err = false, n, err
-		g.cond.Broadcast()
-	}
-	return g.err
 }

@@ -215,7 +215,11 @@ func snapModelOnce(seed uint64, nops int) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = s.Close() }()
+	defer func() {
+		if s != nil {
+			_ = s.Close()
+		}
+	}()
 	m := &smodel{objs: map[ID]*sobj{}, next: 1}
 	create := func() error {
 		bs := []uint32{BlockSize512, BlockSize4K}[rng.IntN(2)]
@@ -686,7 +690,7 @@ func checkChanges(s *Store, m *smodel, o *sobj, rng *rand.Rand, buf []byte) erro
 func TestSnapshotCrash(t *testing.T) {
 	seed := testSeed(t)
 	points := []hookPoint{hookSnapFlushed, hookSnapCommitted, hookCloneCommitted, hookDataWritten, hookMapCommitted, hookFreed,
-		hookRevertCommitted, hookMergeChunk, hookMergeDone, hookFlattenChunk, hookFlattenDone, numHookPoints}
+		hookRevertCommitted, hookMergeChunk, hookMergeDone, hookFlattenChunk, hookFlattenDone, hookDeferredCommitted, numHookPoints}
 	n := iterations(t, 240, 6, 10)
 	crashed := map[hookPoint]int{}
 	for it := range n {
@@ -1369,11 +1373,35 @@ func TestSnapshotDirect(t *testing.T) {
 		t.Fatal(err)
 	}
 	fillTagged(buf[:4096], 0, 1, 6)
-	if _, k, err := c.BeginDirect(true, 1, buf[:4096], segs); err != nil || k != DirectSlow {
-		t.Fatalf("direct write to an inherited cluster: %v, %v; want DirectSlow", k, err)
+	// A 4 KiB write (one whole sub-block) into the inherited cluster is
+	// redirected on the direct path: one segment into a new cluster, the
+	// index claimed until EndDirect publishes the partial entry.
+	n, k, err = c.BeginDirect(true, 1, buf[:4096], segs)
+	if err != nil || k != DirectIO || n != 1 || segs[0].Off>>14 == int64(snapPhys) || segs[0].Off&(16<<10-1) != 4096 {
+		t.Fatalf("direct write of a sub-block into an inherited cluster: %d %v, %v, %v; want one segment at offset 4096 of a new cluster", n, segs[:n], k, err)
 	}
-	if err := c.Write(1, buf[:4096], 0); err != nil {
+	if e := c.m.get(0); e&inherited == 0 {
+		t.Fatalf("the entry before EndDirect: %#x, want still inherited", e)
+	}
+	if err := s.area.WriteAt(buf[:4096], segs[0].Off); err != nil { // the engine's part
 		t.Fatal(err)
+	}
+	if err := c.EndDirect(true, 1, 4096, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A write over two clusters, one of them inherited, goes the slow way.
+	if _, k, err := c.BeginDirect(true, 3, buf[:8192], segs); err != nil || k != DirectSlow {
+		t.Fatalf("direct write over two clusters, one inherited: %v, %v; want DirectSlow", k, err)
+	}
+	// Writing its other sub-blocks makes it whole.
+	for _, b := range []uint64{0, 2, 3} {
+		fillTagged(buf[:4096], 0, b, 7)
+		if err := c.Write(b, buf[:4096], 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e := c.m.get(0); !inPlace(e) {
+		t.Fatalf("the clone's entry once every sub-block was written: %#x, want whole", e)
 	}
 	n, k, err = c.BeginDirect(true, 2, buf[:4096], segs)
 	if err != nil || k != DirectIO || n != 1 || segs[0].Off == int64(snapPhys<<14+8192) {

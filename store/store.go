@@ -63,8 +63,18 @@ type Store struct {
 	// zeroBuf is one cluster of zeros, aligned: write zeroes over part of
 	// a parent's cluster copies it on write with these. Never written.
 	zeroBuf []byte
-	// cowSync groups the area syncs of concurrent copies on write.
-	cowSync cowSync
+	// sbShift is log2 of a partial cluster's sub-block (docs/snapshots.md
+	// §1.3, "Sub-cluster redirect"): a 16th of a cluster, at least 4 KiB;
+	// fullMask has a bit per sub-block. A store whose clusters hold fewer
+	// than two sub-blocks (4 KiB clusters) copies whole clusters.
+	sbShift  uint8
+	fullMask uint64
+	// def holds the map keys of writes that replaced a parent's data,
+	// committed after the next area sync (deferred.go); gate orders the
+	// reads of partial clusters before the free of a cluster they may
+	// read through (partial.go).
+	def  deferred
+	gate sync.RWMutex
 
 	// nextMap is the next map ID a snapshot, clone or revert takes (the
 	// 'N' key). Guarded by mu.
@@ -91,7 +101,7 @@ type Store struct {
 type storeCounters struct {
 	refills, mapCommits, frees, flushes, areaSyncs, bounces, bgSyncs, zeroedAtOpen, zeroedAhead atomic.Uint64
 	bgRefills, bgRefillErrors                                                                   atomic.Uint64
-	cows                                                                                        atomic.Uint64
+	cows, redirects, deferredCommits                                                            atomic.Uint64
 	// pebble's health (events): background errors, write stalls and their
 	// total length; stallStart is the running stall's start (UnixNano), 0
 	// when none.
@@ -103,26 +113,27 @@ type storeCounters struct {
 type hookPoint uint8
 
 const (
-	hookReserved        hookPoint = iota // a refill's 'R' keys are durable; nothing written yet
-	hookDataWritten                      // a first write's data is in its cluster; its map key is not committed
-	hookMapCommitted                     // the map key is committed (not synced); the entry not published
-	hookFreed                            // a free's {delete 'X', set 'R'} is committed, not synced; clusters in limbo
-	hookLimboZeroed                      // a flush zeroed the limbo clusters; the area is not synced
-	hookAreaSynced                       // a flush synced the area; the WAL is not synced
-	hookReleaseZeroed                    // delete or shrink zeroed and synced its clusters; the map is not changed
-	hookSizeCommitted                    // a shrink's new size is durable; its clusters are not released
-	hookGrown                            // the area grew (durably); the format record does not say so yet
-	hookAheadZeroed                      // a refill zeroed clusters at or past the zeroed watermark; the area is not synced
-	hookAheadSynced                      // ... and synced the area; its 'R' keys and the new watermark are not committed
-	hookMigrated                         // an upgrade batch is committed (not synced); its data synced
-	hookSnapFlushed                      // a snapshot flushed its volume (under its exclusive lock); nothing committed
-	hookSnapCommitted                    // a snapshot's records and 'N' are durable; the tables not swapped
-	hookCloneCommitted                   // a clone's record and 'N' are durable
-	hookRevertCommitted                  // a revert's record and 'N' are durable; the old map not released
-	hookMergeChunk                       // a chunk of a snapshot's merge into its child is committed (not synced)
-	hookMergeDone                        // a merge's last batch (the snapshot's record gone, the child re-parented) is durable
-	hookFlattenChunk                     // a flatten copied one cluster (committed, not synced)
-	hookFlattenDone                      // a flatten's record (no parent) is durable; tombstones not deleted
+	hookReserved          hookPoint = iota // a refill's 'R' keys are durable; nothing written yet
+	hookDataWritten                        // a first write's data is in its cluster; its map key is not committed
+	hookMapCommitted                       // the map key is committed (not synced); the entry not published
+	hookFreed                              // a free's {delete 'X', set 'R'} is committed, not synced; clusters in limbo
+	hookLimboZeroed                        // a flush zeroed the limbo clusters; the area is not synced
+	hookAreaSynced                         // a flush synced the area; the WAL is not synced
+	hookReleaseZeroed                      // delete or shrink zeroed and synced its clusters; the map is not changed
+	hookSizeCommitted                      // a shrink's new size is durable; its clusters are not released
+	hookGrown                              // the area grew (durably); the format record does not say so yet
+	hookAheadZeroed                        // a refill zeroed clusters at or past the zeroed watermark; the area is not synced
+	hookAheadSynced                        // ... and synced the area; its 'R' keys and the new watermark are not committed
+	hookMigrated                           // an upgrade batch is committed (not synced); its data synced
+	hookSnapFlushed                        // a snapshot flushed its volume (under its exclusive lock); nothing committed
+	hookSnapCommitted                      // a snapshot's records and 'N' are durable; the tables not swapped
+	hookCloneCommitted                     // a clone's record and 'N' are durable
+	hookRevertCommitted                    // a revert's record and 'N' are durable; the old map not released
+	hookMergeChunk                         // a chunk of a snapshot's merge into its child is committed (not synced)
+	hookMergeDone                          // a merge's last batch (the snapshot's record gone, the child re-parented) is durable
+	hookFlattenChunk                       // a flatten copied one cluster (committed, not synced)
+	hookFlattenDone                        // a flatten's record (no parent) is durable; tombstones not deleted
+	hookDeferredCommitted                  // deferred map keys were committed after an area sync (not synced unless the batch was)
 	numHookPoints
 )
 
@@ -133,7 +144,7 @@ func (p hookPoint) String() string {
 	return [...]string{"reserved", "data-written", "map-committed", "freed", "limbo-zeroed",
 		"area-synced", "release-zeroed", "size-committed", "grown", "watermark-zeroed", "watermark-synced", "migrated",
 		"snap-flushed", "snap-committed", "clone-committed", "revert-committed", "merge-chunk", "merge-done",
-		"flatten-chunk", "flatten-done"}[p]
+		"flatten-chunk", "flatten-done", "deferred-committed"}[p]
 }
 
 func (s *Store) hook(p hookPoint) {
@@ -153,7 +164,6 @@ func Open(cfg Config) (*Store, error) {
 	askedCluster := cfg.ClusterBytes
 	cfg = cfg.WithDefaults()
 	s := &Store{cfg: cfg, vols: make(map[ID]*Volume), log: cfg.Logger}
-	s.cowSync.cond.L = &s.cowSync.mu
 	if s.log == nil {
 		s.log = pebble.DefaultLogger
 	}
@@ -187,6 +197,10 @@ func Open(cfg Config) (*Store, error) {
 	if openHook != nil {
 		openHook(s)
 	}
+	// Lazily: the area's alignment and cluster size are known once load
+	// opened it, and a merge load finishes may copy clusters.
+	s.bounce.New = func() any { b := alignedBuf(cfg.MaxTransferBytes, s.align); return &b }
+	s.cowBufs.New = func() any { b := alignedBuf(int(s.cmask+1), s.align); return &b }
 	err = s.load()
 	if err == nil && s.legacy {
 		err = s.migrate()
@@ -196,11 +210,7 @@ func Open(cfg Config) (*Store, error) {
 		_ = s.area.Close()
 		return nil, err
 	}
-	align := s.align
-	s.bounce.New = func() any { b := alignedBuf(cfg.MaxTransferBytes, align); return &b }
-	cluster := int(s.cmask + 1)
-	s.cowBufs.New = func() any { b := alignedBuf(cluster, align); return &b }
-	s.zeroBuf = alignedBuf(cluster, align)
+	s.zeroBuf = alignedBuf(int(s.cmask+1), s.align)
 	s.startSpaceGuard()
 	s.startSyncer()
 	s.startRefiller()
@@ -369,7 +379,14 @@ func (s *Store) prepareDevice() error {
 func (s *Store) setCluster(l uint8) {
 	s.cshift = l
 	s.cmask = 1<<l - 1
+	s.sbShift = max(l, 16) - 4
+	s.fullMask = 1<<(1<<(l-s.sbShift)) - 1
 }
+
+// partials says whether first writes into a parent's cluster redirect
+// (write their sub-blocks into a new partial cluster) rather than copy
+// the whole cluster.
+func (s *Store) partials() bool { return s.fullMask > 1 }
 
 // create makes a new store: the format record (state creating, synced),
 // then the area and its header (synced), then the record again (ready).
@@ -433,6 +450,9 @@ func (s *Store) create() error {
 	}
 	if s.format.clusters < 2 {
 		return fmt.Errorf("store: data area of %d bytes holds fewer than two clusters: %w", a.Size(), ErrInvalid)
+	}
+	if s.format.clusters > physMask {
+		return fmt.Errorf("store: data area of %d bytes holds %d clusters, more than a map entry can name (%d): %w", a.Size(), s.format.clusters, physMask, ErrInvalid)
 	}
 	if _, err := rand.Read(s.format.uuid[:]); err != nil {
 		return fmt.Errorf("store: uuid: %w: %w", ErrIO, err)
@@ -589,10 +609,11 @@ func (s *Store) load() error {
 		}
 		err := s.scanMap(vol.mapID, func(k, v []byte) error {
 			m, idx, ok := parseMapKey(k)
-			phys, okv := parsePhys(v)
-			if !ok || !okv {
+			e, okv := parsePhys(v)
+			if !ok || !okv || (e&partial != 0 && (maskOf(e)&^s.fullMask != 0 || maskOf(e) == s.fullMask)) {
 				return fmt.Errorf("store: map key %x = %x: %w", k, v, ErrCorrupt)
 			}
+			phys := physOf(e)
 			if err := checkKey(m, idx, phys); err != nil {
 				return err
 			}
@@ -604,7 +625,7 @@ func (s *Store) load() error {
 				vol.m.set(idx, tombstone)
 				return nil
 			}
-			vol.m.set(idx, phys)
+			vol.m.set(idx, e)
 			vol.allocated.Add(1)
 			s.al.mapped++
 			return nil
@@ -615,10 +636,11 @@ func (s *Store) load() error {
 	}
 	err = s.scanOrphanMaps(byMap, func(k, v []byte) error {
 		m, idx, ok := parseMapKey(k)
-		phys, okv := parsePhys(v)
+		e, okv := parsePhys(v)
 		if !ok || !okv {
 			return fmt.Errorf("store: map key %x = %x: %w", k, v, ErrCorrupt)
 		}
+		phys := physOf(e)
 		if err := checkKey(m, idx, phys); err != nil {
 			return err
 		}
@@ -910,7 +932,7 @@ func (s *Store) release(v *Volume, from uint64, extra func(*pebble.Batch)) error
 	var idx, ps []uint64
 	v.m.each(from, ^uint64(0), func(i, e uint64) {
 		if owned(e) { // a parent's clusters and tombstones are not v's to free
-			idx, ps = append(idx, i), append(ps, e)
+			idx, ps = append(idx, i), append(ps, physOf(e))
 		}
 	})
 	if len(ps) > 0 {
@@ -1024,7 +1046,7 @@ func (s *Store) zeroTail(v *Volume, end uint64) error {
 	idx := end >> s.cshift
 	e := v.m.get(idx)
 	switch {
-	case owned(e):
+	case inPlace(e):
 		if err := s.area.Zero(int64(e<<s.cshift+in), int64(s.cmask+1-in)); err != nil {
 			return fmt.Errorf("zero past the end: %w: %w", ErrIO, err)
 		}
@@ -1048,14 +1070,16 @@ func (s *Store) writtenPast(v *Volume, from, to uint64) (bool, error) {
 	if found || in == 0 {
 		return found, nil
 	}
-	p := v.m.get(from >> s.cshift)
-	if p == 0 {
+	if physOf(v.m.get(from>>s.cshift)) == 0 {
 		return false, nil
 	}
 	n := min(s.cmask+1, to-(from&^s.cmask)) - in
 	buf := alignedBuf(int(n), s.align)
-	if err := s.area.ReadAt(buf, int64(p<<s.cshift+in)); err != nil {
-		return false, fmt.Errorf("%w: %w", ErrIO, err)
+	s.gate.RLock()
+	err := s.readAs(v, from>>s.cshift, in, buf)
+	s.gate.RUnlock()
+	if err != nil {
+		return false, err
 	}
 	return slices.ContainsFunc(buf, func(c byte) bool { return c != 0 }), nil
 }
@@ -1124,9 +1148,14 @@ func (s *Store) flushRound() (synced bool, err error) {
 	s.al.mu.Lock()
 	limbo := s.al.takeLimbo()
 	s.al.mu.Unlock()
-	if s.flushedSeq.Load() >= seq && len(limbo) == 0 {
+	if s.flushedSeq.Load() >= seq && len(limbo) == 0 && s.def.n.Load() == 0 {
 		return false, nil
 	}
+	// The deferred map keys are taken before the area sync, so their
+	// bytes (written before they were deferred) are in it, and committed
+	// with the WAL sync.
+	s.def.drainMu.Lock()
+	defer s.def.drainMu.Unlock()
 	s.c.flushes.Add(1)
 	back := func(err error) error {
 		s.al.mu.Lock()
@@ -1138,14 +1167,30 @@ func (s *Store) flushRound() (synced bool, err error) {
 		return false, back(err)
 	}
 	s.hook(hookLimboZeroed)
+	// The deferred map keys are taken before the area sync: their bytes
+	// were written before they were deferred, so the sync holds them, and
+	// the keys commit with the WAL sync. (A sync failure fails the store.)
+	d := s.db.NewBatch()
+	n := s.takeDeferred(d)
 	if err := s.syncArea(); err != nil {
+		_ = d.Close()
 		return false, back(err)
 	}
 	s.hook(hookAreaSynced)
-	if err := s.db.LogData(nil, pebble.Sync); err != nil {
-		err = fmt.Errorf("store: sync the WAL: %w: %w", ErrIO, err)
-		s.fail(err)
-		return false, back(err)
+	if n > 0 {
+		if err := s.apply(d, true); err != nil {
+			s.fail(err)
+			return false, back(err)
+		}
+		s.c.deferredCommits.Add(uint64(n))
+		s.hook(hookDeferredCommitted)
+	} else {
+		_ = d.Close()
+		if err := s.db.LogData(nil, pebble.Sync); err != nil {
+			err = fmt.Errorf("store: sync the WAL: %w: %w", ErrIO, err)
+			s.fail(err)
+			return false, back(err)
+		}
 	}
 	if err := s.err(); err != nil {
 		return false, back(err)
@@ -1454,7 +1499,19 @@ func (s *Store) adminCheck(id ID, op string) error {
 
 // commit applies b (synced if sync), and releases it on success; ErrIO if
 // pebble failed, including a fatal error pebble reported to its logger.
+// commit commits b, after the deferred map keys waiting (deferred.go) if
+// there are any.
 func (s *Store) commit(b *pebble.Batch, sync bool) error {
+	if s.def.n.Load() != 0 {
+		s.def.drainMu.Lock()
+		defer s.def.drainMu.Unlock()
+		return s.commitWithDeferred(b, sync)
+	}
+	return s.apply(b, sync)
+}
+
+// apply commits b alone.
+func (s *Store) apply(b *pebble.Batch, sync bool) error {
 	opts := pebble.NoSync
 	if sync {
 		opts = pebble.Sync
@@ -1515,9 +1572,13 @@ type Stats struct {
 	BackgroundRefills, BackgroundRefillErrors uint64
 	// CopiesOnWrite: first writes (and partial write zeroes) that replaced
 	// a parent's cluster with one of the object's own (docs/snapshots.md
-	// §1.3), each one area sync; those that covered the cluster partly
-	// also read it whole.
-	CopiesOnWrite uint64
+	// §1.3): covering it whole, or redirected into a partial cluster
+	// (Redirects of them; a flatten's copies are redirects too).
+	CopiesOnWrite, Redirects uint64
+	// DeferredKeys: map keys of such writes (and of partial clusters
+	// written again) committed after an area sync, by a flush or another
+	// commit (docs/snapshots.md §1.3).
+	DeferredKeys uint64
 }
 
 // Stats returns the store's space and counters.
@@ -1530,7 +1591,9 @@ func (s *Store) Stats() Stats {
 	st.Flushes, st.AreaSyncs, st.BounceCopies = s.c.flushes.Load(), s.c.areaSyncs.Load(), s.c.bounces.Load()
 	st.BackgroundSyncs, st.ZeroedAtOpen, st.ZeroedAhead = s.c.bgSyncs.Load(), s.c.zeroedAtOpen.Load(), s.c.zeroedAhead.Load()
 	st.BackgroundRefills, st.BackgroundRefillErrors = s.c.bgRefills.Load(), s.c.bgRefillErrors.Load()
-	st.CopiesOnWrite = s.c.cows.Load()
+	st.Redirects = s.c.redirects.Load()
+	st.CopiesOnWrite = s.c.cows.Load() + st.Redirects
+	st.DeferredKeys = s.c.deferredCommits.Load()
 	return st
 }
 

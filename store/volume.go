@@ -29,12 +29,17 @@ type Volume struct {
 	// held exclusively (Snapshot, Revert, the merge of a deleted parent).
 	parent *Volume
 	token  uint64
+	// up is parent for readers that hold no lock of this object: a read
+	// of a partial entry walks its descendant's chain up (readAs).
+	up atomic.Pointer[Volume]
 
 	// allocMu guards claims (the cluster indices whose first write is in
 	// flight: claim) and serialises clusterMap.set for first writes;
 	// claimDone (on allocMu) wakes first writes waiting for a claim.
 	allocMu      sync.Mutex
 	claims       []uint64
+	directs      []directClaim // claims of redirects at the disk (partial.go); guarded by allocMu
+	ndirect      atomic.Int32  // len(directs), read by EndDirect without allocMu
 	claimDone    sync.Cond
 	claimWaiters int        // first writes waiting for a claim (tests)
 	serialMu     sync.Mutex // held across a first write with Store.serialFirstWrites (benchmarks)
@@ -61,6 +66,12 @@ func newVolume(s *Store, r volumeRecord) *Volume {
 	v.setRecord(r)
 	v.m.resize(v.clusters())
 	return v
+}
+
+// setParent sets parent (and up). Requires what parent requires.
+func (v *Volume) setParent(p *Volume) {
+	v.parent = p
+	v.up.Store(p)
 }
 
 func (v *Volume) setRecord(r volumeRecord) {
@@ -202,9 +213,17 @@ func (v *Volume) Read(lba uint64, buf []byte) error {
 		idx, in := off>>s.cshift, off&s.cmask
 		seg := min(s.cmask+1-in, end-off)
 		p := v.m.get(idx)
-		if physOf(p) == 0 {
+		switch {
+		case physOf(p) == 0:
 			clear(dst[pos : pos+seg])
-		} else {
+		case p&partial != 0:
+			if err := v.readPartial(idx, in, dst[pos:pos+seg]); err != nil {
+				if bounce != nil {
+					s.bounce.Put(bounce)
+				}
+				return v.fail(opRead, lba, err)
+			}
+		default:
 			seg = v.run(idx, p, off, seg, end)
 			if err := s.area.ReadAt(dst[pos:pos+seg], int64(physOf(p)<<s.cshift+in)); err != nil {
 				if bounce != nil {
@@ -263,7 +282,7 @@ func (v *Volume) Write(lba uint64, data []byte, flags WriteFlags) error {
 		idx, in := off>>s.cshift, off&s.cmask
 		seg := min(s.cmask+1-in, end-off)
 		p := v.m.get(idx)
-		if !owned(p) { // unallocated, a tombstone, or a parent's cluster (copy-on-write)
+		if !inPlace(p) { // unallocated, a tombstone, a parent's cluster, or a partial one (redirect)
 			n, err := v.firstWrite(idx, in, src[pos:])
 			if err != nil {
 				return v.fail(opWrite, lba, err)
@@ -330,47 +349,59 @@ func (v *Volume) firstWrite(idx, in uint64, data []byte) (n uint64, err error) {
 	if claimed == 0 {
 		return 0, nil
 	}
-	var ps [maxRun]uint64
-	taken, err := v.allocate(idx, in, data, ps[:claimed])
-	v.unclaim(idx, claimed, ps[:taken])
+	var es [maxRun]uint64
+	taken, fresh, err := v.allocate(idx, in, data, es[:claimed])
+	v.unclaim(idx, claimed, es[:taken], fresh)
 	if err != nil {
 		return 0, err
 	}
-	s.al.mu.Lock()
-	s.al.mapped += uint64(taken)
-	s.al.mu.Unlock()
+	if fresh > 0 {
+		s.al.mu.Lock()
+		s.al.mapped += uint64(fresh)
+		s.al.mu.Unlock()
+	}
 	return min(uint64(len(data)), uint64(taken)<<s.cshift-in), nil
 }
 
-// allocate is a claimed first write of len(ps) clusters from idx: it
-// takes ready clusters into ps (taken of them, physically contiguous),
-// writes data into them and commits their map keys.
+// allocate is a claimed first write of len(es) clusters from idx: it
+// writes data into them and sets es[:taken] to the entries to publish,
+// fresh of them new clusters (the others, a partial entry written again).
 //
-// An index that reads a parent's cluster is copied on write
-// (docs/snapshots.md §1.3): a first or last cluster the data covers only
-// partly goes alone through copyOnWrite; clusters covered whole are
-// written from data, as any first write. Either way the area is synced
-// (syncForCopy: one sync for the copies in flight together) before the
-// map key is committed when the key replaces a parent's cluster: pebble
-// may make an unsynced key durable with anyone's later
-// synced commit, and a key durable before its cluster's bytes would make
-// the index read zeros, neither the parent's bytes nor the write's.
-func (v *Volume) allocate(idx, in uint64, data []byte, ps []uint64) (taken int, err error) {
+// An index that reads a parent's cluster and that data covers only partly
+// is redirected (partial.go): alone, into a partial cluster. An own
+// partial entry is written again (writePartial). Clusters covered whole
+// take ready clusters (physically contiguous, as many as come) written
+// from data, as any first write; their map keys commit at once, unless
+// one of them replaces a parent's cluster: then they are deferred
+// (deferred.go says why).
+func (v *Volume) allocate(idx, in uint64, data []byte, es []uint64) (taken, fresh int, err error) {
 	s := v.s
 	if s.noSpace.Load() {
-		return 0, fmt.Errorf("filesystem of the metadata: %d bytes free, reserve %d: %w", s.freeBytes.Load(), s.reserve.Load(), ErrNoSpace)
+		return 0, 0, fmt.Errorf("filesystem of the metadata: %d bytes free, reserve %d: %w", s.freeBytes.Load(), s.reserve.Load(), ErrNoSpace)
 	}
-	C, k := s.cmask+1, uint64(len(ps))
+	C, k := s.cmask+1, uint64(len(es))
 	end := in + uint64(len(data)) // past the data, from cluster idx's start
-	if old := physOf(v.m.get(idx)); old != 0 && (in != 0 || end < C) {
-		return v.copyOnWrite(idx, in, data, old, ps[:1])
+	e0 := v.m.get(idx)
+	one := data[:min(uint64(len(data)), C-in)] // what goes into cluster idx
+	if e0&(partial|inherited) == partial {     // claimed: nobody changes it
+		if err := v.writePartial(idx, in, one, e0, es[:1]); err != nil {
+			return 0, 0, err
+		}
+		return 1, 0, nil
+	}
+	if physOf(e0) != 0 && (in != 0 || end < C) {
+		if err := v.redirect(idx, in, one, es[:1]); err != nil {
+			return 0, 0, err
+		}
+		return 1, 1, nil
 	}
 	if k > 1 && end < k*C && physOf(v.m.get(idx+k-1)) != 0 {
-		ps = ps[:k-1] // the last is partly covered: copied by the caller's next round
+		k-- // the last is partly covered: redirected by the caller's next round
 	}
+	ps := es[:k]
 	p, err := s.takeCluster()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	ps[0] = p
 	taken = 1 + s.takeFollowing(p, ps[1:])
@@ -378,59 +409,22 @@ func (v *Volume) allocate(idx, in uint64, data []byte, ps []uint64) (taken int, 
 	n := min(uint64(len(data)), uint64(taken)<<s.cshift-in)
 	if err := s.area.WriteAt(data[:n], int64(p<<s.cshift+in)); err != nil {
 		s.toLimbo(ps...) // they may hold part of data now: zeroed before reuse
-		return 0, fmt.Errorf("%w: %w", ErrIO, err)
+		return 0, 0, fmt.Errorf("%w: %w", ErrIO, err)
 	}
 	s.hook(hookDataWritten)
+	replaces := false
 	for i := range ps {
-		if physOf(v.m.get(idx+uint64(i))) != 0 {
-			s.c.cows.Add(1)
-			if err := s.syncForCopy(); err != nil {
-				s.toLimbo(ps...)
-				return 0, err
-			}
-			break
+		replaces = replaces || physOf(v.m.get(idx+uint64(i))) != 0
+	}
+	if replaces {
+		s.c.cows.Add(1)
+		for i, p := range ps {
+			s.deferKey(v.mapID, idx+uint64(i), p, p)
 		}
+	} else if err := v.commitMap(idx, ps); err != nil {
+		return 0, 0, err
 	}
-	if err := v.commitMap(idx, ps); err != nil {
-		return 0, err
-	}
-	return taken, nil
-}
-
-// copyOnWrite is a claimed first write into cluster idx, which reads the
-// parent's cluster old, of data (at most to the cluster's end) at offset
-// in: take a ready cluster, read old whole into a cluster buffer, copy
-// data in, write the buffer (one read, one write), sync the area, commit
-// the key. old is never written: the snapshot cannot change.
-func (v *Volume) copyOnWrite(idx, in uint64, data []byte, old uint64, ps []uint64) (int, error) {
-	s := v.s
-	p, err := s.takeCluster()
-	if err != nil {
-		return 0, err
-	}
-	ps[0] = p
-	bp := s.cowBufs.Get().(*[]byte)
-	defer s.cowBufs.Put(bp)
-	buf := *bp
-	if err := s.area.ReadAt(buf, int64(old<<s.cshift)); err != nil {
-		s.toLimbo(p)
-		return 0, fmt.Errorf("copy-on-write: read cluster %d: %w: %w", old, ErrIO, err)
-	}
-	copy(buf[in:], data)
-	if err := s.area.WriteAt(buf, int64(p<<s.cshift)); err != nil {
-		s.toLimbo(p)
-		return 0, fmt.Errorf("copy-on-write: %w: %w", ErrIO, err)
-	}
-	s.hook(hookDataWritten)
-	s.c.cows.Add(1)
-	if err := s.syncForCopy(); err != nil {
-		s.toLimbo(p)
-		return 0, err
-	}
-	if err := v.commitMap(idx, ps); err != nil {
-		return 0, err
-	}
-	return 1, nil
+	return taken, taken, nil
 }
 
 // commitMap commits {map keys idx+i -> ps[i], delete their 'R' keys} in
@@ -447,7 +441,9 @@ func (v *Volume) commitMap(idx uint64, ps []uint64) error {
 		putReservedKey(key[:], p)
 		_ = b.Delete(key[:reservedKeyLen], nil)
 	}
-	if err := s.commit(b, false); err != nil {
+	// apply, not commit: a fresh cluster's key is independent of the
+	// deferred ones (none names an index that reads no cluster).
+	if err := s.apply(b, false); err != nil {
 		s.toLimbo(ps...)
 		return err
 	}
@@ -466,7 +462,7 @@ func (v *Volume) claim(idx, want uint64) (claimed uint64) {
 	v.allocMu.Lock()
 	defer v.allocMu.Unlock()
 	for {
-		if owned(v.m.get(idx)) {
+		if inPlace(v.m.get(idx)) {
 			return 0
 		}
 		if !slices.Contains(v.claims, idx) {
@@ -475,6 +471,9 @@ func (v *Volume) claim(idx, want uint64) (claimed uint64) {
 		v.claimWaiters++
 		v.claimDone.Wait()
 		v.claimWaiters--
+	}
+	if owned(v.m.get(idx)) {
+		want = 1 // an own partial entry: written again alone
 	}
 	for claimed = 1; claimed < want; claimed++ {
 		i := idx + claimed
@@ -494,12 +493,12 @@ func (v *Volume) claim(idx, want uint64) (claimed uint64) {
 // claim. The entries are set under allocMu: clusterMap.set makes pages,
 // and two first writes making the same page at once would lose one's
 // entry.
-func (v *Volume) unclaim(idx, claimed uint64, ps []uint64) {
+func (v *Volume) unclaim(idx, claimed uint64, es []uint64, fresh int) {
 	v.allocMu.Lock()
-	for i, p := range ps {
-		v.m.set(idx+uint64(i), p)
+	for i, e := range es {
+		v.m.set(idx+uint64(i), e)
 	}
-	v.allocated.Add(int64(len(ps)))
+	v.allocated.Add(int64(fresh))
 	for i := range claimed {
 		j := slices.Index(v.claims, idx+i)
 		last := len(v.claims) - 1
@@ -600,7 +599,7 @@ func (v *Volume) zeroIn(off, end uint64) error {
 		idx, in := off>>s.cshift, off&s.cmask
 		seg := min(s.cmask+1-in, end-off)
 		switch e := v.m.get(idx); {
-		case owned(e):
+		case inPlace(e):
 			if err := s.area.Zero(int64(e<<s.cshift+in), int64(seg)); err != nil {
 				return fmt.Errorf("%w: %w", ErrIO, err)
 			}
@@ -638,7 +637,7 @@ func (v *Volume) free(first, last uint64) error {
 	v.m.each(first, last, func(i, e uint64) {
 		switch {
 		case owned(e):
-			es = append(es, ent{i, e})
+			es = append(es, ent{i, physOf(e)})
 			tomb = append(tomb, v.parent != nil && v.parent.m.get(i) != 0)
 		case e&inherited != 0 && physOf(e) != 0:
 			es = append(es, ent{i, 0})

@@ -10,7 +10,7 @@
 #   - writes: 4 KiB random writes at QD32 on the written volume, IOS of
 #     them (one per 64 KiB cluster of SIZE by default) with no snapshot
 #     (the baseline), right after a snapshot (every first write into a
-#     cluster copies it), and after a whole rewrite (every cluster owned
+#     cluster is redirected into a partial one), and after a whole rewrite (every cluster owned
 #     again);
 #   - reads: 4 KiB random reads at QD32 of the clone and of its origin.
 # One markdown table of medians over the rounds, each ratio the median
@@ -148,7 +148,7 @@ col() { for run in $(seq "$RUNS"); do echo "${res["$1|$run"]}" | cut -d' ' -f"$2
 	printf '| `volume clone` of it, ms (blkctl wall) | %s | in blkd %s ms |\n' "$(col clone-written 1)" "$(col clone-written 3)"
 	printf '| `volume snapshot` of a %s volume, %s written, ms (blkctl wall) | %s | in blkd %s ms, writes held %s ms |\n' "$BIG" "$SIZE" "$(col create-thin-big 1)" "$(col create-thin-big 3)" "$(col create-thin-big 2)"
 	printf '| 4 KiB random writes QD32, no snapshot, IOPS | %s | 1 |\n' "$(col writes-none 1)"
-	printf '| the same right after a snapshot (first writes copy), IOPS | %s | %s × |\n' "$(col writes-after 1)" "$(col writes-after 2)"
+	printf '| the same right after a snapshot (first writes redirect), IOPS | %s | %s × |\n' "$(col writes-after 1)" "$(col writes-after 2)"
 	printf '| the same once every cluster was rewritten, IOPS | %s | %s × |\n' "$(col writes-owned 1)" "$(col writes-owned 2)"
 	printf '| 4 KiB random reads QD32 of the origin, IOPS | %s | 1 |\n' "$(col reads-origin 1)"
 	printf '| the same of its clone, IOPS | %s | %s × |\n' "$(col reads-clone 1)" "$(col reads-clone 2)"
