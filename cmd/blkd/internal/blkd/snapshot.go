@@ -221,6 +221,13 @@ func (d *Daemon) takeSnapshot(ctx context.Context, volume, snap string, index ui
 				took = append(took, a.node) // the barrier's peers: the primary is none
 			}
 		}
+		if hold := time.Duration(d.cfg.SnapshotHold); hold > 0 {
+			d.log.Warn("snapshot barrier held for a test", "volume", volume, "snapshot", snap, "took", took, "hold", hold)
+			select {
+			case <-ctx.Done():
+			case <-time.After(hold):
+			}
+		}
 		return took, nil
 	})
 	if err != nil {
