@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blk-project/blk/cmd/blkd/internal/blkd"
 	"github.com/blk-project/blk/store"
 )
 
@@ -443,22 +444,34 @@ func testSnapshotRebuildCarries(t *testing.T, sig syscall.Signal) {
 }
 
 // TestSnapshotFailover: the primary of a 3-replica volume under a
-// host's writes killed (SIGKILL) inside a snapshot's barrier, after
-// every copy took the snapshot and before it answered (held there by
-// the test-only snapshot_hold: no timing race). The contract
+// host's writes killed (SIGKILL) inside a snapshot's barrier (held
+// there by the test-only snapshot_hold: no timing race). The contract
 // (docs/snapshots.md §4.2): the snapshot, left being taken, is settled
-// by the leader's settle rounds, here done since every in-sync replica
-// holds it (else it would be deleted everywhere); the host's writes go
-// on through the new primary and none acknowledged is lost; the old
-// primary, restarted, is rebuilt with the snapshot (its own unlisted
-// copy taken again); verify --snapshots is clean; and the registry
-// agrees with every store: each holds the volume and the snapshot and
-// no other object, the snapshot's copies equal byte for byte.
+// by the leader's settle rounds: done if every in-sync replica holds
+// it, else deleted everywhere. The host's writes go on through the new
+// primary and none acknowledged is lost; the old primary, restarted, is
+// rebuilt; verify --snapshots is clean; and the registry agrees with
+// every store: each holds the volume and the snapshot's copy if it is
+// done, and no other object (no orphan stays), the copies equal byte
+// for byte.
+//
+// copies: killed once every copy took it, before the barrier ended:
+// done on the two in-sync replicas, then carried to the old primary by
+// its rebuild (its own copy, never listed, taken again). local: killed
+// once the primary's own copy took it, before the replicas were asked:
+// deleted, the old primary's copy with it once it is back (the purge
+// waits for it).
 func TestSnapshotFailover(t *testing.T) {
+	for _, at := range []string{blkd.HoldCopies, blkd.HoldLocal} {
+		t.Run(at, func(t *testing.T) { testSnapshotFailover(t, at) })
+	}
+}
+
+func testSnapshotFailover(t *testing.T, at string) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	cfg := filepath.Join(t.TempDir(), "hold.json")
-	if err := os.WriteFile(cfg, []byte(`{"snapshot_hold": "10s"}`), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(`{"snapshot_hold": "10s", "snapshot_hold_at": "`+at+`"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c, ids, leader := startZoned(t, 3, "--config", cfg)
@@ -532,11 +545,14 @@ func TestSnapshotFailover(t *testing.T) {
 		}
 		return nil
 	})
-	// Settled: creating for snapshotSettle (30 s), then a settle round.
+	// Settled: creating for snapshotSettle (30 s), then a settle round;
+	// deleted, it is purged only once the old primary's store answers.
+	code := 0
 	eventually(t, 60*time.Second, "f@s1 settled", func() error {
 		s = snapshotJSON{}
-		code, body := lp.call(t, "GET", "/v1/volumes/f/snapshots/s1", "", &s)
-		if code != 200 || s.State == "creating" {
+		var body string
+		code, body = lp.call(t, "GET", "/v1/volumes/f/snapshots/s1", "", &s)
+		if (code != 200 && code != 404) || s.State == "creating" {
 			return fmt.Errorf("%d %s", code, body)
 		}
 		return nil
@@ -553,14 +569,18 @@ func TestSnapshotFailover(t *testing.T) {
 	}
 	slices.Sort(inSync)
 	slices.Sort(s.Nodes)
-	// Every copy took it before the kill: done, on the replicas in sync.
-	if s.State != "ready" || !slices.Equal(s.Nodes, inSync) {
+	switch {
+	case at == blkd.HoldCopies && (s.State != "ready" || !slices.Equal(s.Nodes, inSync)):
+		// Every copy took it before the kill.
 		t.Fatalf("f@s1 settled as %+v, want ready on the in-sync replicas %v", s, inSync)
+	case at == blkd.HoldLocal && code != 404 && s.State != "deleting":
+		// The replicas in sync lack it.
+		t.Fatalf("f@s1 settled as %d %+v, want deleted", code, s)
 	}
 
 	// The old primary again: rebuilt, the snapshot carried to it.
 	c.start(primary)
-	eventually(t, 60*time.Second, primary+" rebuilt in sync, holding f@s1", func() error {
+	eventually(t, 60*time.Second, primary+" rebuilt in sync, f@s1 settled everywhere", func() error {
 		v = replicatedJSON{}
 		lp.must(t, "GET", "/v1/volumes/f", "", 200, &v)
 		for _, r := range v.Replicas {
@@ -569,28 +589,37 @@ func TestSnapshotFailover(t *testing.T) {
 			}
 		}
 		s = snapshotJSON{}
-		lp.must(t, "GET", "/v1/volumes/f/snapshots/s1", "", 200, &s)
-		if len(s.Nodes) != 3 {
-			return fmt.Errorf("f@s1 on %v", s.Nodes)
+		code, body := lp.call(t, "GET", "/v1/volumes/f/snapshots/s1", "", &s)
+		switch {
+		case at == blkd.HoldCopies && (code != 200 || len(s.Nodes) != 3):
+			return fmt.Errorf("f@s1: %d %s", code, body)
+		case at == blkd.HoldLocal && code != 404:
+			return fmt.Errorf("f@s1 not purged: %d %s", code, body)
 		}
 		return nil
 	})
-	carried := ""
-	for _, line := range strings.Split(np.output(), "\n") {
-		if strings.Contains(line, `msg="snapshots carried to a replica"`) && strings.Contains(line, " node="+primary+" ") {
-			carried = line
+	if at == blkd.HoldCopies {
+		carried := ""
+		for _, line := range strings.Split(np.output(), "\n") {
+			if strings.Contains(line, `msg="snapshots carried to a replica"`) && strings.Contains(line, " node="+primary+" ") {
+				carried = line
+			}
 		}
-	}
-	if !strings.Contains(carried, `snapshots=[s1]`) {
-		t.Errorf("carried to %s: %q, want f@s1 (its own copy, never listed, taken again)", primary, carried)
+		if !strings.Contains(carried, `snapshots=[s1]`) {
+			t.Errorf("carried to %s: %q, want f@s1 (its own copy, never listed, taken again)", primary, carried)
+		}
 	}
 	var res struct {
 		Mismatches []any    `json:"mismatches"`
 		Snapshots  []string `json:"snapshots"`
 	}
 	lp.must(t, "POST", "/v1/volumes/f/verify?snapshots=true", "", 200, &res)
-	if len(res.Mismatches) != 0 || len(res.Snapshots) != 1 {
-		t.Fatalf("verify with the snapshots: %+v, want f@s1 compared, no mismatch", res)
+	want := []uint64{v.ID} // the store objects
+	if at == blkd.HoldCopies {
+		want = append(want, s.ID)
+	}
+	if len(res.Mismatches) != 0 || len(res.Snapshots) != len(want)-1 {
+		t.Fatalf("verify with the snapshots: %+v, want %d compared, no mismatch", res, len(want)-1)
 	}
 	host.close()
 	c.stopAll(syscall.SIGTERM)
@@ -605,11 +634,13 @@ func TestSnapshotFailover(t *testing.T) {
 		for _, o := range objs {
 			got = append(got, uint64(o.ID))
 		}
-		if want := []uint64{v.ID, s.ID}; err != nil || !slices.Equal(got, want) {
-			t.Errorf("node %s's store holds %v (%v), want the volume and f@s1, %v", id, got, err, want)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("node %s's store holds %v (%v), want the registry's %v", id, got, err, want)
 		}
 		copyOf := make([]byte, len(model))
-		if vol, err := st.Volume(store.ID(s.ID)); err != nil {
+		if at == blkd.HoldLocal {
+			// nothing more to read
+		} else if vol, err := st.Volume(store.ID(s.ID)); err != nil {
 			t.Errorf("node %s: f@s1: %v", id, err)
 		} else {
 			for off := 0; off < len(copyOf); off += 1 << 20 {
