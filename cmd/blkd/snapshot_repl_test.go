@@ -613,7 +613,9 @@ func testSnapshotFailover(t *testing.T, at string) {
 		Mismatches []any    `json:"mismatches"`
 		Snapshots  []string `json:"snapshots"`
 	}
-	lp.must(t, "POST", "/v1/volumes/f/verify?snapshots=true", "", 200, &res)
+	var cls clusterJSON
+	lp.must(t, "GET", "/v1/cluster", "", 200, &cls)
+	c.procs[cls.LeaderID].must(t, "POST", "/v1/volumes/f/verify?snapshots=true", "", 200, &res)
 	want := []uint64{v.ID} // the store objects
 	if at == blkd.HoldCopies {
 		want = append(want, s.ID)

@@ -241,6 +241,16 @@ func TestTermCheckSnapshots(t *testing.T) {
 	if !strings.Contains(missed, "lacks r@s2, at the start of epoch") {
 		t.Errorf("reported as %q: want the reason naming r@s2", missed)
 	}
+	// Before it left the in-sync set, the registry stopped listing it
+	// among r@s2's copies (the rebuild listed it again).
+	unlisted := false
+	for _, line := range strings.Split(pp.output(), "\n") {
+		unlisted = unlisted || (strings.Contains(line, `msg="a replica lacking a snapshot no longer listed among its copies"`) &&
+			strings.Contains(line, " node="+victim+" snapshot=s2"))
+	}
+	if !unlisted {
+		t.Errorf("%s not unlisted from r@s2's copies", victim)
+	}
 	// Reverted to r@s1, below the hole: s2 and s3 copied and taken again.
 	carried := ""
 	for _, line := range strings.Split(pp.output(), "\n") {
@@ -255,7 +265,9 @@ func TestTermCheckSnapshots(t *testing.T) {
 		Mismatches []any    `json:"mismatches"`
 		Snapshots  []string `json:"snapshots"`
 	}
-	pp.must(t, "POST", "/v1/volumes/r/verify?snapshots=true", "", 200, &res)
+	var cls clusterJSON
+	pp.must(t, "GET", "/v1/cluster", "", 200, &cls)
+	c.procs[cls.LeaderID].must(t, "POST", "/v1/volumes/r/verify?snapshots=true", "", 200, &res)
 	if len(res.Mismatches) != 0 || len(res.Snapshots) != 3 {
 		t.Fatalf("verify with the snapshots: %+v, want the 3 snapshots compared, no mismatch", res)
 	}

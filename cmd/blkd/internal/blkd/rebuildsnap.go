@@ -215,11 +215,21 @@ func (d *Daemon) internalRebuildSnapshot(w http.ResponseWriter, r *http.Request)
 
 // snapshotNodesRequest is POST /v1/internal/snapshot-nodes: a volume's
 // primary has the leader record that a rebuild gave node a copy of the
-// snapshot.
+// snapshot, or, Remove, that its term check found node's store without
+// one (termsnap.go).
 type snapshotNodesRequest struct {
 	Volume   string `json:"volume"`
 	Snapshot string `json:"snapshot"`
 	Node     string `json:"node"`
+	Remove   bool   `json:"remove,omitempty"`
+}
+
+// command is the registry command r asks for.
+func (r snapshotNodesRequest) command() meta.SnapshotNodes {
+	if r.Remove {
+		return meta.SnapshotNodes{Volume: r.Volume, Snapshot: r.Snapshot, Remove: r.Node}
+	}
+	return meta.SnapshotNodes{Volume: r.Volume, Snapshot: r.Snapshot, Add: r.Node}
 }
 
 // internalSnapshotNodes serves POST /v1/internal/snapshot-nodes on the
@@ -242,7 +252,7 @@ func (d *Daemon) internalSnapshotNodes(w http.ResponseWriter, r *http.Request) e
 			return &apiError{http.StatusForbidden, fmt.Sprintf("node %s is not the primary of volume %q (%s is): only the primary records its rebuilds", name, req.Volume, v.Node)}
 		}
 	}
-	if _, err := d.node.Apply(r.Context(), meta.SnapshotNodes{Volume: req.Volume, Snapshot: req.Snapshot, Add: req.Node}); err != nil {
+	if _, err := d.node.Apply(r.Context(), req.command()); err != nil {
 		return metaError(err, "")
 	}
 	writeJSON(w, http.StatusOK, struct{}{})
@@ -252,11 +262,16 @@ func (d *Daemon) internalSnapshotNodes(w http.ResponseWriter, r *http.Request) e
 // addSnapshotNode has the leader record node among snap's copies,
 // trying again as replica reports do until ctx ends.
 func (d *Daemon) addSnapshotNode(ctx context.Context, volume, snap, node string) error {
-	req := snapshotNodesRequest{Volume: volume, Snapshot: snap, Node: node}
+	return d.snapshotNodes(ctx, snapshotNodesRequest{Volume: volume, Snapshot: snap, Node: node})
+}
+
+// snapshotNodes has the leader apply req, trying again as replica
+// reports do until ctx ends.
+func (d *Daemon) snapshotNodes(ctx context.Context, req snapshotNodesRequest) error {
 	for {
 		var err error
 		if d.node.IsLeader() {
-			_, err = d.node.Apply(ctx, meta.SnapshotNodes{Volume: volume, Snapshot: snap, Add: node})
+			_, err = d.node.Apply(ctx, req.command())
 			if err != nil && !errors.Is(err, meta.ErrNotLeader) {
 				return err
 			}

@@ -22,17 +22,22 @@ import (
 // that lacks one, reads through a store object the registry does not
 // know, or holds them in another parent order is taken out of sync like
 // a diverged replica, and its rebuild carries the snapshots back
-// (rebuildsnap.go). Contents are not compared here: snapshots are
+// (rebuildsnap.go). Before that, the registry stops listing it among
+// the copies of the snapshots it lacks (SnapshotNodes Remove): it says
+// what the stores hold, also if no rebuild can carry one back (one
+// taken before a grow), and the rebuild lists it again as it carries
+// each. Contents are not compared here: snapshots are
 // immutable and were taken at a barrier (verify --snapshots digests
 // them).
 
 // snapshotSetDiff says how replica, the replica node's store chain of
 // volume v (the volume first, then its ancestors), differs from
 // primary, the primary's, over the snapshots of v the registry (v,
-// known) has ready and lists node in; "" if it does not. known says
+// known) has ready and lists node in; "" if it does not. lacks: the
+// names of those snapshots replica's chain does not hold. known says
 // whether the registry knows a store object as a snapshot of any
 // volume (a clone's chain runs into its origin's).
-func snapshotSetDiff(v meta.Volume, node string, known func(id uint64) bool, primary, replica []chainObject) string {
+func snapshotSetDiff(v meta.Volume, node string, known func(id uint64) bool, primary, replica []chainObject) (why string, lacks []string) {
 	listed := func(id uint64) bool {
 		s, ok := v.SnapshotByID(id)
 		return ok && s.State == meta.SnapshotReady && slices.Contains(s.Nodes, node)
@@ -60,10 +65,12 @@ func snapshotSetDiff(v meta.Volume, node string, known func(id uint64) bool, pri
 			ours = append(ours, o.ID)
 		}
 	}
-	var lacks, extra []string
+	var lacking, extra []string
 	for _, id := range ours {
 		if !slices.Contains(theirs, id) {
-			lacks = append(lacks, name(id))
+			lacking = append(lacking, name(id))
+			s, _ := v.SnapshotByID(id)
+			lacks = append(lacks, s.Name)
 		}
 	}
 	for _, id := range theirs {
@@ -71,17 +78,17 @@ func snapshotSetDiff(v meta.Volume, node string, known func(id uint64) bool, pri
 			extra = append(extra, name(id))
 		}
 	}
-	var why []string
-	if len(lacks) > 0 {
-		why = append(why, "lacks "+strings.Join(lacks, ", "))
+	var parts []string
+	if len(lacking) > 0 {
+		parts = append(parts, "lacks "+strings.Join(lacking, ", "))
 	}
 	if len(unknown) > 0 {
-		why = append(why, "reads through "+strings.Join(unknown, ", ")+" the registry does not know")
+		parts = append(parts, "reads through "+strings.Join(unknown, ", ")+" the registry does not know")
 	}
 	if len(extra) > 0 {
-		why = append(why, "reads through "+strings.Join(extra, ", ")+", which the primary's copy does not")
+		parts = append(parts, "reads through "+strings.Join(extra, ", ")+", which the primary's copy does not")
 	}
-	if len(why) == 0 && !slices.Equal(ours, theirs) {
+	if len(parts) == 0 && !slices.Equal(ours, theirs) {
 		names := func(ids []uint64) string {
 			out := make([]string, len(ids))
 			for i, id := range ids {
@@ -89,37 +96,36 @@ func snapshotSetDiff(v meta.Volume, node string, known func(id uint64) bool, pri
 			}
 			return strings.Join(out, ", ")
 		}
-		why = append(why, "holds them in another order (newest first): "+names(theirs)+"; the primary: "+names(ours))
+		parts = append(parts, "holds them in another order (newest first): "+names(theirs)+"; the primary: "+names(ours))
 	}
-	if len(why) == 0 {
-		return ""
+	if len(parts) == 0 {
+		return "", nil
 	}
-	return "replica's snapshots differ from the primary's: " + strings.Join(why, "; ")
+	return "replica's snapshots differ from the primary's: " + strings.Join(parts, "; "), lacks
 }
 
 // snapshotSetCheck compares node's snapshot chain of volume name (store
 // ID id) with this primary's (snapshotSetDiff), asking again after
 // termRecheckPause up to termRechecks times while they differ (a
 // snapshot or a revert may be changing the stores while they are read).
-// It returns the difference that stayed, "" if none; an error if the
-// node could not say.
-func (d *Daemon) snapshotSetCheck(ctx context.Context, node, name string, id uint64) (string, error) {
+// It returns the difference that stayed, "" if none, and the names of
+// the snapshots node lacks; an error if the node could not say.
+func (d *Daemon) snapshotSetCheck(ctx context.Context, node, name string, id uint64) (string, []string, error) {
 	api := d.apiOf(node)
 	if api == "" {
-		return "", fmt.Errorf("the registry knows no API address for node %s", node)
+		return "", nil, fmt.Errorf("the registry knows no API address for node %s", node)
 	}
-	var diff string
 	for try := 0; ; try++ {
 		var their snapshotChain
 		qctx, cancel := context.WithTimeout(ctx, ownerTimeout)
 		err := d.getPeer(qctx, api, fmt.Sprintf("/v1/internal/snapshots?id=%d", id), &their)
 		cancel()
 		if err != nil {
-			return "", fmt.Errorf("node %s's snapshots: %w", node, err)
+			return "", nil, fmt.Errorf("node %s's snapshots: %w", node, err)
 		}
 		ours, err := d.localChain(id, nil)
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
 		var v meta.Volume
 		var ok bool
@@ -132,15 +138,15 @@ func (d *Daemon) snapshotSetCheck(ctx context.Context, node, name string, id uin
 			}
 		})
 		if !ok || v.ID != id {
-			return "", fmt.Errorf("volume %q: no longer in the registry as store object %d", name, id)
+			return "", nil, fmt.Errorf("volume %q: no longer in the registry as store object %d", name, id)
 		}
-		diff = snapshotSetDiff(v, node, func(id uint64) bool { return known[id] }, ours.Chain, their.Chain)
+		diff, lacks := snapshotSetDiff(v, node, func(id uint64) bool { return known[id] }, ours.Chain, their.Chain)
 		if diff == "" || try == termRechecks {
-			return diff, nil
+			return diff, lacks, nil
 		}
 		select {
 		case <-ctx.Done():
-			return "", ctx.Err()
+			return "", nil, ctx.Err()
 		case <-time.After(termRecheckPause):
 		}
 	}

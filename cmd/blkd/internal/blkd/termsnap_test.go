@@ -43,18 +43,22 @@ func TestSnapshotSetDiff(t *testing.T) {
 		node    string
 		replica []chainObject
 		want    string // "": equal; else a part of the reason
+		lacks   []string
 	}{
-		{"equal", "n2", chain(10, 15, 14, 13, 16, 12, 11, 5), ""},
-		{"not listed left out", "n3", chain(10, 15, 13, 16, 12, 11, 5), ""},
-		{"creating and deleting left out", "n2", chain(10, 14, 13, 12, 11, 5), ""},
-		{"origin left out", "n2", chain(10, 14, 13, 12, 11), ""},
-		{"lacks one", "n2", chain(10, 14, 12, 11, 5), "replica's snapshots differ from the primary's: lacks v@s3"},
-		{"lacks two", "n3", chain(10, 13), "lacks v@s2, v@s1"},
-		{"lacks all", "n2", chain(10), "lacks v@away, v@s3, v@s2, v@s1"},
-		{"unknown", "n2", chain(10, 99, 14, 13, 12, 11, 5), "reads through store object 99 the registry does not know"},
-		{"order", "n2", chain(10, 14, 12, 13, 11, 5), "in another order (newest first): v@away, v@s2, v@s3, v@s1; the primary: v@away, v@s3, v@s2, v@s1"},
+		{"equal", "n2", chain(10, 15, 14, 13, 16, 12, 11, 5), "", nil},
+		{"not listed left out", "n3", chain(10, 15, 13, 16, 12, 11, 5), "", nil},
+		{"creating and deleting left out", "n2", chain(10, 14, 13, 12, 11, 5), "", nil},
+		{"origin left out", "n2", chain(10, 14, 13, 12, 11), "", nil},
+		{"lacks one", "n2", chain(10, 14, 12, 11, 5), "replica's snapshots differ from the primary's: lacks v@s3", []string{"s3"}},
+		{"lacks two", "n3", chain(10, 13), "lacks v@s2, v@s1", []string{"s2", "s1"}},
+		{"lacks all", "n2", chain(10), "lacks v@away, v@s3, v@s2, v@s1", []string{"away", "s3", "s2", "s1"}},
+		{"unknown", "n2", chain(10, 99, 14, 13, 12, 11, 5), "reads through store object 99 the registry does not know", nil},
+		{"order", "n2", chain(10, 14, 12, 13, 11, 5), "in another order (newest first): v@away, v@s2, v@s3, v@s1; the primary: v@away, v@s3, v@s2, v@s1", nil},
 	} {
-		got := snapshotSetDiff(v, c.node, known, primary, c.replica)
+		got, lacks := snapshotSetDiff(v, c.node, known, primary, c.replica)
+		if want := strings.Join(c.lacks, " "); strings.Join(lacks, " ") != want {
+			t.Errorf("%s: lacks %v, want %v", c.name, lacks, c.lacks)
+		}
 		switch {
 		case c.want == "" && got != "":
 			t.Errorf("%s: %q, want no difference", c.name, got)
@@ -64,7 +68,7 @@ func TestSnapshotSetDiff(t *testing.T) {
 	}
 	// The primary reverted to s2 (away and s3 off its chain); a replica
 	// that did not still reads through them.
-	got := snapshotSetDiff(v, "n2", known, chain(10, 12, 11, 5), chain(10, 14, 13, 12, 11, 5))
+	got, _ := snapshotSetDiff(v, "n2", known, chain(10, 12, 11, 5), chain(10, 14, 13, 12, 11, 5))
 	if want := "reads through v@away, v@s3, which the primary's copy does not"; !strings.Contains(got, want) {
 		t.Errorf("reverted primary: %q, want %q in it", got, want)
 	}
