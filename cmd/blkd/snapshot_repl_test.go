@@ -2,15 +2,19 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/blk-project/blk/cmd/blkd/internal/blkd"
 	"github.com/blk-project/blk/store"
 )
 
@@ -435,6 +439,226 @@ func testSnapshotRebuildCarries(t *testing.T, sig syscall.Signal) {
 			if err := storeEquals(dir, o.id, o.want); err != nil {
 				t.Errorf("seed %d: %s on %s: %v", seed, o.name, id, err)
 			}
+		}
+	}
+}
+
+// TestSnapshotFailover: the primary of a 3-replica volume under a
+// host's writes killed (SIGKILL) inside a snapshot's barrier (held
+// there by the test-only snapshot_hold: no timing race). The contract
+// (docs/snapshots.md §4.2): the snapshot, left being taken, is settled
+// by the leader's settle rounds: done if every in-sync replica holds
+// it, else deleted everywhere. The host's writes go on through the new
+// primary and none acknowledged is lost; the old primary, restarted, is
+// rebuilt; verify --snapshots is clean; and the registry agrees with
+// every store: each holds the volume and the snapshot's copy if it is
+// done, and no other object (no orphan stays), the copies equal byte
+// for byte.
+//
+// copies: killed once every copy took it, before the barrier ended:
+// done on the two in-sync replicas, then carried to the old primary by
+// its rebuild (its own copy, never listed, taken again). local: killed
+// once the primary's own copy took it, before the replicas were asked:
+// deleted, the old primary's copy with it once it is back (the purge
+// waits for it).
+func TestSnapshotFailover(t *testing.T) {
+	for _, at := range []string{blkd.HoldCopies, blkd.HoldLocal} {
+		t.Run(at, func(t *testing.T) { testSnapshotFailover(t, at) })
+	}
+}
+
+func testSnapshotFailover(t *testing.T, at string) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	cfg := filepath.Join(t.TempDir(), "hold.json")
+	if err := os.WriteFile(cfg, []byte(`{"snapshot_hold": "10s", "snapshot_hold_at": "`+at+`"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, ids, leader := startZoned(t, 3, "--config", cfg)
+	lp := c.procs[leader]
+	var v replicatedJSON
+	a := pinnedVolume(t, c, ids, leader, "f", "16MiB", &v)
+	primary := v.Node
+	host := &multipathHost{}
+	defer host.close()
+	for id, addr := range tcpAddrsOf(t, lp) {
+		if err := host.connect(id, addr, a.SubsystemNQN); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const bs, blocks = 4096, 16 << 20 / 4096
+	const quarter = blocks / 4
+	model := make([]byte, blocks*bs)
+	write := func(r *rand.Rand, q int) error {
+		n := 1 + r.IntN(16)
+		lba := q*quarter + r.IntN(quarter-n+1)
+		buf := make([]byte, n*bs)
+		for i := range buf {
+			buf[i] = byte(r.Uint32())
+		}
+		if _, err := host.write(buf, int64(lba*bs), 30*time.Second); err != nil {
+			return fmt.Errorf("seed %d: write of %d blocks at %d: %w", seed, n, lba, err)
+		}
+		copy(model[lba*bs:], buf) // writer q alone writes quarter q
+		return nil
+	}
+	var writes atomic.Int64
+	stop := runWriters(4, seed, 0, &writes, write)
+	time.Sleep(300 * time.Millisecond)
+
+	// The snapshot, from the leader; its answer comes once the primary
+	// is dead, whatever it is.
+	answered := make(chan string, 1)
+	go func() {
+		code, body := lp.call(t, "POST", "/v1/volumes/f/snapshots", `{"name": "s1"}`, nil)
+		answered <- fmt.Sprintf("%d %s", code, body)
+	}()
+	pp := c.procs[primary]
+	eventually(t, 20*time.Second, "the barrier held on "+primary, func() error {
+		if !strings.Contains(pp.output(), `msg="snapshot barrier held for a test"`) {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	killed := writes.Load()
+	pp.cmd.Process.Signal(syscall.SIGKILL)
+	<-pp.exited
+	delete(c.procs, primary)
+	t.Logf("the snapshot's answer after the kill: %s", <-answered)
+
+	var s snapshotJSON
+	var live string
+	eventually(t, 30*time.Second, "another primary", func() error {
+		for id, p := range c.procs {
+			v = replicatedJSON{}
+			if code, _ := p.call(t, "GET", "/v1/volumes/f", "", &v); code == 200 && v.Node != primary && v.Epoch == 2 {
+				live = id
+				return nil
+			}
+		}
+		return fmt.Errorf("%+v", v)
+	})
+	lp, np := c.procs[live], c.procs[v.Node]
+	eventually(t, 25*time.Second, "writes through the new primary", func() error {
+		if writes.Load() < killed+50 {
+			return fmt.Errorf("%d writes since the kill", writes.Load()-killed)
+		}
+		return nil
+	})
+	// Settled: creating for snapshotSettle (30 s), then a settle round;
+	// deleted, it is purged only once the old primary's store answers.
+	code := 0
+	eventually(t, 60*time.Second, "f@s1 settled", func() error {
+		s = snapshotJSON{}
+		var body string
+		code, body = lp.call(t, "GET", "/v1/volumes/f/snapshots/s1", "", &s)
+		if (code != 200 && code != 404) || s.State == "creating" {
+			return fmt.Errorf("%d %s", code, body)
+		}
+		return nil
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("a host write failed across the failover: %v", err)
+	}
+	t.Logf("%d writes, %d after the kill", writes.Load(), writes.Load()-killed)
+	var inSync []string
+	for _, r := range v.Replicas {
+		if r.State == "in-sync" {
+			inSync = append(inSync, r.Node)
+		}
+	}
+	slices.Sort(inSync)
+	slices.Sort(s.Nodes)
+	switch {
+	case at == blkd.HoldCopies && (s.State != "ready" || !slices.Equal(s.Nodes, inSync)):
+		// Every copy took it before the kill.
+		t.Fatalf("f@s1 settled as %+v, want ready on the in-sync replicas %v", s, inSync)
+	case at == blkd.HoldLocal && code != 404 && s.State != "deleting":
+		// The replicas in sync lack it.
+		t.Fatalf("f@s1 settled as %d %+v, want deleted", code, s)
+	}
+
+	// The old primary again: rebuilt, the snapshot carried to it.
+	c.start(primary)
+	eventually(t, 60*time.Second, primary+" rebuilt in sync, f@s1 settled everywhere", func() error {
+		v = replicatedJSON{}
+		lp.must(t, "GET", "/v1/volumes/f", "", 200, &v)
+		for _, r := range v.Replicas {
+			if r.State != "in-sync" {
+				return fmt.Errorf("%+v", v.Replicas)
+			}
+		}
+		s = snapshotJSON{}
+		code, body := lp.call(t, "GET", "/v1/volumes/f/snapshots/s1", "", &s)
+		switch {
+		case at == blkd.HoldCopies && (code != 200 || len(s.Nodes) != 3):
+			return fmt.Errorf("f@s1: %d %s", code, body)
+		case at == blkd.HoldLocal && code != 404:
+			return fmt.Errorf("f@s1 not purged: %d %s", code, body)
+		}
+		return nil
+	})
+	if at == blkd.HoldCopies {
+		carried := ""
+		for _, line := range strings.Split(np.output(), "\n") {
+			if strings.Contains(line, `msg="snapshots carried to a replica"`) && strings.Contains(line, " node="+primary+" ") {
+				carried = line
+			}
+		}
+		if !strings.Contains(carried, `snapshots=[s1]`) {
+			t.Errorf("carried to %s: %q, want f@s1 (its own copy, never listed, taken again)", primary, carried)
+		}
+	}
+	var res struct {
+		Mismatches []any    `json:"mismatches"`
+		Snapshots  []string `json:"snapshots"`
+	}
+	var cls clusterJSON
+	lp.must(t, "GET", "/v1/cluster", "", 200, &cls)
+	c.procs[cls.LeaderID].must(t, "POST", "/v1/volumes/f/verify?snapshots=true", "", 200, &res)
+	want := []uint64{v.ID} // the store objects
+	if at == blkd.HoldCopies {
+		want = append(want, s.ID)
+	}
+	if len(res.Mismatches) != 0 || len(res.Snapshots) != len(want)-1 {
+		t.Fatalf("verify with the snapshots: %+v, want %d compared, no mismatch", res, len(want)-1)
+	}
+	host.close()
+	c.stopAll(syscall.SIGTERM)
+	var first []byte
+	for _, id := range ids {
+		st, err := store.Open(store.Config{Dir: filepath.Join(c.nodes[id].dir, "volumes")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := st.List()
+		var got []uint64
+		for _, o := range objs {
+			got = append(got, uint64(o.ID))
+		}
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("node %s's store holds %v (%v), want the registry's %v", id, got, err, want)
+		}
+		copyOf := make([]byte, len(model))
+		if at == blkd.HoldLocal {
+			// nothing more to read
+		} else if vol, err := st.Volume(store.ID(s.ID)); err != nil {
+			t.Errorf("node %s: f@s1: %v", id, err)
+		} else {
+			for off := 0; off < len(copyOf); off += 1 << 20 {
+				if err := vol.Read(uint64(off/bs), copyOf[off:off+1<<20]); err != nil {
+					t.Fatalf("node %s: read f@s1: %v", id, err)
+				}
+			}
+		}
+		st.Close()
+		if first == nil {
+			first = copyOf
+		} else if !bytes.Equal(copyOf, first) {
+			t.Errorf("f@s1 on %s differs from %s's from byte %d", id, ids[0], firstDiff(copyOf, first))
+		}
+		if err := storeEquals(filepath.Join(c.nodes[id].dir, "volumes"), v.ID, model); err != nil {
+			t.Errorf("seed %d: f on %s: %v", seed, id, err)
 		}
 	}
 }

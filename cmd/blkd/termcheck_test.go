@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"crypto/rand"
 	"fmt"
+	mrand "math/rand/v2"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -126,6 +128,166 @@ func TestTermCheck(t *testing.T) {
 	for _, id := range ids {
 		if err := storeEquals(filepath.Join(c.nodes[id].dir, "volumes"), v.ID, model); err != nil {
 			t.Errorf("replica on %s: %v", id, err)
+		}
+	}
+}
+
+// TestTermCheckSnapshots: the term check compares snapshot sets too
+// (docs/snapshots.md §4.4). A 3-replica volume with three snapshots,
+// each on the three nodes; the cluster stopped, one secondary's copy
+// of the middle one, r@s2, deleted from its store behind the
+// registry's back (merged into s3, as a lost delete would leave it);
+// the cluster again: the new term's primary finds that replica lacking
+// r@s2, takes it out of sync with that reason, and its rebuild carries
+// the snapshots back from below the hole (r@s1: the replica reverted to
+// it, s2 and s3 copied and taken again); afterwards verify --snapshots
+// is clean and every node's copy of every snapshot and of the volume
+// equals what the host had written at that point, byte for byte.
+func TestTermCheckSnapshots(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := mrand.New(mrand.NewPCG(uint64(seed), 44))
+	c, ids, leader := startZoned(t, 3)
+	lp := c.procs[leader]
+	var v replicatedJSON
+	a := pinnedVolume(t, c, ids, leader, "r", "16MiB", &v)
+	pin := v.Node
+	ctrl, ns := connect(t, a.over("tcp"))
+	const bs = 4096
+	model := make([]byte, 16<<20)
+	writes := func(n int) {
+		t.Helper()
+		for range n {
+			blocks := 1 + rng.IntN(32)
+			lba := rng.IntN(len(model)/bs - blocks)
+			buf := make([]byte, blocks*bs)
+			for i := range buf {
+				buf[i] = byte(rng.Uint32())
+			}
+			if _, err := ns.WriteAt(buf, int64(lba*bs)); err != nil {
+				t.Fatalf("seed %d: write %d blocks at %d: %v", seed, blocks, lba, err)
+			}
+			copy(model[lba*bs:], buf)
+		}
+	}
+	var snaps []snapshotJSON
+	var models [][]byte
+	for i := range 3 {
+		writes(100)
+		var s snapshotJSON
+		lp.must(t, "POST", "/v1/volumes/r/snapshots", fmt.Sprintf(`{"name": "s%d"}`, i+1), 201, &s)
+		if len(s.Nodes) != 3 {
+			t.Fatalf("r@%s: nodes %v, want the three", s.Name, s.Nodes)
+		}
+		snaps, models = append(snaps, s), append(models, bytes.Clone(model))
+	}
+	writes(100)
+	ctrl.Close()
+	victim := ""
+	for _, id := range ids {
+		if id != pin {
+			victim = id
+		}
+	}
+	c.stopAll(syscall.SIGTERM)
+
+	s, err := store.Open(store.Config{Dir: filepath.Join(c.nodes[victim].dir, "volumes")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(store.ID(snaps[1].ID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	ready := map[string]<-chan struct{}{}
+	for _, id := range ids {
+		n := c.nodes[id]
+		c.procs[id], ready[id] = launchBlkdOn(t, n.dir, n.raft, n.nvme, n.api, append(append([]string{"--node-id", id}, c.common...), "--zone", zoneOf(id))...)
+	}
+	for _, id := range ids {
+		c.procs[id].waitReady(t, ready[id], 90*time.Second)
+	}
+	pp := c.procs[pin]
+	eventually(t, 60*time.Second, victim+" taken out of sync and rebuilt", func() error {
+		out := pp.output()
+		if !strings.Contains(out, `msg="replica's snapshots differ from the primary's: taken out of sync, to be rebuilt"`) ||
+			!strings.Contains(out, `msg="rebuild done"`) {
+			return fmt.Errorf("no difference and rebuild logged yet")
+		}
+		v = replicatedJSON{}
+		pp.must(t, "GET", "/v1/volumes/r", "", 200, &v)
+		for _, r := range v.Replicas {
+			if r.State != "in-sync" {
+				return fmt.Errorf("%+v", v.Replicas)
+			}
+		}
+		return nil
+	})
+	var differ, missed string
+	for _, line := range strings.Split(pp.output(), "\n") {
+		switch {
+		case strings.Contains(line, `msg="replica's snapshots differ`):
+			differ = line
+		case strings.Contains(line, `msg="replica missed a write`) && strings.Contains(line, "node="+victim+" "):
+			missed = line
+		}
+	}
+	if !strings.Contains(differ, "node="+victim+" ") || !strings.Contains(differ, `diff="replica's snapshots differ from the primary's: lacks r@s2"`) {
+		t.Errorf("difference logged as %q: want %s lacking r@s2", differ, victim)
+	}
+	if !strings.Contains(missed, "lacks r@s2, at the start of epoch") {
+		t.Errorf("reported as %q: want the reason naming r@s2", missed)
+	}
+	// Before it left the in-sync set, the registry stopped listing it
+	// among r@s2's copies (the rebuild listed it again).
+	unlisted := false
+	for _, line := range strings.Split(pp.output(), "\n") {
+		unlisted = unlisted || (strings.Contains(line, `msg="a replica lacking a snapshot no longer listed among its copies"`) &&
+			strings.Contains(line, " node="+victim+" snapshot=s2"))
+	}
+	if !unlisted {
+		t.Errorf("%s not unlisted from r@s2's copies", victim)
+	}
+	// Reverted to r@s1, below the hole: s2 and s3 copied and taken again.
+	carried := ""
+	for _, line := range strings.Split(pp.output(), "\n") {
+		if strings.Contains(line, `msg="snapshots carried to a replica"`) && strings.Contains(line, " node="+victim+" ") {
+			carried = line
+		}
+	}
+	if !strings.Contains(carried, `snapshots="[s2 s3]"`) {
+		t.Errorf("carried to %s: %q, want r@s2 and r@s3", victim, carried)
+	}
+	var res struct {
+		Mismatches []any    `json:"mismatches"`
+		Snapshots  []string `json:"snapshots"`
+	}
+	var cls clusterJSON
+	pp.must(t, "GET", "/v1/cluster", "", 200, &cls)
+	c.procs[cls.LeaderID].must(t, "POST", "/v1/volumes/r/verify?snapshots=true", "", 200, &res)
+	if len(res.Mismatches) != 0 || len(res.Snapshots) != 3 {
+		t.Fatalf("verify with the snapshots: %+v, want the 3 snapshots compared, no mismatch", res)
+	}
+	for _, sn := range snaps {
+		var got snapshotJSON
+		pp.must(t, "GET", "/v1/volumes/r/snapshots/"+sn.Name, "", 200, &got)
+		if len(got.Nodes) != 3 {
+			t.Errorf("r@%s: nodes %v, want the three", sn.Name, got.Nodes)
+		}
+	}
+	c.stopAll(syscall.SIGTERM)
+	for _, id := range ids {
+		dir := filepath.Join(c.nodes[id].dir, "volumes")
+		for i, sn := range snaps {
+			if err := storeEquals(dir, sn.ID, models[i]); err != nil {
+				t.Errorf("seed %d: r@%s on %s: %v", seed, sn.Name, id, err)
+			}
+		}
+		if err := storeEquals(dir, v.ID, model); err != nil {
+			t.Errorf("seed %d: r on %s: %v", seed, id, err)
 		}
 	}
 }

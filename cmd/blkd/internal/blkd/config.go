@@ -170,7 +170,25 @@ type Config struct {
 	// Insecure allows an API or raft address beyond loopback without
 	// TLSDir: anyone who reaches it can then manage the cluster.
 	Insecure bool `json:"insecure,omitempty"`
+	// SnapshotHold is for tests, in the config file only: a replicated
+	// volume's primary, inside a snapshot's barrier, at SnapshotHoldAt,
+	// logs "snapshot barrier held for a test" and keeps the writes held
+	// this long (at most the snapshot's timeout, 10 s), so that a test
+	// can kill it there deterministically (TestSnapshotFailover).
+	// Default 0: no hold.
+	SnapshotHold Duration `json:"snapshot_hold,omitempty"`
+	// SnapshotHoldAt is where SnapshotHold holds: HoldCopies (the
+	// default, "") once every copy took the snapshot, before the
+	// barrier ends; HoldLocal once the primary's own copy took it,
+	// before the replicas are asked.
+	SnapshotHoldAt string `json:"snapshot_hold_at,omitempty"`
 }
+
+// SnapshotHoldAt's values.
+const (
+	HoldCopies = "copies"
+	HoldLocal  = "local"
+)
 
 // DefaultSyncInterval is Config.SyncInterval's default: the store's
 // (10 ms).
@@ -321,6 +339,12 @@ func (c Config) Validate() error {
 	}
 	if c.RebuildRate < 0 {
 		return fmt.Errorf("%w: --rebuild-rate %d is negative (0: unlimited)", ErrConfig, c.RebuildRate)
+	}
+	if c.SnapshotHoldAt != "" && c.SnapshotHoldAt != HoldCopies && c.SnapshotHoldAt != HoldLocal {
+		return fmt.Errorf("%w: snapshot_hold_at %q: %q (the default) or %q", ErrConfig, c.SnapshotHoldAt, HoldCopies, HoldLocal)
+	}
+	if c.SnapshotHold < 0 || time.Duration(c.SnapshotHold) > snapshotTimeout {
+		return fmt.Errorf("%w: snapshot_hold %v: between 0 (none) and the snapshot's timeout, %v", ErrConfig, time.Duration(c.SnapshotHold), snapshotTimeout)
 	}
 	if time.Duration(c.SyncInterval) > store.MaxSyncInterval {
 		return fmt.Errorf("%w: --sync-interval %v is above %v (a negative value turns the background sync off)", ErrConfig, time.Duration(c.SyncInterval), store.MaxSyncInterval)

@@ -39,6 +39,9 @@ func TestConfig(t *testing.T) {
 	}{
 		{Config{Cores: -2}, "--cores -2"},
 		{Config{RebuildRate: -1}, "--rebuild-rate -1 is negative"},
+		{Config{SnapshotHold: Duration(-time.Second)}, "snapshot_hold -1s: between 0 (none) and the snapshot's timeout, 10s"},
+		{Config{SnapshotHold: Duration(time.Minute)}, "snapshot_hold 1m0s: between 0"},
+		{Config{SnapshotHoldAt: "later"}, `snapshot_hold_at "later": "copies" (the default) or "local"`},
 		{Config{PollSpin: Duration(20 * time.Millisecond)}, "--poll-spin 20ms: at most 10ms"},
 		{Config{APIAddr: "nohost"}, `--api-addr "nohost"`},
 		{Config{Join: "nohost"}, `--join "nohost"`},

@@ -179,10 +179,10 @@ func (d *Daemon) internalRebuildRevert(w http.ResponseWriter, r *http.Request) e
 // internalRebuildSnapshot serves POST /v1/internal/rebuild-snapshot: the
 // primary, rebuilding this node's replica, wrote the snapshot's content
 // to its live copy and has it snapshot the copy (§4.3 step 2). A copy of
-// that snapshot the store holds already (an earlier rebuild's, not
-// listed since) is off the volume's chain after the revert: it is
-// deleted first (merged into its one child if it has one, which then
-// reads the same), and the snapshot taken again.
+// that snapshot the store holds already (an earlier rebuild's, or a
+// barrier's, not listed since) is deleted first (merged into its one
+// child if it has one, which then reads the same), and the snapshot
+// taken again.
 func (d *Daemon) internalRebuildSnapshot(w http.ResponseWriter, r *http.Request) error {
 	var req snapshotRequest
 	if err := decode(r, &req); err != nil {
@@ -192,19 +192,17 @@ func (d *Daemon) internalRebuildSnapshot(w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	vol, err := d.store.Volume(store.ID(v.ID))
-	if err != nil {
+	if _, err := d.store.Volume(store.ID(v.ID)); err != nil {
 		return &apiError{http.StatusConflict, fmt.Sprintf("volume %q on node %s: %v", v.Name, d.cfg.NodeID, err)}
 	}
-	info, err := vol.Info()
-	if err != nil {
-		return err
-	}
-	if uint64(info.Parent) != s.ID {
-		if _, err := d.store.Volume(store.ID(s.ID)); err == nil {
-			if err := d.store.Delete(store.ID(s.ID)); err != nil && !errors.Is(err, store.ErrNotFound) {
-				return &apiError{http.StatusConflict, fmt.Sprintf("snapshot %s@%s: an earlier copy on node %s not deleted: %v", v.Name, s.Name, d.cfg.NodeID, err)}
-			}
+	// Also when the live copy reads through it (a copy the registry
+	// never listed here, e.g. taken by a barrier of this node's primary
+	// term that the settle rounds finished without it; the whole
+	// snapshot was just written over the live copy): merged into the
+	// live copy, which reads the same, and taken again.
+	if _, err := d.store.Volume(store.ID(s.ID)); err == nil {
+		if err := d.store.Delete(store.ID(s.ID)); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return &apiError{http.StatusConflict, fmt.Sprintf("snapshot %s@%s: an earlier copy on node %s not deleted: %v", v.Name, s.Name, d.cfg.NodeID, err)}
 		}
 	}
 	if err := d.store.Snapshot(store.ID(v.ID), store.ID(s.ID)); err != nil {
@@ -217,11 +215,21 @@ func (d *Daemon) internalRebuildSnapshot(w http.ResponseWriter, r *http.Request)
 
 // snapshotNodesRequest is POST /v1/internal/snapshot-nodes: a volume's
 // primary has the leader record that a rebuild gave node a copy of the
-// snapshot.
+// snapshot, or, Remove, that its term check found node's store without
+// one (termsnap.go).
 type snapshotNodesRequest struct {
 	Volume   string `json:"volume"`
 	Snapshot string `json:"snapshot"`
 	Node     string `json:"node"`
+	Remove   bool   `json:"remove,omitempty"`
+}
+
+// command is the registry command r asks for.
+func (r snapshotNodesRequest) command() meta.SnapshotNodes {
+	if r.Remove {
+		return meta.SnapshotNodes{Volume: r.Volume, Snapshot: r.Snapshot, Remove: r.Node}
+	}
+	return meta.SnapshotNodes{Volume: r.Volume, Snapshot: r.Snapshot, Add: r.Node}
 }
 
 // internalSnapshotNodes serves POST /v1/internal/snapshot-nodes on the
@@ -244,7 +252,7 @@ func (d *Daemon) internalSnapshotNodes(w http.ResponseWriter, r *http.Request) e
 			return &apiError{http.StatusForbidden, fmt.Sprintf("node %s is not the primary of volume %q (%s is): only the primary records its rebuilds", name, req.Volume, v.Node)}
 		}
 	}
-	if _, err := d.node.Apply(r.Context(), meta.SnapshotNodes{Volume: req.Volume, Snapshot: req.Snapshot, Add: req.Node}); err != nil {
+	if _, err := d.node.Apply(r.Context(), req.command()); err != nil {
 		return metaError(err, "")
 	}
 	writeJSON(w, http.StatusOK, struct{}{})
@@ -254,11 +262,16 @@ func (d *Daemon) internalSnapshotNodes(w http.ResponseWriter, r *http.Request) e
 // addSnapshotNode has the leader record node among snap's copies,
 // trying again as replica reports do until ctx ends.
 func (d *Daemon) addSnapshotNode(ctx context.Context, volume, snap, node string) error {
-	req := snapshotNodesRequest{Volume: volume, Snapshot: snap, Node: node}
+	return d.snapshotNodes(ctx, snapshotNodesRequest{Volume: volume, Snapshot: snap, Node: node})
+}
+
+// snapshotNodes has the leader apply req, trying again as replica
+// reports do until ctx ends.
+func (d *Daemon) snapshotNodes(ctx context.Context, req snapshotNodesRequest) error {
 	for {
 		var err error
 		if d.node.IsLeader() {
-			_, err = d.node.Apply(ctx, meta.SnapshotNodes{Volume: volume, Snapshot: snap, Add: node})
+			_, err = d.node.Apply(ctx, req.command())
 			if err != nil && !errors.Is(err, meta.ErrNotLeader) {
 				return err
 			}
@@ -354,12 +367,14 @@ func (d *Daemon) carrySnapshots(ctx context.Context, v meta.Volume, epoch uint64
 	if err != nil {
 		return carried{}, fmt.Errorf("node %s's snapshots: %w", node, err)
 	}
-	// B: the newest R holds and is listed in; lack: those after it,
-	// oldest first.
+	// B: the newest R holds and is listed in, on its live chain with
+	// the same older snapshots as the primary's (a replica that lost
+	// one in the middle, found by the term check, is reverted below the
+	// hole); lack: those after it, oldest first.
 	var lack []meta.VolumeSnapshot
 	var base meta.VolumeSnapshot
-	for _, s := range chain {
-		if slices.Contains(their.Held, s.ID) && slices.Contains(s.Nodes, node) {
+	for i, s := range chain {
+		if slices.Contains(their.Held, s.ID) && slices.Contains(s.Nodes, node) && sameBelow(their.Chain, chain[i:]) {
 			base = s
 			break
 		}
@@ -405,6 +420,27 @@ func (d *Daemon) carrySnapshots(ctx context.Context, v meta.Volume, epoch uint64
 			slog.Uint64("copied_bytes", n), slog.Duration("took", time.Since(start).Round(time.Millisecond)))
 	}
 	return out, nil
+}
+
+// sameBelow says whether theirs, a replica's live chain (the volume
+// first), holds ours[0] and below it the snapshots of ours after it in
+// the same order, other objects (not in ours) left out.
+func sameBelow(theirs []chainObject, ours []meta.VolumeSnapshot) bool {
+	at := slices.IndexFunc(theirs, func(o chainObject) bool { return o.ID == ours[0].ID })
+	if at < 0 {
+		return false
+	}
+	i := 1
+	for _, o := range theirs[at+1:] {
+		if !slices.ContainsFunc(ours, func(s meta.VolumeSnapshot) bool { return s.ID == o.ID }) {
+			continue
+		}
+		if i == len(ours) || ours[i].ID != o.ID {
+			return false
+		}
+		i++
+	}
+	return i == len(ours)
 }
 
 // copySnapshot writes to ns what snapshot to reads differently from

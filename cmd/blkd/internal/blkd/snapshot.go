@@ -204,9 +204,14 @@ func (d *Daemon) takeSnapshot(ctx context.Context, volume, snap string, index ui
 			err  error
 		}
 		answers := make(chan answer, len(inSync)+1)
-		go func() {
+		if d.cfg.SnapshotHoldAt == HoldLocal {
 			answers <- answer{d.cfg.NodeID, d.store.Snapshot(store.ID(v.ID), store.ID(s.ID))}
-		}()
+			d.holdSnapshot(ctx, volume, snap, []string{d.cfg.NodeID})
+		} else {
+			go func() {
+				answers <- answer{d.cfg.NodeID, d.store.Snapshot(store.ID(v.ID), store.ID(s.ID))}
+			}()
+		}
 		n := 1
 		for _, node := range inSync {
 			if node == d.cfg.NodeID {
@@ -237,6 +242,9 @@ func (d *Daemon) takeSnapshot(ctx context.Context, volume, snap string, index ui
 				took = append(took, a.node) // the barrier's peers: the primary is none
 			}
 		}
+		if d.cfg.SnapshotHoldAt != HoldLocal {
+			d.holdSnapshot(ctx, volume, snap, append([]string{d.cfg.NodeID}, took...))
+		}
 		return took, nil
 	})
 	if err != nil {
@@ -245,6 +253,21 @@ func (d *Daemon) takeSnapshot(ctx context.Context, volume, snap string, index ui
 	nodes := append([]string{d.cfg.NodeID}, took...)
 	slices.Sort(nodes)
 	return control.Taken{Nodes: nodes, Held: held}, nil
+}
+
+// holdSnapshot keeps a snapshot's barrier for Config.SnapshotHold (a
+// test's: 0 returns at once), took the copies taken so far, logging
+// first that it does.
+func (d *Daemon) holdSnapshot(ctx context.Context, volume, snap string, took []string) {
+	hold := time.Duration(d.cfg.SnapshotHold)
+	if hold <= 0 {
+		return
+	}
+	d.log.Warn("snapshot barrier held for a test", "volume", volume, "snapshot", snap, "took", took, "hold", hold)
+	select {
+	case <-ctx.Done():
+	case <-time.After(hold):
+	}
 }
 
 // internalSnapshot serves POST /v1/internal/snapshot: the leader asks

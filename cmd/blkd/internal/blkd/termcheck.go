@@ -29,7 +29,8 @@ import (
 // missed write: recorded before any write skipping it is acknowledged).
 // The rebuild loop then copies the regions that differ back from the
 // primary (a compare rebuild): the primary's copy wins, as a host that
-// retries its unacknowledged writes expects.
+// retries its unacknowledged writes expects. Before the live copy, each
+// replica's snapshot chain is compared with the primary's (termsnap.go).
 
 const (
 	// termRechecks: how many more times a differing region is compared
@@ -61,6 +62,33 @@ func (d *Daemon) termCheck(ctx context.Context, pl *primaryLeg, id uint64, name 
 	}
 	log := d.log.With(slog.String("volume", name), slog.Uint64("epoch", pl.epoch))
 	for _, node := range nodes {
+		if d.nodeHas(node, meta.FeatureSnapshots) {
+			diff, lacks, err := d.snapshotSetCheck(ctx, node, name, id)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				log.Warn("term check of a replica's snapshots failed", slog.String("node", node), slog.String("err", err.Error()))
+			case diff != "":
+				// Unlisted before it leaves the in-sync set: its rebuild,
+				// which may start at once, lists it again as it carries.
+				for _, snap := range lacks {
+					rctx, cancel := context.WithTimeout(ctx, ownerTimeout)
+					err := d.snapshotNodes(rctx, snapshotNodesRequest{Volume: name, Snapshot: snap, Node: node, Remove: true})
+					cancel()
+					if err != nil {
+						log.Warn("a replica lacking a snapshot is still listed among its copies", slog.String("node", node), slog.String("snapshot", snap), slog.String("err", err.Error()))
+					} else {
+						log.Info("a replica lacking a snapshot no longer listed among its copies", slog.String("node", node), slog.String("snapshot", snap))
+					}
+				}
+				cause := fmt.Errorf("%w: %s, at the start of epoch %d", repl.ErrDiverged, diff, pl.epoch)
+				if pl.b.Diverged(node, cause) {
+					log.Warn("replica's snapshots differ from the primary's: taken out of sync, to be rebuilt", slog.String("node", node), slog.String("diff", diff))
+				}
+				continue // its rebuild compares the live copy too
+			}
+		}
 		if !d.nodeHas(node, meta.FeatureDigests) {
 			continue
 		}
