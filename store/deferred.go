@@ -50,7 +50,11 @@ type deferred struct {
 
 // deferKey makes map m's key i hold e (an own entry) at the next drain;
 // fresh, if not 0, is the cluster the write took from the ready pool.
-func (s *Store) deferKey(m, i, e, fresh uint64) {
+// Past maxDeferred waiting it drains them itself, unless it runs on a
+// poll group (EndDirect: poll false), which must never wait for a sync;
+// there the refill's commit, which the direct path's pops of ready
+// clusters bring about, or the next slow write drains them.
+func (s *Store) deferKey(m, i, e, fresh uint64, poll bool) {
 	d := &s.def
 	d.mu.Lock()
 	if d.keys == nil {
@@ -63,7 +67,7 @@ func (s *Store) deferKey(m, i, e, fresh uint64) {
 	n := len(d.keys) + len(d.rdel)
 	d.n.Store(int64(n))
 	d.mu.Unlock()
-	if n >= maxDeferred {
+	if n >= maxDeferred && !poll {
 		// No flush came (a store with no background syncer, whose hosts
 		// do not flush): the writer commits them, so memory stays
 		// bounded. An error fails the store; the write's own comes later.
@@ -111,6 +115,12 @@ func (s *Store) takeDeferred(b *pebble.Batch) int {
 // failure fails the store (the keys taken are lost to this run; Open
 // finds what was durable). Requires drainMu.
 func (s *Store) commitWithDeferred(b *pebble.Batch, sync bool) error {
+	if s.def.n.Load() == 0 {
+		// None waiting, and none taken by a drain not yet committed (drainMu
+		// is held): a key deferred from now on is of a write concurrent
+		// with b, which orders nothing before b.
+		return s.apply(b, sync)
+	}
 	d := s.db.NewBatch()
 	n := s.takeDeferred(d)
 	if n == 0 {
@@ -146,9 +156,6 @@ func (s *Store) commitWithDeferred(b *pebble.Batch, sync bool) error {
 // drainDeferred commits the waiting keys (not synced): for what reads the
 // map keys from pebble (Check).
 func (s *Store) drainDeferred() error {
-	if s.def.n.Load() == 0 {
-		return nil
-	}
 	s.def.drainMu.Lock()
 	defer s.def.drainMu.Unlock()
 	return s.commitWithDeferred(s.db.NewBatch(), false)

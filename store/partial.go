@@ -149,7 +149,7 @@ func (v *Volume) redirect(idx, in uint64, data []byte, es []uint64) error {
 	s.hook(hookDataWritten)
 	s.c.redirects.Add(1)
 	e := s.partialEntry(p, mask)
-	s.deferKey(v.mapID, idx, e, p)
+	s.deferKey(v.mapID, idx, e, p, false)
 	es[0] = e
 	return nil
 }
@@ -217,7 +217,7 @@ func (v *Volume) writePartial(idx, in uint64, data []byte, e uint64, es []uint64
 	es[0] = ne
 	if ne != e {
 		s.hook(hookDataWritten)
-		s.deferKey(v.mapID, idx, ne, 0)
+		s.deferKey(v.mapID, idx, ne, 0, false)
 	}
 	return nil
 }
@@ -261,10 +261,16 @@ func (v *Volume) beginRedirect(idx, in, n, e uint64, segs []Segment) bool {
 	}
 	var q, fresh uint64
 	if e&inherited != 0 {
-		s.al.mu.Lock()
+		// Tried, not waited for: a refill holds it across its synced
+		// commit. The cluster counts as mapped from here (an I/O error
+		// sends it to limbo and takes it off).
+		if !s.al.mu.TryLock() {
+			return false
+		}
 		p, ok := s.al.popReady()
 		if ok {
 			s.kickRefill()
+			s.al.mapped++
 		}
 		s.al.mu.Unlock()
 		if !ok {
@@ -301,7 +307,10 @@ func (v *Volume) endRedirect(lba uint64, ioErr error) {
 	v.allocMu.Unlock()
 	if ioErr != nil {
 		if d.fresh != 0 {
-			s.toLimbo(d.fresh)
+			s.al.mu.Lock() // an I/O error: rare enough to wait on a poll group
+			s.al.limbo = append(s.al.limbo, d.fresh)
+			s.al.mapped--
+			s.al.mu.Unlock()
 		}
 		v.unclaim(idx, 1, nil, 0)
 		return
@@ -310,14 +319,11 @@ func (v *Volume) endRedirect(lba uint64, ioErr error) {
 		s.c.redirects.Add(1)
 	}
 	if old := v.m.get(idx); old != d.e { // a mask widened, or a redirect
-		s.deferKey(v.mapID, idx, d.e, d.fresh)
+		s.deferKey(v.mapID, idx, d.e, d.fresh, true)
 	}
 	fresh := 0
 	if d.fresh != 0 {
 		fresh = 1
-		s.al.mu.Lock()
-		s.al.mapped++
-		s.al.mu.Unlock()
 	}
 	v.unclaim(idx, 1, []uint64{d.e}, fresh)
 }

@@ -1500,14 +1500,13 @@ func (s *Store) adminCheck(id ID, op string) error {
 // commit applies b (synced if sync), and releases it on success; ErrIO if
 // pebble failed, including a fatal error pebble reported to its logger.
 // commit commits b, after the deferred map keys waiting (deferred.go) if
-// there are any.
+// there are any. It always takes drainMu: a drain in progress (a flush's)
+// holds keys it took, not yet committed, that must land before b (a free
+// of the same index after them, say); seeing none waiting is not enough.
 func (s *Store) commit(b *pebble.Batch, sync bool) error {
-	if s.def.n.Load() != 0 {
-		s.def.drainMu.Lock()
-		defer s.def.drainMu.Unlock()
-		return s.commitWithDeferred(b, sync)
-	}
-	return s.apply(b, sync)
+	s.def.drainMu.Lock()
+	defer s.def.drainMu.Unlock()
+	return s.commitWithDeferred(b, sync)
 }
 
 // apply commits b alone.

@@ -419,7 +419,7 @@ func (v *Volume) allocate(idx, in uint64, data []byte, es []uint64) (taken, fres
 	if replaces {
 		s.c.cows.Add(1)
 		for i, p := range ps {
-			s.deferKey(v.mapID, idx+uint64(i), p, p)
+			s.deferKey(v.mapID, idx+uint64(i), p, p, false)
 		}
 	} else if err := v.commitMap(idx, ps); err != nil {
 		return 0, 0, err
