@@ -96,7 +96,7 @@ func NewStoreCollector(s *store.Store, names func() map[uint64]VolumeLabel) *Sto
 			counter("volume_store_refills_total", "Refills of the ready pool (one synced pebble commit each).", func(s *St) uint64 { return s.Refills }),
 			counter("volume_store_background_refills_total", "Refills of the ready pool made in the background when first writes left it below its low-water mark (among volume_store_refills_total; the rest were paid by a first write that found the pool empty).", func(s *St) uint64 { return s.BackgroundRefills }),
 			counter("volume_store_background_refill_errors_total", "Background refills of the ready pool that failed (logged; first writes refill it until one succeeds).", func(s *St) uint64 { return s.BackgroundRefillErrors }),
-			counter("volume_store_copies_on_write_total", "Writes that replaced a snapshot's cluster with one of the writer's own (a 64 KiB read and write each; docs/snapshots.md §1.3).", func(s *St) uint64 { return s.CopiesOnWrite }),
+			counter("volume_store_copies_on_write_total", "First writes that replaced a snapshot's cluster with one of the writer's own: covering it whole, or redirected into a partial cluster holding only the 4 KiB sub-blocks written (docs/snapshots.md §1.3).", func(s *St) uint64 { return s.CopiesOnWrite }),
 			counter("volume_store_frees_total", "Batches of clusters freed by Deallocate and Write Zeroes.", func(s *St) uint64 { return s.Frees }),
 			counter("volume_store_syncs_total", "Flushes that synced the data area and then pebble's WAL (Flush, FUA, the background syncer).", func(s *St) uint64 { return s.Flushes }),
 			counter("volume_store_area_syncs_total", "fdatasyncs of the data area.", func(s *St) uint64 { return s.AreaSyncs }),
