@@ -1151,11 +1151,6 @@ func (s *Store) flushRound() (synced bool, err error) {
 	if s.flushedSeq.Load() >= seq && len(limbo) == 0 && s.def.n.Load() == 0 {
 		return false, nil
 	}
-	// The deferred map keys are taken before the area sync, so their
-	// bytes (written before they were deferred) are in it, and committed
-	// with the WAL sync.
-	s.def.drainMu.Lock()
-	defer s.def.drainMu.Unlock()
 	s.c.flushes.Add(1)
 	back := func(err error) error {
 		s.al.mu.Lock()
@@ -1167,30 +1162,8 @@ func (s *Store) flushRound() (synced bool, err error) {
 		return false, back(err)
 	}
 	s.hook(hookLimboZeroed)
-	// The deferred map keys are taken before the area sync: their bytes
-	// were written before they were deferred, so the sync holds them, and
-	// the keys commit with the WAL sync. (A sync failure fails the store.)
-	d := s.db.NewBatch()
-	n := s.takeDeferred(d)
-	if err := s.syncArea(); err != nil {
-		_ = d.Close()
+	if err := s.syncAll(); err != nil {
 		return false, back(err)
-	}
-	s.hook(hookAreaSynced)
-	if n > 0 {
-		if err := s.apply(d, true); err != nil {
-			s.fail(err)
-			return false, back(err)
-		}
-		s.c.deferredCommits.Add(uint64(n))
-		s.hook(hookDeferredCommitted)
-	} else {
-		_ = d.Close()
-		if err := s.db.LogData(nil, pebble.Sync); err != nil {
-			err = fmt.Errorf("store: sync the WAL: %w: %w", ErrIO, err)
-			s.fail(err)
-			return false, back(err)
-		}
 	}
 	if err := s.err(); err != nil {
 		return false, back(err)
@@ -1200,6 +1173,40 @@ func (s *Store) flushRound() (synced bool, err error) {
 	s.al.pushReady(limbo)
 	s.al.mu.Unlock()
 	return true, nil
+}
+
+// syncAll is a flush's durable part: the area synced, then the WAL with
+// the deferred map keys (deferred.go) taken before the area sync, whose
+// bytes were written before they were deferred, so the sync holds them.
+// Under drainMu, released before the caller takes the allocator's lock
+// (a refill holds that lock across its commit, which takes drainMu). A
+// sync failure fails the store.
+func (s *Store) syncAll() error {
+	s.def.drainMu.Lock()
+	defer s.def.drainMu.Unlock()
+	d := s.db.NewBatch()
+	n := s.takeDeferred(d)
+	if err := s.syncArea(); err != nil {
+		_ = d.Close()
+		return err
+	}
+	s.hook(hookAreaSynced)
+	if n == 0 {
+		_ = d.Close()
+		if err := s.db.LogData(nil, pebble.Sync); err != nil {
+			err = fmt.Errorf("store: sync the WAL: %w: %w", ErrIO, err)
+			s.fail(err)
+			return err
+		}
+		return nil
+	}
+	if err := s.apply(d, true); err != nil {
+		s.fail(err)
+		return err
+	}
+	s.c.deferredCommits.Add(uint64(n))
+	s.hook(hookDeferredCommitted)
+	return nil
 }
 
 func maxStore(a *atomic.Uint64, v uint64) {
