@@ -274,3 +274,17 @@ func carriedTo(d *daemon, node string) string {
 	}
 	return carried
 }
+
+// randomRun draws a write for a model test from r: 1 to 16 blocks of bs
+// bytes of random data at a random LBA inside the span blocks from
+// first. Writers given distinct spans never overlap, so each keeps the
+// model's order for its own blocks.
+func randomRun(r *rand.Rand, first, span, bs int) (lba, n int, buf []byte) {
+	n = 1 + r.IntN(16)
+	lba = first + r.IntN(span-n+1)
+	buf = make([]byte, n*bs)
+	for i := range buf {
+		buf[i] = byte(r.Uint32())
+	}
+	return lba, n, buf
+}

@@ -39,12 +39,7 @@ func TestSnapshotReplicated(t *testing.T) {
 	model := make([]byte, blocks*bs)
 	const quarter = blocks / 4
 	write := func(r *rand.Rand, q int) error {
-		n := 1 + r.IntN(16)
-		lba := q*quarter + r.IntN(quarter-n+1)
-		buf := make([]byte, n*bs)
-		for i := range buf {
-			buf[i] = byte(r.Uint32())
-		}
+		lba, n, buf := randomRun(r, q*quarter, quarter, bs)
 		if err := pathRetry(func() error { _, err := ns.WriteAt(buf, int64(lba*bs)); return err }); err != nil {
 			return fmt.Errorf("write %d blocks at %d: %w", n, lba, err)
 		}
@@ -483,12 +478,7 @@ func testSnapshotFailover(t *testing.T, at string) {
 	const quarter = blocks / 4
 	model := make([]byte, blocks*bs)
 	write := func(r *rand.Rand, q int) error {
-		n := 1 + r.IntN(16)
-		lba := q*quarter + r.IntN(quarter-n+1)
-		buf := make([]byte, n*bs)
-		for i := range buf {
-			buf[i] = byte(r.Uint32())
-		}
+		lba, n, buf := randomRun(r, q*quarter, quarter, bs)
 		if _, err := host.write(buf, int64(lba*bs), 30*time.Second); err != nil {
 			return fmt.Errorf("seed %d: write of %d blocks at %d: %w", seed, n, lba, err)
 		}
