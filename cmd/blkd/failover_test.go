@@ -92,12 +92,7 @@ func testFailover(t *testing.T, sig syscall.Signal) {
 	touched := map[int]bool{}
 	span := quarter // of each quarter, the blocks written
 	randWrite := func(r *rand.Rand, q int) error {
-		n := 1 + r.IntN(16)
-		lba := q*quarter + r.IntN(span-n+1)
-		buf := make([]byte, n*bs)
-		for i := range buf {
-			buf[i] = byte(r.Uint32())
-		}
+		lba, n, buf := randomRun(r, q*quarter, span, bs)
 		touchedMu.Lock()
 		for b := lba; b < lba+n; b++ {
 			touched[b*bs/(64<<10)] = true

@@ -82,12 +82,7 @@ func TestReplaceAndMove(t *testing.T) {
 	model := make([]byte, blocks*bs)
 	var writes atomic.Int64
 	randWrite := func(r *rand.Rand, q int) error {
-		n := 1 + r.IntN(16)
-		lba := q*quarter + r.IntN(quarter-n+1)
-		buf := make([]byte, n*bs)
-		for i := range buf {
-			buf[i] = byte(r.Uint32())
-		}
+		lba, _, buf := randomRun(r, q*quarter, quarter, bs)
 		if _, err := host.write(buf, int64(lba*bs), 30*time.Second); err != nil {
 			return err
 		}

@@ -223,3 +223,68 @@ func pinnedVolume(t *testing.T, c *cluster, ids []string, leader, name, size str
 	lp.must(t, "POST", "/v1/volumes/"+name+"/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
 	return a
 }
+
+// relaunchZoned starts every node of ids again at once, each in its
+// zone (as startZoned placed it), and waits until all serve: one node of
+// a stopped cluster alone has no quorum to become ready with.
+func (c *cluster) relaunchZoned(ids []string) {
+	c.t.Helper()
+	ready := map[string]<-chan struct{}{}
+	for _, id := range ids {
+		n := c.nodes[id]
+		c.procs[id], ready[id] = launchBlkdOn(c.t, n.dir, n.raft, n.nvme, n.api, append(append([]string{"--node-id", id}, c.common...), "--zone", zoneOf(id))...)
+	}
+	for _, id := range ids {
+		c.procs[id].waitReady(c.t, ready[id], 90*time.Second)
+	}
+}
+
+// rebuiltAfter waits until primary has logged why (a term check's
+// reason for taking victim out of sync) and a rebuild done, and every
+// replica of volume name is in sync again; it returns the volume as
+// primary last answered.
+func rebuiltAfter(t *testing.T, primary *daemon, name, victim, why string) replicatedJSON {
+	t.Helper()
+	var v replicatedJSON
+	eventually(t, 60*time.Second, victim+" taken out of sync and rebuilt", func() error {
+		out := primary.output()
+		if !strings.Contains(out, why) || !strings.Contains(out, `msg="rebuild done"`) {
+			return fmt.Errorf("%s and a rebuild done not both logged yet", why)
+		}
+		v = replicatedJSON{}
+		primary.must(t, "GET", "/v1/volumes/"+name, "", 200, &v)
+		for _, r := range v.Replicas {
+			if r.State != "in-sync" {
+				return fmt.Errorf("%+v", v.Replicas)
+			}
+		}
+		return nil
+	})
+	return v
+}
+
+// carriedTo is d's last log line of snapshots carried to node's replica
+// by a rebuild, "" if none.
+func carriedTo(d *daemon, node string) string {
+	carried := ""
+	for _, line := range strings.Split(d.output(), "\n") {
+		if strings.Contains(line, `msg="snapshots carried to a replica"`) && strings.Contains(line, " node="+node+" ") {
+			carried = line
+		}
+	}
+	return carried
+}
+
+// randomRun draws a write for a model test from r: 1 to 16 blocks of bs
+// bytes of random data at a random LBA inside the span blocks from
+// first. Writers given distinct spans never overlap, so each keeps the
+// model's order for its own blocks.
+func randomRun(r *rand.Rand, first, span, bs int) (lba, n int, buf []byte) {
+	n = 1 + r.IntN(16)
+	lba = first + r.IntN(span-n+1)
+	buf = make([]byte, n*bs)
+	for i := range buf {
+		buf[i] = byte(r.Uint32())
+	}
+	return lba, n, buf
+}

@@ -128,12 +128,7 @@ func testReplication(t *testing.T, killLeader bool) {
 	// order is the host's.
 	const quarter = blocks / 4
 	write := func(r *rand.Rand, q int) error {
-		n := 1 + r.IntN(16)
-		lba := q*quarter + r.IntN(quarter-n+1)
-		buf := make([]byte, n*bs)
-		for i := range buf {
-			buf[i] = byte(r.Uint32())
-		}
+		lba, n, buf := randomRun(r, q*quarter, quarter, bs)
 		// A path status is retried, as a host does: the primary's lease
 		// may lapse for a moment while the registry elects a leader
 		// (docs/replication.md §3); a write that fails is an error.

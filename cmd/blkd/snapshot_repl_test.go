@@ -39,12 +39,7 @@ func TestSnapshotReplicated(t *testing.T) {
 	model := make([]byte, blocks*bs)
 	const quarter = blocks / 4
 	write := func(r *rand.Rand, q int) error {
-		n := 1 + r.IntN(16)
-		lba := q*quarter + r.IntN(quarter-n+1)
-		buf := make([]byte, n*bs)
-		for i := range buf {
-			buf[i] = byte(r.Uint32())
-		}
+		lba, n, buf := randomRun(r, q*quarter, quarter, bs)
 		if err := pathRetry(func() error { _, err := ns.WriteAt(buf, int64(lba*bs)); return err }); err != nil {
 			return fmt.Errorf("write %d blocks at %d: %w", n, lba, err)
 		}
@@ -79,14 +74,7 @@ func TestSnapshotReplicated(t *testing.T) {
 		t.Fatalf("clone of r@s2: %+v, want online on 3 nodes", clone)
 	}
 	// A verify compares the live copies: equal.
-	var res struct {
-		Mismatches []any    `json:"mismatches"`
-		Snapshots  []string `json:"snapshots"`
-	}
-	lp.must(t, "POST", "/v1/volumes/r/verify?snapshots=true", "", 200, &res)
-	if len(res.Mismatches) != 0 || len(res.Snapshots) != 4 {
-		t.Fatalf("verify with the snapshots: %+v, want the 4 snapshots compared, no mismatch", res)
-	}
+	verifyClean(t, lp, "r", 4)
 	lp.refuse(t, "POST", "/v1/volumes/r/verify?snapshots=maybe", "", 400, `snapshots="maybe"`)
 	ctrl.Close()
 
@@ -490,12 +478,7 @@ func testSnapshotFailover(t *testing.T, at string) {
 	const quarter = blocks / 4
 	model := make([]byte, blocks*bs)
 	write := func(r *rand.Rand, q int) error {
-		n := 1 + r.IntN(16)
-		lba := q*quarter + r.IntN(quarter-n+1)
-		buf := make([]byte, n*bs)
-		for i := range buf {
-			buf[i] = byte(r.Uint32())
-		}
+		lba, n, buf := randomRun(r, q*quarter, quarter, bs)
 		if _, err := host.write(buf, int64(lba*bs), 30*time.Second); err != nil {
 			return fmt.Errorf("seed %d: write of %d blocks at %d: %w", seed, n, lba, err)
 		}
@@ -599,30 +582,17 @@ func testSnapshotFailover(t *testing.T, at string) {
 		return nil
 	})
 	if at == blkd.HoldCopies {
-		carried := ""
-		for _, line := range strings.Split(np.output(), "\n") {
-			if strings.Contains(line, `msg="snapshots carried to a replica"`) && strings.Contains(line, " node="+primary+" ") {
-				carried = line
-			}
-		}
-		if !strings.Contains(carried, `snapshots=[s1]`) {
+		if carried := carriedTo(np, primary); !strings.Contains(carried, `snapshots=[s1]`) {
 			t.Errorf("carried to %s: %q, want f@s1 (its own copy, never listed, taken again)", primary, carried)
 		}
 	}
-	var res struct {
-		Mismatches []any    `json:"mismatches"`
-		Snapshots  []string `json:"snapshots"`
-	}
 	var cls clusterJSON
 	lp.must(t, "GET", "/v1/cluster", "", 200, &cls)
-	c.procs[cls.LeaderID].must(t, "POST", "/v1/volumes/f/verify?snapshots=true", "", 200, &res)
 	want := []uint64{v.ID} // the store objects
 	if at == blkd.HoldCopies {
 		want = append(want, s.ID)
 	}
-	if len(res.Mismatches) != 0 || len(res.Snapshots) != len(want)-1 {
-		t.Fatalf("verify with the snapshots: %+v, want %d compared, no mismatch", res, len(want)-1)
-	}
+	verifyClean(t, c.procs[cls.LeaderID], "f", len(want)-1)
 	host.close()
 	c.stopAll(syscall.SIGTERM)
 	var first []byte

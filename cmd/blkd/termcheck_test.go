@@ -72,30 +72,9 @@ func TestTermCheck(t *testing.T) {
 	}
 
 	// The whole cluster again: the primary's term begins with a check.
-	ready := map[string]<-chan struct{}{}
-	for _, id := range ids {
-		n := c.nodes[id]
-		c.procs[id], ready[id] = launchBlkdOn(t, n.dir, n.raft, n.nvme, n.api, append(append([]string{"--node-id", id}, c.common...), "--zone", zoneOf(id))...)
-	}
-	for _, id := range ids {
-		c.procs[id].waitReady(t, ready[id], 90*time.Second)
-	}
+	c.relaunchZoned(ids)
 	pp := c.procs[pin]
-	eventually(t, 60*time.Second, victim+" taken out of sync and rebuilt", func() error {
-		out := pp.output()
-		if !strings.Contains(out, `msg="replica differs from the primary: taken out of sync, to be copied back"`) ||
-			!strings.Contains(out, `msg="rebuild done"`) {
-			return fmt.Errorf("no divergence and rebuild logged yet")
-		}
-		v = replicatedJSON{}
-		pp.must(t, "GET", "/v1/volumes/t", "", 200, &v)
-		for _, r := range v.Replicas {
-			if r.State != "in-sync" {
-				return fmt.Errorf("%+v", v.Replicas)
-			}
-		}
-		return nil
-	})
+	v = rebuiltAfter(t, pp, "t", victim, `msg="replica differs from the primary: taken out of sync, to be copied back"`)
 	var diverged, done, equal string
 	for _, line := range strings.Split(pp.output(), "\n") {
 		switch {
@@ -202,30 +181,9 @@ func TestTermCheckSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ready := map[string]<-chan struct{}{}
-	for _, id := range ids {
-		n := c.nodes[id]
-		c.procs[id], ready[id] = launchBlkdOn(t, n.dir, n.raft, n.nvme, n.api, append(append([]string{"--node-id", id}, c.common...), "--zone", zoneOf(id))...)
-	}
-	for _, id := range ids {
-		c.procs[id].waitReady(t, ready[id], 90*time.Second)
-	}
+	c.relaunchZoned(ids)
 	pp := c.procs[pin]
-	eventually(t, 60*time.Second, victim+" taken out of sync and rebuilt", func() error {
-		out := pp.output()
-		if !strings.Contains(out, `msg="replica's snapshots differ from the primary's: taken out of sync, to be rebuilt"`) ||
-			!strings.Contains(out, `msg="rebuild done"`) {
-			return fmt.Errorf("no difference and rebuild logged yet")
-		}
-		v = replicatedJSON{}
-		pp.must(t, "GET", "/v1/volumes/r", "", 200, &v)
-		for _, r := range v.Replicas {
-			if r.State != "in-sync" {
-				return fmt.Errorf("%+v", v.Replicas)
-			}
-		}
-		return nil
-	})
+	v = rebuiltAfter(t, pp, "r", victim, `msg="replica's snapshots differ from the primary's: taken out of sync, to be rebuilt"`)
 	var differ, missed string
 	for _, line := range strings.Split(pp.output(), "\n") {
 		switch {
@@ -252,25 +210,12 @@ func TestTermCheckSnapshots(t *testing.T) {
 		t.Errorf("%s not unlisted from r@s2's copies", victim)
 	}
 	// Reverted to r@s1, below the hole: s2 and s3 copied and taken again.
-	carried := ""
-	for _, line := range strings.Split(pp.output(), "\n") {
-		if strings.Contains(line, `msg="snapshots carried to a replica"`) && strings.Contains(line, " node="+victim+" ") {
-			carried = line
-		}
-	}
-	if !strings.Contains(carried, `snapshots="[s2 s3]"`) {
+	if carried := carriedTo(pp, victim); !strings.Contains(carried, `snapshots="[s2 s3]"`) {
 		t.Errorf("carried to %s: %q, want r@s2 and r@s3", victim, carried)
-	}
-	var res struct {
-		Mismatches []any    `json:"mismatches"`
-		Snapshots  []string `json:"snapshots"`
 	}
 	var cls clusterJSON
 	pp.must(t, "GET", "/v1/cluster", "", 200, &cls)
-	c.procs[cls.LeaderID].must(t, "POST", "/v1/volumes/r/verify?snapshots=true", "", 200, &res)
-	if len(res.Mismatches) != 0 || len(res.Snapshots) != 3 {
-		t.Fatalf("verify with the snapshots: %+v, want the 3 snapshots compared, no mismatch", res)
-	}
+	verifyClean(t, c.procs[cls.LeaderID], "r", 3)
 	for _, sn := range snaps {
 		var got snapshotJSON
 		pp.must(t, "GET", "/v1/volumes/r/snapshots/"+sn.Name, "", 200, &got)

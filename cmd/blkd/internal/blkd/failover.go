@@ -301,14 +301,25 @@ func (d *Daemon) serveStandby(v meta.Volume) error {
 // primaryAt says whether this node serves v as its primary at v's epoch,
 // in a term that still runs.
 func (d *Daemon) primaryAt(v meta.Volume) bool {
-	hv := d.hostVolumeOf(v.ID)
+	_, pl := d.termAt(v)
+	return pl != nil
+}
+
+// termAt returns v's host subsystem on this node and the primary term it
+// serves v in, if that term is at v's epoch and still runs; pl is nil
+// otherwise (a term of an older epoch must not act for the current one).
+func (d *Daemon) termAt(v meta.Volume) (hv *hostVolume, pl *primaryLeg) {
+	hv = d.hostVolumeOf(v.ID)
 	if hv == nil {
-		return false
+		return nil, nil
 	}
 	d.repl.mu.Lock()
-	pl := hv.pl
+	pl = hv.pl
 	d.repl.mu.Unlock()
-	return pl != nil && pl.epoch == v.CurrentEpoch() && !pl.dead()
+	if pl == nil || pl.epoch != v.CurrentEpoch() || pl.dead() {
+		return hv, nil
+	}
+	return hv, pl
 }
 
 // removeHostVolume forgets the host subsystem of the volume served under

@@ -86,14 +86,7 @@ func (d *Daemon) importBackend(ctx context.Context, v meta.Volume) (submit func(
 	ctx, cancel := context.WithTimeout(ctx, importServeWait)
 	defer cancel()
 	for {
-		hv := d.hostVolumeOf(v.ID)
-		var pl *primaryLeg
-		if hv != nil {
-			d.repl.mu.Lock()
-			pl = hv.pl
-			d.repl.mu.Unlock()
-		}
-		if pl != nil && pl.epoch == v.CurrentEpoch() && !pl.dead() {
+		if hv, pl := d.termAt(v); pl != nil {
 			select {
 			case <-pl.leased:
 				t := importTerm{hv, pl}

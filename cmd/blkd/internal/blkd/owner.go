@@ -400,17 +400,29 @@ func (d *Daemon) askPeer(req *http.Request, out any) error {
 	return nil
 }
 
-// reconcileLocal reconciles the volume called name on this node from its
-// registry copy, once that copy has applied index.
-func (d *Daemon) reconcileLocal(ctx context.Context, name string, index uint64) (control.Status, error) {
+// volumeAt waits, at most ownerCatchUp, for the local registry copy to
+// apply index, then reads the volume called name from it (ok false: the
+// registry holds none). A leader's request to this node names the index
+// its decision was made at: answering from an older copy would act on a
+// registry that does not yet say what the leader saw. A copy that does
+// not get there in time is a 503, for the caller to retry.
+func (d *Daemon) volumeAt(ctx context.Context, name string, index uint64) (v meta.Volume, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, ownerCatchUp)
 	defer cancel()
 	if d.node.WaitApplied(ctx, index) != nil {
-		return control.Status{}, fmt.Errorf("node %s: registry copy at index %d, not yet %d", d.cfg.NodeID, d.node.AppliedIndex(), index)
+		return v, false, &apiError{http.StatusServiceUnavailable, fmt.Sprintf("node %s: registry copy at index %d, not yet %d", d.cfg.NodeID, d.node.AppliedIndex(), index)}
 	}
-	var v meta.Volume
-	var ok bool
 	d.node.FSM().Read(func(s *meta.State) { v, ok = s.Volume(name) })
+	return v, ok, nil
+}
+
+// reconcileLocal reconciles the volume called name on this node from its
+// registry copy, once that copy has applied index.
+func (d *Daemon) reconcileLocal(ctx context.Context, name string, index uint64) (control.Status, error) {
+	v, ok, err := d.volumeAt(ctx, name, index)
+	if err != nil {
+		return control.Status{}, err
+	}
 	if !ok {
 		d.rec.Forget(name)
 		return control.Status{Name: name, State: control.StateDeleted}, nil

@@ -117,14 +117,10 @@ func (d *Daemon) rebuildingReplica(r *http.Request, req snapshotRequest) (meta.V
 	if req.Volume == "" || req.Snapshot == "" || req.Epoch == 0 {
 		return meta.Volume{}, meta.VolumeSnapshot{}, badRequest(`"volume", "snapshot" and "epoch" are required`)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), ownerCatchUp)
-	defer cancel()
-	if d.node.WaitApplied(ctx, req.Index) != nil {
-		return meta.Volume{}, meta.VolumeSnapshot{}, &apiError{http.StatusServiceUnavailable, fmt.Sprintf("node %s: registry copy at index %d, not yet %d", d.cfg.NodeID, d.node.AppliedIndex(), req.Index)}
+	v, ok, err := d.volumeAt(r.Context(), req.Volume, req.Index)
+	if err != nil {
+		return v, meta.VolumeSnapshot{}, err
 	}
-	var v meta.Volume
-	var ok bool
-	d.node.FSM().Read(func(s *meta.State) { v, ok = s.Volume(req.Volume) })
 	if !ok {
 		return v, meta.VolumeSnapshot{}, metaError(fmt.Errorf("meta: volume %q: %w", req.Volume, meta.ErrUnknownVolume), "")
 	}

@@ -258,14 +258,10 @@ func (p ownerParts) DropRemoved(ctx context.Context, node, name string, id, inde
 // applied up to req.Index, no longer places here
 // (control.Reconciler.DropRemoved).
 func (d *Daemon) dropLocal(ctx context.Context, req dropRequest) error {
-	ctx, cancel := context.WithTimeout(ctx, ownerCatchUp)
-	defer cancel()
-	if d.node.WaitApplied(ctx, req.Index) != nil {
-		return &apiError{http.StatusServiceUnavailable, fmt.Sprintf("node %s: registry copy at index %d, not yet %d", d.cfg.NodeID, d.node.AppliedIndex(), req.Index)}
+	v, ok, err := d.volumeAt(ctx, req.Name, req.Index)
+	if err != nil {
+		return err
 	}
-	var v meta.Volume
-	var ok bool
-	d.node.FSM().Read(func(s *meta.State) { v, ok = s.Volume(req.Name) })
 	if !ok {
 		return &apiError{http.StatusNotFound, fmt.Sprintf("no volume %q in the registry: its copy here, if any, is an orphan left for an operator", req.Name)}
 	}

@@ -143,14 +143,10 @@ func (d *Daemon) apiOf(node string) string {
 // snapshotOf waits for the local registry copy to reach index and
 // returns volume and its snapshot snap, which must be being taken.
 func (d *Daemon) snapshotOf(ctx context.Context, volume, snap string, index uint64) (meta.Volume, meta.VolumeSnapshot, error) {
-	wctx, cancel := context.WithTimeout(ctx, ownerCatchUp)
-	defer cancel()
-	if d.node.WaitApplied(wctx, index) != nil {
-		return meta.Volume{}, meta.VolumeSnapshot{}, &apiError{http.StatusServiceUnavailable, fmt.Sprintf("node %s: registry copy at index %d, not yet %d", d.cfg.NodeID, d.node.AppliedIndex(), index)}
+	v, ok, err := d.volumeAt(ctx, volume, index)
+	if err != nil {
+		return v, meta.VolumeSnapshot{}, err
 	}
-	var v meta.Volume
-	var ok bool
-	d.node.FSM().Read(func(s *meta.State) { v, ok = s.Volume(volume) })
 	if !ok {
 		return v, meta.VolumeSnapshot{}, metaError(fmt.Errorf("meta: volume %q: %w", volume, meta.ErrUnknownVolume), "")
 	}
@@ -186,14 +182,8 @@ func (d *Daemon) takeSnapshot(ctx context.Context, volume, snap string, index ui
 		}
 		return control.Taken{Nodes: []string{d.cfg.NodeID}, Held: time.Since(start)}, nil
 	}
-	hv := d.hostVolumeOf(v.ID)
-	var pl *primaryLeg
-	if hv != nil {
-		d.repl.mu.Lock()
-		pl = hv.pl
-		d.repl.mu.Unlock()
-	}
-	if pl == nil || pl.epoch != v.CurrentEpoch() || pl.dead() {
+	_, pl := d.termAt(v)
+	if pl == nil {
 		return control.Taken{}, &apiError{http.StatusConflict, fmt.Sprintf("volume %q: node %s does not serve it as its primary at epoch %d now", volume, d.cfg.NodeID, v.CurrentEpoch())}
 	}
 	var took []string
