@@ -64,7 +64,7 @@ func (s *Store) Check() error {
 		}
 		p := physOf(e)
 		v := byMap[m]
-		if e != 0 && e&partial != 0 && (maskOf(e)&^s.fullMask != 0 || maskOf(e) == s.fullMask) {
+		if s.badPartial(e) {
 			bad("map %d index %d: partial entry %#x, a store of %d sub-blocks", m, idx, e, bits.OnesCount64(s.fullMask))
 		}
 		if e == 0 { // a tombstone: only in a map with a parent

@@ -100,7 +100,9 @@ func parseReservedKey(k []byte) (uint64, bool) {
 	return binary.BigEndian.Uint64(k[1:]), true
 }
 
-// physValue encodes a map value: the physical cluster, 8 bytes big-endian.
+// putPhys encodes a map value, 8 bytes big-endian: the physical cluster,
+// and for a partial entry its flag and sub-block mask (clustermap.go);
+// 0 is a tombstone. parsePhys decodes one, refusing any other bit.
 func putPhys(dst []byte, phys uint64) { binary.BigEndian.PutUint64(dst[:8], phys) }
 
 func parsePhys(v []byte) (uint64, bool) {

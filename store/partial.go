@@ -35,6 +35,14 @@ func (s *Store) sub(in, end uint64) (a, b uint64) {
 // subMask is the mask of sub-blocks [a, b).
 func subMask(a, b uint64) uint64 { return (1<<b - 1) &^ (1<<a - 1) }
 
+// badPartial says whether e, a map value, is a partial entry whose mask
+// this store cannot hold: bits past its sub-blocks, or all of them (a
+// whole cluster is never partial). Open and Check refuse it.
+func (s *Store) badPartial(e uint64) bool {
+	m := maskOf(e)
+	return e&partial != 0 && (m&^s.fullMask != 0 || m == s.fullMask)
+}
+
 // partialEntry is the entry of cluster p holding the sub-blocks of mask:
 // p alone once mask is full.
 func (s *Store) partialEntry(p, mask uint64) uint64 {
@@ -112,7 +120,9 @@ func (s *Store) readCluster(p, in uint64, buf []byte) error {
 	return nil
 }
 
-// readPartial is Read's segment of a partial entry: readAs under gate.
+// readPartial is readAs as v reads cluster idx, under gate: for every
+// read that may meet a partial entry (Read's segment of one, a redirect's
+// sub-blocks to merge, writtenPast).
 func (v *Volume) readPartial(idx, in uint64, buf []byte) error {
 	s := v.s
 	s.gate.RLock()
@@ -170,10 +180,7 @@ func (v *Volume) copyCluster(idx, p, from, to, in uint64, data []byte) error {
 	buf := (*bp)[:to-from]
 	// Only the sub-blocks data leaves uncovered need reading; reading the
 	// range whole is one I/O instead of two.
-	s.gate.RLock()
-	err := s.readAs(v, idx, from, buf)
-	s.gate.RUnlock()
-	if err != nil {
+	if err := v.readPartial(idx, from, buf); err != nil {
 		return fmt.Errorf("redirect: %w", err)
 	}
 	copy(buf[in-from:], data)
@@ -194,7 +201,7 @@ func (v *Volume) writePartial(idx, in uint64, data []byte, e uint64, es []uint64
 	p, mask := physOf(e), maskOf(e)
 	var from, to uint64
 	if len(data) == 0 {
-		from, to = 0, s.cmask+1
+		from, to, mask = 0, s.cmask+1, s.fullMask
 	} else {
 		end := in + uint64(len(data))
 		a, b := s.sub(in, end)
@@ -206,9 +213,6 @@ func (v *Volume) writePartial(idx, in uint64, data []byte, e uint64, es []uint64
 			to = b << s.sbShift
 		}
 		mask |= subMask(a, b)
-	}
-	if len(data) == 0 {
-		mask = s.fullMask
 	}
 	if err := v.copyCluster(idx, p, from, to, in, data); err != nil {
 		return err

@@ -610,7 +610,7 @@ func (s *Store) load() error {
 		err := s.scanMap(vol.mapID, func(k, v []byte) error {
 			m, idx, ok := parseMapKey(k)
 			e, okv := parsePhys(v)
-			if !ok || !okv || (e&partial != 0 && (maskOf(e)&^s.fullMask != 0 || maskOf(e) == s.fullMask)) {
+			if !ok || !okv || s.badPartial(e) {
 				return fmt.Errorf("store: map key %x = %x: %w", k, v, ErrCorrupt)
 			}
 			phys := physOf(e)
@@ -1075,10 +1075,7 @@ func (s *Store) writtenPast(v *Volume, from, to uint64) (bool, error) {
 	}
 	n := min(s.cmask+1, to-(from&^s.cmask)) - in
 	buf := alignedBuf(int(n), s.align)
-	s.gate.RLock()
-	err := s.readAs(v, from>>s.cshift, in, buf)
-	s.gate.RUnlock()
-	if err != nil {
+	if err := v.readPartial(from>>s.cshift, in, buf); err != nil {
 		return false, err
 	}
 	return slices.ContainsFunc(buf, func(c byte) bool { return c != 0 }), nil
