@@ -32,6 +32,7 @@
 //	features.go     Get/Set Features
 //	log.go          Get Log Page: error, SMART, firmware, changed namespaces, effects
 //	discovery.go    the discovery controller and its log page
+//	remote.go       RemoteSubsystem, SetRemoteSubsystems: other targets' subsystems in the log
 //	addr.go         listen and advertised addresses, shared by the bindings
 //	events.go       structured events (Config.Logger): controllers, refused Connects
 //	ana.go          Asymmetric Namespace Access: SetANAState, its notice, log 0x0C, the I/O status
