@@ -366,6 +366,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	d.ready.Store(true)
 	go d.settleLoop(d.stop)
 	go d.livenessLoop(d.stop)
+	go d.remoteLoop(d.stop)
 	fmt.Fprintln(out, "ready")
 	return d, nil
 }
