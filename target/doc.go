@@ -30,6 +30,8 @@
 //	fabrics_cmd.go  Connect (nvmet's checks, in nvmet's order), Property Get/Set
 //	admin_cmd.go    admin dispatch, Identify, Keep Alive, AER, Abort
 //	features.go     Get/Set Features
+//	features_ctrl.go  features 01h, 02h, 04h, 05h: Arbitration, Power Management,
+//	                Temperature Threshold, Error Recovery
 //	log.go          Get Log Page: error, SMART, firmware, changed namespaces, effects
 //	discovery.go    the discovery controller and its log page
 //	remote.go       RemoteSubsystem, SetRemoteSubsystems: other targets' subsystems in the log

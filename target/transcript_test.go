@@ -261,7 +261,7 @@ func (tr *transcript) queue(a *args) *tq {
 //	prop-get q= reg= [size=]   |  prop-set q= reg= value= [size=]
 //	poll-csts q= want=
 //	identify q= cns= [nsid=] [len=] [show=F,F]
-//	get-features q= fid= [sel=]  |  set-features q= fid= value= [sv]
+//	get-features q= fid= [sel=] [cdw11=] [nsid=]  |  set-features q= fid= value= [sv]
 //	get-log q= lid= [nsid=] [len=] [off=] [rae] [csi=] [lsp=] [show=F,F]
 //	aer q=  |  keep-alive q=  |  advance d=
 //	read q= nsid= slba= blocks= [bs=] [len=]
@@ -454,7 +454,9 @@ func (tr *transcript) run(line string) []string {
 			out = append(out, showIdentify(tr, uint8(a.num("cns", 1)), c.data, show))
 		}
 	case "get-features":
-		c := tr.harness().exec(tr.queue(a), getFeatCmd(uint8(a.num("fid", 0)), uint8(a.num("sel", 0))), nil)
+		cmd := getFeatCmd(uint8(a.num("fid", 0)), uint8(a.num("sel", 0)))
+		cmd.CDW11, cmd.NSID = uint32(a.num("cdw11", 0)), uint32(a.num("nsid", 0))
+		c := tr.harness().exec(tr.queue(a), cmd, nil)
 		out = append(out, fmtRsp(c.rsp))
 	case "set-features":
 		cmd := setFeatCmd(uint8(a.num("fid", 0)), uint32(a.num("value", 0)))
@@ -862,15 +864,28 @@ func showLog(tr *transcript, lid uint8, off uint64, data []byte, show string) []
 	case nvme.LogCommandsEffects:
 		var l nvme.CommandEffectsLog
 		_ = l.Unmarshal(data)
+		// Each supported opcode, with its effect bits beyond CSUPP.
+		effects := func(op int, v uint32) string {
+			s := fmt.Sprintf("%#02x", op)
+			for _, b := range []struct {
+				bit  uint32
+				name string
+			}{{nvme.EffectsLBCC, "lbcc"}, {nvme.EffectsNCC, "ncc"}, {nvme.EffectsNIC, "nic"}, {nvme.EffectsCCC, "ccc"}} {
+				if v&b.bit != 0 {
+					s += "+" + b.name
+				}
+			}
+			return s
+		}
 		var acs, iocs []string
 		for i, v := range l.ACS {
 			if v != 0 {
-				acs = append(acs, fmt.Sprintf("%#02x", i))
+				acs = append(acs, effects(i, v))
 			}
 		}
 		for i, v := range l.IOCS {
 			if v != 0 {
-				iocs = append(iocs, fmt.Sprintf("%#02x", i))
+				iocs = append(iocs, effects(i, v))
 			}
 		}
 		return []string{"admin=" + strings.Join(acs, ","), "io=" + strings.Join(iocs, ",")}
