@@ -132,14 +132,15 @@ func (d *Daemon) remoteLoop(stop <-chan struct{}) {
 	for {
 		if idx := d.node.AppliedIndex(); idx != seen {
 			err := d.refreshRemote()
-			switch {
-			case errors.Is(err, target.ErrClosed):
+			if errors.Is(err, target.ErrClosed) {
 				return // shutting down
-			case err != nil:
-				d.log.Warn("discovery log: remote subsystems not updated", slog.String("err", err.Error()))
-			default:
-				seen = idx
 			}
+			if err != nil {
+				// The registry's next change may mend it: said once
+				// per change, not every second.
+				d.log.Warn("discovery log: remote subsystems not updated", slog.Uint64("index", idx), slog.String("err", err.Error()))
+			}
+			seen = idx
 		}
 		select {
 		case <-stop:
