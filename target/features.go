@@ -6,6 +6,7 @@ import (
 
 // Features a controller serves. Any other FID is Invalid Field, as nvmet.
 //
+//	0x01, 0x02, 0x04, 0x05             features_ctrl.go
 //	0x06 Volatile Write Cache    get: 1 (enabled); not changeable
 //	0x07 Number of Queues        min(asked, the controller's
 //	                             Limits.MaxIOQueues) each
@@ -28,6 +29,11 @@ func (c *ctrl) setFeatures(r *Request) nvme.Status {
 	}
 	if f.SV {
 		return nvme.StatusFeatureNotSaveable.WithDNR()
+	}
+	if ctrlFeature(f.FID) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.setCtrlFeature(f.FID, f.CDW11)
 	}
 	switch f.FID {
 	case nvme.FeatureVolatileWC:
@@ -57,7 +63,7 @@ func (c *ctrl) featureServed(fid uint8) bool {
 	case nvme.FeatureVolatileWC, nvme.FeatureNumQueues, nvme.FeatureIRQCoalescing:
 		return !c.disc
 	}
-	return false
+	return ctrlFeature(fid) && !c.disc
 }
 
 // setNumQueues grants I/O queues: as many as asked, up to the MaxIOQueues
@@ -115,7 +121,10 @@ func (c *ctrl) getFeatures(r *Request) nvme.Status {
 		return nvme.StatusInvalidField.WithDNR()
 	}
 	if f.SEL == nvme.FeatureSelSupported {
-		if f.FID != nvme.FeatureVolatileWC {
+		switch {
+		case ctrlFeature(f.FID):
+			r.Rsp.DW0 = ctrlFeatureCaps(f.FID)
+		case f.FID != nvme.FeatureVolatileWC:
 			r.Rsp.DW0 = nvme.FeatureCapChangeable
 		}
 		return nvme.StatusSuccess
@@ -125,6 +134,8 @@ func (c *ctrl) getFeatures(r *Request) nvme.Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch f.FID {
+	case nvme.FeatureArbitration, nvme.FeaturePowerManagement, nvme.FeatureTempThreshold, nvme.FeatureErrorRecovery:
+		return c.getCtrlFeature(f.FID, f.CDW11, def, r)
 	case nvme.FeatureVolatileWC:
 		r.Rsp.DW0 = 1
 	case nvme.FeatureNumQueues:
