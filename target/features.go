@@ -57,7 +57,7 @@ func (c *ctrl) featureServed(fid uint8) bool {
 	switch fid {
 	case nvme.FeatureAsyncEventConfig, nvme.FeatureKeepAliveTimer:
 		return true
-	case nvme.FeatureVolatileWC, nvme.FeatureNumQueues, nvme.FeatureIRQCoalescing, featureHostID:
+	case nvme.FeatureVolatileWC, nvme.FeatureNumQueues, nvme.FeatureIRQCoalescing, nvme.FeatureHostID:
 		return !c.disc
 	case nvme.FeatureResvMask, nvme.FeatureResvPersist:
 		return !c.disc && c.s.reservationsServed()

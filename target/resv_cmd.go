@@ -13,9 +13,6 @@ import (
 // namespace without a keeper answers the four opcodes with Invalid
 // Opcode, as before reservations existed.
 
-// featureHostID is the Host Identifier feature (81h).
-const featureHostID uint8 = 0x81
-
 // Controller reservation limits.
 const (
 	// resvLogLimit is the entries of a controller's Reservation
@@ -266,7 +263,7 @@ func (q *Queue) execResvAdmin(c *ctrl, r *Request) bool {
 	case nvme.AdminGetFeatures, nvme.AdminSetFeatures:
 		var f nvme.FeatureCommand
 		f.Decode(&r.Cmd)
-		if f.FID != featureHostID && f.FID != nvme.FeatureResvMask && f.FID != nvme.FeatureResvPersist {
+		if f.FID != nvme.FeatureHostID && f.FID != nvme.FeatureResvMask && f.FID != nvme.FeatureResvPersist {
 			return false
 		}
 		if !c.featureServed(f.FID) {
@@ -346,7 +343,7 @@ func (c *ctrl) getResvFeature(r *Request, f *nvme.FeatureCommand) nvme.Status {
 		return nvme.StatusInvalidField.WithDNR()
 	}
 	switch f.FID {
-	case featureHostID:
+	case nvme.FeatureHostID:
 		if f.CDW11&1 == 0 {
 			return nvme.StatusInvalidField.WithDNR()
 		}
@@ -400,7 +397,7 @@ func (c *ctrl) getResvFeature(r *Request, f *nvme.FeatureCommand) nvme.Status {
 func (q *Queue) setResvFeature(c *ctrl, r *Request, f *nvme.FeatureCommand) {
 	st := nvme.StatusSuccess
 	switch {
-	case f.FID == featureHostID:
+	case f.FID == nvme.FeatureHostID:
 		st = nvme.StatusCommandSequenceError.WithDNR()
 	case r.Len != 0:
 		st = nvme.StatusSGLInvalidDataLength.WithDNR()
