@@ -214,13 +214,11 @@ func (ns *namespace) setKeeper(k ReservationKeeper, st *resv.State) error {
 		return nil
 	}
 	if lk, ok := k.(*localKeeper); ok {
-		bound, err := lk.bind(ns)
+		bound, err := lk.bind(ns, st)
 		if err != nil {
 			return fmt.Errorf("target: subsystem %s: NSID %d: %w", ns.s.nqn, ns.nsid, err)
 		}
-		if st == nil {
-			st = bound
-		}
+		st = bound
 	}
 	// The view first: the I/O path loads the keeper, then the view, and
 	// must never see a keeper with the nil view of "nothing held" before
@@ -382,7 +380,8 @@ func (s *Subsystem) NotifyReservation(nsid uint32, notices []resv.Notice) {
 // targettest package and a target without a registry. Give each
 // namespace its own (NamespaceConfig.Reservations): it is bound to the
 // first namespace it is set on. Its state starts empty and known, and
-// is lost with the process (PTPL is recorded, not honoured).
+// is lost with the process (PTPL is recorded, not honoured); given
+// with a state (SetReservations), it starts from that state.
 func LocalReservations() ReservationKeeper { return &localKeeper{} }
 
 type localKeeper struct {
@@ -395,14 +394,19 @@ type localKeeper struct {
 // errKeeperBound: a LocalReservations keeper set on a second namespace.
 var errKeeperBound = errors.New("target: the local reservation keeper serves another namespace")
 
-// bind ties the keeper to ns and returns its state.
-func (k *localKeeper) bind(ns *namespace) (*resv.State, error) {
+// bind ties the keeper to ns and returns its state, which becomes st if
+// st is not nil (SetReservations with a state).
+func (k *localKeeper) bind(ns *namespace, st *resv.State) (*resv.State, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.ns != nil && k.ns != ns {
 		return nil, fmt.Errorf("%w: %w", errKeeperBound, ErrInvalid)
 	}
 	k.ns = ns
+	if st != nil {
+		k.st = *st.Clone()
+		k.index = st.Index
+	}
 	return k.st.Clone(), nil
 }
 
