@@ -13,3 +13,16 @@ func ResvCheck(q *Queue, r *Request, nsid uint32, write bool) nvme.Status {
 	q.drainExit(r)
 	return st
 }
+
+// FeaturesServed lists the features the controller of q serves
+// (featureServed), in FID order: TestIdentifyMatchesBehaviour asks each.
+func FeaturesServed(q *Queue) []uint8 {
+	c := q.ctrl.Load()
+	var out []uint8
+	for fid := range 256 {
+		if c.featureServed(uint8(fid)) {
+			out = append(out, uint8(fid))
+		}
+	}
+	return out
+}
