@@ -78,7 +78,9 @@
 // the next command from inside Complete.
 //
 // Lock order: Target.mu, then Subsystem.mu, then ctrl.mu; Subsystem.nsMu
-// is taken alone or before Target.mu. Responder methods are called with
+// is taken alone or before Target.mu. A LocalReservations keeper's lock
+// comes before its namespace's reservation lock (resv.go), which is a
+// leaf; Subsystem.drainMu comes before Subsystem.qmu. Responder methods are called with
 // no lock held.
 //
 // # Lifetimes

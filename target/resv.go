@@ -205,6 +205,15 @@ func (s *Subsystem) SetReservations(nsid uint32, k ReservationKeeper, st *resv.S
 // setKeeper sets the namespace's keeper and first state. A local keeper
 // (LocalReservations) is bound to the namespace and its state published.
 func (ns *namespace) setKeeper(k ReservationKeeper, st *resv.State) error {
+	if lk, ok := k.(*localKeeper); ok {
+		// Before ns.resv.mu: the keeper's Submit publishes holding its
+		// own lock (lock order: localKeeper.mu, then namespace's).
+		bound, err := lk.bind(ns, st)
+		if err != nil {
+			return fmt.Errorf("target: subsystem %s: NSID %d: %w", ns.s.nqn, ns.nsid, err)
+		}
+		st = bound
+	}
 	ns.resv.mu.Lock()
 	defer ns.resv.mu.Unlock()
 	if k == nil {
@@ -212,13 +221,6 @@ func (ns *namespace) setKeeper(k ReservationKeeper, st *resv.State) error {
 		ns.resv.view.Store(nil)
 		ns.resv.state.Store(nil)
 		return nil
-	}
-	if lk, ok := k.(*localKeeper); ok {
-		bound, err := lk.bind(ns, st)
-		if err != nil {
-			return fmt.Errorf("target: subsystem %s: NSID %d: %w", ns.s.nqn, ns.nsid, err)
-		}
-		st = bound
 	}
 	// The view first: the I/O path loads the keeper, then the view, and
 	// must never see a keeper with the nil view of "nothing held" before
