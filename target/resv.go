@@ -401,7 +401,10 @@ var errKeeperBound = errors.New("target: the local reservation keeper serves ano
 func (k *localKeeper) bind(ns *namespace, st *resv.State) (*resv.State, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.ns != nil && k.ns != ns {
+	// Bound to another namespace that is attached: refused. One that an
+	// AddNamespace never attached (it failed after setting the keeper)
+	// or that was removed frees the keeper.
+	if k.ns != nil && k.ns != ns && k.ns.s.table().find(k.ns.nsid) == k.ns {
 		return nil, fmt.Errorf("%w: %w", errKeeperBound, ErrInvalid)
 	}
 	k.ns = ns

@@ -3,6 +3,7 @@ package target_test
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"math/rand/v2"
 	"sync"
@@ -253,5 +254,37 @@ func TestReservationRace(t *testing.T) {
 	st := h.tgt.Stats()
 	if st.ReservationConflicts != uint64(conflicts.Load()) {
 		t.Fatalf("Stats.ReservationConflicts %d, B saw %d", st.ReservationConflicts, conflicts.Load())
+	}
+}
+
+// TestLocalReservationsBinding: a local keeper serves one attached
+// namespace; an AddNamespace that failed after taking it (a duplicate
+// NSID) does not keep it.
+func TestLocalReservationsBinding(t *testing.T) {
+	h := newHarness(t)
+	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := target.LocalReservations()
+	m1, _ := target.NewMemBackend(4096, 64)
+	m2, _ := target.NewMemBackend(4096, 64)
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: m1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: m2, Reservations: k}); !errors.Is(err, target.ErrExists) {
+		t.Fatalf("duplicate NSID: %v", err)
+	}
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 2, Backend: m2, Reservations: k}); err != nil {
+		t.Fatalf("the keeper of a failed AddNamespace: %v", err)
+	}
+	if err := s.SetReservations(1, k, nil); !errors.Is(err, target.ErrInvalid) {
+		t.Fatalf("a keeper on two namespaces: %v", err)
+	}
+	if _, ok := s.Reservation(2); !ok {
+		t.Fatal("NSID 2: no state published by its local keeper")
+	}
+	if _, ok := s.Reservation(1); ok {
+		t.Fatal("NSID 1 has a reservation state without a keeper")
 	}
 }
