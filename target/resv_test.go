@@ -288,3 +288,47 @@ func TestLocalReservationsBinding(t *testing.T) {
 		t.Fatal("NSID 1 has a reservation state without a keeper")
 	}
 }
+
+// TestResvLogOverflow: a controller's Reservation Notification log keeps
+// the newest 16 entries; the ones lost to the full ring show as a jump in
+// the Log Page Count, and Number of Available Log Pages counts down.
+func TestResvLogOverflow(t *testing.T) {
+	h := newHarness(t)
+	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := target.NewMemBackend(4096, 64)
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: m, Reservations: target.LocalReservations()}); err != nil {
+		t.Fatal(err)
+	}
+	_, ioA := h.connectHost("a", hostA, subA, hostIDA)
+	adminB, ioB := h.connectHost("b", hostB, subA, hostIDB)
+	cmd, data := resvCmd(nvme.IOReservationRegister, nvme.RREGARegister, 0, 0, 0xa1)
+	mustOK(t, h.exec(ioA, cmd, data), "A registers")
+	cmd, data = resvCmd(nvme.IOReservationAcquire, nvme.RACQAAcquire, 1, 0xa1, 0)
+	mustOK(t, h.exec(ioA, cmd, data), "A acquires")
+	const notices = 20
+	for range notices {
+		cmd, data := resvCmd(nvme.IOReservationRegister, nvme.RREGARegister, 0, 0, 0xb2)
+		mustOK(t, h.exec(ioB, cmd, data), "B registers")
+		cmd, data = resvCmd(nvme.IOReservationAcquire, nvme.RACQAPreempt, 1, 0xa1, 0xb2)
+		mustOK(t, h.exec(ioA, cmd, data), "A preempts B")
+	}
+	for i := range 17 {
+		c := h.exec(adminB, getLogCmd(nvme.LogResvNotification, 0, 64, 0, false), make([]byte, 64))
+		mustOK(t, c, "log 80h")
+		var l nvme.ResvNotifLog
+		if err := l.Unmarshal(c.data); err != nil {
+			t.Fatal(err)
+		}
+		want := nvme.ResvNotifLog{Count: uint64(notices - 16 + 1 + i), Type: nvme.ResvNotifRegistrationPreempted,
+			Available: uint8(15 - i), NSID: 1}
+		if i == 16 {
+			want = nvme.ResvNotifLog{} // empty
+		}
+		if l != want {
+			t.Fatalf("read %d: %+v, want %+v", i, l, want)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package target_test
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -26,7 +27,8 @@ import (
 //	resv-get-feature q= fid= [nsid=] [sel=]       Get Features with an NSID
 //	resv-set-feature q= fid= [nsid=] [value=] [sv]
 //	resv-keeper nqn= [nsid=1] local|manual|none   Subsystem.SetReservations, no state
-//	resv-complete status=                         the manual keeper completes its oldest IO
+//	resv-complete status= [err]                   the manual keeper completes its oldest IO
+//	                                              (err: with an error carrying the status)
 //	resv-publish nqn= [nsid=1] index= [gen=] [type=] [holder=HEX] [regs=HEX:KEY,...] [ptpl]
 //	resv-state nqn= [nsid=1]                      the published state
 //	resv-stats                                    Stats' reservation counters
@@ -84,7 +86,7 @@ func (tr *transcript) runResv(verb string, a *args) ([]string, bool) {
 		if err != nil {
 			tr.fatalf("status: %v", err)
 		}
-		return []string{v.(*manualKeeper).complete(st)}, true
+		return []string{v.(*manualKeeper).complete(st, a.has("err"))}, true
 	case "resv-publish":
 		st := &resv.State{Index: a.num("index", 0), Gen: uint32(a.num("gen", 0)), Type: resv.Type(a.num("type", 0)),
 			Holder: tr.hostID(a.str("holder", "")), PTPL: a.has("ptpl")}
@@ -231,9 +233,9 @@ func (k *manualKeeper) Submit(io *target.IO) {
 	k.mu.Unlock()
 }
 
-// complete completes the oldest IO with status st and prints what it
-// was.
-func (k *manualKeeper) complete(st nvme.Status) string {
+// complete completes the oldest IO with status st (as an error carrying
+// it, if asErr: the keeper could not answer) and prints what it was.
+func (k *manualKeeper) complete(st nvme.Status, asErr bool) string {
 	k.mu.Lock()
 	if len(k.ios) == 0 {
 		k.mu.Unlock()
@@ -243,6 +245,10 @@ func (k *manualKeeper) complete(st nvme.Status) string {
 	k.ios = k.ios[1:]
 	k.mu.Unlock()
 	what := fmt.Sprintf("completed %v action=%d nsid=%d", io.Resv.Op, io.Resv.Action, io.NSID())
+	if asErr {
+		io.Done(target.WithStatus(errors.New("no leader"), st))
+		return what
+	}
 	io.ResvStatus = st
 	io.Done(nil)
 	return what
