@@ -180,10 +180,19 @@ func (q *Queue) drainEnter(r *Request) {
 	r.io.drain = uint8(e) + 1
 }
 
-// drainExit uncounts a completed request. complete calls it.
-func (q *Queue) drainExit(r *Request) {
-	if e := r.io.drain; e != 0 {
-		r.io.drain = 0
+// drainTake takes r's drain count (its epoch + 1, 0: not counted) off
+// the request, which the binding may reuse once answered; complete
+// passes it to drainExit after Responder.Complete, so that DrainHosts
+// returns only once the commands it waits for were answered.
+func (q *Queue) drainTake(r *Request) uint8 {
+	e := r.io.drain
+	r.io.drain = 0
+	return e
+}
+
+// drainExit uncounts a command of epoch e-1 (e from drainTake).
+func (q *Queue) drainExit(e uint8) {
+	if e != 0 {
 		q.resv.inflight[e-1].Add(-1)
 	}
 }

@@ -126,7 +126,7 @@ func TestDrainHostsRandom(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("seed %d (replay with -resv-seed)", seed)
+	t.Logf("seed %d (replay: go test ./target -run TestDrainHostsRandom -args -resv-seed=N)", seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
 	h := newHarness(t)
 	d, err := target.NewDelayedBackend(target.DelayedConfig{BlockSize: 4096, Blocks: 256, Seed: seed, MaxDelay: 300 * time.Microsecond})

@@ -149,17 +149,15 @@ func (tr *transcript) resvCmd(verb string, a *args) []string {
 	binary.LittleEndian.PutUint64(b[0:], a.num("crkey", 0))
 	binary.LittleEndian.PutUint64(b[8:], a.num("nrkey", a.num("prkey", 0)))
 	copy(data, b[:])
-	c, done := tr.harness().execMayHold(tr.queue(a), cmd, data)
-	if !done && a.has("hold") {
+	if a.has("hold") {
+		if c, done := tr.harness().execMayHold(tr.queue(a), cmd, data); done {
+			return []string{fmtRsp(c.rsp)}
+		}
 		return []string{"held"}
 	}
-	if !done {
-		c.wait(tr.t)
-		c.mu.Lock()
-		c.async = false
-		c.mu.Unlock()
-	}
-	return []string{fmtRsp(c.rsp)}
+	// Waited for, however it completes (a preempt-and-abort of the local
+	// keeper completes on a goroutine of its own).
+	return []string{fmtRsp(tr.harness().exec(tr.queue(a), cmd, data).rsp)}
 }
 
 // resvReport sends Report and prints what it returned.
