@@ -228,6 +228,7 @@ func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 		id.LPA = nvme.LPASMARTPerNS | nvme.LPACommandsEffects | nvme.LPAExtendedData
 		id.NN = t.cfg.MaxNSID
 		id.ONCS = nvme.ONCSCompare | nvme.ONCSDSM | nvme.ONCSWriteZeroes
+		id.FUSES = 1 // Compare and Write, atomic against writes (fused.go, rangelock.go)
 		id.VWC = nvme.VWCPresent
 		if c.s.ana {
 			c.setIdentifyANA(&id)

@@ -25,6 +25,11 @@ func (q *Queue) execIO(r *Request) {
 	c := q.ctrl.Load()
 	c.sawCommand()
 	cmd := &r.Cmd
+	if cmd.Fuse() != 0 || r.PrevFuse == nvme.FlagFuseFirst {
+		if q.fusedIO(c, r) { // fused.go
+			return
+		}
+	}
 	switch {
 	case cmd.Fuse() != 0:
 		q.complete(r, nvme.StatusInvalidField.WithDNR())
@@ -73,6 +78,9 @@ func (q *Queue) execIO(r *Request) {
 func (q *Queue) finish(ns *namespace, r *Request, s nvme.Status) {
 	if s != nvme.StatusSuccess {
 		ns.c.errors.Add(1)
+	}
+	if r.hold.held != 0 {
+		ns.locks.release(&r.hold) // rangelock.go
 	}
 	ns.release()
 	q.complete(r, s)
@@ -130,13 +138,23 @@ func (q *Queue) write(c *ctrl, r *Request) {
 		q.finish(ns, r, st)
 		return
 	}
+	if q.lockWrite(ns, r, r.Cmd.SLBA(), uint64(len(data))>>ns.shift) {
+		q.writeLocked(ns, r, true)
+	}
+}
+
+// writeLocked goes on with a write that holds its range shared; group:
+// it may be gathered in the request's Group (not when resumed by the
+// range lock, maybe on another goroutine).
+func (q *Queue) writeLocked(ns *namespace, r *Request, group bool) {
+	data := r.data()
 	fua := r.Cmd.FUA()
 	if fua && ns.blocking {
 		r.ns = ns
 		q.t.pool.submit(r)
 		return
 	}
-	if !fua && r.Group != nil && r.Group.add(q, ns, r, data) {
+	if group && !fua && r.Group != nil && r.Group.add(q, ns, r, data) {
 		return // completed now, or by the group's Commit
 	}
 	r.io.set(OpWrite, r.Cmd.SLBA(), uint64(len(data))>>ns.shift, data, fua)
@@ -189,6 +207,13 @@ func (q *Queue) writeZeroes(c *ctrl, r *Request) {
 		q.finish(ns, r, st)
 		return
 	}
+	if q.lockWrite(ns, r, r.Cmd.SLBA(), uint64(r.Cmd.Blocks())) {
+		q.writeZeroesLocked(ns, r)
+	}
+}
+
+// writeZeroesLocked goes on with a Write Zeroes that holds its range.
+func (q *Queue) writeZeroesLocked(ns *namespace, r *Request) {
 	fua := r.Cmd.FUA()
 	if fua && ns.blocking {
 		r.ns = ns
@@ -258,6 +283,10 @@ func (q *Queue) dsmNext(ns *namespace, r *Request) bool {
 		_ = rg.Unmarshal(data[i*nvme.DSMRangeSize:])
 		if rg.NLB == 0 {
 			continue
+		}
+		if r.hold.held == 0 && !q.lockWrite(ns, r, rg.SLBA, uint64(rg.NLB)) {
+			r.io.step = i // parked: resumed at this range
+			return true
 		}
 		r.io.step = i + 1
 		r.io.set(OpDeallocate, rg.SLBA, uint64(rg.NLB), nil, false)
@@ -372,6 +401,13 @@ func (t *Target) runSync(r *Request) {
 func (t *Target) abortSync(r *Request) {
 	q, ns := r.q, r.ns
 	r.ns = nil
+	if r.pair != nil {
+		q.pairEnd(ns, r, nvme.StatusAbortSQDeleted, nvme.StatusAbortSQDeleted) // fused.go
+		return
+	}
+	if ns != nil && r.hold.held != 0 {
+		ns.locks.release(&r.hold)
+	}
 	if ns != nil {
 		ns.release()
 	}

@@ -61,6 +61,9 @@ type Queue struct {
 	// tracked is the subsystem whose EvictAndDrain waits for this I/O
 	// queue (fence.go), told when it drains.
 	tracked atomic.Pointer[Subsystem]
+
+	// fused pairs fused commands (fused.go); sized at an I/O Connect.
+	fused fusedTable
 }
 
 func newQueue(t *Target, r Responder, p QueueParams, lim Limits) *Queue {
@@ -147,6 +150,7 @@ func (q *Queue) Close() {
 	if prev == queueConnected {
 		q.authClosed()
 	}
+	q.closeFused()
 	if c := q.ctrl.Load(); c != nil {
 		if c.admin == q {
 			c.teardown(ErrAdminQueueClosed)

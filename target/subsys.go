@@ -489,6 +489,10 @@ type namespace struct {
 	drainOnce sync.Once
 
 	c nsCounters
+
+	// locks is the range lock of fused pairs and plain writes
+	// (rangelock.go).
+	locks rangeLocks
 }
 
 // acquire takes a reference, or returns false if the namespace was

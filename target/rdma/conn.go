@@ -33,6 +33,11 @@ type conn struct {
 	sqhd atomic.Uint32
 	dead atomic.Bool
 
+	// seq and prevFuse stamp each capsule, on the conn's core
+	// (target.Request.Seq and PrevFuse).
+	seq      uint32
+	prevFuse uint8
+
 	// Admin queues only: private receive buffers and their requests.
 	amr  transport.MemoryRegion
 	areq []req

@@ -314,6 +314,11 @@ func (cs *coreState) receive(r *req, n uint32) {
 		return
 	}
 	r.Dir = r.Cmd.DataDirection()
+	// Fused commands are paired by arrival: receive completions come in
+	// QP order, on this core only.
+	r.Seq, r.PrevFuse = r.conn.seq, r.conn.prevFuse
+	r.conn.seq++
+	r.conn.prevFuse = r.Cmd.Fuse()
 	sgl := r.Cmd.DPTR
 	switch {
 	case sgl.Keyed():
@@ -475,6 +480,14 @@ func (cs *coreState) runWaiters() {
 // fail completes r with status (and DNR) without the core: the binding
 // refused its data descriptor.
 func (r *req) fail(status nvme.Status) {
+	if c := r.conn; c != nil {
+		if r.Seq+1 == c.seq {
+			c.prevFuse = 0 // refused here: a second after it finds no first
+		}
+		if r.PrevFuse == nvme.FlagFuseFirst && c.q != nil {
+			c.q.Refused(&r.Request) // the first before it has lost its second
+		}
+	}
 	r.Rsp.Status = status | nvme.StatusDNR
 	r.Dir = nvme.DirNone
 	r.complete()

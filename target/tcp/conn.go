@@ -131,6 +131,10 @@ type conn struct {
 	readable, writable bool
 	inReady, inFlush   bool
 	rxPaused           bool // in-capsule data waits for a buffer
+	// seq and prevFuse stamp each capsule (target.Request.Seq and
+	// PrevFuse: fused commands are paired by arrival).
+	seq      uint32
+	prevFuse uint8
 	// deadline is when an establishing connection (no queue yet) is
 	// dropped, or a closing one closed.
 	deadline time.Time
@@ -589,8 +593,12 @@ func (c *conn) onCapsule(h *nvme.TCPHeader, b []byte) bool {
 	r.Dir = r.Cmd.DataDirection()
 	r.Len, r.Data, r.got, r.fail = 0, nil, 0, 0
 	r.Group = c.g.tg // every Execute of this binding runs on the group
+	r.Seq, r.PrevFuse = c.seq, c.prevFuse
+	c.seq++
+	c.prevFuse = r.Cmd.Fuse()
 	dlen := int(h.DataLen(c.dg))
 	if st := c.checkSGL(r, uint32(dlen)); st != 0 {
+		c.prevFuse = 0 // refused here: a second after it finds no first
 		if dlen > 0 {
 			// Read the data and drop it, then answer.
 			r.fail = st
@@ -772,6 +780,9 @@ func (c *conn) execute(r *req) {
 
 // refuse answers a command the binding refused, without the core.
 func (c *conn) refuse(r *req, st nvme.Status) {
+	if r.PrevFuse == nvme.FlagFuseFirst && c.q != nil {
+		c.q.Refused(&r.Request) // the first before it has lost its second
+	}
 	c.g.release(r)
 	r.Rsp = nvme.Completion{Status: st}
 	r.Dir = nvme.DirNone
