@@ -372,7 +372,7 @@ func (q *Queue) pairCompare(ns *namespace, r *Request) {
 	data := first.data()
 	slba := r.Cmd.SLBA()
 	if ns.viewer != nil {
-		q.pairCompared(ns, r, ns.view(slba, data))
+		q.pairCompared(ns, r, ns.view(r, slba, data))
 		return
 	}
 	bp, _ := compareBufs.Get().(*[]byte)

@@ -3,6 +3,7 @@ package target_test
 import (
 	"bytes"
 	"fmt"
+	"testing"
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
@@ -67,4 +68,67 @@ func (tr *transcript) fused(verb string, a *args) []string {
 		return []string{"held"}
 	}
 	return []string{fmtRsp(c.rsp)}
+}
+
+// noView hides a Backend's View: the core then reads a Compare's blocks
+// into a pooled buffer.
+type noView struct{ target.Backend }
+
+// TestZeroAllocFused: a fused pair (its pairing through Queue.fused, the
+// range lock, the Compare through View or a pooled buffer, the Write)
+// and a plain write beside it allocate nothing, halves in either order.
+func TestZeroAllocFused(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	for _, bc := range []struct {
+		name string
+		view bool
+	}{{"view", true}, {"pooled buffer", false}} {
+		t.Run(bc.name, func(t *testing.T) {
+			mem, _ := target.NewMemBackend(4096, 1024)
+			var backend target.Backend = mem
+			if !bc.view {
+				backend = noView{mem}
+			}
+			b := newIOBench(t, backend)
+			buf := make([]byte, 4096)
+			first := &target.Request{Cmd: fusedCmd(nvme.IOCompare, 1, 0, 1, nvme.FlagFuseFirst), Dir: nvme.DirHostToCtrl, Len: 4096, Data: buf}
+			second := &target.Request{Cmd: fusedCmd(nvme.IOWrite, 1, 0, 1, nvme.FlagFuseSecond), Dir: nvme.DirHostToCtrl, Len: 4096, Data: buf}
+			plain := &target.Request{Cmd: ioCmd(nvme.IOWrite, 1, 0, 1, 0), Dir: nvme.DirHostToCtrl, Len: 4096, Data: buf}
+			var seq uint32
+			var lba uint64
+			run := func() {
+				lba = (lba + 37) % 1000
+				first.Cmd.SetRW(lba, 1, 0)
+				second.Cmd.SetRW(lba, 1, 0)
+				plain.Cmd.SetRW((lba+500)%1000, 1, 0)
+				first.Seq, first.PrevFuse = seq, 0
+				second.Seq, second.PrevFuse = seq+1, nvme.FlagFuseFirst
+				plain.Seq, plain.PrevFuse = seq+2, nvme.FlagFuseSecond
+				seq += 3
+				n := b.ir.n
+				if seq%2 == 0 {
+					b.io.Execute(second)
+					b.io.Execute(first)
+				} else {
+					b.io.Execute(first)
+					b.io.Execute(second)
+				}
+				b.io.Execute(plain)
+				if b.ir.n != n+3 || b.ir.last != nvme.StatusSuccess {
+					t.Fatalf("pair and write: %d completions, last %s", b.ir.n-n, fmtStatus(b.ir.last))
+				}
+			}
+			for range 200 {
+				run()
+			}
+			if got := testing.AllocsPerRun(200, run); got != 0 {
+				t.Errorf("%.2f allocations per pair and write, want 0", got)
+			}
+			if st := b.tgt.Stats(); st.FusedPairs < 400 {
+				t.Errorf("Stats.FusedPairs %d, want ≥ 400", st.FusedPairs)
+			}
+		})
+	}
 }

@@ -284,9 +284,9 @@ func (q *Queue) dsmNext(ns *namespace, r *Request) bool {
 		if rg.NLB == 0 {
 			continue
 		}
+		r.io.step = i // if it parks, it is resumed at this range
 		if r.hold.held == 0 && !q.lockWrite(ns, r, rg.SLBA, uint64(rg.NLB)) {
-			r.io.step = i // parked: resumed at this range
-			return true
+			return true // parked: r is the lock's now
 		}
 		r.io.step = i + 1
 		r.io.set(OpDeallocate, rg.SLBA, uint64(rg.NLB), nil, false)
@@ -321,7 +321,7 @@ func (q *Queue) compare(c *ctrl, r *Request) {
 		q.submit(ns, r, LatencyRead)
 		return
 	}
-	st = ns.view(r.Cmd.SLBA(), data)
+	st = ns.view(r, r.Cmd.SLBA(), data)
 	if st == nvme.StatusSuccess {
 		ns.c.compares.Add(1)
 		ns.c.readBytes.Add(uint64(len(data)))
@@ -342,22 +342,16 @@ func compareStatus(got, data []byte) nvme.Status {
 }
 
 // view compares data with the blocks at slba through the backend's
-// Viewer, timed as a read (the comparison included).
-func (ns *namespace) view(slba uint64, data []byte) nvme.Status {
+// Viewer, timed as a read (the comparison included). The visit function
+// is r's (viewCmp), made once per request: none per command.
+func (ns *namespace) view(r *Request, slba uint64, data []byte) nvme.Status {
 	start := time.Now()
 	defer ns.c.lat[LatencyRead].since(start)
-	same := true
-	bs := uint64(ns.bs)
-	err := ns.viewer.View(slba, uint64(len(data))>>ns.shift, func(lba uint64, b []byte) {
-		want := data[(lba-slba)*bs : (lba-slba+1)*bs]
-		if b == nil {
-			for _, x := range want {
-				same = same && x == 0
-			}
-		} else {
-			same = same && bytes.Equal(b, want)
-		}
-	})
+	vc := r.viewCmp()
+	vc.data, vc.slba, vc.bs, vc.same = data, slba, uint64(ns.bs), true
+	err := ns.viewer.View(slba, uint64(len(data))>>ns.shift, vc.fn)
+	same := vc.same
+	vc.data = nil
 	if err != nil {
 		return statusOf(err)
 	}
@@ -365,6 +359,35 @@ func (ns *namespace) view(slba uint64, data []byte) nvme.Status {
 		return nvme.StatusCompareFailure.WithDNR()
 	}
 	return nvme.StatusSuccess
+}
+
+// viewCompare is a request's Compare through a Viewer: fn (its visit)
+// compares each block the Viewer shows with the command's data.
+type viewCompare struct {
+	data     []byte
+	slba, bs uint64
+	same     bool
+	fn       func(lba uint64, b []byte)
+}
+
+// viewCmp returns r's viewCompare, made on first use.
+func (r *Request) viewCmp() *viewCompare {
+	if r.vc == nil {
+		r.vc = &viewCompare{}
+		r.vc.fn = r.vc.visit
+	}
+	return r.vc
+}
+
+func (vc *viewCompare) visit(lba uint64, b []byte) {
+	want := vc.data[(lba-vc.slba)*vc.bs : (lba-vc.slba+1)*vc.bs]
+	if b == nil {
+		for _, x := range want {
+			vc.same = vc.same && x == 0
+		}
+	} else {
+		vc.same = vc.same && bytes.Equal(b, want)
+	}
 }
 
 // runSync submits a command handed to a sync worker (a Blocking

@@ -88,6 +88,8 @@ type Request struct {
 	// lockNext links it on a stripe's parked list (rangelock.go).
 	hold     lockHold
 	lockNext *Request
+	// vc compares through a Viewer (io_cmd.go's view), made once.
+	vc *viewCompare
 }
 
 // Queue returns the queue the request arrived on.

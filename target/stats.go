@@ -16,7 +16,7 @@ import (
 //	                      │──▶ queued ──Group.Commit──▶ done  (grouped writes)
 //	                      │──▶ held ──event/teardown──▶ done  (AER)
 //	                      │──▶ fused ──partner/close──▶ done, or the pair's run (fused.go)
-//	                      └──▶ lockWait ──release, IO.Done──▶ executing  (rangelock.go)
+//	                      └──▶ lockWait ──release, IO.Done──▶ executing, not counted again  (rangelock.go)
 //
 // A DSM of several ranges enters backend once per range. A synchronous
 // backend's IO (Inline, called directly) completes without entering
@@ -66,6 +66,10 @@ type counters struct {
 // enter moves r into state s and counts it. It is the only place a
 // request's state changes.
 func (t *Target) enter(r *Request, s uint8) {
+	if s == reqExecuting && r.state == reqLockWait {
+		r.state = s // resumed by the range lock: the same command, counted once
+		return
+	}
 	if s == reqExecuting && r.state != reqIdle && r.state != reqDone {
 		// The binding executed a request the core has not completed:
 		// a binding bug. Count it; the first completion still wins.
