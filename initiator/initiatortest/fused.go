@@ -180,3 +180,54 @@ func FusedWorkload(t testing.TB, ns *initiator.Namespace, seed uint64, workers i
 	}
 	return wrote, miscompared
 }
+
+// FusedFlood puts pairs fused Compare and Write pairs in flight at once
+// through ns, each on blocks of its own (the compare data what the
+// blocks hold: zeros, never written), alternating 4 KiB and 64 KiB, and
+// waits for all (TestFusedBufferExhaustion: a target whose buffers the
+// waiting halves could exhaust). Every pair must write; the blocks are
+// read back. The namespace needs 4096-byte blocks, base+pairs×16 of them.
+func FusedFlood(t testing.TB, ns *initiator.Namespace, base uint64, pairs int) {
+	t.Helper()
+	const bs = 4096
+	done := make(initiator.DoneChan, pairs)
+	datas := make([][]byte, pairs)
+	for i := range pairs {
+		size := bs
+		if i%2 == 1 {
+			size = 16 * bs
+		}
+		lba := base + uint64(i)*16
+		datas[i] = bytes.Repeat([]byte{byte(i + 1)}, size)
+		for {
+			err := ns.CompareAndWriteAsync(lba, make([]byte, size), datas[i], 0, done)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, initiator.ErrQueueFull) {
+				t.Fatalf("pair %d: %v", i, err)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	timeout := time.After(30 * time.Second)
+	for i := range pairs {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("a pair failed: %v", err)
+			}
+		case <-timeout:
+			t.Fatalf("%d of %d pairs never completed", pairs-i, pairs)
+		}
+	}
+	for i := range pairs {
+		got := make([]byte, len(datas[i]))
+		if _, err := ns.ReadAt(got, int64(base+uint64(i)*16)*bs); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, datas[i]) {
+			t.Fatalf("pair %d: its write did not land", i)
+		}
+	}
+}

@@ -1,11 +1,14 @@
 package tcp_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/initiator/initiatortest"
+	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/tcp"
 )
 
 // TestFusedOverWire: blk's initiator sends fused Compare and Write pairs
@@ -25,4 +28,37 @@ func TestFusedOverWire(t *testing.T) {
 			st.FusedPairs, st.FusedMiscompares, st.FusedMissing, wrote, miscompared)
 	}
 	t.Logf("%d pairs wrote, %d miscompared, %d lock waits", wrote, miscompared, st.LockWaits)
+}
+
+// TestFusedBufferExhaustion (docs/reservations.md §2.2, §9 question 10):
+// data buffer pools of 4 per poll group (capsule, small, large), a
+// reserve of 8 and of 1, and 64 pairs in flight from 8 queues, 4 KiB in
+// the capsules and 64 KiB by R2T, so that halves execute out of order
+// and waiting halves hold every ordinary buffer: every pair completes
+// and writes.
+func TestFusedBufferExhaustion(t *testing.T) {
+	for _, reserve := range []uint32{8, 1} {
+		t.Run(fmt.Sprintf("reserve=%d", reserve), func(t *testing.T) {
+			seed := testSeed(t)
+			d, err := target.NewDelayedBackend(target.DelayedConfig{BlockSize: testBlock, Blocks: testBlocks,
+				Seed: seed, MaxDelay: 200 * time.Microsecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(d.Close)
+			tt := serveAsyncCfg(t, d, tcp.Config{Addr: "127.0.0.1:0", Cores: 2, SmallBuffers: 4, LargeBuffers: 4,
+				CapsuleBuffers: 4, FusedReserve: reserve})
+			t.Cleanup(func() {
+				tt.port.Close()
+				tt.t.Close()
+			})
+			c := connectTCP(t, tt.addr, initiator.Config{Queues: 8, QueueDepth: 16})
+			for round := range 3 {
+				initiatortest.FusedFlood(t, c.Namespace(1), uint64(round)*64*16, 64)
+			}
+			if st := tt.t.Stats(); st.FusedPairs != 3*64 || st.FusedMissing != 0 {
+				t.Errorf("stats: %d pairs, %d missing; want %d, 0", st.FusedPairs, st.FusedMissing, 3*64)
+			}
+		})
+	}
 }
