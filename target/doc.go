@@ -37,6 +37,10 @@
 //	ana.go          Asymmetric Namespace Access: SetANAState, its notice, log 0x0C, the I/O status
 //	fence.go        admission (SubsystemConfig.Admit, Subsystem.Refuse) and EvictAndDrain, the replication fence
 //	io_cmd.go       Read, Write, Flush, Write Zeroes, Dataset Management, Compare
+//	fused.go        fused Compare and Write: pairing by arrival (Request.Seq,
+//	                PrevFuse; Queue.fused), the pair's checks and run
+//	rangelock.go    the namespace's striped range lock: plain writes shared,
+//	                fused pairs exclusive, parking through IO.Done
 //	workers.go      the sync worker pool
 //	status.go       StatusError, WithStatus; statusOf reads a backend error's status
 //	async.go        AsyncBackend, IO, Inline: the asynchronous backend contract
@@ -52,7 +56,10 @@
 //
 // Execute may be called from any goroutine, for any queue, concurrently.
 // The I/O path (Read, Write and the other NVM commands on an I/O queue)
-// takes no mutex and allocates nothing: the controller's readiness, the
+// takes no mutex and allocates nothing (a plain write adds to its
+// range's stripes, rangelock.go; only fused commands and the command
+// after a fused first look at the queue's pairing table, under its own
+// mutex): the controller's readiness, the
 // subsystem's namespace table (replaced whole on change) and each
 // namespace's reference count are atomics; the backend's own lock is the
 // backend's (a store volume takes its RWMutex shared). Each NVM command is
