@@ -231,3 +231,42 @@ func FusedFlood(t testing.TB, ns *initiator.Namespace, base uint64, pairs int) {
 		}
 	}
 }
+
+// FusedAllocs checks that fused Compare and Write pairs (two of 4 KiB,
+// two of 64 KiB, in flight at once, each comparing what its blocks hold
+// and writing it back) allocate nothing in steady state: host, binding
+// and core, all in this process (testing.AllocsPerRun counts every
+// goroutine's).
+func FusedAllocs(t *testing.T, ns *initiator.Namespace) {
+	t.Helper()
+	const bs = 4096
+	sizes := []int{bs, bs, 16 * bs, 16 * bs}
+	bufs := make([][]byte, len(sizes))
+	for i, n := range sizes {
+		bufs[i] = bytes.Repeat([]byte{byte(0x40 + i)}, n)
+		if _, err := ns.WriteAt(bufs[i], int64(i)*64*bs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(initiator.DoneChan, len(sizes))
+	run := func() {
+		for i := range sizes {
+			if err := ns.CompareAndWriteAsync(uint64(i)*64, bufs[i], bufs[i], 0, done); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range sizes {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for range 100 { // warm every pool
+		run()
+	}
+	if a := testing.AllocsPerRun(200, run) / float64(len(sizes)); a > 0.02 {
+		t.Errorf("%.3f allocations per pair (host and target), want 0", a)
+	} else {
+		t.Logf("%.3f allocations per pair", a)
+	}
+}
