@@ -18,3 +18,17 @@ func LockWords(s *Subsystem, nsid uint32) (words uint64, parked int) {
 	}
 	return words, parked
 }
+
+// FusedEntries returns the entries of q's pairing table: waiting halves
+// and verdicts not yet taken (0 once every pair is done).
+func FusedEntries(q *Queue) int {
+	q.fused.mu.Lock()
+	defer q.fused.mu.Unlock()
+	n := 0
+	for _, e := range q.fused.slots {
+		if e.used {
+			n++
+		}
+	}
+	return n
+}

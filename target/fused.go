@@ -109,8 +109,17 @@ func (q *Queue) fusedIO(c *ctrl, r *Request) bool {
 	case nvme.FlagFuseSecond:
 		q.fusedSecond(c, r)
 	default:
-		// Not a second, right after a first: the first has none.
-		q.endHalf(r.Seq-1, nvme.StatusAbortFusedMissing)
+		// Not a second, right after a first: the first has none — unless
+		// that first was refused and left its verdict for this command
+		// (then it is done; the verdict goes, so that nothing stale
+		// stays in the table).
+		t := &q.fused
+		t.mu.Lock()
+		v, ok := t.take(r.Seq)
+		t.mu.Unlock()
+		if !ok || v.r != nil || v.st != nvme.StatusAbortFusedFail {
+			q.endHalf(r.Seq-1, nvme.StatusAbortFusedMissing)
+		}
 		if r.Cmd.Fuse() == 0 {
 			return false
 		}

@@ -210,6 +210,7 @@ func fusedAtomic(t *testing.T, backend string, seed uint64) {
 	if w, n := target.LockWords(sub, 1); w != 0 || n != 0 {
 		t.Errorf("range lock not released: words %#x, %d parked", w, n)
 	}
+	checkFusedTables(t, qs)
 	t.Logf("%s: %d pairs, %d miscompares, %d lock waits", backend, total, st.FusedMiscompares, st.LockWaits)
 }
 
@@ -257,6 +258,7 @@ func TestRangeLockNoDeadlock(t *testing.T) {
 	if w, n := target.LockWords(sub, 1); w != 0 || n != 0 {
 		t.Errorf("range lock not released: words %#x, %d parked", w, n)
 	}
+	checkFusedTables(t, qs)
 	t.Logf("%d lock waits, %d pairs", h.tgt.Stats().LockWaits, h.tgt.Stats().FusedPairs)
 }
 
@@ -296,5 +298,16 @@ func randomLockOp(sq *stampedQueue, rng *rand.Rand, blocks uint64) []*call {
 		return []*call{sq.one(cmd, buf)}
 	default:
 		return []*call{sq.one(ioCmd(nvme.IOWrite, 1, slba, n, nvme.RWFUA), make([]byte, int(n)*4096))}
+	}
+}
+
+// checkFusedTables fails if a queue's pairing table holds anything once
+// every command completed.
+func checkFusedTables(t *testing.T, qs []*stampedQueue) {
+	t.Helper()
+	for i, sq := range qs {
+		if n := target.FusedEntries(sq.q.q); n != 0 {
+			t.Errorf("queue %d: %d entries left in its pairing table", i, n)
+		}
 	}
 }
