@@ -54,6 +54,9 @@ func (q *Queue) execAdmin(r *Request) {
 		q.execDiscoveryAdmin(c, r)
 		return
 	}
+	if q.execResvAdmin(c, r) { // log 80h, features 81h-83h (resv_cmd.go)
+		return
+	}
 	var st nvme.Status
 	switch nvme.AdminOpcode(cmd.Opcode) {
 	case nvme.AdminIdentify:
@@ -228,6 +231,7 @@ func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 		id.LPA = nvme.LPASMARTPerNS | nvme.LPACommandsEffects | nvme.LPAExtendedData
 		id.NN = t.cfg.MaxNSID
 		id.ONCS = c.oncs()
+		id.FUSES = 1 // Compare and Write, atomic against writes (fused.go, rangelock.go)
 		// Flush with NSID FFFFFFFFh flushes every namespace (flushAll).
 		id.VWC = nvme.VWCPresent | nvme.VWCFlushAll
 		if c.s.ana {
@@ -240,7 +244,11 @@ func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 // oncs is Identify Controller's ONCS: the optional NVM commands an I/O
 // controller serves. The effects log (effectsLog) follows it.
 func (c *ctrl) oncs() uint16 {
-	return nvme.ONCSCompare | nvme.ONCSDSM | nvme.ONCSWriteZeroes
+	o := nvme.ONCSCompare | nvme.ONCSDSM | nvme.ONCSWriteZeroes
+	if c.s.reservationsServed() {
+		o |= nvme.ONCSReservations
+	}
+	return o
 }
 
 // identifyNamespace fills Identify Namespace. NSID 0 and 0xFFFFFFFF are
@@ -278,6 +286,9 @@ func (c *ctrl) identifyNamespace(nsid uint32, buf *[nvme.IdentifySize]byte) nvme
 	id.LBAF[0] = nvme.LBAFormat{LBADS: ns.shift}
 	if ns.readOnly.Load() {
 		id.NSATTR = nvme.NSAttrRO
+	}
+	if ns.keeper() != nil {
+		id.RESCAP = rescap
 	}
 	if c.s.ana {
 		id.ANAGRPID = anaGroupID

@@ -40,6 +40,15 @@
 //	ana.go          Asymmetric Namespace Access: SetANAState, its notice, log 0x0C, the I/O status
 //	fence.go        admission (SubsystemConfig.Admit, Subsystem.Refuse) and EvictAndDrain, the replication fence
 //	io_cmd.go       Read, Write, Flush, Write Zeroes, Dataset Management, Compare
+//	resv.go         persistent reservations: ReservationKeeper, LocalReservations, the
+//	                view and resvCheck on the I/O path, PublishReservation, DrainHosts,
+//	                NotifyReservation (docs/reservations.md §1)
+//	resv_cmd.go     Reservation Register, Acquire, Release (at the keeper), Report;
+//	                log 0x80 and its event; features 0x81-0x83
+//	fused.go        fused Compare and Write: pairing by arrival (Request.Seq,
+//	                PrevFuse; Queue.fused), the pair's checks and run
+//	rangelock.go    the namespace's striped range lock: plain writes shared,
+//	                fused pairs exclusive, parking through IO.Done
 //	workers.go      the sync worker pool
 //	status.go       StatusError, WithStatus; statusOf reads a backend error's status
 //	async.go        AsyncBackend, IO, Inline: the asynchronous backend contract
@@ -55,7 +64,10 @@
 //
 // Execute may be called from any goroutine, for any queue, concurrently.
 // The I/O path (Read, Write and the other NVM commands on an I/O queue)
-// takes no mutex and allocates nothing: the controller's readiness, the
+// takes no mutex and allocates nothing (a plain write adds to its
+// range's stripes, rangelock.go; only fused commands and the command
+// after a fused first look at the queue's pairing table, under its own
+// mutex): the controller's readiness, the
 // subsystem's namespace table (replaced whole on change) and each
 // namespace's reference count are atomics; the backend's own lock is the
 // backend's (a store volume takes its RWMutex shared). Each NVM command is
@@ -76,7 +88,9 @@
 // the next command from inside Complete.
 //
 // Lock order: Target.mu, then Subsystem.mu, then ctrl.mu; Subsystem.nsMu
-// is taken alone or before Target.mu. Responder methods are called with
+// is taken alone or before Target.mu. A LocalReservations keeper's lock
+// comes before its namespace's reservation lock (resv.go), which is a
+// leaf; Subsystem.drainMu comes before Subsystem.qmu. Responder methods are called with
 // no lock held.
 //
 // # Lifetimes

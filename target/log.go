@@ -191,12 +191,7 @@ func (c *ctrl) effectsLog() []byte {
 	for _, op := range []nvme.IOOpcode{nvme.IOWrite, nvme.IOWriteZeroes, nvme.IODatasetManagement} {
 		l.IOCS[op] = nvme.EffectsCSUPP | nvme.EffectsLBCC
 	}
-	if c.oncs()&nvme.ONCSReservations != 0 {
-		for _, op := range []nvme.IOOpcode{nvme.IOReservationRegister, nvme.IOReservationReport,
-			nvme.IOReservationAcquire, nvme.IOReservationRelease} {
-			l.IOCS[op] = nvme.EffectsCSUPP
-		}
-	}
+	c.resvEffects(&l) // resv_cmd.go: the four reservation opcodes when served
 	page := c.scratch(nvme.CommandEffectsLogSize)
 	l.Marshal((*[nvme.CommandEffectsLogSize]byte)(page))
 	return page

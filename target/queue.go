@@ -61,6 +61,11 @@ type Queue struct {
 	// tracked is the subsystem whose EvictAndDrain waits for this I/O
 	// queue (fence.go), told when it drains.
 	tracked atomic.Pointer[Subsystem]
+
+	// resv is the queue's reservation cache and drain counters (resv.go).
+	resv queueResv
+	// fused pairs fused commands (fused.go); sized at an I/O Connect.
+	fused fusedTable
 }
 
 func newQueue(t *Target, r Responder, p QueueParams, lim Limits) *Queue {
@@ -147,6 +152,7 @@ func (q *Queue) Close() {
 	if prev == queueConnected {
 		q.authClosed()
 	}
+	q.closeFused()
 	if c := q.ctrl.Load(); c != nil {
 		if c.admin == q {
 			c.teardown(ErrAdminQueueClosed)
@@ -211,6 +217,7 @@ func (q *Queue) complete(r *Request, s nvme.Status) {
 		// Deleted, which a host retries elsewhere).
 		s = nvme.StatusAbortSQDeleted
 	}
+	drain := q.drainTake(r)
 	r.Rsp.Status = s
 	q.t.countStatus(s)
 	if s.Code() != nvme.StatusSuccess {
@@ -220,6 +227,7 @@ func (q *Queue) complete(r *Request, s nvme.Status) {
 	}
 	q.t.enter(r, reqDone)
 	q.resp.Complete(r)
+	q.drainExit(drain) // after the answer: DrainHosts waits for it (resv.go)
 	if q.inflight.Add(-1) == 0 && q.state.Load() == queueClosed {
 		q.markDrained()
 	}

@@ -14,7 +14,10 @@ import (
 //	                      │──▶ backend ──IO.Done──▶ done  (NVM commands, async.go)
 //	                      │──▶ queued ──worker──▶ (backend) ──▶ done  (sync commands)
 //	                      │──▶ queued ──Group.Commit──▶ done  (grouped writes)
-//	                      └──▶ held ──event/teardown──▶ done  (AER)
+//	                      │──▶ held ──event/teardown──▶ done  (AER)
+//	                      │──▶ fused ──partner/close──▶ done, or the pair's run (fused.go)
+//	                      │──▶ lockWait ──release, IO.Done──▶ executing, not counted again  (rangelock.go)
+//	                      └──▶ keeper ──IO.Done──▶ done  (reservation commands, resv_cmd.go)
 //
 // A DSM of several ranges enters backend once per range. A synchronous
 // backend's IO (Inline, called directly) completes without entering
@@ -27,7 +30,10 @@ const (
 	reqQueued                 // waiting for or running on a sync worker
 	reqHeld                   // an Asynchronous Event Request waiting for an event
 	reqBackend                // at the backend: submitted, IO.Done due (async.go)
+	reqFused                  // a fused half waiting for its partner (fused.go)
+	reqLockWait               // parked by the namespace's range lock (rangelock.go)
 	reqDone                   // completed; the binding owns it
+	reqKeeper                 // at the namespace's ReservationKeeper: IO.Done due (resv_cmd.go)
 	numReqStates
 )
 
@@ -55,11 +61,21 @@ type counters struct {
 	authFailed    atomic.Uint64
 	authTimedOut  atomic.Uint64
 	authRequired  atomic.Uint64
+	// resvCmds counts reservation commands by ResvOp; resvConflicts the
+	// I/O commands refused with Reservation Conflict (resv.go).
+	resvCmds      [NumResvOps]atomic.Uint64
+	resvConflicts atomic.Uint64
+	fused         fusedCounters
+	lockWaits     atomic.Uint64
 }
 
 // enter moves r into state s and counts it. It is the only place a
 // request's state changes.
 func (t *Target) enter(r *Request, s uint8) {
+	if s == reqExecuting && r.state == reqLockWait {
+		r.state = s // resumed by the range lock: the same command, counted once
+		return
+	}
 	if s == reqExecuting && r.state != reqIdle && r.state != reqDone {
 		// The binding executed a request the core has not completed:
 		// a binding bug. Count it; the first completion still wins.
@@ -87,6 +103,14 @@ type Stats struct {
 	// synchronous backend's, called directly, complete within Execute
 	// or the sync worker's run and are not counted).
 	Executed, Queued, Held, AtBackend, Completed uint64
+	// AtKeeper counts reservation commands submitted to a namespace's
+	// ReservationKeeper (Register, Acquire, Release, Set Features 83h).
+	AtKeeper uint64
+	// ReservationCommands counts the reservation commands received on
+	// I/O queues, by command; ReservationConflicts the I/O commands
+	// refused with Reservation Conflict (resv.go).
+	ReservationCommands  [NumResvOps]uint64
+	ReservationConflicts uint64
 	// Misuse counts Execute calls on a request the core had not yet
 	// completed (a binding bug).
 	Misuse uint64
@@ -127,6 +151,13 @@ type Stats struct {
 	// EventsDropped counts asynchronous events lost because too many were
 	// pending with no Asynchronous Event Request to take them.
 	EventsDropped uint64
+	// Fused Compare and Write (fused.go): FusedWaiting counts halves that
+	// waited for their partner, FusedPairs the pairs whose Write
+	// succeeded, FusedMiscompares those whose Compare failed,
+	// FusedMissing and FusedFailed the halves ended with Missing or
+	// Failed Fused Command. LockWaits counts requests the namespace's
+	// range lock parked (rangelock.go).
+	FusedWaiting, FusedPairs, FusedMiscompares, FusedMissing, FusedFailed, LockWaits uint64
 	// Namespaces are the counters of every namespace, by subsystem NQN
 	// and NSID.
 	Namespaces []NamespaceStats
@@ -301,6 +332,12 @@ func (t *Target) Stats() Stats {
 		Held:                t.stats.states[reqHeld].Load(),
 		AtBackend:           t.stats.states[reqBackend].Load(),
 		Completed:           t.stats.states[reqDone].Load(),
+		FusedWaiting:        t.stats.states[reqFused].Load(),
+		FusedPairs:          t.stats.fused.pairs.Load(),
+		FusedMiscompares:    t.stats.fused.miscompares.Load(),
+		FusedMissing:        t.stats.fused.missing.Load(),
+		FusedFailed:         t.stats.fused.failed.Load(),
+		LockWaits:           t.stats.lockWaits.Load(),
 		Misuse:              t.stats.misuse.Load(),
 		SyncOverflow:        t.stats.syncOverflow.Load(),
 		KeepAliveExpired:    t.stats.keepAliveExpired.Load(),
@@ -318,6 +355,11 @@ func (t *Target) Stats() Stats {
 		AuthFailed:          t.stats.authFailed.Load(),
 		AuthTimedOut:        t.stats.authTimedOut.Load(),
 		AuthRequired:        t.stats.authRequired.Load(),
+	}
+	st.AtKeeper = t.stats.states[reqKeeper].Load()
+	st.ReservationConflicts = t.stats.resvConflicts.Load()
+	for i := range st.ReservationCommands {
+		st.ReservationCommands[i] = t.stats.resvCmds[i].Load()
 	}
 	for i := range t.stats.status {
 		if n := t.stats.status[i].Load(); n != 0 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/nvme/auth"
+	"github.com/blk-project/blk/nvme/resv"
 	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 )
@@ -351,10 +352,38 @@ var statusCases = []struct {
 		return f.h.exec(f.io, ioCmd(nvme.IOCompare, 1, 0, 1, 0), data)
 	}},
 
+	// Fused Compare and Write (fused.go).
+	{"missing fused command: a second with no first", nvme.StatusAbortFusedMissing, func(t *testing.T, f *fixture) *call {
+		return f.h.submitStamped(f.io, fusedCmd(nvme.IOWrite, 1, 0, 1, nvme.FlagFuseSecond), f.data4k, 1, 0)
+	}},
+	{"failed fused command: the pair miscompared", nvme.StatusAbortFusedFail, func(t *testing.T, f *fixture) *call {
+		cmp := make([]byte, 4096)
+		cmp[7] = 1
+		f.h.submitStamped(f.io, fusedCmd(nvme.IOCompare, 1, 0, 1, nvme.FlagFuseFirst), cmp, 1, 0)
+		return f.h.submitStamped(f.io, fusedCmd(nvme.IOWrite, 1, 0, 1, nvme.FlagFuseSecond), f.data4k, 2, nvme.FlagFuseFirst)
+	}},
+
 	// A backend's own status passes through unchanged.
 	{"backend status: reservation conflict", nvme.StatusReservationConflict.WithDNR(), func(t *testing.T, f *fixture) *call {
 		f.fault.set("write", fmt.Errorf("held: %w", statusErr(nvme.StatusReservationConflict.WithDNR())))
 		return f.h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), f.data4k)
+	}},
+
+	// Reservations (resv.go, resv_cmd.go).
+	{"reservation conflict: another host holds Write Exclusive", nvme.StatusReservationConflict.WithDNR(), func(t *testing.T, f *fixture) *call {
+		other := resv.HostID{0xb}
+		st := &resv.State{Gen: 1, Type: resv.WriteExclusive, Holder: other, Regs: []resv.Registrant{{Host: other, Key: 1}}}
+		if err := f.sub.SetReservations(1, target.LocalReservations(), st); err != nil {
+			t.Fatal(err)
+		}
+		return f.h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), f.data4k)
+	}},
+	{"host identifier inconsistent format: report without EDS", nvme.StatusHostIDInconsistent.WithDNR(), func(t *testing.T, f *fixture) *call {
+		if err := f.sub.SetReservations(1, target.LocalReservations(), nil); err != nil {
+			t.Fatal(err)
+		}
+		cmd := nvme.Command{Opcode: uint8(nvme.IOReservationReport), Flags: nvme.FlagSGLMetaBuf, NSID: 1, CDW10: 4096/4 - 1}
+		return f.h.exec(f.io, cmd, make([]byte, 4096))
 	}},
 }
 
@@ -418,6 +447,10 @@ var statusByName = map[string]nvme.Status{
 	"StatusWriteFault":                nvme.StatusWriteFault,
 	"StatusUnrecoveredReadError":      nvme.StatusUnrecoveredReadError,
 	"StatusCompareFailure":            nvme.StatusCompareFailure,
+	"StatusReservationConflict":       nvme.StatusReservationConflict,
+	"StatusHostIDInconsistent":        nvme.StatusHostIDInconsistent,
+	"StatusAbortFusedMissing":         nvme.StatusAbortFusedMissing,
+	"StatusAbortFusedFail":            nvme.StatusAbortFusedFail,
 }
 
 // TestStatusTableComplete reads the package's source for every nvme.Status
