@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/initiator"
-	"github.com/blk-project/blk/nvme"
 )
 
 func main() {
@@ -111,11 +110,10 @@ func run(addr, nqn, host string, owner, rounds, lba uint64, init bool, out strin
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err = ns.CompareAndWrite(ctx, lba, cur, next, 0)
 		cancel()
-		var se *initiator.StatusError
 		switch {
 		case err == nil:
 			won = append(won, fmt.Sprint(round+1))
-		case errors.As(err, &se) && se.Status.Code() == nvme.StatusCompareFailure:
+		case initiator.IsCompareFailure(err):
 			lost++
 		default:
 			return fmt.Errorf("compare and write of round %d: %w", round+1, err)
