@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,7 +49,13 @@ func TestCompareAndWriteRace(t *testing.T) {
 	s.wait(g2)
 
 	owner := map[int]string{}
+	miscompares := 0
 	for _, g := range []string{"caw1", "caw2"} {
+		var tries, won, lost int
+		if _, err := fmt.Sscan(string(s.readShare("won-"+g+".txt.stats")), &tries, &won, &lost); err != nil {
+			t.Fatalf("%s's stats: %v", g, err)
+		}
+		miscompares += lost
 		n := 0
 		for _, l := range strings.Fields(string(s.readShare("won-" + g + ".txt"))) {
 			r, err := strconv.Atoi(l)
@@ -63,6 +70,12 @@ func TestCompareAndWriteRace(t *testing.T) {
 		}
 		t.Logf("%s won %d rounds", g, n)
 	}
+	// A race that never happened proves nothing: the hosts must have
+	// collided (a round's loser gets Compare Failure).
+	if miscompares == 0 {
+		t.Errorf("no Compare Failure in %d rounds: the two hosts never raced", rounds)
+	}
+	t.Logf("%d Compare Failures: the hosts raced on %d of %d rounds at least", miscompares, miscompares, rounds)
 	for r := 1; r <= rounds; r++ {
 		if _, ok := owner[r]; !ok {
 			t.Errorf("round %d won by nobody", r)

@@ -6,7 +6,8 @@
 // them; each instance reads the block, checks it whole, and asks to
 // replace it with (round+1, its owner). If Compare and Write is atomic,
 // exactly one instance wins each round. Each instance writes the rounds
-// it won, one per line, to -out; the test merges them.
+// it won, one per line, to -out, and "tries won miscompares" to
+// -out.stats; the test merges them.
 package main
 
 import (
@@ -122,6 +123,7 @@ func run(addr, nqn, host string, owner, rounds, lba uint64, init bool, out strin
 	if err := os.WriteFile(out, []byte(strings.Join(won, "\n")+"\n"), 0o644); err != nil {
 		return err
 	}
-	fmt.Printf("owner %d: %d tries, %d won, %d miscompares in %v\n", owner, tries, len(won), lost, time.Since(start).Round(time.Millisecond))
-	return nil
+	line := fmt.Sprintf("owner %d: %d tries, %d won, %d miscompares in %v\n", owner, tries, len(won), lost, time.Since(start).Round(time.Millisecond))
+	fmt.Print(line)
+	return os.WriteFile(out+".stats", []byte(fmt.Sprintf("%d %d %d\n", tries, len(won), lost)), 0o644)
 }
