@@ -167,7 +167,10 @@ func (d *Daemon) ensureHostVolume(v meta.Volume) (*hostVolume, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := hv.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: hv.hb}); err != nil {
+	// The reservation keeper, if every node serves reservations; the
+	// view is unknown until a renewal publishes it (reservation.go).
+	k := d.newKeeper(v, hv.sub, hv)
+	if err := hv.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: hv.hb, Reservations: k.seam()}); err != nil {
 		_ = d.tgt.RemoveSubsystem(v.NQN)
 		return nil, err
 	}
@@ -453,6 +456,9 @@ func (d *Daemon) renew(hv *hostVolume, until int64) {
 			}
 		}()
 		return
+	}
+	if !d.renewReservation(hv, pl, v) {
+		return // a power loss (PTPL off) is being recorded: serve after it
 	}
 	pl.lease.Store(until)
 	if pl.b.Serving() && hv.sub.ANAState() != nvme.ANAOptimized {
