@@ -9,8 +9,11 @@
 // Namespace and the namespace identification descriptors (identify.go),
 // Get Log Page with the Error, SMART, Commands Effects and Changed
 // Namespace logs and asynchronous event results (log.go), Get/Set
-// Features (features.go), and the Read/Write/Write Zeroes/Dataset
-// Management fields (nvm.go).
+// Features (features.go), the Read/Write/Write Zeroes/Dataset
+// Management fields (nvm.go), and the reservation commands' CDW10 fields
+// and key data, the Reservation Status layout constants and the
+// Reservation Notification log page (resv.go; the rules are in
+// nvme/resv).
 //
 // Every layout is little-endian and byte-exact against the NVMe base and
 // NVMe-oF specifications as restated in shared/docs/nvmeof-wire.md and in
