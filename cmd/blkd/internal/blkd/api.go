@@ -79,7 +79,7 @@ func metaError(err error, hint string) error {
 		status, hint = http.StatusConflict, "retry once it is done"
 	case errors.Is(err, meta.ErrStaleEpoch):
 		status, hint = http.StatusConflict, "the volume's primary changed meanwhile: read the volume again"
-	case errors.Is(err, control.ErrFeatureMissing):
+	case errors.Is(err, control.ErrFeatureMissing), errors.Is(err, meta.ErrFeatureMissing):
 		status = http.StatusConflict
 	case errors.Is(err, meta.ErrVolumeDeleting), errors.Is(err, meta.ErrVolumeNotOnline),
 		errors.Is(err, meta.ErrBadTransition), errors.Is(err, meta.ErrLimit), errors.Is(err, meta.ErrNodeNotUp):

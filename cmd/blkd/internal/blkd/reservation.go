@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,7 +97,7 @@ func reservationErr(err error) error {
 	switch {
 	case errors.Is(err, meta.ErrStaleEpoch), errors.Is(err, errNotServing):
 		st = nvme.StatusANATransition
-	case errors.Is(err, control.ErrFeatureMissing):
+	case errors.Is(err, control.ErrFeatureMissing), errors.Is(err, meta.ErrFeatureMissing):
 		st = nvme.StatusInternalError.WithDNR()
 	case errors.Is(err, meta.ErrVolumeDeleting), errors.Is(err, meta.ErrUnknownVolume), errors.Is(err, errKeeperClosed):
 		st = nvme.StatusInvalidNamespace.WithDNR()
@@ -179,37 +180,14 @@ type resvKeeper struct {
 // reservationsOn says whether every registered node applies the
 // reservation commands (§1.3's gate): until then no subsystem has a
 // keeper and the leader proposes neither Op 29 nor Op 30.
-func (d *Daemon) reservationsOn() bool {
-	on := true
-	d.node.FSM().Read(func(s *meta.State) {
-		nodes := s.Export().Nodes
-		if len(nodes) == 0 {
-			on = false
-		}
-		for _, n := range nodes {
-			if !n.HasFeature(meta.FeatureReservations) {
-				on = false
-			}
-		}
-	})
-	return on
-}
+func (d *Daemon) reservationsOn() bool { return d.requireReservations() == nil }
 
-// requireReservations is reservationsOn as an error for the leader.
+// requireReservations is reservationsOn as the registry's error
+// (meta.ErrFeatureMissing, naming the node), read from this node's copy.
 func (d *Daemon) requireReservations() error {
-	var missing string
-	d.node.FSM().Read(func(s *meta.State) {
-		for _, n := range s.Export().Nodes {
-			if !n.HasFeature(meta.FeatureReservations) {
-				missing = n.ID
-				return
-			}
-		}
-	})
-	if missing != "" {
-		return fmt.Errorf("%w: node %s did not register feature %q (an older blkd): upgrade every node, then restart node %s", control.ErrFeatureMissing, missing, meta.FeatureReservations, missing)
-	}
-	return nil
+	var err error
+	d.node.FSM().Read(func(s *meta.State) { err = s.RequireFeature(meta.FeatureReservations) })
+	return err
 }
 
 // newKeeper makes the keeper of v's namespace in sub (hv: the replicated
@@ -350,7 +328,7 @@ func (k *resvKeeper) epoch() (uint64, *primaryLeg, error) {
 // execute runs one reservation command through the registry (§1.5) and
 // sets its status; an error is a command the registry did not answer.
 func (k *resvKeeper) execute(io *target.IO) error {
-	cmd := io.Reservation()
+	cmd := io.Resv
 	cmd.Token = k.d.resv.token()
 	epoch, _, err := k.epoch()
 	if err != nil {
@@ -368,22 +346,21 @@ func (k *resvKeeper) execute(io *target.IO) error {
 	if err := k.d.node.WaitApplied(ctx, ans.Index); err != nil {
 		return fmt.Errorf("registry copy at index %d, not yet %d: %w", k.d.node.AppliedIndex(), ans.Index, err)
 	}
+	before, _ := k.sub.Reservation(1) // the victims' NQNs, should the drain fail
 	k.publishCopy()
 	out := ans.Outcome
 	if len(out.Abort) > 0 {
-		k.drain(out.Abort)
+		k.drain(out.Abort, before)
 	}
-	if len(out.Notices) > 0 {
-		k.sub.NotifyReservation(1, out.Notices)
-	}
-	io.SetReservationStatus(out.Status)
+	k.sub.NotifyReservation(1, out.Notices)
+	io.ResvStatus = out.Status
 	return nil
 }
 
 // drain waits for the commands the preempted hosts started before the
 // new view (§1.6); past resvDrainWait their controllers are evicted,
 // which fences as surely.
-func (k *resvKeeper) drain(hosts []resv.HostID) {
+func (k *resvKeeper) drain(hosts []resv.HostID, before resv.State) {
 	ctx, cancel := context.WithTimeout(context.Background(), resvDrainWait)
 	err := k.sub.DrainHosts(ctx, hosts)
 	cancel()
@@ -391,9 +368,16 @@ func (k *resvKeeper) drain(hosts []resv.HostID) {
 		return
 	}
 	k.d.log.Warn("preempt and abort: the preempted hosts' commands did not end in time; evicting their controllers", slog.String("volume", k.name), slog.String("err", err.Error()))
+	// The registrations name the hosts' NQNs (a host ID is one host's).
+	nqns := map[string]bool{}
+	for _, r := range before.Regs {
+		if slices.Contains(hosts, r.Host) && r.NQN != "" {
+			nqns[r.NQN] = true
+		}
+	}
 	ctx, cancel = context.WithTimeout(context.Background(), ownerTimeout)
 	defer cancel()
-	if _, err := k.sub.EvictHostIDs(ctx, hosts); err != nil {
+	if _, err := k.sub.EvictAndDrain(ctx, func(nqn string) bool { return nqns[nqn] }); err != nil {
 		k.d.log.Error("preempt and abort: evicting the preempted hosts' controllers", slog.String("volume", k.name), slog.String("err", err.Error()))
 	}
 }
@@ -426,7 +410,10 @@ func (k *resvKeeper) publish(st *resv.State, applied uint64) {
 	} else if k.known && st.Index <= k.index {
 		return
 	}
-	k.sub.PublishReservation(1, st)
+	if err := k.sub.PublishReservation(1, st); err != nil {
+		k.d.log.Warn("reservation: view not published", slog.String("volume", k.name), slog.String("err", err.Error()))
+		return
+	}
 	k.known, k.index = true, st.Index
 }
 
@@ -620,7 +607,7 @@ func (d *Daemon) attachKeeper(v meta.Volume, sub *target.Subsystem, hv *hostVolu
 	if k == nil {
 		return
 	}
-	if err := sub.SetReservations(1, k); err != nil {
+	if err := sub.SetReservations(1, k, nil); err != nil {
 		d.log.Warn("reservations: keeper not attached", slog.String("volume", v.Name), slog.String("err", err.Error()))
 		d.resv.mu.Lock()
 		if d.resv.byID[v.ID] == k {
@@ -687,7 +674,7 @@ func retryable(err error) bool {
 		return pa.status == http.StatusMisdirectedRequest || pa.status == http.StatusServiceUnavailable || pa.status >= 500 && pa.status != http.StatusNotImplemented
 	}
 	switch {
-	case errors.Is(err, meta.ErrStaleEpoch), errors.Is(err, control.ErrFeatureMissing), errors.Is(err, meta.ErrUnknownVolume),
+	case errors.Is(err, meta.ErrStaleEpoch), errors.Is(err, control.ErrFeatureMissing), errors.Is(err, meta.ErrFeatureMissing), errors.Is(err, meta.ErrUnknownVolume),
 		errors.Is(err, meta.ErrVolumeDeleting), errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand):
 		return false
 	}
@@ -723,7 +710,7 @@ func resvError(pa *peerAnswer) error {
 	case http.StatusConflict:
 		sentinel = meta.ErrStaleEpoch
 	case http.StatusPreconditionFailed:
-		sentinel = control.ErrFeatureMissing
+		sentinel = meta.ErrFeatureMissing
 	case http.StatusNotFound:
 		sentinel = meta.ErrUnknownVolume
 	case http.StatusGone:
@@ -742,7 +729,7 @@ func resvStatus(err error) int {
 	switch {
 	case errors.Is(err, meta.ErrStaleEpoch):
 		return http.StatusConflict
-	case errors.Is(err, control.ErrFeatureMissing):
+	case errors.Is(err, control.ErrFeatureMissing), errors.Is(err, meta.ErrFeatureMissing):
 		return http.StatusPreconditionFailed
 	case errors.Is(err, meta.ErrUnknownVolume):
 		return http.StatusNotFound
