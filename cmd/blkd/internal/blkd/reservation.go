@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,10 +54,11 @@ import (
 
 const (
 	// resvCommandWait bounds one reservation command at the keeper: the
-	// leader's commit, retries through an election (~1–3 s), the wait for
-	// this node's copy. Past it the host gets Namespace Not Ready (no
-	// DNR: its caller may retry).
-	resvCommandWait = 5 * time.Second
+	// leader's commit, retries through an election (~1–3 s, and a leader
+	// change is noticed only when its connection fails), the wait for
+	// this node's copy; well inside a host's 30 s I/O timeout. Past it
+	// the host gets Namespace Not Ready (no DNR: its caller may retry).
+	resvCommandWait = 10 * time.Second
 	// resvDrainWait bounds a preempt-and-abort's wait for the victims'
 	// commands (§1.6); past it their controllers are evicted.
 	resvDrainWait = 5 * time.Second
@@ -118,15 +121,49 @@ type resvKeepers struct {
 	tokens    atomic.Uint64
 	// seconds is blk_reservation_command_seconds.
 	seconds prometheus.Histogram
-	// hook, if set (tests in this package), runs after a command's entry
-	// is committed and before it is published.
-	hook func(k *resvKeeper)
+	// holds are the test-only fault hooks of BLKD_TEST_RESV_HOLD
+	// (resvHolds); zero in production.
+	holds resvHolds
+}
+
+// resvHolds are pauses cmd/blkd's tests put where a fault must strike:
+// BLKD_TEST_RESV_HOLD="leader=1s,keeper=4s,bringup=3s". leader: the
+// leader's POST /v1/internal/reservation answers that long after its
+// entry committed (a leader killed meanwhile: the keeper's retry replays
+// the token); keeper: a keeper holds an Acquire that long after it took
+// the term's epoch (a primary deposed meanwhile: the entry is stale);
+// bringup: a one-replica volume's view stays unknown that long longer.
+// Unset, or unparsable, nothing pauses.
+type resvHolds struct {
+	leader, keeper, bringUp time.Duration
+}
+
+// parseResvHolds reads BLKD_TEST_RESV_HOLD.
+func parseResvHolds(s string) resvHolds {
+	var h resvHolds
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		d, err := time.ParseDuration(v)
+		if !ok || err != nil {
+			continue
+		}
+		switch k {
+		case "leader":
+			h.leader = d
+		case "keeper":
+			h.keeper = d
+		case "bringup":
+			h.bringUp = d
+		}
+	}
+	return h
 }
 
 func newResvKeepers() *resvKeepers {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return &resvKeepers{
+		holds:     parseResvHolds(os.Getenv("BLKD_TEST_RESV_HOLD")),
 		byID:      map[uint64]*resvKeeper{},
 		tokenBase: binary.LittleEndian.Uint64(b[:]),
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -334,14 +371,14 @@ func (k *resvKeeper) execute(io *target.IO) error {
 	if err != nil {
 		return err
 	}
+	if h := k.d.resv.holds.keeper; h > 0 && cmd.Op == resv.Acquire {
+		time.Sleep(h) // a test's fault: the term may be deposed meanwhile
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), resvCommandWait)
 	defer cancel()
 	ans, err := k.d.proposeReservation(ctx, resvRequest{Volume: k.name, Epoch: epoch, Cmd: cmd})
 	if err != nil {
 		return err
-	}
-	if h := k.d.resv.hook; h != nil {
-		h(k)
 	}
 	if err := k.d.node.WaitApplied(ctx, ans.Index); err != nil {
 		return fmt.Errorf("registry copy at index %d, not yet %d: %w", k.d.node.AppliedIndex(), ans.Index, err)
@@ -486,6 +523,13 @@ func (d *Daemon) powerLoss(k *resvKeeper, epoch uint64) {
 // every controller of the old one is gone), and publishes. It retries
 // until it succeeds or the keeper closes.
 func (k *resvKeeper) bringUp() {
+	if h := k.d.resv.holds.bringUp; h > 0 {
+		select {
+		case <-k.stop:
+			return
+		case <-time.After(h): // a test's fault: the view stays unknown
+		}
+	}
 	t := time.NewTicker(resvRetry * 5)
 	defer t.Stop()
 	for {
@@ -652,9 +696,12 @@ type resvAnswer struct {
 // through leader changes and lost answers until ctx ends.
 func (d *Daemon) proposeReservation(ctx context.Context, req resvRequest) (resvAnswer, error) {
 	var last error
-	for {
+	for try := 0; ; try++ {
 		ans, err := d.proposeOnce(ctx, req)
 		if err == nil || !retryable(err) {
+			if err == nil && try > 0 {
+				d.log.Info("reservation command applied after a retry with its token", slog.String("volume", req.Volume), slog.Int("tries", try+1), slog.Uint64("index", ans.Index))
+			}
 			return ans, err
 		}
 		last = err
@@ -769,6 +816,9 @@ func (d *Daemon) internalReservation(w http.ResponseWriter, r *http.Request) err
 	ans, err := d.applyReservation(r.Context(), req)
 	if err != nil {
 		return &apiError{resvStatus(err), err.Error()}
+	}
+	if h := d.resv.holds.leader; h > 0 {
+		time.Sleep(h) // a test's fault: this leader may be killed meanwhile
 	}
 	writeJSON(w, http.StatusOK, ans)
 	return nil

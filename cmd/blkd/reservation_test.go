@@ -1,0 +1,365 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/nvme"
+)
+
+// Persistent reservations kept by the registry (docs/reservations.md
+// §7.5): blk's initiator plays two hosts, A and B, each with a host
+// identifier of its own (a registration is a host identifier's).
+
+const (
+	resvHostA = "nqn.2026-11.io.blk:resv-host-a"
+	resvHostB = "nqn.2026-11.io.blk:resv-host-b"
+	keyA      = 0xA1
+	keyB      = 0xB2
+	rtypeWE   = 1 // Write Exclusive
+)
+
+var resvHostIDs = map[string][16]byte{
+	resvHostA: {0xA, 0xA, 0xA, 0xA, 1},
+	resvHostB: {0xB, 0xB, 0xB, 0xB, 2},
+}
+
+// resvVolumeJSON is a volume with its reservation (api.Reservation).
+type resvVolumeJSON struct {
+	Name        string `json:"name"`
+	ID          uint64 `json:"id"`
+	Node        string `json:"node"`
+	Epoch       uint64 `json:"epoch"`
+	NQN         string `json:"nqn"`
+	Reservation *struct {
+		Gen         uint32 `json:"gen"`
+		Type        string `json:"type"`
+		Holder      string `json:"holder"`
+		HolderNQN   string `json:"holder_nqn"`
+		PTPL        bool   `json:"ptpl"`
+		Registrants []struct {
+			HostID  string `json:"host_id"`
+			HostNQN string `json:"host_nqn"`
+			Key     uint64 `json:"key"`
+			Holder  bool   `json:"holder"`
+		} `json:"registrants"`
+	} `json:"reservation"`
+}
+
+// resvConfig is host's initiator configuration: its own host ID, a long
+// I/O timeout (a reservation command is a registry commit), multipath's
+// reconnect behaviour.
+func resvConfig(host string) initiator.Config {
+	cfg := multipathConfig
+	cfg.HostNQN, cfg.HostID = host, resvHostIDs[host]
+	cfg.IOTimeout = 20 * time.Second
+	return cfg
+}
+
+// resvConnect connects host to nqn at addr (one path).
+func resvConnect(t *testing.T, host, addr, nqn string) *initiator.Namespace {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	ctrl, err := initiator.Connect(ctx, resvConfig(host), addr, nqn)
+	if err != nil {
+		t.Fatalf("%s: connect to %s at %s: %v", host, nqn, addr, err)
+	}
+	t.Cleanup(func() { ctrl.Close() })
+	if ctrl.Namespace(1) == nil {
+		t.Fatalf("%s: %s has no namespace 1", host, nqn)
+	}
+	return ctrl.Namespace(1)
+}
+
+// isStatus says whether err is an NVMe status of code st (DNR aside).
+func isStatus(err error, st nvme.Status) bool {
+	var se *initiator.StatusError
+	return errors.As(err, &se) && se.Status.Code() == st.Code()
+}
+
+// pathError says whether err is one a multipath host retries on a path:
+// a path status, Namespace Not Ready (a view not known yet, no leader),
+// a lost connection.
+func pathError(err error) bool {
+	var se *initiator.StatusError
+	if errors.As(err, &se) {
+		return se.Status.SCT() == nvme.SCTPath || se.Status.Code() == nvme.StatusNamespaceNotReady
+	}
+	return errors.Is(err, initiator.ErrConnectionLost) || errors.Is(err, initiator.ErrControllerLost) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
+// onAnyPath runs f on each of paths until one answers it with something
+// other than a path error, for at most within (a multipath host's way
+// with a reservation command: Linux sends it on the optimized path, and
+// its caller retries a path failure). It returns that answer.
+func onAnyPath(paths []*initiator.Namespace, within time.Duration, f func(ns *initiator.Namespace) error) error {
+	deadline := time.Now().Add(within)
+	var last error
+	for time.Now().Before(deadline) {
+		for _, ns := range paths {
+			err := f(ns)
+			if err == nil || !pathError(err) {
+				return err
+			}
+			last = err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("no path answered within %v (last: %w)", within, last)
+}
+
+// resvHost is one host's paths to one volume.
+type resvHost struct {
+	t     *testing.T
+	host  string
+	paths []*initiator.Namespace
+}
+
+func (h *resvHost) do(what string, f func(ctx context.Context, ns *initiator.Namespace) error) error {
+	return onAnyPath(h.paths, 40*time.Second, func(ns *initiator.Namespace) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+		defer cancel()
+		return f(ctx, ns)
+	})
+}
+
+func (h *resvHost) register(key uint64, cptpl uint8) error {
+	return h.do("register", func(ctx context.Context, ns *initiator.Namespace) error {
+		return ns.ReservationRegister(ctx, nvme.RREGARegister, 0, key, false, cptpl)
+	})
+}
+
+func (h *resvHost) acquire(action uint8, crkey, prkey uint64) error {
+	return h.do("acquire", func(ctx context.Context, ns *initiator.Namespace) error {
+		return ns.ReservationAcquire(ctx, action, rtypeWE, crkey, prkey, false)
+	})
+}
+
+func (h *resvHost) report() initiator.ReservationStatus {
+	h.t.Helper()
+	var st initiator.ReservationStatus
+	err := h.do("report", func(ctx context.Context, ns *initiator.Namespace) error {
+		var err error
+		st, err = ns.ReservationReport(ctx)
+		return err
+	})
+	if err != nil {
+		h.t.Fatalf("%s: reservation report: %v", h.host, err)
+	}
+	return st
+}
+
+// write writes one block of b at block lba through the serving path.
+func (h *resvHost) write(lba int64, b byte) error {
+	return onAnyPath(h.paths, 40*time.Second, func(ns *initiator.Namespace) error {
+		_, err := ns.WriteAt(pattern(b, 4096), lba*4096)
+		return err
+	})
+}
+
+// read reads one block at lba through the serving path.
+func (h *resvHost) read(lba int64) ([]byte, error) {
+	got := make([]byte, 4096)
+	err := onAnyPath(h.paths, 40*time.Second, func(ns *initiator.Namespace) error {
+		_, err := ns.ReadAt(got, lba*4096)
+		return err
+	})
+	return got, err
+}
+
+func mustOK(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// mustConflict checks err is Reservation Conflict.
+func mustConflict(t *testing.T, what string, err error) {
+	t.Helper()
+	if !isStatus(err, nvme.StatusReservationConflict) {
+		t.Fatalf("%s: %v, want Reservation Conflict", what, err)
+	}
+}
+
+// checkReport checks a report: generation, the type held, the holder's
+// host (nil: none) and the registrants' keys by host.
+func checkReport(t *testing.T, who string, st initiator.ReservationStatus, gen uint32, rtype uint8, holder string, keys map[string]uint64) {
+	t.Helper()
+	got := map[[16]byte]uint64{}
+	var holds [][16]byte
+	for _, r := range st.Registrants {
+		got[r.HostID] = r.Key
+		if r.Holder {
+			holds = append(holds, r.HostID)
+		}
+	}
+	want := map[[16]byte]uint64{}
+	for h, k := range keys {
+		want[resvHostIDs[h]] = k
+	}
+	ok := st.Gen == gen && st.Type == rtype && st.Count == len(keys) && len(got) == len(want)
+	for h, k := range want {
+		ok = ok && got[h] == k
+	}
+	if holder == "" {
+		ok = ok && len(holds) == 0
+	} else {
+		ok = ok && len(holds) == 1 && holds[0] == resvHostIDs[holder]
+	}
+	if !ok {
+		t.Fatalf("%s: report %+v, want gen %d, type %d, holder %q, keys %v", who, st, gen, rtype, holder, keys)
+	}
+}
+
+// checkShown checks the volume as GET /v1/volumes/{name} shows it
+// against the report st (the coordinator's e2e compares the two).
+func checkShown(t *testing.T, d *daemon, name string, st initiator.ReservationStatus) {
+	t.Helper()
+	var v resvVolumeJSON
+	d.must(t, "GET", "/v1/volumes/"+name, "", 200, &v)
+	r := v.Reservation
+	if r == nil || r.Gen != st.Gen || len(r.Registrants) != st.Count {
+		t.Fatalf("volume %s shows reservation %+v, the hosts' report %+v", name, r, st)
+	}
+	for _, g := range st.Registrants {
+		if g.Holder && r.Holder != fmt.Sprintf("%x", g.HostID) && !strings.HasSuffix(r.Type, "all-registrants") {
+			t.Fatalf("volume %s shows holder %q, the report %x", name, r.Holder, g.HostID)
+		}
+	}
+}
+
+// allowBoth allows hosts A and B on volume name.
+func allowBoth(t *testing.T, d *daemon, name string) {
+	t.Helper()
+	for _, h := range []string{resvHostA, resvHostB} {
+		d.must(t, "POST", "/v1/volumes/"+name+"/hosts", `{"host_nqn": "`+h+`"}`, 200, nil)
+	}
+}
+
+// tcpEndpoint is the NVMe/TCP address the volume's attach answer names.
+func tcpEndpoint(t *testing.T, d *daemon, name string) (addr, nqn string) {
+	t.Helper()
+	var a attachJSON
+	d.must(t, "POST", "/v1/volumes/"+name+"/attach", `{"host_nqn": "`+resvHostA+`"}`, 200, &a)
+	a = a.over("tcp")
+	return net.JoinHostPort(a.Address, strconv.Itoa(a.Port)), a.SubsystemNQN
+}
+
+// TestReservationRestart: one blkd, a volume of one replica; host A
+// registers (PTPL on) and takes Write Exclusive, host B registers; B's
+// write is refused with Reservation Conflict, its read served; both
+// report the same; the volume shows it. blkd restarted (SIGKILL): the
+// reservation is still there, B's write still refused, A's served.
+func TestReservationRestart(t *testing.T) {
+	dir := t.TempDir()
+	api, raft, nvmeAddr, tcp := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	d := startBlkdOn(t, dir, raft, nvmeAddr, api, "--tcp-addr", tcp)
+	d.must(t, "POST", "/v1/volumes", `{"name": "r", "size": "16MiB", "replicas": 1}`, 201, nil)
+	allowBoth(t, d, "r")
+	addr, nqn := tcpEndpoint(t, d, "r")
+	a := &resvHost{t: t, host: resvHostA, paths: []*initiator.Namespace{resvConnect(t, resvHostA, addr, nqn)}}
+	b := &resvHost{t: t, host: resvHostB, paths: []*initiator.Namespace{resvConnect(t, resvHostB, addr, nqn)}}
+
+	mustOK(t, "A writes before any reservation", a.write(1, 'a'))
+	mustOK(t, "A registers", a.register(keyA, nvme.CPTPLSet))
+	mustOK(t, "B registers", b.register(keyB, nvme.CPTPLNoChange))
+	mustOK(t, "A acquires WE", a.acquire(nvme.RACQAAcquire, keyA, 0))
+	mustConflict(t, "A registers again with another key", a.register(keyB, nvme.CPTPLNoChange))
+	mustConflict(t, "B acquires while A holds", b.acquire(nvme.RACQAAcquire, keyB, 0))
+	mustConflict(t, "B's write", b.write(1, 'b'))
+	got, err := b.read(1)
+	mustOK(t, "B's read", err)
+	if got[0] != 'a' {
+		t.Fatalf("B read %q, want A's block", got[:4])
+	}
+	want := map[string]uint64{resvHostA: keyA, resvHostB: keyB}
+	// Two registrations (+2); an acquire and the refusals change no
+	// generation.
+	checkReport(t, "A", a.report(), 2, rtypeWE, resvHostA, want)
+	checkReport(t, "B", b.report(), 2, rtypeWE, resvHostA, want)
+	checkShown(t, d, "r", a.report())
+	if n := d.metric(t, "blk_reservation_command_seconds_count"); n < 5 {
+		t.Errorf("blk_reservation_command_seconds_count %v, want at least the 5 commands sent", n)
+	}
+
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+	d = startBlkdOn(t, dir, raft, nvmeAddr, api, "--tcp-addr", tcp)
+	a = &resvHost{t: t, host: resvHostA, paths: []*initiator.Namespace{resvConnect(t, resvHostA, addr, nqn)}}
+	b = &resvHost{t: t, host: resvHostB, paths: []*initiator.Namespace{resvConnect(t, resvHostB, addr, nqn)}}
+	mustConflict(t, "B's write after the restart", b.write(1, 'b'))
+	mustOK(t, "A's write after the restart", a.write(2, 'A'))
+	checkReport(t, "B after the restart", b.report(), 2, rtypeWE, resvHostA, want)
+	checkShown(t, d, "r", b.report())
+	// Release by the holder: B writes.
+	mustOK(t, "A releases", a.do("release", func(ctx context.Context, ns *initiator.Namespace) error {
+		return ns.ReservationRelease(ctx, nvme.RRELARelease, rtypeWE, keyA, false)
+	}))
+	mustOK(t, "B's write after the release", b.write(1, 'b'))
+	checkReport(t, "B after the release", b.report(), 2, 0, "", want)
+}
+
+// TestReservationPTPLZero: PTPL cleared by a Register with CPTPL 10b;
+// blkd restarted (every controller gone: a power loss), the state is
+// empty with the generation one up, and B writes. A second volume with
+// PTPL on keeps its reservation across the same restart.
+func TestReservationPTPLZero(t *testing.T) {
+	dir := t.TempDir()
+	api, raft, nvmeAddr, tcp := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	d := startBlkdOn(t, dir, raft, nvmeAddr, api, "--tcp-addr", tcp)
+	hosts := map[string]map[string]*resvHost{}
+	ends := map[string][2]string{}
+	connectAll := func() {
+		for _, name := range []string{"p0", "p1"} {
+			if _, ok := ends[name]; !ok {
+				addr, nqn := tcpEndpoint(t, d, name)
+				ends[name] = [2]string{addr, nqn}
+			}
+			addr, nqn := ends[name][0], ends[name][1]
+			hosts[name] = map[string]*resvHost{}
+			for _, h := range []string{resvHostA, resvHostB} {
+				hosts[name][h] = &resvHost{t: t, host: h, paths: []*initiator.Namespace{resvConnect(t, h, addr, nqn)}}
+			}
+		}
+	}
+	for _, name := range []string{"p0", "p1"} {
+		d.must(t, "POST", "/v1/volumes", `{"name": "`+name+`", "size": "4MiB", "replicas": 1}`, 201, nil)
+		allowBoth(t, d, name)
+	}
+	connectAll()
+	for name, cptpl := range map[string]uint8{"p0": nvme.CPTPLClear, "p1": nvme.CPTPLSet} {
+		a := hosts[name][resvHostA]
+		mustOK(t, name+": A registers", a.register(keyA, cptpl))
+		mustOK(t, name+": A acquires", a.acquire(nvme.RACQAAcquire, keyA, 0))
+		mustConflict(t, name+": B's write", hosts[name][resvHostB].write(0, 'b'))
+	}
+	var v resvVolumeJSON
+	d.must(t, "GET", "/v1/volumes/p0", "", 200, &v)
+	if v.Reservation == nil || v.Reservation.PTPL || v.Reservation.Gen != 1 {
+		t.Fatalf("p0 shows %+v, want PTPL off at generation 1", v.Reservation)
+	}
+
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+	d = startBlkdOn(t, dir, raft, nvmeAddr, api, "--tcp-addr", tcp)
+	connectAll()
+	mustOK(t, "p0: B's write after the power loss", hosts["p0"][resvHostB].write(0, 'b'))
+	checkReport(t, "p0 after the power loss", hosts["p0"][resvHostB].report(), 2, 0, "", nil)
+	checkShown(t, d, "p0", hosts["p0"][resvHostA].report())
+	mustConflict(t, "p1: B's write after the restart", hosts["p1"][resvHostB].write(0, 'b'))
+	checkReport(t, "p1 after the restart", hosts["p1"][resvHostB].report(), 1, rtypeWE, resvHostA, map[string]uint64{resvHostA: keyA})
+	if !strings.Contains(d.output(), "registrations dropped at a new subsystem") {
+		t.Errorf("blkd did not log the power loss of p0")
+	}
+}
