@@ -88,14 +88,14 @@ func isStatus(err error, st nvme.Status) bool {
 
 // pathError says whether err is one a multipath host retries on a path:
 // a path status, Namespace Not Ready (a view not known yet, no leader),
-// a lost connection.
+// a lost connection or a path given up (its node gone).
 func pathError(err error) bool {
 	var se *initiator.StatusError
 	if errors.As(err, &se) {
 		return se.Status.SCT() == nvme.SCTPath || se.Status.Code() == nvme.StatusNamespaceNotReady
 	}
 	return errors.Is(err, initiator.ErrConnectionLost) || errors.Is(err, initiator.ErrControllerLost) ||
-		errors.Is(err, context.DeadlineExceeded)
+		errors.Is(err, initiator.ErrNamespaceRemoved) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // onAnyPath runs f on each of paths until one answers it with something
@@ -361,5 +361,275 @@ func TestReservationPTPLZero(t *testing.T) {
 	checkReport(t, "p1 after the restart", hosts["p1"][resvHostB].report(), 1, rtypeWE, resvHostA, map[string]uint64{resvHostA: keyA})
 	if !strings.Contains(d.output(), "registrations dropped at a new subsystem") {
 		t.Errorf("blkd did not log the power loss of p0")
+	}
+}
+
+// resvPaths connects host to volume nqn through every node's path
+// (tcpAddrs: by node), as a Linux host with native multipath does.
+func resvPaths(t *testing.T, host, nqn string, tcpAddrs map[string]string) *resvHost {
+	t.Helper()
+	h := &resvHost{t: t, host: host}
+	for _, addr := range tcpAddrs {
+		h.paths = append(h.paths, resvConnect(t, host, addr, nqn))
+	}
+	return h
+}
+
+// newPrimaryOf waits until a node other than old is primary of name at
+// epoch; it returns it.
+func newPrimaryOf(t *testing.T, c *cluster, name, old string, epoch uint64) string {
+	t.Helper()
+	var v resvVolumeJSON
+	eventually(t, 40*time.Second, "another primary of "+name, func() error {
+		for id, p := range c.procs {
+			if id == old {
+				continue
+			}
+			v = resvVolumeJSON{}
+			if code, _ := p.call(t, "GET", "/v1/volumes/"+name, "", &v); code == 200 && v.Node != old && v.Epoch == epoch {
+				return nil
+			}
+		}
+		return fmt.Errorf("%+v", v)
+	})
+	return v.Node
+}
+
+// TestReservationFailover: two 3-replica volumes with the same primary:
+// on f host A holds Write Exclusive with PTPL on, B is registered; on z
+// A holds it with PTPL off. The primary's blkd is killed: the new
+// primary refuses B's writes to f from its first answer (the reservation
+// was in its view before it served), reports the same; z's state is
+// empty (a power loss, generation + 1) and B writes to it. B's
+// preempt-and-abort takes f over: B writes, A is refused and no longer
+// registered. The whole cluster is then killed and started again: the
+// reservation is still B's.
+func TestReservationFailover(t *testing.T) {
+	c, ids, leader := startZoned(t, 3)
+	lp := c.procs[leader]
+	pin := ids[0]
+	if pin == leader {
+		pin = ids[1]
+	}
+	vols := map[string]resvVolumeJSON{}
+	for _, name := range []string{"f", "z"} {
+		var v resvVolumeJSON
+		lp.must(t, "POST", "/v1/volumes", `{"name": "`+name+`", "size": "8MiB", "replicas": 3, "node": "`+pin+`"}`, 201, &v)
+		allowBoth(t, lp, name)
+		vols[name] = v
+	}
+	tcpAddrs := tcpAddrsOf(t, lp)
+	hosts := func() (fa, fb, za, zb *resvHost) {
+		return resvPaths(t, resvHostA, vols["f"].NQN, tcpAddrs), resvPaths(t, resvHostB, vols["f"].NQN, tcpAddrs),
+			resvPaths(t, resvHostA, vols["z"].NQN, tcpAddrs), resvPaths(t, resvHostB, vols["z"].NQN, tcpAddrs)
+	}
+	fa, fb, za, zb := hosts()
+
+	mustOK(t, "f: A writes", fa.write(3, 'a'))
+	mustOK(t, "f: A registers", fa.register(keyA, nvme.CPTPLSet))
+	mustOK(t, "f: B registers", fb.register(keyB, nvme.CPTPLNoChange))
+	mustOK(t, "f: A acquires", fa.acquire(nvme.RACQAAcquire, keyA, 0))
+	mustOK(t, "z: A registers, PTPL off", za.register(keyA, nvme.CPTPLClear))
+	mustOK(t, "z: A acquires", za.acquire(nvme.RACQAAcquire, keyA, 0))
+	mustConflict(t, "f: B's write", fb.write(3, 'b'))
+	mustConflict(t, "z: B's write", zb.write(3, 'b'))
+	both := map[string]uint64{resvHostA: keyA, resvHostB: keyB}
+	checkReport(t, "f: B", fb.report(), 2, rtypeWE, resvHostA, both)
+	checkShown(t, lp, "f", fa.report())
+
+	victim := c.procs[pin]
+	victim.cmd.Process.Signal(syscall.SIGKILL)
+	<-victim.exited
+	delete(c.procs, pin)
+	killed := time.Now()
+	// B's writes to f from the kill on: none may be served.
+	mustConflict(t, "f: B's write across the failover", fb.write(3, 'b'))
+	primary := newPrimaryOf(t, c, "f", pin, 2)
+	t.Logf("f: %v from the kill to a refusal by the new primary %s", time.Since(killed).Round(time.Millisecond), primary)
+	checkReport(t, "f: B after the failover", fb.report(), 2, rtypeWE, resvHostA, both)
+	mustOK(t, "f: A writes after the failover", fa.write(4, 'A'))
+	got, err := fb.read(3)
+	mustOK(t, "f: B reads after the failover", err)
+	if got[0] != 'a' {
+		t.Fatalf("f: B read %q, want A's block", got[:4])
+	}
+	// z, PTPL off: the new term dropped it.
+	checkReport(t, "z: B after the failover", zb.report(), 2, 0, "", nil)
+	mustOK(t, "z: B's write after the failover", zb.write(3, 'b'))
+
+	// Preempt and abort: B takes f over.
+	mustOK(t, "f: B preempts A", fb.acquire(nvme.RACQAPreemptAndAbort, keyB, keyA))
+	checkReport(t, "f: A after the preempt", fa.report(), 3, rtypeWE, resvHostB, map[string]uint64{resvHostB: keyB})
+	mustOK(t, "f: B writes", fb.write(3, 'B'))
+	mustConflict(t, "f: A's write after the preempt", fa.write(3, 'x'))
+	got, err = fb.read(3)
+	mustOK(t, "f: B reads back", err)
+	if got[0] != 'B' {
+		t.Fatalf("f: B read %q, want its own block", got[:4])
+	}
+	checkShown(t, c.procs[primary], "f", fb.report())
+
+	// The whole cluster killed and started again (new NVMe/TCP ports).
+	c.stopAll(syscall.SIGKILL)
+	c.relaunchZoned(ids)
+	lp = c.procs[c.settled(nil)]
+	tcpAddrs = tcpAddrsOf(t, lp)
+	fa, fb, _, _ = hosts()
+	checkReport(t, "f: B after the cluster's restart", fb.report(), 3, rtypeWE, resvHostB, map[string]uint64{resvHostB: keyB})
+	mustConflict(t, "f: A's write after the cluster's restart", fa.write(3, 'x'))
+	mustOK(t, "f: B's write after the cluster's restart", fb.write(5, 'B'))
+	checkShown(t, lp, "f", fb.report())
+}
+
+// TestReservationLeaderChange: the registry's leader (not the volume's
+// primary) is killed after it committed a Register and before it
+// answered the primary's keeper (BLKD_TEST_RESV_HOLD's leader pause):
+// the keeper retries with the same token against the new leader, which
+// answers the recorded outcome. The host's Register succeeds and the
+// generation moved once.
+func TestReservationLeaderChange(t *testing.T) {
+	t.Setenv("BLKD_TEST_RESV_HOLD", "leader=2s")
+	c, ids, leader := startZoned(t, 3)
+	lp := c.procs[leader]
+	pin := ids[0]
+	if pin == leader {
+		pin = ids[1]
+	}
+	var v resvVolumeJSON
+	lp.must(t, "POST", "/v1/volumes", `{"name": "l", "size": "4MiB", "replicas": 3, "node": "`+pin+`"}`, 201, &v)
+	allowBoth(t, lp, "l")
+	a := resvPaths(t, resvHostA, v.NQN, tcpAddrsOf(t, lp))
+	done := make(chan error, 1)
+	go func() { done <- a.register(keyA, nvme.CPTPLSet) }()
+	time.Sleep(700 * time.Millisecond) // committed, the answer held
+	lp.cmd.Process.Signal(syscall.SIGKILL)
+	<-lp.exited
+	delete(c.procs, leader)
+	mustOK(t, "A's register across the leader's death", <-done)
+	checkReport(t, "A", a.report(), 1, 0, "", map[string]uint64{resvHostA: keyA})
+	if out := c.procs[pin].output(); !strings.Contains(out, "applied after a retry with its token") {
+		t.Fatalf("the primary's keeper did not retry (the leader died before it committed?):\n%s", out)
+	}
+	checkShown(t, c.procs[pin], "l", a.report())
+}
+
+// TestReservationStaleEpoch: a keeper holds an Acquire after it took its
+// term's epoch (BLKD_TEST_RESV_HOLD's keeper pause); meanwhile its
+// node is stopped (SIGSTOP) and another replica made primary. Resumed,
+// its keeper proposes the Acquire at the old epoch: the registry refuses
+// it (stale epoch, which the host would get as ANA Transition), and
+// nothing changed: no reservation, the generation where it was.
+func TestReservationStaleEpoch(t *testing.T) {
+	t.Setenv("BLKD_TEST_RESV_HOLD", "keeper=4s")
+	c, ids, leader := startZoned(t, 3)
+	lp := c.procs[leader]
+	pin := ids[0]
+	if pin == leader {
+		pin = ids[1]
+	}
+	var v resvVolumeJSON
+	lp.must(t, "POST", "/v1/volumes", `{"name": "s", "size": "4MiB", "replicas": 3, "node": "`+pin+`"}`, 201, &v)
+	allowBoth(t, lp, "s")
+	tcpAddrs := tcpAddrsOf(t, lp)
+	a := resvPaths(t, resvHostA, v.NQN, tcpAddrs)
+	mustOK(t, "A registers", a.register(keyA, nvme.CPTPLSet))
+	direct := resvConnect(t, resvHostA, tcpAddrs[pin], v.NQN)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		done <- direct.ReservationAcquire(ctx, nvme.RACQAAcquire, rtypeWE, keyA, 0, false)
+	}()
+	time.Sleep(500 * time.Millisecond) // at the keeper, held
+	victim := c.procs[pin]
+	victim.cmd.Process.Signal(syscall.SIGSTOP)
+	newPrimaryOf(t, c, "s", pin, 2)
+	victim.cmd.Process.Signal(syscall.SIGCONT)
+	if err := <-done; err == nil || !(isStatus(err, nvme.StatusANATransition) || pathError(err) || errors.Is(err, initiator.ErrControllerLost)) {
+		t.Fatalf("the deposed primary's Acquire: %v, want ANA Transition or the path lost", err)
+	}
+	eventually(t, 20*time.Second, "the deposed keeper's refusal logged", func() error {
+		for _, line := range strings.Split(victim.output(), "\n") {
+			if strings.Contains(line, "reservation command not applied") && strings.Contains(line, "stale epoch") {
+				return nil
+			}
+		}
+		return errors.New("not yet")
+	})
+	checkReport(t, "A after the failover", a.report(), 1, 0, "", map[string]uint64{resvHostA: keyA})
+	var got resvVolumeJSON
+	c.procs[leader].must(t, "GET", "/v1/volumes/s", "", 200, &got)
+	if got.Reservation == nil || got.Reservation.Type != "none" || got.Reservation.Gen != 1 {
+		t.Fatalf("the registry after the stale Acquire: %+v, want no reservation at generation 1", got.Reservation)
+	}
+}
+
+// TestReservationUnknownView: a volume of one replica on node2 with a
+// reservation; the whole cluster killed; node2 started alone waits for a
+// leader (serves nothing); node1 and node3 started: node2 serves, and
+// until its copy is known current its namespace answers Namespace Not
+// Ready (BLKD_TEST_RESV_HOLD's bringup pause makes the window wide
+// enough to see), then B's write gets Reservation Conflict: never served.
+func TestReservationUnknownView(t *testing.T) {
+	t.Setenv("BLKD_TEST_RESV_HOLD", "bringup=4s")
+	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}}
+	ids := []string{"node1", "node2", "node3"}
+	tcp := map[string]string{}
+	for _, id := range ids {
+		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
+		tcp[id] = freeAddr(t)
+	}
+	c.start("node1", "--tcp-addr", tcp["node1"])
+	for _, id := range ids[1:] {
+		c.start(id, "--tcp-addr", tcp[id], "--join", c.nodes["node1"].api)
+	}
+	lp := c.procs[c.settled(nil)]
+	var v resvVolumeJSON
+	lp.must(t, "POST", "/v1/volumes", `{"name": "u", "size": "4MiB", "replicas": 1, "node": "node2"}`, 201, &v)
+	allowBoth(t, lp, "u")
+	a := &resvHost{t: t, host: resvHostA, paths: []*initiator.Namespace{resvConnect(t, resvHostA, tcp["node2"], v.NQN)}}
+	mustOK(t, "A registers", a.register(keyA, nvme.CPTPLSet))
+	mustOK(t, "A acquires", a.acquire(nvme.RACQAAcquire, keyA, 0))
+
+	c.stopAll(syscall.SIGKILL)
+	launch := func(id string) (*daemon, <-chan struct{}) {
+		n := c.nodes[id]
+		return launchBlkdOn(t, n.dir, n.raft, n.nvme, n.api, "--node-id", id, "--tcp-addr", tcp[id])
+	}
+	d2, ready2 := launch("node2")
+	c.procs["node2"] = d2
+	time.Sleep(3 * time.Second)
+	select {
+	case <-ready2:
+		t.Fatalf("node2 alone became ready without a registry leader:\n%s", d2.output())
+	default:
+	}
+	if conn, err := net.DialTimeout("tcp", tcp["node2"], time.Second); err == nil {
+		conn.Close()
+		t.Fatalf("node2 alone, without a registry leader, accepts NVMe/TCP connections")
+	}
+	ready := map[string]<-chan struct{}{}
+	for _, id := range []string{"node1", "node3"} {
+		c.procs[id], ready[id] = launch(id)
+	}
+	d2.waitReady(t, ready2, 90*time.Second)
+	b := resvConnect(t, resvHostB, tcp["node2"], v.NQN)
+	notReady, deadline := 0, time.Now().Add(30*time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		_, err = b.WriteAt(pattern('b', 4096), 0)
+		if !isStatus(err, nvme.StatusNamespaceNotReady) {
+			break
+		}
+		notReady++
+		time.Sleep(100 * time.Millisecond)
+	}
+	mustConflict(t, "B's write once node2's view is known", err)
+	if notReady == 0 {
+		t.Fatalf("B's first write was answered before node2's view was known: the bringup pause should have shown Namespace Not Ready")
+	}
+	t.Logf("B's write: %d answers of Namespace Not Ready, then Reservation Conflict", notReady)
+	for _, id := range []string{"node1", "node3"} {
+		c.procs[id].waitReady(t, ready[id], 90*time.Second)
 	}
 }
