@@ -46,6 +46,9 @@ const (
 	OpFlattenDone    Op = 26
 	OpRevertVolume   Op = 27
 	OpSnapshotNodes  Op = 28
+	// Reservations (docs/reservations.md §1.3).
+	OpReservation      Op = 29
+	OpClearReservation Op = 30
 )
 
 var opNames = map[Op]string{
@@ -63,7 +66,9 @@ var opNames = map[Op]string{
 	OpDeleteSnapshot: "delete-snapshot", OpPurgeSnapshot: "purge-snapshot",
 	OpCloneVolume: "clone-volume", OpFlattenVolume: "flatten-volume",
 	OpFlattenDone: "flatten-done", OpRevertVolume: "revert-volume",
-	OpSnapshotNodes: "snapshot-nodes",
+	OpSnapshotNodes:    "snapshot-nodes",
+	OpReservation:      "reservation",
+	OpClearReservation: "clear-reservation",
 }
 
 func (o Op) String() string {
@@ -450,34 +455,36 @@ type SnapshotNodes struct {
 	Remove   string `json:"remove,omitempty"`
 }
 
-func (RegisterNode) Op() Op    { return OpRegisterNode }
-func (SetNodeState) Op() Op    { return OpSetNodeState }
-func (RemoveNode) Op() Op      { return OpRemoveNode }
-func (CreateVolume) Op() Op    { return OpCreateVolume }
-func (SetVolumeState) Op() Op  { return OpSetVolumeState }
-func (ResizeVolume) Op() Op    { return OpResizeVolume }
-func (DeleteVolume) Op() Op    { return OpDeleteVolume }
-func (PurgeVolume) Op() Op     { return OpPurgeVolume }
-func (AllowHost) Op() Op       { return OpAllowHost }
-func (DisallowHost) Op() Op    { return OpDisallowHost }
-func (SetAllowAny) Op() Op     { return OpSetAllowAny }
-func (Connect) Op() Op         { return OpConnect }
-func (Disconnect) Op() Op      { return OpDisconnect }
-func (SetClusterID) Op() Op    { return OpSetClusterID }
-func (SetReplicaState) Op() Op { return OpSetReplicaState }
-func (SetPrimary) Op() Op      { return OpSetPrimary }
-func (AddReplica) Op() Op      { return OpAddReplica }
-func (RemoveReplica) Op() Op   { return OpRemoveReplica }
-func (ReplaceReplica) Op() Op  { return OpReplaceReplica }
-func (CreateSnapshot) Op() Op  { return OpCreateSnapshot }
-func (SnapshotDone) Op() Op    { return OpSnapshotDone }
-func (DeleteSnapshot) Op() Op  { return OpDeleteSnapshot }
-func (PurgeSnapshot) Op() Op   { return OpPurgeSnapshot }
-func (CloneVolume) Op() Op     { return OpCloneVolume }
-func (FlattenVolume) Op() Op   { return OpFlattenVolume }
-func (FlattenDone) Op() Op     { return OpFlattenDone }
-func (RevertVolume) Op() Op    { return OpRevertVolume }
-func (SnapshotNodes) Op() Op   { return OpSnapshotNodes }
+func (RegisterNode) Op() Op     { return OpRegisterNode }
+func (SetNodeState) Op() Op     { return OpSetNodeState }
+func (RemoveNode) Op() Op       { return OpRemoveNode }
+func (CreateVolume) Op() Op     { return OpCreateVolume }
+func (SetVolumeState) Op() Op   { return OpSetVolumeState }
+func (ResizeVolume) Op() Op     { return OpResizeVolume }
+func (DeleteVolume) Op() Op     { return OpDeleteVolume }
+func (PurgeVolume) Op() Op      { return OpPurgeVolume }
+func (AllowHost) Op() Op        { return OpAllowHost }
+func (DisallowHost) Op() Op     { return OpDisallowHost }
+func (SetAllowAny) Op() Op      { return OpSetAllowAny }
+func (Connect) Op() Op          { return OpConnect }
+func (Disconnect) Op() Op       { return OpDisconnect }
+func (SetClusterID) Op() Op     { return OpSetClusterID }
+func (SetReplicaState) Op() Op  { return OpSetReplicaState }
+func (SetPrimary) Op() Op       { return OpSetPrimary }
+func (AddReplica) Op() Op       { return OpAddReplica }
+func (RemoveReplica) Op() Op    { return OpRemoveReplica }
+func (ReplaceReplica) Op() Op   { return OpReplaceReplica }
+func (CreateSnapshot) Op() Op   { return OpCreateSnapshot }
+func (SnapshotDone) Op() Op     { return OpSnapshotDone }
+func (DeleteSnapshot) Op() Op   { return OpDeleteSnapshot }
+func (PurgeSnapshot) Op() Op    { return OpPurgeSnapshot }
+func (CloneVolume) Op() Op      { return OpCloneVolume }
+func (FlattenVolume) Op() Op    { return OpFlattenVolume }
+func (FlattenDone) Op() Op      { return OpFlattenDone }
+func (RevertVolume) Op() Op     { return OpRevertVolume }
+func (SnapshotNodes) Op() Op    { return OpSnapshotNodes }
+func (Reservation) Op() Op      { return OpReservation }
+func (ClearReservation) Op() Op { return OpClearReservation }
 
 // SetClusterID names the cluster the registry belongs to, once: the first
 // leader of a new cluster applies it. A node whose data directory belongs
@@ -575,6 +582,10 @@ func DecodeCommand(b []byte) (Command, error) {
 		c = new(RevertVolume)
 	case OpSnapshotNodes:
 		c = new(SnapshotNodes)
+	case OpReservation:
+		c = new(Reservation)
+	case OpClearReservation:
+		c = new(ClearReservation)
 	default:
 		return nil, fmt.Errorf("meta: unknown op %d: %w", b[1], ErrBadCommand)
 	}
@@ -642,6 +653,10 @@ func deref(c Command) Command {
 	case *RevertVolume:
 		return *c
 	case *SnapshotNodes:
+		return *c
+	case *Reservation:
+		return *c
+	case *ClearReservation:
 		return *c
 	}
 	return c

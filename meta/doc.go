@@ -11,7 +11,8 @@
 //
 // Layout: command.go (versioned command encoding), state.go (the registry
 // and one apply function per command), errors.go (the typed results),
-// fsm.go (raft.FSM), logstore.go (raft.LogStore and raft.StableStore on
+// reservation.go (Op 29 and 30, FeatureReservations and its proposal
+// gate, docs/reservations.md §1.3), fsm.go (raft.FSM), logstore.go (raft.LogStore and raft.StableStore on
 // pebble), node.go (Config, Node). Transcripts in testdata/ show each
 // command's results; cluster tests run three Nodes in one process.
 //
@@ -23,5 +24,7 @@
 //
 // meta must never import target, transport or any block I/O package: it is
 // the control plane, and the data plane depends on it, not the reverse. Of
-// blk's packages it imports only api (a leaf: the API's shapes and names).
+// blk's packages it imports only api (a leaf: the API's shapes and names)
+// and nvme/resv (the pure NVMe reservation model, which reservation.go's
+// Op 29 and 30 apply; it imports only nvme's wire constants).
 package meta

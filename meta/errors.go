@@ -34,6 +34,11 @@ var (
 	// volume's current one: it comes from a primary that was replaced
 	// (deposed), or raced another change of primary.
 	ErrStaleEpoch = errors.New("meta: stale epoch")
+	// ErrFeatureMissing: a registered node's binary cannot apply the
+	// command (it did not register the feature, e.g.
+	// FeatureReservations): Node.Apply refuses to propose it, since that
+	// node would stop applying the log. Upgrade every node first.
+	ErrFeatureMissing = errors.New("meta: a node lacks a feature the command needs")
 
 	// Snapshots and clones (docs/snapshots.md §2). Messages name the
 	// objects (VOL@SNAP, clones and hosts by name): the API shows them to

@@ -132,11 +132,13 @@ func TestClusterFuzzy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c.apply(RegisterNode{ID: "s1", TargetAddr: "a:1", MgmtAddr: "a:2", Zone: "z1"})
+	c.apply(RegisterNode{ID: "s1", TargetAddr: "a:1", MgmtAddr: "a:2", Zone: "z1", Features: []string{FeatureReservations}})
 	// Storage nodes for replicated volumes, one zone each.
 	for _, id := range []string{"s2", "s3", "s4", "s5"} {
-		c.apply(RegisterNode{ID: id, TCPAddr: id + ":1", MgmtAddr: id + ":2", Zone: "z" + id, Features: []string{FeatureReplication}})
+		c.apply(RegisterNode{ID: id, TCPAddr: id + ":1", MgmtAddr: id + ":2", Zone: "z" + id, Features: []string{FeatureReplication, FeatureReservations}})
 	}
+	resvGen := map[string]uint32{} // volume → highest acknowledged reservation Gen
+	var resvOK int
 	epochs := map[string]uint64{} // volume → highest acknowledged epoch
 	replicated := []string{}
 	var replicaOK int
@@ -223,6 +225,12 @@ func TestClusterFuzzy(t *testing.T) {
 				next-- // not a create
 			} else if rng.IntN(3) == 0 {
 				cmd = CreateVolume{Name: name, SizeBytes: 4096, BlockSize: 4096, Node: "s2", At: int64(round), Replicas: []string{"s2", "s3", "s4"}}
+			} else if len(replicated) > 0 && rng.IntN(3) == 0 {
+				// A reservation command at the epoch last acknowledged
+				// (stale after a failover: refused).
+				v := replicated[rng.IntN(len(replicated))]
+				cmd = Reservation{Volume: v, Epoch: max(epochs[v], 1), Cmd: resvCommand(rng)}
+				next-- // not a create
 			} else if len(replicated) > 0 && rng.IntN(2) == 0 {
 				cmd = fuzzReplicaCommand(rng, replicated[rng.IntN(len(replicated))], epochs, int64(round))
 				next-- // not a create
@@ -242,6 +250,17 @@ func TestClusterFuzzy(t *testing.T) {
 					}
 				case SetReplicaState, SetPrimary, AddReplica, RemoveReplica, ReplaceReplica:
 					replicaOK++
+				case Reservation:
+					resvOK++
+					if r.Reservation == nil || r.Volume == nil {
+						t.Fatalf("%#v: no outcome (seed %d)", cmd, seed)
+					}
+					if rv := r.Volume.Reservation; rv != nil {
+						if rv.Gen < resvGen[cv.Volume] {
+							t.Errorf("%#v: reservation Gen %d after acknowledged %d (seed %d)", cmd, rv.Gen, resvGen[cv.Volume], seed)
+						}
+						resvGen[cv.Volume] = rv.Gen
+					}
 				default:
 					snapOK[cmd.Op()]++
 				}
@@ -292,7 +311,20 @@ func TestClusterFuzzy(t *testing.T) {
 			t.Errorf("volume %s: epoch %d, acknowledged %d", name, v.CurrentEpoch(), e)
 		}
 	}
-	t.Logf("%d replicated volumes, %d replica commands acknowledged; snapshot commands acknowledged: %v", len(replicated), replicaOK, snapOK)
+	for name, g := range resvGen {
+		v, ok := final.Volume(name)
+		if !ok || v.State == VolumeDeleting {
+			continue
+		}
+		var gen uint32 // an emptied state is nil: Gen 0
+		if v.Reservation != nil {
+			gen = v.Reservation.Gen
+		}
+		if gen < g {
+			t.Errorf("volume %s: reservation %+v, acknowledged Gen %d", name, v.Reservation, g)
+		}
+	}
+	t.Logf("%d replicated volumes, %d replica and %d reservation commands acknowledged; snapshot commands acknowledged: %v", len(replicated), replicaOK, resvOK, snapOK)
 	for name := range acked {
 		if _, err := l.ReadVolume(ctx, name); err != nil {
 			if errors.Is(err, ErrUnknownVolume) {

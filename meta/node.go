@@ -427,6 +427,8 @@ func (n *Node) checkProposal(c Command) error {
 		return c.Check()
 	case CreateSnapshot:
 		return c.Check()
+	case Reservation, ClearReservation:
+		return n.requireFeature(FeatureReservations, c.Op())
 	case RegisterNode:
 		if c.Zone != "" {
 			if err := CheckZone(c.Zone); err != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/blk-project/blk/api"
+	"github.com/blk-project/blk/nvme/resv"
 )
 
 // Limits. The registry is small and lives in memory on every replica; these
@@ -238,6 +239,11 @@ type Volume struct {
 	// Reverted is the log index of the last RevertVolume applied: the
 	// stores' revert token. 0: never reverted.
 	Reverted uint64 `json:"reverted,omitempty"`
+	// Reservation is the NVMe reservation state of the volume's namespace
+	// (docs/reservations.md §1.3), changed only by Reservation (Op 29) and
+	// ClearReservation (Op 30); nil: nothing was ever registered (a
+	// registry without reservations encodes as before).
+	Reservation *resv.State `json:"reservation,omitempty"`
 }
 
 func (v *Volume) clone() Volume {
@@ -263,6 +269,7 @@ func (v *Volume) clone() Volume {
 		f := *v.Flatten
 		c.Flatten = &f
 	}
+	c.Reservation = v.Reservation.Clone()
 	return c
 }
 
@@ -374,7 +381,13 @@ type Result struct {
 	// Snapshot is the snapshot after CreateSnapshot, SnapshotDone,
 	// DeleteSnapshot and SnapshotNodes (Volume is its volume).
 	Snapshot *VolumeSnapshot
-	Err      error
+	// Reservation is the outcome of Reservation and ClearReservation
+	// (Volume is the volume after it, its Reservation the state the
+	// serving node publishes): the status the host gets, the notices to
+	// post, the hosts to drain. A refused reservation command is an
+	// Outcome, not an Err: it is logged, and every node computes it.
+	Reservation *resv.Outcome
+	Err         error
 }
 
 // ApplyBytes decodes and applies one encoded command at log index index.
@@ -448,6 +461,10 @@ func (s *State) Apply(index uint64, c Command) Result {
 		r = s.revertVolume(index, c)
 	case SnapshotNodes:
 		r = s.snapshotNodes(c)
+	case Reservation:
+		r = s.reservation(index, c)
+	case ClearReservation:
+		r = s.clearReservation(index, c)
 	default:
 		r = Result{Err: fmt.Errorf("meta: command %T: %w", c, ErrBadCommand)}
 	}
@@ -841,6 +858,7 @@ func (s *State) deleteVolume(c DeleteVolume) Result {
 	}
 	s.dropConns(c.Name, "")
 	v.State = VolumeDeleting
+	v.Reservation = nil // no host may reach it any more
 	for i := range v.Snapshots {
 		v.Snapshots[i].State = SnapshotDeleting
 	}
@@ -1095,6 +1113,9 @@ func UnmarshalState(b []byte) (*State, error) {
 			return bad("volume %q", v.Name)
 		}
 		if err := s.checkReplicas(&v); err != nil {
+			return bad("volume %q: %v", v.Name, err)
+		}
+		if err := resv.Check(v.Reservation); err != nil {
 			return bad("volume %q: %v", v.Name, err)
 		}
 		for h, sec := range v.Secrets {

@@ -108,5 +108,6 @@ func TestClusterTCP(t *testing.T) {
 }
 
 // TestImports: meta is the control plane; it never imports a data-plane
-// package.
-func TestImports(t *testing.T) { importtest.Only(t, ".", "api") }
+// package. nvme/resv is the pure reservation model (no I/O), which the FSM
+// applies (docs/reservations.md §1.2).
+func TestImports(t *testing.T) { importtest.Only(t, ".", "api", "nvme/resv") }

@@ -151,6 +151,8 @@ func describe(r Result) string {
 		return "error " + sentinelName(r.Err)
 	}
 	switch {
+	case r.Reservation != nil:
+		return "ok " + describeOutcome(*r.Reservation) + " → " + describeVolume(*r.Volume)
 	case r.Volume != nil:
 		return "ok " + describeVolume(*r.Volume)
 	case r.Node != nil:
@@ -198,6 +200,9 @@ func describeVolume(v Volume) string {
 	}
 	for _, sn := range v.Snapshots {
 		s += " " + describeSnapshot(sn)
+	}
+	if r := v.Reservation; r != nil {
+		s += " " + describeReservation(r)
 	}
 	return s
 }

@@ -330,3 +330,19 @@ func (s *State) powerLoss() {
 	s.Type, s.Holder, s.Regs = None, HostID{}, nil
 	s.Gen++
 }
+
+// ClearAll is the operator's break-glass (the registry's Op 30, `blkctl
+// volume reservation clear`): every registration and the reservation are
+// removed, Gen + 1, every registrant is told Reservation Preempted. PTPL
+// and the tokens stay. With nothing registered and nothing held it
+// changes nothing. s is not modified.
+func ClearAll(s State) (State, Outcome) {
+	n := s.clone()
+	if n.Type == None && len(n.Regs) == 0 {
+		return n, Outcome{}
+	}
+	out := Outcome{Notices: n.tellOthers(HostID{}, ReservationPreempted)}
+	n.Type, n.Holder, n.Regs = None, HostID{}, nil
+	n.Gen++
+	return n, out
+}

@@ -16,7 +16,8 @@
 //	resv.go    types: Type, HostID, Registrant, State, Command, Outcome,
 //	           Notice, Rights; Command.Check, Check (the invariants), Clone
 //	apply.go   Apply: register, unregister, replace, acquire, preempt,
-//	           release, clear, PTPL, power loss; command tokens (Recent)
+//	           release, clear, PTPL, power loss; command tokens (Recent);
+//	           ClearAll (the operator's break-glass)
 //	access.go  Access (what a host may do now) and State.Report
 //
 // What this package must never do: read a clock, perform I/O, take a

@@ -339,3 +339,22 @@ func BenchmarkAccess(b *testing.B) {
 		}
 	}
 }
+
+func TestClearAll(t *testing.T) {
+	s := State{Gen: 4, Type: WriteExclusive, Holder: host('A'), PTPL: true,
+		Regs:   []Registrant{{Host: host('A'), Key: 1}, {Host: host('B'), Key: 2}},
+		Recent: []Done{{Token: 3}}}
+	before := s.clone()
+	n, o := ClearAll(s)
+	if !equalState(s, before) {
+		t.Fatal("ClearAll modified its input")
+	}
+	want := State{Gen: 5, PTPL: true, Recent: []Done{{Token: 3}}}
+	if !equalState(n, want) || !o.Status.Success() || len(o.Notices) != 2 ||
+		o.Notices[0] != (Notice{Host: host('A'), Kind: ReservationPreempted}) || o.Notices[1].Host != host('B') {
+		t.Fatalf("ClearAll: %+v %+v", n, o)
+	}
+	if again, o := ClearAll(n); !equalState(again, n) || len(o.Notices) != 0 {
+		t.Fatalf("ClearAll of nothing: %+v %+v", again, o)
+	}
+}
