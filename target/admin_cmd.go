@@ -54,6 +54,9 @@ func (q *Queue) execAdmin(r *Request) {
 		q.execDiscoveryAdmin(c, r)
 		return
 	}
+	if q.execResvAdmin(c, r) { // log 80h, features 81h-83h (resv_cmd.go)
+		return
+	}
 	var st nvme.Status
 	switch nvme.AdminOpcode(cmd.Opcode) {
 	case nvme.AdminIdentify:
@@ -228,6 +231,9 @@ func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 		id.LPA = nvme.LPASMARTPerNS | nvme.LPACommandsEffects | nvme.LPAExtendedData
 		id.NN = t.cfg.MaxNSID
 		id.ONCS = nvme.ONCSCompare | nvme.ONCSDSM | nvme.ONCSWriteZeroes
+		if c.s.reservationsServed() {
+			id.ONCS |= nvme.ONCSReservations
+		}
 		id.VWC = nvme.VWCPresent
 		if c.s.ana {
 			c.setIdentifyANA(&id)
@@ -271,6 +277,9 @@ func (c *ctrl) identifyNamespace(nsid uint32, buf *[nvme.IdentifySize]byte) nvme
 	id.LBAF[0] = nvme.LBAFormat{LBADS: ns.shift}
 	if ns.readOnly.Load() {
 		id.NSATTR = nvme.NSAttrRO
+	}
+	if ns.keeper() != nil {
+		id.RESCAP = rescap
 	}
 	if c.s.ana {
 		id.ANAGRPID = anaGroupID

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/nvme"
+	"github.com/blk-project/blk/nvme/resv"
 )
 
 // The asynchronous backend contract (issue 22). The core hands a checked
@@ -75,6 +76,12 @@ type IO struct {
 	Data   []byte // OpRead: filled by the backend; OpWrite: the data
 	FUA    bool
 
+	// Resv is the reservation command of an OpReservation IO (resv.go):
+	// what a ReservationKeeper executes. ResvStatus is the keeper's
+	// answer, the one field it writes, before Done.
+	Resv       resv.Command
+	ResvStatus nvme.Status
+
 	// core-private
 	r     *Request
 	phase atomic.Uint32
@@ -101,6 +108,9 @@ type IO struct {
 	// parent is the IO it serves (Inherit): its poll group's pollers.
 	complete func(*IO, error)
 	parent   *IO
+	// drain is the request's DrainHosts epoch + 1 on its queue, 0 when
+	// not counted (resv.go).
+	drain uint8
 }
 
 // SetComplete makes io an IO of no request, owned by a backend that
@@ -271,6 +281,10 @@ func (q *Queue) submit(ns *namespace, r *Request, lat LatencyOp) {
 // made of several IOs, or the response.
 func (q *Queue) ioDone(r *Request) {
 	io := &r.io
+	if io.Op == OpReservation {
+		q.keeperDone(r) // a keeper's (resv_cmd.go): not timed, no counters
+		return
+	}
 	ns := r.ns
 	ns.c.lat[io.lat].since(io.start)
 	st := statusOf(io.err)

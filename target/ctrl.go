@@ -93,6 +93,8 @@ type ctrl struct {
 	errCount uint64
 
 	logBuf []byte // scratch for building log pages
+
+	resv ctrlResv // the reservation notification log and mask (resv_cmd.go)
 }
 
 func newCtrl(t *Target, s *Subsystem, cntlid uint16, admin *Queue, d *nvme.ConnectData) *ctrl {

@@ -37,6 +37,11 @@
 //	ana.go          Asymmetric Namespace Access: SetANAState, its notice, log 0x0C, the I/O status
 //	fence.go        admission (SubsystemConfig.Admit, Subsystem.Refuse) and EvictAndDrain, the replication fence
 //	io_cmd.go       Read, Write, Flush, Write Zeroes, Dataset Management, Compare
+//	resv.go         persistent reservations: ReservationKeeper, LocalReservations, the
+//	                view and resvCheck on the I/O path, PublishReservation, DrainHosts,
+//	                NotifyReservation (docs/reservations.md §1)
+//	resv_cmd.go     Reservation Register, Acquire, Release (at the keeper), Report;
+//	                log 0x80 and its event; features 0x81-0x83
 //	workers.go      the sync worker pool
 //	status.go       StatusError, WithStatus; statusOf reads a backend error's status
 //	async.go        AsyncBackend, IO, Inline: the asynchronous backend contract
@@ -73,7 +78,9 @@
 // the next command from inside Complete.
 //
 // Lock order: Target.mu, then Subsystem.mu, then ctrl.mu; Subsystem.nsMu
-// is taken alone or before Target.mu. Responder methods are called with
+// is taken alone or before Target.mu. A LocalReservations keeper's lock
+// comes before its namespace's reservation lock (resv.go), which is a
+// leaf; Subsystem.drainMu comes before Subsystem.qmu. Responder methods are called with
 // no lock held.
 //
 // # Lifetimes

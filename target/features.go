@@ -13,6 +13,9 @@ import (
 //	                             queue's QueueParams.Coalescing
 //	0x0B Async Event Config      the OAES bits
 //	0x0F Keep Alive Timer        KATO in ms, rounded up to seconds
+//	0x81 Host Identifier         get with EXHID: Connect's HOSTID (resv_cmd.go)
+//	0x82 Resv Notification Mask  per controller; with a keeper only
+//	0x83 Resv Persistence        PTPL, set through the keeper; with a keeper only
 //
 // A discovery controller serves only 0x0B and 0x0F.
 
@@ -54,8 +57,10 @@ func (c *ctrl) featureServed(fid uint8) bool {
 	switch fid {
 	case nvme.FeatureAsyncEventConfig, nvme.FeatureKeepAliveTimer:
 		return true
-	case nvme.FeatureVolatileWC, nvme.FeatureNumQueues, nvme.FeatureIRQCoalescing:
+	case nvme.FeatureVolatileWC, nvme.FeatureNumQueues, nvme.FeatureIRQCoalescing, nvme.FeatureHostID:
 		return !c.disc
+	case nvme.FeatureResvMask, nvme.FeatureResvPersist:
+		return !c.disc && c.s.reservationsServed()
 	}
 	return false
 }

@@ -12,15 +12,15 @@ import (
 )
 
 // TestImportGraph: the core knows no transport. Of blk's packages it sees
-// only the wire codec (with in-band authentication) and the store (through
-// its adapter).
+// only the wire codec (with in-band authentication and the reservation
+// model) and the store (through its adapter).
 func TestImportGraph(t *testing.T) {
 	const mod = "github.com/blk-project/blk/"
 	pkg, err := build.ImportDir(".", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := []string{mod + "nvme", mod + "nvme/auth", mod + "store", mod + "store/aio"}
+	allowed := []string{mod + "nvme", mod + "nvme/auth", mod + "nvme/resv", mod + "store", mod + "store/aio"}
 	for _, imp := range pkg.Imports {
 		if strings.HasPrefix(imp, mod+"transport") || strings.HasPrefix(imp, mod+"target/rdma") {
 			t.Errorf("package target imports the transport package %s", imp)

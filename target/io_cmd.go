@@ -63,6 +63,8 @@ func (q *Queue) execIO(r *Request) {
 		q.dsm(c, r)
 	case nvme.IOCompare:
 		q.compare(c, r)
+	case nvme.IOReservationRegister, nvme.IOReservationAcquire, nvme.IOReservationRelease, nvme.IOReservationReport:
+		q.reservation(c, r) // resv_cmd.go
 	default:
 		q.complete(r, nvme.StatusInvalidOpcode.WithDNR())
 	}
@@ -107,6 +109,10 @@ func (q *Queue) read(c *ctrl, r *Request) {
 		q.complete(r, nvme.StatusInvalidNamespace.WithDNR())
 		return
 	}
+	if st := q.resvCheck(c, ns, r, false); st != nvme.StatusSuccess {
+		q.finish(ns, r, st)
+		return
+	}
 	data, st := c.checkData(ns, r)
 	if st != nvme.StatusSuccess {
 		q.finish(ns, r, st)
@@ -120,6 +126,10 @@ func (q *Queue) write(c *ctrl, r *Request) {
 	ns := c.s.acquireNS(r.Cmd.NSID)
 	if ns == nil {
 		q.complete(r, nvme.StatusInvalidNamespace.WithDNR())
+		return
+	}
+	if st := q.resvCheck(c, ns, r, true); st != nvme.StatusSuccess {
+		q.finish(ns, r, st)
 		return
 	}
 	data, st := c.checkData(ns, r)
@@ -160,12 +170,19 @@ func (q *Queue) flush(c *ctrl, r *Request) {
 			q.complete(r, nvme.StatusInvalidNamespace.WithDNR())
 			return
 		}
+		if st := q.resvCheck(c, ns, r, true); st != nvme.StatusSuccess {
+			q.finish(ns, r, st)
+			return
+		}
 		if !ns.blocking {
 			r.io.set(OpFlush, 0, 0, nil, false)
 			q.submit(ns, r, LatencyFlush)
 			return
 		}
 		r.ns = ns
+	} else if st := q.resvCheckAll(c, r); st != nvme.StatusSuccess {
+		q.complete(r, st)
+		return
 	}
 	q.t.pool.submit(r)
 }
@@ -176,6 +193,10 @@ func (q *Queue) writeZeroes(c *ctrl, r *Request) {
 	ns := c.s.acquireNS(r.Cmd.NSID)
 	if ns == nil {
 		q.complete(r, nvme.StatusInvalidNamespace.WithDNR())
+		return
+	}
+	if st := q.resvCheck(c, ns, r, true); st != nvme.StatusSuccess {
+		q.finish(ns, r, st)
 		return
 	}
 	st := nvme.StatusSGLInvalidDataLength.WithDNR()
@@ -213,6 +234,10 @@ func (q *Queue) dsm(c *ctrl, r *Request) {
 	ns := c.s.acquireNS(r.Cmd.NSID)
 	if ns == nil {
 		q.complete(r, nvme.StatusInvalidNamespace.WithDNR())
+		return
+	}
+	if st := q.resvCheck(c, ns, r, true); st != nvme.StatusSuccess {
+		q.finish(ns, r, st)
 		return
 	}
 	nr := r.Cmd.DSMRanges()
@@ -274,6 +299,10 @@ func (q *Queue) compare(c *ctrl, r *Request) {
 	ns := c.s.acquireNS(r.Cmd.NSID)
 	if ns == nil {
 		q.complete(r, nvme.StatusInvalidNamespace.WithDNR())
+		return
+	}
+	if st := q.resvCheck(c, ns, r, false); st != nvme.StatusSuccess {
+		q.finish(ns, r, st)
 		return
 	}
 	data, st := c.checkData(ns, r)

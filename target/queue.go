@@ -61,6 +61,9 @@ type Queue struct {
 	// tracked is the subsystem whose EvictAndDrain waits for this I/O
 	// queue (fence.go), told when it drains.
 	tracked atomic.Pointer[Subsystem]
+
+	// resv is the queue's reservation cache and drain counters (resv.go).
+	resv queueResv
 }
 
 func newQueue(t *Target, r Responder, p QueueParams, lim Limits) *Queue {
@@ -211,6 +214,7 @@ func (q *Queue) complete(r *Request, s nvme.Status) {
 		// Deleted, which a host retries elsewhere).
 		s = nvme.StatusAbortSQDeleted
 	}
+	q.drainExit(r)
 	r.Rsp.Status = s
 	q.t.countStatus(s)
 	if s.Code() != nvme.StatusSuccess {

@@ -14,7 +14,8 @@ import (
 //	                      │──▶ backend ──IO.Done──▶ done  (NVM commands, async.go)
 //	                      │──▶ queued ──worker──▶ (backend) ──▶ done  (sync commands)
 //	                      │──▶ queued ──Group.Commit──▶ done  (grouped writes)
-//	                      └──▶ held ──event/teardown──▶ done  (AER)
+//	                      │──▶ held ──event/teardown──▶ done  (AER)
+//	                      └──▶ keeper ──IO.Done──▶ done  (reservation commands, resv_cmd.go)
 //
 // A DSM of several ranges enters backend once per range. A synchronous
 // backend's IO (Inline, called directly) completes without entering
@@ -28,6 +29,7 @@ const (
 	reqHeld                   // an Asynchronous Event Request waiting for an event
 	reqBackend                // at the backend: submitted, IO.Done due (async.go)
 	reqDone                   // completed; the binding owns it
+	reqKeeper                 // at the namespace's ReservationKeeper: IO.Done due (resv_cmd.go)
 	numReqStates
 )
 
@@ -55,6 +57,10 @@ type counters struct {
 	authFailed    atomic.Uint64
 	authTimedOut  atomic.Uint64
 	authRequired  atomic.Uint64
+	// resvCmds counts reservation commands by ResvOp; resvConflicts the
+	// I/O commands refused with Reservation Conflict (resv.go).
+	resvCmds      [NumResvOps]atomic.Uint64
+	resvConflicts atomic.Uint64
 }
 
 // enter moves r into state s and counts it. It is the only place a
@@ -87,6 +93,14 @@ type Stats struct {
 	// synchronous backend's, called directly, complete within Execute
 	// or the sync worker's run and are not counted).
 	Executed, Queued, Held, AtBackend, Completed uint64
+	// AtKeeper counts reservation commands submitted to a namespace's
+	// ReservationKeeper (Register, Acquire, Release, Set Features 83h).
+	AtKeeper uint64
+	// ReservationCommands counts the reservation commands received on
+	// I/O queues, by command; ReservationConflicts the I/O commands
+	// refused with Reservation Conflict (resv.go).
+	ReservationCommands  [NumResvOps]uint64
+	ReservationConflicts uint64
 	// Misuse counts Execute calls on a request the core had not yet
 	// completed (a binding bug).
 	Misuse uint64
@@ -318,6 +332,11 @@ func (t *Target) Stats() Stats {
 		AuthFailed:          t.stats.authFailed.Load(),
 		AuthTimedOut:        t.stats.authTimedOut.Load(),
 		AuthRequired:        t.stats.authRequired.Load(),
+	}
+	st.AtKeeper = t.stats.states[reqKeeper].Load()
+	st.ReservationConflicts = t.stats.resvConflicts.Load()
+	for i := range st.ReservationCommands {
+		st.ReservationCommands[i] = t.stats.resvCmds[i].Load()
 	}
 	for i := range t.stats.status {
 		if n := t.stats.status[i].Load(); n != 0 {

@@ -78,6 +78,13 @@ type NamespaceConfig struct {
 	// Async is the namespace's storage, asynchronous (async.go): IOs are
 	// submitted and completed later, on the submitting poll group.
 	Async AsyncBackend
+	// Reservations, when set, makes the namespace serve persistent
+	// reservations through this keeper (resv.go): ONCS bit 5 and RESCAP
+	// in Identify, the four reservation opcodes, log 80h, features 82h
+	// and 83h. Its I/O is answered Namespace Not Ready until the first
+	// Subsystem.PublishReservation (LocalReservations publishes its
+	// empty state at once). Nil: none, the opcodes are Invalid Opcode.
+	Reservations ReservationKeeper
 	// NGUID is the namespace's globally unique identifier. Zero: derived
 	// from the subsystem NQN and the NSID (SHA-256), so it is stable
 	// across restarts and the same on every target that serves the
@@ -132,6 +139,9 @@ type Subsystem struct {
 	anaMu    sync.Mutex
 	anaState nvme.ANAState
 	anaChg   uint64
+
+	// drainMu serialises DrainHosts (resv.go).
+	drainMu sync.Mutex
 }
 
 func newSubsystem(t *Target, c SubsystemConfig, discovery bool) *Subsystem {
@@ -489,6 +499,9 @@ type namespace struct {
 	drainOnce sync.Once
 
 	c nsCounters
+
+	// resv is the reservation state and keeper (resv.go).
+	resv nsResv
 }
 
 // acquire takes a reference, or returns false if the namespace was
@@ -616,6 +629,11 @@ func (s *Subsystem) AddNamespace(c NamespaceConfig) error {
 	}
 	ns.blocks.Store(g.Blocks)
 	ns.readOnly.Store(g.ReadOnly)
+	if c.Reservations != nil {
+		if err := ns.setKeeper(c.Reservations, nil); err != nil {
+			return err
+		}
+	}
 
 	s.nsMu.Lock()
 	old := s.table()

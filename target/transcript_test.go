@@ -250,7 +250,7 @@ func (tr *transcript) queue(a *args) *tq {
 //	paths nqn= set=id/trtype/addr/svc,... SetPaths (IPv4), set= empty: none
 //	rm-subsystem nqn=
 //	allow nqn= host= | deny nqn= host= | allow-any nqn= on|off
-//	namespace nqn= nsid= [blocks=] [bs=] [ro]
+//	namespace nqn= nsid= [blocks=] [bs=] [ro] [resv]   (resv: LocalReservations)
 //	resize nqn= nsid= blocks=  |  rm-namespace nqn= nsid=
 //	queue name= [qid=] [sqsize=] [laddr=] [lport=] [trtype=] [limits=] [raddr=host:port]
 //	close q=
@@ -269,6 +269,7 @@ func (tr *transcript) queue(a *args) *tq {
 //	raw q= opc= [fctype=] [nsid=] [flags=] [cdw10..15=] [len=]
 //	ns-stats nqn= nsid=
 //	budget                                the controller budget's counters
+//	resv-*                                reservations: resv_transcript_test.go
 func (tr *transcript) run(line string) []string {
 	fields := strings.Fields(line)
 	verb := fields[0]
@@ -393,7 +394,11 @@ func (tr *transcript) run(line string) []string {
 		}
 		m.SetReadOnly(a.has("ro"))
 		tr.backends[fmt.Sprintf("%s/%d", s.NQN(), nsid)] = m
-		out = append(out, errLine(s.AddNamespace(target.NamespaceConfig{NSID: nsid, Backend: m})))
+		nc := target.NamespaceConfig{NSID: nsid, Backend: m}
+		if a.has("resv") {
+			nc.Reservations = target.LocalReservations() // resv_transcript_test.go
+		}
+		out = append(out, errLine(s.AddNamespace(nc)))
 	case "resize":
 		s := tr.subsystem(a)
 		m := tr.backends[fmt.Sprintf("%s/%d", s.NQN(), a.num("nsid", 1))]
@@ -539,7 +544,10 @@ func (tr *transcript) run(line string) []string {
 			}
 		}
 	default:
-		tr.fatalf("unknown verb %q", verb)
+		var ok bool
+		if out, ok = tr.runResv(verb, a); !ok { // resv_transcript_test.go
+			tr.fatalf("unknown verb %q", verb)
+		}
 	}
 	for k := range a.kv {
 		if !a.used[k] {

@@ -24,8 +24,13 @@ import (
 //	go test -run '^$' -bench . -benchtime 20000x ./target/tcp/
 //
 // Each benchmark has two sub-benchmarks, in this order: "bare" and
-// "nvme". Host, target and baseline share this process (and, on a small
-// machine, its processors); b.N is the number of I/Os after a warm-up.
+// "nvme"; the 4 KiB QD32 ones a third, "resv=held": "nvme" with the
+// namespace serving reservations and Write Exclusive held by the
+// benchmark's host, another host registered (docs/reservations.md §7.7:
+// what the reservation check adds per I/O is its tgt-cpu-us/op minus
+// nvme's, in one run). Host, target and baseline share this process
+// (and, on a small machine, its processors); b.N is the number of I/Os
+// after a warm-up.
 //
 // Metrics, besides ns/op, MB/s, B/op and allocs/op (the whole process:
 // host, target and baseline; the host allocates nothing per I/O):
@@ -57,6 +62,7 @@ type benchCase struct {
 	seq   bool
 	size  int
 	depth int
+	resv  bool // also run "resv=held"
 }
 
 func BenchmarkRandRead4KiBQD1(b *testing.B) {
@@ -64,11 +70,11 @@ func BenchmarkRandRead4KiBQD1(b *testing.B) {
 }
 
 func BenchmarkRandRead4KiBQD32(b *testing.B) {
-	runBenchCase(b, benchCase{name: "randread-4k-qd32", size: 4 << 10, depth: 32})
+	runBenchCase(b, benchCase{name: "randread-4k-qd32", size: 4 << 10, depth: 32, resv: true})
 }
 
 func BenchmarkRandWrite4KiBQD32(b *testing.B) {
-	runBenchCase(b, benchCase{name: "randwrite-4k-qd32", write: true, size: 4 << 10, depth: 32})
+	runBenchCase(b, benchCase{name: "randwrite-4k-qd32", write: true, size: 4 << 10, depth: 32, resv: true})
 }
 
 func BenchmarkSeqRead128KiBQD4(b *testing.B) {
@@ -86,8 +92,19 @@ func runBenchCase(b *testing.B, bc benchCase) {
 		r := measure(b, bc, h, func() []int { s.mu.Lock(); defer s.mu.Unlock(); return slices.Clone(s.tids) }, nil)
 		bareResults.Record(bc.name, b.N, r.iops)
 	})
-	b.Run("nvme", func(b *testing.B) {
+	b.Run("nvme", func(b *testing.B) { runBenchNVMe(b, bc, false) })
+	if bc.resv {
+		b.Run("resv=held", func(b *testing.B) { runBenchNVMe(b, bc, true) })
+	}
+}
+
+// runBenchNVMe is the "nvme" sub-benchmark; with resv, "resv=held".
+func runBenchNVMe(b *testing.B, bc benchCase, resv bool) {
+	{
 		tt := newTestTarget(b, tcp.Config{LockThreads: true}) // GroupThreads: the groups' CPU time
+		if resv {
+			holdReservation(b, tt)
+		}
 		h := dialBench(b, tt.addr, bc.write, bc.size, bc.depth)
 		var s0 tcp.Stats
 		r := measure(b, bc, h, tt.port.GroupThreads, func() { s0 = tt.port.Stats() })
@@ -105,7 +122,7 @@ func runBenchCase(b *testing.B, bc benchCase) {
 		if bare, ok := bareResults.Median(bc.name); ok {
 			b.ReportMetric(r.iops/bare, "x-bare")
 		}
-	})
+	}
 }
 
 // lbas returns the first block of each of n I/Os: random size-aligned
