@@ -289,8 +289,14 @@ func TestReservationRestart(t *testing.T) {
 	checkReport(t, "A", a.report(), 2, rtypeWE, resvHostA, want)
 	checkReport(t, "B", b.report(), 2, rtypeWE, resvHostA, want)
 	checkShown(t, d, "r", a.report())
-	if n := d.metric(t, "blk_reservation_command_seconds_count"); n < 5 {
-		t.Errorf("blk_reservation_command_seconds_count %v, want at least the 5 commands sent", n)
+	for name, least := range map[string]float64{
+		"blk_reservation_command_seconds_count":  5, // the keeper's: register ×3, acquire ×2
+		"blk_target_reservation_commands_total":  7, // and the two reports
+		"blk_target_reservation_conflicts_total": 1, // B's write
+	} {
+		if n := d.metric(t, name); n < least {
+			t.Errorf("%s %v, want at least %v", name, n, least)
+		}
 	}
 
 	d.cmd.Process.Signal(syscall.SIGKILL)

@@ -104,7 +104,7 @@ func reservationErr(err error) error {
 		st = nvme.StatusInternalError.WithDNR()
 	case errors.Is(err, meta.ErrVolumeDeleting), errors.Is(err, meta.ErrUnknownVolume), errors.Is(err, errKeeperClosed):
 		st = nvme.StatusInvalidNamespace.WithDNR()
-	case errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand):
+	case errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand), errors.Is(err, control.ErrInvalid):
 		st = nvme.StatusInvalidField.WithDNR()
 	default:
 		st = nvme.StatusNamespaceNotReady
@@ -722,7 +722,7 @@ func retryable(err error) bool {
 	}
 	switch {
 	case errors.Is(err, meta.ErrStaleEpoch), errors.Is(err, control.ErrFeatureMissing), errors.Is(err, meta.ErrFeatureMissing), errors.Is(err, meta.ErrUnknownVolume),
-		errors.Is(err, meta.ErrVolumeDeleting), errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand):
+		errors.Is(err, meta.ErrVolumeDeleting), errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand), errors.Is(err, control.ErrInvalid):
 		return false
 	}
 	return true
@@ -782,26 +782,20 @@ func resvStatus(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, meta.ErrVolumeDeleting):
 		return http.StatusGone
-	case errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand):
+	case errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand), errors.Is(err, control.ErrInvalid):
 		return http.StatusBadRequest
 	}
 	return http.StatusServiceUnavailable
 }
 
 // applyReservation is the leader's proposal of an Op 29, behind the
-// feature gate.
+// feature gate (control.Manager.Reservation).
 func (d *Daemon) applyReservation(ctx context.Context, req resvRequest) (resvAnswer, error) {
-	if err := d.requireReservations(); err != nil {
-		return resvAnswer{}, err
-	}
-	r, err := d.node.Apply(ctx, meta.Reservation{Volume: req.Volume, Epoch: req.Epoch, Cmd: req.Cmd})
+	out, index, err := d.mgr.Reservation(ctx, req.Volume, req.Epoch, req.Cmd)
 	if err != nil {
 		return resvAnswer{}, err
 	}
-	if r.Reservation == nil {
-		return resvAnswer{}, fmt.Errorf("registry: a reservation command at index %d answered no outcome", r.Index)
-	}
-	return resvAnswer{Index: r.Index, Outcome: *r.Reservation}, nil
+	return resvAnswer{Index: index, Outcome: out}, nil
 }
 
 // internalReservation serves POST /v1/internal/reservation on the leader.
@@ -842,10 +836,7 @@ func (d *Daemon) clearReservation(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	if err := d.requireReservations(); err != nil {
-		return metaError(err, "")
-	}
-	res, err := d.node.Apply(r.Context(), meta.ClearReservation{Volume: name})
+	out, index, err := d.mgr.ClearReservation(r.Context(), name)
 	if err != nil {
 		return metaError(err, "")
 	}
@@ -853,11 +844,8 @@ func (d *Daemon) clearReservation(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	d.audit.logger().Info("reservation cleared", slog.String("volume", name), slog.Uint64("index", res.Index))
-	n := resvNotify{Volume: name, ID: v.ID, Index: res.Index}
-	if res.Reservation != nil {
-		n.Notices = res.Reservation.Notices
-	}
+	d.audit.logger().Info("reservation cleared", slog.String("volume", name), slog.Uint64("index", index), slog.Int("registrants_told", len(out.Notices)))
+	n := resvNotify{Volume: name, ID: v.ID, Index: index, Notices: out.Notices}
 	ctx, cancel := context.WithTimeout(r.Context(), ownerTimeout)
 	if err := d.pushNotify(ctx, v.Node, n); err != nil {
 		// The serving node's next lease renewal (or keepers' round)
