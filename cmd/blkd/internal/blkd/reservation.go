@@ -86,6 +86,9 @@ var (
 	errKeeperBusy = errors.New("too many reservation commands wait for the registry")
 	// errNoLeader: no leader answered within resvCommandWait.
 	errNoLeader = errors.New("no registry leader answered")
+	// errFenceFailed: a preempt-and-abort's victims' commands did not
+	// end, not even once their controllers were evicted.
+	errFenceFailed = errors.New("the preempted hosts' commands did not end")
 )
 
 // reservationErr is the one translation of a keeper's failure into the
@@ -102,6 +105,8 @@ func reservationErr(err error) error {
 		st = nvme.StatusANATransition
 	case errors.Is(err, control.ErrFeatureMissing), errors.Is(err, meta.ErrFeatureMissing):
 		st = nvme.StatusInternalError.WithDNR()
+	case errors.Is(err, errFenceFailed):
+		st = nvme.StatusInternalError
 	case errors.Is(err, meta.ErrVolumeDeleting), errors.Is(err, meta.ErrUnknownVolume), errors.Is(err, errKeeperClosed):
 		st = nvme.StatusInvalidNamespace.WithDNR()
 	case errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand), errors.Is(err, control.ErrInvalid):
@@ -387,7 +392,9 @@ func (k *resvKeeper) execute(io *target.IO) error {
 	k.publishCopy()
 	out := ans.Outcome
 	if len(out.Abort) > 0 {
-		k.drain(out.Abort, before)
+		if err := k.drain(out.Abort, before); err != nil {
+			return err
+		}
 	}
 	k.sub.NotifyReservation(1, out.Notices)
 	io.ResvStatus = out.Status
@@ -395,14 +402,16 @@ func (k *resvKeeper) execute(io *target.IO) error {
 }
 
 // drain waits for the commands the preempted hosts started before the
-// new view (§1.6); past resvDrainWait their controllers are evicted,
-// which fences as surely.
-func (k *resvKeeper) drain(hosts []resv.HostID, before resv.State) {
+// new view (§1.6); past resvDrainWait their controllers are evicted and
+// drained, which fences as surely: the preempt then succeeds (it is in
+// the registry). Only if even that does not end their commands does the
+// host get Internal Error (errFenceFailed): its victims may still write.
+func (k *resvKeeper) drain(hosts []resv.HostID, before resv.State) error {
 	ctx, cancel := context.WithTimeout(context.Background(), resvDrainWait)
 	err := k.sub.DrainHosts(ctx, hosts)
 	cancel()
 	if err == nil {
-		return
+		return nil
 	}
 	k.d.log.Warn("preempt and abort: the preempted hosts' commands did not end in time; evicting their controllers", slog.String("volume", k.name), slog.String("err", err.Error()))
 	// The registrations name the hosts' NQNs (a host ID is one host's).
@@ -415,8 +424,9 @@ func (k *resvKeeper) drain(hosts []resv.HostID, before resv.State) {
 	ctx, cancel = context.WithTimeout(context.Background(), ownerTimeout)
 	defer cancel()
 	if _, err := k.sub.EvictAndDrain(ctx, func(nqn string) bool { return nqns[nqn] }); err != nil {
-		k.d.log.Error("preempt and abort: evicting the preempted hosts' controllers", slog.String("volume", k.name), slog.String("err", err.Error()))
+		return fmt.Errorf("%w: %w", errFenceFailed, err)
 	}
+	return nil
 }
 
 // publishCopy publishes the volume's reservation from this node's
@@ -721,7 +731,7 @@ func retryable(err error) bool {
 		return pa.status == http.StatusMisdirectedRequest || pa.status == http.StatusServiceUnavailable || pa.status >= 500 && pa.status != http.StatusNotImplemented
 	}
 	switch {
-	case errors.Is(err, meta.ErrStaleEpoch), errors.Is(err, control.ErrFeatureMissing), errors.Is(err, meta.ErrFeatureMissing), errors.Is(err, meta.ErrUnknownVolume),
+	case errors.Is(err, meta.ErrStaleEpoch), errors.Is(err, errNotServing), errors.Is(err, control.ErrFeatureMissing), errors.Is(err, meta.ErrFeatureMissing), errors.Is(err, meta.ErrUnknownVolume),
 		errors.Is(err, meta.ErrVolumeDeleting), errors.Is(err, meta.ErrInvalid), errors.Is(err, meta.ErrBadCommand), errors.Is(err, control.ErrInvalid):
 		return false
 	}
