@@ -32,13 +32,20 @@ func FuzzExecute(f *testing.F) {
 	f.Add(rec(1, 1, ioCmd(nvme.IOWrite, 1, 3, 1, nvme.RWFUA)))
 	f.Add(rec(0, 4, getLogCmd(nvme.LogErrorInfo, 0, 4096, 0, false)))
 	f.Add(rec(3, 4, identifyCmd(nvme.CNSController, 0)))
+	reg, _ := resvCmd(nvme.IOReservationRegister, nvme.RREGARegister, 0, 0, 0)
+	acq, _ := resvCmd(nvme.IOReservationAcquire, nvme.RACQAPreemptAndAbort, 1, 0, 0)
+	f.Add(append(rec(1, 5, reg), rec(1, 5, acq)...))
+	f.Add(rec(0, 5, getFeatCmd(nvme.FeatureHostID, 0)))
 	f.Fuzz(fuzzBody)
 }
 
 // fuzzBody runs one input.
 func fuzzBody(t *testing.T, b []byte) {
 	h := newHarness(t)
-	_, _ = h.mustSubsystem(subA, 64)
+	s, _ := h.mustSubsystem(subA, 64)
+	if err := s.SetReservations(1, target.LocalReservations(), nil); err != nil { // resv_cmd.go's commands too
+		t.Fatal(err)
+	}
 	admin, cntlid := h.adminConnect("admin", hostA, subA, 5000)
 	io := h.ioConnect("io1", 1, hostA, subA, cntlid)
 	fresh := h.queue("fresh", target.QueueParams{QID: 0, SQSize: 31})

@@ -179,6 +179,7 @@ func (c *ctrl) effectsLog() []byte {
 		nvme.IOWriteZeroes, nvme.IODatasetManagement} {
 		l.IOCS[op] = nvme.EffectsCSUPP
 	}
+	c.resvEffects(&l) // resv_cmd.go
 	page := c.scratch(nvme.CommandEffectsLogSize)
 	l.Marshal((*[nvme.CommandEffectsLogSize]byte)(page))
 	return page

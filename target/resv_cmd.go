@@ -440,3 +440,16 @@ func (q *Queue) setResvFeature(c *ctrl, r *Request, f *nvme.FeatureCommand) {
 	r.io.Resv = resv.Command{Op: resv.SetPTPL, CPTPL: cptpl, Host: resv.HostID(c.hostID), NQN: c.hostNQN}
 	q.submitKeeper(ns, k, r)
 }
+
+// resvEffects marks the reservation commands supported in the Commands
+// Supported and Effects log when a namespace serves them (they change
+// no LBA content). Requires c.mu (the log's).
+func (c *ctrl) resvEffects(l *nvme.CommandEffectsLog) {
+	if !c.s.reservationsServed() {
+		return
+	}
+	for _, op := range []nvme.IOOpcode{nvme.IOReservationRegister, nvme.IOReservationReport,
+		nvme.IOReservationAcquire, nvme.IOReservationRelease} {
+		l.IOCS[op] = nvme.EffectsCSUPP
+	}
+}

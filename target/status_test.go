@@ -15,6 +15,7 @@ import (
 
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/nvme/auth"
+	"github.com/blk-project/blk/nvme/resv"
 	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 )
@@ -356,6 +357,23 @@ var statusCases = []struct {
 		f.fault.set("write", fmt.Errorf("held: %w", statusErr(nvme.StatusReservationConflict.WithDNR())))
 		return f.h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), f.data4k)
 	}},
+
+	// Reservations (resv.go, resv_cmd.go).
+	{"reservation conflict: another host holds Write Exclusive", nvme.StatusReservationConflict.WithDNR(), func(t *testing.T, f *fixture) *call {
+		other := resv.HostID{0xb}
+		st := &resv.State{Gen: 1, Type: resv.WriteExclusive, Holder: other, Regs: []resv.Registrant{{Host: other, Key: 1}}}
+		if err := f.sub.SetReservations(1, target.LocalReservations(), st); err != nil {
+			t.Fatal(err)
+		}
+		return f.h.exec(f.io, ioCmd(nvme.IOWrite, 1, 0, 1, 0), f.data4k)
+	}},
+	{"host identifier inconsistent format: report without EDS", nvme.StatusHostIDInconsistent.WithDNR(), func(t *testing.T, f *fixture) *call {
+		if err := f.sub.SetReservations(1, target.LocalReservations(), nil); err != nil {
+			t.Fatal(err)
+		}
+		cmd := nvme.Command{Opcode: uint8(nvme.IOReservationReport), Flags: nvme.FlagSGLMetaBuf, NSID: 1, CDW10: 4096/4 - 1}
+		return f.h.exec(f.io, cmd, make([]byte, 4096))
+	}},
 }
 
 // anaRead reads on a second subsystem, with ANA, in state st.
@@ -418,6 +436,8 @@ var statusByName = map[string]nvme.Status{
 	"StatusWriteFault":                nvme.StatusWriteFault,
 	"StatusUnrecoveredReadError":      nvme.StatusUnrecoveredReadError,
 	"StatusCompareFailure":            nvme.StatusCompareFailure,
+	"StatusReservationConflict":       nvme.StatusReservationConflict,
+	"StatusHostIDInconsistent":        nvme.StatusHostIDInconsistent,
 }
 
 // TestStatusTableComplete reads the package's source for every nvme.Status
