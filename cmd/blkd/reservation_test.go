@@ -314,6 +314,25 @@ func TestReservationRestart(t *testing.T) {
 	}))
 	mustOK(t, "B's write after the release", b.write(1, 'b'))
 	checkReport(t, "B after the release", b.report(), 2, 0, "", want)
+
+	// The operator's clear (Op 30), through blkctl: A holds again, the
+	// clear drops every registration at once, B writes.
+	mustOK(t, "A acquires again", a.acquire(nvme.RACQAAcquire, keyA, 0))
+	mustConflict(t, "B's write before the clear", b.write(1, 'x'))
+	out := mustBlkctl(t, d, "volume", "reservation", "show", "r")
+	for _, w := range []string{"Generation:", "write-exclusive", fmt.Sprintf("%#x", keyA), fmt.Sprintf("%#x", keyB), resvHostA} {
+		if !strings.Contains(out, w) {
+			t.Fatalf("blkctl volume reservation show: no %q in:\n%s", w, out)
+		}
+	}
+	if code, out := blkctl(t, d, "volume", "reservation", "clear", "r"); code == 0 || !strings.Contains(out, "--yes") {
+		t.Fatalf("clear without --yes: exit %d: %s", code, out)
+	}
+	mustBlkctl(t, d, "volume", "reservation", "clear", "r", "--yes")
+	mustOK(t, "B's write after the clear", b.write(1, 'c'))
+	checkReport(t, "B after the clear", b.report(), 3, 0, "", nil)
+	checkShown(t, d, "r", b.report())
+	d.refuse(t, "POST", "/v1/volumes/nope/reservation/clear", "", 404, "unknown volume")
 }
 
 // TestReservationPTPLZero: PTPL cleared by a Register with CPTPL 10b;
