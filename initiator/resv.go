@@ -140,3 +140,20 @@ func (ns *Namespace) resvExec(ctx context.Context, cmd *nvme.Command, wdata, rds
 	_, err = q.exec(ctx, cmd, wdata, rdst, q.timeout)
 	return err
 }
+
+// ReservationNotice reads the controller's Reservation Notification log
+// page (80h): its oldest entry, which the controller then removes (Count
+// 0: the log was empty). It re-arms the controller's reservation event.
+func (c *Controller) ReservationNotice(ctx context.Context) (nvme.ResvNotifLog, error) {
+	a, err := c.waitLive(ctx)
+	if err != nil {
+		return nvme.ResvNotifLog{}, err
+	}
+	buf := make([]byte, nvme.ResvNotifLogSize)
+	if err := a.readLog(ctx, nvme.LogResvNotification, 0, buf, false); err != nil {
+		return nvme.ResvNotifLog{}, err
+	}
+	var l nvme.ResvNotifLog
+	err = l.Unmarshal(buf)
+	return l, err
+}

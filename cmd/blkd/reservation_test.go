@@ -120,9 +120,31 @@ func onAnyPath(paths []*initiator.Namespace, within time.Duration, f func(ns *in
 
 // resvHost is one host's paths to one volume.
 type resvHost struct {
-	t     *testing.T
-	host  string
-	paths []*initiator.Namespace
+	t      *testing.T
+	host   string
+	paths  []*initiator.Namespace
+	byNode map[string]*initiator.Namespace // resvPaths': each node's path
+}
+
+// notice reads the oldest Reservation Notification log entry of the
+// host's controller ns.
+func (h *resvHost) notice(ns *initiator.Namespace) nvme.ResvNotifLog {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := ns.Controller().ReservationNotice(ctx)
+	if err != nil {
+		h.t.Fatalf("%s: reservation notification log: %v", h.host, err)
+	}
+	return n
+}
+
+// mustNotice checks the oldest entry of ns's log is one notice of kind.
+func (h *resvHost) mustNotice(what string, ns *initiator.Namespace, kind uint8) {
+	h.t.Helper()
+	if n := h.notice(ns); n.Count == 0 || n.Type != kind || n.NSID != 1 {
+		h.t.Fatalf("%s: %s's notice %+v, want type %d on NSID 1", what, h.host, n, kind)
+	}
 }
 
 func (h *resvHost) do(what string, f func(ctx context.Context, ns *initiator.Namespace) error) error {
@@ -329,6 +351,9 @@ func TestReservationRestart(t *testing.T) {
 		t.Fatalf("clear without --yes: exit %d: %s", code, out)
 	}
 	mustBlkctl(t, d, "volume", "reservation", "clear", "r", "--yes")
+	// Both registrants were told, by the time the clear answered.
+	a.mustNotice("the clear", a.paths[0], nvme.ResvNotifReservationPreempted)
+	b.mustNotice("the clear", b.paths[0], nvme.ResvNotifReservationPreempted)
 	mustOK(t, "B's write after the clear", b.write(1, 'c'))
 	checkReport(t, "B after the clear", b.report(), 3, 0, "", nil)
 	checkShown(t, d, "r", b.report())
@@ -393,9 +418,11 @@ func TestReservationPTPLZero(t *testing.T) {
 // (tcpAddrs: by node), as a Linux host with native multipath does.
 func resvPaths(t *testing.T, host, nqn string, tcpAddrs map[string]string) *resvHost {
 	t.Helper()
-	h := &resvHost{t: t, host: host}
-	for _, addr := range tcpAddrs {
-		h.paths = append(h.paths, resvConnect(t, host, addr, nqn))
+	h := &resvHost{t: t, host: host, byNode: map[string]*initiator.Namespace{}}
+	for node, addr := range tcpAddrs {
+		ns := resvConnect(t, host, addr, nqn)
+		h.paths = append(h.paths, ns)
+		h.byNode[node] = ns
 	}
 	return h
 }
@@ -484,6 +511,9 @@ func TestReservationFailover(t *testing.T) {
 
 	// Preempt and abort: B takes f over.
 	mustOK(t, "f: B preempts A", fb.acquire(nvme.RACQAPreemptAndAbort, keyB, keyA))
+	// A's controller on the serving path was told, before B's command
+	// completed.
+	fa.mustNotice("f: the preempt", fa.byNode[primary], nvme.ResvNotifRegistrationPreempted)
 	checkReport(t, "f: A after the preempt", fa.report(), 3, rtypeWE, resvHostB, map[string]uint64{resvHostB: keyB})
 	mustOK(t, "f: B writes", fb.write(3, 'B'))
 	mustConflict(t, "f: A's write after the preempt", fa.write(3, 'x'))

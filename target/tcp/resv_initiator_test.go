@@ -25,7 +25,8 @@ func TestReservationHelpersOverTCP(t *testing.T) {
 	}
 	tt, _ := serveSub(t, target.SubsystemConfig{Hosts: []string{testHostNQN}}, target.NamespaceConfig{Backend: m, Reservations: target.LocalReservations()})
 	idA, idB := [16]byte{0xA, 1}, [16]byte{0xB, 2}
-	a := connectTCP(t, tt.addr, initiator.Config{Queues: 1, QueueDepth: 8, HostID: idA}).Namespace(1)
+	ca := connectTCP(t, tt.addr, initiator.Config{Queues: 1, QueueDepth: 8, HostID: idA})
+	a := ca.Namespace(1)
 	b := connectTCP(t, tt.addr, initiator.Config{Queues: 1, QueueDepth: 8, HostID: idB}).Namespace(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -80,6 +81,12 @@ func TestReservationHelpersOverTCP(t *testing.T) {
 	}
 
 	ok("B preempts and aborts A", b.ReservationAcquire(ctx, nvme.RACQAPreemptAndAbort, 1, 0xB2, 0xA1, false))
+	if n, err := ca.ReservationNotice(ctx); err != nil || n.Count != 1 || n.Type != nvme.ResvNotifRegistrationPreempted || n.NSID != 1 || n.Available != 0 {
+		t.Fatalf("A's notice after the preempt: %+v, %v, want one Registration Preempted", n, err)
+	}
+	if n, err := ca.ReservationNotice(ctx); err != nil || n.Count != 0 {
+		t.Fatalf("A's log after reading its one notice: %+v, %v, want empty", n, err)
+	}
 	_, err = a.WriteAt(pattern(testBlock, 5), 0)
 	conflict("A's write after the preempt", err)
 	conflict("A's release: not registered any more", a.ReservationRelease(ctx, nvme.RRELARelease, 1, 0xA1, false))
