@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -687,4 +689,55 @@ func TestReservationUnknownView(t *testing.T) {
 	for _, id := range []string{"node1", "node3"} {
 		c.procs[id].waitReady(t, ready[id], 90*time.Second)
 	}
+}
+
+// TestReservationUpgradeGate (docs/reservations.md §1.3): node3 runs a
+// blkd that registers without the reservations feature (built with
+// withoutReservations, as an older one would): nobody serves
+// reservations (Register is Invalid Opcode, the clear 409 naming node3),
+// the volume shows none. node3 restarted with this blkd: within the
+// keepers' round the volume's subsystem gets its keeper, and the same
+// host connection registers and holds.
+func TestReservationUpgradeGate(t *testing.T) {
+	old := filepath.Join(t.TempDir(), "blkd-old")
+	build := exec.Command("go", "build", "-o", old, "-ldflags", "-X github.com/blk-project/blk/cmd/blkd/internal/blkd.withoutReservations=1", ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the older blkd: %v\n%s", err, out)
+	}
+	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}}
+	ids := []string{"node1", "node2", "node3"}
+	tcp := map[string]string{}
+	for _, id := range ids {
+		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
+		tcp[id] = freeAddr(t)
+	}
+	c.start("node1", "--tcp-addr", tcp["node1"])
+	c.start("node2", "--tcp-addr", tcp["node2"], "--join", c.nodes["node1"].api)
+	newer := binary
+	binary = old
+	c.start("node3", "--tcp-addr", tcp["node3"], "--join", c.nodes["node1"].api)
+	binary = newer
+	lp := c.procs[c.settled(nil)]
+	var v resvVolumeJSON
+	lp.must(t, "POST", "/v1/volumes", `{"name": "g", "size": "4MiB", "replicas": 1, "node": "node1"}`, 201, &v)
+	allowBoth(t, lp, "g")
+	a := &resvHost{t: t, host: resvHostA, paths: []*initiator.Namespace{resvConnect(t, resvHostA, tcp["node1"], v.NQN)}}
+	if err := a.register(keyA, nvme.CPTPLSet); !isStatus(err, nvme.StatusInvalidOpcode) {
+		t.Fatalf("Register while node3 lacks the feature: %v, want Invalid Opcode", err)
+	}
+	lp.refuse(t, "POST", "/v1/volumes/g/reservation/clear", "", 409, `node3 .*"reservations"`)
+	lp.must(t, "GET", "/v1/volumes/g", "", 200, &v)
+	if v.Reservation == nil || v.Reservation.Gen != 0 || v.Reservation.Type != "none" {
+		t.Fatalf("volume g before the upgrade: %+v", v.Reservation)
+	}
+
+	c.procs["node3"].stop(t)
+	c.start("node3", "--tcp-addr", tcp["node3"])
+	eventually(t, 20*time.Second, "Register served once node3 has the feature", func() error {
+		return a.register(keyA, nvme.CPTPLSet)
+	})
+	mustOK(t, "A acquires", a.acquire(nvme.RACQAAcquire, keyA, 0))
+	b := &resvHost{t: t, host: resvHostB, paths: []*initiator.Namespace{resvConnect(t, resvHostB, tcp["node1"], v.NQN)}}
+	mustConflict(t, "B's write", b.write(0, 'b'))
+	checkShown(t, c.procs["node1"], "g", a.report())
 }

@@ -219,6 +219,19 @@ type resvKeeper struct {
 	broughtUp atomic.Bool
 }
 
+// withoutReservations, set at link time (-ldflags "-X
+// github.com/blk-project/blk/cmd/blkd/internal/blkd.withoutReservations=1")
+// by cmd/blkd's TestReservationUpgradeGate only, makes the binary
+// register as one from before reservations: without
+// meta.FeatureReservations.
+var withoutReservations string
+
+func init() {
+	if withoutReservations != "" {
+		nodeFeatures = slices.DeleteFunc(slices.Clone(nodeFeatures), func(f string) bool { return f == meta.FeatureReservations })
+	}
+}
+
 // reservationsOn says whether every registered node applies the
 // reservation commands (§1.3's gate): until then no subsystem has a
 // keeper and the leader proposes neither Op 29 nor Op 30.
