@@ -956,6 +956,21 @@ func reservationView(st *resv.State) api.Reservation {
 	return a
 }
 
+// redactReservation is r without the host NQNs, for a reader (redact):
+// the host IDs, keys and generation stay.
+func redactReservation(r *api.Reservation) *api.Reservation {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.HolderNQN = ""
+	c.Registrants = slices.Clone(r.Registrants)
+	for i := range c.Registrants {
+		c.Registrants[i].HostNQN = ""
+	}
+	return &c
+}
+
 // reservationFields fills a's reservation from v (views).
 func reservationFields(v meta.Volume, a *api.Volume) {
 	r := reservationView(v.Reservation)

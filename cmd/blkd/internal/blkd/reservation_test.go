@@ -106,3 +106,18 @@ func TestResvTokensUnique(t *testing.T) {
 		t.Fatalf("two processes' token bases equal")
 	}
 }
+
+func TestRedactReservation(t *testing.T) {
+	r := reservationView(&resv.State{Gen: 2, Type: resv.WriteExclusive, Holder: resv.HostID{1},
+		Regs: []resv.Registrant{{Host: resv.HostID{1}, Key: 7, NQN: "nqn.a"}}})
+	c := redactReservation(&r)
+	if c.HolderNQN != "" || c.Registrants[0].HostNQN != "" || c.Registrants[0].Key != 7 || c.Gen != 2 || c.Holder == "" {
+		t.Fatalf("redacted: %+v", c)
+	}
+	if r.HolderNQN != "nqn.a" || r.Registrants[0].HostNQN != "nqn.a" {
+		t.Fatalf("redact changed its input: %+v", r)
+	}
+	if redactReservation(nil) != nil {
+		t.Fatalf("nil")
+	}
+}
