@@ -86,6 +86,10 @@ var (
 	errKeeperBusy = errors.New("too many reservation commands wait for the registry")
 	// errNoLeader: no leader answered within resvCommandWait.
 	errNoLeader = errors.New("no registry leader answered")
+	// errViewUnknown: the keeper's view is not known yet (§1.9): a
+	// command now would be ordered before the term's or the subsystem's
+	// power loss (PTPL off) it must follow.
+	errViewUnknown = errors.New("the volume's reservation state is not known on this node yet")
 	// errFenceFailed: a preempt-and-abort's victims' commands did not
 	// end, not even once their controllers were evicted.
 	errFenceFailed = errors.New("the preempted hosts' commands did not end")
@@ -361,23 +365,32 @@ func (k *resvKeeper) run() {
 // epoch is the epoch the keeper's commands carry: the primary term's for
 // a replicated volume (errNotServing if none serves), the registry
 // copy's for a volume of one replica.
-func (k *resvKeeper) epoch() (uint64, *primaryLeg, error) {
+func (k *resvKeeper) epoch() (uint64, error) {
 	if k.hv != nil {
 		k.d.repl.mu.Lock()
 		pl := k.hv.pl
 		k.d.repl.mu.Unlock()
 		if pl == nil || k.hv.hb.cur.Load() != pl {
-			return 0, nil, errNotServing
+			return 0, errNotServing
 		}
-		return pl.epoch, pl, nil
+		k.pubMu.Lock()
+		checked := k.term == pl
+		k.pubMu.Unlock()
+		if !checked {
+			return 0, errViewUnknown
+		}
+		return pl.epoch, nil
+	}
+	if !k.broughtUp.Load() {
+		return 0, errViewUnknown
 	}
 	var v meta.Volume
 	var ok bool
 	k.d.node.FSM().Read(func(s *meta.State) { v, ok = s.Volume(k.name) })
 	if !ok || v.ID != k.id {
-		return 0, nil, fmt.Errorf("volume %q: %w", k.name, meta.ErrUnknownVolume)
+		return 0, fmt.Errorf("volume %q: %w", k.name, meta.ErrUnknownVolume)
 	}
-	return v.CurrentEpoch(), nil, nil
+	return v.CurrentEpoch(), nil
 }
 
 // execute runs one reservation command through the registry (§1.5) and
@@ -385,10 +398,13 @@ func (k *resvKeeper) epoch() (uint64, *primaryLeg, error) {
 func (k *resvKeeper) execute(io *target.IO) error {
 	cmd := io.Resv
 	cmd.Token = k.d.resv.token()
-	epoch, _, err := k.epoch()
+	epoch, err := k.epoch()
 	if err != nil {
 		return err
 	}
+	// The registrations as published now name the NQNs of whom a
+	// preempt-and-abort may have to evict, should their drain fail.
+	before, _ := k.sub.Reservation(1)
 	if h := k.d.resv.holds.keeper; h > 0 && cmd.Op == resv.Acquire {
 		time.Sleep(h) // a test's fault: the term may be deposed meanwhile
 	}
@@ -401,7 +417,6 @@ func (k *resvKeeper) execute(io *target.IO) error {
 	if err := k.d.node.WaitApplied(ctx, ans.Index); err != nil {
 		return fmt.Errorf("registry copy at index %d, not yet %d: %w", k.d.node.AppliedIndex(), ans.Index, err)
 	}
-	before, _ := k.sub.Reservation(1) // the victims' NQNs, should the drain fail
 	k.publishCopy()
 	out := ans.Outcome
 	if len(out.Abort) > 0 {
@@ -669,10 +684,19 @@ func (d *Daemon) resvRound() {
 }
 
 // attachKeeper gives a served subsystem its keeper after the upgrade.
+// A term serving already is not a new one: no power loss for it.
 func (d *Daemon) attachKeeper(v meta.Volume, sub *target.Subsystem, hv *hostVolume) {
 	k := d.newKeeper(v, sub, hv)
 	if k == nil {
 		return
+	}
+	if hv != nil {
+		d.repl.mu.Lock()
+		pl := hv.pl
+		d.repl.mu.Unlock()
+		k.pubMu.Lock()
+		k.term = pl
+		k.pubMu.Unlock()
 	}
 	if err := sub.SetReservations(1, k, nil); err != nil {
 		d.log.Warn("reservations: keeper not attached", slog.String("volume", v.Name), slog.String("err", err.Error()))

@@ -31,6 +31,7 @@ func TestReservationErr(t *testing.T) {
 		{fmt.Errorf("x: %w", control.ErrInvalid), nvme.StatusInvalidField.WithDNR(), false},
 		{errKeeperClosed, nvme.StatusInvalidNamespace.WithDNR(), true},
 		{errKeeperBusy, nvme.StatusNamespaceNotReady, true},
+		{errViewUnknown, nvme.StatusNamespaceNotReady, true},
 		{fmt.Errorf("%w within 10s", errNoLeader), nvme.StatusNamespaceNotReady, true},
 		{fmt.Errorf("%w: x", errFenceFailed), nvme.StatusInternalError, true},
 		{&peerAnswer{http.StatusMisdirectedRequest, "not the leader"}, nvme.StatusNamespaceNotReady, true},
@@ -46,7 +47,7 @@ func TestReservationErr(t *testing.T) {
 		if !errors.Is(got, c.err) {
 			t.Errorf("%v: the status hides the error", c.err)
 		}
-		if r := retryable(c.err); r != c.retry && !errors.Is(c.err, errKeeperClosed) && !errors.Is(c.err, errKeeperBusy) && !errors.Is(c.err, errFenceFailed) {
+		if r := retryable(c.err); r != c.retry && !errors.Is(c.err, errKeeperClosed) && !errors.Is(c.err, errKeeperBusy) && !errors.Is(c.err, errFenceFailed) && !errors.Is(c.err, errViewUnknown) {
 			t.Errorf("%v: retryable %v, want %v", c.err, r, c.retry)
 		}
 	}
