@@ -67,7 +67,7 @@ func (c *Controller) establishOnce(ctx context.Context, answer time.Duration) (a
 	go a.monitor()
 
 	kato := c.cfg.katoMillis()
-	if c.discovery {
+	if c.discovery && c.discNotice == nil {
 		kato = 0 // non-persistent discovery connect, as nvme discover
 	}
 	a.admin, err = a.newQueue(ctx, 0, adminDepth, adminBufSize, c.adminInCapsule(), 0)
@@ -80,10 +80,13 @@ func (c *Controller) establishOnce(ctx context.Context, answer time.Duration) (a
 	if err = a.identify(ctx); err != nil {
 		return a, err
 	}
-	if c.discovery {
-		return a, nil
-	}
 	a.kaOn.Store(kato != 0)
+	if c.discovery {
+		if c.discNotice != nil {
+			err = a.watchDiscovery(ctx)
+		}
+		return a, err
+	}
 
 	if a.maxXfer, err = maxTransfer(c.cfg.MaxTransfer, &a.id, c.info); err != nil {
 		return a, err

@@ -53,6 +53,9 @@ type Controller struct {
 	addr      string
 	subNQN    string
 	discovery bool
+	// discNotice, on a persistent discovery controller (WatchDiscovery),
+	// gets a value for each discovery log change notice; nil otherwise.
+	discNotice chan struct{}
 	// tcp: the queues are NVMe/TCP connections (Config.Transport); no
 	// adapter, engine or protection domain then (info, sz, pd and eng
 	// are zero).

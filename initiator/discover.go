@@ -100,3 +100,71 @@ func (a *association) discoveryLog(ctx context.Context) ([]nvme.DiscoveryLogEntr
 	}
 	return nil, fmt.Errorf("%w: discovery log changed on each of %d reads", ErrProtocol, discoveryRetries)
 }
+
+// DiscoveryWatch is a persistent discovery controller, as nvme discover
+// --persistent and nvme connect-all keep one: connected with
+// Config.KATO and kept alive, with discovery log change notices (OAES
+// bit 31) enabled; each notice is delivered on Changed, and Log reads the
+// log again (which re-arms the notice: the controller masks it until the
+// log is read). It does not reconnect: Down closes when the association
+// fails, and the caller watches again.
+type DiscoveryWatch struct {
+	c *Controller
+	a *association
+}
+
+// WatchDiscovery connects a persistent discovery controller at addr as
+// Discover does (its port defaults alike), and enables the discovery log
+// change notice. A controller that does not offer the notice (OAES bit
+// 31 clear) is refused with ErrProtocol.
+func WatchDiscovery(ctx context.Context, cfg Config, addr string) (*DiscoveryWatch, error) {
+	c, err := newController(cfg, addr, nvme.DiscoveryNQN, true)
+	if err != nil {
+		return nil, err
+	}
+	c.discNotice = make(chan struct{}, 1)
+	a, err := c.establish(ctx)
+	if err != nil {
+		c.closeEngine()
+		return nil, err
+	}
+	return &DiscoveryWatch{c: c, a: a}, nil
+}
+
+// watchDiscovery enables the discovery log change notice and arms an
+// Asynchronous Event Request.
+func (a *association) watchDiscovery(ctx context.Context) error {
+	if a.id.OAES&nvme.AENDiscoveryLogs == 0 {
+		return fmt.Errorf("%w: %s offers no discovery log change notice (OAES %#x)", ErrProtocol, a.c.addr, a.id.OAES)
+	}
+	var cmd nvme.Command
+	setFeaturesCmd(&cmd, nvme.FeatureAsyncEventConfig, nvme.AENDiscoveryLogs)
+	if _, err := a.admin.exec(ctx, &cmd, nil, nil, a.c.cfg.AdminTimeout); err != nil {
+		return fmt.Errorf("initiator: Async Event Configuration: %w", err)
+	}
+	a.armAER()
+	return nil
+}
+
+// Log reads the discovery log, as Discover does.
+func (w *DiscoveryWatch) Log(ctx context.Context) ([]nvme.DiscoveryLogEntry, error) {
+	return w.a.discoveryLog(ctx)
+}
+
+// Changed receives a value after a discovery log change notice; several
+// notices before a receive are one.
+func (w *DiscoveryWatch) Changed() <-chan struct{} { return w.c.discNotice }
+
+// Down closes when the association fails (a lost connection, a
+// keep-alive timeout).
+func (w *DiscoveryWatch) Down() <-chan struct{} { return w.a.done }
+
+// Close shuts the discovery controller down (CC.SHN) and disconnects.
+func (w *DiscoveryWatch) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), w.c.shutdownTimeout(w.a))
+	defer cancel()
+	err := w.a.shutdown(ctx)
+	w.c.teardown(w.a)
+	w.c.closeEngine()
+	return err
+}

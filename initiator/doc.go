@@ -41,7 +41,8 @@
 //   - namespace.go: Namespace, the asynchronous I/O API and the blocking
 //     io.ReaderAt / io.WriterAt on top of it.
 //   - discover.go: Discover, the discovery controller's log page (TSAS
-//     kept raw in each entry).
+//     kept raw in each entry); WatchDiscovery, a persistent discovery
+//     controller and its discovery log change notices.
 //
 // Data path, RDMA. Each request slot owns a region of a per-queue
 // registered buffer, MaxTransfer bytes long, registered once with remote

@@ -14,7 +14,7 @@ import (
 // noticed within KATO + tick), between 10 ms and 1 s; 1 s without
 // keep-alive. Command timeouts are checked at the same period.
 func (c *Controller) monitorTick() time.Duration {
-	if c.cfg.KATO <= 0 || c.discovery {
+	if c.cfg.KATO <= 0 || (c.discovery && c.discNotice == nil) {
 		return time.Second
 	}
 	return min(max(c.cfg.KATO/4, 10*time.Millisecond), time.Second)
@@ -119,6 +119,7 @@ func (e *aerCallback) IODone(err error) {
 const (
 	aenTypeNotice   = 2
 	aenNoticeNSAttr = 0x00
+	aenNoticeDisc   = 0xF0 // discovery log page changed (log 70h)
 )
 
 // handleAEN acts on an asynchronous event: a namespace attribute notice
@@ -150,6 +151,13 @@ func (a *association) handleAEN(dw0 uint32) {
 		}
 		c.applyScan(found)
 		c.logf("namespaces changed: %d now", len(found))
+	} else if typ == aenTypeNotice && info == aenNoticeDisc && c.discNotice != nil {
+		// The log is read by the watcher (DiscoveryWatch.Log), which
+		// clears the notice's mask.
+		select {
+		case c.discNotice <- struct{}{}:
+		default: // one pending is enough: the next read sees every change
+		}
 	} else {
 		c.logf("asynchronous event type %d info %#x log %#x ignored", typ, info, lid)
 	}

@@ -118,6 +118,9 @@ const (
 // VWC bits (byte 525).
 const (
 	VWCPresent uint8 = 1 << 0
+	// VWCFlushAll (bits 2:1 = 11b): a Flush with NSID FFFFFFFFh is
+	// supported (10b: not supported; 00b: not indicated).
+	VWCFlushAll uint8 = 3 << 1
 )
 
 // SGLS bits (bytes 536-539).

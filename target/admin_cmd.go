@@ -230,16 +230,24 @@ func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 		id.MDTS = l.MDTS()
 		id.LPA = nvme.LPASMARTPerNS | nvme.LPACommandsEffects | nvme.LPAExtendedData
 		id.NN = t.cfg.MaxNSID
-		id.ONCS = nvme.ONCSCompare | nvme.ONCSDSM | nvme.ONCSWriteZeroes
-		if c.s.reservationsServed() {
-			id.ONCS |= nvme.ONCSReservations
-		}
-		id.VWC = nvme.VWCPresent
+		id.ONCS = c.oncs()
+		// Flush with NSID FFFFFFFFh flushes every namespace (flushAll).
+		id.VWC = nvme.VWCPresent | nvme.VWCFlushAll
 		if c.s.ana {
 			c.setIdentifyANA(&id)
 		}
 	}
 	id.Marshal(buf)
+}
+
+// oncs is Identify Controller's ONCS: the optional NVM commands an I/O
+// controller serves. The effects log (effectsLog) follows it.
+func (c *ctrl) oncs() uint16 {
+	o := nvme.ONCSCompare | nvme.ONCSDSM | nvme.ONCSWriteZeroes
+	if c.s.reservationsServed() {
+		o |= nvme.ONCSReservations
+	}
+	return o
 }
 
 // identifyNamespace fills Identify Namespace. NSID 0 and 0xFFFFFFFF are

@@ -81,6 +81,8 @@ type ctrl struct {
 	masked     uint32 // AEN bits sent and not yet cleared by reading their log
 	coalescing uint32 // Interrupt Coalescing feature value
 
+	feat ctrlFeatures // features 01h, 02h, 04h, 05h (features_ctrl.go)
+
 	aers    [aerLimit]*Request // held AERs, oldest first
 	naers   int
 	events  [eventLimit]uint32 // pending event DW0s, oldest first
@@ -105,6 +107,7 @@ func newCtrl(t *Target, s *Subsystem, cntlid uint16, admin *Queue, d *nvme.Conne
 		queues: make([]*Queue, int(lim.MaxIOQueues)+1),
 		nsqa:   uint32(lim.MaxIOQueues), ncqa: uint32(lim.MaxIOQueues),
 		errs: make([]nvme.ErrorLogEntry, t.cfg.ErrorLogEntries),
+		feat: newCtrlFeatures(),
 	}
 	if c.disc {
 		c.queues = c.queues[:1]

@@ -121,9 +121,11 @@ func (t *Target) asqsz(p *Port) uint16 {
 // by ID — so that a host that discovers over one transport learns every
 // transport that serves the subsystem (nvmet lists the arrival port only;
 // SPDK lists them all), then on the other targets' ports its
-// SubsystemConfig.Paths name. A discovery-only port (Port.DiscoveryOnly) lists
-// no NVM subsystem on itself. A connection through no known port sees an empty
-// log. The log and its GENCTR come from one snapshot under t.mu.
+// SubsystemConfig.Paths name; then the remote subsystems the host is
+// admitted to (SetRemoteSubsystems), each on its paths. A discovery-only
+// port (Port.DiscoveryOnly) lists no NVM subsystem on itself. A connection
+// through no known port sees an empty log. The log and its GENCTR come from
+// one snapshot under t.mu.
 func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 	type listed struct {
 		port            Port
@@ -135,8 +137,10 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 	var subs []*Subsystem
 	var paths [][]Port // each subsystem's remote paths
 	var ports []listed // where the NVM subsystems are served
+	var remote []RemoteSubsystem
 	cur := listed{arrival, traddr, trsvcid}
 	if ok {
+		remote = t.remoteListed(host)
 		for _, s := range t.sortedSubsystems() {
 			if s.hostAllowed(host) {
 				subs = append(subs, s)
@@ -167,6 +171,9 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 		n = 1 + len(subs)*len(ports)
 		for _, ps := range paths {
 			n += len(ps)
+		}
+		for _, r := range remote {
+			n += len(r.Paths)
 		}
 	}
 	page := make([]byte, nvme.DiscoveryLogHeaderSize+n*nvme.DiscoveryLogEntrySize)
@@ -204,6 +211,12 @@ func (t *Target) discoveryLog(host string, p QueueParams) []byte {
 		// Then where other targets serve it (SubsystemConfig.Paths).
 		for _, p := range paths[i] {
 			put(&listed{p, p.TrAddr, p.TrSvcID}, nvme.SubTypeNVM, s.nqn, 0)
+		}
+	}
+	// Then the subsystems only other targets serve, where they serve them.
+	for _, r := range remote {
+		for _, p := range r.Paths {
+			put(&listed{p, p.TrAddr, p.TrSvcID}, nvme.SubTypeNVM, r.NQN, 0)
 		}
 	}
 	return page

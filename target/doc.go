@@ -30,8 +30,11 @@
 //	fabrics_cmd.go  Connect (nvmet's checks, in nvmet's order), Property Get/Set
 //	admin_cmd.go    admin dispatch, Identify, Keep Alive, AER, Abort
 //	features.go     Get/Set Features
+//	features_ctrl.go  features 01h, 02h, 04h, 05h: Arbitration, Power Management,
+//	                Temperature Threshold, Error Recovery
 //	log.go          Get Log Page: error, SMART, firmware, changed namespaces, effects
 //	discovery.go    the discovery controller and its log page
+//	remote.go       RemoteSubsystem, SetRemoteSubsystems: other targets' subsystems in the log
 //	addr.go         listen and advertised addresses, shared by the bindings
 //	events.go       structured events (Config.Logger): controllers, refused Connects
 //	ana.go          Asymmetric Namespace Access: SetANAState, its notice, log 0x0C, the I/O status

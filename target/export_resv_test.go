@@ -10,7 +10,7 @@ func ResvCheck(q *Queue, r *Request, nsid uint32, write bool) nvme.Status {
 	c := q.ctrl.Load()
 	ns := c.s.table().find(nsid)
 	st := q.resvCheck(c, ns, r, write)
-	q.drainExit(r)
+	q.drainExit(q.drainTake(r))
 	return st
 }
 

@@ -6,6 +6,7 @@ import (
 
 // Features a controller serves. Any other FID is Invalid Field, as nvmet.
 //
+//	0x01, 0x02, 0x04, 0x05             features_ctrl.go
 //	0x06 Volatile Write Cache    get: 1 (enabled); not changeable
 //	0x07 Number of Queues        min(asked, the controller's
 //	                             Limits.MaxIOQueues) each
@@ -31,6 +32,11 @@ func (c *ctrl) setFeatures(r *Request) nvme.Status {
 	}
 	if f.SV {
 		return nvme.StatusFeatureNotSaveable.WithDNR()
+	}
+	if ctrlFeature(f.FID) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.setCtrlFeature(f.FID, f.CDW11)
 	}
 	switch f.FID {
 	case nvme.FeatureVolatileWC:
@@ -62,7 +68,7 @@ func (c *ctrl) featureServed(fid uint8) bool {
 	case nvme.FeatureResvMask, nvme.FeatureResvPersist:
 		return !c.disc && c.s.reservationsServed()
 	}
-	return false
+	return ctrlFeature(fid) && !c.disc
 }
 
 // setNumQueues grants I/O queues: as many as asked, up to the MaxIOQueues
@@ -120,7 +126,10 @@ func (c *ctrl) getFeatures(r *Request) nvme.Status {
 		return nvme.StatusInvalidField.WithDNR()
 	}
 	if f.SEL == nvme.FeatureSelSupported {
-		if f.FID != nvme.FeatureVolatileWC {
+		switch {
+		case ctrlFeature(f.FID):
+			r.Rsp.DW0 = ctrlFeatureCaps(f.FID)
+		case f.FID != nvme.FeatureVolatileWC:
 			r.Rsp.DW0 = nvme.FeatureCapChangeable
 		}
 		return nvme.StatusSuccess
@@ -130,6 +139,8 @@ func (c *ctrl) getFeatures(r *Request) nvme.Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch f.FID {
+	case nvme.FeatureArbitration, nvme.FeaturePowerManagement, nvme.FeatureTempThreshold, nvme.FeatureErrorRecovery:
+		return c.getCtrlFeature(f.FID, f.CDW11, def, r)
 	case nvme.FeatureVolatileWC:
 		r.Rsp.DW0 = 1
 	case nvme.FeatureNumQueues:

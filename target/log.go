@@ -138,9 +138,7 @@ func (c *ctrl) smartLog(nsid uint32) ([]byte, nvme.Status) {
 	}
 	hours := uint64(c.t.clock.Now().Sub(c.t.start) / time.Hour)
 	s := nvme.SMARTLog{
-		// 25 °C: a composite temperature of 0 K reads as -273 °C in the
-		// host's hwmon.
-		Temperature:      273 + 25,
+		Temperature:      smartTemperature,
 		AvailSpare:       100,
 		SpareThresh:      10,
 		DataUnitsRead:    nvme.Uint128{Lo: nvme.DataUnits(readBytes)},
@@ -150,6 +148,10 @@ func (c *ctrl) smartLog(nsid uint32) ([]byte, nvme.Status) {
 		PowerCycles:      nvme.Uint128{Lo: 1},
 		PowerOnHours:     nvme.Uint128{Lo: hours},
 		NumErrLogEntries: nvme.Uint128{Lo: c.errCount},
+	}
+	if c.feat.tempWarning() {
+		// A host set a threshold the composite temperature crosses.
+		s.CriticalWarning |= nvme.SMARTCritTemperature
 	}
 	page := c.scratch(nvme.SMARTLogSize)
 	s.Marshal((*[nvme.SMARTLogSize]byte)(page))
@@ -166,8 +168,16 @@ func (c *ctrl) changedNSLog() []byte {
 }
 
 // effectsLog builds the Commands Supported and Effects log: the commands
-// this controller executes, each marked supported (as nvmet, without
-// effect bits: none of them changes what the host must revalidate).
+// this controller executes, each marked supported, and LBCC (logical
+// block content change) on the ones that change what a read returns:
+// Write, Write Zeroes and Dataset Management (a deallocation reads as
+// zeros). The Linux host lets a process that opened a namespace's
+// character device read-only send a passthrough command that moves no
+// data to the controller unless its effects have LBCC (nvme_cmd_allowed),
+// so without it a reader could zero blocks. Flush changes no block's
+// content: CSUPP only (nvmf_tgt marks it LBCC). No command changes a
+// namespace's capability or inventory or the controller's capability.
+// The reservation opcodes are supported exactly when ONCS says so.
 // Requires c.mu.
 func (c *ctrl) effectsLog() []byte {
 	var l nvme.CommandEffectsLog
@@ -175,11 +185,13 @@ func (c *ctrl) effectsLog() []byte {
 		nvme.AdminSetFeatures, nvme.AdminGetFeatures, nvme.AdminAsyncEvent, nvme.AdminKeepAlive} {
 		l.ACS[op] = nvme.EffectsCSUPP
 	}
-	for _, op := range []nvme.IOOpcode{nvme.IOFlush, nvme.IOWrite, nvme.IORead, nvme.IOCompare,
-		nvme.IOWriteZeroes, nvme.IODatasetManagement} {
+	for _, op := range []nvme.IOOpcode{nvme.IOFlush, nvme.IORead, nvme.IOCompare} {
 		l.IOCS[op] = nvme.EffectsCSUPP
 	}
-	c.resvEffects(&l) // resv_cmd.go
+	for _, op := range []nvme.IOOpcode{nvme.IOWrite, nvme.IOWriteZeroes, nvme.IODatasetManagement} {
+		l.IOCS[op] = nvme.EffectsCSUPP | nvme.EffectsLBCC
+	}
+	c.resvEffects(&l) // resv_cmd.go: the four reservation opcodes when served
 	page := c.scratch(nvme.CommandEffectsLogSize)
 	l.Marshal((*[nvme.CommandEffectsLogSize]byte)(page))
 	return page

@@ -214,7 +214,7 @@ func (q *Queue) complete(r *Request, s nvme.Status) {
 		// Deleted, which a host retries elsewhere).
 		s = nvme.StatusAbortSQDeleted
 	}
-	q.drainExit(r)
+	drain := q.drainTake(r)
 	r.Rsp.Status = s
 	q.t.countStatus(s)
 	if s.Code() != nvme.StatusSuccess {
@@ -224,6 +224,7 @@ func (q *Queue) complete(r *Request, s nvme.Status) {
 	}
 	q.t.enter(r, reqDone)
 	q.resp.Complete(r)
+	q.drainExit(drain) // after the answer: DrainHosts waits for it (resv.go)
 	if q.inflight.Add(-1) == 0 && q.state.Load() == queueClosed {
 		q.markDrained()
 	}

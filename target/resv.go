@@ -180,10 +180,19 @@ func (q *Queue) drainEnter(r *Request) {
 	r.io.drain = uint8(e) + 1
 }
 
-// drainExit uncounts a completed request. complete calls it.
-func (q *Queue) drainExit(r *Request) {
-	if e := r.io.drain; e != 0 {
-		r.io.drain = 0
+// drainTake takes r's drain count (its epoch + 1, 0: not counted) off
+// the request, which the binding may reuse once answered; complete
+// passes it to drainExit after Responder.Complete, so that DrainHosts
+// returns only once the commands it waits for were answered.
+func (q *Queue) drainTake(r *Request) uint8 {
+	e := r.io.drain
+	r.io.drain = 0
+	return e
+}
+
+// drainExit uncounts a command of epoch e-1 (e from drainTake).
+func (q *Queue) drainExit(e uint8) {
+	if e != 0 {
 		q.resv.inflight[e-1].Add(-1)
 	}
 }
@@ -401,7 +410,10 @@ var errKeeperBound = errors.New("target: the local reservation keeper serves ano
 func (k *localKeeper) bind(ns *namespace, st *resv.State) (*resv.State, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.ns != nil && k.ns != ns {
+	// Bound to another namespace that is attached: refused. One that an
+	// AddNamespace never attached (it failed after setting the keeper)
+	// or that was removed frees the keeper.
+	if k.ns != nil && k.ns != ns && k.ns.s.table().find(k.ns.nsid) == k.ns {
 		return nil, fmt.Errorf("%w: %w", errKeeperBound, ErrInvalid)
 	}
 	k.ns = ns

@@ -3,6 +3,7 @@ package target_test
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"math/rand/v2"
 	"sync"
@@ -125,7 +126,7 @@ func TestDrainHostsRandom(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("seed %d (replay with -resv-seed)", seed)
+	t.Logf("seed %d (replay: go test ./target -run TestDrainHostsRandom -args -resv-seed=N)", seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
 	h := newHarness(t)
 	d, err := target.NewDelayedBackend(target.DelayedConfig{BlockSize: 4096, Blocks: 256, Seed: seed, MaxDelay: 300 * time.Microsecond})
@@ -253,5 +254,81 @@ func TestReservationRace(t *testing.T) {
 	st := h.tgt.Stats()
 	if st.ReservationConflicts != uint64(conflicts.Load()) {
 		t.Fatalf("Stats.ReservationConflicts %d, B saw %d", st.ReservationConflicts, conflicts.Load())
+	}
+}
+
+// TestLocalReservationsBinding: a local keeper serves one attached
+// namespace; an AddNamespace that failed after taking it (a duplicate
+// NSID) does not keep it.
+func TestLocalReservationsBinding(t *testing.T) {
+	h := newHarness(t)
+	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := target.LocalReservations()
+	m1, _ := target.NewMemBackend(4096, 64)
+	m2, _ := target.NewMemBackend(4096, 64)
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: m1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: m2, Reservations: k}); !errors.Is(err, target.ErrExists) {
+		t.Fatalf("duplicate NSID: %v", err)
+	}
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 2, Backend: m2, Reservations: k}); err != nil {
+		t.Fatalf("the keeper of a failed AddNamespace: %v", err)
+	}
+	if err := s.SetReservations(1, k, nil); !errors.Is(err, target.ErrInvalid) {
+		t.Fatalf("a keeper on two namespaces: %v", err)
+	}
+	if _, ok := s.Reservation(2); !ok {
+		t.Fatal("NSID 2: no state published by its local keeper")
+	}
+	if _, ok := s.Reservation(1); ok {
+		t.Fatal("NSID 1 has a reservation state without a keeper")
+	}
+}
+
+// TestResvLogOverflow: a controller's Reservation Notification log keeps
+// the newest 16 entries; the ones lost to the full ring show as a jump in
+// the Log Page Count, and Number of Available Log Pages counts down.
+func TestResvLogOverflow(t *testing.T) {
+	h := newHarness(t)
+	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := target.NewMemBackend(4096, 64)
+	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: m, Reservations: target.LocalReservations()}); err != nil {
+		t.Fatal(err)
+	}
+	_, ioA := h.connectHost("a", hostA, subA, hostIDA)
+	adminB, ioB := h.connectHost("b", hostB, subA, hostIDB)
+	cmd, data := resvCmd(nvme.IOReservationRegister, nvme.RREGARegister, 0, 0, 0xa1)
+	mustOK(t, h.exec(ioA, cmd, data), "A registers")
+	cmd, data = resvCmd(nvme.IOReservationAcquire, nvme.RACQAAcquire, 1, 0xa1, 0)
+	mustOK(t, h.exec(ioA, cmd, data), "A acquires")
+	const notices = 20
+	for range notices {
+		cmd, data := resvCmd(nvme.IOReservationRegister, nvme.RREGARegister, 0, 0, 0xb2)
+		mustOK(t, h.exec(ioB, cmd, data), "B registers")
+		cmd, data = resvCmd(nvme.IOReservationAcquire, nvme.RACQAPreempt, 1, 0xa1, 0xb2)
+		mustOK(t, h.exec(ioA, cmd, data), "A preempts B")
+	}
+	for i := range 17 {
+		c := h.exec(adminB, getLogCmd(nvme.LogResvNotification, 0, 64, 0, false), make([]byte, 64))
+		mustOK(t, c, "log 80h")
+		var l nvme.ResvNotifLog
+		if err := l.Unmarshal(c.data); err != nil {
+			t.Fatal(err)
+		}
+		want := nvme.ResvNotifLog{Count: uint64(notices - 16 + 1 + i), Type: nvme.ResvNotifRegistrationPreempted,
+			Available: uint8(15 - i), NSID: 1}
+		if i == 16 {
+			want = nvme.ResvNotifLog{} // empty
+		}
+		if l != want {
+			t.Fatalf("read %d: %+v, want %+v", i, l, want)
+		}
 	}
 }

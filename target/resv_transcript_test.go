@@ -3,6 +3,7 @@ package target_test
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -26,7 +27,8 @@ import (
 //	resv-get-feature q= fid= [nsid=] [sel=]       Get Features with an NSID
 //	resv-set-feature q= fid= [nsid=] [value=] [sv]
 //	resv-keeper nqn= [nsid=1] local|manual|none   Subsystem.SetReservations, no state
-//	resv-complete status=                         the manual keeper completes its oldest IO
+//	resv-complete status= [err]                   the manual keeper completes its oldest IO
+//	                                              (err: with an error carrying the status)
 //	resv-publish nqn= [nsid=1] index= [gen=] [type=] [holder=HEX] [regs=HEX:KEY,...] [ptpl]
 //	resv-state nqn= [nsid=1]                      the published state
 //	resv-stats                                    Stats' reservation counters
@@ -84,7 +86,7 @@ func (tr *transcript) runResv(verb string, a *args) ([]string, bool) {
 		if err != nil {
 			tr.fatalf("status: %v", err)
 		}
-		return []string{v.(*manualKeeper).complete(st)}, true
+		return []string{v.(*manualKeeper).complete(st, a.has("err"))}, true
 	case "resv-publish":
 		st := &resv.State{Index: a.num("index", 0), Gen: uint32(a.num("gen", 0)), Type: resv.Type(a.num("type", 0)),
 			Holder: tr.hostID(a.str("holder", "")), PTPL: a.has("ptpl")}
@@ -147,17 +149,15 @@ func (tr *transcript) resvCmd(verb string, a *args) []string {
 	binary.LittleEndian.PutUint64(b[0:], a.num("crkey", 0))
 	binary.LittleEndian.PutUint64(b[8:], a.num("nrkey", a.num("prkey", 0)))
 	copy(data, b[:])
-	c, done := tr.harness().execMayHold(tr.queue(a), cmd, data)
-	if !done && a.has("hold") {
+	if a.has("hold") {
+		if c, done := tr.harness().execMayHold(tr.queue(a), cmd, data); done {
+			return []string{fmtRsp(c.rsp)}
+		}
 		return []string{"held"}
 	}
-	if !done {
-		c.wait(tr.t)
-		c.mu.Lock()
-		c.async = false
-		c.mu.Unlock()
-	}
-	return []string{fmtRsp(c.rsp)}
+	// Waited for, however it completes (a preempt-and-abort of the local
+	// keeper completes on a goroutine of its own).
+	return []string{fmtRsp(tr.harness().exec(tr.queue(a), cmd, data).rsp)}
 }
 
 // resvReport sends Report and prints what it returned.
@@ -231,9 +231,9 @@ func (k *manualKeeper) Submit(io *target.IO) {
 	k.mu.Unlock()
 }
 
-// complete completes the oldest IO with status st and prints what it
-// was.
-func (k *manualKeeper) complete(st nvme.Status) string {
+// complete completes the oldest IO with status st (as an error carrying
+// it, if asErr: the keeper could not answer) and prints what it was.
+func (k *manualKeeper) complete(st nvme.Status, asErr bool) string {
 	k.mu.Lock()
 	if len(k.ios) == 0 {
 		k.mu.Unlock()
@@ -243,6 +243,10 @@ func (k *manualKeeper) complete(st nvme.Status) string {
 	k.ios = k.ios[1:]
 	k.mu.Unlock()
 	what := fmt.Sprintf("completed %v action=%d nsid=%d", io.Resv.Op, io.Resv.Action, io.NSID())
+	if asErr {
+		io.Done(target.WithStatus(errors.New("no leader"), st))
+		return what
+	}
 	io.ResvStatus = st
 	io.Done(nil)
 	return what

@@ -160,7 +160,7 @@ var statusCases = []struct {
 		return f.h.exec(f.admin, cmd, make([]byte, 4096))
 	}},
 	{"invalid field: unknown FID", nvme.StatusInvalidField.WithDNR(), func(t *testing.T, f *fixture) *call {
-		return f.h.exec(f.admin, getFeatCmd(nvme.FeatureArbitration, 0), nil)
+		return f.h.exec(f.admin, getFeatCmd(nvme.FeatureTimestamp, 0), nil)
 	}},
 	{"invalid field: unknown LID", nvme.StatusInvalidField.WithDNR(), func(t *testing.T, f *fixture) *call {
 		return f.h.exec(f.admin, getLogCmd(nvme.LogANA, 0, 4096, 0, false), make([]byte, 4096))

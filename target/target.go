@@ -41,6 +41,7 @@ type Target struct {
 	ports      map[uint16]Port
 	subsystems map[string]*Subsystem
 	nguids     map[[16]byte]string // NGUID -> "subnqn/nsid", for uniqueness
+	remote     []RemoteSubsystem   // other targets' subsystems, by NQN; replaced whole (remote.go)
 	cntlids    cntlidSpace
 	nctrl      int // live controllers, discovery controllers included
 	// ndisc counts the live discovery controllers, and discBySource

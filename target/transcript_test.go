@@ -61,6 +61,7 @@ type transcript struct {
 	backends map[string]*target.MemBackend
 	limits   map[string]*target.Limits // named by the limits verb
 	admits   map[string]*admission     // by subsystem NQN, for SubsystemConfig.Admit
+	remote   []target.RemoteSubsystem  // what the remote verb last set
 }
 
 // admission is a transcript subsystem's Admit: hosts in ok are
@@ -248,6 +249,8 @@ func (tr *transcript) queue(a *args) *tq {
 //	admit nqn= hosts=a,b [later=c]        change what Admit admits
 //	refuse nqn= [why=text [retry]]        Refuse(why) (none: nil); prints the hosts connected
 //	paths nqn= set=id/trtype/addr/svc,... SetPaths (IPv4), set= empty: none
+//	remote nqn= [any] [hosts=a,b] [treq=] paths=id/trtype/addr/svc,...   add or replace a remote subsystem; SetRemoteSubsystems
+//	remote nqn= drop  |  remote same      remove one  |  set the same list again
 //	rm-subsystem nqn=
 //	allow nqn= host= | deny nqn= host= | allow-any nqn= on|off
 //	namespace nqn= nsid= [blocks=] [bs=] [ro] [resv]   (resv: LocalReservations)
@@ -258,7 +261,7 @@ func (tr *transcript) queue(a *args) *tq {
 //	prop-get q= reg= [size=]   |  prop-set q= reg= value= [size=]
 //	poll-csts q= want=
 //	identify q= cns= [nsid=] [len=] [show=F,F]
-//	get-features q= fid= [sel=]  |  set-features q= fid= value= [sv]
+//	get-features q= fid= [sel=] [cdw11=] [nsid=]  |  set-features q= fid= value= [sv]
 //	get-log q= lid= [nsid=] [len=] [off=] [rae] [csi=] [lsp=] [show=F,F]
 //	aer q=  |  keep-alive q=  |  advance d=
 //	read q= nsid= slba= blocks= [bs=] [len=]
@@ -341,20 +344,9 @@ func (tr *transcript) run(line string) []string {
 	case "ana":
 		out = append(out, errLine(tr.subsystem(a).SetANAState(tr.anaState(a.must("state")))))
 	case "paths":
-		var ps []target.Port
-		for _, e := range strings.Split(a.str("set", ""), ",") {
-			if e == "" {
-				continue
-			}
-			f := strings.Split(e, "/")
-			if len(f) != 4 {
-				tr.fatalf("path %q: want id/trtype/addr/svc", e)
-			}
-			id, _ := strconv.ParseUint(f[0], 0, 16)
-			tt, _ := strconv.ParseUint(f[1], 0, 8)
-			ps = append(ps, target.Port{ID: uint16(id), TrType: uint8(tt), AdrFam: nvme.AdrFamIPv4, TrAddr: f[2], TrSvcID: f[3]})
-		}
-		out = append(out, errLine(tr.subsystem(a).SetPaths(ps)))
+		out = append(out, errLine(tr.subsystem(a).SetPaths(tr.parsePaths(a.str("set", "")))))
+	case "remote":
+		out = append(out, tr.setRemote(a)...)
 	case "admit":
 		ad := tr.admits[tr.subsystem(a).NQN()]
 		if ad == nil {
@@ -467,7 +459,9 @@ func (tr *transcript) run(line string) []string {
 			out = append(out, showIdentify(tr, uint8(a.num("cns", 1)), c.data, show))
 		}
 	case "get-features":
-		c := tr.harness().exec(tr.queue(a), getFeatCmd(uint8(a.num("fid", 0)), uint8(a.num("sel", 0))), nil)
+		cmd := getFeatCmd(uint8(a.num("fid", 0)), uint8(a.num("sel", 0)))
+		cmd.CDW11, cmd.NSID = uint32(a.num("cdw11", 0)), uint32(a.num("nsid", 0))
+		c := tr.harness().exec(tr.queue(a), cmd, nil)
 		out = append(out, fmtRsp(c.rsp))
 	case "set-features":
 		cmd := setFeatCmd(uint8(a.num("fid", 0)), uint32(a.num("value", 0)))
@@ -878,18 +872,80 @@ func showLog(tr *transcript, lid uint8, off uint64, data []byte, show string) []
 	case nvme.LogCommandsEffects:
 		var l nvme.CommandEffectsLog
 		_ = l.Unmarshal(data)
+		// Each supported opcode, with its effect bits beyond CSUPP.
+		effects := func(op int, v uint32) string {
+			s := fmt.Sprintf("%#02x", op)
+			for _, b := range []struct {
+				bit  uint32
+				name string
+			}{{nvme.EffectsLBCC, "lbcc"}, {nvme.EffectsNCC, "ncc"}, {nvme.EffectsNIC, "nic"}, {nvme.EffectsCCC, "ccc"}} {
+				if v&b.bit != 0 {
+					s += "+" + b.name
+				}
+			}
+			return s
+		}
 		var acs, iocs []string
 		for i, v := range l.ACS {
 			if v != 0 {
-				acs = append(acs, fmt.Sprintf("%#02x", i))
+				acs = append(acs, effects(i, v))
 			}
 		}
 		for i, v := range l.IOCS {
 			if v != 0 {
-				iocs = append(iocs, fmt.Sprintf("%#02x", i))
+				iocs = append(iocs, effects(i, v))
 			}
 		}
 		return []string{"admin=" + strings.Join(acs, ","), "io=" + strings.Join(iocs, ",")}
 	}
 	return []string{"data=" + summarize(data)}
+}
+
+// parsePaths reads id/trtype/addr/svc,... (IPv4) as ports; "" is none.
+func (tr *transcript) parsePaths(set string) []target.Port {
+	var ps []target.Port
+	for _, e := range strings.Split(set, ",") {
+		if e == "" {
+			continue
+		}
+		f := strings.Split(e, "/")
+		if len(f) != 4 {
+			tr.fatalf("path %q: want id/trtype/addr/svc", e)
+		}
+		id, _ := strconv.ParseUint(f[0], 0, 16)
+		tt, _ := strconv.ParseUint(f[1], 0, 8)
+		ps = append(ps, target.Port{ID: uint16(id), TrType: uint8(tt), AdrFam: nvme.AdrFamIPv4, TrAddr: f[2], TrSvcID: f[3]})
+	}
+	return ps
+}
+
+// setRemote changes the transcript's list of remote subsystems as the
+// remote verb says and sets it (SetRemoteSubsystems). A refused list is
+// not kept.
+func (tr *transcript) setRemote(a *args) []string {
+	l := slices.Clone(tr.remote)
+	if !a.has("same") {
+		nqn := a.must("nqn")
+		l = slices.DeleteFunc(l, func(r target.RemoteSubsystem) bool { return r.NQN == nqn })
+		if !a.has("drop") {
+			r := target.RemoteSubsystem{NQN: nqn, AllowAny: a.has("any"), Paths: tr.parsePaths(a.str("paths", ""))}
+			for i := range r.Paths {
+				r.Paths[i].TReq = uint8(a.num("treq", 0))
+			}
+			if hs := a.str("hosts", ""); hs != "" {
+				for _, h := range strings.Split(hs, ",") {
+					if strings.HasPrefix(h, "$") {
+						h = tr.vars[h[1:]]
+					}
+					r.Hosts = append(r.Hosts, h)
+				}
+			}
+			l = append(l, r)
+		}
+	}
+	err := tr.harness().tgt.SetRemoteSubsystems(l)
+	if err == nil {
+		tr.remote = l
+	}
+	return []string{errLine(err)}
 }

@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"bytes"
+	"context"
 	"crypto/tls"
 	"errors"
 	"github.com/blk-project/blk/initiator"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/pki"
 	"github.com/blk-project/blk/store"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -728,5 +730,51 @@ func TestPollSpinFlag(t *testing.T) {
 	got := make([]byte, len(buf))
 	if _, err := ns.ReadAt(got, 4096); err != nil || !bytes.Equal(got, buf) {
 		t.Fatalf("read back: %v", err)
+	}
+}
+
+// TestTCPMaxTransferFlag: --tcp-max-transfer sets the NVMe/TCP port's
+// MDTS (docs/reservations.md §4.4): a host connected with 1 MiB sees
+// 1 MiB and moves 1 MiB in one command, data read back equal; a size that
+// is no power of two, or above 1 MiB, or no size, is refused before
+// anything starts, naming the flag.
+func TestTCPMaxTransferFlag(t *testing.T) {
+	for _, bad := range []struct{ v, want string }{
+		{"2MiB", "--tcp-max-transfer 2097152 bytes: the largest transfer of one NVMe/TCP command must be a power of two from 4KiB to 1MiB"},
+		{"96KiB", "--tcp-max-transfer 98304 bytes"},
+		{"lots", `--tcp-max-transfer: size "lots"`},
+	} {
+		out, code := runBlkd(t, "--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t), "--api-addr", freeAddr(t), "--tcp-max-transfer", bad.v)
+		if code == 0 || !strings.Contains(out, bad.want) {
+			t.Fatalf("--tcp-max-transfer %s: exit %d\n%s", bad.v, code, out)
+		}
+	}
+	d := startBlkd(t, t.TempDir(), "--tcp-max-transfer", "1MiB")
+	var v volumeJSON
+	d.must(t, "POST", "/v1/volumes", `{"name": "big", "size": "8MiB"}`, 201, &v)
+	d.must(t, "POST", "/v1/volumes/big/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	var a attachJSON
+	d.must(t, "POST", "/v1/volumes/big/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	at := a.over("tcp")
+	cfg := hostConfig(t, at, hostNQN)
+	cfg.Queues, cfg.MaxTransfer = 1, 1<<20
+	ctrl, err := initiator.Connect(ctx, cfg, net.JoinHostPort(at.Address, strconv.Itoa(at.Port)), at.SubsystemNQN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctrl.Close()
+	if got := ctrl.Info().MaxTransfer; got != 1<<20 {
+		t.Fatalf("max transfer over NVMe/TCP %d, want 1 MiB", got)
+	}
+	ns := ctrl.Namespace(at.NSID)
+	buf := bytes.Repeat([]byte("1MiB in one command. "), (1<<20)/21+1)[:1<<20]
+	if _, err := ns.WriteAt(buf, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(buf))
+	if _, err := ns.ReadAt(got, 1<<20); err != nil || !bytes.Equal(got, buf) {
+		t.Fatalf("read back: %v (equal %v)", err, bytes.Equal(got, buf))
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/cmd/blkd/internal/blkd"
 	"github.com/urfave/cli/v2"
 )
@@ -34,7 +35,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, data_device, data_device_wipe, node_id, raft_addr, tcp_addr, nvme_addr, discovery_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, replace_after, sync_interval, overcommit, zone, tls_dir, insecure); flags and BLK_* variables override it"},
+			&cli.StringFlag{Name: "config", EnvVars: []string{"BLK_CONFIG"}, Usage: "JSON config file (fields data_dir, data_device, data_device_wipe, node_id, raft_addr, tcp_addr, nvme_addr, discovery_addr, advertise_addr, api_addr, bootstrap, join, cores, rdma_provider, rdma_device, log_format, log_level, detach_after, replace_after, sync_interval, tcp_max_transfer, overcommit, zone, tls_dir, insecure); flags and BLK_* variables override it"},
 			&cli.StringFlag{Name: "data-dir", EnvVars: []string{"BLK_DATA_DIR"}, Value: blkd.DefaultDataDir, Usage: "directory for the registry (meta/) and the volumes (volumes/)"},
 			&cli.StringFlag{Name: "data-device", EnvVars: []string{"BLK_DATA_DEVICE"}, Usage: "a block device (absolute path, e.g. /dev/disk/by-id/...) for the volumes' data instead of the file <data-dir>/volumes.area; opened O_DIRECT and exclusively (refused while mounted or in use); fixed when the data dir's store is created"},
 			&cli.StringFlag{Name: "data-device-wipe", EnvVars: []string{"BLK_DATA_DEVICE_WIPE"}, Usage: "repeat --data-device's path to let the first start destroy what the device holds (a filesystem, partitions, LVM, another store); without it a device that is not blank is refused"},
@@ -60,6 +61,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.Int64Flag{Name: "rebuild-rate", EnvVars: []string{"BLK_REBUILD_RATE"}, Usage: "bytes per second the rebuilds of replicas this node is primary of, its exports and its flattens may copy, together (0: unlimited)"},
 			&cli.DurationFlag{Name: "sync-interval", EnvVars: []string{"BLK_SYNC_INTERVAL"}, Value: blkd.DefaultSyncInterval, Usage: "make acknowledged writes durable within this time even without a host's Flush (at most 1s; negative: only Flush and FUA do, as NVMe allows)"},
 			&cli.DurationFlag{Name: "poll-spin", EnvVars: []string{"BLK_POLL_SPIN"}, Value: blkd.DefaultPollSpin, Usage: "how long an NVMe/TCP poll group keeps polling after its last work before it sleeps: lower latency for CPU; 0: sleep at once (nodes sharing their cores with other busy processes)"},
+			&cli.StringFlag{Name: "tcp-max-transfer", EnvVars: []string{"BLK_TCP_MAX_TRANSFER"}, Value: "128KiB", Usage: "largest transfer of one NVMe/TCP command (MDTS), a power of two from 4KiB to 1MiB; each NVMe/TCP poll group keeps 64 buffers of this size"},
 			&cli.DurationFlag{Name: "failback-after", EnvVars: []string{"BLK_FAILBACK_AFTER"}, Value: blkd.DefaultFailbackAfter, Usage: "after a failover, hand a volume back to the primary placement chose once its replica has been in sync this long (negative: never)"},
 			&cli.DurationFlag{Name: "replace-after", EnvVars: []string{"BLK_REPLACE_AFTER"}, Value: blkd.DefaultReplaceAfter, Usage: "replace by itself (a full copy elsewhere) a secondary replica whose node has been down this long, when placement finds a node (negative or 0: never)"},
 			&cli.DurationFlag{Name: "detach-after", EnvVars: []string{"BLK_DETACH_AFTER"}, Value: blkd.DefaultDetachAfter, Usage: "remove an attachment whose host has had no live controller this long (negative: never)"},
@@ -160,6 +162,13 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 		if cfg.PollSpin == 0 {
 			cfg.PollSpin = -1 // off; the config's zero is the default
 		}
+	}
+	if c.IsSet("tcp-max-transfer") {
+		n, err := api.ParseSize(c.String("tcp-max-transfer"))
+		if err != nil {
+			return cfg, fmt.Errorf("%w: --tcp-max-transfer: %v", blkd.ErrConfig, err)
+		}
+		cfg.TCPMaxTransfer = n
 	}
 	if c.IsSet("detach-after") {
 		cfg.DetachAfter = blkd.Duration(c.Duration("detach-after"))

@@ -15,9 +15,15 @@ import (
 // process, allocate nothing in steady state. testing.AllocsPerRun counts
 // every goroutine's allocations, host's and target's. So do they on an
 // asynchronous backend (a DelayedBackend: completions from its goroutines,
-// reaped by the poll group).
+// reaped by the poll group). So do they with a reservation held by the
+// host (the reservation check and its per-queue cache, resv_test.go).
 func TestSteadyStateAllocations(t *testing.T) {
 	t.Run("inline", func(t *testing.T) { steadyStateAllocations(t, newTestTarget(t, tcp.Config{})) })
+	t.Run("resv=held", func(t *testing.T) {
+		tt := newTestTarget(t, tcp.Config{})
+		holdReservation(t, tt)
+		steadyStateAllocations(t, tt)
+	})
 	t.Run("async", func(t *testing.T) {
 		tt, _ := newAsyncTarget(t, 1, 20*time.Microsecond, false)
 		steadyStateAllocations(t, tt)

@@ -117,6 +117,15 @@ type Config struct {
 	// machine, or beside the workload), where a spinning group takes the
 	// CPU the work it waits for needs (docs/blkd.md).
 	PollSpin Duration `json:"poll_spin,omitempty"`
+	// TCPMaxTransfer is the largest data transfer of one NVMe/TCP
+	// command, in bytes: Identify MDTS of the NVMe/TCP port
+	// (tcp.Config.MaxTransfer). A power of two from 4 KiB to 1 MiB (the
+	// store's and the NVMe/RDMA port's largest). Zero:
+	// DefaultTCPMaxTransfer, 128 KiB (MDTS 5, as SPDK's NVMe/TCP
+	// transport): each poll group holds tcp.DefaultLargeBuffers (64)
+	// buffers of this size for the large commands in flight, 8 MiB at
+	// 128 KiB, 64 MiB at 1 MiB; a Linux host splits larger I/O.
+	TCPMaxTransfer uint64 `json:"tcp_max_transfer,omitempty"`
 	// SyncInterval bounds how long an acknowledged plain write may stay
 	// volatile: the store's background syncer makes it durable within
 	// this time of the first write since its last round (a Go duration,
@@ -228,6 +237,11 @@ const (
 	DefaultLogLevel  = "info"
 	// DefaultPollSpin is PollSpin's default, the NVMe/TCP port's.
 	DefaultPollSpin = tcp.DefaultPollSpin
+	// DefaultTCPMaxTransfer is TCPMaxTransfer's default, the NVMe/TCP
+	// port's (128 KiB); MaxTCPMaxTransfer its largest, the NVMe/RDMA
+	// port's and the store's (1 MiB).
+	DefaultTCPMaxTransfer = tcp.DefaultMaxTransfer
+	MaxTCPMaxTransfer     = 1 << 20
 	// DefaultDetachAfter outlasts a host's reconnect attempts across a
 	// blkd restart (the Linux host retries for 10 minutes by default,
 	// ctrl_loss_tmo 600 s) without keeping dead attachments for long.
@@ -379,6 +393,8 @@ func (c Config) Validate() error {
 	switch {
 	case providers.Check(c.RDMAProvider) != nil:
 		return fmt.Errorf("%w: --rdma-provider: %v", ErrConfig, providers.Check(c.RDMAProvider))
+	case c.TCPMaxTransfer != 0 && (c.TCPMaxTransfer < 4096 || c.TCPMaxTransfer > MaxTCPMaxTransfer || c.TCPMaxTransfer&(c.TCPMaxTransfer-1) != 0):
+		return fmt.Errorf("%w: --tcp-max-transfer %d bytes: the largest transfer of one NVMe/TCP command must be a power of two from 4KiB to 1MiB (default 128KiB)", ErrConfig, c.TCPMaxTransfer)
 	case time.Duration(c.PollSpin) > tcp.MaxPollSpin:
 		return fmt.Errorf("%w: --poll-spin %v: at most %v", ErrConfig, time.Duration(c.PollSpin), tcp.MaxPollSpin)
 	case c.Cores < 0:

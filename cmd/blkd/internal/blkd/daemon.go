@@ -196,6 +196,12 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	// cluster's own once the node's ordinal is known (portID).
 	rcfg := rdma.Config{Addr: cfg.NVMeAddr, AdvertiseAddr: cfg.AdvertiseAddr, Cores: cfg.Cores, Logger: d.log, PortID: rdmaPortID}
 	tcfg := tcp.Config{Addr: cfg.TCPAddr, AdvertiseAddr: cfg.tcpAdvertise(), Cores: cfg.Cores, Logger: d.log, PortID: tcpPortID, PollSpin: time.Duration(cfg.PollSpin)}
+	if cfg.TCPMaxTransfer != 0 {
+		// Validated: a power of two of 4 KiB to 1 MiB. In-capsule data
+		// (8 KiB) may not exceed it.
+		tcfg.MaxTransfer = uint32(cfg.TCPMaxTransfer)
+		tcfg.InCapsule = min(tcp.DefaultInCapsule, tcfg.MaxTransfer)
+	}
 	if cfg.RDMAOn() {
 		d.nic, err = providers.Open(cfg.RDMAProvider, providers.Options{Device: cfg.RDMADevice})
 		if err != nil {
@@ -373,6 +379,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	d.ready.Store(true)
 	go d.settleLoop(d.stop)
 	go d.livenessLoop(d.stop)
+	go d.remoteLoop(d.stop)
 	fmt.Fprintln(out, "ready")
 	return d, nil
 }

@@ -1,7 +1,12 @@
 package blkd
 
 import (
+	"cmp"
+	"errors"
+	"log/slog"
 	"net"
+	"slices"
+	"time"
 
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/nvme"
@@ -83,4 +88,72 @@ func nodePort(addr string, trtype uint8, id uint16) (target.Port, bool) {
 		return target.Port{}, false
 	}
 	return target.Port{ID: id, TrType: trtype, AdrFam: target.AdrFam(host), TrAddr: host, TrSvcID: svc}, true
+}
+
+// remoteSubsystems is what this node's discovery log lists of the
+// volumes other nodes serve (docs/reservations.md §3): every volume a
+// host may connect to — online or degraded; not creating, deleting,
+// offline (unserved on every node) or failed — with its hosts as the
+// serving nodes admit them and its replica nodes' ports other than
+// self's (pathsOf), sorted by NQN. A volume with no such port is left
+// out. So is nothing else: the target skips a subsystem it serves itself
+// (its own entries and paths say more), which keeps a volume listed
+// while this node, one of its replicas, does not serve it yet.
+func remoteSubsystems(s *meta.State, self string) []target.RemoteSubsystem {
+	var out []target.RemoteSubsystem
+	for _, v := range s.Export().Volumes {
+		if v.State != meta.VolumeOnline && v.State != meta.VolumeDegraded {
+			continue
+		}
+		paths := pathsOf(s, v, self)
+		if len(paths) == 0 {
+			continue
+		}
+		out = append(out, target.RemoteSubsystem{NQN: v.NQN, AllowAny: v.AllowAny, Hosts: v.Hosts, Paths: paths})
+	}
+	slices.SortFunc(out, func(a, b target.RemoteSubsystem) int { return cmp.Compare(a.NQN, b.NQN) })
+	return out
+}
+
+// remoteInterval is how often a node looks whether its registry copy
+// moved, to bring the discovery log's remote subsystems up to date: a
+// change anywhere in the cluster reaches every node's discovery
+// controllers (the change notice) within about a second. A look that
+// finds the applied index where it was costs one atomic load.
+const remoteInterval = time.Second
+
+// remoteLoop keeps the target's remote subsystems (SetRemoteSubsystems)
+// to this node's registry copy until stop closes. It runs on every node,
+// leader or not: each serves its own discovery log.
+func (d *Daemon) remoteLoop(stop <-chan struct{}) {
+	t := time.NewTicker(remoteInterval)
+	defer t.Stop()
+	var seen uint64
+	for {
+		if idx := d.node.AppliedIndex(); idx != seen {
+			err := d.refreshRemote()
+			if errors.Is(err, target.ErrClosed) {
+				return // shutting down
+			}
+			if err != nil {
+				// The registry's next change may mend it: said once
+				// per change, not every second.
+				d.log.Warn("discovery log: remote subsystems not updated", slog.Uint64("index", idx), slog.String("err", err.Error()))
+			}
+			seen = idx
+		}
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// refreshRemote sets the target's remote subsystems from this node's
+// registry copy (the same list again changes nothing).
+func (d *Daemon) refreshRemote() error {
+	var l []target.RemoteSubsystem
+	d.node.FSM().Read(func(s *meta.State) { l = remoteSubsystems(s, d.cfg.NodeID) })
+	return d.tgt.SetRemoteSubsystems(l)
 }
