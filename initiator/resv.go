@@ -157,3 +157,21 @@ func (c *Controller) ReservationNotice(ctx context.Context) (nvme.ResvNotifLog, 
 	err = l.Unmarshal(buf)
 	return l, err
 }
+
+// SetReservationPersistence sends Set Features Reservation Persistence
+// (83h) for the namespace: Persist Through Power Loss on or off.
+func (ns *Namespace) SetReservationPersistence(ctx context.Context, ptpl bool) error {
+	a, err := ns.c.waitLive(ctx)
+	if err != nil {
+		return err
+	}
+	var v uint32
+	if ptpl {
+		v = 1
+	}
+	var cmd nvme.Command
+	setFeaturesCmd(&cmd, nvme.FeatureResvPersist, v)
+	cmd.NSID = ns.id
+	_, err = a.admin.exec(ctx, &cmd, nil, nil, a.c.cfg.AdminTimeout)
+	return err
+}

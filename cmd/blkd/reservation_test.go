@@ -390,9 +390,18 @@ func TestReservationPTPLZero(t *testing.T) {
 		allowBoth(t, d, name)
 	}
 	connectAll()
-	for name, cptpl := range map[string]uint8{"p0": nvme.CPTPLClear, "p1": nvme.CPTPLSet} {
+	for name, cptpl := range map[string]uint8{"p0": nvme.CPTPLClear, "p1": nvme.CPTPLNoChange} {
 		a := hosts[name][resvHostA]
 		mustOK(t, name+": A registers", a.register(keyA, cptpl))
+		if name == "p1" {
+			// PTPL on through Set Features 83h, a keeper's command too.
+			mustOK(t, "p1: Set Features Reservation Persistence", a.do("set ptpl", func(ctx context.Context, ns *initiator.Namespace) error {
+				return ns.SetReservationPersistence(ctx, true)
+			}))
+			if st := a.report(); !st.PTPL {
+				t.Fatalf("p1: report after Set Features 83h: %+v, want PTPL on", st)
+			}
+		}
 		mustOK(t, name+": A acquires", a.acquire(nvme.RACQAAcquire, keyA, 0))
 		mustConflict(t, name+": B's write", hosts[name][resvHostB].write(0, 'b'))
 	}
