@@ -279,7 +279,7 @@ func (d *Daemon) keeperOf(id uint64) *resvKeeper {
 	return d.resv.byID[id]
 }
 
-// reservationConfig is the namespace's keeper for target.NamespaceConfig:
+// seam is the namespace's keeper for target.NamespaceConfig:
 // nil (no reservations served) when k is nil.
 func (k *resvKeeper) seam() target.ReservationKeeper {
 	if k == nil {
@@ -417,7 +417,9 @@ func (k *resvKeeper) execute(io *target.IO) error {
 	if err := k.d.node.WaitApplied(ctx, ans.Index); err != nil {
 		return fmt.Errorf("registry copy at index %d, not yet %d: %w", k.d.node.AppliedIndex(), ans.Index, err)
 	}
-	k.publishCopy()
+	if err := k.publishCopy(); err != nil {
+		return err
+	}
 	out := ans.Outcome
 	if len(out.Abort) > 0 {
 		if err := k.drain(out.Abort, before); err != nil {
@@ -460,36 +462,36 @@ func (k *resvKeeper) drain(hosts []resv.HostID, before resv.State) error {
 // publishCopy publishes the volume's reservation from this node's
 // registry copy if it is newer than the view's (or the view is unknown):
 // the caller knows the copy is current enough (it waited for an index).
-func (k *resvKeeper) publishCopy() {
+func (k *resvKeeper) publishCopy() error {
 	var v meta.Volume
 	var ok bool
 	var applied uint64
 	k.d.node.FSM().Read(func(s *meta.State) { v, ok = s.Volume(k.name); applied = s.Index() })
 	if !ok || v.ID != k.id {
-		return
+		return fmt.Errorf("volume %q: %w", k.name, meta.ErrUnknownVolume)
 	}
-	k.publish(v.Reservation, applied)
+	return k.publish(v.Reservation, applied)
 }
 
 // publish stores st in the view unless the view holds a newer state
 // (views only move forward); a nil st is the empty state read at
 // registry index applied.
-func (k *resvKeeper) publish(st *resv.State, applied uint64) {
+func (k *resvKeeper) publish(st *resv.State, applied uint64) error {
 	k.pubMu.Lock()
 	defer k.pubMu.Unlock()
 	if st == nil {
 		if k.known {
-			return // nothing ever held: the view is already empty
+			return nil // nothing ever held: the view is already empty
 		}
 		st = &resv.State{Index: applied}
 	} else if k.known && st.Index <= k.index {
-		return
+		return nil
 	}
 	if err := k.sub.PublishReservation(1, st); err != nil {
-		k.d.log.Warn("reservation: view not published", slog.String("volume", k.name), slog.String("err", err.Error()))
-		return
+		return fmt.Errorf("reservation view not published: %w", err)
 	}
 	k.known, k.index = true, st.Index
+	return nil
 }
 
 // published says whether a current state was published, and its index.
@@ -527,7 +529,10 @@ func (d *Daemon) renewReservation(hv *hostVolume, pl *primaryLeg, v meta.Volume)
 		}
 		return false
 	}
-	k.publish(v.Reservation, d.node.AppliedIndex())
+	if err := k.publish(v.Reservation, d.node.AppliedIndex()); err != nil {
+		d.log.Warn("reservation: not serving yet", slog.String("volume", hv.name), slog.String("err", err.Error()))
+		return false
+	}
 	if first {
 		k.pubMu.Lock()
 		k.term = pl
@@ -605,8 +610,7 @@ func (k *resvKeeper) bringUpOnce() error {
 		}
 		k.d.log.Info("reservation: registrations dropped at a new subsystem (Persist Through Power Loss off)", slog.String("volume", k.name))
 	}
-	k.publishCopy()
-	return nil
+	return k.publishCopy()
 }
 
 // currentCopy returns once this node's registry copy holds every entry
@@ -661,7 +665,7 @@ func (d *Daemon) resvRound() {
 	d.resv.mu.Unlock()
 	for _, k := range ks {
 		if k.hv == nil && k.broughtUp.Load() {
-			k.publishCopy()
+			_ = k.publishCopy() // the keeper's own publishes say why not
 		}
 	}
 	if !d.reservationsOn() {
@@ -932,7 +936,9 @@ func (d *Daemon) notifyLocal(ctx context.Context, n resvNotify) error {
 	} else if !k.broughtUp.Load() {
 		return nil // bringUp publishes it
 	}
-	k.publishCopy()
+	if err := k.publishCopy(); err != nil {
+		return err
+	}
 	if len(n.Notices) > 0 {
 		k.sub.NotifyReservation(1, n.Notices)
 	}
