@@ -494,13 +494,6 @@ func (k *resvKeeper) publish(st *resv.State, applied uint64) error {
 	return nil
 }
 
-// published says whether a current state was published, and its index.
-func (k *resvKeeper) published() (bool, uint64) {
-	k.pubMu.Lock()
-	defer k.pubMu.Unlock()
-	return k.known, k.index
-}
-
 // holdsSomething says whether st would lose anything at a power loss.
 func holdsSomething(st *resv.State) bool {
 	return st != nil && (len(st.Regs) > 0 || st.Type != resv.None)
