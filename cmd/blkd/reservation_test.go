@@ -322,6 +322,8 @@ func TestReservationRestart(t *testing.T) {
 			t.Errorf("%s %v, want at least %v", name, n, least)
 		}
 	}
+	t.Logf("mean time of a reservation command at the keeper (one node, the registry's commit included): %.2f ms",
+		1000*d.metric(t, "blk_reservation_command_seconds_sum")/d.metric(t, "blk_reservation_command_seconds_count"))
 
 	d.cmd.Process.Signal(syscall.SIGKILL)
 	<-d.exited

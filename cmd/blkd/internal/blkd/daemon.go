@@ -642,10 +642,9 @@ func (d *Daemon) serve(v meta.Volume) error {
 	if err != nil {
 		return err
 	}
-	// A keeper (once every node serves reservations) whose view is
-	// unknown until bringUp publishes a current copy (reservation.go).
-	k := d.newKeeper(v, sub, nil)
-	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: backend, Reservations: k.seam()}); err != nil {
+	// With a reservation keeper once every node serves reservations, its
+	// view unknown until bringUp publishes a current copy (reservation.go).
+	if err := d.addNamespace(v, sub, nil, target.NamespaceConfig{NSID: 1, Async: backend}); err != nil {
 		_ = d.tgt.RemoveSubsystem(v.NQN)
 		return err
 	}

@@ -167,10 +167,9 @@ func (d *Daemon) ensureHostVolume(v meta.Volume) (*hostVolume, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The reservation keeper, if every node serves reservations; the
-	// view is unknown until a renewal publishes it (reservation.go).
-	k := d.newKeeper(v, hv.sub, hv)
-	if err := hv.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: hv.hb, Reservations: k.seam()}); err != nil {
+	// With a reservation keeper once every node serves reservations, its
+	// view unknown until a renewal publishes it (reservation.go).
+	if err := d.addNamespace(v, hv.sub, hv, target.NamespaceConfig{NSID: 1, Async: hv.hb}); err != nil {
 		_ = d.tgt.RemoveSubsystem(v.NQN)
 		return nil, err
 	}

@@ -123,8 +123,11 @@ func reservationErr(err error) error {
 
 // resvKeepers is the node's keepers, by volume ID, and what they share.
 type resvKeepers struct {
-	mu   sync.Mutex
-	byID map[uint64]*resvKeeper
+	// attachMu orders a subsystem's creation with its keeper
+	// (addNamespace) before the upgrade's attachKeeper.
+	attachMu sync.Mutex
+	mu       sync.Mutex
+	byID     map[uint64]*resvKeeper
 	// tokenBase is this process's random token base; tokens counts.
 	tokenBase uint64
 	tokens    atomic.Uint64
@@ -279,13 +282,17 @@ func (d *Daemon) keeperOf(id uint64) *resvKeeper {
 	return d.resv.byID[id]
 }
 
-// seam is the namespace's keeper for target.NamespaceConfig:
-// nil (no reservations served) when k is nil.
-func (k *resvKeeper) seam() target.ReservationKeeper {
-	if k == nil {
-		return nil
+// addNamespace adds v's namespace to sub (hv: the replicated volume's
+// host subsystem, nil for one replica) with its keeper, if the cluster
+// serves reservations: under attachMu, so that the keepers' round never
+// attaches a second keeper to a subsystem being built.
+func (d *Daemon) addNamespace(v meta.Volume, sub *target.Subsystem, hv *hostVolume, nc target.NamespaceConfig) error {
+	d.resv.attachMu.Lock()
+	defer d.resv.attachMu.Unlock()
+	if k := d.newKeeper(v, sub, hv); k != nil {
+		nc.Reservations = k
 	}
-	return k
+	return sub.AddNamespace(nc)
 }
 
 // Submit is target.ReservationKeeper's: it queues io and returns.
@@ -670,19 +677,29 @@ func (d *Daemon) resvRound() {
 		if d.keeperOf(v.ID) != nil {
 			continue
 		}
-		if hv := d.hostVolumeOf(v.ID); hv != nil {
-			d.attachKeeper(v, hv.sub, hv)
-		} else if v.Node == d.cfg.NodeID && len(v.ReplicaSet()) <= 1 {
-			if sub, ok := d.tgt.Subsystem(v.NQN); ok {
-				d.attachKeeper(v, sub, nil)
-			}
-		}
+		d.attachKeeper(v)
 	}
 }
 
-// attachKeeper gives a served subsystem its keeper after the upgrade.
-// A term serving already is not a new one: no power loss for it.
-func (d *Daemon) attachKeeper(v meta.Volume, sub *target.Subsystem, hv *hostVolume) {
+// attachKeeper gives v's served subsystem its keeper after the upgrade,
+// if it has none (checked again under attachMu: addNamespace may have
+// given it one meanwhile). A term serving already is not a new one: no
+// power loss for it.
+func (d *Daemon) attachKeeper(v meta.Volume) {
+	d.resv.attachMu.Lock()
+	defer d.resv.attachMu.Unlock()
+	if d.keeperOf(v.ID) != nil {
+		return
+	}
+	var sub *target.Subsystem
+	hv := d.hostVolumeOf(v.ID)
+	if hv != nil {
+		sub = hv.sub
+	} else if s, ok := d.tgt.Subsystem(v.NQN); ok && v.Node == d.cfg.NodeID && len(v.ReplicaSet()) <= 1 {
+		sub = s
+	} else {
+		return
+	}
 	k := d.newKeeper(v, sub, hv)
 	if k == nil {
 		return
