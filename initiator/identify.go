@@ -31,6 +31,7 @@ const (
 	idCtrlMAXCMD    = 514  // 2
 	idCtrlNN        = 516  // 4
 	idCtrlONCS      = 520  // 2
+	idCtrlFUSES     = 522  // 2
 	idCtrlVWC       = 525  // 1
 	idCtrlSGLS      = 536  // 4
 	idCtrlSUBNQN    = 768  // 256
@@ -65,6 +66,7 @@ type ctrlIdentity struct {
 	MaxCmd                        uint16
 	NN                            uint32
 	ONCS                          uint16
+	FUSES                         uint16
 	VWC                           uint8
 	SGLS                          uint32
 	SubNQN                        string
@@ -93,6 +95,7 @@ func parseIdentifyController(b []byte) (ctrlIdentity, error) {
 		MaxCmd:       le.Uint16(b[idCtrlMAXCMD:]),
 		NN:           le.Uint32(b[idCtrlNN:]),
 		ONCS:         le.Uint16(b[idCtrlONCS:]),
+		FUSES:        le.Uint16(b[idCtrlFUSES:]),
 		VWC:          b[idCtrlVWC],
 		SGLS:         le.Uint32(b[idCtrlSGLS:]),
 		SubNQN:       nqn.String(),

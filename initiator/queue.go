@@ -3,6 +3,7 @@ package initiator
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -121,6 +122,9 @@ type queue struct {
 	slots []slot
 	free  chan uint16 // free tags; capacity depth, so pushing never blocks
 	dead  atomic.Bool
+	// pairMu lets one waiter at a time hold one slot while it waits for
+	// a second (CompareAndWrite), so that waiters never hold every slot.
+	pairMu sync.Mutex
 }
 
 // monoNow is a monotonic clock in nanoseconds since the package started.
@@ -234,19 +238,9 @@ func (q *queue) abandon(s *slot) {
 // It returns nil if the command was posted (Callback then runs exactly
 // once), or an error, and then the callback never runs.
 func (q *queue) submit(s *slot, dir nvme.Direction, n int, timeout time.Duration) error {
-	if n == 0 {
-		dir = nvme.DirNone
-	}
-	s.dir, s.n = dir, n
-	s.inline = q.w.place(s, dir, n)
-	s.cmd.CID = makeCID(s.tag, s.gen)
-	if err := s.cmd.Marshal(s.sqe); err != nil {
+	if err := q.prepare(s, dir, n, timeout); err != nil {
 		q.abandon(s)
-		return fmt.Errorf("initiator: encode command: %w", err)
-	}
-	s.what.Store(uint32(s.cmd.Opcode)<<16 | uint32(s.cmd.CID))
-	if timeout > 0 {
-		s.deadline.Store(monoNow() + int64(timeout))
+		return err
 	}
 	// Publish, then look at the queue: a failure that marked it dead
 	// before this store is seen below; one after it finds the slot in
@@ -267,6 +261,24 @@ func (q *queue) submit(s *slot, dir nvme.Direction, n int, timeout time.Duration
 			return q.a.lostErr()
 		}
 		return nil
+	}
+	return nil
+}
+
+// prepare places s's data, gives it its CID and encodes its SQE.
+func (q *queue) prepare(s *slot, dir nvme.Direction, n int, timeout time.Duration) error {
+	if n == 0 {
+		dir = nvme.DirNone
+	}
+	s.dir, s.n = dir, n
+	s.inline = q.w.place(s, dir, n)
+	s.cmd.CID = makeCID(s.tag, s.gen)
+	if err := s.cmd.Marshal(s.sqe); err != nil {
+		return fmt.Errorf("initiator: encode command: %w", err)
+	}
+	s.what.Store(uint32(s.cmd.Opcode)<<16 | uint32(s.cmd.CID))
+	if timeout > 0 {
+		s.deadline.Store(monoNow() + int64(timeout))
 	}
 	return nil
 }

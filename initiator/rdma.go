@@ -48,6 +48,8 @@ type rdmaWire struct {
 	recvs  []recvSlot
 
 	closeOnce sync.Once
+	// pairMu keeps a fused pair's two SENDs adjacent (sendPair).
+	pairMu sync.RWMutex
 }
 
 // newRDMAWire builds the queue's slots over one registered region laid
@@ -105,13 +107,33 @@ func (w *rdmaWire) place(s *slot, dir nvme.Direction, n int) int {
 
 // send posts one SEND: the SQE, then the in-capsule data if any.
 func (w *rdmaWire) send(s *slot) error {
+	w.pairMu.RLock()
+	err := w.post(s, 0)
+	w.pairMu.RUnlock()
+	return err
+}
+
+// sendPair posts both SENDs with one doorbell (the first deferred), under
+// pairMu held exclusive so that no other submitter's SEND lands between
+// them; other sends hold it shared.
+func (w *rdmaWire) sendPair(s1, s2 *slot) error {
+	w.pairMu.Lock()
+	defer w.pairMu.Unlock()
+	if err := w.post(s1, transport.FlagDefer); err != nil {
+		return err
+	}
+	return w.post(s2, 0)
+}
+
+// post posts slot s's capsule SEND.
+func (w *rdmaWire) post(s *slot, flags transport.PostFlags) error {
 	k := 1
 	s.rdma.sges[0] = s.rdma.sqeSGE
 	if s.inline > 0 {
 		s.rdma.sges[1] = transport.SGE{Addr: s.rdma.dataAddr, Length: uint32(s.inline), LKey: s.rdma.lkey}
 		k = 2
 	}
-	return w.qp.Send(s, s.rdma.sges[:k], 0)
+	return w.qp.Send(s, s.rdma.sges[:k], flags)
 }
 
 func (w *rdmaWire) close() {

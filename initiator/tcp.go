@@ -241,6 +241,25 @@ func (w *tcpWire) place(s *slot, dir nvme.Direction, n int) int {
 // send finishes the CapsuleCmd PDU in the submitter's goroutine (header,
 // digests) and pushes the slot to the sender.
 func (w *tcpWire) send(s *slot) error {
+	w.capsule(s)
+	w.push(s)
+	return nil
+}
+
+// sendPair queues both capsules in one push: the sender writes them in
+// that order with nothing of the queue between them.
+func (w *tcpWire) sendPair(s1, s2 *slot) error {
+	w.capsule(s1)
+	w.capsule(s2)
+	s1.tcp.queued.Store(true)
+	s2.tcp.queued.Store(true)
+	w.head.PushPair(s1, &s1.tcp.next, s2, &s2.tcp.next)
+	w.kick()
+	return nil
+}
+
+// capsule encodes slot s's CapsuleCmd PDU header (and its data digest).
+func (w *tcpWire) capsule(s *slot) {
 	t := &s.tcp
 	hlen := nvme.TCPCapsuleCmdHeaderSize
 	h := nvme.TCPHeader{Type: nvme.TCPCapsuleCmd, HLen: uint8(hlen), PLen: uint32(hlen + w.hd)}
@@ -261,14 +280,17 @@ func (w *tcpWire) send(s *slot) error {
 		t.plen = nvme.PutTCPHeaderDigest(t.pdu[:], hlen)
 	}
 	t.job = jobCapsule
-	w.push(s)
-	return nil
 }
 
 // push puts s on the sender's stack and wakes the sender if it sleeps.
 func (w *tcpWire) push(s *slot) {
 	s.tcp.queued.Store(true)
 	w.head.Push(s, &s.tcp.next)
+	w.kick()
+}
+
+// kick wakes the sender if it sleeps.
+func (w *tcpWire) kick() {
 	if w.sleeping.Load() && w.sleeping.CompareAndSwap(true, false) {
 		select {
 		case w.wake <- struct{}{}:

@@ -21,6 +21,10 @@ type wire interface {
 	// blocks. An error means the wire cannot send: the caller fails the
 	// association.
 	send(s *slot) error
+	// sendPair posts the capsules of two slots back to back, with no
+	// other capsule of the queue between them (a fused pair: its
+	// halves must be adjacent in the submission queue).
+	sendPair(s1, s2 *slot) error
 	// close ends the connection (idempotent); the wire's goroutines and
 	// handler calls end soon after.
 	close()

@@ -231,6 +231,7 @@ func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 		id.LPA = nvme.LPASMARTPerNS | nvme.LPACommandsEffects | nvme.LPAExtendedData
 		id.NN = t.cfg.MaxNSID
 		id.ONCS = c.oncs()
+		id.FUSES = 1 // Compare and Write, atomic against writes (fused.go, rangelock.go)
 		// Flush with NSID FFFFFFFFh flushes every namespace (flushAll).
 		id.VWC = nvme.VWCPresent | nvme.VWCFlushAll
 		if c.s.ana {

@@ -280,6 +280,10 @@ func (q *Queue) submit(ns *namespace, r *Request, lat LatencyOp) {
 // ioDone takes a completed IO back: counters, the next step of a command
 // made of several IOs, or the response.
 func (q *Queue) ioDone(r *Request) {
+	if r.state == reqLockWait {
+		q.lockResume(r) // the range lock let it go on (rangelock.go)
+		return
+	}
 	io := &r.io
 	if io.Op == OpReservation {
 		q.keeperDone(r) // a keeper's (resv_cmd.go): not timed, no counters
@@ -290,6 +294,10 @@ func (q *Queue) ioDone(r *Request) {
 	st := statusOf(io.err)
 	io.err = nil
 	io.sync = false
+	if r.pair != nil {
+		q.pairIODone(ns, r, st) // a fused pair's read or write (fused.go)
+		return
+	}
 	ok := st.Code() == 0
 	switch io.Op {
 	case OpRead:
@@ -324,6 +332,7 @@ func (q *Queue) ioDone(r *Request) {
 		}
 	case OpDeallocate:
 		if isDSM(r) {
+			ns.locks.release(&r.hold) // each range holds its own
 			if !ok {
 				break
 			}

@@ -45,6 +45,10 @@
 //	                NotifyReservation (docs/reservations.md §1)
 //	resv_cmd.go     Reservation Register, Acquire, Release (at the keeper), Report;
 //	                log 0x80 and its event; features 0x81-0x83
+//	fused.go        fused Compare and Write: pairing by arrival (Request.Seq,
+//	                PrevFuse; Queue.fused), the pair's checks and run
+//	rangelock.go    the namespace's striped range lock: plain writes shared,
+//	                fused pairs exclusive, parking through IO.Done
 //	workers.go      the sync worker pool
 //	status.go       StatusError, WithStatus; statusOf reads a backend error's status
 //	async.go        AsyncBackend, IO, Inline: the asynchronous backend contract
@@ -60,7 +64,10 @@
 //
 // Execute may be called from any goroutine, for any queue, concurrently.
 // The I/O path (Read, Write and the other NVM commands on an I/O queue)
-// takes no mutex and allocates nothing: the controller's readiness, the
+// takes no mutex and allocates nothing (a plain write adds to its
+// range's stripes, rangelock.go; only fused commands and the command
+// after a fused first look at the queue's pairing table, under its own
+// mutex): the controller's readiness, the
 // subsystem's namespace table (replaced whole on change) and each
 // namespace's reference count are atomics; the backend's own lock is the
 // backend's (a store volume takes its RWMutex shared). Each NVM command is

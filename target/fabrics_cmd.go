@@ -235,6 +235,7 @@ func (q *Queue) connectIO(cc *nvme.ConnectCommand, d *nvme.ConnectData) (nvme.St
 	c.queues[cc.QID] = q
 	c.nioq++
 	q.depth = int(cc.SQSize) + 1
+	q.initFused(q.depth)
 	q.sqFlowOff = cc.CAttr&nvme.ConnectAttrDisableSQFlow != 0
 	q.ctrl.Store(c)
 	c.mu.Unlock()

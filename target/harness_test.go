@@ -102,6 +102,10 @@ type tq struct {
 	name string
 	q    *target.Queue
 	cid  uint16
+	// seq and prevFuse are what a binding stamps on each capsule in
+	// arrival order (Request.Seq, Request.PrevFuse), under h.mu.
+	seq      uint32
+	prevFuse uint8
 
 	mu          sync.Mutex
 	disconnects []error
@@ -275,7 +279,9 @@ func (h *harness) submit(q *tq, cmd nvme.Command, data []byte) *call {
 		q.cid++
 		cmd.CID = q.cid
 	}
-	r := &target.Request{Cmd: cmd, Dir: cmd.DataDirection(), Len: uint32(len(data)), Data: data}
+	q.seq++
+	r := &target.Request{Cmd: cmd, Dir: cmd.DataDirection(), Len: uint32(len(data)), Data: data, Seq: q.seq, PrevFuse: q.prevFuse}
+	q.prevFuse = cmd.Flags & nvme.FlagFuseMask
 	c := &call{q: q, req: r, done: make(chan struct{})}
 	r.Binding = c
 	h.calls = append(h.calls, c)

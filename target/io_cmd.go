@@ -25,6 +25,11 @@ func (q *Queue) execIO(r *Request) {
 	c := q.ctrl.Load()
 	c.sawCommand()
 	cmd := &r.Cmd
+	if cmd.Fuse() != 0 || r.PrevFuse == nvme.FlagFuseFirst {
+		if q.fusedIO(c, r) { // fused.go
+			return
+		}
+	}
 	switch {
 	case cmd.Fuse() != 0:
 		q.complete(r, nvme.StatusInvalidField.WithDNR())
@@ -75,6 +80,9 @@ func (q *Queue) execIO(r *Request) {
 func (q *Queue) finish(ns *namespace, r *Request, s nvme.Status) {
 	if s != nvme.StatusSuccess {
 		ns.c.errors.Add(1)
+	}
+	if r.hold.held != 0 {
+		ns.locks.release(&r.hold) // rangelock.go
 	}
 	ns.release()
 	q.complete(r, s)
@@ -140,13 +148,23 @@ func (q *Queue) write(c *ctrl, r *Request) {
 		q.finish(ns, r, st)
 		return
 	}
+	if q.lockWrite(ns, r, r.Cmd.SLBA(), uint64(len(data))>>ns.shift) {
+		q.writeLocked(ns, r, true)
+	}
+}
+
+// writeLocked goes on with a write that holds its range shared; group:
+// it may be gathered in the request's Group (not when resumed by the
+// range lock, maybe on another goroutine).
+func (q *Queue) writeLocked(ns *namespace, r *Request, group bool) {
+	data := r.data()
 	fua := r.Cmd.FUA()
 	if fua && ns.blocking {
 		r.ns = ns
 		q.t.pool.submit(r)
 		return
 	}
-	if !fua && r.Group != nil && r.Group.add(q, ns, r, data) {
+	if group && !fua && r.Group != nil && r.Group.add(q, ns, r, data) {
 		return // completed now, or by the group's Commit
 	}
 	r.io.set(OpWrite, r.Cmd.SLBA(), uint64(len(data))>>ns.shift, data, fua)
@@ -210,6 +228,13 @@ func (q *Queue) writeZeroes(c *ctrl, r *Request) {
 		q.finish(ns, r, st)
 		return
 	}
+	if q.lockWrite(ns, r, r.Cmd.SLBA(), uint64(r.Cmd.Blocks())) {
+		q.writeZeroesLocked(ns, r)
+	}
+}
+
+// writeZeroesLocked goes on with a Write Zeroes that holds its range.
+func (q *Queue) writeZeroesLocked(ns *namespace, r *Request) {
 	fua := r.Cmd.FUA()
 	if fua && ns.blocking {
 		r.ns = ns
@@ -284,6 +309,10 @@ func (q *Queue) dsmNext(ns *namespace, r *Request) bool {
 		if rg.NLB == 0 {
 			continue
 		}
+		r.io.step = i // if it parks, it is resumed at this range
+		if r.hold.held == 0 && !q.lockWrite(ns, r, rg.SLBA, uint64(rg.NLB)) {
+			return true // parked: r is the lock's now
+		}
 		r.io.step = i + 1
 		r.io.set(OpDeallocate, rg.SLBA, uint64(rg.NLB), nil, false)
 		q.submit(ns, r, LatencyDeallocate)
@@ -321,7 +350,7 @@ func (q *Queue) compare(c *ctrl, r *Request) {
 		q.submit(ns, r, LatencyRead)
 		return
 	}
-	st = ns.view(r.Cmd.SLBA(), data)
+	st = ns.view(r, r.Cmd.SLBA(), data)
 	if st == nvme.StatusSuccess {
 		ns.c.compares.Add(1)
 		ns.c.readBytes.Add(uint64(len(data)))
@@ -342,22 +371,16 @@ func compareStatus(got, data []byte) nvme.Status {
 }
 
 // view compares data with the blocks at slba through the backend's
-// Viewer, timed as a read (the comparison included).
-func (ns *namespace) view(slba uint64, data []byte) nvme.Status {
+// Viewer, timed as a read (the comparison included). The visit function
+// is r's (viewCmp), made once per request: none per command.
+func (ns *namespace) view(r *Request, slba uint64, data []byte) nvme.Status {
 	start := time.Now()
 	defer ns.c.lat[LatencyRead].since(start)
-	same := true
-	bs := uint64(ns.bs)
-	err := ns.viewer.View(slba, uint64(len(data))>>ns.shift, func(lba uint64, b []byte) {
-		want := data[(lba-slba)*bs : (lba-slba+1)*bs]
-		if b == nil {
-			for _, x := range want {
-				same = same && x == 0
-			}
-		} else {
-			same = same && bytes.Equal(b, want)
-		}
-	})
+	vc := r.viewCmp()
+	vc.data, vc.slba, vc.bs, vc.same = data, slba, uint64(ns.bs), true
+	err := ns.viewer.View(slba, uint64(len(data))>>ns.shift, vc.fn)
+	same := vc.same
+	vc.data = nil
 	if err != nil {
 		return statusOf(err)
 	}
@@ -365,6 +388,35 @@ func (ns *namespace) view(slba uint64, data []byte) nvme.Status {
 		return nvme.StatusCompareFailure.WithDNR()
 	}
 	return nvme.StatusSuccess
+}
+
+// viewCompare is a request's Compare through a Viewer: fn (its visit)
+// compares each block the Viewer shows with the command's data.
+type viewCompare struct {
+	data     []byte
+	slba, bs uint64
+	same     bool
+	fn       func(lba uint64, b []byte)
+}
+
+// viewCmp returns r's viewCompare, made on first use.
+func (r *Request) viewCmp() *viewCompare {
+	if r.vc == nil {
+		r.vc = &viewCompare{}
+		r.vc.fn = r.vc.visit
+	}
+	return r.vc
+}
+
+func (vc *viewCompare) visit(lba uint64, b []byte) {
+	want := vc.data[(lba-vc.slba)*vc.bs : (lba-vc.slba+1)*vc.bs]
+	if b == nil {
+		for _, x := range want {
+			vc.same = vc.same && x == 0
+		}
+	} else {
+		vc.same = vc.same && bytes.Equal(b, want)
+	}
 }
 
 // runSync submits a command handed to a sync worker (a Blocking
@@ -401,6 +453,13 @@ func (t *Target) runSync(r *Request) {
 func (t *Target) abortSync(r *Request) {
 	q, ns := r.q, r.ns
 	r.ns = nil
+	if r.pair != nil {
+		q.pairEnd(ns, r, nvme.StatusAbortSQDeleted, nvme.StatusAbortSQDeleted) // fused.go
+		return
+	}
+	if ns != nil && r.hold.held != 0 {
+		ns.locks.release(&r.hold)
+	}
 	if ns != nil {
 		ns.release()
 	}

@@ -64,6 +64,8 @@ type Queue struct {
 
 	// resv is the queue's reservation cache and drain counters (resv.go).
 	resv queueResv
+	// fused pairs fused commands (fused.go); sized at an I/O Connect.
+	fused fusedTable
 }
 
 func newQueue(t *Target, r Responder, p QueueParams, lim Limits) *Queue {
@@ -150,6 +152,7 @@ func (q *Queue) Close() {
 	if prev == queueConnected {
 		q.authClosed()
 	}
+	q.closeFused()
 	if c := q.ctrl.Load(); c != nil {
 		if c.admin == q {
 			c.teardown(ErrAdminQueueClosed)

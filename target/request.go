@@ -65,11 +65,31 @@ type Request struct {
 	// buffers); the core never touches it.
 	Binding any
 
+	// Seq and PrevFuse pair fused commands (fused.go). The binding stamps
+	// both when the capsule arrives, before any of its data moves, on the
+	// goroutine that receives the queue's capsules: Seq counts the
+	// queue's capsules (wrapping), PrevFuse is the FUSE field of the
+	// capsule that arrived just before this one on the queue (0 for the
+	// first). A binding that refuses a capsule itself, without Execute,
+	// calls Queue.Refused for it.
+	Seq      uint32
+	PrevFuse uint8
+
 	// core-private state
 	q     *Queue
 	state uint8      // reqIdle, reqExecuting, ... (stats.go)
 	ns    *namespace // the namespace a sync worker or the backend runs it on
 	io    IO         // the backend operation (async.go)
+	// fused pairs: pair is the other half once paired (the Write half
+	// drives the pair); fstep is where the pair is (fused.go).
+	pair  *Request
+	fstep uint8
+	// hold is the namespace range lock the request holds or waits for,
+	// lockNext links it on a stripe's parked list (rangelock.go).
+	hold     lockHold
+	lockNext *Request
+	// vc compares through a Viewer (io_cmd.go's view), made once.
+	vc *viewCompare
 }
 
 // Queue returns the queue the request arrived on.

@@ -15,6 +15,8 @@ import (
 //	                      │──▶ queued ──worker──▶ (backend) ──▶ done  (sync commands)
 //	                      │──▶ queued ──Group.Commit──▶ done  (grouped writes)
 //	                      │──▶ held ──event/teardown──▶ done  (AER)
+//	                      │──▶ fused ──partner/close──▶ done, or the pair's run (fused.go)
+//	                      │──▶ lockWait ──release, IO.Done──▶ executing, not counted again  (rangelock.go)
 //	                      └──▶ keeper ──IO.Done──▶ done  (reservation commands, resv_cmd.go)
 //
 // A DSM of several ranges enters backend once per range. A synchronous
@@ -28,6 +30,8 @@ const (
 	reqQueued                 // waiting for or running on a sync worker
 	reqHeld                   // an Asynchronous Event Request waiting for an event
 	reqBackend                // at the backend: submitted, IO.Done due (async.go)
+	reqFused                  // a fused half waiting for its partner (fused.go)
+	reqLockWait               // parked by the namespace's range lock (rangelock.go)
 	reqDone                   // completed; the binding owns it
 	reqKeeper                 // at the namespace's ReservationKeeper: IO.Done due (resv_cmd.go)
 	numReqStates
@@ -61,11 +65,17 @@ type counters struct {
 	// I/O commands refused with Reservation Conflict (resv.go).
 	resvCmds      [NumResvOps]atomic.Uint64
 	resvConflicts atomic.Uint64
+	fused         fusedCounters
+	lockWaits     atomic.Uint64
 }
 
 // enter moves r into state s and counts it. It is the only place a
 // request's state changes.
 func (t *Target) enter(r *Request, s uint8) {
+	if s == reqExecuting && r.state == reqLockWait {
+		r.state = s // resumed by the range lock: the same command, counted once
+		return
+	}
 	if s == reqExecuting && r.state != reqIdle && r.state != reqDone {
 		// The binding executed a request the core has not completed:
 		// a binding bug. Count it; the first completion still wins.
@@ -141,6 +151,13 @@ type Stats struct {
 	// EventsDropped counts asynchronous events lost because too many were
 	// pending with no Asynchronous Event Request to take them.
 	EventsDropped uint64
+	// Fused Compare and Write (fused.go): FusedWaiting counts halves that
+	// waited for their partner, FusedPairs the pairs whose Write
+	// succeeded, FusedMiscompares those whose Compare failed,
+	// FusedMissing and FusedFailed the halves ended with Missing or
+	// Failed Fused Command. LockWaits counts requests the namespace's
+	// range lock parked (rangelock.go).
+	FusedWaiting, FusedPairs, FusedMiscompares, FusedMissing, FusedFailed, LockWaits uint64
 	// Namespaces are the counters of every namespace, by subsystem NQN
 	// and NSID.
 	Namespaces []NamespaceStats
@@ -315,6 +332,12 @@ func (t *Target) Stats() Stats {
 		Held:                t.stats.states[reqHeld].Load(),
 		AtBackend:           t.stats.states[reqBackend].Load(),
 		Completed:           t.stats.states[reqDone].Load(),
+		FusedWaiting:        t.stats.states[reqFused].Load(),
+		FusedPairs:          t.stats.fused.pairs.Load(),
+		FusedMiscompares:    t.stats.fused.miscompares.Load(),
+		FusedMissing:        t.stats.fused.missing.Load(),
+		FusedFailed:         t.stats.fused.failed.Load(),
+		LockWaits:           t.stats.lockWaits.Load(),
 		Misuse:              t.stats.misuse.Load(),
 		SyncOverflow:        t.stats.syncOverflow.Load(),
 		KeepAliveExpired:    t.stats.keepAliveExpired.Load(),

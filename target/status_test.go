@@ -352,6 +352,17 @@ var statusCases = []struct {
 		return f.h.exec(f.io, ioCmd(nvme.IOCompare, 1, 0, 1, 0), data)
 	}},
 
+	// Fused Compare and Write (fused.go).
+	{"missing fused command: a second with no first", nvme.StatusAbortFusedMissing, func(t *testing.T, f *fixture) *call {
+		return f.h.submitStamped(f.io, fusedCmd(nvme.IOWrite, 1, 0, 1, nvme.FlagFuseSecond), f.data4k, 1, 0)
+	}},
+	{"failed fused command: the pair miscompared", nvme.StatusAbortFusedFail, func(t *testing.T, f *fixture) *call {
+		cmp := make([]byte, 4096)
+		cmp[7] = 1
+		f.h.submitStamped(f.io, fusedCmd(nvme.IOCompare, 1, 0, 1, nvme.FlagFuseFirst), cmp, 1, 0)
+		return f.h.submitStamped(f.io, fusedCmd(nvme.IOWrite, 1, 0, 1, nvme.FlagFuseSecond), f.data4k, 2, nvme.FlagFuseFirst)
+	}},
+
 	// A backend's own status passes through unchanged.
 	{"backend status: reservation conflict", nvme.StatusReservationConflict.WithDNR(), func(t *testing.T, f *fixture) *call {
 		f.fault.set("write", fmt.Errorf("held: %w", statusErr(nvme.StatusReservationConflict.WithDNR())))
@@ -438,6 +449,8 @@ var statusByName = map[string]nvme.Status{
 	"StatusCompareFailure":            nvme.StatusCompareFailure,
 	"StatusReservationConflict":       nvme.StatusReservationConflict,
 	"StatusHostIDInconsistent":        nvme.StatusHostIDInconsistent,
+	"StatusAbortFusedMissing":         nvme.StatusAbortFusedMissing,
+	"StatusAbortFusedFail":            nvme.StatusAbortFusedFail,
 }
 
 // TestStatusTableComplete reads the package's source for every nvme.Status

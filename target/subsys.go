@@ -502,6 +502,9 @@ type namespace struct {
 
 	// resv is the reservation state and keeper (resv.go).
 	resv nsResv
+	// locks is the range lock of fused pairs and plain writes
+	// (rangelock.go).
+	locks rangeLocks
 }
 
 // acquire takes a reference, or returns false if the namespace was

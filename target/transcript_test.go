@@ -506,6 +506,8 @@ func (tr *transcript) run(line string) []string {
 		out = append(out, fmtRsp(tr.harness().exec(tr.queue(a), cmd, nil).rsp))
 	case "dsm":
 		out = append(out, tr.dsm(a))
+	case "fused", "fused-stats":
+		out = append(out, tr.fused(verb, a)...) // fused_test.go
 	case "raw":
 		cmd := nvme.Command{Opcode: uint8(a.num("opc", 0)), Flags: uint8(a.num("flags", uint64(nvme.FlagSGLMetaBuf))),
 			NSID: uint32(a.num("nsid", 0))}

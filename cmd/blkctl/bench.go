@@ -27,13 +27,15 @@ func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
 		Usage: "measure a volume's IOPS, throughput and latency through the initiator",
-		UsageText: "blkctl bench VOLUME --host-nqn NQN [--rw randread|randwrite|read|write] [--bs 4KiB] [--qd 32] [--time 10s | --ios N]\n\n" +
+		UsageText: "blkctl bench VOLUME --host-nqn NQN [--rw randread|randwrite|read|write|caw] [--bs 4KiB] [--qd 32] [--time 10s | --ios N]\n\n" +
 			"Attaches the host (if it is not attached), connects over NVMe-oF (NVMe/TCP when the node serves it, or --transport rdma\n" +
 			"over --rdma-provider, soft-iWARP by default), keeps --qd I/Os\n" +
-			"in flight, and detaches at the end if it attached. Writes overwrite the volume's data.",
+			"in flight, and detaches at the end if it attached. Writes overwrite the volume's data. caw sends fused Compare and\n" +
+			"Write pairs at random blocks, comparing with zeros and writing zeros (on a fresh volume each writes; elsewhere they\n" +
+			"miscompare, counted), --qd pairs in flight.",
 		Flags: append(append(providerFlags(), authFlags()...),
 			&cli.StringFlag{Name: "host-nqn", Usage: "NQN of the host to connect as (must be allowed on the volume)"},
-			&cli.StringFlag{Name: "rw", Value: "randread", Usage: "pattern: randread, randwrite, read or write"},
+			&cli.StringFlag{Name: "rw", Value: "randread", Usage: "pattern: randread, randwrite, read, write or caw (Compare and Write)"},
 			&cli.StringFlag{Name: "bs", Value: "4KiB", Usage: "I/O size, a multiple of the volume's block size"},
 			&cli.IntFlag{Name: "qd", Value: 32, Usage: "queue depth: I/Os kept in flight (1-256)"},
 			&cli.DurationFlag{Name: "time", Value: 10 * time.Second, Usage: "run this long (unless --ios ends it first)"},
@@ -58,12 +60,16 @@ type benchResult struct {
 	LatP50US  float64 `json:"lat_p50_us"`
 	LatP99US  float64 `json:"lat_p99_us"`
 	LatMaxUS  float64 `json:"lat_max_us"`
+	// Miscompares are the caw pairs whose blocks were not zeros (counted
+	// in IOs: they compared, and wrote nothing).
+	Miscompares int64 `json:"miscompares,omitempty"`
 }
 
 type bench struct {
 	ns       *initiator.Namespace
 	write    bool
 	random   bool
+	caw      bool // fused Compare and Write pairs (zeros against zeros)
 	bsBlocks uint64
 	slots    uint64 // I/O-sized positions on the namespace
 	limit    int64  // I/Os to issue; 0: until the deadline
@@ -71,6 +77,7 @@ type bench struct {
 
 	issued  atomic.Int64
 	done    atomic.Int64
+	miscmp  atomic.Int64
 	seq     atomic.Uint64
 	lat     []time.Duration // preallocated; index by done-1
 	stop    atomic.Bool
@@ -83,6 +90,7 @@ type bench struct {
 type benchSlot struct {
 	b     *bench
 	buf   []byte
+	zero  []byte // caw: the compare data and the write data
 	rng   *rand.Rand
 	start time.Time
 	lba   uint64
@@ -111,9 +119,12 @@ func (b *bench) next(s *benchSlot) {
 func (b *bench) submit(s *benchSlot) {
 	s.start = time.Now()
 	var err error
-	if b.write {
+	switch {
+	case b.caw:
+		err = b.ns.CompareAndWriteAsync(s.lba, s.zero, s.zero, 0, s)
+	case b.write:
 		err = b.ns.WriteAsync(s.lba, s.buf, 0, s)
-	} else {
+	default:
 		err = b.ns.ReadAsync(s.lba, s.buf, s)
 	}
 	switch {
@@ -130,6 +141,10 @@ func (b *bench) submit(s *benchSlot) {
 func (s *benchSlot) IODone(err error) {
 	b := s.b
 	d := time.Since(s.start)
+	if b.caw && initiator.IsCompareFailure(err) {
+		b.miscmp.Add(1)
+		err = nil
+	}
 	if err != nil {
 		b.fail(fmt.Errorf("I/O at LBA %d: %v", s.lba, err))
 		b.wg.Done()
@@ -151,8 +166,8 @@ func benchAction(c *cli.Context) error {
 		return err
 	}
 	rw := c.String("rw")
-	if !slices.Contains([]string{"randread", "randwrite", "read", "write"}, rw) {
-		return usageErrorf("--rw %q: use randread, randwrite, read or write", rw)
+	if !slices.Contains([]string{"randread", "randwrite", "read", "write", "caw"}, rw) {
+		return usageErrorf("--rw %q: use randread, randwrite, read, write or caw", rw)
 	}
 	bs, err := api.ParseSize(c.String("bs"))
 	if err != nil || bs == 0 {
@@ -202,14 +217,18 @@ func benchAction(c *cli.Context) error {
 		return e.printJSON(res)
 	}
 	fmt.Fprintf(e.stdout, "%s %s qd=%d on %s: %d I/Os in %.2f s\n", rw, api.HumanSize(bs), qd, vol, res.IOs, res.Seconds)
-	return e.keyValues([][2]string{
+	rows := [][2]string{
 		{"IOPS", fmt.Sprintf("%.0f", res.IOPS)},
 		{"Throughput", fmt.Sprintf("%.2f MB/s", res.MBps)},
 		{"Latency mean", fmt.Sprintf("%.1f µs", res.LatMeanUS)},
 		{"Latency p50", fmt.Sprintf("%.1f µs", res.LatP50US)},
 		{"Latency p99", fmt.Sprintf("%.1f µs", res.LatP99US)},
 		{"Latency max", fmt.Sprintf("%.1f µs", res.LatMaxUS)},
-	})
+	}
+	if rw == "caw" {
+		rows = append(rows, [2]string{"Miscompares", fmt.Sprint(res.Miscompares)})
+	}
+	return e.keyValues(rows)
 }
 
 func runBench(e *env, c *cli.Context, vol, host string, at attachment, rw string, bs uint64, qd int, ios int64, dur time.Duration) (benchResult, error) {
@@ -231,7 +250,7 @@ func runBench(e *env, c *cli.Context, vol, host string, at attachment, rw string
 		return benchResult{}, usageErrorf("--bs %s: larger than the volume (%s)", api.HumanSize(bs), api.HumanSize(uint64(ns.Size())))
 	}
 	b := &bench{
-		ns: ns, write: strings.HasSuffix(rw, "write"), random: strings.HasPrefix(rw, "rand"),
+		ns: ns, write: strings.HasSuffix(rw, "write"), random: strings.HasPrefix(rw, "rand") || rw == "caw", caw: rw == "caw",
 		bsBlocks: bs / lbs, slots: uint64(ns.Size()) / bs, limit: ios,
 		retry: make(chan *benchSlot, qd),
 	}
@@ -244,6 +263,9 @@ func runBench(e *env, c *cli.Context, vol, host string, at attachment, rw string
 	seed := uint64(time.Now().UnixNano())
 	for i := range slots {
 		s := &benchSlot{b: b, buf: make([]byte, bs), rng: rand.New(rand.NewPCG(seed, uint64(i)))}
+		if b.caw {
+			s.zero = make([]byte, bs)
+		}
 		for j := 0; j+8 <= len(s.buf); j += 8 {
 			v := s.rng.Uint64()
 			for k := range 8 {
@@ -315,6 +337,7 @@ loop:
 		Volume: vol, RW: rw, BS: bs, QD: qd, IOs: done, Seconds: sec,
 		IOPS: float64(done) / sec, MBps: float64(done) * float64(bs) / sec / 1e6,
 		LatMeanUS: us(sum / time.Duration(len(lat))), LatP50US: us(pct(0.50)), LatP99US: us(pct(0.99)), LatMaxUS: us(lat[len(lat)-1]),
+		Miscompares: b.miscmp.Load(),
 	}, nil
 }
 

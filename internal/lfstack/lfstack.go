@@ -30,6 +30,20 @@ func (s *Stack[T]) Push(v *T, next **T) {
 	}
 }
 
+// PushPair puts a, then b on top of it, in one step: no other Push lands
+// between them, so a taker that reverses the stack finds b right after
+// a. aNext and bNext are their link fields, which PushPair sets.
+func (s *Stack[T]) PushPair(a *T, aNext **T, b *T, bNext **T) {
+	*bNext = a
+	for {
+		old := s.top.Load()
+		*aNext = old
+		if s.top.CompareAndSwap(old, b) {
+			return
+		}
+	}
+}
+
 // TakeAll empties the stack and returns its former top (nil if it was
 // empty); the rest follow through the link fields, newest first.
 func (s *Stack[T]) TakeAll() *T { return s.top.Swap(nil) }

@@ -48,6 +48,11 @@ type Config struct {
 	// of 4 KiB to 128 KiB (DefaultMidBuffers; with a MaxTransfer of
 	// 128 KiB or less they join the large ones).
 	MidBuffers uint32
+	// FusedReserve is the data buffers per core and class kept, on top
+	// of the above, for the second half of a fused Compare and Write
+	// whose first half waits for it (fused.go; docs/reservations.md
+	// §2.2). DefaultFusedReserve.
+	FusedReserve uint32
 	// Moderation configures the engine's adaptive interrupt moderation.
 	Moderation transport.ModerationConfig
 	// PinCores pins each engine core's notifications to a processor.
@@ -103,6 +108,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SmallBuffers == 0 {
 		c.SmallBuffers = DefaultSmallBuffers
+	}
+	if c.FusedReserve == 0 {
+		c.FusedReserve = DefaultFusedReserve
 	}
 	return c
 }

@@ -33,6 +33,15 @@ type conn struct {
 	sqhd atomic.Uint32
 	dead atomic.Bool
 
+	// seq and prevFuse stamp each capsule, on the conn's core
+	// (target.Request.Seq and PrevFuse).
+	seq      uint32
+	prevFuse uint8
+	// firstRun has bit Seq mod its length set for a fused first that
+	// has executed (its second may take a buffer; fused.go), cleared
+	// when the next capsule of that bit arrives. The conn's core only.
+	firstRun []uint64
+
 	// Admin queues only: private receive buffers and their requests.
 	amr  transport.MemoryRegion
 	areq []req

@@ -30,6 +30,10 @@ type coreState struct {
 	// core: the SRQ's plus the admin queues' (QPsPerCore of them at most).
 	wait      []*req
 	whead, wn int
+	// fwait holds the commands right after a fused first (PrevFuse
+	// 01b) that wait for a buffer, looked at before wait and each in
+	// turn (fused.go).
+	fwait []*req
 
 	// alignCapsule: in-capsule writes not on a page are copied into a
 	// data buffer when one is free (alignData); set with the poller hook.
@@ -67,6 +71,7 @@ func newCoreState(p *Port, c *transport.Core) (cs *coreState, err error) {
 		cs.reqs[i].init(cs)
 	}
 	cs.wait = make([]*req, int(cfg.Buffers)+int(cfg.QPsPerCore)*AdminQueueEntries)
+	cs.fwait = make([]*req, 0, len(cs.wait))
 	cs.group = p.t.NewGroup(len(cs.wait))
 	if c.Polling() && !p.cfg.syncDisk {
 		// The group is the core's completion sink: an IO completed on
@@ -87,7 +92,7 @@ func newCoreState(p *Port, c *transport.Core) (cs *coreState, err error) {
 	for i, c := range [len(cs.pools)]struct{ n, size uint32 }{
 		{z.SmallBuffers, smallBufferSize}, {z.MidBuffers, z.MidBufferSize}, {z.LargeBuffers, z.Limits.MaxTransfer},
 	} {
-		if cs.pools[i], err = newPool(p.engine.PD(), c.n, c.size, z.ReadSink); err != nil {
+		if cs.pools[i], err = newPool(p.engine.PD(), c.n, p.cfg.FusedReserve, c.size, z.ReadSink); err != nil {
 			cs.close()
 			return nil, err
 		}
@@ -194,7 +199,7 @@ func (h *handler) HandleCompletion(core *transport.Core, c *transport.Completion
 				break
 			}
 		}
-		r.conn.q.Execute(&r.Request)
+		r.execute()
 	case transport.OpSend:
 		if d, ok := c.RequestContext.(*dataBuf); ok && d != nil {
 			if c.Status == nil {
@@ -213,7 +218,7 @@ func (h *handler) HandleCompletion(core *transport.Core, c *transport.Completion
 			cn.fail(fmt.Errorf("RDMA WRITE of read data: %w", c.Status))
 		}
 	}
-	if cs.wn > 0 {
+	if cs.wn+len(cs.fwait) > 0 {
 		cs.runWaiters()
 	}
 }
@@ -253,7 +258,7 @@ func (cs *coreState) poll() bool {
 			g.Commit()
 			worked = true
 		}
-		if cs.wn > 0 {
+		if cs.wn+len(cs.fwait) > 0 {
 			cs.runWaiters()
 		}
 		if worked {
@@ -314,6 +319,12 @@ func (cs *coreState) receive(r *req, n uint32) {
 		return
 	}
 	r.Dir = r.Cmd.DataDirection()
+	// Fused commands are paired by arrival: receive completions come in
+	// QP order, on this core only.
+	r.Seq, r.PrevFuse = r.conn.seq, r.conn.prevFuse
+	r.conn.markFirst(r.Seq, false)
+	r.conn.seq++
+	r.conn.prevFuse = r.Cmd.Fuse()
 	sgl := r.Cmd.DPTR
 	switch {
 	case sgl.Keyed():
@@ -337,7 +348,7 @@ func (cs *coreState) receive(r *req, n uint32) {
 		r.Len = sgl.Length
 		if !cs.attach(r) {
 			cs.st.waits.Add(1)
-			cs.push(r)
+			cs.wait1(r)
 			return
 		}
 		cs.start(r)
@@ -369,7 +380,7 @@ func (cs *coreState) receive(r *req, n uint32) {
 		r.fail(nvme.StatusSGLInvalidType)
 		return
 	}
-	r.conn.q.Execute(&r.Request)
+	r.execute()
 }
 
 // pageAligned reports whether b starts on a page: where O_DIRECT takes it.
@@ -407,11 +418,19 @@ func (cs *coreState) alignData(r *req) {
 // class that holds it and has one free, else from a larger class; or it
 // reports there is none. An empty class (no mid buffers) never has one.
 func (cs *coreState) attach(r *req) bool {
+	reserve := r.conn.mayReserve(r)
+	if !reserve && r.conn.secondEarly(r) {
+		return false // no buffer before its first runs (fused.go)
+	}
 	for _, p := range cs.pools {
 		if r.Len > p.size {
 			continue
 		}
-		if d := p.get(); d != nil {
+		d := p.get()
+		if d == nil && reserve {
+			d = p.getAny()
+		}
+		if d != nil {
 			r.data = d
 			r.Data = d.data[:r.Len]
 			return true
@@ -446,7 +465,7 @@ func (cs *coreState) start(r *req) {
 		}
 		return
 	}
-	r.conn.q.Execute(&r.Request)
+	r.execute()
 }
 
 func (cs *coreState) push(r *req) {
@@ -456,6 +475,9 @@ func (cs *coreState) push(r *req) {
 
 // runWaiters starts waiting commands, in order, while buffers last.
 func (cs *coreState) runWaiters() {
+	if len(cs.fwait) > 0 {
+		cs.runFusedWaiters()
+	}
 	for cs.wn > 0 {
 		r := cs.wait[cs.whead]
 		if r.conn.dead.Load() {
@@ -475,6 +497,14 @@ func (cs *coreState) runWaiters() {
 // fail completes r with status (and DNR) without the core: the binding
 // refused its data descriptor.
 func (r *req) fail(status nvme.Status) {
+	if c := r.conn; c != nil {
+		if r.Seq+1 == c.seq {
+			c.prevFuse = 0 // refused here: a second after it finds no first
+		}
+		if r.PrevFuse == nvme.FlagFuseFirst && c.q != nil {
+			c.q.Refused(&r.Request) // the first before it has lost its second
+		}
+	}
 	r.Rsp.Status = status | nvme.StatusDNR
 	r.Dir = nvme.DirNone
 	r.complete()

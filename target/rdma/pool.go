@@ -40,13 +40,18 @@ type pool struct {
 	head atomic.Int32
 	free atomic.Int32
 	lost atomic.Int32 // buffers dropped: their region could not be renewed
+	// reserve of the buffers are for fused seconds only (getAny).
+	reserve int32
 }
 
-func newPool(pd transport.PD, n, size uint32, sink ReadSink) (*pool, error) {
-	p := &pool{pd: pd, size: size, bufs: make([]dataBuf, n), next: make([]int32, n)}
+// newPool makes a pool of n buffers and, when n > 0, reserve more
+// (Config.FusedReserve).
+func newPool(pd transport.PD, n, reserve, size uint32, sink ReadSink) (*pool, error) {
 	if n == 0 {
-		return p, nil
+		return &pool{pd: pd, size: size}, nil
 	}
+	n += reserve
+	p := &pool{pd: pd, size: size, bufs: make([]dataBuf, n), next: make([]int32, n), reserve: int32(reserve)}
 	// Local write only, unless the adapter is iWARP without fast
 	// registration (ReadSinkShared): there an RDMA READ response, a
 	// tagged write into the sink, needs the sink remotely writable.
@@ -118,8 +123,18 @@ func (p *pool) release(b *dataBuf) {
 	p.put(b)
 }
 
-// get takes a free buffer or returns nil. Owning core only.
+// get takes a free buffer, not of the reserve, or returns nil. Owning
+// core only.
 func (p *pool) get() *dataBuf {
+	if p.free.Load() <= p.reserve {
+		return nil
+	}
+	return p.getAny()
+}
+
+// getAny takes a free buffer, the reserve's too (a fused second whose
+// first waits), or returns nil. Owning core only.
+func (p *pool) getAny() *dataBuf {
 	for {
 		h := p.head.Load()
 		if h == 0 {

@@ -250,7 +250,8 @@ func (p *Port) setup(req transport.ConnRequest) {
 		p.reject(req, nvme.RDMACMInvalidIRD, "host IRD 0")
 		return
 	}
-	c := &conn{port: p, admin: admin, qid: cm.QID, entries: entries, remote: addrString(req.RemoteAddr())}
+	c := &conn{port: p, admin: admin, qid: cm.QID, entries: entries, remote: addrString(req.RemoteAddr()),
+		firstRun: make([]uint64, firstWords(entries))}
 	var err error
 	if admin {
 		c.qp, c.core, err = p.createAdminQP(c)

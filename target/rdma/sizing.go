@@ -73,6 +73,11 @@ const (
 	// DefaultSmallBuffers is the 4 KiB data buffers per core: 1024 (4 MiB),
 	// so 4 KiB reads at queue depth 32 on 16 queues (512) never wait.
 	DefaultSmallBuffers = 1024
+	// DefaultFusedReserve is Config.FusedReserve: 8 buffers of each class
+	// per core, eight pairs' seconds at once before they wait for the
+	// reserve itself (which each gives back without waiting on anything
+	// but the backend).
+	DefaultFusedReserve = 8
 	// smallBufferSize is the small data buffer: one 4 KiB block, the
 	// common I/O and every admin data page (Identify, logs).
 	smallBufferSize = 4096

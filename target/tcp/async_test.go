@@ -38,7 +38,12 @@ func newAsyncTarget(t testing.TB, seed uint64, maxDelay time.Duration, durable b
 // target.
 func serveAsync(t testing.TB, b target.AsyncBackend) *testTarget {
 	t.Helper()
-	cfg := tcp.Config{Addr: "127.0.0.1:0", Cores: 2}
+	return serveAsyncCfg(t, b, tcp.Config{Addr: "127.0.0.1:0", Cores: 2})
+}
+
+// serveAsyncCfg is serveAsync on a port of configuration cfg.
+func serveAsyncCfg(t testing.TB, b target.AsyncBackend, cfg tcp.Config) *testTarget {
+	t.Helper()
 	lim, err := tcp.Limits(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -74,6 +74,14 @@ type Config struct {
 	// whichever is larger), a pool of their own (group.attachCapsule says
 	// why).
 	CapsuleBuffers uint32
+	// FusedReserve is the buffers per poll group and pool (capsule,
+	// small, large) kept, on top of the above, for the second half of a
+	// fused Compare and Write whose first half waits for it (and for a
+	// command that ends a first that has no second): a first holds its
+	// buffer while it waits, so were every buffer held by firsts, their
+	// seconds would wait for ever (docs/reservations.md §2.2).
+	// DefaultFusedReserve.
+	FusedReserve uint32
 	// DiscoveryOnly makes the port serve the discovery subsystem only
 	// (target.Port.DiscoveryOnly): the well-known discovery port, 8009,
 	// where nvme discover looks when given no port. Connects to NVM
@@ -150,6 +158,11 @@ const (
 	// group: 256 (2 MiB of 8 KiB), 8 queues of depth 32 writing in the
 	// capsule at once; a buffer is held only while its write executes.
 	DefaultCapsuleBuffers = 256
+	// DefaultFusedReserve is FusedReserve: 8 buffers of each pool per
+	// poll group, eight pairs' seconds at once before they wait for the
+	// reserve itself (which each gives back without waiting on anything
+	// but the backend).
+	DefaultFusedReserve = 8
 	// DefaultConnectTimeout is ConnectTimeout: 10 s, as the core's
 	// (target.DefaultConnectTimeout). A Linux host sends its ICReq and
 	// Connect right after the TCP handshake; a port scanner or a stalled
@@ -221,6 +234,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CapsuleBuffers == 0 {
 		c.CapsuleBuffers = DefaultCapsuleBuffers
+	}
+	if c.FusedReserve == 0 {
+		c.FusedReserve = DefaultFusedReserve
 	}
 	if c.PollSpin == 0 {
 		c.PollSpin = DefaultPollSpin

@@ -131,6 +131,14 @@ type conn struct {
 	readable, writable bool
 	inReady, inFlush   bool
 	rxPaused           bool // in-capsule data waits for a buffer
+	// seq and prevFuse stamp each capsule (target.Request.Seq and
+	// PrevFuse: fused commands are paired by arrival).
+	seq      uint32
+	prevFuse uint8
+	// firstRun has bit Seq mod its length set for a fused first that
+	// has executed (its second may take a buffer; fused.go), cleared
+	// when the next capsule of that bit arrives.
+	firstRun []uint64
 	// deadline is when an establishing connection (no queue yet) is
 	// dropped, or a closing one closed.
 	deadline time.Time
@@ -543,6 +551,7 @@ func (c *conn) newQueue(sqe []byte) bool {
 	c.qid = qid
 	c.reqs = make([]req, entries)
 	c.free = make([]uint16, entries)
+	c.firstRun = make([]uint64, firstWords(entries))
 	for i := range c.reqs {
 		r := &c.reqs[i]
 		r.c = c
@@ -589,8 +598,13 @@ func (c *conn) onCapsule(h *nvme.TCPHeader, b []byte) bool {
 	r.Dir = r.Cmd.DataDirection()
 	r.Len, r.Data, r.got, r.fail = 0, nil, 0, 0
 	r.Group = c.g.tg // every Execute of this binding runs on the group
+	r.Seq, r.PrevFuse = c.seq, c.prevFuse
+	c.markFirst(r.Seq, false)
+	c.seq++
+	c.prevFuse = r.Cmd.Fuse()
 	dlen := int(h.DataLen(c.dg))
 	if st := c.checkSGL(r, uint32(dlen)); st != 0 {
+		c.prevFuse = 0 // refused here: a second after it finds no first
 		if dlen > 0 {
 			// Read the data and drop it, then answer.
 			r.fail = st
@@ -607,7 +621,7 @@ func (c *conn) onCapsule(h *nvme.TCPHeader, b []byte) bool {
 		if !c.g.attachCapsule(r) {
 			c.g.st.dataWaits.Add(1)
 			r.to(reqWaitBuf)
-			c.g.waitingCapsule.push(r)
+			c.g.waitCapsule(r)
 			c.rxPaused = true
 			c.startData(pduCapsule, r, nil, dlen, c.dg.Data)
 			return false
@@ -618,7 +632,7 @@ func (c *conn) onCapsule(h *nvme.TCPHeader, b []byte) bool {
 		if !c.g.attach(r) {
 			c.g.st.dataWaits.Add(1)
 			r.to(reqWaitBuf)
-			c.g.waiting.push(r)
+			c.g.wait(r)
 			return true
 		}
 		c.start(r)
@@ -767,11 +781,17 @@ func (c *conn) onH2CData(h *nvme.TCPHeader, b []byte) bool {
 func (c *conn) execute(r *req) {
 	r.to(reqExec)
 	c.inCore++
+	if r.Cmd.Fuse() == nvme.FlagFuseFirst {
+		c.firstRan(r) // its second may take the reserve now (fused.go)
+	}
 	c.q.Execute(&r.Request)
 }
 
 // refuse answers a command the binding refused, without the core.
 func (c *conn) refuse(r *req, st nvme.Status) {
+	if r.PrevFuse == nvme.FlagFuseFirst && c.q != nil {
+		c.q.Refused(&r.Request) // the first before it has lost its second
+	}
 	c.g.release(r)
 	r.Rsp = nvme.Completion{Status: st}
 	r.Dir = nvme.DirNone

@@ -60,11 +60,16 @@ type group struct {
 	capsule          *pool // in-capsule data only (see attachCapsule)
 	waiting          reqFIFO
 	waitingCapsule   reqFIFO
-	freed            bool // a data buffer was given back since runWaiters looked
-	passWorked       bool // settle handled completions this pass (PollSpin)
-	tg               *target.Group
-	iov              [maxIOV]syscall.Iovec
-	iovN             int
+	// waitingFused and waitingCapsuleFused hold the commands right after
+	// a fused first (PrevFuse 01b) that wait for a buffer: looked at
+	// before the others, each in turn, as the reserve may serve them
+	// (fused.go).
+	waitingFused, waitingCapsuleFused reqFIFO
+	freed                             bool // a data buffer was given back since runWaiters looked
+	passWorked                        bool // settle handled completions this pass (PollSpin)
+	tg                                *target.Group
+	iov                               [maxIOV]syscall.Iovec
+	iovN                              int
 
 	st groupCounters
 }
@@ -95,9 +100,9 @@ func newGroup(p *Port, idx int) (*group, error) {
 	if err := g.loop.Init("tcp-poll-group", g.handedOver); err != nil {
 		return nil, err
 	}
-	g.small = newPool(p.cfg.SmallBuffers, smallBufferSize)
-	g.large = newPool(p.cfg.LargeBuffers, p.cfg.MaxTransfer)
-	g.capsule = newPool(p.cfg.CapsuleBuffers, p.maxCapsuleData)
+	g.small = newPool(p.cfg.SmallBuffers, p.cfg.FusedReserve, smallBufferSize)
+	g.large = newPool(p.cfg.LargeBuffers, p.cfg.FusedReserve, p.cfg.MaxTransfer)
+	g.capsule = newPool(p.cfg.CapsuleBuffers, p.cfg.FusedReserve, p.maxCapsuleData)
 	g.tg = p.t.NewGroup(groupPending)
 	// The group is its goroutine's completion sink: an asynchronous
 	// backend's completions come back here (settle reaps them).
@@ -197,7 +202,7 @@ func (g *group) run(started chan<- struct{}) {
 		// read, output not yet written, completions, or waiting commands
 		// a freed buffer can start.
 		block = !(len(g.ready) > 0 || len(g.flushq) > 0 || !g.done.Empty() || g.tg.HasCompletions() ||
-			g.freed && g.waiting.n+g.waitingCapsule.n > 0)
+			g.freed && g.waiters() > 0)
 		// Spin (look without sleeping) for PollSpin after the last
 		// work: a wake from sleep costs more than a few empty looks.
 		if spin > 0 {
@@ -335,7 +340,7 @@ func (g *group) settle() {
 			g.tg.Commit() // its completions land on the done stack
 			worked = g.drainDone() || worked
 		}
-		if g.freed && g.waiting.n+g.waitingCapsule.n > 0 {
+		if g.freed && g.waiters() > 0 {
 			worked = g.runWaiters() || worked
 		}
 		g.freed = false
@@ -359,7 +364,7 @@ func (g *group) flushPass() bool {
 		}
 	}
 	g.flushAlt = cur[:0]
-	return g.freed && g.waiting.n+g.waitingCapsule.n > 0 || !g.done.Empty() || g.tg.HasCompletions()
+	return g.freed && g.waiters() > 0 || !g.done.Empty() || g.tg.HasCompletions()
 }
 
 // drainDone handles the requests completed since the last look, in the
@@ -389,11 +394,21 @@ func (g *group) drainDone() bool {
 // fits and one is free, else a large one; or reports there is none.
 func (g *group) attach(r *req) bool {
 	var b *dataBuf
+	reserve := r.c.mayReserve(r)
+	if !reserve && r.c.secondEarly(r) {
+		return false // no buffer before its first runs (fused.go)
+	}
 	if r.Len <= g.small.size {
 		b = g.small.get()
+		if b == nil && reserve {
+			b = g.small.getAny()
+		}
 	}
 	if b == nil && r.Len <= g.large.size {
 		b = g.large.get()
+		if b == nil && reserve {
+			b = g.large.getAny()
+		}
 	}
 	if b == nil {
 		return false
@@ -411,6 +426,9 @@ func (g *group) attach(r *req) bool {
 // without more input, so the wait always ends.
 func (g *group) attachCapsule(r *req) bool {
 	b := g.capsule.get()
+	if b == nil && r.c.mayReserve(r) {
+		b = g.capsule.getAny()
+	}
 	if b == nil {
 		return false
 	}
@@ -427,6 +445,8 @@ func (g *group) unwait(c *conn) {
 	}
 	g.waiting.removeConn(c, each)
 	g.waitingCapsule.removeConn(c, each)
+	g.waitingFused.removeConn(c, each)
+	g.waitingCapsuleFused.removeConn(c, each)
 }
 
 // release gives r's data buffer back.
@@ -442,7 +462,7 @@ func (g *group) release(r *req) {
 // runWaiters starts waiting commands, in order, while buffers last: the
 // data buffer FIFO and the in-capsule one, each on its own pools.
 func (g *group) runWaiters() bool {
-	worked := false
+	worked := g.runFusedWaiters()
 	for g.waiting.head != nil && g.attach(g.waiting.head) {
 		worked = true
 		r := g.waiting.pop()

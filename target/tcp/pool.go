@@ -22,10 +22,14 @@ type pool struct {
 	size uint32
 	bufs []dataBuf
 	free []int32
+	// reserve of the buffers are for fused seconds only (getAny).
+	reserve int
 }
 
-func newPool(n, size uint32) *pool {
-	p := &pool{size: size, bufs: make([]dataBuf, n), free: make([]int32, 0, n)}
+// newPool makes a pool of n buffers and reserve more (Config.FusedReserve).
+func newPool(n, reserve, size uint32) *pool {
+	n += reserve
+	p := &pool{size: size, bufs: make([]dataBuf, n), free: make([]int32, 0, n), reserve: int(reserve)}
 	mem := make([]byte, uint64(n)*uint64(size))
 	for i := range p.bufs {
 		off := uint64(i) * uint64(size)
@@ -35,8 +39,17 @@ func newPool(n, size uint32) *pool {
 	return p
 }
 
-// get takes a free buffer or returns nil.
+// get takes a free buffer, not of the reserve, or returns nil.
 func (p *pool) get() *dataBuf {
+	if len(p.free) <= p.reserve {
+		return nil
+	}
+	return p.getAny()
+}
+
+// getAny takes a free buffer, the reserve's too (a fused second whose
+// first waits), or returns nil.
+func (p *pool) getAny() *dataBuf {
 	n := len(p.free)
 	if n == 0 {
 		return nil
@@ -87,6 +100,21 @@ func (f *reqFIFO) pop() *req {
 	r.wnext = nil
 	f.n--
 	return r
+}
+
+// unlink takes r, which follows prev (nil: r is the head), off the
+// FIFO.
+func (f *reqFIFO) unlink(prev, r *req) {
+	if prev == nil {
+		f.head = r.wnext
+	} else {
+		prev.wnext = r.wnext
+	}
+	if f.tail == r {
+		f.tail = prev
+	}
+	r.wnext = nil
+	f.n--
 }
 
 // removeConn unlinks every request of c (its connection is closing).

@@ -1,0 +1,83 @@
+package rdma_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/initiator/initiatortest"
+	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/rdma"
+	"github.com/blk-project/blk/transport/soft"
+)
+
+// TestFusedOverWire: blk's initiator sends fused Compare and Write pairs
+// over NVMe/RDMA (the soft provider) — 4 KiB in the capsules, 64 KiB
+// fetched by RDMA READ, a pair with a write right behind its second,
+// counters incremented from several goroutines beside plain writes — to
+// a backend completing late and out of order: the pairs are paired by
+// their arrival (none Missing), write only on a match, and are atomic.
+func TestFusedOverWire(t *testing.T) {
+	seed := uint64(testSeed(t))
+	tt, _ := newAsyncTarget(t, seed, 100*time.Microsecond, false)
+	c := connectHost(t, tt.addr, initiator.Config{Queues: 2, QueueDepth: 32})
+	wrote, miscompared := initiatortest.FusedWorkload(t, c.Namespace(1), seed, 4)
+	st := tt.t.Stats()
+	if st.FusedPairs != wrote || st.FusedMiscompares != miscompared || st.FusedMissing != 0 {
+		t.Errorf("stats: %d pairs, %d miscompares, %d missing; the host saw %d written, %d miscompared",
+			st.FusedPairs, st.FusedMiscompares, st.FusedMissing, wrote, miscompared)
+	}
+	t.Logf("%d pairs wrote, %d miscompared, %d lock waits", wrote, miscompared, st.LockWaits)
+}
+
+// TestFusedBufferExhaustion (docs/reservations.md §2.2, §9 question 10):
+// data buffers of 4 per core and class, a reserve of 8 and of 1, and 64
+// pairs in flight from 8 queues (4 KiB in the capsules, 64 KiB by RDMA
+// READ), halves executing out of order while waiting halves hold every
+// ordinary buffer: every pair completes and writes.
+func TestFusedBufferExhaustion(t *testing.T) {
+	for _, reserve := range []uint32{8, 1} {
+		t.Run(fmt.Sprintf("reserve=%d", reserve), func(t *testing.T) {
+			seed := uint64(testSeed(t))
+			d, err := target.NewDelayedBackend(target.DelayedConfig{BlockSize: 4096, Blocks: 16384,
+				Seed: seed, MaxDelay: 200 * time.Microsecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(d.Close)
+			a, err := soft.New(soft.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tgt, err := target.New(target.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sub, err := tgt.AddSubsystem(target.SubsystemConfig{NQN: testSubNQN, Hosts: []string{testHostNQN}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: d}); err != nil {
+				t.Fatal(err)
+			}
+			port, err := rdma.Listen(tgt, a, rdma.Config{Addr: "127.0.0.1:0", Cores: 2, SmallBuffers: 4, MidBuffers: 4,
+				LargeBuffers: 4, FusedReserve: reserve})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				port.Close()
+				tgt.Close()
+				a.Close()
+			})
+			c := connectHost(t, port.Addr().String(), initiator.Config{Queues: 8, QueueDepth: 16})
+			for round := range 3 {
+				initiatortest.FusedFlood(t, c.Namespace(1), uint64(round)*64*16, 64)
+			}
+			if st := tgt.Stats(); st.FusedPairs != 3*64 || st.FusedMissing != 0 {
+				t.Errorf("stats: %d pairs, %d missing; want %d, 0", st.FusedPairs, st.FusedMissing, 3*64)
+			}
+		})
+	}
+}
