@@ -18,6 +18,7 @@ type TargetCollector struct {
 	busy     *prometheus.Desc
 	latency  *prometheus.Desc
 	resvOps  *prometheus.Desc
+	fused    *prometheus.Desc
 	bounds   []float64
 	top      table[target.Stats]
 	ns       table[target.NamespaceStats]
@@ -45,6 +46,9 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 		resvOps: prometheus.NewDesc("blk_target_reservation_commands_total",
 			"Reservation commands received on I/O queues, by command (register, acquire, release, report), refused ones included.",
 			[]string{"op"}, nil),
+		fused: prometheus.NewDesc("blk_target_fused_total",
+			"Fused Compare and Write halves and pairs by outcome: pair (the Write succeeded), miscompare (the Compare failed), missing and failed (halves ended with Missing or Failed Fused Command), waited (halves that waited for their partner).",
+			[]string{"outcome"}, nil),
 		bounds: LatencyBuckets(),
 		top: newTable(nil, nil,
 			gauge("target_requests_in_flight", "Requests executed and not yet completed.", func(s *S) float64 {
@@ -69,6 +73,7 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 			counter("target_auth_timed_out_total", "Queues ended because their host did not authenticate in time (of target_auth_failed_total).", func(s *S) uint64 { return s.AuthTimedOut }),
 			counter("target_auth_required_total", "Commands refused with Authentication Required on a queue not yet authenticated.", func(s *S) uint64 { return s.AuthRequired }),
 			counter("target_events_dropped_total", "Asynchronous events lost with no AER to take them.", func(s *S) uint64 { return s.EventsDropped }),
+			counter("target_range_lock_waits_total", "Requests the namespace's range lock parked behind an overlapping write or fused pair (plain writes against pairs, pairs against writes).", func(s *S) uint64 { return s.LockWaits }),
 			counter("target_reservation_conflicts_total", "I/O commands refused with Reservation Conflict (the holder's reservation type excludes the host).", func(s *S) uint64 { return s.ReservationConflicts }),
 		),
 		ns: newTable(nil, nl,
@@ -96,6 +101,7 @@ func (c *TargetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.busy
 	ch <- c.latency
 	ch <- c.resvOps
+	ch <- c.fused
 	c.top.describe(ch)
 	c.ns.describe(ch)
 }
@@ -118,6 +124,12 @@ func (c *TargetCollector) Collect(ch chan<- prometheus.Metric) {
 		n      uint64
 	}{{"controllers", s.BusyControllers}, {"discovery", s.BusyDiscovery}, {"discovery_per_source", s.BusyDiscoverySource}} {
 		ch <- prometheus.MustNewConstMetric(c.busy, prometheus.CounterValue, float64(e.n), e.budget)
+	}
+	for _, e := range [...]struct {
+		outcome string
+		n       uint64
+	}{{"pair", s.FusedPairs}, {"miscompare", s.FusedMiscompares}, {"missing", s.FusedMissing}, {"failed", s.FusedFailed}, {"waited", s.FusedWaiting}} {
+		ch <- prometheus.MustNewConstMetric(c.fused, prometheus.CounterValue, float64(e.n), e.outcome)
 	}
 	for op, n := range s.ReservationCommands {
 		ch <- prometheus.MustNewConstMetric(c.resvOps, prometheus.CounterValue, float64(n), target.ResvOp(op).String())
