@@ -322,6 +322,12 @@ func TestReservationRestart(t *testing.T) {
 			t.Errorf("%s %v, want at least %v", name, n, least)
 		}
 	}
+	m := d.metricsText(t)
+	for _, series := range []string{`blk_target_reservation_commands_total{op="acquire"}`, `blk_target_fused_total{outcome="pair"}`, "blk_target_range_lock_waits_total"} {
+		if !strings.Contains(m, series) {
+			t.Errorf("/metrics has no %s", series)
+		}
+	}
 	t.Logf("mean time of a reservation command at the keeper (one node, the registry's commit included): %.2f ms",
 		1000*d.metric(t, "blk_reservation_command_seconds_sum")/d.metric(t, "blk_reservation_command_seconds_count"))
 
