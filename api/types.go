@@ -67,6 +67,56 @@ type Volume struct {
 	// by the primary when it answers (absent when it did not).
 	OwnedBytes  *uint64 `json:"owned_bytes,omitempty"`
 	SharedBytes *uint64 `json:"shared_bytes,omitempty"`
+	// Reservation is the volume's NVMe persistent reservation state as
+	// the registry keeps it (docs/reservations.md §6): its generation,
+	// which a host's Reservation Report shows too, the holder and the
+	// registrants. Gen 0 and no registrant: none ever made. Absent from
+	// a blkd older than reservations.
+	Reservation *Reservation `json:"reservation,omitempty"`
+}
+
+// Reservation is a volume's persistent reservation (NVMe reservations,
+// kept by the registry).
+type Reservation struct {
+	// Gen is PRGEN, the reservation generation a host's Reservation
+	// Report shows: +1 on every registration change, preempt and clear.
+	Gen uint32 `json:"gen"`
+	// Type is the reservation held, by name: "none", "write-exclusive",
+	// "exclusive-access", "write-exclusive-registrants-only",
+	// "exclusive-access-registrants-only", "write-exclusive-all-registrants",
+	// "exclusive-access-all-registrants".
+	Type string `json:"type"`
+	// Holder is the holding host's identifier (32 hex digits) for the
+	// types held by one host; absent for none and for the all-registrants
+	// types, which every registrant holds.
+	Holder string `json:"holder,omitempty"`
+	// HolderNQN is the holder's host NQN at its registration.
+	HolderNQN   string       `json:"holder_nqn,omitempty"`
+	Registrants []Registrant `json:"registrants,omitempty"`
+	// PTPL: Persist Through Power Loss. Off, the registrations and the
+	// reservation are dropped when the volume's serving node changes or
+	// restarts (its controllers all end: docs/reservations.md §1.10).
+	PTPL bool `json:"ptpl"`
+}
+
+// Registrant is a host registered on a volume's reservation.
+type Registrant struct {
+	HostID  string `json:"host_id"` // 32 hex digits (Connect's HOSTID)
+	HostNQN string `json:"host_nqn,omitempty"`
+	Key     uint64 `json:"key"`
+	// Holder: the registrant holds the reservation.
+	Holder bool `json:"holder,omitempty"`
+}
+
+// ReservationTypeNames are Reservation.Type's names by RTYPE (0: none).
+var ReservationTypeNames = [...]string{"none", "write-exclusive", "exclusive-access",
+	"write-exclusive-registrants-only", "exclusive-access-registrants-only",
+	"write-exclusive-all-registrants", "exclusive-access-all-registrants"}
+
+// ClearReservationAnswer answers POST /v1/volumes/{name}/reservation/clear:
+// the reservation after the clear.
+type ClearReservationAnswer struct {
+	Reservation Reservation `json:"reservation"`
 }
 
 // FlattenProgress is a running flatten of a clone: the bytes its primary

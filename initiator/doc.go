@@ -36,6 +36,9 @@
 //     (admin queue, enable, Identify, I/O queues, namespace scan) and its
 //     shutdown.
 //   - monitor.go: keep-alive, command timeouts, asynchronous events.
+//   - resv.go: Reservation Register, Acquire, Release and Report
+//     (blocking, on an I/O queue), the notification log page and Set
+//     Features Reservation Persistence; for tests and tools.
 //   - namespace.go: Namespace, the asynchronous I/O API and the blocking
 //     io.ReaderAt / io.WriterAt on top of it.
 //   - discover.go: Discover, the discovery controller's log page (TSAS

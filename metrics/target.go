@@ -17,6 +17,8 @@ type TargetCollector struct {
 	states   *prometheus.Desc
 	busy     *prometheus.Desc
 	latency  *prometheus.Desc
+	resvOps  *prometheus.Desc
+	fused    *prometheus.Desc
 	bounds   []float64
 	top      table[target.Stats]
 	ns       table[target.NamespaceStats]
@@ -33,7 +35,7 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 			"Commands completed, by NVMe status code (status: SCT<<8|SC in hex; name: its name).",
 			[]string{"status", "name"}, nil),
 		states: prometheus.NewDesc("blk_target_request_state_entries_total",
-			"Requests entering each state: executing (every Execute), queued (handed to the sync workers), held (AERs waiting for an event), done (every completion).",
+			"Requests entering each state: executing (every Execute), queued (handed to the sync workers), held (AERs waiting for an event), keeper (reservation commands handed to the namespace's reservation keeper), done (every completion).",
 			[]string{"state"}, nil),
 		busy: prometheus.NewDesc("blk_target_connects_busy_total",
 			"Admin Connects refused with Controller Busy (no DNR) because a controller budget was full, by budget: controllers (MaxControllers), discovery (MaxDiscoveryControllers), discovery_per_source (MaxDiscoveryPerSource).",
@@ -41,6 +43,12 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 		latency: prometheus.NewDesc("blk_target_namespace_io_latency_seconds",
 			"Time the namespace's backend took per call, by operation, failed calls included; a grouped write is timed by the commit that applied it, a compare as a read.",
 			append(nl, "op"), nil),
+		resvOps: prometheus.NewDesc("blk_target_reservation_commands_total",
+			"Reservation commands received on I/O queues, by command (register, acquire, release, report), refused ones included.",
+			[]string{"op"}, nil),
+		fused: prometheus.NewDesc("blk_target_fused_total",
+			"Fused Compare and Write halves and pairs by outcome: pair (the Write succeeded), miscompare (the Compare failed), missing and failed (halves ended with Missing or Failed Fused Command), waited (halves that waited for their partner).",
+			[]string{"outcome"}, nil),
 		bounds: LatencyBuckets(),
 		top: newTable(nil, nil,
 			gauge("target_requests_in_flight", "Requests executed and not yet completed.", func(s *S) float64 {
@@ -65,6 +73,8 @@ func NewTargetCollector(t *target.Target) *TargetCollector {
 			counter("target_auth_timed_out_total", "Queues ended because their host did not authenticate in time (of target_auth_failed_total).", func(s *S) uint64 { return s.AuthTimedOut }),
 			counter("target_auth_required_total", "Commands refused with Authentication Required on a queue not yet authenticated.", func(s *S) uint64 { return s.AuthRequired }),
 			counter("target_events_dropped_total", "Asynchronous events lost with no AER to take them.", func(s *S) uint64 { return s.EventsDropped }),
+			counter("target_range_lock_waits_total", "Requests the namespace's range lock parked behind an overlapping write or fused pair (plain writes against pairs, pairs against writes).", func(s *S) uint64 { return s.LockWaits }),
+			counter("target_reservation_conflicts_total", "I/O commands refused with Reservation Conflict (the holder's reservation type excludes the host).", func(s *S) uint64 { return s.ReservationConflicts }),
 		),
 		ns: newTable(nil, nl,
 			counter("target_namespace_reads_total", "Read commands that succeeded.", func(s *N) uint64 { return s.Reads }),
@@ -90,6 +100,8 @@ func (c *TargetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.states
 	ch <- c.busy
 	ch <- c.latency
+	ch <- c.resvOps
+	ch <- c.fused
 	c.top.describe(ch)
 	c.ns.describe(ch)
 }
@@ -104,7 +116,7 @@ func (c *TargetCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, e := range [...]struct {
 		state string
 		n     uint64
-	}{{"executing", s.Executed}, {"queued", s.Queued}, {"held", s.Held}, {"done", s.Completed}} {
+	}{{"executing", s.Executed}, {"queued", s.Queued}, {"held", s.Held}, {"keeper", s.AtKeeper}, {"done", s.Completed}} {
 		ch <- prometheus.MustNewConstMetric(c.states, prometheus.CounterValue, float64(e.n), e.state)
 	}
 	for _, e := range [...]struct {
@@ -112,6 +124,15 @@ func (c *TargetCollector) Collect(ch chan<- prometheus.Metric) {
 		n      uint64
 	}{{"controllers", s.BusyControllers}, {"discovery", s.BusyDiscovery}, {"discovery_per_source", s.BusyDiscoverySource}} {
 		ch <- prometheus.MustNewConstMetric(c.busy, prometheus.CounterValue, float64(e.n), e.budget)
+	}
+	for _, e := range [...]struct {
+		outcome string
+		n       uint64
+	}{{"pair", s.FusedPairs}, {"miscompare", s.FusedMiscompares}, {"missing", s.FusedMissing}, {"failed", s.FusedFailed}, {"waited", s.FusedWaiting}} {
+		ch <- prometheus.MustNewConstMetric(c.fused, prometheus.CounterValue, float64(e.n), e.outcome)
+	}
+	for op, n := range s.ReservationCommands {
+		ch <- prometheus.MustNewConstMetric(c.resvOps, prometheus.CounterValue, float64(n), target.ResvOp(op).String())
 	}
 	c.top.collect(ch, &s)
 	for i := range s.Namespaces {

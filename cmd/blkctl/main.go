@@ -412,7 +412,7 @@ func volumeCommand() *cli.Command {
 				},
 				Action: volumeDelete,
 			},
-		}, snapshotCommands()...),
+		}, append(snapshotCommands(), reservationCommand())...),
 	}
 }
 
@@ -569,6 +569,9 @@ func (e *env) showVolume(v volume) error {
 		{"Attached", attachedText(v)},
 		{"Created", created},
 	}...)
+	if r := reservationRow(v); r != "" {
+		kv = append(kv, [2]string{"Reservation", r})
+	}
 	if v.Reason != "" {
 		kv = append(kv, [2]string{"Reason", v.Reason})
 	}

@@ -79,7 +79,7 @@ func metaError(err error, hint string) error {
 		status, hint = http.StatusConflict, "retry once it is done"
 	case errors.Is(err, meta.ErrStaleEpoch):
 		status, hint = http.StatusConflict, "the volume's primary changed meanwhile: read the volume again"
-	case errors.Is(err, control.ErrFeatureMissing):
+	case errors.Is(err, control.ErrFeatureMissing), errors.Is(err, meta.ErrFeatureMissing):
 		status = http.StatusConflict
 	case errors.Is(err, meta.ErrVolumeDeleting), errors.Is(err, meta.ErrVolumeNotOnline),
 		errors.Is(err, meta.ErrBadTransition), errors.Is(err, meta.ErrLimit), errors.Is(err, meta.ErrNodeNotUp):
@@ -190,6 +190,12 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("POST /v1/internal/rebuild-revert", handler(d.internalRebuildRevert))
 	m.Handle("POST /v1/internal/rebuild-snapshot", handler(d.internalRebuildSnapshot))
 	m.Handle("POST /v1/internal/snapshot-nodes", w(d.internalSnapshotNodes))
+	// Reservations (reservation.go): the operator's clear (Op 30), a
+	// keeper's command on the leader, and the leader's push of a clear
+	// to the volume's serving node.
+	m.Handle("POST /v1/volumes/{name}/reservation/clear", w(d.clearReservation))
+	m.Handle("POST /v1/internal/reservation", w(d.internalReservation))
+	m.Handle("POST /v1/internal/reservation-notify", handler(d.internalReservationNotify))
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
 	m.Handle("POST /v1/cluster/join", w(d.clusterJoin))
 	m.Handle("POST /v1/cluster/remove", w(d.clusterRemove))
@@ -207,6 +213,7 @@ func (d *Daemon) routes() http.Handler {
 		"/v1/internal/snapshot": "POST", "/v1/internal/snapshot-copy": "POST", "/v1/internal/space": "GET",
 		"/v1/internal/snapshots": "GET", "/v1/internal/rebuild-revert": "POST", "/v1/internal/rebuild-snapshot": "POST", "/v1/internal/snapshot-nodes": "POST",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
+		"/v1/volumes/{name}/reservation/clear": "POST", "/v1/internal/reservation": "POST", "/v1/internal/reservation-notify": "POST",
 	} {
 		m.Handle(path, handler(func(w http.ResponseWriter, r *http.Request) error {
 			w.Header().Set("Allow", allow)

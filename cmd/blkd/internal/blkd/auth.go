@@ -272,6 +272,7 @@ func (d *Daemon) redact(r *http.Request, v api.Volume) api.Volume {
 	}
 	if _, role := caller(r); role == pki.RoleReader {
 		v.Hosts, v.Attachments, v.Authentication = nil, nil, nil
+		v.Reservation = redactReservation(v.Reservation) // reservation.go
 	}
 	return v
 }

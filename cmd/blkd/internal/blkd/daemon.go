@@ -100,6 +100,8 @@ type Daemon struct {
 	failing    map[string]bool
 	failWarned map[string]bool
 	replacer   replacer // the leader's automatic replacements (replace.go)
+	// resv is the node's reservation keepers (reservation.go).
+	resv *resvKeepers
 
 	// mu serializes attach and detach, and shutdown waits on it.
 	mu sync.Mutex
@@ -131,6 +133,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	d.repl = replicas{fences: map[uint64]fence{}, primary: map[uint64]*primaryLeg{}, host: map[uint64]*hostVolume{}}
 	d.leaseKick = make(chan struct{}, 1)
 	d.failing, d.failWarned = map[string]bool{}, map[string]bool{}
+	d.resv = newResvKeepers()
 	if cfg.RebuildRate > 0 {
 		d.repl.limit = repl.NewLimiter(cfg.RebuildRate)
 	}
@@ -248,6 +251,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	}
 	if err := d.reg.Prometheus().Register(NewRaftCollector(d.node)); err != nil {
 		return nil, fmt.Errorf("metrics: register raft collector: %w", err)
+	}
+	if err := d.reg.Prometheus().Register(d.resv.seconds); err != nil {
+		return nil, fmt.Errorf("metrics: register the reservation keepers' histogram: %w", err)
 	}
 
 	// The API serves from here on, before this node joins, waits for a
@@ -368,6 +374,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	// until then) once connected; ready waits for that, bounded.
 	d.setPhase("connecting its volumes' replicas")
 	go d.leaseLoop(d.stop)
+	go d.resvLoop(d.stop)
 	d.waitPrimaryLegs(ctx, replicaReadyWait)
 	d.ready.Store(true)
 	go d.settleLoop(d.stop)
@@ -635,7 +642,9 @@ func (d *Daemon) serve(v meta.Volume) error {
 	if err != nil {
 		return err
 	}
-	if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: backend}); err != nil {
+	// With a reservation keeper once every node serves reservations, its
+	// view unknown until bringUp publishes a current copy (reservation.go).
+	if err := d.addNamespace(v, sub, nil, target.NamespaceConfig{NSID: 1, Async: backend}); err != nil {
 		_ = d.tgt.RemoveSubsystem(v.NQN)
 		return err
 	}

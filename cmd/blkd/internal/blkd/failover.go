@@ -167,7 +167,9 @@ func (d *Daemon) ensureHostVolume(v meta.Volume) (*hostVolume, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := hv.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: hv.hb}); err != nil {
+	// With a reservation keeper once every node serves reservations, its
+	// view unknown until a renewal publishes it (reservation.go).
+	if err := d.addNamespace(v, hv.sub, hv, target.NamespaceConfig{NSID: 1, Async: hv.hb}); err != nil {
 		_ = d.tgt.RemoveSubsystem(v.NQN)
 		return nil, err
 	}
@@ -453,6 +455,9 @@ func (d *Daemon) renew(hv *hostVolume, until int64) {
 			}
 		}()
 		return
+	}
+	if !d.renewReservation(hv, pl, v) {
+		return // a power loss (PTPL off) is being recorded: serve after it
 	}
 	pl.lease.Store(until)
 	if pl.b.Serving() && hv.sub.ANAState() != nvme.ANAOptimized {

@@ -225,6 +225,7 @@ func views(s *meta.State, vols ...meta.Volume) []api.Volume {
 		}
 		replicaView(v, &a)
 		snapshotFields(v, &a)
+		reservationFields(v, &a)
 		out = append(out, a)
 	}
 	return out
