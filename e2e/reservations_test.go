@@ -160,7 +160,7 @@ func TestKernelReservations(t *testing.T) {
 		}
 	}
 	nodes[pin].d.start()
-	s.mark("failed-over")
+	s.mark("switched")
 	waitBoth("checked-2", 5*time.Minute)
 	if r2 := report("2", "resv1", "resv1", "resv2"); r2.Gen != r1.Gen {
 		t.Errorf("generation %d after the failover, was %d", r2.Gen, r1.Gen)

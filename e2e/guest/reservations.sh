@@ -4,7 +4,7 @@
 # run this script; the guest's name is its role. nvme-cli sends the
 # reservation commands; dd with O_DIRECT checks what each host may do.
 # The test kills the primary (failover) and then the whole cluster
-# between the steps (marks failed-over, restarted).
+# between the steps (marks switched, restarted).
 # env.sh: DISC PORTS NQN HOSTID_resv1 HOSTID_resv2
 . /share/lib.sh
 net_user
@@ -93,7 +93,7 @@ report 1
 mark "checked-1-$me"
 
 # Step 2: after a failover to another replica, the same state.
-wait_file /share/failed-over 300
+wait_file /share/switched 300
 optimized
 report 2
 [ $me = resv2 ] && refused 2 /share/block-resv1
