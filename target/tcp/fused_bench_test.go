@@ -45,7 +45,11 @@ func BenchmarkCompareAndWriteQD32(b *testing.B) {
 					return
 				}
 				p0 := tt.port.Stats()
-				iops := runCAWBench(b, ns, op == "caw")
+				kind := cawWrite
+				if op == "caw" {
+					kind = cawPair
+				}
+				iops := runCAWBench(b, ns, kind)
 				st := tt.t.Stats()
 				reportPortPerOp(b, p0, tt.port.Stats())
 				if op == "write" {
@@ -120,7 +124,8 @@ type cawSlot struct {
 
 type cawRun struct {
 	ns       *initiator.Namespace
-	caw      bool
+	kind     cawKind
+	rbuf     [cawDepth][]byte // cawRead: each slot's buffer
 	data     []byte
 	lbas     []uint64 // per I/O
 	n        int64
@@ -163,10 +168,13 @@ func (r *cawRun) next(s *cawSlot) {
 	lba := r.lbas[i]/cawDepth*cawDepth + uint64(s.idx)
 	s.start = mono()
 	var err error
-	if r.caw {
+	switch r.kind {
+	case cawPair:
 		err = r.ns.CompareAndWriteAsync(lba, r.data, r.data, 0, s)
-	} else {
+	case cawWrite:
 		err = r.ns.WriteAsync(lba, r.data, 0, s)
+	default:
+		err = r.ns.ReadAsync(lba, r.rbuf[s.idx], s)
 	}
 	if err != nil {
 		r.finish(err)
@@ -175,9 +183,14 @@ func (r *cawRun) next(s *cawSlot) {
 
 // cawRunOnce runs n I/Os (pairs for caw) at depth cawDepth and returns
 // the run, its wall time and the process's CPU time meanwhile.
-func cawRunOnce(b *testing.B, ns *initiator.Namespace, caw bool, n int) (*cawRun, time.Duration, time.Duration) {
-	r := &cawRun{ns: ns, caw: caw, data: bytes.Repeat([]byte{0x5a}, testBlock), n: int64(n),
+func cawRunOnce(b *testing.B, ns *initiator.Namespace, kind cawKind, n int) (*cawRun, time.Duration, time.Duration) {
+	r := &cawRun{ns: ns, kind: kind, data: bytes.Repeat([]byte{0x5a}, testBlock), n: int64(n),
 		lbas: make([]uint64, n), fin: make(chan struct{})}
+	if kind == cawRead {
+		for i := range r.rbuf {
+			r.rbuf[i] = make([]byte, testBlock)
+		}
+	}
 	rng := rand.New(rand.NewPCG(7, uint64(n)))
 	for i := range r.lbas {
 		r.lbas[i] = rng.Uint64N(cawBlocks)
@@ -198,14 +211,14 @@ func cawRunOnce(b *testing.B, ns *initiator.Namespace, caw bool, n int) (*cawRun
 
 // runCAWBench runs a warm-up, then b.N I/Os (pairs for caw) at depth
 // cawDepth, and returns their IOPS.
-func runCAWBench(b *testing.B, ns *initiator.Namespace, caw bool) float64 {
-	if r, _, _ := cawRunOnce(b, ns, caw, 1024); r.err != nil {
+func runCAWBench(b *testing.B, ns *initiator.Namespace, kind cawKind) float64 {
+	if r, _, _ := cawRunOnce(b, ns, kind, 1024); r.err != nil {
 		b.Fatalf("warm-up: %v", r.err)
 	}
 	b.ReportAllocs()
 	b.SetBytes(testBlock)
 	b.ResetTimer()
-	r, d, cpu := cawRunOnce(b, ns, caw, max(b.N, cawDepth))
+	r, d, cpu := cawRunOnce(b, ns, kind, max(b.N, cawDepth))
 	b.StopTimer()
 	if r.err != nil {
 		b.Fatal(r.err)
@@ -220,45 +233,63 @@ func runCAWBench(b *testing.B, ns *initiator.Namespace, caw bool) float64 {
 	return iops
 }
 
-// cawRounds is how many write runs and caw runs op=alternate makes.
+// cawKind is what a benchmark run sends.
+type cawKind uint8
+
+const (
+	cawWrite cawKind = iota // plain 4 KiB writes
+	cawPair                 // fused Compare and Write pairs
+	cawRead                 // 4 KiB reads (op=alternate's ceiling)
+)
+
+// cawRounds is how many rounds op=alternate makes.
 const cawRounds = 5
 
 // runCAWAlternate makes cawRounds rounds on one target, each a run of
-// b.N plain writes then one of b.N pairs, and reports the median, the
-// lowest and the highest of the rounds' pair-IOPS ÷ write-IOPS
-// (x-write), and the median of their CPU per pair ÷ CPU per write: on a
-// machine shared with other work, what a single write run then caw run
-// cannot tell apart from the machine's moods (docs/reservations.md
-// §2.6).
+// b.N plain writes, one of b.N pairs and one of b.N reads, and reports
+// the median, the lowest and the highest of the rounds' pair-IOPS ÷
+// write-IOPS (x-write), the median of their CPU per pair ÷ CPU per
+// write, and the median ceiling a latency bound puts on x-write: at the
+// same depth a pair's latency is at least a read's plus a write's, so
+// x-write ≤ t_write/(t_read+t_write) = read-IOPS/(read-IOPS+write-IOPS)
+// (x-ceiling; where the CPU bounds instead, cpu-pair/write says more).
+// On a machine shared with other work one write run then one caw run
+// cannot tell the pair's cost from the machine's moods
+// (docs/reservations.md §2.6).
 func runCAWAlternate(b *testing.B, ns *initiator.Namespace) {
-	for _, caw := range []bool{false, true} {
-		if r, _, _ := cawRunOnce(b, ns, caw, 1024); r.err != nil {
+	kinds := []cawKind{cawWrite, cawPair, cawRead}
+	for _, k := range kinds {
+		if r, _, _ := cawRunOnce(b, ns, k, 1024); r.err != nil {
 			b.Fatalf("warm-up: %v", r.err)
 		}
 	}
 	n := max(b.N, cawDepth)
 	b.ReportAllocs()
 	b.ResetTimer()
-	var ratio, cpuRatio [cawRounds]float64
+	var ratio, cpuRatio, ceiling [cawRounds]float64
 	for i := range cawRounds {
-		var iops, cpu [2]float64
-		for k, caw := range []bool{false, true} {
-			r, d, c := cawRunOnce(b, ns, caw, n)
+		var iops, cpu [3]float64
+		for _, k := range kinds {
+			r, d, c := cawRunOnce(b, ns, k, n)
 			if r.err != nil {
 				b.Fatal(r.err)
 			}
 			iops[k] = float64(n) / d.Seconds()
 			cpu[k] = float64(c) / float64(n)
 		}
-		ratio[i], cpuRatio[i] = iops[1]/iops[0], cpu[1]/cpu[0]
+		ratio[i] = iops[cawPair] / iops[cawWrite]
+		cpuRatio[i] = cpu[cawPair] / cpu[cawWrite]
+		ceiling[i] = iops[cawRead] / (iops[cawRead] + iops[cawWrite])
 	}
 	b.StopTimer()
-	slices.Sort(ratio[:])
-	slices.Sort(cpuRatio[:])
+	for _, a := range [][]float64{ratio[:], cpuRatio[:], ceiling[:]} {
+		slices.Sort(a)
+	}
 	b.ReportMetric(ratio[cawRounds/2], "x-write")
 	b.ReportMetric(ratio[0], "x-write-min")
 	b.ReportMetric(ratio[cawRounds-1], "x-write-max")
 	b.ReportMetric(cpuRatio[cawRounds/2], "cpu-pair/write")
+	b.ReportMetric(ceiling[cawRounds/2], "x-ceiling")
 }
 
 // processCPU is the CPU time this process has used, user and system.
