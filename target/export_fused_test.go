@@ -20,7 +20,8 @@ func LockWords(s *Subsystem, nsid uint32) (words uint64, parked int) {
 }
 
 // FusedEntries returns the entries of q's pairing table: waiting halves
-// and verdicts not yet taken (0 once every pair is done).
+// and verdicts not yet taken (0 once every pair is done; negative when
+// the table's count of them disagrees).
 func FusedEntries(q *Queue) int {
 	q.fused.mu.Lock()
 	defer q.fused.mu.Unlock()
@@ -29,6 +30,9 @@ func FusedEntries(q *Queue) int {
 		if e.used {
 			n++
 		}
+	}
+	if n != q.fused.n {
+		return -1 - n // the count the look-ups stop by is wrong
 	}
 	return n
 }

@@ -32,7 +32,8 @@ func benchCommand() *cli.Command {
 			"over --rdma-provider, soft-iWARP by default), keeps --qd I/Os\n" +
 			"in flight, and detaches at the end if it attached. Writes overwrite the volume's data. caw sends fused Compare and\n" +
 			"Write pairs at random blocks, comparing with zeros and writing zeros (on a fresh volume each writes; elsewhere they\n" +
-			"miscompare, counted), --qd pairs in flight.",
+			"miscompare, counted), --qd pairs in flight. --zero-data makes writes write zeros, so that caw compares equal on a\n" +
+			"volume written so before (what a caw run against randwrite on the same volume needs).",
 		Flags: append(append(providerFlags(), authFlags()...),
 			&cli.StringFlag{Name: "host-nqn", Usage: "NQN of the host to connect as (must be allowed on the volume)"},
 			&cli.StringFlag{Name: "rw", Value: "randread", Usage: "pattern: randread, randwrite, read, write or caw (Compare and Write)"},
@@ -40,6 +41,7 @@ func benchCommand() *cli.Command {
 			&cli.IntFlag{Name: "qd", Value: 32, Usage: "queue depth: I/Os kept in flight (1-256)"},
 			&cli.DurationFlag{Name: "time", Value: 10 * time.Second, Usage: "run this long (unless --ios ends it first)"},
 			&cli.Int64Flag{Name: "ios", Usage: "run this many I/Os (then --time only bounds the run if set explicitly)"},
+			&cli.BoolFlag{Name: "zero-data", Usage: "writes write zeros instead of random bytes (caw then compares equal on the blocks they wrote)"},
 			&cli.BoolFlag{Name: "progress", Usage: "show the progress bar even when stderr is not a terminal"},
 		),
 		Action: benchAction,
@@ -232,6 +234,7 @@ func benchAction(c *cli.Context) error {
 }
 
 func runBench(e *env, c *cli.Context, vol, host string, at attachment, rw string, bs uint64, qd int, ios int64, dur time.Duration) (benchResult, error) {
+	zeroData := c.Bool("zero-data")
 	depth := max(2*qd, 32)
 	closeAll, ctrl, ns, err := connect(c, at, host, initiator.Config{Queues: 1, QueueDepth: min(depth, 256)})
 	if err != nil {
@@ -266,7 +269,7 @@ func runBench(e *env, c *cli.Context, vol, host string, at attachment, rw string
 		if b.caw {
 			s.zero = make([]byte, bs)
 		}
-		for j := 0; j+8 <= len(s.buf); j += 8 {
+		for j := 0; j+8 <= len(s.buf) && !zeroData; j += 8 {
 			v := s.rng.Uint64()
 			for k := range 8 {
 				s.buf[j+k] = byte(v >> (8 * k))

@@ -268,6 +268,24 @@ func TestVolumeWorkflow(t *testing.T) {
 		}
 		t.Logf("bench %s: %.0f IOPS, %.1f MB/s, p50 %.0f µs, p99 %.0f µs (%v)", rw, r.IOPS, r.MBps, r.LatP50US, r.LatP99US, time.Since(start))
 	}
+	// caw on blocks randwrite filled with random bytes miscompares; once
+	// the volume is written with --zero-data (the whole 128 MiB it was
+	// resized to, 1024 × 128 KiB) every pair compares equal again.
+	benchJSON := func(args ...string) benchResult {
+		out := ok(t, api, append([]string{"-o", "json", "bench", "vol1", "--host-nqn", host}, args...)...)
+		var r benchResult
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("bench %v json %q: %v", args, out, err)
+		}
+		return r
+	}
+	if r := benchJSON("--ios", "2000", "--qd", "8", "--rw", "caw"); r.Miscompares == 0 {
+		t.Fatalf("caw after randwrite: no miscompare in %d pairs", r.IOs)
+	}
+	benchJSON("--ios", "1024", "--qd", "4", "--rw", "write", "--bs", "128KiB", "--zero-data")
+	if r := benchJSON("--ios", "2000", "--qd", "8", "--rw", "caw"); r.Miscompares != 0 || r.IOs != 2000 {
+		t.Fatalf("caw after write --zero-data: %d miscompares in %d pairs", r.Miscompares, r.IOs)
+	}
 	if n := metric(t, api, "blk_volume_writes_total"); n < 2000 {
 		t.Fatalf("blk_volume_writes_total = %v after the write bench", n)
 	}

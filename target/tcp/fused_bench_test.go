@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,18 +26,32 @@ import (
 // The pair compares what the blocks hold, so each one writes. In each
 // backend the "write" run comes first; the "caw" run reports x-write,
 // its IOPS over the write run's (docs/reservations.md §2.6: the goal is
-// ≥ 0.8). The plain writes' cost of the range lock is what
+// ≥ 0.8), and both report the process's CPU per I/O and the poll
+// groups' socket calls and passes per I/O. One write run then one caw
+// run swings with whatever else the machine does; "alternate" makes five
+// rounds of both on one target and reports the median ratio, its spread
+// and the ratio of CPU per pair to CPU per write. The plain writes' cost of the range lock is what
 // BenchmarkRandWrite4KiBQD32 shows before and after it.
 //
 //	go test -run '^$' -bench CompareAndWrite -benchtime 20000x ./target/tcp/
 func BenchmarkCompareAndWriteQD32(b *testing.B) {
 	for _, backend := range []string{"mem", "store"} {
 		var writeIOPS float64
-		for _, op := range []string{"write", "caw"} {
+		for _, op := range []string{"write", "caw", "alternate"} {
 			b.Run(fmt.Sprintf("backend=%s/op=%s", backend, op), func(b *testing.B) {
 				ns, tt := cawBenchTarget(b, backend)
-				iops := runCAWBench(b, ns, op == "caw")
+				if op == "alternate" {
+					runCAWAlternate(b, ns)
+					return
+				}
+				p0 := tt.port.Stats()
+				kind := cawWrite
+				if op == "caw" {
+					kind = cawPair
+				}
+				iops := runCAWBench(b, ns, kind)
 				st := tt.t.Stats()
+				reportPortPerOp(b, p0, tt.port.Stats())
 				if op == "write" {
 					writeIOPS = iops
 				} else {
@@ -108,7 +124,8 @@ type cawSlot struct {
 
 type cawRun struct {
 	ns       *initiator.Namespace
-	caw      bool
+	kind     cawKind
+	rbuf     [cawDepth][]byte // cawRead: each slot's buffer
 	data     []byte
 	lbas     []uint64 // per I/O
 	n        int64
@@ -151,45 +168,57 @@ func (r *cawRun) next(s *cawSlot) {
 	lba := r.lbas[i]/cawDepth*cawDepth + uint64(s.idx)
 	s.start = mono()
 	var err error
-	if r.caw {
+	switch r.kind {
+	case cawPair:
 		err = r.ns.CompareAndWriteAsync(lba, r.data, r.data, 0, s)
-	} else {
+	case cawWrite:
 		err = r.ns.WriteAsync(lba, r.data, 0, s)
+	default:
+		err = r.ns.ReadAsync(lba, r.rbuf[s.idx], s)
 	}
 	if err != nil {
 		r.finish(err)
 	}
 }
 
+// cawRunOnce runs n I/Os (pairs for caw) at depth cawDepth and returns
+// the run, its wall time and the process's CPU time meanwhile.
+func cawRunOnce(b *testing.B, ns *initiator.Namespace, kind cawKind, n int) (*cawRun, time.Duration, time.Duration) {
+	r := &cawRun{ns: ns, kind: kind, data: bytes.Repeat([]byte{0x5a}, testBlock), n: int64(n),
+		lbas: make([]uint64, n), fin: make(chan struct{})}
+	if kind == cawRead {
+		for i := range r.rbuf {
+			r.rbuf[i] = make([]byte, testBlock)
+		}
+	}
+	rng := rand.New(rand.NewPCG(7, uint64(n)))
+	for i := range r.lbas {
+		r.lbas[i] = rng.Uint64N(cawBlocks)
+	}
+	cpu0 := processCPU()
+	start := time.Now()
+	for i := range r.slots {
+		r.slots[i] = cawSlot{r: r, idx: i}
+		r.next(&r.slots[i])
+	}
+	select {
+	case <-r.fin:
+	case <-time.After(5 * time.Minute):
+		b.Fatal("benchmark run did not finish")
+	}
+	return r, time.Since(start), processCPU() - cpu0
+}
+
 // runCAWBench runs a warm-up, then b.N I/Os (pairs for caw) at depth
 // cawDepth, and returns their IOPS.
-func runCAWBench(b *testing.B, ns *initiator.Namespace, caw bool) float64 {
-	run := func(n int) (*cawRun, time.Duration) {
-		r := &cawRun{ns: ns, caw: caw, data: bytes.Repeat([]byte{0x5a}, testBlock), n: int64(n),
-			lbas: make([]uint64, n), fin: make(chan struct{})}
-		rng := rand.New(rand.NewPCG(7, uint64(n)))
-		for i := range r.lbas {
-			r.lbas[i] = rng.Uint64N(cawBlocks)
-		}
-		start := time.Now()
-		for i := range r.slots {
-			r.slots[i] = cawSlot{r: r, idx: i}
-			r.next(&r.slots[i])
-		}
-		select {
-		case <-r.fin:
-		case <-time.After(5 * time.Minute):
-			b.Fatal("benchmark run did not finish")
-		}
-		return r, time.Since(start)
-	}
-	if r, _ := run(1024); r.err != nil {
+func runCAWBench(b *testing.B, ns *initiator.Namespace, kind cawKind) float64 {
+	if r, _, _ := cawRunOnce(b, ns, kind, 1024); r.err != nil {
 		b.Fatalf("warm-up: %v", r.err)
 	}
 	b.ReportAllocs()
 	b.SetBytes(testBlock)
 	b.ResetTimer()
-	r, d := run(max(b.N, cawDepth))
+	r, d, cpu := cawRunOnce(b, ns, kind, max(b.N, cawDepth))
 	b.StopTimer()
 	if r.err != nil {
 		b.Fatal(r.err)
@@ -197,7 +226,90 @@ func runCAWBench(b *testing.B, ns *initiator.Namespace, caw bool) float64 {
 	iops := float64(r.n) / d.Seconds()
 	b.ReportMetric(iops, "IOPS")
 	b.ReportMetric(float64(r.lat.Load())/float64(r.n)/1e3, "mean-us")
+	// The process's CPU (initiator and target together, user and
+	// system) per I/O: on a shared machine steadier than IOPS, and what
+	// bounds IOPS when the cores are busy.
+	b.ReportMetric(float64(cpu.Microseconds())/float64(r.n), "cpu-us/op")
 	return iops
+}
+
+// cawKind is what a benchmark run sends.
+type cawKind uint8
+
+const (
+	cawWrite cawKind = iota // plain 4 KiB writes
+	cawPair                 // fused Compare and Write pairs
+	cawRead                 // 4 KiB reads (op=alternate's ceiling)
+)
+
+// cawRounds is how many rounds op=alternate makes.
+const cawRounds = 5
+
+// runCAWAlternate makes cawRounds rounds on one target, each a run of
+// b.N plain writes, one of b.N pairs and one of b.N reads, and reports
+// the median, the lowest and the highest of the rounds' pair-IOPS ÷
+// write-IOPS (x-write), the median of their CPU per pair ÷ CPU per
+// write, and the median ceiling a latency bound puts on x-write: at the
+// same depth a pair's latency is at least a read's plus a write's, so
+// x-write ≤ t_write/(t_read+t_write) = read-IOPS/(read-IOPS+write-IOPS)
+// (x-ceiling; where the CPU bounds instead, cpu-pair/write says more).
+// On a machine shared with other work one write run then one caw run
+// cannot tell the pair's cost from the machine's moods
+// (docs/reservations.md §2.6).
+func runCAWAlternate(b *testing.B, ns *initiator.Namespace) {
+	kinds := []cawKind{cawWrite, cawPair, cawRead}
+	for _, k := range kinds {
+		if r, _, _ := cawRunOnce(b, ns, k, 1024); r.err != nil {
+			b.Fatalf("warm-up: %v", r.err)
+		}
+	}
+	n := max(b.N, cawDepth)
+	b.ReportAllocs()
+	b.ResetTimer()
+	var ratio, cpuRatio, ceiling [cawRounds]float64
+	for i := range cawRounds {
+		var iops, cpu [3]float64
+		for _, k := range kinds {
+			r, d, c := cawRunOnce(b, ns, k, n)
+			if r.err != nil {
+				b.Fatal(r.err)
+			}
+			iops[k] = float64(n) / d.Seconds()
+			cpu[k] = float64(c) / float64(n)
+		}
+		ratio[i] = iops[cawPair] / iops[cawWrite]
+		cpuRatio[i] = cpu[cawPair] / cpu[cawWrite]
+		ceiling[i] = iops[cawRead] / (iops[cawRead] + iops[cawWrite])
+	}
+	b.StopTimer()
+	for _, a := range [][]float64{ratio[:], cpuRatio[:], ceiling[:]} {
+		slices.Sort(a)
+	}
+	b.ReportMetric(ratio[cawRounds/2], "x-write")
+	b.ReportMetric(ratio[0], "x-write-min")
+	b.ReportMetric(ratio[cawRounds-1], "x-write-max")
+	b.ReportMetric(cpuRatio[cawRounds/2], "cpu-pair/write")
+	b.ReportMetric(ceiling[cawRounds/2], "x-ceiling")
+}
+
+// processCPU is the CPU time this process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportPortPerOp reports the target's socket calls, loop passes,
+// sleeps and responses per benchmark operation (a pair, for caw): what a
+// pair costs the poll group beyond a plain write.
+func reportPortPerOp(b *testing.B, p0, p1 tcp.Stats) {
+	n := float64(b.N)
+	b.ReportMetric(float64(p1.Reads-p0.Reads)/n, "readv/op")
+	b.ReportMetric(float64(p1.Writes-p0.Writes)/n, "writev/op")
+	b.ReportMetric(float64(p1.Passes-p0.Passes)/n, "passes/op")
+	b.ReportMetric(float64(p1.Sleeps-p0.Sleeps)/n, "sleeps/op")
 }
 
 var _ = context.Background
