@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# deploy/bench/caw.sh: what fused Compare and Write costs, through blkd
+# (issue 25's goal: pairs at QD32 on distinct blocks ≥ 0.8× plain writes).
+#
+# One blkd (built from this checkout) on loopback, a one-replica volume
+# of SIZE first written whole with zeros, driven by blkctl bench (blk's
+# initiator over NVMe/TCP, one I/O queue, 4 KiB, QD32). Per round, in
+# this order: 4 KiB random writes of zeros (the baseline), Compare and
+# Write pairs at random blocks (compare zeros, write zeros: every pair
+# compares equal and writes), 4 KiB random reads. The ceiling of pairs
+# whose Write may start only once their Compare's read matched is
+# t_w/(t_r+t_w) = reads/(reads+writes) per second at the same depth.
+# One markdown table of medians over the rounds, each ratio the median
+# of the rounds' ratios.
+#
+# Usage: deploy/bench/caw.sh
+#
+# Environment (defaults in brackets):
+#   SIZE      the volume's size [1GiB]
+#   RUNTIME   seconds per run [4]
+#   RUNS      rounds [5]
+#   BASE_PORT raft BASE_PORT+1, NVMe/TCP +11, NVMe/RDMA +21, API +31 [25600]
+#   BENCH_DIR where the scratch directory goes: the disk under test [/var/tmp]
+#   OUT       the table's file [./caw-YYYYMMDDTHHMMZ.md]
+#
+# Everything it starts is stopped and the scratch directory removed on
+# exit, error or Ctrl-C.
+
+set -euo pipefail
+
+say() { printf '%s caw: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+SIZE=${SIZE:-1GiB}
+RUNTIME=${RUNTIME:-4}
+RUNS=${RUNS:-5}
+BASE_PORT=${BASE_PORT:-25600}
+BENCH_DIR=${BENCH_DIR:-/var/tmp}
+OUT=${OUT:-./caw-$(date -u +%Y%m%dT%H%MZ).md}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+scratch=$(mktemp -d "$BENCH_DIR/blk-caw.XXXXXX")
+pid=
+cleanup() {
+	[[ -n $pid ]] && { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
+	rm -rf "$scratch"
+}
+trap cleanup EXIT INT TERM
+
+say "building blkd and blkctl"
+(cd "$repo" && go build -o "$scratch/blkd" ./cmd/blkd && go build -o "$scratch/blkctl" ./cmd/blkctl)
+api="127.0.0.1:$((BASE_PORT + 31))"
+mkdir -p "$scratch/node"
+"$scratch/blkd" --node-id node1 --data-dir "$scratch/node" \
+	--raft-addr "127.0.0.1:$((BASE_PORT + 1))" --tcp-addr "127.0.0.1:$((BASE_PORT + 11))" \
+	--nvme-addr "127.0.0.1:$((BASE_PORT + 21))" --api-addr "$api" >"$scratch/node.log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do
+	grep -qx ready "$scratch/node.log" && break
+	kill -0 "$pid" 2>/dev/null || { cat "$scratch/node.log" >&2; die "blkd exited"; }
+	sleep 0.1
+done
+grep -qx ready "$scratch/node.log" || die "blkd not ready in 60 s"
+ctl() { "$scratch/blkctl" --api "http://$api" "$@"; }
+host=nqn.2026-11.io.blk:caw-bench
+field() { sed -n "s/.*\"$1\": *\([0-9.]*\).*/\1/p" | head -1; }
+bench() { # RW ARGS... -> the run's JSON
+	local rw=$1
+	shift
+	ctl -o json bench v --host-nqn "$host" --transport tcp --rw "$rw" --bs 4KiB --qd 32 --time "${RUNTIME}s" "$@"
+}
+
+ctl volume create v --size "$SIZE" --replicas 1 >/dev/null
+ctl host allow v "$host" >/dev/null
+bytes=$(ctl -o json volume show v | field size_bytes)
+say "writing the volume whole with zeros ($SIZE)"
+ctl bench v --host-nqn "$host" --transport tcp --rw write --zero-data --bs 128KiB --qd 8 --ios $((bytes / 131072)) >/dev/null
+
+declare -A res
+for run in $(seq "$RUNS"); do
+	w=$(bench randwrite --zero-data | field iops)
+	j=$(bench caw)
+	p=$(field iops <<<"$j")
+	m=$(field miscompares <<<"$j")
+	r=$(bench randread | field iops)
+	[[ -z $m || $m == 0 ]] || die "run $run: $m pairs miscompared: the volume is not all zeros"
+	res["w|$run"]=$w res["p|$run"]=$p res["r|$run"]=$r
+	res["x|$run"]=$(awk -v a="$p" -v b="$w" 'BEGIN {printf "%.2f\n", a/b}')
+	res["c|$run"]=$(awk -v r="$r" -v w="$w" 'BEGIN {printf "%.2f\n", r/(r+w)}')
+	say "run $run: writes $w IOPS, pairs $p/s (${res["x|$run"]}×), reads $r IOPS (ceiling ${res["c|$run"]}×)"
+done
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+col() { for run in $(seq "$RUNS"); do echo "${res["$1|$run"]}"; done | median; }
+all() { for run in $(seq "$RUNS"); do echo "${res["$1|$run"]}"; done | paste -sd' ' | sed 's/ /, /g'; }
+{
+	echo "| measure (4 KiB, QD32, $RUNS rounds) | median | rounds |"
+	echo "| --- | --- | --- |"
+	printf '| random writes, IOPS | %s | %s |\n' "$(col w)" "$(all w)"
+	printf '| Compare and Write pairs, per second | %s | %s |\n' "$(col p)" "$(all p)"
+	printf '| pairs ÷ writes | %s | %s |\n' "$(col x)" "$(all x)"
+	printf '| random reads, IOPS | %s | %s |\n' "$(col r)" "$(all r)"
+	printf '| ceiling reads/(reads+writes) | %s | %s |\n' "$(col c)" "$(all c)"
+} | tee "$OUT"
+say "table in $OUT"
