@@ -191,19 +191,14 @@ func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 	id := nvme.IdentifyController{
 		SN:     c.s.serial,
 		MN:     c.s.model,
-		RAB:    6,
 		CNTLID: c.cntlid,
 		VER:    targetVersion,
 		OAES:   c.oaes(),
-		CTRATT: nvme.CtrAttHostID128,
-		ACL:    3,
 		AERL:   aerLimit - 1,
-		// One firmware slot, read-only: the Firmware Slot log shows FR.
-		FRMW: 1<<0 | 1<<1,
-		ELPE: uint8(t.cfg.ErrorLogEntries - 1),
-		KAS:  kasUnits,
-		SQES: 0x66,
-		CQES: 0x44,
+		ELPE:   uint8(t.cfg.ErrorLogEntries - 1),
+		// A discovery controller too: a persistent discovery connection
+		// keeps itself alive (EPCSD in its log entry).
+		KAS: kasUnits,
 		// MAXCMD = CAP.MQES + 1: a Linux host clamps its queue size to
 		// both, so neither may say less than the other (65535, the
 		// field's most, for a 65536-entry MQES).
@@ -212,16 +207,25 @@ func (c *ctrl) identifyController(buf *[nvme.IdentifySize]byte) {
 		IOCCSZ: l.IOCCSZ(),
 		IORCSZ: nvme.CQESize / 16,
 		MSDBD:  1,
-		// One power state, faked as nvmet (and qemu) do.
-		PSD0: nvme.PowerState{MaxPower: 0x9c4, EntryLat: 0x10, ExitLat: 0x4},
 	}
 	_ = nvme.SetASCII(id.FR[:], t.cfg.FirmwareRevision)
 	id.SubNQN, _ = nvme.MakeNQNField(c.s.nqn)
 	if c.disc {
+		// RAB, CTRATT, ACL, FRMW, SQES, CQES and the power states are
+		// reserved for a discovery controller: zero, as nvmet's and
+		// nvmf_tgt's discovery Identify (docs/spdk-identify.md).
 		id.CNTRLTYPE = nvme.CtrlTypeDiscovery
 		id.LPA = nvme.LPAExtendedData
 	} else {
 		id.CNTRLTYPE = nvme.CtrlTypeIO
+		id.RAB = 6
+		id.CTRATT = nvme.CtrAttHostID128
+		id.ACL = 3
+		// One firmware slot, read-only: the Firmware Slot log shows FR.
+		id.FRMW = 1<<0 | 1<<1
+		id.SQES, id.CQES = 0x66, 0x44
+		// One power state, faked as nvmet (and qemu) do.
+		id.PSD0 = nvme.PowerState{MaxPower: 0x9c4, EntryLat: 0x10, ExitLat: 0x4}
 		// Traffic-based keep-alive: any command restarts the
 		// keep-alive timer (ctrl.keepAliveFired), so a host moving I/O
 		// needs no Keep Alive.
