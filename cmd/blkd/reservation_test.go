@@ -294,6 +294,21 @@ func createResvVolume(t *testing.T, d *daemon, name, size string, replicas int, 
 	return v
 }
 
+// newTCPCluster makes the addresses of three nodes, node1 to node3, and
+// an NVMe/TCP address of each (tcp, by node), starting none: the tests
+// that restart nodes by hand keep their NVMe/TCP ports.
+func newTCPCluster(t *testing.T) (c *cluster, ids []string, tcp map[string]string) {
+	t.Helper()
+	c = &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}}
+	ids = []string{"node1", "node2", "node3"}
+	tcp = map[string]string{}
+	for _, id := range ids {
+		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
+		tcp[id] = freeAddr(t)
+	}
+	return c, ids, tcp
+}
+
 // tcpEndpoint is the NVMe/TCP address the volume's attach answer names.
 func tcpEndpoint(t *testing.T, d *daemon, name string) (addr, nqn string) {
 	t.Helper()
@@ -647,13 +662,7 @@ func TestReservationStaleEpoch(t *testing.T) {
 // enough to see), then B's write gets Reservation Conflict: never served.
 func TestReservationUnknownView(t *testing.T) {
 	t.Setenv("BLKD_TEST_RESV_HOLD", "bringup=4s")
-	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}}
-	ids := []string{"node1", "node2", "node3"}
-	tcp := map[string]string{}
-	for _, id := range ids {
-		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
-		tcp[id] = freeAddr(t)
-	}
+	c, ids, tcp := newTCPCluster(t)
 	c.start("node1", "--tcp-addr", tcp["node1"])
 	for _, id := range ids[1:] {
 		c.start(id, "--tcp-addr", tcp[id], "--join", c.nodes["node1"].api)
@@ -720,13 +729,7 @@ func TestReservationUpgradeGate(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the older blkd: %v\n%s", err, out)
 	}
-	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}}
-	ids := []string{"node1", "node2", "node3"}
-	tcp := map[string]string{}
-	for _, id := range ids {
-		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
-		tcp[id] = freeAddr(t)
-	}
+	c, _, tcp := newTCPCluster(t)
 	c.start("node1", "--tcp-addr", tcp["node1"])
 	c.start("node2", "--tcp-addr", tcp["node2"], "--join", c.nodes["node1"].api)
 	newer := binary
