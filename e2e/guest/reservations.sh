@@ -22,12 +22,7 @@ hostnqn="nqn.2014-08.org.nvmexpress:uuid:$hostid"
 log "connect-all through port $DISC as $hostnqn"
 nvme connect-all -t tcp -a 10.0.2.2 -s "$DISC" --hostnqn "$hostnqn" --hostid "$hostid" \
 	--reconnect-delay=2 --ctrl-loss-tmo=-1 || fail "nvme connect-all"
-n=0
-until [ "$(ctrls | wc -l)" -eq 3 ]; do
-	n=$((n + 1))
-	[ $n -le 300 ] || fail "not three controllers of $NQN after 30 s: $(ctrls | tr '\n' ' ')"
-	sleep 0.1
-done
+wait_ctrls 3 three
 sub=
 for s in /sys/class/nvme-subsystem/nvme-subsys*; do
 	grep -qx "$NQN" "$s/subsysnqn" && sub=$(basename "$s")
