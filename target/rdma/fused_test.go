@@ -9,7 +9,6 @@ import (
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
 	"github.com/blk-project/blk/target/targettest"
-	"github.com/blk-project/blk/transport/soft"
 )
 
 // TestFusedOverWire: blk's initiator sends fused Compare and Write pairs
@@ -40,33 +39,10 @@ func TestFusedBufferExhaustion(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(d.Close)
-			a, err := soft.New(soft.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			tgt, err := target.New(target.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			sub, err := tgt.AddSubsystem(target.SubsystemConfig{NQN: testSubNQN, Hosts: []string{testHostNQN}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: d}); err != nil {
-				t.Fatal(err)
-			}
-			port, err := rdma.Listen(tgt, a, rdma.Config{Addr: "127.0.0.1:0", Cores: 2, SmallBuffers: 4, MidBuffers: 4,
+			tt := serveAsyncCfg(t, d, rdma.Config{Addr: "127.0.0.1:0", Cores: 2, SmallBuffers: 4, MidBuffers: 4,
 				LargeBuffers: 4, FusedReserve: reserve})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				port.Close()
-				tgt.Close()
-				a.Close()
-			})
-			c := connectHost(t, port.Addr().String(), initiator.Config{Queues: 8, QueueDepth: 16})
-			targettest.FusedFloods(t, tgt, c.Namespace(1))
+			c := connectHost(t, tt.addr, initiator.Config{Queues: 8, QueueDepth: 16})
+			targettest.FusedFloods(t, tt.t, c.Namespace(1))
 		})
 	}
 }
