@@ -283,14 +283,9 @@ func (q *Queue) execResvAdmin(c *ctrl, r *Request) bool {
 // log (all zeros when empty) with the number of entries left, and
 // removes it; read without RAE it re-arms the event.
 func (c *ctrl) resvLogPage(r *Request) nvme.Status {
-	var g nvme.GetLogPageCommand
-	g.Decode(&r.Cmd)
-	data := r.data()
-	if g.Length() != uint64(r.Len) || data == nil {
-		return nvme.StatusSGLInvalidDataLength.WithDNR()
-	}
-	if g.LPO&3 != 0 {
-		return nvme.StatusInvalidField.WithDNR()
+	g, data, st := logPageArgs(r)
+	if st != nvme.StatusSuccess {
+		return st
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
