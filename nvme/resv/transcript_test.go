@@ -83,37 +83,36 @@ func hostName(h HostID) string {
 	return n
 }
 
+// verbs are the transcripts' commands: the op and action each sets
+// (raw sets neither: op= and action= give them).
+var verbs = map[string]struct {
+	op     Op
+	action uint8
+}{
+	"register":      {Register, nvme.RREGARegister},
+	"unregister":    {Register, nvme.RREGAUnregister},
+	"replace":       {Register, nvme.RREGAReplace},
+	"acquire":       {Acquire, nvme.RACQAAcquire},
+	"preempt":       {Acquire, nvme.RACQAPreempt},
+	"preempt-abort": {Acquire, nvme.RACQAPreemptAndAbort},
+	"release":       {Release, nvme.RRELARelease},
+	"clear":         {Release, nvme.RRELAClear},
+	"set-ptpl":      {SetPTPL, 0},
+	"power-loss":    {PowerLoss, 0},
+	"raw":           {},
+}
+
 func parseCommand(line string) (Command, error) {
 	f := strings.Fields(line)
 	if len(f) < 1 {
 		return Command{}, fmt.Errorf("empty command")
 	}
 	var c Command
-	switch f[0] {
-	case "register":
-		c.Op, c.Action = Register, nvme.RREGARegister
-	case "unregister":
-		c.Op, c.Action = Register, nvme.RREGAUnregister
-	case "replace":
-		c.Op, c.Action = Register, nvme.RREGAReplace
-	case "acquire":
-		c.Op, c.Action = Acquire, nvme.RACQAAcquire
-	case "preempt":
-		c.Op, c.Action = Acquire, nvme.RACQAPreempt
-	case "preempt-abort":
-		c.Op, c.Action = Acquire, nvme.RACQAPreemptAndAbort
-	case "release":
-		c.Op, c.Action = Release, nvme.RRELARelease
-	case "clear":
-		c.Op, c.Action = Release, nvme.RRELAClear
-	case "set-ptpl":
-		c.Op = SetPTPL
-	case "power-loss":
-		c.Op = PowerLoss
-	case "raw":
-	default:
+	v, ok := verbs[f[0]]
+	if !ok {
 		return c, fmt.Errorf("unknown verb %q", f[0])
 	}
+	c.Op, c.Action = v.op, v.action
 	args := f[1:]
 	if c.Op != PowerLoss || (len(args) > 0 && !strings.Contains(args[0], "=")) {
 		if len(args) == 0 {
