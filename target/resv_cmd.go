@@ -183,16 +183,9 @@ func (q *Queue) submitKeeper(ns *namespace, k ReservationKeeper, r *Request) {
 	io.ResvStatus = nvme.StatusSuccess
 	r.ns = ns
 	q.t.enter(r, reqKeeper)
-	io.phase.Store(ioSubmitting)
-	k.Submit(io)
-	if io.phase.CompareAndSwap(ioSubmitting, ioAtBackend) {
-		return // Done comes later
+	if io.submit(k, "target: reservation IO completed twice") {
+		q.keeperDone(r)
 	}
-	if io.phase.Load() != ioDoneInline {
-		panic("target: reservation IO completed twice")
-	}
-	io.phase.Store(ioIdle)
-	q.keeperDone(r)
 }
 
 // keeperDone answers a command the keeper completed (ioDone calls it for
