@@ -224,3 +224,49 @@ func mustContain(t *testing.T, what, got string, want ...string) {
 		}
 	}
 }
+
+// clusterNode is one blkd of a cluster on the host, advertising the
+// guests' address of the host (10.0.2.2).
+type clusterNode struct {
+	name              string
+	api, raft         string
+	nvmePort, tcpPort int
+	zone              string
+	d                 *daemon
+}
+
+// newClusterNode hands node name its four ports from port.
+func newClusterNode(port func() int, name, zone string) *clusterNode {
+	return &clusterNode{name: name, api: addr(port()), raft: addr(port()), nvmePort: port(), tcpPort: port(), zone: zone}
+}
+
+// start starts n's blkd, joining the cluster through the API join
+// unless join is empty (the first node).
+func (n *clusterNode) start(s *scenario, join string) {
+	args := []string{"--node-id", n.name, "--raft-addr", n.raft, "--nvme-addr", addr(n.nvmePort), "--tcp-addr", addr(n.tcpPort),
+		"--advertise-addr", "10.0.2.2", "--zone", n.zone}
+	if join != "" {
+		args = append(args, "--join", join)
+	}
+	n.d = s.startDaemon(n.name, n.api, args...)
+}
+
+// startCluster starts a 3-node cluster, node1 to node3 in zones z1 to
+// z3, the others joining node1, and waits for its leader. It returns the
+// nodes by name, their names in order, and the leader's name.
+func (s *scenario) startCluster(port func() int) (nodes map[string]*clusterNode, order []string, leader string) {
+	s.t.Helper()
+	order = []string{"node1", "node2", "node3"}
+	nodes = map[string]*clusterNode{}
+	for i, id := range order {
+		nodes[id] = newClusterNode(port, id, fmt.Sprintf("z%d", i+1))
+	}
+	for i, id := range order {
+		join := ""
+		if i > 0 {
+			join = nodes["node1"].api
+		}
+		nodes[id].start(s, join)
+	}
+	return nodes, order, s.waitLeader(nodes["node1"].api, 30*time.Second, order...)
+}

@@ -19,27 +19,7 @@ import (
 func TestClusterConnectAll(t *testing.T) {
 	s := newScenario(t)
 	port := ports(25300)
-	type node struct {
-		name              string
-		api, raft         string
-		nvmePort, tcpPort int
-		d                 *daemon
-	}
-	order := []string{"node1", "node2", "node3"}
-	nodes := map[string]*node{}
-	for _, id := range order {
-		nodes[id] = &node{name: id, api: addr(port()), raft: addr(port()), nvmePort: port(), tcpPort: port()}
-	}
-	for i, id := range order {
-		n := nodes[id]
-		args := []string{"--node-id", n.name, "--raft-addr", n.raft, "--nvme-addr", addr(n.nvmePort), "--tcp-addr", addr(n.tcpPort),
-			"--advertise-addr", "10.0.2.2", "--zone", fmt.Sprintf("z%d", i+1)}
-		if i > 0 {
-			args = append(args, "--join", nodes["node1"].api)
-		}
-		n.d = s.startDaemon(n.name, n.api, args...)
-	}
-	s.waitLeader(nodes["node1"].api, 30*time.Second, order...)
+	nodes, order, _ := s.startCluster(port)
 	const hostNQN = "nqn.2014-08.org.nvmexpress:uuid:e2e0ca11-0000-4000-8000-000000000003"
 	nqns := map[string]string{} // NQN → the node serving it
 	var list []string

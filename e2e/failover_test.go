@@ -60,30 +60,10 @@ type replicatedVolume struct {
 func TestClusterFailover(t *testing.T) {
 	s := newScenario(t)
 	port := ports(24900)
-	type node struct {
-		name              string
-		api, raft         string
-		nvmePort, tcpPort int
-		zone              string
-		d                 *daemon
-	}
-	nodes := map[string]*node{}
-	order := []string{"node1", "node2", "node3"}
-	for i, id := range order {
-		nodes[id] = &node{name: id, api: addr(port()), raft: addr(port()), nvmePort: port(), tcpPort: port(), zone: fmt.Sprintf("z%d", i+1)}
-	}
-	for i, id := range order {
-		n := nodes[id]
-		args := []string{"--node-id", n.name, "--raft-addr", n.raft, "--nvme-addr", addr(n.nvmePort), "--tcp-addr", addr(n.tcpPort),
-			"--advertise-addr", "10.0.2.2", "--zone", n.zone}
-		if i > 0 {
-			args = append(args, "--join", nodes["node1"].api)
-		}
-		n.d = s.startDaemon(n.name, n.api, args...)
-	}
+	nodes, order, leader := s.startCluster(port)
 	// stopped is the node stopped with SIGSTOP, whose API does not
 	// answer: the test asks the others (blkctl follows the leader).
-	var stopped *node
+	var stopped *clusterNode
 	api := func() string {
 		for _, id := range order {
 			if nodes[id] != stopped {
@@ -92,7 +72,6 @@ func TestClusterFailover(t *testing.T) {
 		}
 		return ""
 	}
-	leader := s.waitLeader(nodes["node1"].api, 30*time.Second, order...)
 	// The primary is not the registry's leader: its loss needs no
 	// election (TestClusterLeaderLoss covers a lost leader).
 	pin := "node2"
@@ -119,7 +98,7 @@ func TestClusterFailover(t *testing.T) {
 	// writes is the volume's writes a node's host path completed
 	// (namespace 1 of the volume's subsystem; the replica subsystem's
 	// are counted apart).
-	writes := func(n *node) float64 {
+	writes := func(n *clusterNode) float64 {
 		resp, err := http.Get("http://" + n.api + "/metrics")
 		if err != nil {
 			return -1
@@ -143,8 +122,8 @@ func TestClusterFailover(t *testing.T) {
 	}
 	// failover waits until a node other than from is primary at epoch,
 	// then until it completed a host write, and reports both times.
-	failover := func(step int, from *node, epoch uint64, since time.Time) *node {
-		var to *node
+	failover := func(step int, from *clusterNode, epoch uint64, since time.Time) *clusterNode {
+		var to *clusterNode
 		for deadline := time.Now().Add(60 * time.Second); to == nil; time.Sleep(100 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatalf("step %d: no failover from %s within 60 s: %+v", step, from.name, show(api()))
@@ -253,14 +232,13 @@ func TestClusterFailover(t *testing.T) {
 	// fourth node (zone z4) joins, and volume replace-replica makes a new
 	// replica there by a full copy while the host writes; the dead one is
 	// removed once the new one is in sync.
-	n4 := &node{name: "node4", api: addr(port()), raft: addr(port()), nvmePort: port(), tcpPort: port(), zone: "z4"}
-	n4.d = s.startDaemon(n4.name, n4.api, "--node-id", n4.name, "--raft-addr", n4.raft, "--nvme-addr", addr(n4.nvmePort),
-		"--tcp-addr", addr(n4.tcpPort), "--advertise-addr", "10.0.2.2", "--zone", n4.zone, "--join", api())
+	n4 := newClusterNode(port, "node4", "z4")
+	n4.start(s, api())
 	nodes[n4.name] = n4
 	order = append(order, n4.name)
 	s.waitMark("fio-running-3", g, 6*time.Minute)
 	lead := s.waitLeader(api(), 30*time.Second, order...)
-	var dead *node
+	var dead *clusterNode
 	for _, id := range order[:3] {
 		if id != p3.name && id != lead {
 			dead = nodes[id]

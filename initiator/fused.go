@@ -72,10 +72,7 @@ func IsCompareFailure(err error) bool {
 // when the blocks differed, another error otherwise. With no two free
 // slots on one I/O queue it returns ErrQueueFull.
 func (ns *Namespace) CompareAndWriteAsync(lba uint64, cmp, data []byte, flags IOFlags, cb Callback) error {
-	if len(cmp) != len(data) {
-		return fmt.Errorf("%w: compare %d bytes, write %d", ErrNotAligned, len(cmp), len(data))
-	}
-	blocks, err := ns.info.Load().blocksFor(lba, len(data))
+	blocks, err := ns.cawBlocks(lba, cmp, data)
 	if err != nil {
 		return err
 	}
@@ -83,11 +80,8 @@ func (ns *Namespace) CompareAndWriteAsync(lba uint64, cmp, data []byte, flags IO
 	if err != nil {
 		return err
 	}
-	if a.id.FUSES&1 == 0 {
-		return fmt.Errorf("%w: Compare and Write (FUSES %#x)", ErrNotSupported, a.id.FUSES)
-	}
-	if len(data) > a.maxXfer {
-		return fmt.Errorf("%w: %d bytes, MaxTransfer %d", ErrTooLarge, len(data), a.maxXfer)
+	if err := cawSupported(a, len(data)); err != nil {
+		return err
 	}
 	q, s1, err := ns.c.acquireIO(a, false)
 	if err != nil {
@@ -100,6 +94,28 @@ func (ns *Namespace) CompareAndWriteAsync(lba uint64, cmp, data []byte, flags IO
 		return ErrQueueFull
 	}
 	return ns.submitCAW(q, s1, s2, lba, blocks, cmp, data, flags, cb)
+}
+
+// cawBlocks checks a pair's buffers (as long as each other, whole blocks
+// from lba within the namespace) and returns how many blocks they are.
+func (ns *Namespace) cawBlocks(lba uint64, cmp, data []byte) (uint32, error) {
+	if len(cmp) != len(data) {
+		return 0, fmt.Errorf("%w: compare %d bytes, write %d", ErrNotAligned, len(cmp), len(data))
+	}
+	return ns.info.Load().blocksFor(lba, len(data))
+}
+
+// cawSupported checks that association a carries a pair of n bytes
+// each: the controller supports Compare and Write, n is at most its
+// MaxTransfer.
+func cawSupported(a *association, n int) error {
+	if a.id.FUSES&1 == 0 {
+		return fmt.Errorf("%w: Compare and Write (FUSES %#x)", ErrNotSupported, a.id.FUSES)
+	}
+	if n > a.maxXfer {
+		return fmt.Errorf("%w: %d bytes, MaxTransfer %d", ErrTooLarge, n, a.maxXfer)
+	}
+	return nil
 }
 
 // submitCAW fills the pair into slots s1 and s2 of q and posts them.
@@ -170,10 +186,7 @@ func (q *queue) failSlot(s *slot, st uint32, err error) {
 // nil when the data was written and an error IsCompareFailure recognizes
 // when the blocks differed.
 func (ns *Namespace) CompareAndWrite(ctx context.Context, lba uint64, cmp, data []byte, flags IOFlags) error {
-	if len(cmp) != len(data) {
-		return fmt.Errorf("%w: compare %d bytes, write %d", ErrNotAligned, len(cmp), len(data))
-	}
-	blocks, err := ns.info.Load().blocksFor(lba, len(data))
+	blocks, err := ns.cawBlocks(lba, cmp, data)
 	if err != nil {
 		return err
 	}
@@ -181,11 +194,8 @@ func (ns *Namespace) CompareAndWrite(ctx context.Context, lba uint64, cmp, data 
 	if err != nil {
 		return err
 	}
-	if a.id.FUSES&1 == 0 {
-		return fmt.Errorf("%w: Compare and Write (FUSES %#x)", ErrNotSupported, a.id.FUSES)
-	}
-	if len(data) > a.maxXfer {
-		return fmt.Errorf("%w: %d bytes, MaxTransfer %d", ErrTooLarge, len(data), a.maxXfer)
+	if err := cawSupported(a, len(data)); err != nil {
+		return err
 	}
 	if len(a.io) == 0 {
 		return fmt.Errorf("%w: no I/O queues", ErrNotSupported)

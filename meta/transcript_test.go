@@ -1,14 +1,14 @@
 package meta
 
 import (
-	"bufio"
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/blk-project/blk/internal/transcript"
 )
 
 var rewrite = flag.Bool("meta.rewrite", false, "rewrite the expected output of testdata/*.txt transcripts")
@@ -52,55 +52,13 @@ func sentinelName(err error) string {
 //
 // Lines starting with # between blocks are comments.
 func runTranscript(t *testing.T, path string) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	s := NewState()
 	var index uint64
 	byName := map[string]Op{}
 	for op, name := range opNames {
 		byName[name] = op
 	}
-	var out strings.Builder // the rewritten file
-	sc := bufio.NewScanner(strings.NewReader(string(raw)))
-	line := 0
-	next := func() (string, bool) {
-		if !sc.Scan() {
-			return "", false
-		}
-		line++
-		return sc.Text(), true
-	}
-	for {
-		l, ok := next()
-		if !ok {
-			break
-		}
-		if l == "" || strings.HasPrefix(l, "#") {
-			out.WriteString(l + "\n")
-			continue
-		}
-		directive, start := l, line
-		var input []string
-		for {
-			l, ok = next()
-			if !ok {
-				t.Fatalf("%s:%d: block without ----", path, start)
-			}
-			if l == "----" {
-				break
-			}
-			input = append(input, l)
-		}
-		var want []string
-		for {
-			l, ok = next()
-			if !ok || l == "" {
-				break
-			}
-			want = append(want, l)
-		}
+	transcript.Run(t, path, *rewrite, func(directive string, input []string, start int) []string {
 		var got []string
 		switch directive {
 		case "apply", "apply-verbose":
@@ -126,24 +84,8 @@ func runTranscript(t *testing.T, path string) {
 		default:
 			t.Fatalf("%s:%d: unknown directive %q", path, start, directive)
 		}
-		out.WriteString(directive + "\n")
-		for _, in := range input {
-			out.WriteString(in + "\n")
-		}
-		out.WriteString("----\n")
-		for _, g := range got {
-			out.WriteString(g + "\n")
-		}
-		out.WriteString("\n")
-		if !*rewrite && strings.Join(got, "\n") != strings.Join(want, "\n") {
-			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, start, directive, strings.Join(got, "\n"), strings.Join(want, "\n"))
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+		return got
+	})
 }
 
 func describe(r Result) string {

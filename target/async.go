@@ -265,16 +265,26 @@ func (q *Queue) submit(ns *namespace, r *Request, lat LatencyOp) {
 		return
 	}
 	q.t.enter(r, reqBackend)
+	if io.submit(ns.io, "target: IO completed twice") {
+		q.ioDone(r)
+	}
+}
+
+// submit hands io to s (an AsyncBackend, a ReservationKeeper). It
+// reports whether s completed it before returning (the caller goes on
+// with it at once); false: Done comes later and goes on from there.
+// what is the panic of an IO completed twice.
+func (io *IO) submit(s interface{ Submit(io *IO) }, what string) bool {
 	io.phase.Store(ioSubmitting)
-	ns.io.Submit(io)
+	s.Submit(io)
 	if io.phase.CompareAndSwap(ioSubmitting, ioAtBackend) {
-		return // Done comes later
+		return false // Done comes later
 	}
 	if io.phase.Load() != ioDoneInline {
-		panic("target: IO completed twice")
+		panic(what)
 	}
 	io.phase.Store(ioIdle)
-	q.ioDone(r)
+	return true
 }
 
 // ioDone takes a completed IO back: counters, the next step of a command

@@ -40,13 +40,11 @@ func (q *Queue) execDiscoveryAdmin(c *ctrl, r *Request) {
 // discoveryLogPage serves Get Log Page on a discovery controller: the
 // discovery log, for any dword-aligned window.
 func (c *ctrl) discoveryLogPage(r *Request) nvme.Status {
-	var g nvme.GetLogPageCommand
-	g.Decode(&r.Cmd)
-	data := r.data()
-	if g.Length() != uint64(r.Len) || data == nil {
-		return nvme.StatusSGLInvalidDataLength.WithDNR()
+	g, data, st := logPageArgs(r)
+	if st != nvme.StatusSuccess {
+		return st
 	}
-	if g.LID != nvme.LogDiscovery || g.LPO&3 != 0 {
+	if g.LID != nvme.LogDiscovery {
 		return nvme.StatusInvalidField.WithDNR()
 	}
 	page := c.t.discoveryLog(c.hostNQN, c.admin.params)

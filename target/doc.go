@@ -49,6 +49,8 @@
 //	                PrevFuse; Queue.fused), the pair's checks and run
 //	rangelock.go    the namespace's striped range lock: plain writes shared,
 //	                fused pairs exclusive, parking through IO.Done
+//	firstrun.go     FirstRun: which fused firsts of a queue ran, for the
+//	                bindings' fused buffer reserve (tcp, rdma)
 //	workers.go      the sync worker pool
 //	status.go       StatusError, WithStatus; statusOf reads a backend error's status
 //	async.go        AsyncBackend, IO, Inline: the asynchronous backend contract

@@ -216,15 +216,7 @@ func (q *Queue) fusedFirst(c *ctrl, r *Request) {
 		return
 	}
 	if st != nvme.StatusSuccess {
-		e, ok := t.take(r.Seq + 1)
-		if !ok || e.r == nil {
-			t.put(fusedSlot{used: true, seq: r.Seq + 1, st: nvme.StatusAbortFusedFail})
-		}
-		t.mu.Unlock()
-		q.complete(r, st)
-		if ok && e.r != nil {
-			q.endWaiting(e.r, nvme.StatusAbortFusedFail)
-		}
+		q.refuseHalf(r, st, r.Seq+1, true)
 		return
 	}
 	if e, ok := t.take(r.Seq + 1); ok {
@@ -255,15 +247,7 @@ func (q *Queue) fusedSecond(c *ctrl, r *Request) {
 		return
 	}
 	if st != nvme.StatusSuccess {
-		e, ok := t.take(r.Seq - 1)
-		if !ok || e.r == nil {
-			t.put(fusedSlot{used: true, seq: r.Seq - 1, st: nvme.StatusAbortFusedFail})
-		}
-		t.mu.Unlock()
-		if ok && e.r != nil {
-			q.endWaiting(e.r, nvme.StatusAbortFusedFail)
-		}
-		q.complete(r, st)
+		q.refuseHalf(r, st, r.Seq-1, false)
 		return
 	}
 	if e, ok := t.take(r.Seq - 1); ok {
@@ -276,6 +260,29 @@ func (q *Queue) fusedSecond(c *ctrl, r *Request) {
 		return
 	}
 	q.wait(r)
+}
+
+// refuseHalf ends half r, refused with st before its pair could run
+// (t.mu held, released here). Its partner, at sequence number partner,
+// ends with Compare and Write Failed: at once if it waits in the table,
+// else by the verdict left there for it. Of the two completions the
+// first's (isFirst: r is the Compare) goes out before the second's.
+func (q *Queue) refuseHalf(r *Request, st nvme.Status, partner uint32, isFirst bool) {
+	t := &q.fused
+	e, ok := t.take(partner)
+	if !ok || e.r == nil {
+		t.put(fusedSlot{used: true, seq: partner, st: nvme.StatusAbortFusedFail})
+	}
+	t.mu.Unlock()
+	if isFirst {
+		q.complete(r, st)
+	}
+	if ok && e.r != nil {
+		q.endWaiting(e.r, nvme.StatusAbortFusedFail)
+	}
+	if !isFirst {
+		q.complete(r, st)
+	}
 }
 
 // wait puts a half in the table until its partner comes (t.mu held,

@@ -13,17 +13,7 @@ import (
 // arrival (Request.Seq, Request.PrevFuse), without waiting.
 func (h *harness) submitStamped(q *tq, cmd nvme.Command, data []byte, seq uint32, prev uint8) *call {
 	h.mu.Lock()
-	if cmd.CID == 0 {
-		q.cid++
-		cmd.CID = q.cid
-	}
-	r := &target.Request{Cmd: cmd, Dir: cmd.DataDirection(), Len: uint32(len(data)), Data: data, Seq: seq, PrevFuse: prev}
-	c := &call{q: q, req: r, done: make(chan struct{})}
-	r.Binding = c
-	h.calls = append(h.calls, c)
-	h.mu.Unlock()
-	q.q.Execute(r)
-	return c
+	return h.submitLocked(q, cmd, data, seq, prev)
 }
 
 // fusedCmd is an I/O command with FUSE bits fuse.

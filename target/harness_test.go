@@ -275,13 +275,20 @@ func (h *harness) newQueue(name string, p target.QueueParams) (*tq, error) {
 // returns without waiting. A CID of 0 is replaced by the queue's next.
 func (h *harness) submit(q *tq, cmd nvme.Command, data []byte) *call {
 	h.mu.Lock()
+	q.seq++
+	prev := q.prevFuse
+	q.prevFuse = cmd.Flags & nvme.FlagFuseMask
+	return h.submitLocked(q, cmd, data, q.seq, prev)
+}
+
+// submitLocked (h.mu held, released here) executes cmd stamped with its
+// arrival (Request.Seq, Request.PrevFuse) and returns without waiting.
+func (h *harness) submitLocked(q *tq, cmd nvme.Command, data []byte, seq uint32, prev uint8) *call {
 	if cmd.CID == 0 {
 		q.cid++
 		cmd.CID = q.cid
 	}
-	q.seq++
-	r := &target.Request{Cmd: cmd, Dir: cmd.DataDirection(), Len: uint32(len(data)), Data: data, Seq: q.seq, PrevFuse: q.prevFuse}
-	q.prevFuse = cmd.Flags & nvme.FlagFuseMask
+	r := &target.Request{Cmd: cmd, Dir: cmd.DataDirection(), Len: uint32(len(data)), Data: data, Seq: seq, PrevFuse: prev}
 	c := &call{q: q, req: r, done: make(chan struct{})}
 	r.Binding = c
 	h.calls = append(h.calls, c)

@@ -23,16 +23,27 @@ import (
 // command asks for (any dword-aligned offset and length) is copied out,
 // zero-filled past the end of the log.
 
-// getLogPage serves Get Log Page.
-func (c *ctrl) getLogPage(r *Request) nvme.Status {
+// logPageArgs decodes r's Get Log Page and checks what every log asks
+// of it: a data buffer of the length the command names, at a
+// dword-aligned offset.
+func logPageArgs(r *Request) (nvme.GetLogPageCommand, []byte, nvme.Status) {
 	var g nvme.GetLogPageCommand
 	g.Decode(&r.Cmd)
 	data := r.data()
 	if g.Length() != uint64(r.Len) || data == nil {
-		return nvme.StatusSGLInvalidDataLength.WithDNR()
+		return g, nil, nvme.StatusSGLInvalidDataLength.WithDNR()
 	}
 	if g.LPO&3 != 0 {
-		return nvme.StatusInvalidField.WithDNR()
+		return g, nil, nvme.StatusInvalidField.WithDNR()
+	}
+	return g, data, nvme.StatusSuccess
+}
+
+// getLogPage serves Get Log Page.
+func (c *ctrl) getLogPage(r *Request) nvme.Status {
+	g, data, st := logPageArgs(r)
+	if st != nvme.StatusSuccess {
+		return st
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -183,16 +183,9 @@ func (q *Queue) submitKeeper(ns *namespace, k ReservationKeeper, r *Request) {
 	io.ResvStatus = nvme.StatusSuccess
 	r.ns = ns
 	q.t.enter(r, reqKeeper)
-	io.phase.Store(ioSubmitting)
-	k.Submit(io)
-	if io.phase.CompareAndSwap(ioSubmitting, ioAtBackend) {
-		return // Done comes later
+	if io.submit(k, "target: reservation IO completed twice") {
+		q.keeperDone(r)
 	}
-	if io.phase.Load() != ioDoneInline {
-		panic("target: reservation IO completed twice")
-	}
-	io.phase.Store(ioIdle)
-	q.keeperDone(r)
 }
 
 // keeperDone answers a command the keeper completed (ioDone calls it for
@@ -283,14 +276,9 @@ func (q *Queue) execResvAdmin(c *ctrl, r *Request) bool {
 // log (all zeros when empty) with the number of entries left, and
 // removes it; read without RAE it re-arms the event.
 func (c *ctrl) resvLogPage(r *Request) nvme.Status {
-	var g nvme.GetLogPageCommand
-	g.Decode(&r.Cmd)
-	data := r.data()
-	if g.Length() != uint64(r.Len) || data == nil {
-		return nvme.StatusSGLInvalidDataLength.WithDNR()
-	}
-	if g.LPO&3 != 0 {
-		return nvme.StatusInvalidField.WithDNR()
+	g, data, st := logPageArgs(r)
+	if st != nvme.StatusSuccess {
+		return st
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -43,6 +43,36 @@ func (h *harness) connectHost(prefix, host, sub string, id [16]byte) (admin, io 
 	return admin, io
 }
 
+// twoHosts adds subA, open to any host, with ns as namespace 1 under a
+// local reservation keeper, and connects hosts A and B (hostIDA,
+// hostIDB): an admin queue and I/O queue 1 each.
+func (h *harness) twoHosts(ns target.NamespaceConfig) (s *target.Subsystem, adminA, ioA, adminB, ioB *tq) {
+	h.tb.Helper()
+	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
+	if err != nil {
+		h.tb.Fatal(err)
+	}
+	ns.NSID, ns.Reservations = 1, target.LocalReservations()
+	if err := s.AddNamespace(ns); err != nil {
+		h.tb.Fatal(err)
+	}
+	adminA, ioA = h.connectHost("a", hostA, subA, hostIDA)
+	adminB, ioB = h.connectHost("b", hostB, subA, hostIDB)
+	return s, adminA, ioA, adminB, ioB
+}
+
+// registerAB registers key 0xa1 on host A's queue and 0xb2 on host B's.
+func (h *harness) registerAB(ioA, ioB *tq) {
+	h.tb.Helper()
+	for _, c := range []struct {
+		q   *tq
+		key uint64
+	}{{ioA, 0xa1}, {ioB, 0xb2}} {
+		cmd, data := resvCmd(nvme.IOReservationRegister, nvme.RREGARegister, 0, 0, c.key)
+		mustOK(h.tb, h.exec(c.q, cmd, data), "register")
+	}
+}
+
 // TestPreemptAndAbortWaits: a preempt-and-abort completes only after the
 // commands its victim had started were completed (§1.6). The victim's
 // writes are held at a DelayedBackend; meanwhile the new state is
@@ -56,22 +86,8 @@ func TestPreemptAndAbortWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Async: d, Reservations: target.LocalReservations()}); err != nil {
-		t.Fatal(err)
-	}
-	_, ioA := h.connectHost("a", hostA, subA, hostIDA)
-	_, ioB := h.connectHost("b", hostB, subA, hostIDB)
-	for _, c := range []struct {
-		q   *tq
-		key uint64
-	}{{ioA, 0xa1}, {ioB, 0xb2}} {
-		cmd, data := resvCmd(nvme.IOReservationRegister, nvme.RREGARegister, 0, 0, c.key)
-		mustOK(t, h.exec(c.q, cmd, data), "register")
-	}
+	s, _, ioA, _, ioB := h.twoHosts(target.NamespaceConfig{Async: d})
+	h.registerAB(ioA, ioB)
 	cmd, data := resvCmd(nvme.IOReservationAcquire, nvme.RACQAAcquire, 1, 0xb2, 0)
 	mustOK(t, h.exec(ioB, cmd, data), "B acquires WE")
 
@@ -134,15 +150,7 @@ func TestDrainHostsRandom(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Async: d, Reservations: target.LocalReservations()}); err != nil {
-		t.Fatal(err)
-	}
-	_, ioA := h.connectHost("a", hostA, subA, hostIDA)
-	_, ioB := h.connectHost("b", hostB, subA, hostIDB)
+	s, _, ioA, _, ioB := h.twoHosts(target.NamespaceConfig{Async: d})
 
 	// Each writer records each write's call as it submits it.
 	var mu sync.Mutex
@@ -198,23 +206,9 @@ func TestDrainHostsRandom(t *testing.T) {
 // else, and nothing is left at the keeper.
 func TestReservationRace(t *testing.T) {
 	h := newHarness(t)
-	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	mem, _ := target.NewMemBackend(4096, 64)
-	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: mem, Reservations: target.LocalReservations()}); err != nil {
-		t.Fatal(err)
-	}
-	_, ioA := h.connectHost("a", hostA, subA, hostIDA)
-	_, ioB := h.connectHost("b", hostB, subA, hostIDB)
-	for _, c := range []struct {
-		q   *tq
-		key uint64
-	}{{ioA, 0xa1}, {ioB, 0xb2}} {
-		cmd, data := resvCmd(nvme.IOReservationRegister, nvme.RREGARegister, 0, 0, c.key)
-		mustOK(t, h.exec(c.q, cmd, data), "register")
-	}
+	_, _, ioA, _, ioB := h.twoHosts(target.NamespaceConfig{Backend: mem})
+	h.registerAB(ioA, ioB)
 	var conflicts atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -294,16 +288,8 @@ func TestLocalReservationsBinding(t *testing.T) {
 // the Log Page Count, and Number of Available Log Pages counts down.
 func TestResvLogOverflow(t *testing.T) {
 	h := newHarness(t)
-	s, err := h.tgt.AddSubsystem(target.SubsystemConfig{NQN: subA, AllowAnyHost: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	m, _ := target.NewMemBackend(4096, 64)
-	if err := s.AddNamespace(target.NamespaceConfig{NSID: 1, Backend: m, Reservations: target.LocalReservations()}); err != nil {
-		t.Fatal(err)
-	}
-	_, ioA := h.connectHost("a", hostA, subA, hostIDA)
-	adminB, ioB := h.connectHost("b", hostB, subA, hostIDB)
+	_, _, ioA, adminB, ioB := h.twoHosts(target.NamespaceConfig{Backend: m})
 	cmd, data := resvCmd(nvme.IOReservationRegister, nvme.RREGARegister, 0, 0, 0xa1)
 	mustOK(t, h.exec(ioA, cmd, data), "A registers")
 	cmd, data = resvCmd(nvme.IOReservationAcquire, nvme.RACQAAcquire, 1, 0xa1, 0)

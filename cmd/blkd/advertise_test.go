@@ -47,11 +47,7 @@ func TestAdvertiseAddr(t *testing.T) {
 	if !strings.Contains(d.output(), "nvme-rdma listening on "+nvme+" (I/O and discovery), advertised as 192.0.2.10:14420") {
 		t.Fatalf("output lacks the advertised address:\n%s", d.output())
 	}
-	var v volumeJSON
-	d.must(t, "POST", "/v1/volumes", `{"name": "adv", "size": "1MiB"}`, 201, &v)
-	d.must(t, "POST", "/v1/volumes/adv/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
-	var a attachJSON
-	d.must(t, "POST", "/v1/volumes/adv/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	v, a := attachNew(t, d, "adv", "1MiB")
 	// The advertised address serves both ports; its port is the RDMA
 	// port's, the TCP port advertises its own.
 	if got := a.endpoint("rdma"); got != "192.0.2.10:14420" {
@@ -80,11 +76,7 @@ func TestAdvertiseAddr(t *testing.T) {
 func TestAdvertiseWildcard(t *testing.T) {
 	_, port, _ := net.SplitHostPort(freeAddr(t))
 	d := startBlkdOn(t, t.TempDir(), freeAddr(t), "0.0.0.0:"+port, freeAddr(t), "--advertise-addr", "127.0.0.1")
-	var v volumeJSON
-	d.must(t, "POST", "/v1/volumes", `{"name": "wild", "size": "1MiB"}`, 201, &v)
-	d.must(t, "POST", "/v1/volumes/wild/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
-	var a attachJSON
-	d.must(t, "POST", "/v1/volumes/wild/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	v, a := attachNew(t, d, "wild", "1MiB")
 	if got, want := a.endpoint("rdma"), "127.0.0.1:"+port; got != want {
 		t.Fatalf("attach answered %s, want %s", got, want)
 	}

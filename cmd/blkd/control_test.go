@@ -716,11 +716,7 @@ func TestPollSpinFlag(t *testing.T) {
 		t.Fatalf("--poll-spin 1s: exit %d\n%s", code, out)
 	}
 	d := startBlkd(t, t.TempDir(), "--poll-spin", "0")
-	var v volumeJSON
-	d.must(t, "POST", "/v1/volumes", `{"name": "nospin", "size": "8MiB"}`, 201, &v)
-	d.must(t, "POST", "/v1/volumes/nospin/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
-	var a attachJSON
-	d.must(t, "POST", "/v1/volumes/nospin/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	_, a := attachNew(t, d, "nospin", "8MiB")
 	ctrl, ns := connect(t, a.over("tcp"))
 	defer ctrl.Close()
 	buf := bytes.Repeat([]byte("nospin.."), 512)
@@ -750,11 +746,7 @@ func TestTCPMaxTransferFlag(t *testing.T) {
 		}
 	}
 	d := startBlkd(t, t.TempDir(), "--tcp-max-transfer", "1MiB")
-	var v volumeJSON
-	d.must(t, "POST", "/v1/volumes", `{"name": "big", "size": "8MiB"}`, 201, &v)
-	d.must(t, "POST", "/v1/volumes/big/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
-	var a attachJSON
-	d.must(t, "POST", "/v1/volumes/big/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	_, a := attachNew(t, d, "big", "8MiB")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	at := a.over("tcp")

@@ -23,11 +23,7 @@ func TestDiscoveryPort(t *testing.T) {
 	if !strings.Contains(d.output(), "nvme-tcp discovery listening on "+disc+" (discovery only)") {
 		t.Fatalf("output lacks the discovery port:\n%s", d.output())
 	}
-	var v volumeJSON
-	d.must(t, "POST", "/v1/volumes", `{"name": "dp", "size": "1MiB"}`, 201, &v)
-	d.must(t, "POST", "/v1/volumes/dp/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
-	var a attachJSON
-	d.must(t, "POST", "/v1/volumes/dp/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	v, a := attachNew(t, d, "dp", "1MiB")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -44,11 +44,7 @@ func (d *daemon) jsonEvents(msg string) []map[string]any {
 // "controller destroyed".
 func TestEventLogText(t *testing.T) {
 	d := startBlkd(t, t.TempDir())
-	var v volumeJSON
-	d.must(t, "POST", "/v1/volumes", `{"name": "ev", "size": "1MiB"}`, 201, &v)
-	d.must(t, "POST", "/v1/volumes/ev/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
-	var a attachJSON
-	d.must(t, "POST", "/v1/volumes/ev/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	v, a := attachNew(t, d, "ev", "1MiB")
 	ctrl, _ := connect(t, a)
 	d.waitOutput(t, `level=INFO msg="controller created" node=node1 kind=nvm cntlid=\d+ subsystem=`+regexp.QuoteMeta(v.NQN)+` host_nqn=`+regexp.QuoteMeta(hostNQN))
 	ctrl.Close()
@@ -63,11 +59,7 @@ func TestEventLogText(t *testing.T) {
 // refusals is cut short and counted.
 func TestEventLogJSON(t *testing.T) {
 	d := startBlkd(t, t.TempDir(), "--log-format", "json", "--log-level", "debug")
-	var v volumeJSON
-	d.must(t, "POST", "/v1/volumes", `{"name": "ev", "size": "1MiB"}`, 201, &v)
-	d.must(t, "POST", "/v1/volumes/ev/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
-	var a attachJSON
-	d.must(t, "POST", "/v1/volumes/ev/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	v, a := attachNew(t, d, "ev", "1MiB")
 	// Over the NVMe/TCP port, the preferred endpoint: it logs its
 	// connections as events, as the RDMA port does.
 	a = a.over("tcp")

@@ -317,6 +317,18 @@ func (a attachJSON) over(tr string) attachJSON {
 	return a
 }
 
+// attachNew creates volume name of size on d, allows hostNQN on it and
+// attaches it for hostNQN.
+func attachNew(t *testing.T, d *daemon, name, size string) (volumeJSON, attachJSON) {
+	t.Helper()
+	var v volumeJSON
+	d.must(t, "POST", "/v1/volumes", `{"name": "`+name+`", "size": "`+size+`"}`, 201, &v)
+	d.must(t, "POST", "/v1/volumes/"+name+"/hosts", `{"host_nqn": "`+hostNQN+`"}`, 200, nil)
+	var a attachJSON
+	d.must(t, "POST", "/v1/volumes/"+name+"/attach", `{"host_nqn": "`+hostNQN+`"}`, 200, &a)
+	return v, a
+}
+
 // hostConfig is the initiator configuration for a's preferred transport
 // (soft iWARP for RDMA, closed at the end of the test).
 func hostConfig(t *testing.T, a attachJSON, host string) initiator.Config {

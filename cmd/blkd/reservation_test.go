@@ -271,6 +271,44 @@ func allowBoth(t *testing.T, d *daemon, name string) {
 	}
 }
 
+// startResvCluster starts three zoned nodes; pin is the node, not the
+// registry's leader, that the tests' 3-replica volumes are primary on,
+// so that losing it needs no election. lp is the leader's daemon.
+func startResvCluster(t *testing.T) (c *cluster, ids []string, leader string, lp *daemon, pin string) {
+	t.Helper()
+	c, ids, leader = startZoned(t, 3)
+	pin = ids[0]
+	if pin == leader {
+		pin = ids[1]
+	}
+	return c, ids, leader, c.procs[leader], pin
+}
+
+// createResvVolume creates volume name (size, replicas, primary on node)
+// through d and allows hosts A and B on it.
+func createResvVolume(t *testing.T, d *daemon, name, size string, replicas int, node string) resvVolumeJSON {
+	t.Helper()
+	var v resvVolumeJSON
+	d.must(t, "POST", "/v1/volumes", fmt.Sprintf(`{"name": %q, "size": %q, "replicas": %d, "node": %q}`, name, size, replicas, node), 201, &v)
+	allowBoth(t, d, name)
+	return v
+}
+
+// newTCPCluster makes the addresses of three nodes, node1 to node3, and
+// an NVMe/TCP address of each (tcp, by node), starting none: the tests
+// that restart nodes by hand keep their NVMe/TCP ports.
+func newTCPCluster(t *testing.T) (c *cluster, ids []string, tcp map[string]string) {
+	t.Helper()
+	c = &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}}
+	ids = []string{"node1", "node2", "node3"}
+	tcp = map[string]string{}
+	for _, id := range ids {
+		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
+		tcp[id] = freeAddr(t)
+	}
+	return c, ids, tcp
+}
+
 // tcpEndpoint is the NVMe/TCP address the volume's attach answer names.
 func tcpEndpoint(t *testing.T, d *daemon, name string) (addr, nqn string) {
 	t.Helper()
@@ -476,18 +514,10 @@ func newPrimaryOf(t *testing.T, c *cluster, name, old string, epoch uint64) stri
 // registered. The whole cluster is then killed and started again: the
 // reservation is still B's.
 func TestReservationFailover(t *testing.T) {
-	c, ids, leader := startZoned(t, 3)
-	lp := c.procs[leader]
-	pin := ids[0]
-	if pin == leader {
-		pin = ids[1]
-	}
+	c, ids, _, lp, pin := startResvCluster(t)
 	vols := map[string]resvVolumeJSON{}
 	for _, name := range []string{"f", "z"} {
-		var v resvVolumeJSON
-		lp.must(t, "POST", "/v1/volumes", `{"name": "`+name+`", "size": "8MiB", "replicas": 3, "node": "`+pin+`"}`, 201, &v)
-		allowBoth(t, lp, name)
-		vols[name] = v
+		vols[name] = createResvVolume(t, lp, name, "8MiB", 3, pin)
 	}
 	tcpAddrs := tcpAddrsOf(t, lp)
 	hosts := func() (fa, fb, za, zb *resvHost) {
@@ -563,15 +593,8 @@ func TestReservationFailover(t *testing.T) {
 // generation moved once.
 func TestReservationLeaderChange(t *testing.T) {
 	t.Setenv("BLKD_TEST_RESV_HOLD", "leader=2s")
-	c, ids, leader := startZoned(t, 3)
-	lp := c.procs[leader]
-	pin := ids[0]
-	if pin == leader {
-		pin = ids[1]
-	}
-	var v resvVolumeJSON
-	lp.must(t, "POST", "/v1/volumes", `{"name": "l", "size": "4MiB", "replicas": 3, "node": "`+pin+`"}`, 201, &v)
-	allowBoth(t, lp, "l")
+	c, _, leader, lp, pin := startResvCluster(t)
+	v := createResvVolume(t, lp, "l", "4MiB", 3, pin)
 	a := resvPaths(t, resvHostA, v.NQN, tcpAddrsOf(t, lp))
 	done := make(chan error, 1)
 	go func() { done <- a.register(keyA, nvme.CPTPLSet) }()
@@ -595,15 +618,8 @@ func TestReservationLeaderChange(t *testing.T) {
 // nothing changed: no reservation, the generation where it was.
 func TestReservationStaleEpoch(t *testing.T) {
 	t.Setenv("BLKD_TEST_RESV_HOLD", "keeper=4s")
-	c, ids, leader := startZoned(t, 3)
-	lp := c.procs[leader]
-	pin := ids[0]
-	if pin == leader {
-		pin = ids[1]
-	}
-	var v resvVolumeJSON
-	lp.must(t, "POST", "/v1/volumes", `{"name": "s", "size": "4MiB", "replicas": 3, "node": "`+pin+`"}`, 201, &v)
-	allowBoth(t, lp, "s")
+	c, _, leader, lp, pin := startResvCluster(t)
+	v := createResvVolume(t, lp, "s", "4MiB", 3, pin)
 	tcpAddrs := tcpAddrsOf(t, lp)
 	a := resvPaths(t, resvHostA, v.NQN, tcpAddrs)
 	mustOK(t, "A registers", a.register(keyA, nvme.CPTPLSet))
@@ -646,21 +662,13 @@ func TestReservationStaleEpoch(t *testing.T) {
 // enough to see), then B's write gets Reservation Conflict: never served.
 func TestReservationUnknownView(t *testing.T) {
 	t.Setenv("BLKD_TEST_RESV_HOLD", "bringup=4s")
-	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}}
-	ids := []string{"node1", "node2", "node3"}
-	tcp := map[string]string{}
-	for _, id := range ids {
-		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
-		tcp[id] = freeAddr(t)
-	}
+	c, ids, tcp := newTCPCluster(t)
 	c.start("node1", "--tcp-addr", tcp["node1"])
 	for _, id := range ids[1:] {
 		c.start(id, "--tcp-addr", tcp[id], "--join", c.nodes["node1"].api)
 	}
 	lp := c.procs[c.settled(nil)]
-	var v resvVolumeJSON
-	lp.must(t, "POST", "/v1/volumes", `{"name": "u", "size": "4MiB", "replicas": 1, "node": "node2"}`, 201, &v)
-	allowBoth(t, lp, "u")
+	v := createResvVolume(t, lp, "u", "4MiB", 1, "node2")
 	a := &resvHost{t: t, host: resvHostA, paths: []*initiator.Namespace{resvConnect(t, resvHostA, tcp["node2"], v.NQN)}}
 	mustOK(t, "A registers", a.register(keyA, nvme.CPTPLSet))
 	mustOK(t, "A acquires", a.acquire(nvme.RACQAAcquire, keyA, 0))
@@ -721,13 +729,7 @@ func TestReservationUpgradeGate(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the older blkd: %v\n%s", err, out)
 	}
-	c := &cluster{t: t, nodes: map[string]*nodeAddrs{}, procs: map[string]*daemon{}}
-	ids := []string{"node1", "node2", "node3"}
-	tcp := map[string]string{}
-	for _, id := range ids {
-		c.nodes[id] = &nodeAddrs{t.TempDir(), freeAddr(t), freeAddr(t), freeAddr(t)}
-		tcp[id] = freeAddr(t)
-	}
+	c, _, tcp := newTCPCluster(t)
 	c.start("node1", "--tcp-addr", tcp["node1"])
 	c.start("node2", "--tcp-addr", tcp["node2"], "--join", c.nodes["node1"].api)
 	newer := binary
@@ -735,9 +737,7 @@ func TestReservationUpgradeGate(t *testing.T) {
 	c.start("node3", "--tcp-addr", tcp["node3"], "--join", c.nodes["node1"].api)
 	binary = newer
 	lp := c.procs[c.settled(nil)]
-	var v resvVolumeJSON
-	lp.must(t, "POST", "/v1/volumes", `{"name": "g", "size": "4MiB", "replicas": 1, "node": "node1"}`, 201, &v)
-	allowBoth(t, lp, "g")
+	v := createResvVolume(t, lp, "g", "4MiB", 1, "node1")
 	a := &resvHost{t: t, host: resvHostA, paths: []*initiator.Namespace{resvConnect(t, resvHostA, tcp["node1"], v.NQN)}}
 	if err := a.register(keyA, nvme.CPTPLSet); !isStatus(err, nvme.StatusInvalidOpcode) {
 		t.Fatalf("Register while node3 lacks the feature: %v, want Invalid Opcode", err)

@@ -28,42 +28,16 @@
 
 set -euo pipefail
 
-say() { printf '%s caw: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-die() { say "error: $*"; exit 1; }
-
+bench_name=caw
 SIZE=${SIZE:-1GiB}
 RUNTIME=${RUNTIME:-4}
 RUNS=${RUNS:-5}
 BASE_PORT=${BASE_PORT:-25600}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 OUT=${OUT:-./caw-$(date -u +%Y%m%dT%H%MZ).md}
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-
-scratch=$(mktemp -d "$BENCH_DIR/blk-caw.XXXXXX")
-pid=
-cleanup() {
-	[[ -n $pid ]] && { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
-	rm -rf "$scratch"
-}
-trap cleanup EXIT INT TERM
-
-say "building blkd and blkctl"
-(cd "$repo" && go build -o "$scratch/blkd" ./cmd/blkd && go build -o "$scratch/blkctl" ./cmd/blkctl)
-api="127.0.0.1:$((BASE_PORT + 31))"
-mkdir -p "$scratch/node"
-"$scratch/blkd" --node-id node1 --data-dir "$scratch/node" \
-	--raft-addr "127.0.0.1:$((BASE_PORT + 1))" --tcp-addr "127.0.0.1:$((BASE_PORT + 11))" \
-	--nvme-addr "127.0.0.1:$((BASE_PORT + 21))" --api-addr "$api" >"$scratch/node.log" 2>&1 &
-pid=$!
-for _ in $(seq 600); do
-	grep -qx ready "$scratch/node.log" && break
-	kill -0 "$pid" 2>/dev/null || { cat "$scratch/node.log" >&2; die "blkd exited"; }
-	sleep 0.1
-done
-grep -qx ready "$scratch/node.log" || die "blkd not ready in 60 s"
-ctl() { "$scratch/blkctl" --api "http://$api" "$@"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_start
 host=nqn.2026-11.io.blk:caw-bench
-field() { sed -n "s/.*\"$1\": *\([0-9.]*\).*/\1/p" | head -1; }
 bench() { # RW ARGS... -> the run's JSON
 	local rw=$1
 	shift
@@ -90,7 +64,6 @@ for run in $(seq "$RUNS"); do
 	say "run $run: writes $w IOPS, pairs $p/s (${res["x|$run"]}×), reads $r IOPS (ceiling ${res["c|$run"]}×)"
 done
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 col() { for run in $(seq "$RUNS"); do echo "${res["$1|$run"]}"; done | median; }
 all() { for run in $(seq "$RUNS"); do echo "${res["$1|$run"]}"; done | paste -sd' ' | sed 's/ /, /g'; }
 {

@@ -34,9 +34,7 @@
 
 set -euo pipefail
 
-say() { printf '%s snapshot: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-die() { say "error: $*"; exit 1; }
-
+bench_name=snapshot
 SIZE=${SIZE:-1GiB}
 BIG=${BIG:-16GiB}
 RUNTIME=${RUNTIME:-10}
@@ -44,33 +42,9 @@ RUNS=${RUNS:-3}
 BASE_PORT=${BASE_PORT:-25500}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 OUT=${OUT:-./snapshot-$(date -u +%Y%m%dT%H%MZ).md}
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-
-scratch=$(mktemp -d "$BENCH_DIR/blk-snapshot.XXXXXX")
-pid=
-cleanup() {
-	[[ -n $pid ]] && { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
-	rm -rf "$scratch"
-}
-trap cleanup EXIT INT TERM
-
-say "building blkd and blkctl"
-(cd "$repo" && go build -o "$scratch/blkd" ./cmd/blkd && go build -o "$scratch/blkctl" ./cmd/blkctl)
-api="127.0.0.1:$((BASE_PORT + 31))"
-mkdir -p "$scratch/node"
-"$scratch/blkd" --node-id node1 --data-dir "$scratch/node" \
-	--raft-addr "127.0.0.1:$((BASE_PORT + 1))" --tcp-addr "127.0.0.1:$((BASE_PORT + 11))" \
-	--nvme-addr "127.0.0.1:$((BASE_PORT + 21))" --api-addr "$api" >"$scratch/node.log" 2>&1 &
-pid=$!
-for _ in $(seq 600); do
-	grep -qx ready "$scratch/node.log" && break
-	kill -0 "$pid" 2>/dev/null || { cat "$scratch/node.log" >&2; die "blkd exited"; }
-	sleep 0.1
-done
-grep -qx ready "$scratch/node.log" || die "blkd not ready in 60 s"
-ctl() { "$scratch/blkctl" --api "http://$api" "$@"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_start
 host=nqn.2026-11.io.blk:snapshot-bench
-field() { sed -n "s/.*\"$1\": *\([0-9.]*\).*/\1/p" | head -1; }
 ms() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f\n", (b - a) / 1e6}'; }
 now() { date +%s%N; }
 
@@ -139,7 +113,6 @@ for run in $(seq "$RUNS"); do
 	ctl volume delete "$big" --force --snapshots >/dev/null
 done
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 col() { for run in $(seq "$RUNS"); do echo "${res["$1|$run"]}" | cut -d' ' -f"$2"; done | median; }
 {
 	echo "| measure | median | second figure |"

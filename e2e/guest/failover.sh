@@ -19,12 +19,7 @@ nvme discover -t tcp -a 10.0.2.2 -s "$DISC" --hostnqn "$HOSTNQN" -o json >/share
 nvme connect-all -t tcp -a 10.0.2.2 -s "$DISC" --hostnqn "$HOSTNQN" \
 	--reconnect-delay=2 --ctrl-loss-tmo=-1 || fail "nvme connect-all"
 
-n=0
-until [ "$(ctrls | wc -l)" -eq 3 ]; do
-	n=$((n + 1))
-	[ $n -le 300 ] || fail "not three controllers of $NQN after 30 s: $(ctrls | tr '\n' ' ')"
-	sleep 0.1
-done
+wait_ctrls 3 three
 subs=
 for s in /sys/class/nvme-subsystem/nvme-subsys*; do
 	grep -qx "$NQN" "$s/subsysnqn" && subs="$subs $(basename "$s")"

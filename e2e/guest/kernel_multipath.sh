@@ -22,12 +22,7 @@ nvme discover -t tcp -a 10.0.2.2 -s "$PORTA" --hostnqn "$HOSTNQN" --hostid "$HOS
 nvme connect-all -t tcp -a 10.0.2.2 -s "$PORTA" --hostnqn "$HOSTNQN" --hostid "$HOSTID" \
 	--reconnect-delay=1 --ctrl-loss-tmo=60 || fail "nvme connect-all"
 
-n=0
-until [ "$(ctrls | wc -l)" -eq 2 ]; do
-	n=$((n + 1))
-	[ $n -le 300 ] || fail "not two controllers of $NQN after 30 s: $(ctrls | tr '\n' ' ')"
-	sleep 0.1
-done
+wait_ctrls 2 two
 ca=$(ctrl_of "$PORTA")
 cb=$(ctrl_of "$PORTB")
 [ -n "$ca" ] && [ -n "$cb" ] || fail "controllers of path A ($ca) and B ($cb) not found"

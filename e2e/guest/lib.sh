@@ -183,7 +183,8 @@ ride_restart() {
 	cmp /tmp/pat /tmp/after || fail "flushed pattern differs after the restart"
 }
 
-# Multipath (NQN from env.sh). ctrls: the controllers of subsystem $NQN;
+# Multipath (NQN from env.sh). ctrls: the controllers of subsystem $NQN
+# (wait_ctrls below waits for them);
 # ctrl_of PORT: the one connected to PORT; path_state CTRL: the ANA state
 # of CTRL's path to namespace 1.
 ctrls() {
@@ -191,6 +192,16 @@ ctrls() {
 		[ -e "$c/subsysnqn" ] && grep -qx "$NQN" "$c/subsysnqn" && basename "$c"
 	done
 	true
+}
+# wait_ctrls N WORD: wait up to 30 s for N (WORD, for the message)
+# controllers of $NQN.
+wait_ctrls() {
+	local n=0
+	until [ "$(ctrls | wc -l)" -eq "$1" ]; do
+		n=$((n + 1))
+		[ $n -le 300 ] || fail "not $2 controllers of $NQN after 30 s: $(ctrls | tr '\n' ' ')"
+		sleep 0.1
+	done
 }
 ctrl_of() {
 	for c in $(ctrls); do

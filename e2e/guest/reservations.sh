@@ -22,12 +22,7 @@ hostnqn="nqn.2014-08.org.nvmexpress:uuid:$hostid"
 log "connect-all through port $DISC as $hostnqn"
 nvme connect-all -t tcp -a 10.0.2.2 -s "$DISC" --hostnqn "$hostnqn" --hostid "$hostid" \
 	--reconnect-delay=2 --ctrl-loss-tmo=-1 || fail "nvme connect-all"
-n=0
-until [ "$(ctrls | wc -l)" -eq 3 ]; do
-	n=$((n + 1))
-	[ $n -le 300 ] || fail "not three controllers of $NQN after 30 s: $(ctrls | tr '\n' ' ')"
-	sleep 0.1
-done
+wait_ctrls 3 three
 sub=
 for s in /sys/class/nvme-subsystem/nvme-subsys*; do
 	grep -qx "$NQN" "$s/subsysnqn" && sub=$(basename "$s")
@@ -70,6 +65,14 @@ refused() {
 	read_block /tmp/got
 	cmp -s /tmp/got "$2" || fail "step $1: block 0 is not the holder's data"
 }
+# holds WHO WHAT: as the holder, write a new random block (kept as
+# /share/block-WHO) and read it back; WHAT names the holder in failures.
+holds() {
+	dd if=/dev/urandom of=/share/block-$1 bs=4096 count=1 2>/dev/null
+	write_block /share/block-$1 || fail "$2's write failed: $(cat /tmp/dd.err)"
+	read_block /tmp/got
+	cmp -s /tmp/got /share/block-$1 || fail "$2 reads back another block"
+}
 
 # Step 1: both register (resv1 first, for a stable registrant order),
 # resv1 acquires Write Exclusive and writes; resv2 is refused writes and
@@ -80,10 +83,7 @@ mark "registered-$me"
 if [ $me = resv1 ]; then
 	wait_file /share/registered-resv2 300
 	nvme resv-acquire "$dev" -n 1 --crkey=$key --rtype=1 --racqa=0 || fail "resv-acquire"
-	dd if=/dev/urandom of=/share/block-resv1 bs=4096 count=1 2>/dev/null
-	write_block /share/block-resv1 || fail "the holder's write failed: $(cat /tmp/dd.err)"
-	read_block /tmp/got
-	cmp -s /tmp/got /share/block-resv1 || fail "the holder reads back another block"
+	holds resv1 "the holder"
 	mark acquired
 else
 	wait_file /share/acquired 300
@@ -111,10 +111,7 @@ mark "checked-3-$me"
 if [ $me = resv2 ]; then
 	wait_file /share/checked-3-resv1 300
 	nvme resv-acquire "$dev" -n 1 --crkey=$key --prkey=161 --rtype=1 --racqa=2 || fail "preempt-and-abort"
-	dd if=/dev/urandom of=/share/block-resv2 bs=4096 count=1 2>/dev/null
-	write_block /share/block-resv2 || fail "the new holder's write failed: $(cat /tmp/dd.err)"
-	read_block /tmp/got
-	cmp -s /tmp/got /share/block-resv2 || fail "the new holder reads back another block"
+	holds resv2 "the new holder"
 	mark preempted
 else
 	wait_file /share/preempted 300

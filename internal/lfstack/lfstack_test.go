@@ -45,14 +45,7 @@ func TestConcurrentPush(t *testing.T) {
 	}
 	n := 0
 	take := func() {
-		var rev *item
-		for it := s.TakeAll(); it != nil; {
-			next := it.next
-			it.next = rev
-			rev = it
-			it = next
-		}
-		for it := rev; it != nil; it = it.next {
+		for it := takeInOrder(&s); it != nil; it = it.next {
 			if seen[it.v] {
 				t.Fatalf("item %d taken twice", it.v)
 			}
@@ -88,4 +81,17 @@ func TestPushAllocs(t *testing.T) {
 	}); n != 0 {
 		t.Fatalf("%v allocations per push and take", n)
 	}
+}
+
+// takeInOrder takes everything off s and links it in the order it was
+// pushed (oldest first).
+func takeInOrder(s *Stack[item]) *item {
+	var rev *item
+	for it := s.TakeAll(); it != nil; {
+		next := it.next
+		it.next = rev
+		rev = it
+		it = next
+	}
+	return rev
 }

@@ -33,14 +33,7 @@ func TestPushPairAdjacent(t *testing.T) {
 	go func() { wg.Wait(); close(done) }()
 	n := 0
 	check := func() {
-		var rev *item
-		for it := s.TakeAll(); it != nil; {
-			next := it.next
-			it.next = rev
-			rev = it
-			it = next
-		}
-		for it := rev; it != nil; it = it.next {
+		for it := takeInOrder(&s); it != nil; it = it.next {
 			n++
 			w := it.v / 2 / per
 			if w%2 == 0 && it.v%2 == 0 {

@@ -1,14 +1,13 @@
 package resv
 
 import (
-	"bufio"
 	"flag"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/blk-project/blk/internal/transcript"
 	"github.com/blk-project/blk/nvme"
 )
 
@@ -29,49 +28,9 @@ var rewrite = flag.Bool("resv.rewrite", false, "rewrite the expected output of t
 // nqn. A host is a short name ("A"); "0" is the zero host ID.
 func TestApplyTranscript(t *testing.T) {
 	path := "testdata/apply.txt"
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var s State
-	var out strings.Builder
-	sc := bufio.NewScanner(strings.NewReader(string(raw)))
-	line := 0
-	next := func() (string, bool) {
-		if !sc.Scan() {
-			return "", false
-		}
-		line++
-		return sc.Text(), true
-	}
-	for {
-		l, ok := next()
-		if !ok {
-			break
-		}
-		if l == "" || strings.HasPrefix(l, "#") {
-			out.WriteString(l + "\n")
-			continue
-		}
-		directive, start := l, line
-		var input, want, got []string
-		for {
-			l, ok = next()
-			if !ok {
-				t.Fatalf("%s:%d: block without ----", path, start)
-			}
-			if l == "----" {
-				break
-			}
-			input = append(input, l)
-		}
-		for {
-			l, ok = next()
-			if !ok || l == "" {
-				break
-			}
-			want = append(want, l)
-		}
+	transcript.Run(t, path, *rewrite, func(directive string, input []string, start int) []string {
+		var got []string
 		switch directive {
 		case "run":
 			for _, in := range input {
@@ -99,24 +58,8 @@ func TestApplyTranscript(t *testing.T) {
 		default:
 			t.Fatalf("%s:%d: unknown directive %q", path, start, directive)
 		}
-		out.WriteString(directive + "\n")
-		for _, in := range input {
-			out.WriteString(in + "\n")
-		}
-		out.WriteString("----\n")
-		for _, g := range got {
-			out.WriteString(g + "\n")
-		}
-		out.WriteString("\n")
-		if !*rewrite && strings.Join(got, "\n") != strings.Join(want, "\n") {
-			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, start, directive, strings.Join(got, "\n"), strings.Join(want, "\n"))
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+		return got
+	})
 }
 
 func parseHost(s string) HostID {
@@ -140,37 +83,36 @@ func hostName(h HostID) string {
 	return n
 }
 
+// verbs are the transcripts' commands: the op and action each sets
+// (raw sets neither: op= and action= give them).
+var verbs = map[string]struct {
+	op     Op
+	action uint8
+}{
+	"register":      {Register, nvme.RREGARegister},
+	"unregister":    {Register, nvme.RREGAUnregister},
+	"replace":       {Register, nvme.RREGAReplace},
+	"acquire":       {Acquire, nvme.RACQAAcquire},
+	"preempt":       {Acquire, nvme.RACQAPreempt},
+	"preempt-abort": {Acquire, nvme.RACQAPreemptAndAbort},
+	"release":       {Release, nvme.RRELARelease},
+	"clear":         {Release, nvme.RRELAClear},
+	"set-ptpl":      {SetPTPL, 0},
+	"power-loss":    {PowerLoss, 0},
+	"raw":           {},
+}
+
 func parseCommand(line string) (Command, error) {
 	f := strings.Fields(line)
 	if len(f) < 1 {
 		return Command{}, fmt.Errorf("empty command")
 	}
 	var c Command
-	switch f[0] {
-	case "register":
-		c.Op, c.Action = Register, nvme.RREGARegister
-	case "unregister":
-		c.Op, c.Action = Register, nvme.RREGAUnregister
-	case "replace":
-		c.Op, c.Action = Register, nvme.RREGAReplace
-	case "acquire":
-		c.Op, c.Action = Acquire, nvme.RACQAAcquire
-	case "preempt":
-		c.Op, c.Action = Acquire, nvme.RACQAPreempt
-	case "preempt-abort":
-		c.Op, c.Action = Acquire, nvme.RACQAPreemptAndAbort
-	case "release":
-		c.Op, c.Action = Release, nvme.RRELARelease
-	case "clear":
-		c.Op, c.Action = Release, nvme.RRELAClear
-	case "set-ptpl":
-		c.Op = SetPTPL
-	case "power-loss":
-		c.Op = PowerLoss
-	case "raw":
-	default:
+	v, ok := verbs[f[0]]
+	if !ok {
 		return c, fmt.Errorf("unknown verb %q", f[0])
 	}
+	c.Op, c.Action = v.op, v.action
 	args := f[1:]
 	if c.Op != PowerLoss || (len(args) > 0 && !strings.Contains(args[0], "=")) {
 		if len(args) == 0 {

@@ -24,6 +24,13 @@ func newAsyncTarget(t testing.TB, seed uint64, maxDelay time.Duration, durable b
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Close) // last: after the port and the target
+	return serveAsyncCfg(t, d, rdma.Config{Addr: "127.0.0.1:0", Cores: 2}), d
+}
+
+// serveAsyncCfg serves b as namespace 1 of the test subsystem on a port
+// of configuration cfg over a soft adapter, all closed at the test's end.
+func serveAsyncCfg(t testing.TB, b target.AsyncBackend, cfg rdma.Config) *testTarget {
+	t.Helper()
 	a, err := soft.New(soft.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -35,10 +42,10 @@ func newAsyncTarget(t testing.TB, seed uint64, maxDelay time.Duration, durable b
 	if tt.sub, err = tt.t.AddSubsystem(target.SubsystemConfig{NQN: testSubNQN, Serial: "blk-test-1", Model: "blk test", Hosts: []string{testHostNQN}}); err != nil {
 		t.Fatal(err)
 	}
-	if err = tt.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: d}); err != nil {
+	if err = tt.sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: b}); err != nil {
 		t.Fatal(err)
 	}
-	if tt.port, err = rdma.Listen(tt.t, a, rdma.Config{Addr: "127.0.0.1:0", Cores: 2}); err != nil {
+	if tt.port, err = rdma.Listen(tt.t, a, cfg); err != nil {
 		t.Fatal(err)
 	}
 	tt.addr = tt.port.Addr().String()
@@ -47,7 +54,7 @@ func newAsyncTarget(t testing.TB, seed uint64, maxDelay time.Duration, durable b
 		tt.t.Close()
 		a.Close()
 	})
-	return tt, d
+	return tt
 }
 
 // TestAsyncBackend: seeded random reads, writes (some FUA), write zeroes

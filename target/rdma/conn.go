@@ -40,7 +40,7 @@ type conn struct {
 	// firstRun has bit Seq mod its length set for a fused first that
 	// has executed (its second may take a buffer; fused.go), cleared
 	// when the next capsule of that bit arrives. The conn's core only.
-	firstRun []uint64
+	firstRun target.FirstRun
 
 	// Admin queues only: private receive buffers and their requests.
 	amr  transport.MemoryRegion

@@ -322,7 +322,7 @@ func (cs *coreState) receive(r *req, n uint32) {
 	// Fused commands are paired by arrival: receive completions come in
 	// QP order, on this core only.
 	r.Seq, r.PrevFuse = r.conn.seq, r.conn.prevFuse
-	r.conn.markFirst(r.Seq, false)
+	r.conn.firstRun.Mark(r.Seq, false)
 	r.conn.seq++
 	r.conn.prevFuse = r.Cmd.Fuse()
 	sgl := r.Cmd.DPTR
@@ -418,8 +418,8 @@ func (cs *coreState) alignData(r *req) {
 // class that holds it and has one free, else from a larger class; or it
 // reports there is none. An empty class (no mid buffers) never has one.
 func (cs *coreState) attach(r *req) bool {
-	reserve := r.conn.mayReserve(r)
-	if !reserve && r.conn.secondEarly(r) {
+	reserve := r.conn.firstRun.MayReserve(&r.Request)
+	if !reserve && r.conn.firstRun.SecondEarly(&r.Request) {
 		return false // no buffer before its first runs (fused.go)
 	}
 	for _, p := range cs.pools {

@@ -13,58 +13,11 @@ import "github.com/blk-project/blk/nvme"
 // in-capsule command needs no buffer: its data stays in its receive
 // buffer.
 
-// firstWords sizes conn.firstRun for a queue of entries commands: a
-// power of two of bits, at least twice the commands in flight.
-func firstWords(entries uint32) int {
-	bits := uint32(64)
-	for bits < 2*entries {
-		bits <<= 1
-	}
-	return int(bits / 64)
-}
-
-// markFirst sets or clears the bit of arrival number seq.
-func (c *conn) markFirst(seq uint32, ran bool) {
-	if len(c.firstRun) == 0 {
-		return
-	}
-	i := seq % uint32(len(c.firstRun)*64)
-	if ran {
-		c.firstRun[i/64] |= 1 << (i % 64)
-	} else {
-		c.firstRun[i/64] &^= 1 << (i % 64)
-	}
-}
-
-// ranFirst reports whether the fused first of arrival number seq has
-// executed.
-func (c *conn) ranFirst(seq uint32) bool {
-	if len(c.firstRun) == 0 {
-		return false
-	}
-	i := seq % uint32(len(c.firstRun)*64)
-	return c.firstRun[i/64]&(1<<(i%64)) != 0
-}
-
-// mayReserve reports whether r may take a reserved buffer.
-func (c *conn) mayReserve(r *req) bool {
-	if r.PrevFuse != nvme.FlagFuseFirst {
-		return false
-	}
-	return r.Cmd.Fuse() != nvme.FlagFuseSecond || c.ranFirst(r.Seq-1)
-}
-
-// secondEarly reports whether r is a fused second whose first has not
-// executed yet.
-func (c *conn) secondEarly(r *req) bool {
-	return r.Cmd.Fuse() == nvme.FlagFuseSecond && r.PrevFuse == nvme.FlagFuseFirst && !c.ranFirst(r.Seq-1)
-}
-
 // execute hands r to the core; a fused first is noted first, so that
 // its second may have a buffer.
 func (r *req) execute() {
 	if r.Cmd.Fuse() == nvme.FlagFuseFirst {
-		r.conn.markFirst(r.Seq, true)
+		r.conn.firstRun.Mark(r.Seq, true)
 	}
 	r.conn.q.Execute(&r.Request)
 }

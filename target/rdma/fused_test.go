@@ -6,10 +6,9 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/initiator"
-	"github.com/blk-project/blk/initiator/initiatortest"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
-	"github.com/blk-project/blk/transport/soft"
+	"github.com/blk-project/blk/target/targettest"
 )
 
 // TestFusedOverWire: blk's initiator sends fused Compare and Write pairs
@@ -22,13 +21,7 @@ func TestFusedOverWire(t *testing.T) {
 	seed := uint64(testSeed(t))
 	tt, _ := newAsyncTarget(t, seed, 100*time.Microsecond, false)
 	c := connectHost(t, tt.addr, initiator.Config{Queues: 2, QueueDepth: 32})
-	wrote, miscompared := initiatortest.FusedWorkload(t, c.Namespace(1), seed, 4)
-	st := tt.t.Stats()
-	if st.FusedPairs != wrote || st.FusedMiscompares != miscompared || st.FusedMissing != 0 {
-		t.Errorf("stats: %d pairs, %d miscompares, %d missing; the host saw %d written, %d miscompared",
-			st.FusedPairs, st.FusedMiscompares, st.FusedMissing, wrote, miscompared)
-	}
-	t.Logf("%d pairs wrote, %d miscompared, %d lock waits", wrote, miscompared, st.LockWaits)
+	targettest.FusedOverWire(t, tt.t, c.Namespace(1), seed)
 }
 
 // TestFusedBufferExhaustion (docs/reservations.md §2.2, §9 question 10):
@@ -46,38 +39,10 @@ func TestFusedBufferExhaustion(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(d.Close)
-			a, err := soft.New(soft.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			tgt, err := target.New(target.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			sub, err := tgt.AddSubsystem(target.SubsystemConfig{NQN: testSubNQN, Hosts: []string{testHostNQN}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := sub.AddNamespace(target.NamespaceConfig{NSID: 1, Async: d}); err != nil {
-				t.Fatal(err)
-			}
-			port, err := rdma.Listen(tgt, a, rdma.Config{Addr: "127.0.0.1:0", Cores: 2, SmallBuffers: 4, MidBuffers: 4,
+			tt := serveAsyncCfg(t, d, rdma.Config{Addr: "127.0.0.1:0", Cores: 2, SmallBuffers: 4, MidBuffers: 4,
 				LargeBuffers: 4, FusedReserve: reserve})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				port.Close()
-				tgt.Close()
-				a.Close()
-			})
-			c := connectHost(t, port.Addr().String(), initiator.Config{Queues: 8, QueueDepth: 16})
-			for round := range 3 {
-				initiatortest.FusedFlood(t, c.Namespace(1), uint64(round)*64*16, 64)
-			}
-			if st := tgt.Stats(); st.FusedPairs != 3*64 || st.FusedMissing != 0 {
-				t.Errorf("stats: %d pairs, %d missing; want %d, 0", st.FusedPairs, st.FusedMissing, 3*64)
-			}
+			c := connectHost(t, tt.addr, initiator.Config{Queues: 8, QueueDepth: 16})
+			targettest.FusedFloods(t, tt.t, c.Namespace(1))
 		})
 	}
 }

@@ -251,7 +251,7 @@ func (p *Port) setup(req transport.ConnRequest) {
 		return
 	}
 	c := &conn{port: p, admin: admin, qid: cm.QID, entries: entries, remote: addrString(req.RemoteAddr()),
-		firstRun: make([]uint64, firstWords(entries))}
+		firstRun: target.NewFirstRun(entries)}
 	var err error
 	if admin {
 		c.qp, c.core, err = p.createAdminQP(c)

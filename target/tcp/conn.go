@@ -138,7 +138,7 @@ type conn struct {
 	// firstRun has bit Seq mod its length set for a fused first that
 	// has executed (its second may take a buffer; fused.go), cleared
 	// when the next capsule of that bit arrives.
-	firstRun []uint64
+	firstRun target.FirstRun
 	// deadline is when an establishing connection (no queue yet) is
 	// dropped, or a closing one closed.
 	deadline time.Time
@@ -551,7 +551,7 @@ func (c *conn) newQueue(sqe []byte) bool {
 	c.qid = qid
 	c.reqs = make([]req, entries)
 	c.free = make([]uint16, entries)
-	c.firstRun = make([]uint64, firstWords(entries))
+	c.firstRun = target.NewFirstRun(entries)
 	for i := range c.reqs {
 		r := &c.reqs[i]
 		r.c = c
@@ -599,7 +599,7 @@ func (c *conn) onCapsule(h *nvme.TCPHeader, b []byte) bool {
 	r.Len, r.Data, r.got, r.fail = 0, nil, 0, 0
 	r.Group = c.g.tg // every Execute of this binding runs on the group
 	r.Seq, r.PrevFuse = c.seq, c.prevFuse
-	c.markFirst(r.Seq, false)
+	c.firstRun.Mark(r.Seq, false)
 	c.seq++
 	c.prevFuse = r.Cmd.Fuse()
 	dlen := int(h.DataLen(c.dg))

@@ -35,6 +35,24 @@ func TestWatchDiscovery(t *testing.T) {
 		}
 		return n, e
 	}
+	// remotes sets the remote subsystems, waits for the change notice
+	// (failing with missing if none comes within 5 s) and reads the log.
+	remotes := func(set []target.RemoteSubsystem, missing string) []nvme.DiscoveryLogEntry {
+		t.Helper()
+		if err := tt.t.SetRemoteSubsystems(set); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-w.Changed():
+		case <-time.After(5 * time.Second):
+			t.Fatal(missing)
+		}
+		l, err := w.Log(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
 	l, err := w.Log(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -46,18 +64,7 @@ func TestWatchDiscovery(t *testing.T) {
 	const remote = "nqn.2026-11.io.blk:elsewhere"
 	set := []target.RemoteSubsystem{{NQN: remote, Hosts: []string{testHostNQN},
 		Paths: []target.Port{{ID: 13, TrType: nvme.TrTypeTCP, AdrFam: nvme.AdrFamIPv4, TrAddr: "192.0.2.3", TrSvcID: "4420", TReq: nvme.TReqDisableSQFlow}}}}
-	if err := tt.t.SetRemoteSubsystems(set); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-w.Changed():
-	case <-time.After(5 * time.Second):
-		t.Fatal("no discovery change notice within 5s of a new remote subsystem")
-	}
-	if l, err = w.Log(ctx); err != nil {
-		t.Fatal(err)
-	}
-	n, e := count(l, remote)
+	n, e := count(remotes(set, "no discovery change notice within 5s of a new remote subsystem"), remote)
 	if n != 1 || e.PortID != 13 || e.TrType != nvme.TrTypeTCP || e.TReq != nvme.TReqDisableSQFlow || e.SubType != nvme.SubTypeNVM ||
 		string(trim(e.TrAddr[:])) != "192.0.2.3" || string(trim(e.TrSvcID[:])) != "4420" {
 		t.Fatalf("remote subsystem listed %d times, last %+v", n, e)
@@ -75,18 +82,7 @@ func TestWatchDiscovery(t *testing.T) {
 		t.Fatal("discovery controller lost")
 	case <-time.After(2500 * time.Millisecond):
 	}
-	if err := tt.t.SetRemoteSubsystems(nil); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-w.Changed():
-	case <-time.After(5 * time.Second):
-		t.Fatal("no notice when the remote subsystem left")
-	}
-	if l, err = w.Log(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n, _ := count(l, remote); n != 0 {
+	if n, _ := count(remotes(nil, "no notice when the remote subsystem left"), remote); n != 0 {
 		t.Fatalf("remote subsystem still listed %d times", n)
 	}
 }

@@ -24,54 +24,14 @@ import "github.com/blk-project/blk/nvme"
 // holds a buffer only when its pair can run at once, and a first waits
 // only for seconds that can always get one. (An in-capsule second is
 // read only after its first's in-capsule data, so its first has run.)
-
-// mayReserve reports whether r may take a reserved buffer.
-func (c *conn) mayReserve(r *req) bool {
-	if r.PrevFuse != nvme.FlagFuseFirst {
-		return false
-	}
-	return r.Cmd.Fuse() != nvme.FlagFuseSecond || c.ranFirst(r.Seq-1)
-}
-
-// firstWords sizes conn.firstRun for a queue of entries commands: a
-// power of two of bits, at least twice the commands in flight, so that a
-// bit is cleared by the next arrival of its number only long after its
-// pair is done.
-func firstWords(entries uint32) int {
-	bits := uint32(64)
-	for bits < 2*entries {
-		bits <<= 1
-	}
-	return int(bits / 64)
-}
-
-// markFirst sets or clears the bit of arrival number seq.
-func (c *conn) markFirst(seq uint32, ran bool) {
-	i := seq % uint32(len(c.firstRun)*64)
-	if ran {
-		c.firstRun[i/64] |= 1 << (i % 64)
-	} else {
-		c.firstRun[i/64] &^= 1 << (i % 64)
-	}
-}
-
-// ranFirst reports whether the fused first of arrival number seq has
-// executed.
-func (c *conn) ranFirst(seq uint32) bool {
-	i := seq % uint32(len(c.firstRun)*64)
-	return c.firstRun[i/64]&(1<<(i%64)) != 0
-}
-
-// secondEarly reports whether r is a fused second whose first has not
-// executed yet.
-func (c *conn) secondEarly(r *req) bool {
-	return r.Cmd.Fuse() == nvme.FlagFuseSecond && r.PrevFuse == nvme.FlagFuseFirst && !c.ranFirst(r.Seq-1)
-}
+//
+// Which firsts have run is conn.firstRun (target.FirstRun, shared with
+// target/rdma), which also decides MayReserve and SecondEarly.
 
 // firstRan notes that fused first r executed, and lets runWaiters look
 // at its second.
 func (c *conn) firstRan(r *req) {
-	c.markFirst(r.Seq, true)
+	c.firstRun.Mark(r.Seq, true)
 	if c.g.waitingFused.n+c.g.waitingCapsuleFused.n > 0 {
 		c.g.freed = true
 	}

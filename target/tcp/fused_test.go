@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/initiator"
-	"github.com/blk-project/blk/initiator/initiatortest"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
+	"github.com/blk-project/blk/target/targettest"
 	"github.com/blk-project/blk/target/tcp"
 )
 
@@ -23,13 +23,7 @@ func TestFusedOverWire(t *testing.T) {
 	seed := testSeed(t)
 	tt, _ := newAsyncTarget(t, seed, 100*time.Microsecond, false)
 	c := connectTCP(t, tt.addr, initiator.Config{Queues: 2, QueueDepth: 32})
-	wrote, miscompared := initiatortest.FusedWorkload(t, c.Namespace(1), seed, 4)
-	st := tt.t.Stats()
-	if st.FusedPairs != wrote || st.FusedMiscompares != miscompared || st.FusedMissing != 0 {
-		t.Errorf("stats: %d pairs, %d miscompares, %d missing; the host saw %d written, %d miscompared",
-			st.FusedPairs, st.FusedMiscompares, st.FusedMissing, wrote, miscompared)
-	}
-	t.Logf("%d pairs wrote, %d miscompared, %d lock waits", wrote, miscompared, st.LockWaits)
+	targettest.FusedOverWire(t, tt.t, c.Namespace(1), seed)
 }
 
 // TestFusedBufferExhaustion (docs/reservations.md §2.2, §9 question 10):
@@ -55,12 +49,7 @@ func TestFusedBufferExhaustion(t *testing.T) {
 				tt.t.Close()
 			})
 			c := connectTCP(t, tt.addr, initiator.Config{Queues: 8, QueueDepth: 16})
-			for round := range 3 {
-				initiatortest.FusedFlood(t, c.Namespace(1), uint64(round)*64*16, 64)
-			}
-			if st := tt.t.Stats(); st.FusedPairs != 3*64 || st.FusedMissing != 0 {
-				t.Errorf("stats: %d pairs, %d missing; want %d, 0", st.FusedPairs, st.FusedMissing, 3*64)
-			}
+			targettest.FusedFloods(t, tt.t, c.Namespace(1))
 		})
 	}
 }

@@ -394,8 +394,8 @@ func (g *group) drainDone() bool {
 // fits and one is free, else a large one; or reports there is none.
 func (g *group) attach(r *req) bool {
 	var b *dataBuf
-	reserve := r.c.mayReserve(r)
-	if !reserve && r.c.secondEarly(r) {
+	reserve := r.c.firstRun.MayReserve(&r.Request)
+	if !reserve && r.c.firstRun.SecondEarly(&r.Request) {
 		return false // no buffer before its first runs (fused.go)
 	}
 	if r.Len <= g.small.size {
@@ -426,7 +426,7 @@ func (g *group) attach(r *req) bool {
 // without more input, so the wait always ends.
 func (g *group) attachCapsule(r *req) bool {
 	b := g.capsule.get()
-	if b == nil && r.c.mayReserve(r) {
+	if b == nil && r.c.firstRun.MayReserve(&r.Request) {
 		b = g.capsule.getAny()
 	}
 	if b == nil {
