@@ -52,11 +52,11 @@ ctl bench v --host-nqn "$host" --transport tcp --rw write --zero-data --bs 128Ki
 
 declare -A res
 for run in $(seq "$RUNS"); do
-	w=$(bench randwrite --zero-data | field iops)
+	w=$(bench randwrite --zero-data | field iops | xargs printf "%.0f")
 	j=$(bench caw)
-	p=$(field iops <<<"$j")
+	p=$(field iops <<<"$j" | xargs printf "%.0f")
 	m=$(field miscompares <<<"$j")
-	r=$(bench randread | field iops)
+	r=$(bench randread | field iops | xargs printf "%.0f")
 	[[ -z $m || $m == 0 ]] || die "run $run: $m pairs miscompared: the volume is not all zeros"
 	res["w|$run"]=$w res["p|$run"]=$p res["r|$run"]=$r
 	res["x|$run"]=$(awk -v a="$p" -v b="$w" 'BEGIN {printf "%.2f\n", a/b}')
