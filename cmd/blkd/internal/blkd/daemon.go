@@ -376,6 +376,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	go d.leaseLoop(d.stop)
 	go d.resvLoop(d.stop)
 	d.waitPrimaryLegs(ctx, replicaReadyWait)
+	d.waitBroughtUp(ctx, replicaReadyWait)
 	d.ready.Store(true)
 	go d.settleLoop(d.stop)
 	go d.livenessLoop(d.stop)

@@ -613,6 +613,38 @@ func (k *resvKeeper) bringUpOnce() error {
 	return k.publishCopy()
 }
 
+// waitBroughtUp waits, at most max, until every one-replica volume's
+// keeper has published a current view (bringUp): Start calls it before
+// "ready", so that a host connecting once blkd says it is ready is not
+// answered Namespace Not Ready while the view catches up (the Linux host
+// retries that status only a few times, without delay). A test's
+// bring-up hold skips it: that test wants the unknown view.
+func (d *Daemon) waitBroughtUp(ctx context.Context, max time.Duration) {
+	if d.resv.holds.bringUp > 0 {
+		return
+	}
+	deadline := time.Now().Add(max)
+	for {
+		pending := false
+		d.resv.mu.Lock()
+		for _, k := range d.resv.byID {
+			if k.hv == nil && !k.broughtUp.Load() {
+				pending = true
+				break
+			}
+		}
+		d.resv.mu.Unlock()
+		if !pending || time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // currentCopy returns once this node's registry copy holds every entry
 // the leader had applied when asked (on the leader: after a barrier).
 func (d *Daemon) currentCopy(ctx context.Context) error {
