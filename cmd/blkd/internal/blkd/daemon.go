@@ -40,8 +40,10 @@ const leaderWait = 30 * time.Second
 type Daemon struct {
 	cfg Config
 	out io.Writer
-	log *slog.Logger     // the event log (target and port events)
-	rl  *ratelog.Handler // its rate limiter, flushed at shutdown
+	log *slog.Logger // the event log (target and port events)
+	// level is the event log's level, changed by Reload (reload.go).
+	level *slog.LevelVar
+	rl    *ratelog.Handler // its rate limiter, flushed at shutdown
 	// audit is the audit log (audit.go): every change, never rate-limited.
 	audit *auditLog
 
@@ -137,7 +139,8 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if cfg.RebuildRate > 0 {
 		d.repl.limit = repl.NewLimiter(cfg.RebuildRate)
 	}
-	d.log, d.rl, d.audit = newLogger(cfg)
+	d.level = new(slog.LevelVar)
+	d.log, d.rl, d.audit = newLoggerLevel(cfg, d.level)
 	defer func() {
 		if err != nil {
 			d.shutdown(context.Background())
