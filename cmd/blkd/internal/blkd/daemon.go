@@ -19,6 +19,7 @@ import (
 	"github.com/blk-project/blk/control"
 	"github.com/blk-project/blk/internal/peercred"
 	"github.com/blk-project/blk/internal/ratelog"
+	"github.com/blk-project/blk/internal/sdnotify"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/metrics"
 	"github.com/blk-project/blk/repl"
@@ -412,7 +413,10 @@ func earlyRoute(method, path string) bool {
 	return false
 }
 
-func (d *Daemon) setPhase(p string) { d.phaseNow.Store(&p) }
+func (d *Daemon) setPhase(p string) {
+	d.phaseNow.Store(&p)
+	_ = sdnotify.Notify(sdnotify.Status(p)) // systemctl status shows it; outside systemd a no-op
+}
 
 // phase says what a starting node is doing, for its 503 answers.
 func (d *Daemon) phase() string {
