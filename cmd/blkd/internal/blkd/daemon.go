@@ -41,12 +41,12 @@ const leaderWait = 30 * time.Second
 type Daemon struct {
 	cfg Config
 	out io.Writer
-	log *slog.Logger // the event log (target and port events)
-	// level is the event log's level, changed by Reload (reload.go).
-	level *slog.LevelVar
-	rl    *ratelog.Handler // its rate limiter, flushed at shutdown
+	log *slog.Logger     // the event log (target and port events)
+	rl  *ratelog.Handler // its rate limiter, flushed at shutdown
 	// audit is the audit log (audit.go): every change, never rate-limited.
 	audit *auditLog
+	// level is the event log's level, changed by Reload (reload.go).
+	level *slog.LevelVar
 
 	node  *meta.Node
 	store *store.Store
