@@ -18,6 +18,7 @@ import (
 
 	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/cmd/blkd/internal/blkd"
+	"github.com/blk-project/blk/internal/sdnotify"
 	"github.com/urfave/cli/v2"
 )
 
@@ -74,7 +75,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			if err != nil {
 				return err
 			}
-			return run(c.Context, cfg, c.App.Writer)
+			return run(c.Context, cfg, func() (blkd.Config, error) { return configFrom(c) }, c.App.Writer)
 		},
 	}
 }
@@ -177,10 +178,17 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 }
 
 // run starts the node and serves until SIGTERM or SIGINT, then shuts it
-// down cleanly.
-func run(ctx context.Context, cfg blkd.Config, out io.Writer) error {
+// down cleanly. SIGHUP reloads what can change while it runs (the log
+// level, through reload: the configuration read again) and never stops
+// it. Under systemd (Type=notify) it tells the service manager READY=1
+// once it serves, RELOADING=1 … READY=1 around a reload and STOPPING=1
+// when it shuts down.
+func run(ctx context.Context, cfg blkd.Config, reload func() (blkd.Config, error), out io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	d, err := blkd.Start(ctx, cfg, out)
 	if err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
@@ -190,16 +198,42 @@ func run(ctx context.Context, cfg blkd.Config, out io.Writer) error {
 		}
 		return err
 	}
-	select {
-	case <-ctx.Done():
-		fmt.Fprintln(out, "shutting down")
-	case err := <-d.Served():
-		_ = d.Close()
-		return fmt.Errorf("management API stopped: %w", err)
+	notify(out, sdnotify.Ready, sdnotify.Status("serving"))
+serve:
+	for {
+		select {
+		case <-hup:
+			notify(out, sdnotify.Reloading, sdnotify.Status("reloading"))
+			next, err := reload()
+			if err == nil {
+				_, err = d.Reload(next)
+			}
+			if err != nil {
+				fmt.Fprintf(out, "reload refused, nothing changed: %v\n", err)
+			}
+			notify(out, sdnotify.Ready, sdnotify.Status("serving"))
+		case <-ctx.Done():
+			notify(out, sdnotify.Stopping, sdnotify.Status("shutting down"))
+			fmt.Fprintln(out, "shutting down")
+			break serve
+		case err := <-d.Served():
+			notify(out, sdnotify.Stopping, sdnotify.Status("management API stopped"))
+			_ = d.Close()
+			return fmt.Errorf("management API stopped: %w", err)
+		}
 	}
 	if err := d.Close(); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	fmt.Fprintln(out, "stopped")
 	return nil
+}
+
+// notify tells systemd (sdnotify) the states; a failure is reported on
+// out and otherwise ignored: the node serves whether or not its service
+// manager hears of it.
+func notify(out io.Writer, states ...string) {
+	if err := sdnotify.Notify(states...); err != nil {
+		fmt.Fprintf(out, "%v\n", err)
+	}
 }

@@ -6,8 +6,9 @@
 // blkd and root may manage it, other users of the machine may not — as
 // PostgreSQL's "peer" authentication does for local sockets.
 //
-// On Linux the uid comes from /proc/net/tcp and /proc/net/tcp6 of the
-// caller's network namespace (a loopback peer is always in it). Elsewhere
+// On Linux the uid comes from /proc/self/net/tcp and /proc/self/net/tcp6
+// of the caller's network namespace (a loopback peer is always in it; not
+// /proc/net, a symlink systemd's ProcSubset=pid hides). Elsewhere
 // UID answers ErrUnsupported.
 //
 // What this package must never do: guess. A peer socket that cannot be

@@ -16,8 +16,8 @@ const supported = true
 // The tables the kernel prints TCP sockets in (one line each:
 // "sl local_address rem_address st ... uid timeout inode").
 var (
-	tcp4Table = "/proc/net/tcp"
-	tcp6Table = "/proc/net/tcp6"
+	tcp4Table = "/proc/self/net/tcp"
+	tcp6Table = "/proc/self/net/tcp6"
 )
 
 // stateTimeWait is TCP_TIME_WAIT in the tables' st column: such sockets

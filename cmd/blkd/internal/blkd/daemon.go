@@ -19,6 +19,7 @@ import (
 	"github.com/blk-project/blk/control"
 	"github.com/blk-project/blk/internal/peercred"
 	"github.com/blk-project/blk/internal/ratelog"
+	"github.com/blk-project/blk/internal/sdnotify"
 	"github.com/blk-project/blk/meta"
 	"github.com/blk-project/blk/metrics"
 	"github.com/blk-project/blk/repl"
@@ -44,6 +45,8 @@ type Daemon struct {
 	rl  *ratelog.Handler // its rate limiter, flushed at shutdown
 	// audit is the audit log (audit.go): every change, never rate-limited.
 	audit *auditLog
+	// level is the event log's level, changed by Reload (reload.go).
+	level *slog.LevelVar
 
 	node  *meta.Node
 	store *store.Store
@@ -137,7 +140,8 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	if cfg.RebuildRate > 0 {
 		d.repl.limit = repl.NewLimiter(cfg.RebuildRate)
 	}
-	d.log, d.rl, d.audit = newLogger(cfg)
+	d.level = new(slog.LevelVar)
+	d.log, d.rl, d.audit = newLoggerLevel(cfg, d.level)
 	defer func() {
 		if err != nil {
 			d.shutdown(context.Background())
@@ -410,7 +414,10 @@ func earlyRoute(method, path string) bool {
 	return false
 }
 
-func (d *Daemon) setPhase(p string) { d.phaseNow.Store(&p) }
+func (d *Daemon) setPhase(p string) {
+	d.phaseNow.Store(&p)
+	_ = sdnotify.Notify(sdnotify.Status(p)) // systemctl status shows it; outside systemd a no-op
+}
 
 // phase says what a starting node is doing, for its 503 answers.
 func (d *Daemon) phase() string {

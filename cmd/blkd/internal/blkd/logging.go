@@ -32,6 +32,12 @@ const (
 //
 // Both write through one handler, so their lines never interleave.
 func newLogger(cfg Config) (*slog.Logger, *ratelog.Handler, *auditLog) {
+	return newLoggerLevel(cfg, new(slog.LevelVar))
+}
+
+// newLoggerLevel is newLogger with the event log's level kept in level
+// (set here from cfg.LogLevel), which Reload changes on a running node.
+func newLoggerLevel(cfg Config, level *slog.LevelVar) (*slog.Logger, *ratelog.Handler, *auditLog) {
 	w := cfg.LogOutput
 	if w == nil {
 		w = os.Stderr
@@ -39,7 +45,8 @@ func newLogger(cfg Config) (*slog.Logger, *ratelog.Handler, *auditLog) {
 	if f, ok := w.(flusher); ok {
 		w = flushWriter{w, f}
 	}
-	level, _ := parseLevel(cfg.LogLevel)
+	l, _ := parseLevel(cfg.LogLevel)
+	level.Set(l)
 	opts := &slog.HandlerOptions{Level: level}
 	var h slog.Handler = slog.NewTextHandler(w, opts)
 	if cfg.LogFormat == "json" {
