@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"github.com/blk-project/blk/api"
+	"github.com/blk-project/blk/internal/version"
 	"github.com/blk-project/blk/nvme/auth"
 	"io"
 	"net/http"
@@ -60,6 +61,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Name:      "blkctl",
 		Usage:     "manage a blk cluster through blkd's management API",
 		UsageText: "blkctl [--api URL] [--output table|json] <object> <verb> [arguments]",
+		Version:   version.String(),
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{

@@ -18,6 +18,7 @@ import (
 
 	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/cmd/blkd/internal/blkd"
+	"github.com/blk-project/blk/internal/version"
 	"github.com/urfave/cli/v2"
 )
 
@@ -32,6 +33,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	return &cli.App{
 		Name:      "blkd",
 		Usage:     "the blk storage-node daemon",
+		Version:   version.String(),
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{
