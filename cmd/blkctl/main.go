@@ -449,8 +449,8 @@ func volumeCreate(c *cli.Context) error {
 	if bs != 512 && bs != 4096 {
 		return usageErrorf("--block-size %s: use 512 or 4096", c.String("block-size"))
 	}
-	if size%bs != 0 {
-		return usageErrorf("--size %s (%d bytes) is not a multiple of the block size %d: use a multiple, e.g. %d", c.String("size"), size, bs, (size/bs+1)*bs)
+	if err := api.CheckBlockMultiple(c.String("size"), size, bs); err != nil {
+		return usageErrorf("--size %v", err)
 	}
 	body := map[string]any{"name": a[0], "size": size, "block_size": bs}
 	if c.IsSet("node") {
