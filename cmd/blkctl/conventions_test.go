@@ -3,10 +3,15 @@ package main
 import (
 	"bytes"
 	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/blk-project/blk/internal/version"
+	"github.com/urfave/cli/v2"
 )
 
 // TestVersion: --version prints internal/version's line, the one
@@ -37,5 +42,93 @@ func TestSizeRefusal(t *testing.T) {
 	const want = "--size 10GB is 10000000000 bytes, not a multiple of the block size 4096: use 9999998976 or 10000003072, or 10GiB"
 	if err.Error() != want {
 		t.Errorf("got %q\nwant %q", err.Error(), want)
+	}
+}
+
+// walkCommands calls fn for every command under cmds, with its full path.
+func walkCommands(cmds []*cli.Command, path string, fn func(path string, c *cli.Command)) {
+	for _, c := range cmds {
+		p := strings.TrimSpace(path + " " + c.Name)
+		fn(p, c)
+		walkCommands(c.Subcommands, p, fn)
+	}
+}
+
+func runOut(t *testing.T, args ...string) string {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if err := newApp(&out, &errb).Run(append([]string{"blkctl"}, args...)); err != nil {
+		t.Fatalf("blkctl %v: %v (%s)", args, err, errb.String())
+	}
+	return out.String()
+}
+
+// TestManAndCompletion: the man page and the fish script name every
+// command and every visible flag; the bash and zsh shims call blkctl's
+// own completion, which lists an object's verbs.
+func TestManAndCompletion(t *testing.T) {
+	man := runOut(t, "man")
+	if !strings.HasPrefix(man, ".nh\n.TH blkctl 1") {
+		t.Errorf("man page does not start as a section 1 page: %.40q", man)
+	}
+	fish := runOut(t, "completion", "fish")
+	walkCommands(newApp(nil, nil).Commands, "", func(path string, c *cli.Command) {
+		for what, doc := range map[string]string{"man page": man, "fish completion": fish} {
+			if !strings.Contains(doc, c.Name) {
+				t.Errorf("%s lacks command %q", what, path)
+			}
+		}
+		for _, f := range c.VisibleFlags() {
+			name := f.Names()[0]
+			if name == "help" {
+				continue
+			}
+			if !strings.Contains(man, "--"+name) {
+				t.Errorf("man page lacks %s --%s", path, name)
+			}
+			if !strings.Contains(fish, "-l "+name) {
+				t.Errorf("fish completion lacks %s --%s", path, name)
+			}
+		}
+	})
+	for _, sh := range []string{"bash", "zsh"} {
+		if s := runOut(t, "completion", sh); !strings.Contains(s, "--generate-bash-completion") || !strings.Contains(s, "blkctl") {
+			t.Errorf("%s completion does not call blkctl --generate-bash-completion:\n%s", sh, s)
+		}
+	}
+	// urfave/cli reads os.Args for completion: run the binary.
+	raw, err := exec.Command(blkctlBin, "volume", "--generate-bash-completion").Output()
+	if err != nil {
+		t.Fatalf("blkctl volume --generate-bash-completion: %v", err)
+	}
+	verbs := strings.Fields(string(raw))
+	for _, v := range []string{"create", "list", "resize", "delete"} {
+		if !slices.Contains(verbs, v) {
+			t.Errorf("volume completion %v lacks %s", verbs, v)
+		}
+	}
+	var out, errb bytes.Buffer
+	err = newApp(&out, &errb).Run([]string{"blkctl", "completion", "tcsh"})
+	if ue := (*usageError)(nil); !errors.As(err, &ue) || !strings.Contains(err.Error(), "bash, zsh, fish") {
+		t.Errorf("completion tcsh: %v, want a usage error naming the shells", err)
+	}
+}
+
+// TestCompletionScriptsParse: bash -n (and zsh -n, fish -n where they
+// exist) accept the scripts.
+func TestCompletionScriptsParse(t *testing.T) {
+	for _, sh := range completionShells {
+		bin, err := exec.LookPath(sh)
+		if err != nil {
+			t.Logf("%s not installed: its script is not syntax-checked", sh)
+			continue
+		}
+		f := filepath.Join(t.TempDir(), "c."+sh)
+		if err := os.WriteFile(f, []byte(runOut(t, "completion", sh)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(bin, "-n", f).CombinedOutput(); err != nil {
+			t.Errorf("%s -n: %v\n%s", sh, err, out)
+		}
 	}
 }

@@ -87,7 +87,10 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			clusterCommand(),
 			benchCommand(),
 			certCommand(),
+			completionCommand(),
+			manCommand(),
 		},
+		EnableBashCompletion: true,
 	}
 	app.OnUsageError = onUsageError
 	app.Action = func(c *cli.Context) error {
