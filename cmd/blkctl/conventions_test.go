@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -130,5 +132,30 @@ func TestCompletionScriptsParse(t *testing.T) {
 		if out, err := exec.Command(bin, "-n", f).CombinedOutput(); err != nil {
 			t.Errorf("%s -n: %v\n%s", sh, err, out)
 		}
+	}
+}
+
+// TestCertJSON: the cert verbs honour -o json, before or after the verb,
+// with RFC 3339 times.
+func TestCertJSON(t *testing.T) {
+	dir := t.TempDir()
+	var ca map[string]string
+	if err := json.Unmarshal([]byte(runOut(t, "-o", "json", "cert", "ca", "--dir", dir)), &ca); err != nil || ca["cert"] != filepath.Join(dir, "ca.crt") {
+		t.Fatalf("cert ca -o json: %v %v", ca, err)
+	}
+	var is map[string]string
+	if err := json.Unmarshal([]byte(runOut(t, "cert", "issue", "n1", "--role", "node", "--ca-dir", dir, "--host", "10.0.0.1", "-o", "json")), &is); err != nil || is["role"] != "node" || is["key"] != filepath.Join(dir, "n1.key") {
+		t.Fatalf("cert issue -o json: %v %v", is, err)
+	}
+	var ci certInfo
+	if err := json.Unmarshal([]byte(runOut(t, "cert", "show", filepath.Join(dir, "n1.crt"), "-o", "json")), &ci); err != nil {
+		t.Fatal(err)
+	}
+	if ci.Kind != "certificate" || ci.Name != "n1" || ci.Role != "node" || !slices.Equal(ci.Hosts, []string{"10.0.0.1"}) || ci.State != "valid" || !ci.NotAfter.After(ci.NotBefore) {
+		t.Errorf("cert show -o json: %+v", ci)
+	}
+	raw := runOut(t, "-o", "json", "cert", "show", filepath.Join(dir, "ca.crt"))
+	if !strings.Contains(raw, `"kind": "CA"`) || !regexp.MustCompile(`"not_after": "\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"`).MatchString(raw) {
+		t.Errorf("cert show CA -o json:\n%s", raw)
 	}
 }
