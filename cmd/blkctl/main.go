@@ -947,17 +947,24 @@ func hostAllow(c *cli.Context) error {
 		return hint(err, a[0], "")
 	}
 	if e.json {
-		// The only time a generated secret is shown.
-		out := struct {
-			volume
-			GeneratedSecret     string `json:"generated_dhchap_secret,omitempty"`
-			GeneratedCtrlSecret string `json:"generated_dhchap_ctrl_secret,omitempty"`
-		}{volume: v}
+		// The only time a generated secret is shown: beside the volume's
+		// fields (api.Volume has its own MarshalJSON, so embedding it in a
+		// struct would hide these).
+		raw, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		var out map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &out); err != nil {
+			return err
+		}
 		for _, g := range generated {
+			key := "generated_dhchap_ctrl_secret"
 			if g[0] == "host secret" {
-				out.GeneratedSecret = g[1]
-			} else {
-				out.GeneratedCtrlSecret = g[1]
+				key = "generated_dhchap_secret"
+			}
+			if out[key], err = json.Marshal(g[1]); err != nil {
+				return err
 			}
 		}
 		return e.printJSON(out)
@@ -1018,40 +1025,6 @@ func clusterCommand() *cli.Command {
 			},
 		},
 	}
-}
-
-func clusterStatus(c *cli.Context) error {
-	if _, err := args(c); err != nil {
-		return err
-	}
-	e, err := newEnv(c)
-	if err != nil {
-		return err
-	}
-	var ci clusterInfo
-	if err := e.api.do("GET", "/v1/cluster?usage=true", nil, &ci); err != nil {
-		return err
-	}
-	if e.json {
-		return e.printJSON(ci)
-	}
-	leader := ci.LeaderID
-	if leader == "" {
-		leader = "(none known)"
-	} else if ci.LeaderAPI != "" {
-		leader += " (api " + ci.LeaderAPI + ")"
-	}
-	fmt.Fprintf(e.stdout, "answered by: %s\nleader:      %s\n\n", ci.NodeID, leader)
-	tw := e.table()
-	fmt.Fprintln(tw, "NODE\tLEADER\tSTATE\tZONE\tSUFFRAGE\tRAFT\tAPI\tNVME\tPROMISED\tDISK")
-	for _, m := range ci.Members {
-		l := ""
-		if m.Leader {
-			l = "*"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, l, m.State, dash(m.Zone), m.Suffrage, m.RaftAddr, dash(m.APIAddr), dash(m.NVMeAddr), promised(m), disk(m.Disk))
-	}
-	return tw.Flush()
 }
 
 // promised is a member's promised capacity, "8MiB of 100GiB" (volume
