@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/internal/version"
 	"github.com/urfave/cli/v2"
 )
@@ -157,5 +158,46 @@ func TestCertJSON(t *testing.T) {
 	raw := runOut(t, "-o", "json", "cert", "show", filepath.Join(dir, "ca.crt"))
 	if !strings.Contains(raw, `"kind": "CA"`) || !regexp.MustCompile(`"not_after": "\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"`).MatchString(raw) {
 		t.Errorf("cert show CA -o json:\n%s", raw)
+	}
+}
+
+// TestClusterSummary: the summary counts nodes, capacity, disks and the
+// volumes that need an operator.
+func TestClusterSummary(t *testing.T) {
+	ci := clusterInfo{LeaderID: "n1", Members: []api.Member{
+		{ID: "n1", State: "up", CapacityBytes: 10 << 30, PromisedBytes: 1 << 30, Disk: &api.NodeDisk{MappedBytes: 1 << 20, TotalBytes: 20 << 30}},
+		{ID: "n2", State: "down", CapacityBytes: 10 << 30, PromisedBytes: 2 << 30},
+		{ID: "n3", State: "up", PromisedBytes: 1 << 30, Disk: &api.NodeDisk{MappedBytes: 3 << 20, TotalBytes: 10 << 30}},
+	}}
+	vols := []api.Volume{{State: "online"}, {State: "online", Reason: "degraded: 1/2 in sync"}, {State: "failed", Reason: "x"}, {State: "degraded"}}
+	got := summarize(ci, vols).String()
+	const want = "3 nodes (2 up), leader n1; capacity: 4 GiB promised of 20 GiB (+1 nodes with no limit), 4 MiB held of 30 GiB on disk (1 nodes did not answer); 4 volumes (2 degraded, 1 failed)"
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
+
+// TestClusterStatusColumns: both transport addresses in their own
+// columns, the summary line, and -o json with the summary.
+func TestClusterStatusColumns(t *testing.T) {
+	api := startBlkd(t)
+	out := ok(t, api, "cluster", "status")
+	if !regexp.MustCompile(`(?m)^summary:\s+1 nodes \(1 up\), leader node1; capacity: .* 0 volumes \(0 degraded, 0 failed\)$`).MatchString(out) {
+		t.Errorf("no summary:\n%s", out)
+	}
+	if !regexp.MustCompile(`(?m)^NODE\s+LEADER\s+STATE\s+ZONE\s+SUFFRAGE\s+RAFT\s+API\s+NVME/TCP\s+NVME/RDMA\s+PROMISED\s+DISK\n^node1\s+\*\s+up\s+-\s+voter\s+\S+\s+\S+\s+127\.0\.0\.1:\d+\s+(-|127\.0\.0\.1:\d+)\s`).MatchString(out) {
+		t.Errorf("columns:\n%s", out)
+	}
+	var st struct {
+		Members []struct {
+			TCPAddr string `json:"tcp_addr"`
+		} `json:"members"`
+		Summary clusterSummary `json:"summary"`
+	}
+	if err := json.Unmarshal([]byte(ok(t, api, "-o", "json", "cluster", "status")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Summary.Nodes != 1 || st.Summary.Up != 1 || st.Summary.Leader != "node1" || len(st.Members) != 1 || st.Members[0].TCPAddr == "" {
+		t.Errorf("cluster status -o json: %+v", st)
 	}
 }
