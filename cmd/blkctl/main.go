@@ -1061,8 +1061,8 @@ func dash(s string) string {
 	return s
 }
 
-func clusterJoin(c *cli.Context) error {
-	fmt.Fprint(c.App.Writer, `A node joins a cluster when it starts: run blkd on the new node with
+// joinHelp is what cluster join prints: joining is blkd's, at start.
+const joinHelp = `A node joins a cluster when it starts: run blkd on the new node with
 --join set to the API address (host:port) of any live member, e.g.
 
   blkd --node-id node2 --data-dir /var/lib/blk \
@@ -1070,7 +1070,13 @@ func clusterJoin(c *cli.Context) error {
        --join 10.0.0.1:7070
 
 (or "join" in its config file). Then check it with: blkctl cluster status
-`)
+`
+
+func clusterJoin(c *cli.Context) error {
+	if wantJSON(c) {
+		return writeJSON(c, map[string]string{"help": joinHelp})
+	}
+	fmt.Fprint(c.App.Writer, joinHelp)
 	return nil
 }
 
