@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -199,5 +201,44 @@ func TestClusterStatusColumns(t *testing.T) {
 	}
 	if st.Summary.Nodes != 1 || st.Summary.Up != 1 || st.Summary.Leader != "node1" || len(st.Members) != 1 || st.Members[0].TCPAddr == "" {
 		t.Errorf("cluster status -o json: %+v", st)
+	}
+}
+
+// TestClusterStatusSorted: rows and JSON members come sorted by node ID,
+// whatever order the registry answers in.
+func TestClusterStatusSorted(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/cluster":
+			json.NewEncoder(w).Encode(api.Cluster{NodeID: "n2", LeaderID: "n3", Members: []api.Member{
+				{ID: "n3", State: "up", Leader: true, TCPAddr: "10.0.0.3:4420", NVMeAddr: "10.0.0.3:4421"},
+				{ID: "n1", State: "down", TCPAddr: "10.0.0.1:4420"},
+				{ID: "n2", State: "up", NVMeAddr: "10.0.0.2:4421"},
+			}})
+		case "/v1/volumes":
+			json.NewEncoder(w).Encode(api.VolumeList{})
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	table := runOut(t, "--api", srv.URL, "cluster", "status")
+	rows := regexp.MustCompile(`(?m)^(n\d)\s.*?(\S+)\s+(\S+)\s+\S+\s+\S+$`).FindAllStringSubmatch(table, -1)
+	if len(rows) != 3 || rows[0][1] != "n1" || rows[1][1] != "n2" || rows[2][1] != "n3" {
+		t.Fatalf("rows not sorted:\n%s", table)
+	}
+	if !regexp.MustCompile(`(?m)^n1\s.*\s10\.0\.0\.1:4420\s+-\s`).MatchString(table) || !regexp.MustCompile(`(?m)^n2\s.*\s-\s+10\.0\.0\.2:4421\s`).MatchString(table) {
+		t.Errorf("TCP and RDMA addresses not in their columns:\n%s", table)
+	}
+	var st struct {
+		Members []struct {
+			ID string `json:"id"`
+		} `json:"members"`
+	}
+	if err := json.Unmarshal([]byte(runOut(t, "--api", srv.URL, "-o", "json", "cluster", "status")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Members) != 3 || st.Members[0].ID != "n1" || st.Members[2].ID != "n3" {
+		t.Errorf("JSON members not sorted: %+v", st.Members)
 	}
 }
