@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"net/http"
-	"runtime"
-	"runtime/debug"
 	"sync"
 
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/internal/version"
 	"github.com/blk-project/blk/store"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/rdma"
@@ -86,22 +85,13 @@ func (r *Registry) RegisterStoreIO(x *target.StoreIO) error {
 }
 
 // RegisterProcess registers the Go runtime and process collectors and
-// blk_build_info{version, revision, goversion}.
+// blk_build_info{version, revision, goversion}, from internal/version (as
+// the binaries' --version).
 func (r *Registry) RegisterProcess() error {
-	version, revision := "(devel)", "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if bi.Main.Version != "" {
-			version = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				revision = s.Value
-			}
-		}
-	}
+	v := version.Get()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "blk_build_info", Help: "1, labelled with the running binary's version, VCS revision and Go version.",
-		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": runtime.Version()},
+		ConstLabels: prometheus.Labels{"version": v.Version, "revision": v.Revision, "goversion": v.GoVersion},
 	})
 	build.Set(1)
 	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), build} {

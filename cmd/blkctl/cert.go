@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -61,6 +62,9 @@ func certCA(c *cli.Context) error {
 	if err := ca.Save(dir); err != nil {
 		return err
 	}
+	if wantJSON(c) {
+		return writeJSON(c, map[string]string{"ca": c.String("name"), "cert": filepath.Join(dir, "ca.crt"), "key": filepath.Join(dir, "ca.key")})
+	}
 	fmt.Fprintf(c.App.Writer, "CA %q written to %s (ca.key is secret: keep it off the nodes if you can)\n", c.String("name"), dir)
 	return nil
 }
@@ -92,6 +96,9 @@ func certIssue(c *cli.Context) error {
 	}
 	if err := pki.WritePair(out, a[0], certPEM, keyPEM); err != nil {
 		return err
+	}
+	if wantJSON(c) {
+		return writeJSON(c, map[string]string{"name": a[0], "role": role, "cert": filepath.Join(out, a[0]+".crt"), "key": filepath.Join(out, a[0]+".key")})
 	}
 	fmt.Fprintf(c.App.Writer, "%s certificate for %q written to %s (%s.key is secret, mode 0600)\n", role, a[0], filepath.Join(out, a[0]+".crt"), a[0])
 	return nil
@@ -128,14 +135,25 @@ func certShow(c *cli.Context) error {
 	case cert.NotAfter.Sub(now) < 30*24*time.Hour:
 		state = "valid, expires within 30 days: rotate it"
 	}
-	usage := ""
+	usages := []string{}
 	for _, u := range cert.ExtKeyUsage {
 		switch u {
 		case x509.ExtKeyUsageServerAuth:
-			usage += " server"
+			usages = append(usages, "server")
 		case x509.ExtKeyUsageClientAuth:
-			usage += " client"
+			usages = append(usages, "client")
 		}
+	}
+	if wantJSON(c) {
+		if hosts == nil {
+			hosts = []string{}
+		}
+		return writeJSON(c, certInfo{Kind: kind, Name: cert.Subject.CommonName, Issuer: cert.Issuer.CommonName, Role: role,
+			Hosts: hosts, Usage: usages, NotBefore: cert.NotBefore.UTC(), NotAfter: cert.NotAfter.UTC(), State: state})
+	}
+	usage := ""
+	for _, u := range usages {
+		usage += " " + u
 	}
 	fmt.Fprintf(c.App.Writer, "%s %q issued by %q\nrole: %s\nhosts: %s\nusage:%s\nvalid: %s to %s (%s)\n",
 		kind, cert.Subject.CommonName, cert.Issuer.CommonName, orDash(role), orDash(strings.Join(hosts, ", ")), usage,
@@ -148,4 +166,27 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// certInfo is cert show's -o json object; times are RFC 3339.
+type certInfo struct {
+	Kind      string    `json:"kind"` // "CA" or "certificate"
+	Name      string    `json:"name"`
+	Issuer    string    `json:"issuer"`
+	Role      string    `json:"role,omitempty"` // node, admin, reader; none for a CA
+	Hosts     []string  `json:"hosts"`
+	Usage     []string  `json:"usage"` // server, client
+	NotBefore time.Time `json:"not_before"`
+	NotAfter  time.Time `json:"not_after"`
+	State     string    `json:"state"`
+}
+
+// wantJSON: -o json, before or after the verb. The cert verbs need no
+// API, so they read the flag without newEnv.
+func wantJSON(c *cli.Context) bool { return global(c, "output") == "json" }
+
+func writeJSON(c *cli.Context, v any) error {
+	enc := json.NewEncoder(c.App.Writer)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

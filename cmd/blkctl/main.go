@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"github.com/blk-project/blk/api"
+	"github.com/blk-project/blk/internal/version"
 	"github.com/blk-project/blk/nvme/auth"
 	"io"
 	"net/http"
@@ -60,6 +61,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Name:      "blkctl",
 		Usage:     "manage a blk cluster through blkd's management API",
 		UsageText: "blkctl [--api URL] [--output table|json] <object> <verb> [arguments]",
+		Version:   version.String(),
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{
@@ -85,7 +87,10 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			clusterCommand(),
 			benchCommand(),
 			certCommand(),
+			completionCommand(),
+			manCommand(),
 		},
+		EnableBashCompletion: true,
 	}
 	app.OnUsageError = onUsageError
 	app.Action = func(c *cli.Context) error {
@@ -447,8 +452,8 @@ func volumeCreate(c *cli.Context) error {
 	if bs != 512 && bs != 4096 {
 		return usageErrorf("--block-size %s: use 512 or 4096", c.String("block-size"))
 	}
-	if size%bs != 0 {
-		return usageErrorf("--size %s (%d bytes) is not a multiple of the block size %d: use a multiple, e.g. %d", c.String("size"), size, bs, (size/bs+1)*bs)
+	if err := api.CheckBlockMultiple(c.String("size"), size, bs); err != nil {
+		return usageErrorf("--size %v", err)
 	}
 	body := map[string]any{"name": a[0], "size": size, "block_size": bs}
 	if c.IsSet("node") {
@@ -942,17 +947,24 @@ func hostAllow(c *cli.Context) error {
 		return hint(err, a[0], "")
 	}
 	if e.json {
-		// The only time a generated secret is shown.
-		out := struct {
-			volume
-			GeneratedSecret     string `json:"generated_dhchap_secret,omitempty"`
-			GeneratedCtrlSecret string `json:"generated_dhchap_ctrl_secret,omitempty"`
-		}{volume: v}
+		// The only time a generated secret is shown: beside the volume's
+		// fields (api.Volume has its own MarshalJSON, so embedding it in a
+		// struct would hide these).
+		raw, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		var out map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &out); err != nil {
+			return err
+		}
 		for _, g := range generated {
+			key := "generated_dhchap_ctrl_secret"
 			if g[0] == "host secret" {
-				out.GeneratedSecret = g[1]
-			} else {
-				out.GeneratedCtrlSecret = g[1]
+				key = "generated_dhchap_secret"
+			}
+			if out[key], err = json.Marshal(g[1]); err != nil {
+				return err
 			}
 		}
 		return e.printJSON(out)
@@ -1015,40 +1027,6 @@ func clusterCommand() *cli.Command {
 	}
 }
 
-func clusterStatus(c *cli.Context) error {
-	if _, err := args(c); err != nil {
-		return err
-	}
-	e, err := newEnv(c)
-	if err != nil {
-		return err
-	}
-	var ci clusterInfo
-	if err := e.api.do("GET", "/v1/cluster?usage=true", nil, &ci); err != nil {
-		return err
-	}
-	if e.json {
-		return e.printJSON(ci)
-	}
-	leader := ci.LeaderID
-	if leader == "" {
-		leader = "(none known)"
-	} else if ci.LeaderAPI != "" {
-		leader += " (api " + ci.LeaderAPI + ")"
-	}
-	fmt.Fprintf(e.stdout, "answered by: %s\nleader:      %s\n\n", ci.NodeID, leader)
-	tw := e.table()
-	fmt.Fprintln(tw, "NODE\tLEADER\tSTATE\tZONE\tSUFFRAGE\tRAFT\tAPI\tNVME\tPROMISED\tDISK")
-	for _, m := range ci.Members {
-		l := ""
-		if m.Leader {
-			l = "*"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, l, m.State, dash(m.Zone), m.Suffrage, m.RaftAddr, dash(m.APIAddr), dash(m.NVMeAddr), promised(m), disk(m.Disk))
-	}
-	return tw.Flush()
-}
-
 // promised is a member's promised capacity, "8MiB of 100GiB" (volume
 // sizes; snapshots are not promised: see DISK).
 func promised(m api.Member) string {
@@ -1083,8 +1061,8 @@ func dash(s string) string {
 	return s
 }
 
-func clusterJoin(c *cli.Context) error {
-	fmt.Fprint(c.App.Writer, `A node joins a cluster when it starts: run blkd on the new node with
+// joinHelp is what cluster join prints: joining is blkd's, at start.
+const joinHelp = `A node joins a cluster when it starts: run blkd on the new node with
 --join set to the API address (host:port) of any live member, e.g.
 
   blkd --node-id node2 --data-dir /var/lib/blk \
@@ -1092,7 +1070,13 @@ func clusterJoin(c *cli.Context) error {
        --join 10.0.0.1:7070
 
 (or "join" in its config file). Then check it with: blkctl cluster status
-`)
+`
+
+func clusterJoin(c *cli.Context) error {
+	if wantJSON(c) {
+		return writeJSON(c, map[string]string{"help": joinHelp})
+	}
+	fmt.Fprint(c.App.Writer, joinHelp)
 	return nil
 }
 

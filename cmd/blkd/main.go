@@ -19,6 +19,7 @@ import (
 	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/cmd/blkd/internal/blkd"
 	"github.com/blk-project/blk/internal/sdnotify"
+	"github.com/blk-project/blk/internal/version"
 	"github.com/urfave/cli/v2"
 )
 
@@ -33,6 +34,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	return &cli.App{
 		Name:      "blkd",
 		Usage:     "the blk storage-node daemon",
+		Version:   version.String(),
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{
@@ -65,11 +67,20 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.StringFlag{Name: "tcp-max-transfer", EnvVars: []string{"BLK_TCP_MAX_TRANSFER"}, Value: "128KiB", Usage: "largest transfer of one NVMe/TCP command (MDTS), a power of two from 4KiB to 1MiB; each NVMe/TCP poll group keeps 64 buffers of this size"},
 			&cli.DurationFlag{Name: "failback-after", EnvVars: []string{"BLK_FAILBACK_AFTER"}, Value: blkd.DefaultFailbackAfter, Usage: "after a failover, hand a volume back to the primary placement chose once its replica has been in sync this long (negative: never)"},
 			&cli.DurationFlag{Name: "replace-after", EnvVars: []string{"BLK_REPLACE_AFTER"}, Value: blkd.DefaultReplaceAfter, Usage: "replace by itself (a full copy elsewhere) a secondary replica whose node has been down this long, when placement finds a node (negative or 0: never)"},
+			&cli.BoolFlag{Name: "man", Usage: "print this manual page (roff, generated from the flags) and exit: blkd --man > /usr/share/man/man8/blkd.8"},
 			&cli.DurationFlag{Name: "detach-after", EnvVars: []string{"BLK_DETACH_AFTER"}, Value: blkd.DefaultDetachAfter, Usage: "remove an attachment whose host has had no live controller this long (negative: never)"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return fmt.Errorf("unexpected argument %q: blkd takes only flags (see --help)", c.Args().First())
+			}
+			if c.Bool("man") {
+				page, err := c.App.ToMan()
+				if err != nil {
+					return fmt.Errorf("man page: %w", err)
+				}
+				_, err = fmt.Fprint(c.App.Writer, page)
+				return err
 			}
 			cfg, err := configFrom(c)
 			if err != nil {
