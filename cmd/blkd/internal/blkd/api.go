@@ -137,6 +137,8 @@ func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) routes() http.Handler {
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", d.reg.Handler())
+	m.HandleFunc("GET /livez", d.livez)
+	m.HandleFunc("GET /readyz", d.readyz)
 	// Writes go through the registry leader: a follower answers 421 with
 	// the leader's API address (see leaderOnly). Reads are served by any
 	// node: linearizable on the leader, from the local copy elsewhere.

@@ -1,0 +1,103 @@
+package blkd
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// readyAll is a node for which every readiness check holds.
+func readyAll() readyState {
+	return readyState{started: true, storeOpen: true, leader: "n1", applied: 100, commit: 100,
+		ports: []portOpen{{"--api-addr", true}, {"--tcp-addr", true}}}
+}
+
+// TestReadinessChecks: each check fails on its own, naming why, and the
+// others still hold.
+func TestReadinessChecks(t *testing.T) {
+	for _, c := range []struct {
+		check, want string
+		mod         func(*readyState)
+	}{
+		{"started", "the node is starting (joining)", func(s *readyState) { s.started, s.phase = false, "joining" }},
+		{"store", "the store is not open yet", func(s *readyState) { s.storeOpen = false }},
+		{"store", "the store failed: disk gone", func(s *readyState) { s.storeErr = errors.New("disk gone") }},
+		{"registry", "the registry has no leader", func(s *readyState) { s.leader = "" }},
+		{"registry", "applied index 100 of 165 committed", func(s *readyState) { s.commit = 100 + readyLag + 1 }},
+		{"ports", "not listening: --tcp-addr", func(s *readyState) { s.ports[1].open = false }},
+	} {
+		s := readyAll()
+		c.mod(&s)
+		for _, k := range readiness(s) {
+			if k.Name == c.check {
+				if k.OK || !strings.Contains(k.Error, c.want) {
+					t.Errorf("%s: %+v, want failing with %q", c.check, k, c.want)
+				}
+			} else if !k.OK {
+				t.Errorf("%s failing (%q) made %s fail too: %s", c.check, c.want, k.Name, k.Error)
+			}
+		}
+	}
+	// A copy within readyLag of the commit index is caught up.
+	s := readyAll()
+	s.commit = s.applied + readyLag
+	for _, k := range readiness(s) {
+		if !k.OK {
+			t.Errorf("%s fails with the applied index %d behind: %s", k.Name, readyLag, k.Error)
+		}
+	}
+	// Shutting down: nothing but the registry (another node's business)
+	// holds.
+	s = readyAll()
+	s.stopping = true
+	for _, k := range readiness(s) {
+		if k.OK != (k.Name == "registry") {
+			t.Errorf("while stopping: %+v", k)
+		}
+	}
+}
+
+// TestHeartbeats: a loop not started yet is alive; one that ticked
+// recently is; one silent for longer than loopStale is named.
+func TestHeartbeats(t *testing.T) {
+	var h heartbeats
+	now := time.Now()
+	if loop, _ := h.stale(now.Add(time.Hour)); loop != "" {
+		t.Fatalf("loops never started reported stale: %s", loop)
+	}
+	h.beat(loopLiveness)
+	h.beat(loopSettle)
+	if loop, _ := h.stale(now.Add(loopStale - time.Second)); loop != "" {
+		t.Fatalf("%s stale within %v", loop, loopStale)
+	}
+	h[loopSettle].Store(now.Add(-loopStale - time.Second).UnixNano())
+	if loop, age := h.stale(now); loop != "settle" || age <= loopStale {
+		t.Fatalf("stale() = %q %v, want settle older than %v", loop, age, loopStale)
+	}
+}
+
+// TestOpenRoutes: only the probes are open without credentials, and only
+// they and /metrics to every local user; never a change.
+func TestOpenRoutes(t *testing.T) {
+	for _, c := range []struct {
+		method, path  string
+		public, local bool
+	}{
+		{"GET", "/livez", true, true},
+		{"HEAD", "/readyz", true, true},
+		{"GET", "/metrics", false, true},
+		{"POST", "/livez", false, false},
+		{"DELETE", "/metrics", false, false},
+		{"GET", "/v1/volumes", false, false},
+		{"GET", "/v1/internal/health", false, false},
+		{"GET", "/livez/x", false, false},
+	} {
+		if got := publicRoute(c.method, c.path); got != c.public {
+			t.Errorf("publicRoute(%s %s) = %v", c.method, c.path, got)
+		}
+		if got := openToLocalUsers(c.method, c.path); got != c.local {
+			t.Errorf("openToLocalUsers(%s %s) = %v", c.method, c.path, got)
+		}
+	}
+}
