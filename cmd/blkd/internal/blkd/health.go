@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/meta"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -250,7 +251,7 @@ func newHealthCollector(d *Daemon) healthCollector {
 		full: prometheus.NewDesc("blk_store_full",
 			"1 while the node's store refuses writes because its disk is full (free space under its reserve), else 0.", nil, nil),
 		state: prometheus.NewDesc("blk_volume_state",
-			"1 for each volume's registry state (creating, online, offline, deleting, failed, degraded); exported by the registry leader only, so a volume whose node is gone still shows.", []string{"volume", "state"}, nil),
+			"1 for each volume's state as the API shows it (creating, online, offline, deleting, failed, degraded, or unavailable: its node is down); exported by the registry leader only, so a volume whose node is gone still shows.", []string{"volume", "state"}, nil),
 		expiry: prometheus.NewDesc("blk_tls_cert_expiry_timestamp_seconds",
 			"When this node's certificate (--tls-dir) expires, in seconds since the Unix epoch. Absent without --tls-dir.", nil, nil)}
 }
@@ -271,10 +272,12 @@ func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.full, prometheus.GaugeValue, boolValue(d.store.Space().Full))
 	}
 	if d.node != nil && d.node.IsLeader() {
-		var vols []meta.Volume
-		d.node.FSM().Read(func(s *meta.State) { vols = s.Export().Volumes })
+		// The state the API shows (views): the registry's, or
+		// unavailable when the volume's node is down.
+		var vols []api.Volume
+		d.node.FSM().Read(func(s *meta.State) { vols = views(s, s.Export().Volumes...) })
 		for _, v := range vols {
-			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, 1, v.Name, v.State.String())
+			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, 1, v.Name, v.State)
 		}
 	}
 	if d.apiTLS != nil && len(d.apiTLS.Certificates) > 0 && d.apiTLS.Certificates[0].Leaf != nil {
