@@ -58,8 +58,8 @@ func TestHealthProbes(t *testing.T) {
 		!strings.Contains(body, "[+] registry ok\n") || !strings.Contains(body, "[+] ports ok\n") || !strings.HasSuffix(body, "is ready\n") {
 		t.Fatalf("/readyz?verbose: %d %q", code, body)
 	}
-	if code, _ := get(t, d.client(), "POST", d.url("/readyz")); code != http.StatusNotFound {
-		t.Errorf("POST /readyz: %d, want 404 (no such route)", code)
+	if code, _ := get(t, d.client(), "POST", d.url("/readyz")); code != http.StatusMethodNotAllowed {
+		t.Errorf("POST /readyz: %d, want 405", code)
 	}
 	m := d.metricsText(t)
 	for _, s := range []string{`blk_ready{check="started"}`, `blk_ready{check="store"}`, `blk_ready{check="registry"}`, `blk_ready{check="ports"}`,

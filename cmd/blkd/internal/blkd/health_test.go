@@ -1,7 +1,15 @@
 package blkd
 
 import (
+	"crypto/tls"
 	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -99,5 +107,48 @@ func TestOpenRoutes(t *testing.T) {
 		if got := openToLocalUsers(c.method, c.path); got != c.local {
 			t.Errorf("openToLocalUsers(%s %s) = %v", c.method, c.path, got)
 		}
+	}
+}
+
+// TestCertificateLessRoutes walks every route api.go registers (read
+// from its source, so a new route is covered the day it is added) with a
+// caller that presented no certificate under TLS: guard lets through GET
+// /livez and /readyz and nothing else, answering 401 and counting each
+// refusal (docs/operations.md §10 R4).
+func TestCertificateLessRoutes(t *testing.T) {
+	src, err := os.ReadFile("api.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := regexp.MustCompile(`m\.Handle(?:Func)?\("([A-Z]+) (/[^"]*)"`).FindAllStringSubmatch(string(src), -1)
+	if len(routes) < 40 {
+		t.Fatalf("found %d routes in api.go: has routes() changed its form?", len(routes))
+	}
+	d := &Daemon{cfg: Config{TLSDir: "tls"}, apiTLS: &tls.Config{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	reached := ""
+	h := d.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached = r.Method + " " + r.URL.Path }))
+	var open []string
+	for _, rt := range routes {
+		path := regexp.MustCompile(`\{[a-z]+\}`).ReplaceAllString(rt[2], "x")
+		for _, method := range []string{rt[1], http.MethodPost, http.MethodDelete} {
+			reached = ""
+			req := httptest.NewRequest(method, "https://node1"+path, nil)
+			req.TLS = &tls.ConnectionState{HandshakeComplete: true}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			switch {
+			case reached != "":
+				open = append(open, reached)
+			case rec.Code != http.StatusUnauthorized:
+				t.Errorf("%s %s without a certificate: %d, want 401", method, path, rec.Code)
+			}
+		}
+	}
+	slices.Sort(open)
+	if want := []string{"GET /livez", "GET /readyz"}; !slices.Equal(slices.Compact(open), want) {
+		t.Errorf("reached without a certificate: %v, want only %v", open, want)
+	}
+	if want := uint64(3*len(routes) - len(open)); d.refusedTLS.Load() != want {
+		t.Errorf("refusals counted %d, want %d", d.refusedTLS.Load(), want)
 	}
 }
