@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/pki"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
 
 // get fetches url with c and returns the status and body.
@@ -117,6 +118,23 @@ func TestHealthWithoutCertificate(t *testing.T) {
 	exp := sampleOf(m, "blk_tls_cert_expiry_timestamp_seconds")
 	if now := float64(time.Now().Unix()); exp <= now || exp > now+20*365*24*3600 {
 		t.Errorf("blk_tls_cert_expiry_timestamp_seconds = %v, now %v", exp, now)
+	}
+	// promlint on the health families of a real scrape (the others are
+	// metrics/'s to keep clean).
+	problems, err := promlint.New(strings.NewReader(m)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		switch p.Metric {
+		case "blk_ready", "blk_store_full", "blk_volume_state", "blk_tls_cert_expiry_timestamp_seconds":
+			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+		}
+	}
+	for _, f := range []string{"blk_ready", "blk_store_full", "blk_volume_state", "blk_tls_cert_expiry_timestamp_seconds"} {
+		if !strings.Contains(m, "\n# TYPE "+f+" gauge\n") {
+			t.Errorf("no gauge %s in the scrape", f)
+		}
 	}
 	d.waitOutput(t, `msg="api call refused" .*who="unauthenticated 127\.0\.0\.1:\d+" method=GET path=/metrics err=`)
 }

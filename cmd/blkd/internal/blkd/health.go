@@ -237,6 +237,8 @@ func openToLocalUsers(method, path string) bool {
 	return publicRoute(method, path) || ((method == http.MethodGet || method == http.MethodHead) && path == "/metrics")
 }
 
+const readyHelp = "1 while a readiness check of GET /readyz holds, else 0: check=started (the node serves its volumes), store (open, not failed), registry (a leader, this copy caught up), ports (every configured listener open)."
+
 // healthCollector exports the readiness checks and the states an
 // operator must act on.
 type healthCollector struct {
@@ -246,8 +248,7 @@ type healthCollector struct {
 
 func newHealthCollector(d *Daemon) healthCollector {
 	return healthCollector{d: d,
-		ready: prometheus.NewDesc("blk_ready",
-			"1 while a readiness check of GET /readyz holds, else 0: check=started (the node serves its volumes), store (open, not failed), registry (a leader, this copy caught up), ports (every configured listener open).", []string{"check"}, nil),
+		ready: prometheus.NewDesc("blk_ready", readyHelp, []string{"check"}, nil),
 		full: prometheus.NewDesc("blk_store_full",
 			"1 while the node's store refuses writes because its disk is full (free space under its reserve), else 0.", nil, nil),
 		state: prometheus.NewDesc("blk_volume_state",

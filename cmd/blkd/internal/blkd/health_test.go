@@ -13,6 +13,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
 
 // readyAll is a node for which every readiness check holds.
@@ -150,5 +153,35 @@ func TestCertificateLessRoutes(t *testing.T) {
 	}
 	if want := uint64(3*len(routes) - len(open)); d.refusedTLS.Load() != want {
 		t.Errorf("refusals counted %d, want %d", d.refusedTLS.Load(), want)
+	}
+}
+
+// TestHealthCollector: a node not started yet exports every readiness
+// check as 0 (and nothing it does not have: no store, no leader, no
+// certificate), and promlint finds nothing to say about the families.
+func TestHealthCollector(t *testing.T) {
+	d := &Daemon{stop: make(chan struct{})}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(newHealthCollector(d))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mfs) != 1 || mfs[0].GetName() != "blk_ready" || mfs[0].GetHelp() != readyHelp {
+		t.Fatalf("families %v, want blk_ready alone", mfs)
+	}
+	var checks []string
+	for _, m := range mfs[0].GetMetric() {
+		if v := m.GetGauge().GetValue(); v != 0 {
+			t.Errorf("%v = %v on a node not started, want 0", m.GetLabel(), v)
+		}
+		checks = append(checks, m.GetLabel()[0].GetValue())
+	}
+	if want := []string{"ports", "registry", "started", "store"}; !slices.Equal(checks, want) {
+		t.Errorf("checks %v, want %v", checks, want)
+	}
+	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+	if err != nil || len(problems) > 0 {
+		t.Errorf("promlint: %v %v", problems, err)
 	}
 }
