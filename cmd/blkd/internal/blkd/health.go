@@ -157,15 +157,19 @@ func (d *Daemon) readyState() readyState {
 		r := d.node.Raft()
 		s.applied, s.commit = r.AppliedIndex(), r.CommitIndex()
 	}
+	// Start opens the NVMe ports while the API already serves: their
+	// fields are read only once ready is set, after them (the atomic
+	// orders the writes before this read); until then they count as not
+	// open yet.
 	s.ports = append(s.ports, portOpen{"--api-addr", d.ln != nil})
 	if d.cfg.TCPOn() {
-		s.ports = append(s.ports, portOpen{"--tcp-addr", d.tcp != nil})
+		s.ports = append(s.ports, portOpen{"--tcp-addr", s.started && d.tcp != nil})
 	}
 	if d.cfg.DiscoveryOn() {
-		s.ports = append(s.ports, portOpen{"--discovery-addr", d.disc != nil})
+		s.ports = append(s.ports, portOpen{"--discovery-addr", s.started && d.disc != nil})
 	}
 	if d.cfg.RDMAOn() {
-		s.ports = append(s.ports, portOpen{"--nvme-addr", d.port != nil})
+		s.ports = append(s.ports, portOpen{"--nvme-addr", s.started && d.port != nil})
 	}
 	return s
 }
