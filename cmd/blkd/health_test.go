@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -137,4 +138,39 @@ func TestHealthWithoutCertificate(t *testing.T) {
 		}
 	}
 	d.waitOutput(t, `msg="api call refused" .*who="unauthenticated 127\.0\.0\.1:\d+" method=GET path=/metrics err=`)
+}
+
+// TestReadyzNoLeader: a node whose registry has lost its leader (two of
+// three voters stopped) is live but not ready, saying why, on /readyz
+// and in blk_ready; it is ready again once a leader is back.
+func TestReadyzNoLeader(t *testing.T) {
+	c := startCluster(t)
+	d := c.procs["node3"]
+	if code, body := get(t, d.client(), "GET", d.url("/readyz")); code != 200 {
+		t.Fatalf("/readyz on a healthy cluster: %d %s", code, body)
+	}
+	c.procs["node1"].stop(t)
+	c.procs["node2"].stop(t)
+	eventually(t, 30*time.Second, "node3 not ready without a leader", func() error {
+		code, body := get(t, d.client(), "GET", d.url("/readyz?verbose"))
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "[-] registry failed: the registry has no leader\n") ||
+			!strings.Contains(body, "[+] store ok\n") || !strings.Contains(body, "[+] ports ok\n") {
+			return fmt.Errorf("/readyz?verbose: %d %q", code, body)
+		}
+		return nil
+	})
+	m := d.metricsText(t)
+	if r, s := sampleOf(m, `blk_ready{check="registry"}`), sampleOf(m, `blk_ready{check="store"}`); r != 0 || s != 1 {
+		t.Errorf(`blk_ready{check="registry"} = %v, {check="store"} = %v; want 0 and 1`, r, s)
+	}
+	if code, body := get(t, d.client(), "GET", d.url("/livez")); code != 200 {
+		t.Errorf("/livez without a leader: %d %q, want 200 (not ready is not dead)", code, body)
+	}
+	c.start("node1")
+	eventually(t, 30*time.Second, "node3 ready with a leader again", func() error {
+		if code, body := get(t, d.client(), "GET", d.url("/readyz")); code != 200 {
+			return fmt.Errorf("/readyz: %d %q", code, body)
+		}
+		return nil
+	})
 }
