@@ -199,7 +199,24 @@ func TestAuditBesideNoise(t *testing.T) {
 	d.useTLS(operatorTLS(t, ca, "alice", pki.RoleAdmin))
 	d.must(t, "POST", "/v1/volumes", `{"name": "v", "size": "1MiB"}`, 201, nil)
 	const n = 30
-	anon := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}}, Timeout: 10 * time.Second}
+	// Another CA's certificate: refused in the handshake (one without
+	// any gets a 401 instead, for the probes: health_test.go).
+	other, err := pki.NewCA("blk other", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc, mk, err := other.Issue(pki.Request{Name: "mallory", Role: pki.RoleAdmin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.X509KeyPair(mc, mk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sent whatever CAs the server names (Go's client would otherwise
+	// send none, and get a 401).
+	anon := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &pair, nil }}}, Timeout: 10 * time.Second}
 	// The refusals in a burst, well within one 10 s window.
 	for range n {
 		if resp, err := anon.Post(d.url("/v1/volumes/v/hosts"), "application/json", nil); err == nil {

@@ -41,10 +41,18 @@ func TestLocalUsers(t *testing.T) {
 
 	host, port, _ := net.SplitHostPort(d.api)
 	req := `exec 3<>/dev/tcp/` + host + `/` + port + `; printf '%s\r\nHost: x\r\nConnection: close\r\n\r\n' >&3; cat <&3`
-	for _, call := range []string{"GET /v1/volumes HTTP/1.1", "DELETE /v1/volumes/v?force=true HTTP/1.1", "GET /metrics HTTP/1.1"} {
+	for _, call := range []string{"GET /v1/volumes HTTP/1.1", "DELETE /v1/volumes/v?force=true HTTP/1.1", "POST /metrics HTTP/1.1"} {
 		out := asNobody(t, strings.Replace(req, "%s", call, 1))
 		if !strings.Contains(out, "403 Forbidden") || !strings.Contains(out, "uid 65534") || !strings.Contains(out, "neither root nor the user running blkd") {
 			t.Errorf("%s as uid 65534:\n%s", call, out)
+		}
+	}
+	// What holds no secret is open to every local user: a Prometheus
+	// agent or a probe running as its own user reads it.
+	for call, want := range map[string]string{"GET /metrics HTTP/1.1": "blk_volume_size_bytes", "GET /livez HTTP/1.1": "ok", "GET /readyz HTTP/1.1": `"ready":true`} {
+		out := asNobody(t, strings.Replace(req, "%s", call, 1))
+		if !strings.Contains(out, "200 OK") || !strings.Contains(out, want) {
+			t.Errorf("%s as uid 65534: want 200 with %q:\n%s", call, want, out)
 		}
 	}
 	if vs := d.volumes(t); len(vs) != 1 || vs[0].Name != "v" {

@@ -137,6 +137,8 @@ func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) routes() http.Handler {
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", d.reg.Handler())
+	m.HandleFunc("GET /livez", d.livez)
+	m.HandleFunc("GET /readyz", d.readyz)
 	// Writes go through the registry leader: a follower answers 421 with
 	// the leader's API address (see leaderOnly). Reads are served by any
 	// node: linearizable on the leader, from the local copy elsewhere.
@@ -213,6 +215,7 @@ func (d *Daemon) routes() http.Handler {
 		"/v1/internal/snapshot": "POST", "/v1/internal/snapshot-copy": "POST", "/v1/internal/space": "GET",
 		"/v1/internal/snapshots": "GET", "/v1/internal/rebuild-revert": "POST", "/v1/internal/rebuild-snapshot": "POST", "/v1/internal/snapshot-nodes": "POST",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
+		"/livez": "GET", "/readyz": "GET",
 		"/v1/volumes/{name}/reservation/clear": "POST", "/v1/internal/reservation": "POST", "/v1/internal/reservation-notify": "POST",
 	} {
 		m.Handle(path, handler(func(w http.ResponseWriter, r *http.Request) error {

@@ -23,6 +23,8 @@ import (
 // the cluster CA (package pki), and its role decides what it may do:
 //
 //	reader  GET routes and /metrics
+//	(none)  GET /livez and /readyz only: a handshake without a
+//	        certificate gets through, for the platform's probes
 //	admin   everything an operator does (not the node-to-node routes)
 //	node    the node-to-node routes (/v1/internal/*, join) and reads
 //
@@ -32,7 +34,9 @@ import (
 // The user who runs blkd and root may do everything (they could read the
 // data dir anyway; the other nodes of a local cluster run as that user);
 // any other user of the machine is refused, on the API (403) and on raft
-// (the connection is closed). With --insecure nobody is checked.
+// (the connection is closed), except GET of /livez, /readyz and /metrics,
+// which hold no secret (openToLocalUsers). With --insecure nobody is
+// checked.
 // Every state-changing call is recorded with who made it, in the audit
 // log (audit.go): never rate-limited, written before it is acknowledged.
 
@@ -53,9 +57,16 @@ func (d *Daemon) tlsSetup() error {
 	// certificate check is pki's (chain, usage, role, and "none
 	// presented"), so the API asks for a certificate without letting the
 	// TLS stack refuse a missing one before that check can see it.
+	// A handshake with no certificate at all gets through: guard lets
+	// such a caller reach the probes only (publicRoute), as Kubernetes'
+	// HTTPS probes present none; a presented but bad certificate is
+	// refused here.
 	verify := d.apiTLS.VerifyPeerCertificate
 	d.apiTLS.ClientAuth = tls.RequestClientCert
 	d.apiTLS.VerifyPeerCertificate = func(raw [][]byte, chains [][]*x509.Certificate) error {
+		if len(raw) == 0 {
+			return nil
+		}
 		err := verify(raw, chains)
 		if err != nil {
 			d.refusedTLS.Add(1)
@@ -212,7 +223,14 @@ func (s *statusRecorder) WriteHeader(code int) {
 func (d *Daemon) guard(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		who, role := caller(r)
-		if p, ok := r.Context().Value(localPeerKey{}).(localPeer); d.localAuth() && (!ok || p.err != nil) {
+		if d.apiTLS != nil && (r.TLS == nil || len(r.TLS.PeerCertificates) == 0) && !publicRoute(r.Method, r.URL.Path) {
+			d.refusedTLS.Add(1)
+			err := fmt.Errorf("%s presented no certificate: only GET /livez and /readyz are open without one", who)
+			d.log.Warn("api call refused", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("err", err.Error()))
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": err.Error() + " (give a certificate of the cluster CA: blkctl cert issue NAME --role reader|admin; docs/security.md)"})
+			return
+		}
+		if p, ok := r.Context().Value(localPeerKey{}).(localPeer); d.localAuth() && (!ok || p.err != nil) && !openToLocalUsers(r.Method, r.URL.Path) {
 			if !ok {
 				p.err = fmt.Errorf("the connection's local user is unknown")
 			}
@@ -222,10 +240,11 @@ func (d *Daemon) guard(h http.Handler) http.Handler {
 				": without --tls-dir only they may use this node's API (run blkctl as that user or with sudo, or give the cluster certificates: docs/security.md)"})
 			return
 		}
-		if d.apiTLS != nil && !allowed(role, r.Method, r.URL.Path) {
+		if d.apiTLS != nil && !publicRoute(r.Method, r.URL.Path) && !allowed(role, r.Method, r.URL.Path) {
 			d.refusedRole.Add(1)
-			d.log.Warn("api call refused", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path))
-			writeJSON(w, http.StatusForbidden, map[string]string{"error": fmt.Sprintf("%s may not %s %s: that needs an admin certificate (reads: reader; node-to-node routes: node)", who, r.Method, r.URL.Path)})
+			err := fmt.Errorf("%s may not %s %s: that needs an admin certificate (reads: reader; node-to-node routes: node)", who, r.Method, r.URL.Path)
+			d.log.Warn("api call refused", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("err", err.Error()))
+			writeJSON(w, http.StatusForbidden, map[string]string{"error": err.Error()})
 			return
 		}
 		if audited(r) {

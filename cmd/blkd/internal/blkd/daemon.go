@@ -113,6 +113,8 @@ type Daemon struct {
 	// phaseNow says what it is doing until then.
 	ready    atomic.Bool
 	phaseNow atomic.Pointer[string]
+	// beats is each main loop's last tick, for /livez (health.go).
+	beats heartbeats
 	// regMu guards regLast, the last reason this node's registration
 	// was not recorded yet (registerAddrs).
 	regMu   sync.Mutex
@@ -249,6 +251,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	}
 	if err := d.reg.Prometheus().Register(newAuthCollector(d)); err != nil {
 		return nil, fmt.Errorf("metrics: register the API's refusals: %w", err)
+	}
+	if err := d.reg.Prometheus().Register(newHealthCollector(d)); err != nil {
+		return nil, fmt.Errorf("metrics: register the health collector: %w", err)
 	}
 	if err := d.reg.Prometheus().Register(metrics.NewReplicationCollector(d.replicationStats)); err != nil {
 		return nil, fmt.Errorf("metrics: register the replication collector: %w", err)
@@ -411,7 +416,7 @@ func earlyRoute(method, path string) bool {
 	case "GET /metrics", "GET /v1/cluster", "POST /v1/cluster/join", "POST /v1/cluster/remove":
 		return true
 	}
-	return false
+	return publicRoute(method, path) // the probes (health.go)
 }
 
 func (d *Daemon) setPhase(p string) {

@@ -76,6 +76,7 @@ func (d *Daemon) livenessLoop(stop <-chan struct{}) {
 			return
 		case <-t.C:
 		}
+		d.beats.beat(loopLiveness)
 		if !d.node.IsLeader() {
 			d.live.mu.Lock()
 			d.live.seen = nil

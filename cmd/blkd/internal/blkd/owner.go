@@ -535,6 +535,7 @@ func (d *Daemon) settleLoop(stop <-chan struct{}) {
 		case <-t.C:
 		case <-d.settleNow:
 		}
+		d.beats.beat(loopSettle)
 		legacy.warn(d)
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() {
