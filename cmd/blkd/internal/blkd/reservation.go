@@ -222,8 +222,9 @@ type resvKeeper struct {
 	// term is the primary term whose first publish was done (its PTPL
 	// check passed), lossFor the term a power loss was proposed for.
 	term, lossFor *primaryLeg
-	// broughtUp: a one-replica volume's first publish is done.
-	broughtUp atomic.Bool
+	// up closes once a one-replica volume's first publish is done
+	// (bringUp); isUp reads it.
+	up chan struct{}
 }
 
 // withoutReservations, set at link time (-ldflags "-X
@@ -260,7 +261,7 @@ func (d *Daemon) newKeeper(v meta.Volume, sub *target.Subsystem, hv *hostVolume)
 	if !d.reservationsOn() {
 		return nil
 	}
-	k := &resvKeeper{d: d, id: v.ID, name: v.Name, nqn: v.NQN, sub: sub, hv: hv, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	k := &resvKeeper{d: d, id: v.ID, name: v.Name, nqn: v.NQN, sub: sub, hv: hv, wake: make(chan struct{}, 1), stop: make(chan struct{}), up: make(chan struct{})}
 	d.resv.mu.Lock()
 	old := d.resv.byID[v.ID]
 	d.resv.byID[v.ID] = k
@@ -388,7 +389,7 @@ func (k *resvKeeper) epoch() (uint64, error) {
 		}
 		return pl.epoch, nil
 	}
-	if !k.broughtUp.Load() {
+	if !k.isUp() {
 		return 0, errViewUnknown
 	}
 	var v meta.Volume
@@ -577,7 +578,7 @@ func (k *resvKeeper) bringUp() {
 	defer t.Stop()
 	for {
 		if err := k.bringUpOnce(); err == nil {
-			k.broughtUp.Store(true)
+			close(k.up)
 			return
 		}
 		select {
@@ -613,34 +614,44 @@ func (k *resvKeeper) bringUpOnce() error {
 	return k.publishCopy()
 }
 
-// waitBroughtUp waits, at most max, until every one-replica volume's
-// keeper has published a current view (bringUp): Start calls it before
-// "ready", so that a host connecting once blkd says it is ready is not
-// answered Namespace Not Ready while the view catches up (the Linux host
-// retries that status only a few times, without delay). A test's
-// bring-up hold skips it: that test wants the unknown view.
-func (d *Daemon) waitBroughtUp(ctx context.Context, max time.Duration) {
+// isUp reports whether bringUp has published a current view.
+func (k *resvKeeper) isUp() bool {
+	select {
+	case <-k.up:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitBroughtUp waits, at most limit, until every one-replica volume's
+// keeper has published a current view (bringUp), as waitPrimaryLegs does
+// for the replicated ones: Start calls it before "ready", so that a host
+// connecting once blkd says it is ready is not answered Namespace Not
+// Ready while the view catches up (the Linux host retries that status
+// only a few times, without delay). A test's bring-up hold skips it:
+// that test wants the unknown view.
+func (d *Daemon) waitBroughtUp(ctx context.Context, limit time.Duration) {
 	if d.resv.holds.bringUp > 0 {
 		return
 	}
-	deadline := time.Now().Add(max)
-	for {
-		pending := false
-		d.resv.mu.Lock()
-		for _, k := range d.resv.byID {
-			if k.hv == nil && !k.broughtUp.Load() {
-				pending = true
-				break
-			}
+	d.resv.mu.Lock()
+	var ks []*resvKeeper
+	for _, k := range d.resv.byID {
+		if k.hv == nil {
+			ks = append(ks, k)
 		}
-		d.resv.mu.Unlock()
-		if !pending || time.Now().After(deadline) {
-			return
-		}
+	}
+	d.resv.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for _, k := range ks {
 		select {
+		case <-k.up:
+		case <-k.stop:
 		case <-ctx.Done():
+			d.log.Warn("one-replica volumes' reservation views still unknown: their I/O answers Namespace Not Ready until they are", slog.Duration("waited", limit))
 			return
-		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }
@@ -696,7 +707,7 @@ func (d *Daemon) resvRound() {
 	}
 	d.resv.mu.Unlock()
 	for _, k := range ks {
-		if k.hv == nil && k.broughtUp.Load() {
+		if k.hv == nil && k.isUp() {
 			_ = k.publishCopy() // the keeper's own publishes say why not
 		}
 	}
@@ -975,7 +986,7 @@ func (d *Daemon) notifyLocal(ctx context.Context, n resvNotify) error {
 		if k.hv.hb.cur.Load() == nil {
 			return nil // a standby path: its next term's renewal publishes
 		}
-	} else if !k.broughtUp.Load() {
+	} else if !k.isUp() {
 		return nil // bringUp publishes it
 	}
 	if err := k.publishCopy(); err != nil {
