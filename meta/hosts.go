@@ -21,7 +21,9 @@ import (
 // them only when every registered node has it.
 const FeatureHosts = "hosts"
 
-// MaxHosts bounds the registered hosts, as MaxVolumes bounds volumes.
+// MaxHosts bounds the registered hosts, as MaxVolumes bounds volumes: at
+// the bound, with the longest NQN, name and zone, they are about 35 MiB
+// of a snapshot (MaxSnapshotBytes is 256 MiB).
 const MaxHosts = 1 << 16
 
 // ErrUnknownHost: no registered host has that NQN.
