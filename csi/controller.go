@@ -95,6 +95,7 @@ var controllerCaps = []csipb.ControllerServiceCapability_RPC_Type{
 	csipb.ControllerServiceCapability_RPC_GET_CAPACITY,
 	csipb.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
 	csipb.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+	csipb.ControllerServiceCapability_RPC_GET_SNAPSHOT,
 	csipb.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 	csipb.ControllerServiceCapability_RPC_PUBLISH_READONLY,
 	csipb.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
@@ -969,6 +970,22 @@ func (c *controller) DeleteSnapshot(ctx context.Context, req *csipb.DeleteSnapsh
 		return nil, status.Errorf(codes.FailedPrecondition, "snapshot %s has clones: delete or flatten the volumes made from it first (%v)", id, err)
 	}
 	return nil, rpcError(err, "delete snapshot "+id)
+}
+
+func (c *controller) GetSnapshot(ctx context.Context, req *csipb.GetSnapshotRequest) (*csipb.GetSnapshotResponse, error) {
+	id := req.GetSnapshotId()
+	if id == "" {
+		return nil, invalid("snapshot_id: none given")
+	}
+	vol, snap, err := parseSnapshotID(id)
+	if err != nil {
+		return nil, status.Errorf(codes.NotFound, "snapshot %q: no such snapshot: %v", id, err)
+	}
+	s, err := c.api.snapshot(ctx, vol, snap)
+	if err != nil {
+		return nil, rpcError(err, "snapshot "+id)
+	}
+	return &csipb.GetSnapshotResponse{Snapshot: csiSnapshot(s)}, nil
 }
 
 func (c *controller) ListSnapshots(ctx context.Context, req *csipb.ListSnapshotsRequest) (*csipb.ListSnapshotsResponse, error) {
