@@ -144,7 +144,9 @@ func TestIdempotency(t *testing.T) {
 	}
 
 	unpub := &csipb.ControllerUnpublishVolumeRequest{VolumeId: vol.VolumeId, NodeId: testHost}
-	twice(t, "ControllerUnpublishVolume", func() (*csipb.ControllerUnpublishVolumeResponse, error) { return cc.ControllerUnpublishVolume(ctx, unpub) })
+	twice(t, "ControllerUnpublishVolume", func() (*csipb.ControllerUnpublishVolumeResponse, error) {
+		return cc.ControllerUnpublishVolume(ctx, unpub)
+	})
 	twice(t, "DeleteVolume clone", func() (*csipb.DeleteVolumeResponse, error) {
 		return cc.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: clone.VolumeId})
 	})
