@@ -30,6 +30,8 @@ func blockCap(mode csipb.VolumeCapability_AccessMode_Mode) *csipb.VolumeCapabili
 
 var snw = csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
 
+const otherHost = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555555"
+
 // wantCode fails unless err is a gRPC status with code.
 func wantCode(t *testing.T, what string, err error, code codes.Code) {
 	t.Helper()
@@ -63,7 +65,13 @@ func TestIdempotency(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs blkd")
 	}
-	_, cc := newController(t, startBlkd(t))
+	api := startBlkd(t)
+	_, cc := newController(t, api)
+	for _, h := range []string{testHost, otherHost} {
+		if err := registerHost(api, h); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx := context.Background()
 	caps := []*csipb.VolumeCapability{mountCap(snw)}
 	create := &csipb.CreateVolumeRequest{Name: "pvc-one", CapacityRange: &csipb.CapacityRange{RequiredBytes: 10 << 20}, VolumeCapabilities: caps}
@@ -116,7 +124,7 @@ func TestIdempotency(t *testing.T) {
 	_, err = cc.ControllerPublishVolume(ctx, ro)
 	wantCode(t, "ControllerPublishVolume read-only after read-write", err, codes.AlreadyExists)
 	other := proto.Clone(pub).(*csipb.ControllerPublishVolumeRequest)
-	other.NodeId = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555555"
+	other.NodeId = otherHost
 	_, err = cc.ControllerPublishVolume(ctx, other)
 	wantCode(t, "ControllerPublishVolume of a single-node volume to a second node", err, codes.FailedPrecondition)
 	_, err = cc.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: "pvc-two"})
@@ -221,9 +229,10 @@ func TestHostRegistry(t *testing.T) {
 		want     codes.Code
 	}{
 		{true, testHost, codes.OK},
-		{true, "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555555", codes.NotFound},
+		{true, otherHost, codes.NotFound},
+		{true, "nqn.2014-08.org.nvmexpress:host/with/slashes", codes.NotFound},
 		{true, "fake-node-id", codes.NotFound},
-		{false, "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555555", codes.OK},
+		{false, otherHost, codes.OK},
 		{false, "fake-node-id", codes.NotFound},
 	} {
 		a, err := newBlkAPI(fakeHosts(t, tc.registry, testHost), "", "")

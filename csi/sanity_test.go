@@ -12,6 +12,8 @@ import (
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/gomega"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // sanityNodeNQN is the node ID the sanity run's node service reports.
@@ -34,9 +36,15 @@ var sanitySkip = []string{`Node Service`}
 
 type sanityNode struct {
 	csipb.UnimplementedNodeServer
+	api string
 }
 
-func (sanityNode) NodeGetInfo(context.Context, *csipb.NodeGetInfoRequest) (*csipb.NodeGetInfoResponse, error) {
+// NodeGetInfo registers the node's host as the node plugin does (when
+// blkd has the registry) and names it.
+func (n sanityNode) NodeGetInfo(context.Context, *csipb.NodeGetInfoRequest) (*csipb.NodeGetInfoResponse, error) {
+	if err := registerHost(n.api, sanityNodeNQN); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
 	return &csipb.NodeGetInfoResponse{NodeId: sanityNodeNQN}, nil
 }
 
@@ -64,7 +72,7 @@ func TestSanity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, _ := serve(t, d, func(s *grpc.Server) { csipb.RegisterNodeServer(s, sanityNode{}) })
+	addr, _ := serve(t, d, func(s *grpc.Server) { csipb.RegisterNodeServer(s, sanityNode{api: api}) })
 
 	dir := shortTempDir(t)
 	cfg := sanity.NewTestConfig()
