@@ -127,6 +127,18 @@ func TestIdempotency(t *testing.T) {
 	other.NodeId = otherHost
 	_, err = cc.ControllerPublishVolume(ctx, other)
 	wantCode(t, "ControllerPublishVolume of a single-node volume to a second node", err, codes.FailedPrecondition)
+	// A host NQN blkd's registry does not know is no node (§1.9); a blkd
+	// without the registry cannot tell.
+	unknown := proto.Clone(pub).(*csipb.ControllerPublishVolumeRequest)
+	unknown.NodeId = "nqn.2014-08.org.nvmexpress:uuid:99999999-2222-4333-8444-555555555555"
+	if c, _ := newBlkAPI(api, "", ""); c != nil {
+		if _, registry, err := c.hosts(ctx); err != nil {
+			t.Fatal(err)
+		} else if registry {
+			_, err = cc.ControllerPublishVolume(ctx, unknown)
+			wantCode(t, "ControllerPublishVolume to an unregistered host", err, codes.NotFound)
+		}
+	}
 	_, err = cc.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: "pvc-two"})
 	if err != nil {
 		t.Fatal(err)
