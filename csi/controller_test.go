@@ -14,26 +14,26 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-func mountCap(mode csipb.VolumeCapability_AccessMode_Mode) *csipb.VolumeCapability {
+func mountVC(mode csipb.VolumeCapability_AccessMode_Mode) *csipb.VolumeCapability {
 	return &csipb.VolumeCapability{
 		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: mode},
 		AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
 	}
 }
 
-func blockCap(mode csipb.VolumeCapability_AccessMode_Mode) *csipb.VolumeCapability {
+func blockVC(mode csipb.VolumeCapability_AccessMode_Mode) *csipb.VolumeCapability {
 	return &csipb.VolumeCapability{
 		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: mode},
 		AccessType: &csipb.VolumeCapability_Block{Block: &csipb.VolumeCapability_BlockVolume{}},
 	}
 }
 
-var snw = csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+var singleWriter = csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
 
 const otherHost = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555555"
 
 // wantCode fails unless err is a gRPC status with code.
-func wantCode(t *testing.T, what string, err error, code codes.Code) {
+func wantStatus(t *testing.T, what string, err error, code codes.Code) {
 	t.Helper()
 	if status.Code(err) != code {
 		t.Fatalf("%s: %v; want code %v", what, err, code)
@@ -73,7 +73,7 @@ func TestIdempotency(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	caps := []*csipb.VolumeCapability{mountCap(snw)}
+	caps := []*csipb.VolumeCapability{mountVC(singleWriter)}
 	create := &csipb.CreateVolumeRequest{Name: "pvc-one", CapacityRange: &csipb.CapacityRange{RequiredBytes: 10 << 20}, VolumeCapabilities: caps}
 
 	vol := twice(t, "CreateVolume", func() (*csipb.CreateVolumeResponse, error) { return cc.CreateVolume(ctx, create) }).Volume
@@ -81,9 +81,9 @@ func TestIdempotency(t *testing.T) {
 		t.Fatalf("created %v", vol)
 	}
 	_, err := cc.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "pvc-one", CapacityRange: &csipb.CapacityRange{RequiredBytes: 20 << 20}, VolumeCapabilities: caps})
-	wantCode(t, "CreateVolume of another size", err, codes.AlreadyExists)
+	wantStatus(t, "CreateVolume of another size", err, codes.AlreadyExists)
 	_, err = cc.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "pvc-one", CapacityRange: &csipb.CapacityRange{RequiredBytes: 10 << 20}, VolumeCapabilities: caps, Parameters: map[string]string{"blockSize": "512"}})
-	wantCode(t, "CreateVolume of another block size", err, codes.AlreadyExists)
+	wantStatus(t, "CreateVolume of another block size", err, codes.AlreadyExists)
 
 	snapReq := &csipb.CreateSnapshotRequest{Name: "snap-one", SourceVolumeId: vol.VolumeId}
 	snap := twice(t, "CreateSnapshot", func() (*csipb.CreateSnapshotResponse, error) { return cc.CreateSnapshot(ctx, snapReq) }).Snapshot
@@ -94,7 +94,7 @@ func TestIdempotency(t *testing.T) {
 		return cc.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "pvc-two", VolumeCapabilities: caps})
 	})
 	_, err = cc.CreateSnapshot(ctx, &csipb.CreateSnapshotRequest{Name: "snap-one", SourceVolumeId: "pvc-two"})
-	wantCode(t, "CreateSnapshot of the name on another volume", err, codes.AlreadyExists)
+	wantStatus(t, "CreateSnapshot of the name on another volume", err, codes.AlreadyExists)
 
 	// A volume from the snapshot, larger than it: clone, then grow.
 	fromSnap := &csipb.CreateVolumeRequest{Name: "pvc-clone", CapacityRange: &csipb.CapacityRange{RequiredBytes: 16 << 20}, VolumeCapabilities: caps,
@@ -104,15 +104,15 @@ func TestIdempotency(t *testing.T) {
 		t.Fatalf("clone %v", clone)
 	}
 	_, err = cc.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "pvc-clone", CapacityRange: &csipb.CapacityRange{RequiredBytes: 16 << 20}, VolumeCapabilities: caps})
-	wantCode(t, "CreateVolume of the clone's name without its source", err, codes.AlreadyExists)
+	wantStatus(t, "CreateVolume of the clone's name without its source", err, codes.AlreadyExists)
 	small := proto.Clone(fromSnap).(*csipb.CreateVolumeRequest)
 	small.Name, small.CapacityRange.RequiredBytes = "pvc-small", 4<<20
 	_, err = cc.CreateVolume(ctx, small)
-	wantCode(t, "CreateVolume smaller than its snapshot", err, codes.OutOfRange)
+	wantStatus(t, "CreateVolume smaller than its snapshot", err, codes.OutOfRange)
 	_, err = cc.DeleteSnapshot(ctx, &csipb.DeleteSnapshotRequest{SnapshotId: snap.SnapshotId})
-	wantCode(t, "DeleteSnapshot with a clone", err, codes.FailedPrecondition)
+	wantStatus(t, "DeleteSnapshot with a clone", err, codes.FailedPrecondition)
 	_, err = cc.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: vol.VolumeId})
-	wantCode(t, "DeleteVolume with a snapshot", err, codes.FailedPrecondition)
+	wantStatus(t, "DeleteVolume with a snapshot", err, codes.FailedPrecondition)
 
 	pub := &csipb.ControllerPublishVolumeRequest{VolumeId: vol.VolumeId, NodeId: testHost, VolumeCapability: caps[0], VolumeContext: vol.VolumeContext}
 	pc := twice(t, "ControllerPublishVolume", func() (*csipb.ControllerPublishVolumeResponse, error) { return cc.ControllerPublishVolume(ctx, pub) }).PublishContext
@@ -122,11 +122,11 @@ func TestIdempotency(t *testing.T) {
 	ro := proto.Clone(pub).(*csipb.ControllerPublishVolumeRequest)
 	ro.Readonly = true
 	_, err = cc.ControllerPublishVolume(ctx, ro)
-	wantCode(t, "ControllerPublishVolume read-only after read-write", err, codes.AlreadyExists)
+	wantStatus(t, "ControllerPublishVolume read-only after read-write", err, codes.AlreadyExists)
 	other := proto.Clone(pub).(*csipb.ControllerPublishVolumeRequest)
 	other.NodeId = otherHost
 	_, err = cc.ControllerPublishVolume(ctx, other)
-	wantCode(t, "ControllerPublishVolume of a single-node volume to a second node", err, codes.FailedPrecondition)
+	wantStatus(t, "ControllerPublishVolume of a single-node volume to a second node", err, codes.FailedPrecondition)
 	// A host NQN blkd's registry does not know is no node (§1.9); a blkd
 	// without the registry cannot tell.
 	unknown := proto.Clone(pub).(*csipb.ControllerPublishVolumeRequest)
@@ -136,7 +136,7 @@ func TestIdempotency(t *testing.T) {
 			t.Fatal(err)
 		} else if registry {
 			_, err = cc.ControllerPublishVolume(ctx, unknown)
-			wantCode(t, "ControllerPublishVolume to an unregistered host", err, codes.NotFound)
+			wantStatus(t, "ControllerPublishVolume to an unregistered host", err, codes.NotFound)
 		}
 	}
 	_, err = cc.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: "pvc-two"})
@@ -144,7 +144,7 @@ func TestIdempotency(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = cc.ControllerPublishVolume(ctx, &csipb.ControllerPublishVolumeRequest{VolumeId: "pvc-two", NodeId: testHost, VolumeCapability: caps[0]})
-	wantCode(t, "ControllerPublishVolume of a deleted volume", err, codes.NotFound)
+	wantStatus(t, "ControllerPublishVolume of a deleted volume", err, codes.NotFound)
 
 	got := twice(t, "ControllerGetVolume", func() (*csipb.ControllerGetVolumeResponse, error) {
 		return cc.ControllerGetVolume(ctx, &csipb.ControllerGetVolumeRequest{VolumeId: vol.VolumeId})
@@ -158,7 +158,7 @@ func TestIdempotency(t *testing.T) {
 	if ex.CapacityBytes != 32<<20 || !ex.NodeExpansionRequired {
 		t.Fatalf("expanded %v", ex)
 	}
-	expand.VolumeCapability = blockCap(snw)
+	expand.VolumeCapability = blockVC(singleWriter)
 	if ex, err := cc.ControllerExpandVolume(ctx, expand); err != nil || ex.NodeExpansionRequired {
 		t.Fatalf("expand of a block volume: %v, %v; want no node expansion", ex, err)
 	}
@@ -191,10 +191,10 @@ func TestBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = cc.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: "pvc-busy"})
-	wantCode(t, "DeleteVolume while another call holds the volume", err, codes.Aborted)
+	wantStatus(t, "DeleteVolume while another call holds the volume", err, codes.Aborted)
 	unlock()
 	_, err = cc.DeleteVolume(context.Background(), &csipb.DeleteVolumeRequest{VolumeId: "pvc-busy"})
-	wantCode(t, "DeleteVolume with blkd unreachable", err, codes.Unavailable)
+	wantStatus(t, "DeleteVolume with blkd unreachable", err, codes.Unavailable)
 }
 
 // fakeHosts is a blkd answering the host registry's routes (§1.9) as

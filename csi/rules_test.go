@@ -87,29 +87,29 @@ func TestCapacity(t *testing.T) {
 
 func TestCheckCap(t *testing.T) {
 	ok := []*csipb.VolumeCapability{
-		mountCap(csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER),
-		mountCap(csipb.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER),
-		mountCap(csipb.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY),
-		blockCap(csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER),
+		mountVC(csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER),
+		mountVC(csipb.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER),
+		mountVC(csipb.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY),
+		blockVC(csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER),
 	}
 	for _, vc := range ok {
 		if err := checkCap(vc); err != nil {
 			t.Errorf("%v: %v", vc, err)
 		}
 	}
-	xfs := mountCap(snw)
+	xfs := mountVC(singleWriter)
 	xfs.GetMount().FsType = "xfs"
 	if err := checkCap(xfs); err != nil {
 		t.Errorf("xfs: %v", err)
 	}
-	btrfs := mountCap(snw)
+	btrfs := mountVC(singleWriter)
 	btrfs.GetMount().FsType = "btrfs"
 	bad := []*csipb.VolumeCapability{
 		nil,
-		mountCap(csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER),
-		blockCap(csipb.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER),
-		blockCap(csipb.VolumeCapability_AccessMode_UNKNOWN),
-		{AccessMode: &csipb.VolumeCapability_AccessMode{Mode: snw}},
+		mountVC(csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER),
+		blockVC(csipb.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER),
+		blockVC(csipb.VolumeCapability_AccessMode_UNKNOWN),
+		{AccessMode: &csipb.VolumeCapability_AccessMode{Mode: singleWriter}},
 		btrfs,
 	}
 	for _, vc := range bad {

@@ -28,7 +28,7 @@ func TestTopologyAndCapacity(t *testing.T) {
 	}
 	_, cc := newController(t, startBlkd(t, "--zone", "z1"))
 	ctx := context.Background()
-	caps := []*csipb.VolumeCapability{mountCap(snw)}
+	caps := []*csipb.VolumeCapability{mountVC(singleWriter)}
 
 	req := &csipb.CreateVolumeRequest{Name: "pvc-z", VolumeCapabilities: caps, CapacityRange: &csipb.CapacityRange{RequiredBytes: 8 << 20},
 		AccessibilityRequirements: &csipb.TopologyRequirement{Requisite: zoneTopo("z1", "z2"), Preferred: zoneTopo("z2", "z1")}}
@@ -45,7 +45,7 @@ func TestTopologyAndCapacity(t *testing.T) {
 	}
 	_, err = cc.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "pvc-nowhere", VolumeCapabilities: caps,
 		AccessibilityRequirements: &csipb.TopologyRequirement{Requisite: zoneTopo("z7")}})
-	wantCode(t, "CreateVolume in a zone without a node", err, codes.ResourceExhausted)
+	wantStatus(t, "CreateVolume in a zone without a node", err, codes.ResourceExhausted)
 
 	all, err := cc.GetCapacity(ctx, &csipb.GetCapacityRequest{})
 	if err != nil || all.AvailableCapacity <= 0 || all.MaximumVolumeSize.GetValue() != all.AvailableCapacity {
@@ -64,7 +64,7 @@ func TestTopologyAndCapacity(t *testing.T) {
 		t.Fatalf("GetCapacity with 3 replicas on one zone: %v, %v; want 0", r3, err)
 	}
 	_, err = cc.GetCapacity(ctx, &csipb.GetCapacityRequest{Parameters: map[string]string{"replica": "3"}})
-	wantCode(t, "GetCapacity with an unknown parameter", err, codes.InvalidArgument)
+	wantStatus(t, "GetCapacity with an unknown parameter", err, codes.InvalidArgument)
 }
 
 // TestFlattenClones: with flattenClones a volume made from a snapshot is
@@ -78,7 +78,7 @@ func TestFlattenClones(t *testing.T) {
 	api := startBlkd(t)
 	_, cc := newController(t, api)
 	ctx := context.Background()
-	caps := []*csipb.VolumeCapability{mountCap(snw)}
+	caps := []*csipb.VolumeCapability{mountVC(singleWriter)}
 	vol, err := cc.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "src", VolumeCapabilities: caps, CapacityRange: &csipb.CapacityRange{RequiredBytes: 8 << 20}})
 	if err != nil {
 		t.Fatal(err)
