@@ -30,7 +30,6 @@ func TestFlagsRefused(t *testing.T) {
 		{[]string{"--mode", "controller", "--endpoint", "http://x"}, "--endpoint"},
 		{[]string{"--mode", "controller", "--api", "ftp://x"}, "--api"},
 		{[]string{"--mode", "controller", "--api", "https://x:7070"}, "--tls-dir"},
-		{[]string{"--mode", "node"}, "--mode node"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
 		var out, errb bytes.Buffer
