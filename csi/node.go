@@ -14,3 +14,7 @@ type node struct {
 
 func (n *node) start() error                    { return nil }
 func (n *node) close(ctx context.Context) error { return nil }
+
+// probe is the node part of Probe (identity.go): its own state dir and
+// the kernel's fabrics device. Placeholder until piece 2 lands.
+func (n *node) probe(ctx context.Context) error { return nil }

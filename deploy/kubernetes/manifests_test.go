@@ -23,15 +23,8 @@ import (
 // parameters (docs/operations.md §1.6), blk-csi's flags (§1.2), blkd's
 // flags and variables (cmd/blkd/main.go), the image's Containerfile.
 
-// designParameterKeys is §1.6's list of StorageClass parameters.
-var designParameterKeys = []string{
-	"replicas", "blockSize", "transport", "fsType", "mkfsOptions",
-	"zoneLocal", "flattenClones", "authentication",
-}
-
-// parameterKeys is what the StorageClasses may set.
-// MERGE(i26ctl): replace designParameterKeys with csi.Parameters on this line once csi/params.go is on main.
-var parameterKeys = designParameterKeys
+// parameterKeys is what the StorageClasses may set: the driver's own list.
+var parameterKeys = csi.Parameters
 
 // parameterValues are §1.6's values of the parameters that take a fixed
 // set (the others are checked by the driver: replicas 1–5, mkfsOptions).
