@@ -114,10 +114,10 @@ func (h *fakeHost) FSType(ctx context.Context, device string) (string, error) {
 	return h.fs[device], h.record("FSType", device)
 }
 
-func (h *fakeHost) Mkfs(ctx context.Context, device, fstype string) error {
+func (h *fakeHost) Mkfs(ctx context.Context, device, fstype string, options []string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err := h.record("Mkfs", device, fstype); err != nil {
+	if err := h.record("Mkfs", append([]string{device, fstype}, options...)...); err != nil {
 		return err
 	}
 	h.fs[device] = fstype
