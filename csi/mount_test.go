@@ -249,11 +249,11 @@ func TestNodeIdentity(t *testing.T) {
 }
 
 func TestParsePublishEndpoints(t *testing.T) {
-	got, err := parsePublishEndpoints("tcp:10.0.2.2:4420,rdma:10.0.2.2:4421, tcp:[fd00::1]:4420")
-	if err != nil || !slices.Equal(got, []string{"10.0.2.2:4420", "[fd00::1]:4420"}) {
+	got, err := parsePublishEndpoints("tcp:10.0.2.2:4420,rdma:10.0.2.2:4421, tcp:[fd00::1]:4420,tcp:fd00::2:4420")
+	if err != nil || !slices.Equal(got, []string{"10.0.2.2:4420", "[fd00::1]:4420", "[fd00::2]:4420"}) {
 		t.Errorf("got %v %v", got, err)
 	}
-	for _, bad := range []string{"", "rdma:10.0.2.2:4420", "tcp:10.0.2.2", "10.0.2.2:4420"} {
+	for _, bad := range []string{"", "rdma:10.0.2.2:4420", "tcp:10.0.2.2", "10.0.2.2:4420", "tcp:10.0.2.2:http", "tcp:10.0.2.2:0"} {
 		if _, err := parsePublishEndpoints(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}

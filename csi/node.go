@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,31 +17,6 @@ import (
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-)
-
-// Keys of the publish context ControllerPublishVolume returns and
-// NodeStageVolume reads (§1.5). Not secret: a VolumeAttachment's status
-// holds them.
-const (
-	PublishSubNQN    = "subnqn"    // the volume's subsystem NQN
-	PublishNSID      = "nsid"      // its namespace ID
-	PublishEndpoints = "endpoints" // "tcp:ADDR:PORT[,rdma:ADDR:PORT...]"
-	PublishTransport = "transport" // "tcp", "nbd" or "tcp,nbd" (StorageClass parameter)
-	PublishReadOnly  = "readonly"  // "true" when published read-only
-	PublishAuth      = "auth"      // "dhchap" or "none"
-)
-
-// Keys of the node-stage Secret (§1.7).
-const (
-	SecretDHCHAP     = "dhchapSecret"
-	SecretDHCHAPCtrl = "dhchapCtrlSecret"
-)
-
-// Keys of the volume context the node reads (the StorageClass's
-// parameters, which CreateVolume copies into it).
-const (
-	volCtxFSType      = "fsType"
-	volCtxMkfsOptions = "mkfsOptions"
 )
 
 // nodeDefaultFSType is the filesystem of a mount volume whose capability and
@@ -75,6 +51,7 @@ type node struct {
 	state  *stateDir
 	nqn    string // node ID and the kernel's hostnqn
 	hostID string
+	api    *blkAPI // blkd's API, for the host registry (§1.9); nil without --api
 }
 
 // start finds the node's identity, opens the state directory and
@@ -91,6 +68,11 @@ func (n *node) start() error {
 	if n.state, err = openStateDir(cfg.StateDir); err != nil {
 		return err
 	}
+	if cfg.API != "" {
+		if n.api, err = newBlkAPI(cfg.API, cfg.TLSDir, cfg.TLSName); err != nil {
+			return err
+		}
+	}
 	recs, err := n.state.all()
 	if err != nil {
 		n.d.log.Warn("staging records skipped", "err", err)
@@ -99,6 +81,10 @@ func (n *node) start() error {
 	defer cancel()
 	for _, r := range recs {
 		n.converge(ctx, r)
+	}
+	if err := n.register(ctx); err != nil {
+		// NodeGetInfo registers again: kubelet calls it at registration.
+		n.d.log.Warn("host registration failed; retried at NodeGetInfo", "err", err)
 	}
 	n.d.log.Info("node service started", "node_id", n.nqn, "host_id", n.hostID, "staged", len(recs))
 	return nil
@@ -155,7 +141,7 @@ func (n *node) connection(r *stageRecord, secrets map[string]string) Connection 
 		eps[i] = Endpoint{Addr: e}
 	}
 	return Connection{Transport: r.Transport, SubNQN: r.SubNQN, NSID: r.NSID, HostNQN: n.nqn, HostID: n.hostID,
-		Endpoints: eps, DHCHAPSecret: secrets[SecretDHCHAP], DHCHAPCtrlSecret: secrets[SecretDHCHAPCtrl]}
+		Endpoints: eps, DHCHAPSecret: secrets[secretDHCHAP], DHCHAPCtrlSecret: secrets[secretDHCHAPCtrl]}
 }
 
 // nodeCap is a validated volume capability.
@@ -187,7 +173,7 @@ func nodeCapability(vc *csipb.VolumeCapability, volCtx map[string]string) (nodeC
 	case vc.GetMount() != nil:
 		c.fsType = vc.GetMount().GetFsType()
 		if c.fsType == "" {
-			c.fsType = volCtx[volCtxFSType]
+			c.fsType = volCtx[ctxFSType]
 		}
 		if c.fsType == "" {
 			c.fsType = nodeDefaultFSType
@@ -237,12 +223,16 @@ func parsePublishEndpoints(s string) ([]string, error) {
 			continue
 		}
 		kind, addr, ok := strings.Cut(e, ":")
-		if !ok {
+		i := strings.LastIndexByte(addr, ':')
+		if !ok || i <= 0 {
 			return nil, fmt.Errorf("endpoint %q is not TRANSPORT:ADDR:PORT", e)
 		}
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return nil, fmt.Errorf("endpoint %q: %v", e, err)
+		// The controller writes an IPv6 address without brackets.
+		host, port := strings.Trim(addr[:i], "[]"), addr[i+1:]
+		if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+			return nil, fmt.Errorf("endpoint %q: port %q", e, port)
 		}
+		addr = net.JoinHostPort(host, port)
 		if kind == "tcp" {
 			out = append(out, addr)
 		}
@@ -257,19 +247,19 @@ func parsePublishEndpoints(s string) ([]string, error) {
 // "tcp" by default; "tcp,nbd" falls back to NBD only when this kernel
 // has no NVMe/TCP host (§10 Q6).
 func (n *node) transportOf(ctx context.Context, pc map[string]string) (string, error) {
-	switch t := pc[PublishTransport]; t {
-	case "", "tcp":
-		return "tcp", nil
-	case "nbd":
-		return "nbd", nil
-	case "tcp,nbd":
+	switch t := pc[PubTransport]; t {
+	case "", TransportTCP:
+		return TransportTCP, nil
+	case TransportNBD:
+		return TransportNBD, nil
+	case TransportTCPNBD:
 		if l, ok := n.host.(interface{ loadTCP(context.Context) error }); ok {
 			if err := l.loadTCP(ctx); err != nil {
 				n.d.log.Warn("no NVMe/TCP host on this node: falling back to NBD", "err", err)
-				return "nbd", nil
+				return TransportNBD, nil
 			}
 		}
-		return "tcp", nil
+		return TransportTCP, nil
 	default:
 		return "", status.Errorf(codes.InvalidArgument, "publish context transport %q is not tcp, nbd or tcp,nbd", t)
 	}
@@ -278,25 +268,25 @@ func (n *node) transportOf(ctx context.Context, pc map[string]string) (string, e
 // newRecord builds the staging record of a NodeStageVolume request.
 func (n *node) newRecord(ctx context.Context, req *csipb.NodeStageVolumeRequest, c nodeCap) (*stageRecord, error) {
 	pc := req.GetPublishContext()
-	sub := pc[PublishSubNQN]
+	sub := pc[PubSubNQN]
 	if sub == "" {
-		return nil, status.Errorf(codes.InvalidArgument, "publish_context has no %q: was the volume published to this node (ControllerPublishVolume)?", PublishSubNQN)
+		return nil, status.Errorf(codes.InvalidArgument, "publish_context has no %q: was the volume published to this node (ControllerPublishVolume)?", PubSubNQN)
 	}
-	eps, err := parsePublishEndpoints(pc[PublishEndpoints])
+	eps, err := parsePublishEndpoints(pc[PubEndpoints])
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	var nsid uint32
-	if s := pc[PublishNSID]; s != "" {
+	if s := pc[PubNSID]; s != "" {
 		v, err := strconv.ParseUint(s, 10, 32)
 		if err != nil || v == 0 {
 			return nil, status.Errorf(codes.InvalidArgument, "publish context nsid %q is not a namespace ID", s)
 		}
 		nsid = uint32(v)
 	}
-	auth := pc[PublishAuth] == "dhchap"
-	if auth && req.GetSecrets()[SecretDHCHAP] == "" {
-		return nil, status.Errorf(codes.InvalidArgument, "the volume needs DH-HMAC-CHAP: the node-stage secret has no %q", SecretDHCHAP)
+	auth := pc[PubAuth] == AuthDHCHAP
+	if auth && req.GetSecrets()[secretDHCHAP] == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "the volume needs DH-HMAC-CHAP: the node-stage secret has no %q", secretDHCHAP)
 	}
 	tr, err := n.transportOf(ctx, pc)
 	if err != nil {
@@ -418,7 +408,7 @@ func (n *node) stageMount(ctx context.Context, rec *stageRecord, c nodeCap, volC
 	case fs == "" && c.readOnly():
 		return status.Errorf(codes.FailedPrecondition, "volume %s has no filesystem and is staged read-only: nothing to mount", rec.VolumeID)
 	case fs == "":
-		opts := strings.Fields(volCtx[volCtxMkfsOptions])
+		opts := strings.Fields(volCtx[ctxMkfsOptions])
 		if err := n.host.Mkfs(ctx, rec.Device, c.fsType, opts); err != nil {
 			return status.Errorf(codes.Internal, "mkfs %s on volume %s: %v", c.fsType, rec.VolumeID, err)
 		}
@@ -518,7 +508,7 @@ func (n *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 	if rec.Block != c.block {
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s is staged as %s, published as %s", id, accessTypeName(rec.Block), accessTypeName(c.block))
 	}
-	readOnly := req.GetReadonly() || c.readOnly()
+	readOnly := req.GetReadonly() || c.readOnly() || req.GetPublishContext()[PubReadonly] == "true"
 	want := publishedTarget{Path: target, ReadOnly: readOnly, AccessMode: c.mode.String()}
 	if err := n.checkWriters(rec, want); err != nil {
 		return nil, err
@@ -804,13 +794,35 @@ func (n *node) NodeGetCapabilities(ctx context.Context, req *csipb.NodeGetCapabi
 	return &csipb.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
-// zoneSegmentKey is the topology segment of a node's zone (§1.8).
-const zoneSegmentKey = "topology.blk-project.github.io/zone"
+// register records this node in blkd's host registry (§1.9): the
+// controller publishes volumes only to registered hosts. An idempotent
+// upsert; a blkd without the registry is no error.
+func (n *node) register(ctx context.Context) error {
+	if n.api == nil {
+		return nil
+	}
+	body := struct {
+		HostNQN string `json:"host_nqn"`
+		Name    string `json:"name,omitempty"`
+		Zone    string `json:"zone,omitempty"`
+	}{n.nqn, n.d.cfg.NodeName, n.d.cfg.Zone}
+	err := n.api.do(ctx, http.MethodPost, "/v1/hosts", body, nil)
+	var ae *apiError
+	if errors.As(err, &ae) && ae.noRoute() {
+		return nil
+	}
+	return err
+}
 
 func (n *node) NodeGetInfo(ctx context.Context, req *csipb.NodeGetInfoRequest) (*csipb.NodeGetInfoResponse, error) {
-	resp := &csipb.NodeGetInfoResponse{NodeId: n.nqn}
-	if z := n.d.cfg.Zone; z != "" {
-		resp.AccessibleTopology = &csipb.Topology{Segments: map[string]string{zoneSegmentKey: z}}
+	if err := n.register(ctx); err != nil {
+		return nil, rpcError(err, "register host "+n.nqn+" with blkd")
 	}
-	return resp, nil
+	// Always a topology, as VOLUME_ACCESSIBILITY_CONSTRAINTS asks; a
+	// node without a zone has no segment (a value may not be empty).
+	topo := &csipb.Topology{Segments: map[string]string{}}
+	if z := n.d.cfg.Zone; z != "" {
+		topo.Segments[TopologyKey] = z
+	}
+	return &csipb.NodeGetInfoResponse{NodeId: n.nqn, AccessibleTopology: topo}, nil
 }

@@ -62,8 +62,8 @@ func blockCap(mode csipb.VolumeCapability_AccessMode_Mode) *csipb.VolumeCapabili
 const snw = csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
 
 func publishCtx(vol string) map[string]string {
-	return map[string]string{PublishSubNQN: "nqn.2024-01.io.blk:vol:" + vol, PublishNSID: "1",
-		PublishEndpoints: "tcp:10.0.2.2:4420,tcp:10.0.2.3:4420", PublishTransport: "tcp", PublishAuth: "none"}
+	return map[string]string{PubSubNQN: "nqn.2024-01.io.blk:vol:" + vol, PubNSID: "1",
+		PubEndpoints: "tcp:10.0.2.2:4420,tcp:10.0.2.3:4420", PubTransport: "tcp", PubAuth: "none"}
 }
 
 func (e *nodeEnv) stageReq(vol string, vc *csipb.VolumeCapability) *csipb.NodeStageVolumeRequest {
@@ -171,7 +171,7 @@ func TestNodeAccessModes(t *testing.T) {
 func TestNodeStageMountIdempotent(t *testing.T) {
 	e := newNodeEnv(t)
 	req := e.stageReq("v1", mountCap(snw, "", "noatime"))
-	req.VolumeContext = map[string]string{volCtxMkfsOptions: "-E lazy_itable_init=1"}
+	req.VolumeContext = map[string]string{ctxMkfsOptions: "-E lazy_itable_init=1"}
 	for i := 0; i < 3; i++ {
 		if _, err := e.n.NodeStageVolume(t.Context(), req); err != nil {
 			t.Fatalf("stage %d: %v", i, err)
@@ -234,11 +234,11 @@ func TestNodeReadOnlyMountOptions(t *testing.T) {
 func TestNodeDHCHAP(t *testing.T) {
 	e := newNodeEnv(t)
 	req := e.stageReq("v", mountCap(snw, ""))
-	req.PublishContext[PublishAuth] = "dhchap"
+	req.PublishContext[PubAuth] = "dhchap"
 	_, err := e.n.NodeStageVolume(t.Context(), req)
 	wantCode(t, "dhchap without a secret", err, codes.InvalidArgument)
 	const host, ctrl = "DHHC-1:01:c2VjcmV0LWhvc3Qta2V5LTMyLWJ5dGVzLWxvbmchIQ==:", "DHHC-1:01:Y3RybC1rZXktMzItYnl0ZXMtbG9uZy1lbm91Z2ghIQ==:"
-	req.Secrets = map[string]string{SecretDHCHAP: host, SecretDHCHAPCtrl: ctrl}
+	req.Secrets = map[string]string{secretDHCHAP: host, secretDHCHAPCtrl: ctrl}
 	if _, err := e.n.NodeStageVolume(t.Context(), req); err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +508,7 @@ func TestNodeHealth(t *testing.T) {
 func TestNodeInfoAndCapabilities(t *testing.T) {
 	e := newNodeEnv(t)
 	info, err := e.n.NodeGetInfo(t.Context(), &csipb.NodeGetInfoRequest{})
-	if err != nil || info.NodeId != testNodeNQN || info.AccessibleTopology.Segments[zoneSegmentKey] != "z1" || info.MaxVolumesPerNode != 0 {
+	if err != nil || info.NodeId != testNodeNQN || info.AccessibleTopology.Segments[TopologyKey] != "z1" || info.MaxVolumesPerNode != 0 {
 		t.Errorf("info %v %v", info, err)
 	}
 	caps, err := e.n.NodeGetCapabilities(t.Context(), &csipb.NodeGetCapabilitiesRequest{})
