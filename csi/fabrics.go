@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/blk-project/blk/initiator"
@@ -188,7 +189,13 @@ func (h *kernelHost) Connect(ctx context.Context, c Connection) (string, error) 
 		}
 		name, err := h.writeFabrics(connectString(c, host, port))
 		if err != nil {
-			errs = append(errs, fmt.Errorf("connect %s at %s: %w", c.SubNQN, p.Addr, err))
+			hint := ""
+			if c.DHCHAPSecret != "" && errors.Is(err, syscall.EIO) {
+				// What Linux answers a failed DH-HMAC-CHAP (dmesg:
+				// "qid 0: authentication failed").
+				hint = " (with DH-HMAC-CHAP a wrong secret fails so: is the node-stage secret the one the volume allows?)"
+			}
+			errs = append(errs, fmt.Errorf("connect %s at %s: %w%s", c.SubNQN, p.Addr, err, hint))
 			continue
 		}
 		h.log.Info("nvme-tcp path connected", "subnqn", c.SubNQN, "addr", p.Addr, "controller", name)

@@ -1,12 +1,18 @@
 package csi
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -52,6 +58,7 @@ type node struct {
 	nqn    string // node ID and the kernel's hostnqn
 	hostID string
 	api    *blkAPI // blkd's API, for the host registry (§1.9); nil without --api
+	zone   string  // --zone, else the Kubernetes node's zone label (§1.8)
 }
 
 // start finds the node's identity, opens the state directory and
@@ -81,6 +88,12 @@ func (n *node) start() error {
 	defer cancel()
 	for _, r := range recs {
 		n.converge(ctx, r)
+	}
+	n.zone = cfg.Zone
+	if n.zone == "" && cfg.NodeName != "" && os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		if n.zone, err = inClusterKube().nodeZone(ctx, cfg.NodeName); err != nil {
+			n.d.log.Warn("no zone: reading the node's topology.kubernetes.io/zone label failed", "node", cfg.NodeName, "err", err)
+		}
 	}
 	if err := n.register(ctx); err != nil {
 		// NodeGetInfo registers again: kubelet calls it at registration.
@@ -805,7 +818,7 @@ func (n *node) register(ctx context.Context) error {
 		HostNQN string `json:"host_nqn"`
 		Name    string `json:"name,omitempty"`
 		Zone    string `json:"zone,omitempty"`
-	}{n.nqn, n.d.cfg.NodeName, n.d.cfg.Zone}
+	}{n.nqn, n.d.cfg.NodeName, n.zone}
 	err := n.api.do(ctx, http.MethodPost, "/v1/hosts", body, nil)
 	var ae *apiError
 	if errors.As(err, &ae) && ae.noRoute() {
@@ -821,8 +834,66 @@ func (n *node) NodeGetInfo(ctx context.Context, req *csipb.NodeGetInfoRequest) (
 	// Always a topology, as VOLUME_ACCESSIBILITY_CONSTRAINTS asks; a
 	// node without a zone has no segment (a value may not be empty).
 	topo := &csipb.Topology{Segments: map[string]string{}}
-	if z := n.d.cfg.Zone; z != "" {
+	if z := n.zone; z != "" {
 		topo.Segments[TopologyKey] = z
 	}
 	return &csipb.NodeGetInfoResponse{NodeId: n.nqn, AccessibleTopology: topo}, nil
+}
+
+// kube reads one thing of the Kubernetes API: a node's zone label. Plain
+// net/http with the pod's service-account token, no client library
+// (§1.8); RBAC: get nodes.
+type kube struct {
+	base      string // https://HOST:PORT
+	tokenFile string
+	hc        *http.Client
+}
+
+// inClusterKube is the API server of the pod's cluster, as its
+// environment and service-account mount name it.
+func inClusterKube() *kube {
+	const sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+	tr := &http.Transport{}
+	if pem, err := os.ReadFile(sa + "ca.crt"); err == nil {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(pem)
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return &kube{base: "https://" + net.JoinHostPort(os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")),
+		tokenFile: sa + "token", hc: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+}
+
+// zoneLabel is the well-known label of a node's zone.
+const zoneLabel = "topology.kubernetes.io/zone"
+
+// nodeZone is the node's zone label, "" when it has none.
+func (k *kube) nodeZone(ctx context.Context, name string) (string, error) {
+	token, err := os.ReadFile(k.tokenFile)
+	if err != nil {
+		return "", err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.base+"/api/v1/nodes/"+url.PathEscape(name), nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	req.Header.Set("Accept", "application/json")
+	resp, err := k.hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return "", fmt.Errorf("GET node %s: %s: %s", name, resp.Status, bytes.TrimSpace(b))
+	}
+	var node struct {
+		Metadata struct {
+			Labels map[string]string `json:"labels"`
+		} `json:"metadata"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&node); err != nil {
+		return "", fmt.Errorf("GET node %s: %v", name, err)
+	}
+	return node.Metadata.Labels[zoneLabel], nil
 }

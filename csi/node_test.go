@@ -3,6 +3,9 @@ package csi
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -575,5 +578,39 @@ func TestStateFileNames(t *testing.T) {
 	all, err = s.all()
 	if err == nil || len(all) != 5 {
 		t.Errorf("a broken record: %d records, err %v", len(all), err)
+	}
+}
+
+func TestKubeNodeZone(t *testing.T) {
+	token := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(token, []byte("tok-123\n"), 0o600)
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer tok-123" {
+			http.Error(w, `{"kind":"Status","code":401}`, http.StatusUnauthorized)
+			return
+		}
+		switch r.URL.Path {
+		case "/api/v1/nodes/worker-1":
+			fmt.Fprint(w, `{"kind":"Node","metadata":{"name":"worker-1","labels":{"topology.kubernetes.io/zone":"eu-1a","kubernetes.io/os":"linux"}}}`)
+		case "/api/v1/nodes/worker-2":
+			fmt.Fprint(w, `{"kind":"Node","metadata":{"name":"worker-2","labels":{"kubernetes.io/os":"linux"}}}`)
+		default:
+			http.Error(w, `{"kind":"Status","code":404}`, http.StatusNotFound)
+		}
+	}))
+	defer srv.Close()
+	k := &kube{base: srv.URL, tokenFile: token, hc: srv.Client()}
+	if z, err := k.nodeZone(t.Context(), "worker-1"); z != "eu-1a" || err != nil {
+		t.Errorf("worker-1: %q %v", z, err)
+	}
+	if z, err := k.nodeZone(t.Context(), "worker-2"); z != "" || err != nil {
+		t.Errorf("worker-2 (no label): %q %v", z, err)
+	}
+	if _, err := k.nodeZone(t.Context(), "gone"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("unknown node: %v", err)
+	}
+	os.WriteFile(token, []byte("other"), 0o600)
+	if _, err := k.nodeZone(t.Context(), "worker-1"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("wrong token: %v", err)
 	}
 }
