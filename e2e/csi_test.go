@@ -31,7 +31,7 @@ import (
 // written through a published mount reads back after an unstage (every
 // controller deleted) and a new stage; an online expansion reaches the
 // mounted ext4; a DH-HMAC-CHAP volume refuses a stage with a wrong secret
-// and accepts the right one.
+// and accepts the right one; a volume of transport nbd stages over NBD.
 func TestCSISanityNode(t *testing.T) {
 	s := newScenario(t)
 	port := ports(25400)
@@ -159,6 +159,24 @@ func TestCSISanityNode(t *testing.T) {
 	c.unpublish(avol, hostNQN)
 	c.deleteVolume(avol)
 
+	// The NBD fallback (§1.10.1): blk's initiator in blk-csi's process
+	// serves the volume to the kernel as /dev/nbdN.
+	nvol := c.createVolume("csi-nbd", 32<<20, map[string]string{"transport": "nbd"})
+	npc := c.publish(nvol, hostNQN, nil)
+	c.stage(nvol, npc, nil)
+	c.publishNode(nvol, npc)
+	if total := c.statsTotal(nvol); total < 20<<20 || total > 32<<20 {
+		t.Errorf("ext4 on the NBD volume: %d bytes", total)
+	}
+	health, err := c.node.NodeGetVolumeHealth(c.ctx, &csipb.NodeGetVolumeHealthRequest{VolumeId: nvol.VolumeId})
+	if err != nil || len(health.VolumeHealth.HealthStatuses) != 0 {
+		t.Errorf("NBD volume health: %v %v", health, err)
+	}
+	c.unpublishNode(nvol)
+	c.unstage(nvol)
+	c.unpublish(nvol, hostNQN)
+	c.deleteVolume(nvol)
+
 	s.mark("done")
 	s.wait(g)
 	logText := string(s.readShare("blk-csi.log"))
@@ -167,7 +185,8 @@ func TestCSISanityNode(t *testing.T) {
 			t.Errorf("blk-csi's log shows a DH-HMAC-CHAP secret")
 		}
 	}
-	mustContain(t, "blk-csi.log", logText, "nvme-tcp path connected", "nvme controller deleted", "filesystem grown")
+	mustContain(t, "blk-csi.log", logText, "nvme-tcp path connected", "nvme controller deleted", "filesystem grown",
+		"volume attached over NBD", "device=/dev/nbd")
 }
 
 func mountCapability() *csipb.VolumeCapability {

@@ -6,6 +6,7 @@
 . /share/lib.sh
 net_user
 modprobe nvme-tcp
+modprobe nbd
 
 log "blk-csi: node and controller services on :10000"
 mkdir -p /tmp/blk-csi
