@@ -230,6 +230,12 @@ func (c *blkAPI) cluster(ctx context.Context) (*api.Cluster, error) {
 // nqn is a registered host. registry is false when blkd has no host
 // registry (an older blkd answers "no route"): the caller cannot tell.
 func (c *blkAPI) hostKnown(ctx context.Context, nqn string) (known, registry bool, err error) {
+	if strings.ContainsAny(nqn, "/%") {
+		// No clean path segment holds it (blkd refuses such paths):
+		// look in the list instead.
+		hosts, registry, err := c.hosts(ctx)
+		return hosts[nqn], registry, err
+	}
 	err = c.do(ctx, http.MethodGet, "/v1/hosts/"+url.PathEscape(nqn), nil, nil)
 	var ae *apiError
 	switch {

@@ -3,6 +3,7 @@ package csi
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -160,6 +161,21 @@ func shortTempDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
+}
+
+// registerHost registers nqn in blkd's host registry (§1.9), as the node
+// plugin does at start; a blkd without the registry is left alone.
+func registerHost(api, nqn string) error {
+	c, err := newBlkAPI(api, "", "")
+	if err != nil {
+		return err
+	}
+	err = c.do(context.Background(), http.MethodPost, "/v1/hosts", map[string]string{"host_nqn": nqn, "name": "test"}, nil)
+	var ae *apiError
+	if err != nil && !(errors.As(err, &ae) && ae.noRoute()) {
+		return fmt.Errorf("register host %s: %w", nqn, err)
+	}
+	return nil
 }
 
 // newController is a controller-mode driver of the blkd at api, served;

@@ -6,8 +6,9 @@
 // Files:
 //
 //	doc.go        this map
-//	driver.go     Config, Driver, New, Register: the gRPC services, the
-//	              per-ID serialisation and the logging interceptor
+//	driver.go     Config, Driver, New, Register: the gRPC services and the
+//	              per-ID serialisation
+//	interceptor.go the logging interceptor: every call, never a secret
 //	host.go       Host: what the node service does to the machine (connect,
 //	              disconnect, mkfs, mount, ...); the real one is fabrics.go,
 //	              nbd.go and mount.go, tests use a fake

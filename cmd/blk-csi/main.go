@@ -120,6 +120,11 @@ func run(c *cli.Context) error {
 		Version:  version.Get().Version,
 		Log:      log,
 	}
+	switch cfg.Mode {
+	case csi.ModeController, csi.ModeNode, csi.ModeAll:
+	default:
+		return fmt.Errorf("--mode %q: want controller, node or all", cfg.Mode)
+	}
 	if cfg.Mode != csi.ModeController {
 		if cfg.Host, err = newHost(cfg); err != nil {
 			return fmt.Errorf("--mode %s: %w", cfg.Mode, err)
