@@ -259,3 +259,33 @@ func TestParsePublishEndpoints(t *testing.T) {
 		}
 	}
 }
+
+func TestSysfsDisconnectAndRescan(t *testing.T) {
+	const sub = "nqn.2024-01.io.blk:vol:a"
+	h := NewHost(nil).(*kernelHost)
+	h.sys = fakeSys(t, true)
+	for _, c := range []string{"nvme0", "nvme1", "nvme2"} {
+		os.WriteFile(filepath.Join(h.sys, "class/nvme", c, "delete_controller"), nil, 0o200)
+		os.WriteFile(filepath.Join(h.sys, "class/nvme", c, "rescan_controller"), nil, 0o200)
+	}
+	if err := h.Rescan(t.Context(), sub); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Disconnect(t.Context(), sub); err != nil {
+		t.Fatal(err)
+	}
+	for c, want := range map[string]string{"nvme0": "", "nvme1": "1", "nvme2": "1"} {
+		for _, f := range []string{"delete_controller", "rescan_controller"} {
+			b, _ := os.ReadFile(filepath.Join(h.sys, "class/nvme", c, f))
+			if string(b) != want {
+				t.Errorf("%s/%s = %q, want %q (only the subsystem's controllers)", c, f, b, want)
+			}
+		}
+	}
+	if dev, ok, err := h.Device(t.Context(), sub); dev != "/dev/nvme1n1" || !ok || err != nil {
+		t.Errorf("Device = %q %v %v", dev, ok, err)
+	}
+	if _, ok, _ := h.Device(t.Context(), "nqn.2024-01.io.blk:vol:none"); ok {
+		t.Error("Device of an unknown subsystem")
+	}
+}
