@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
@@ -613,4 +615,53 @@ func TestKubeNodeZone(t *testing.T) {
 	if _, err := k.nodeZone(t.Context(), "worker-1"); err == nil || !strings.Contains(err.Error(), "401") {
 		t.Errorf("wrong token: %v", err)
 	}
+}
+
+func TestNodeRegistersHost(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	answer := http.StatusCreated
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/hosts" {
+			http.Error(w, `{"error":"no route"}`, http.StatusNotFound)
+			return
+		}
+		bodies = append(bodies, strings.TrimSpace(string(b)))
+		w.WriteHeader(answer)
+		switch answer {
+		case http.StatusCreated:
+			fmt.Fprint(w, `{}`)
+		case http.StatusNotFound:
+			fmt.Fprint(w, `{"error":"no route for POST /v1/hosts"}`)
+		default:
+			fmt.Fprint(w, `{"error":"registry unavailable"}`)
+		}
+	}))
+	defer srv.Close()
+	d, err := New(Config{Mode: ModeNode, API: srv.URL, HostNQN: testNodeNQN, NodeName: "worker-1", Zone: "z2",
+		StateDir: t.TempDir(), Host: newFakeHost()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.node.NodeGetInfo(t.Context(), &csipb.NodeGetInfoRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	want := `{"host_nqn":"` + testNodeNQN + `","name":"worker-1","zone":"z2"}`
+	mu.Lock()
+	if len(bodies) != 2 || bodies[0] != want || bodies[1] != want {
+		t.Errorf("registrations %q, want two (start and NodeGetInfo) of %s", bodies, want)
+	}
+	answer = http.StatusNotFound // a blkd without the registry
+	mu.Unlock()
+	if _, err := d.node.NodeGetInfo(t.Context(), &csipb.NodeGetInfoRequest{}); err != nil {
+		t.Errorf("blkd without a host registry: %v", err)
+	}
+	mu.Lock()
+	answer = http.StatusServiceUnavailable
+	mu.Unlock()
+	_, err = d.node.NodeGetInfo(t.Context(), &csipb.NodeGetInfoRequest{})
+	wantCode(t, "NodeGetInfo while the registry is unavailable", err, codes.Unavailable)
 }
