@@ -31,12 +31,13 @@ import (
 // written through a published mount reads back after an unstage (every
 // controller deleted) and a new stage; an online expansion reaches the
 // mounted ext4; a DH-HMAC-CHAP volume refuses a stage with a wrong secret
-// and accepts the right one; a volume of transport nbd stages over NBD.
+// and accepts the right one; a volume of transport nbd stages over NBD;
+// a volume whose blkd was killed unstages while the kernel reconnects.
 func TestCSISanityNode(t *testing.T) {
 	s := newScenario(t)
 	port := ports(25400)
 	api, grpcPort := addr(port()), port()
-	s.startDaemon("blkd", api, "--raft-addr", addr(port()), "--nvme-addr", addr(port()), "--tcp-addr", addr(port()),
+	d := s.startDaemon("blkd", api, "--raft-addr", addr(port()), "--nvme-addr", addr(port()), "--tcp-addr", addr(port()),
 		"--advertise-addr", "10.0.2.2", "--dhchap-dhgroups", "null")
 
 	start := time.Now()
@@ -176,6 +177,41 @@ func TestCSISanityNode(t *testing.T) {
 	c.unstage(nvol)
 	c.unpublish(nvol, hostNQN)
 	c.deleteVolume(nvol)
+
+	// NodeUnstageVolume of a volume whose node is gone: the kernel keeps
+	// reconnecting (ctrl_loss_tmo -1) and delete_controller must still
+	// end it (docs/operations.md §10 R2). A block volume: an ext4 on a
+	// dead device would hold its unmount on the journal's writes.
+	gvol := c.createVolume("csi-gone", 16<<20, nil)
+	gpc := c.publish(gvol, hostNQN, nil)
+	greq := c.stageReq(gvol, gpc, nil)
+	greq.VolumeCapability = &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Block{Block: &csipb.VolumeCapability_BlockVolume{}},
+		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	if _, err := c.node.NodeStageVolume(c.ctx, greq); err != nil {
+		t.Fatalf("NodeStageVolume csi-gone: %v", err)
+	}
+	d.kill()
+	killed := time.Now()
+	for {
+		h, err := c.node.NodeGetVolumeHealth(c.ctx, &csipb.NodeGetVolumeHealthRequest{VolumeId: gvol.VolumeId})
+		if err != nil {
+			t.Fatalf("NodeGetVolumeHealth csi-gone: %v", err)
+		}
+		if len(h.VolumeHealth.HealthStatuses) > 0 {
+			t.Logf("blkd killed: the volume's health %v after %v", h.VolumeHealth.HealthStatuses[0].Status, time.Since(killed).Round(time.Millisecond))
+			break
+		}
+		if time.Since(killed) > time.Minute {
+			t.Fatal("the volume still healthy a minute after its blkd was killed")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	start = time.Now()
+	c.unstage(gvol)
+	t.Logf("NodeUnstageVolume with the controller reconnecting to a dead node: %v", time.Since(start).Round(time.Millisecond))
+	d.start()
+	c.unpublish(gvol, hostNQN)
+	c.deleteVolume(gvol)
 
 	s.mark("done")
 	s.wait(g)
