@@ -665,3 +665,31 @@ func TestNodeRegistersHost(t *testing.T) {
 	_, err = d.node.NodeGetInfo(t.Context(), &csipb.NodeGetInfoRequest{})
 	wantCode(t, "NodeGetInfo while the registry is unavailable", err, codes.Unavailable)
 }
+
+func TestNodeRestartReattachesNBD(t *testing.T) {
+	e := newNodeEnv(t)
+	for _, v := range []string{"plain", "secured"} {
+		req := e.stageReq(v, blockCap(snw))
+		req.PublishContext[PubTransport] = TransportNBD
+		if v == "secured" {
+			req.PublishContext[PubAuth] = AuthDHCHAP
+			req.Secrets = map[string]string{secretDHCHAP: "DHHC-1:00:c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTMyYg==:"}
+		}
+		if _, err := e.n.NodeStageVolume(t.Context(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The plugin process ends: its NBD devices end with it.
+	e.h.mu.Lock()
+	clear(e.h.conns)
+	e.h.calls = nil
+	e.h.mu.Unlock()
+	e.restart()
+	got := e.calls("Connect")
+	if !slices.Equal(got, []string{"Connect nqn.2024-01.io.blk:vol:plain"}) {
+		t.Errorf("connects at start %q: want the NBD volume without a secret only (the secret is not kept)", got)
+	}
+	if c := e.h.conns["nqn.2024-01.io.blk:vol:plain"].c; c.Transport != TransportNBD || c.HostNQN != testNodeNQN || len(c.Endpoints) != 2 {
+		t.Errorf("reattach connection %+v", c)
+	}
+}
