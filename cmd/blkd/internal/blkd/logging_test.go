@@ -268,3 +268,47 @@ func TestNoticeEveryLevel(t *testing.T) {
 		t.Errorf("at error:\n%s", got)
 	}
 }
+
+// TestReadErrorLogged: at debug, a read answered from 400 up is logged
+// with the answer's error text; a read that succeeds has no err; at
+// info nothing is logged and the answer is the handler's either way.
+func TestReadErrorLogged(t *testing.T) {
+	var out failWriter
+	d := auditDaemon(&out, "debug")
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/volumes/missing" {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "unknown volume \"missing\""})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"name": "v"})
+	})
+	serve := func(path string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		d.serveRead(rec, httptest.NewRequest(http.MethodGet, path, nil), "local alice", h)
+		return rec
+	}
+	if rec := serve("/v1/volumes/missing"); rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), "unknown volume") {
+		t.Fatalf("answer %d %q", rec.Code, rec.Body.String())
+	}
+	if rec := serve("/v1/volumes/v"); rec.Code != http.StatusOK {
+		t.Fatalf("answer %d", rec.Code)
+	}
+	rs := out.records(t)
+	if len(rs) != 2 {
+		t.Fatalf("records %v", rs)
+	}
+	if r := rs[0]; r["msg"] != "api request" || r["level"] != "DEBUG" || r["status"] != float64(404) || r["err"] != `unknown volume "missing"` || r["who"] != "local alice" || r["path"] != "/v1/volumes/missing" {
+		t.Errorf("failed read %v", r)
+	}
+	if r := rs[1]; r["status"] != float64(200) || r["err"] != nil {
+		t.Errorf("read %v", r)
+	}
+
+	var quiet failWriter
+	d = auditDaemon(&quiet, "info")
+	rec := httptest.NewRecorder()
+	d.serveRead(rec, httptest.NewRequest(http.MethodGet, "/v1/volumes/missing", nil), "x", h)
+	if rec.Code != http.StatusNotFound || quiet.buf.Len() != 0 {
+		t.Errorf("at info: %d, log %q", rec.Code, quiet.buf.String())
+	}
+}
