@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/blk-project/blk/internal/importtest"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -153,3 +154,6 @@ func TestStandardLogger(t *testing.T) {
 		t.Errorf("text: %q", got)
 	}
 }
+
+// TestImports: the adapter depends on no blk package.
+func TestImports(t *testing.T) { importtest.Only(t, ".") }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/blk-project/blk/internal/importtest"
 )
 
 // TestBothFormats: the records slog's text and JSON handlers write read
@@ -58,3 +60,6 @@ func TestNotRecords(t *testing.T) {
 		t.Error("ready records not read")
 	}
 }
+
+// TestImports: the reader depends on no blk package.
+func TestImports(t *testing.T) { importtest.Only(t, ".") }
