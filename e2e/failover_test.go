@@ -96,8 +96,8 @@ func TestClusterFailover(t *testing.T) {
 	g := s.boot(vmConfig{name: "fohost", script: "failover.sh", timeout: 12 * time.Minute})
 
 	// writes is the volume's writes a node's host path completed
-	// (namespace 1 of the volume's subsystem; the replica subsystem's
-	// are counted apart).
+	// (namespace 1 of the volume's subsystem, role host; the replica
+	// subsystem's are counted apart, role replica).
 	writes := func(n *clusterNode) float64 {
 		resp, err := http.Get("http://" + n.api + "/metrics")
 		if err != nil {
@@ -106,7 +106,7 @@ func TestClusterFailover(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		for _, l := range strings.Split(string(b), "\n") {
-			if strings.HasPrefix(l, "blk_target_namespace_writes_total{") && strings.Contains(l, `subsystem="`+v.NQN+`"`) {
+			if strings.HasPrefix(l, "blk_target_namespace_writes_total{") && strings.Contains(l, `role="host"`) && strings.Contains(l, `volume="fvol"`) {
 				f, err := strconv.ParseFloat(strings.TrimSpace(l[strings.LastIndexByte(l, '}')+1:]), 64)
 				if err == nil {
 					return f

@@ -49,6 +49,9 @@ const (
 	// Reservations (docs/reservations.md §1.3).
 	OpReservation      Op = 29
 	OpClearReservation Op = 30
+	// Registered hosts (docs/operations.md §1.9; hosts.go).
+	OpRegisterHost   Op = 31
+	OpUnregisterHost Op = 32
 )
 
 var opNames = map[Op]string{
@@ -69,6 +72,8 @@ var opNames = map[Op]string{
 	OpSnapshotNodes:    "snapshot-nodes",
 	OpReservation:      "reservation",
 	OpClearReservation: "clear-reservation",
+	OpRegisterHost:     "register-host",
+	OpUnregisterHost:   "unregister-host",
 }
 
 func (o Op) String() string {
@@ -586,6 +591,10 @@ func DecodeCommand(b []byte) (Command, error) {
 		c = new(Reservation)
 	case OpClearReservation:
 		c = new(ClearReservation)
+	case OpRegisterHost:
+		c = new(RegisterHost)
+	case OpUnregisterHost:
+		c = new(UnregisterHost)
 	default:
 		return nil, fmt.Errorf("meta: unknown op %d: %w", b[1], ErrBadCommand)
 	}
@@ -657,6 +666,10 @@ func deref(c Command) Command {
 	case *Reservation:
 		return *c
 	case *ClearReservation:
+		return *c
+	case *RegisterHost:
+		return *c
+	case *UnregisterHost:
 		return *c
 	}
 	return c

@@ -12,7 +12,8 @@
 // Layout: command.go (versioned command encoding), state.go (the registry
 // and one apply function per command), errors.go (the typed results),
 // reservation.go (Op 29 and 30, FeatureReservations and its proposal
-// gate, docs/reservations.md §1.3), fsm.go (raft.FSM), logstore.go (raft.LogStore and raft.StableStore on
+// gate, docs/reservations.md §1.3), hosts.go (Op 31 and 32, the
+// registered hosts, FeatureHosts, docs/operations.md §1.9), fsm.go (raft.FSM), logstore.go (raft.LogStore and raft.StableStore on
 // pebble), node.go (Config, Node). Transcripts in testdata/ show each
 // command's results; cluster tests run three Nodes in one process.
 //

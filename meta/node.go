@@ -437,6 +437,13 @@ func (n *Node) checkProposal(c Command) error {
 		return c.Check()
 	case Reservation, ClearReservation:
 		return n.requireFeature(FeatureReservations, c.Op())
+	case RegisterHost:
+		if err := c.Check(); err != nil {
+			return err
+		}
+		return n.requireFeature(FeatureHosts, c.Op())
+	case UnregisterHost:
+		return n.requireFeature(FeatureHosts, c.Op())
 	case RegisterNode:
 		if c.Zone != "" {
 			if err := CheckZone(c.Zone); err != nil {

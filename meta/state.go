@@ -358,6 +358,7 @@ type State struct {
 	nqns    map[string]string // subsystem NQN → volume name
 	conns   map[connKey]*Connection
 	snaps   map[uint64]string // snapshot ID → its volume's name
+	hosts   map[string]*Host  // registered hosts by NQN (hosts.go)
 }
 
 // NewState returns an empty registry.
@@ -369,6 +370,7 @@ func NewState() *State {
 		nqns:    make(map[string]string),
 		conns:   make(map[connKey]*Connection),
 		snaps:   make(map[uint64]string),
+		hosts:   make(map[string]*Host),
 	}
 }
 
@@ -387,7 +389,10 @@ type Result struct {
 	// post, the hosts to drain. A refused reservation command is an
 	// Outcome, not an Err: it is logged, and every node computes it.
 	Reservation *resv.Outcome
-	Err         error
+	// Host is the host after RegisterHost, the one forgotten by
+	// UnregisterHost.
+	Host *Host
+	Err  error
 }
 
 // ApplyBytes decodes and applies one encoded command at log index index.
@@ -465,6 +470,10 @@ func (s *State) Apply(index uint64, c Command) Result {
 		r = s.reservation(index, c)
 	case ClearReservation:
 		r = s.clearReservation(index, c)
+	case RegisterHost:
+		r = s.registerHost(c)
+	case UnregisterHost:
+		r = s.unregisterHost(c)
 	default:
 		r = Result{Err: fmt.Errorf("meta: command %T: %w", c, ErrBadCommand)}
 	}
@@ -1033,6 +1042,9 @@ type Snapshot struct {
 	Nodes        []NodeInfo   `json:"nodes"`
 	Volumes      []Volume     `json:"volumes"`
 	Connections  []Connection `json:"connections"`
+	// Hosts are the registered hosts (hosts.go), sorted by NQN; left out
+	// when there are none, so a registry without them encodes as before.
+	Hosts []Host `json:"hosts,omitempty"`
 }
 
 // SnapshotVersion is the version of the Snapshot encoding.
@@ -1060,6 +1072,9 @@ func (s *State) Export() Snapshot {
 	slices.SortFunc(out.Connections, func(a, b Connection) int {
 		return cmp.Or(cmp.Compare(a.Volume, b.Volume), cmp.Compare(a.HostNQN, b.HostNQN), cmp.Compare(a.Node, b.Node))
 	})
+	if len(s.hosts) > 0 {
+		out.Hosts = s.Hosts()
+	}
 	return out
 }
 
@@ -1141,6 +1156,9 @@ func UnmarshalState(b []byte) (*State, error) {
 			return bad("connection %q/%q/%q", c.HostNQN, c.Volume, c.Node)
 		}
 		s.conns[c.key()] = &c
+	}
+	if err := s.restoreHosts(snap.Hosts); err != nil {
+		return bad("%v", err)
 	}
 	return s, nil
 }

@@ -31,6 +31,7 @@ var sentinels = []struct {
 	{"ErrSnapshotNotReady", ErrSnapshotNotReady}, {"ErrHasClones", ErrHasClones},
 	{"ErrHasChildren", ErrHasChildren}, {"ErrHasSnapshots", ErrHasSnapshots},
 	{"ErrNotClone", ErrNotClone}, {"ErrBusy", ErrBusy},
+	{"ErrUnknownHost", ErrUnknownHost},
 }
 
 func sentinelName(err error) string {
@@ -99,6 +100,8 @@ func describe(r Result) string {
 		return "ok " + describeVolume(*r.Volume)
 	case r.Node != nil:
 		return "ok " + describeNode(*r.Node)
+	case r.Host != nil:
+		return "ok " + describeHost(*r.Host)
 	}
 	return "ok"
 }
@@ -171,6 +174,10 @@ func describeNode(n NodeInfo) string {
 	return s
 }
 
+func describeHost(h Host) string {
+	return fmt.Sprintf("host %s name=%s zone=%s registered=%d", h.HostNQN, h.Name, h.Zone, h.RegisteredAt)
+}
+
 func describeState(s *State) []string {
 	snap := s.Export()
 	out := []string{fmt.Sprintf("index=%d next-volume-id=%d", snap.Index, snap.NextVolumeID)}
@@ -182,6 +189,9 @@ func describeState(s *State) []string {
 	}
 	for _, c := range snap.Connections {
 		out = append(out, fmt.Sprintf("connection %s → %s via %s since=%d", c.HostNQN, c.Volume, c.Node, c.Since))
+	}
+	for _, h := range snap.Hosts {
+		out = append(out, describeHost(h))
 	}
 	return out
 }

@@ -9,13 +9,27 @@
 //	transport.go  EngineCollector: per engine core, labelled {port, core}
 //	port.go       PortCollector: the RDMA binding's counters, {port}
 //	target.go     TargetCollector: commands by status, request states,
-//	              controllers, and per namespace {subsystem, nsid} its
+//	              controllers, and per namespace {volume, role} its
 //	              counters, write batching and latency histograms
 //	volume.go     StoreCollector: the extent store's data area, syncs,
-//	              pebble's health, per volume {volume} counters and space
+//	              pebble's health, per volume {volume} counters and
+//	              space, per snapshot {volume, snapshot}
 //	initiator.go  ControllerCollector: a host controller, {subsystem, addr}
 //	latency.go    the latency histograms' buckets and exposition
 //	registry.go   Registry (register and forget collectors) and Handler
+//
+// # Labels
+//
+// Every per-volume series carries one label volume, the volume's name
+// (never its numeric store ID: that is a label of blk_volume_info only);
+// snapshot series add snapshot, the snapshot's name. The library packages
+// know IDs and NQNs, not names: blkd passes name functions, read once per
+// scrape from its registry copy, and what they do not name is left out
+// of that scrape and counted (blk_volume_unnamed_objects,
+// blk_target_unnamed_namespaces). The initiator's series name the remote
+// subsystem a host controller connects to, not a volume of this node.
+// promlint (the linter of promtool check metrics) finds nothing to say
+// about any family (TestPromlint).
 //
 // # Cost
 //

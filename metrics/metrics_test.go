@@ -23,8 +23,12 @@ import (
 )
 
 const (
-	testSubNQN  = "nqn.2026-11.io.blk:test"
-	testHostNQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001"
+	// testVolume is the name of the extent store's volume 1, namespace 1;
+	// testBatchVolume the name given to namespace 2 (a memory backend).
+	testVolume      = "vol1"
+	testBatchVolume = "batching"
+	testSubNQN      = "nqn.2026-11.io.blk:test"
+	testHostNQN     = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001"
 )
 
 type testTarget struct {
@@ -89,6 +93,19 @@ func newTestTarget(t testing.TB) *testTarget {
 		a.Close()
 	})
 	return tt
+}
+
+// volumeNames names the store's volume 1, as blkd's registry would.
+func (tt *testTarget) volumeNames() map[uint64]metrics.VolumeLabel {
+	return map[uint64]metrics.VolumeLabel{1: {Name: testVolume, NQN: testSubNQN}}
+}
+
+// namespaceNames names the subsystem's two namespaces.
+func (tt *testTarget) namespaceNames() map[metrics.Namespace]metrics.NamespaceLabel {
+	return map[metrics.Namespace]metrics.NamespaceLabel{
+		{Subsystem: testSubNQN, NSID: 1}: {Volume: testVolume, Role: metrics.RoleHost},
+		{Subsystem: testSubNQN, NSID: 2}: {Volume: testBatchVolume, Role: metrics.RoleHost},
+	}
 }
 
 func connectHost(t testing.TB, addr string) *initiator.Controller {
@@ -218,7 +235,7 @@ func (e exposition) atLeast(t *testing.T, name string, labels map[string]string,
 func TestScrapeAfterIO(t *testing.T) {
 	reg := metrics.NewRegistry(prometheus.NewRegistry())
 	tt := newTestTarget(t)
-	for _, err := range []error{reg.RegisterTarget(tt.t), reg.RegisterPort(tt.port), reg.RegisterStore(tt.store)} {
+	for _, err := range []error{reg.RegisterTarget(tt.t, tt.namespaceNames), reg.RegisterPort(tt.port), reg.RegisterStore(tt.store, tt.volumeNames)} {
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -283,30 +300,32 @@ func TestScrapeAfterIO(t *testing.T) {
 		}
 	}
 	for name, typ := range map[string]string{
-		"blk_transport_completions_total":           "counter",
-		"blk_transport_moderation_interval_seconds": "gauge",
-		"blk_rdma_commands_total":                   "counter",
-		"blk_rdma_capsule_copies_total":             "counter",
-		"blk_rdma_disk_in_flight":                   "gauge",
-		"blk_rdma_disk_in_flight_peak":              "gauge",
-		"blk_transport_poll_wakes_total":            "counter",
-		"blk_target_commands_total":                 "counter",
-		"blk_target_controllers":                    "gauge",
-		"blk_target_discovery_controllers":          "gauge",
-		"blk_target_discovery_idle_total":           "counter",
-		"blk_target_connects_busy_total":            "counter",
-		"blk_target_namespace_reads_total":          "counter",
-		"blk_volume_reads_total":                    "counter",
-		"blk_volume_disk_bytes":                     "gauge",
-		"blk_volume_store_l0_files":                 "gauge",
-		"blk_volume_store_write_stalls_total":       "counter",
-		"blk_volume_store_background_syncs_total":   "counter",
-		"blk_volume_store_zeroed_at_open_clusters":  "gauge",
-		"blk_target_namespace_io_latency_seconds":   "histogram",
-		"blk_target_namespace_grouped_writes_total": "counter",
-		"blk_target_namespace_group_commits_total":  "counter",
-		"blk_initiator_associations_total":          "counter",
-		"blk_initiator_state":                       "gauge",
+		"blk_transport_completions_total":            "counter",
+		"blk_transport_moderation_interval_seconds":  "gauge",
+		"blk_rdma_commands_total":                    "counter",
+		"blk_rdma_capsule_copies_total":              "counter",
+		"blk_rdma_disk_in_flight":                    "gauge",
+		"blk_rdma_disk_in_flight_peak":               "gauge",
+		"blk_transport_poll_wakes_total":             "counter",
+		"blk_target_commands_total":                  "counter",
+		"blk_target_controllers":                     "gauge",
+		"blk_target_discovery_controllers":           "gauge",
+		"blk_target_discovery_idle_total":            "counter",
+		"blk_target_connects_busy_total":             "counter",
+		"blk_target_namespace_reads_total":           "counter",
+		"blk_volume_reads_total":                     "counter",
+		"blk_volume_disk_bytes":                      "gauge",
+		"blk_volume_store_l0_files":                  "gauge",
+		"blk_volume_store_write_stalls_total":        "counter",
+		"blk_volume_store_write_stall_seconds_total": "counter",
+		"blk_transport_moderation_completions":       "gauge",
+		"blk_volume_store_background_syncs_total":    "counter",
+		"blk_volume_store_zeroed_at_open_clusters":   "gauge",
+		"blk_target_namespace_io_latency_seconds":    "histogram",
+		"blk_target_namespace_grouped_writes_total":  "counter",
+		"blk_target_namespace_group_commits_total":   "counter",
+		"blk_initiator_associations_total":           "counter",
+		"blk_initiator_state":                        "gauge",
 	} {
 		if e.types[name] != typ {
 			t.Errorf("%s: TYPE %q, want %q", name, e.types[name], typ)
@@ -325,9 +344,9 @@ func TestScrapeAfterIO(t *testing.T) {
 	}
 
 	port := map[string]string{"port": tt.addr}
-	nsl := map[string]string{"subsystem": testSubNQN, "nsid": "1"}
-	nsl2 := map[string]string{"subsystem": testSubNQN, "nsid": "2"}
-	vol := map[string]string{"volume": "1"}
+	nsl := map[string]string{"volume": testVolume, "role": metrics.RoleHost}
+	nsl2 := map[string]string{"volume": testBatchVolume, "role": metrics.RoleHost}
+	vol := map[string]string{"volume": testVolume}
 	ios := float64(2*writes + fuas + reads + 2)
 
 	// Transport, per core: both cores present, completions moved.
@@ -426,7 +445,7 @@ func TestScrapeAfterIO(t *testing.T) {
 	// Latency histograms: a count per backend call, +Inf equal to the
 	// count, a positive sum, and the buckets cumulative.
 	for op, n := range map[string]float64{"read": reads, "write": writes, "write_fua": fuas, "flush": 1, "write_zeroes": 1} {
-		l := map[string]string{"subsystem": testSubNQN, "nsid": "1", "op": op}
+		l := map[string]string{"volume": testVolume, "role": metrics.RoleHost, "op": op}
 		cnt := e.atLeast(t, "blk_target_namespace_io_latency_seconds_count", l, n)
 		if s, _ := e.sum("blk_target_namespace_io_latency_seconds_sum", l); s <= 0 {
 			t.Errorf("latency %s: sum %v", op, s)
@@ -434,7 +453,7 @@ func TestScrapeAfterIO(t *testing.T) {
 		var prev float64
 		buckets := 0
 		for _, s := range e.samples["blk_target_namespace_io_latency_seconds_bucket"] {
-			if s.labels["subsystem"] != testSubNQN || s.labels["nsid"] != "1" || s.labels["op"] != op {
+			if s.labels["volume"] != testVolume || s.labels["role"] != metrics.RoleHost || s.labels["op"] != op {
 				continue
 			}
 			buckets++

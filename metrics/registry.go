@@ -53,9 +53,14 @@ func (r *Registry) Prometheus() *prometheus.Registry { return r.reg }
 // Handler serves the registry's metrics (see the function Handler).
 func (r *Registry) Handler() http.Handler { return Handler(r.reg) }
 
-// RegisterTarget registers a TargetCollector for t.
-func (r *Registry) RegisterTarget(t *target.Target) error {
-	return r.register(t, NewTargetCollector(t))
+// RegisterTarget registers a TargetCollector for t; names (optional)
+// maps its namespaces to volumes.
+func (r *Registry) RegisterTarget(t *target.Target, names ...func() map[Namespace]NamespaceLabel) error {
+	var f func() map[Namespace]NamespaceLabel
+	if len(names) > 0 {
+		f = names[0]
+	}
+	return r.register(t, NewTargetCollector(t, f))
 }
 
 // RegisterPort registers a PortCollector for p and an EngineCollector for
@@ -69,8 +74,8 @@ func (r *Registry) RegisterTCPPort(p *tcp.Port) error {
 	return r.register(p, NewTCPPortCollector(p))
 }
 
-// RegisterStore registers a StoreCollector for s; names (optional)
-// labels blk_volume_info.
+// RegisterStore registers a StoreCollector for s; names (optional) maps
+// its objects to volume and snapshot names.
 func (r *Registry) RegisterStore(s *store.Store, names ...func() map[uint64]VolumeLabel) error {
 	var f func() map[uint64]VolumeLabel
 	if len(names) > 0 {

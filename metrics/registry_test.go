@@ -27,7 +27,7 @@ func TestRegistryRegisterUnregister(t *testing.T) {
 	}
 	// A second collector of the same target clashes in the registry
 	// itself; the error says so and nothing is left half-registered.
-	if err := reg.Prometheus().Register(metrics.NewTargetCollector(tt.t)); err == nil {
+	if err := reg.Prometheus().Register(metrics.NewTargetCollector(tt.t, nil)); err == nil {
 		t.Error("a second TargetCollector registered")
 	}
 	families, err := reg.Prometheus().Gather()

@@ -18,6 +18,11 @@ func counter[S any](name, help string, val func(*S) uint64) field[S] {
 		val: func(s *S) float64 { return float64(val(s)) }}
 }
 
+// fcounter is a counter kept as a float (seconds).
+func fcounter[S any](name, help string, val func(*S) float64) field[S] {
+	return field[S]{name: name, help: help, typ: prometheus.CounterValue, val: val}
+}
+
 func gauge[S any](name, help string, val func(*S) float64) field[S] {
 	return field[S]{name: name, help: help, typ: prometheus.GaugeValue, val: val}
 }

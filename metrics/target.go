@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"fmt"
-	"strconv"
 
 	"github.com/blk-project/blk/target"
 	"github.com/prometheus/client_golang/prometheus"
@@ -10,9 +9,17 @@ import (
 
 // TargetCollector exports a target core's counters (target.Target.Stats):
 // completions by status code, request state entries, controllers, and the
-// I/O counters of every namespace labelled {subsystem, nsid}.
+// I/O counters of every namespace labelled {volume, role}: the name of
+// the volume it serves and its subsystem's role (RoleHost, RoleReplica).
+// The target core knows no volumes: the names function, read once per
+// scrape, maps namespaces to them; a namespace it does not map (a
+// subsystem being added or removed, or no names function) is left out
+// of that scrape and counted in blk_target_unnamed_namespaces, so that
+// the volume label has one meaning in every family.
 type TargetCollector struct {
 	t        *target.Target
+	names    func() map[Namespace]NamespaceLabel
+	unnamed  *prometheus.Desc
 	commands *prometheus.Desc
 	states   *prometheus.Desc
 	busy     *prometheus.Desc
@@ -24,13 +31,37 @@ type TargetCollector struct {
 	ns       table[target.NamespaceStats]
 }
 
-// NewTargetCollector returns a collector for t.
-func NewTargetCollector(t *target.Target) *TargetCollector {
+// Namespace identifies a namespace of the target: its subsystem's NQN
+// and its NSID.
+type Namespace struct {
+	Subsystem string
+	NSID      uint32
+}
+
+// NamespaceLabel names what a namespace serves: the volume's name and
+// the role of its subsystem.
+type NamespaceLabel struct{ Volume, Role string }
+
+// The roles of a subsystem serving a volume.
+const (
+	// RoleHost: the volume's own subsystem, which hosts connect to.
+	RoleHost = "host"
+	// RoleReplica: a replica subsystem, which only the volume's primary
+	// writes to.
+	RoleReplica = "replica"
+)
+
+// NewTargetCollector returns a collector for t; names maps its
+// namespaces to the volumes they serve (nil: none is named).
+func NewTargetCollector(t *target.Target, names func() map[Namespace]NamespaceLabel) *TargetCollector {
 	type S = target.Stats
 	type N = target.NamespaceStats
-	nl := []string{"subsystem", "nsid"}
+	nl := []string{"volume", "role"}
 	return &TargetCollector{
-		t: t,
+		t:     t,
+		names: names,
+		unnamed: prometheus.NewDesc("blk_target_unnamed_namespaces",
+			"Namespaces left out of this scrape because no volume names them: a subsystem being added or removed.", nil, nil),
 		commands: prometheus.NewDesc("blk_target_commands_total",
 			"Commands completed, by NVMe status code (status: SCT<<8|SC in hex; name: its name).",
 			[]string{"status", "name"}, nil),
@@ -102,6 +133,7 @@ func (c *TargetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.latency
 	ch <- c.resvOps
 	ch <- c.fused
+	ch <- c.unnamed
 	c.top.describe(ch)
 	c.ns.describe(ch)
 }
@@ -135,12 +167,22 @@ func (c *TargetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.resvOps, prometheus.CounterValue, float64(n), target.ResvOp(op).String())
 	}
 	c.top.collect(ch, &s)
+	var names map[Namespace]NamespaceLabel
+	if c.names != nil {
+		names = c.names()
+	}
+	unnamed := 0
 	for i := range s.Namespaces {
 		n := &s.Namespaces[i]
-		nsid := strconv.FormatUint(uint64(n.NSID), 10)
-		c.ns.collect(ch, n, n.Subsystem, nsid)
+		l, ok := names[Namespace{n.Subsystem, n.NSID}]
+		if !ok || l.Volume == "" {
+			unnamed++
+			continue
+		}
+		c.ns.collect(ch, n, l.Volume, l.Role)
 		for op := range target.NumLatencyOps {
-			ch <- latencyHistogram(c.latency, c.bounds, &n.Latency[op], n.Subsystem, nsid, op.String())
+			ch <- latencyHistogram(c.latency, c.bounds, &n.Latency[op], l.Volume, l.Role, op.String())
 		}
 	}
+	ch <- prometheus.MustNewConstMetric(c.unnamed, prometheus.GaugeValue, float64(unnamed))
 }

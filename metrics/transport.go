@@ -50,7 +50,7 @@ func NewEngineCollector(port string, e *transport.Engine) *EngineCollector {
 			counter("transport_cq_errors_total", "CQ overruns and failed re-arms.", func(s *S) uint64 { return s.CQErrors }),
 			counter("transport_poll_wakes_total", "Times the core's poll set woke its goroutine (a disk engine's eventfd fired, or a completion from another goroutine found the core idle): per I/O near 1 means each disk completion costs a wake-up rather than being reaped while the core spins.", func(s *S) uint64 { return s.PollWakes }),
 			gauge("transport_moderation_interval_seconds", "Current interrupt moderation interval (0: off).", func(s *S) float64 { return float64(s.Moderation.Interval) / 1e6 }),
-			gauge("transport_moderation_count", "Current interrupt moderation completion count (0 or 1: off).", func(s *S) float64 { return float64(s.Moderation.Count) }),
+			gauge("transport_moderation_completions", "Current interrupt moderation completion count: completions the CQ gathers before it notifies (0 or 1: off).", func(s *S) float64 { return float64(s.Moderation.Count) }),
 			gauge("transport_qps", "QPs placed on the core.", func(s *S) float64 { return float64(s.QPs) }),
 			gauge("transport_srq_queued", "Receives queued on the core's SRQ.", func(s *S) float64 { return float64(s.SRQQueued) }),
 		),

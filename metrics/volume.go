@@ -13,27 +13,36 @@ import (
 // its counters (map commits, syncs, bounce copies), the space guard's
 // reading of the filesystem, pebble's health (which now holds only the
 // metadata: L0, compaction debt, write stalls) and, per volume labelled
-// {volume} (its ID in decimal), its counters, its size and the exact
-// bytes its clusters take, plus a blk_volume_info{volume, name, nqn}
-// series naming it when a Names function is given. A scrape reads
-// counters and pebble's table metadata only: its cost does not grow with
-// the data the volumes hold.
+// {volume} (its name), its counters, its size and the exact bytes its
+// clusters take, plus blk_volume_info{volume, id, nqn} giving its store
+// ID and NQN; per snapshot, labelled {volume, snapshot} (names), the
+// bytes its clusters take and its size. Names come from the names
+// function, read once per scrape: an object it does not name (created
+// or deleted between the registry's read and the store's, or no names
+// function at all) is left out of that scrape and counted in
+// blk_volume_unnamed_objects, so that the volume label has one meaning.
+// A scrape reads counters and pebble's table metadata only: its cost
+// does not grow with the data the volumes hold.
 type StoreCollector struct {
-	s      *store.Store
-	names  func() map[uint64]VolumeLabel
-	vol    table[volStats]
-	store  table[storeStats]
-	engine table[store.EngineStats]
-	snap   table[volStats]
-	info   *prometheus.Desc
-	errors *prometheus.Desc
+	s       *store.Store
+	names   func() map[uint64]VolumeLabel
+	vol     table[volStats]
+	store   table[storeStats]
+	engine  table[store.EngineStats]
+	snap    table[volStats]
+	info    *prometheus.Desc
+	errors  *prometheus.Desc
+	unnamed *prometheus.Desc
 	// failed counts volumes whose counters failed during a scrape (deleted
 	// in between, or the store failed): they are left out of that scrape.
 	failed atomic.Uint64
 }
 
-// VolumeLabel names a volume for blk_volume_info.
-type VolumeLabel struct{ Name, NQN string }
+// VolumeLabel names a store object for the volume label. For a volume,
+// Name is its name and NQN its subsystem's; for a snapshot, Name is its
+// volume's name and Snapshot its own (NQN empty: snapshots are not
+// served).
+type VolumeLabel struct{ Name, NQN, Snapshot string }
 
 // volStats is what is exported per volume.
 type volStats struct {
@@ -49,8 +58,10 @@ type storeStats struct {
 	health error
 }
 
-// NewStoreCollector returns a collector for s; names, if not nil, maps
-// volume IDs to their names for blk_volume_info.
+// NewStoreCollector returns a collector for s; names maps store object
+// IDs (volumes and snapshots) to their names, read once per scrape. With
+// names nil no object is named, and only the store-wide series are
+// exported.
 func NewStoreCollector(s *store.Store, names func() map[uint64]VolumeLabel) *StoreCollector {
 	type V = volStats
 	type St = storeStats
@@ -73,7 +84,7 @@ func NewStoreCollector(s *store.Store, names func() map[uint64]VolumeLabel) *Sto
 			gauge("volume_disk_bytes", "Bytes of the data area the volume's clusters take (exact: allocated clusters times the cluster size).", func(s *V) float64 { return float64(s.AllocatedBytes) }),
 			gauge("volume_size_bytes", "The volume's capacity.", func(s *V) float64 { return float64(s.info.SizeBytes) }),
 		),
-		snap: newTable(nil, []string{"snapshot", "parent"},
+		snap: newTable(nil, []string{"volume", "snapshot"},
 			gauge("snapshot_disk_bytes", "Bytes of the data area the snapshot's own clusters take (shared with the objects above it where they did not change them; what deleting it frees is exclusive_bytes in GET /v1/volumes/{name}/snapshots).", func(s *V) float64 { return float64(s.AllocatedBytes) }),
 			gauge("snapshot_size_bytes", "The volume's capacity when the snapshot was taken.", func(s *V) float64 { return float64(s.info.SizeBytes) }),
 		),
@@ -111,13 +122,15 @@ func NewStoreCollector(s *store.Store, names func() map[uint64]VolumeLabel) *Sto
 			counter("volume_store_compactions_total", "Pebble compactions completed.", func(e *E) uint64 { return uint64(e.Compactions) }),
 			counter("volume_store_flushes_total", "Pebble memtable flushes completed.", func(e *E) uint64 { return uint64(e.Flushes) }),
 			counter("volume_store_write_stalls_total", "Times pebble held writes back for flushes or compactions to catch up (first writes of clusters wait).", func(e *E) uint64 { return e.WriteStalls }),
-			gauge("volume_store_write_stall_seconds", "Total time writes were held back by pebble (a counter in seconds).", func(e *E) float64 { return e.WriteStallSeconds }),
+			fcounter("volume_store_write_stall_seconds_total", "Time writes were held back by pebble for flushes or compactions to catch up.", func(e *E) float64 { return e.WriteStallSeconds }),
 			gauge("volume_store_disk_bytes", "Pebble's on-disk size (the metadata; the data area is volume_store_area_bytes).", func(e *E) float64 { return float64(e.DiskBytes) }),
 			gauge("volume_store_memtable_bytes", "Memory held by pebble's memtables.", func(e *E) float64 { return float64(e.MemtableBytes) }),
 		),
-		info: prometheus.NewDesc("blk_volume_info", "Names a volume ID: 1 for each volume the store holds.", []string{"volume", "name", "nqn"}, nil),
+		info: prometheus.NewDesc("blk_volume_info", "1 for each volume the store holds, labelled with its store ID and its subsystem's NQN.", []string{"volume", "id", "nqn"}, nil),
 		errors: prometheus.NewDesc("blk_volume_stats_errors_total",
 			"Volumes left out of a scrape because their counters failed.", nil, nil),
+		unnamed: prometheus.NewDesc("blk_volume_unnamed_objects",
+			"Store objects (volumes, snapshots) left out of this scrape because the registry names none of them: created or deleted between the two reads.", nil, nil),
 	}
 }
 
@@ -129,6 +142,7 @@ func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.engine.describe(ch)
 	ch <- c.info
 	ch <- c.errors
+	ch <- c.unnamed
 }
 
 // Collect implements prometheus.Collector.
@@ -147,24 +161,28 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		c.failed.Add(1)
 	}
+	unnamed := 0
 	for _, info := range infos {
+		n, ok := names[uint64(info.ID)]
+		if !ok || n.Name == "" || (info.Kind != store.KindVolume) != (n.Snapshot != "") {
+			unnamed++
+			continue
+		}
 		v, err := c.s.Volume(info.ID)
 		if err != nil {
 			c.failed.Add(1)
 			continue
 		}
 		st := volStats{info: info, VolumeStats: v.Stats()}
-		id := strconv.FormatUint(uint64(info.ID), 10)
 		if info.Kind != store.KindVolume {
 			// Snapshots are not volumes (not served, not counted as one):
-			// their own series, by store ID and parent.
-			c.snap.collect(ch, &st, id, strconv.FormatUint(uint64(info.Parent), 10))
+			// their own series, by volume and snapshot name.
+			c.snap.collect(ch, &st, n.Name, n.Snapshot)
 			continue
 		}
-		c.vol.collect(ch, &st, id)
-		if n, ok := names[uint64(info.ID)]; ok {
-			ch <- prometheus.MustNewConstMetric(c.info, prometheus.GaugeValue, 1, id, n.Name, n.NQN)
-		}
+		c.vol.collect(ch, &st, n.Name)
+		ch <- prometheus.MustNewConstMetric(c.info, prometheus.GaugeValue, 1, n.Name, strconv.FormatUint(uint64(info.ID), 10), n.NQN)
 	}
+	ch <- prometheus.MustNewConstMetric(c.unnamed, prometheus.GaugeValue, float64(unnamed))
 	ch <- prometheus.MustNewConstMetric(c.errors, prometheus.CounterValue, float64(c.failed.Load()))
 }

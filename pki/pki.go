@@ -36,7 +36,15 @@ const (
 	RoleAdmin = "admin"
 	// RoleReader: an operator who may only read.
 	RoleReader = "reader"
+	// RoleHost: a host's agent (the CSI node plugin), which may only
+	// register hosts and read them (docs/operations.md §1.9). One host
+	// certificate is shared by every node of a Kubernetes cluster: a
+	// stolen one registers host names, which grant nothing.
+	RoleHost = "host"
 )
+
+// knownRoles are the roles a certificate may carry.
+var knownRoles = []string{RoleNode, RoleAdmin, RoleReader, RoleHost}
 
 // Validity defaults.
 const (
@@ -99,7 +107,7 @@ func NewCA(name string, validity time.Duration) (*CA, error) {
 type Request struct {
 	// Name is the holder: a node ID or an operator's name (CommonName).
 	Name string
-	// Role is RoleNode, RoleAdmin or RoleReader.
+	// Role is RoleNode, RoleAdmin, RoleReader or RoleHost.
 	Role string
 	// Hosts are the DNS names and IP addresses a node is reached at
 	// (server certificates); ignored for operators.
@@ -116,8 +124,8 @@ func (ca *CA) Issue(r Request) (certPEM, keyPEM []byte, err error) {
 	if r.Name == "" {
 		return nil, nil, errors.New("pki: empty name")
 	}
-	if !slices.Contains([]string{RoleNode, RoleAdmin, RoleReader}, r.Role) {
-		return nil, nil, fmt.Errorf("%w: %q (use %s, %s or %s)", ErrRole, r.Role, RoleNode, RoleAdmin, RoleReader)
+	if !slices.Contains(knownRoles, r.Role) {
+		return nil, nil, fmt.Errorf("%w: %q (use %s, %s, %s or %s)", ErrRole, r.Role, RoleNode, RoleAdmin, RoleReader, RoleHost)
 	}
 	if r.Validity <= 0 {
 		r.Validity = DefaultCertValidity
@@ -178,7 +186,7 @@ func IdentityOf(c *x509.Certificate) (Identity, error) {
 		return Identity{}, fmt.Errorf("%w: certificate %q carries %d roles, want 1", ErrRole, c.Subject.CommonName, len(c.Subject.OrganizationalUnit))
 	}
 	role := c.Subject.OrganizationalUnit[0]
-	if !slices.Contains([]string{RoleNode, RoleAdmin, RoleReader}, role) {
+	if !slices.Contains(knownRoles, role) {
 		return Identity{}, fmt.Errorf("%w: certificate %q has role %q", ErrRole, c.Subject.CommonName, role)
 	}
 	return Identity{Name: c.Subject.CommonName, Role: role}, nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -76,8 +77,20 @@ func TestIssueAndVerify(t *testing.T) {
 	if _, err := Verify(ca.Pool(), parse(t, old), x509.ExtKeyUsageClientAuth, now); err == nil {
 		t.Fatal("an expired certificate verified")
 	}
-	if _, _, err := ca.Issue(Request{Name: "x", Role: "root"}); !errors.Is(err, ErrRole) {
-		t.Fatalf("role root: %v, want ErrRole", err)
+	if _, _, err := ca.Issue(Request{Name: "x", Role: "root"}); !errors.Is(err, ErrRole) || !strings.Contains(err.Error(), RoleHost) {
+		t.Fatalf("role root: %v, want ErrRole naming the roles, host among them", err)
+	}
+	// A host certificate (the CSI node plugin's) is a client's only.
+	hp, _, err := ca.Issue(Request{Name: "csi-node", Role: RoleHost, Hosts: []string{"127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := parse(t, hp)
+	if id, err := Verify(ca.Pool(), hc, x509.ExtKeyUsageClientAuth, now); err != nil || id.Role != RoleHost || id.Name != "csi-node" {
+		t.Fatalf("host certificate: %v, %v", id, err)
+	}
+	if _, err := Verify(ca.Pool(), hc, x509.ExtKeyUsageServerAuth, now); err == nil || len(hc.IPAddresses) != 0 {
+		t.Fatal("a host certificate verified as a server's, or carries addresses")
 	}
 }
 

@@ -32,9 +32,9 @@ func certCommand() *cli.Command {
 			},
 			{
 				Name: "issue", Usage: "issue a node or operator certificate signed by the CA",
-				UsageText: "blkctl cert issue NAME --role node|admin|reader --ca-dir DIR [--out DIR] [--host H ...] [--days 365]",
+				UsageText: "blkctl cert issue NAME --role node|admin|reader|host --ca-dir DIR [--out DIR] [--host H ...] [--days 365]",
 				Flags: []cli.Flag{
-					&cli.StringFlag{Name: "role", Usage: "node (a blkd), admin or reader (an operator)"},
+					&cli.StringFlag{Name: "role", Usage: "node (a blkd), admin or reader (an operator), or host (the CSI node plugin: may only register hosts)"},
 					&cli.StringFlag{Name: "ca-dir", Usage: "directory holding ca.crt and ca.key"},
 					&cli.StringFlag{Name: "out", Usage: "directory to write NAME.crt and NAME.key into (default: --ca-dir)"},
 					&cli.StringSliceFlag{Name: "host", Usage: "for a node: a DNS name or IP address it is reached at (repeat)"},

@@ -23,6 +23,7 @@ var jsonWalkArgs = []struct {
 	{"volume verify", []string{"v"}},
 	{"host allow", []string{"v", "nqn.2026-11.io.blk:h1"}},
 	{"host deny", []string{"v", "nqn.2026-11.io.blk:h1"}},
+	{"host list", nil},
 	{"volume snapshot", []string{"v", "s"}},
 	{"volume snapshots", []string{"v"}},
 	{"volume clone", []string{"v@s", "c"}},
@@ -37,6 +38,7 @@ var jsonWalkArgs = []struct {
 	{"cert ca", []string{"--dir", "{dir}/ca"}},
 	{"cert issue", []string{"n1", "--role", "node", "--ca-dir", "{dir}/ca"}},
 	{"cert show", []string{"{dir}/ca/n1.crt"}},
+	{"cert issue", []string{"csi", "--role", "host", "--ca-dir", "{dir}/ca"}},
 	{"volume delete", []string{"c"}},
 }
 

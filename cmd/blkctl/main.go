@@ -881,7 +881,7 @@ func volumeDelete(c *cli.Context) error {
 func hostCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "host",
-		Usage: "allow or deny a host (by NQN) access to a volume",
+		Usage: "allow or deny a host (by NQN) access to a volume; list the registered hosts",
 		Subcommands: []*cli.Command{
 			{
 				Name: "allow", Usage: "allow a host to attach a volume, optionally only with DH-HMAC-CHAP authentication",
@@ -902,6 +902,7 @@ func hostCommand() *cli.Command {
 				Flags:  []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "deny even while the host is attached"}},
 				Action: hostDeny,
 			},
+			hostListCommand(),
 		},
 	}
 }

@@ -290,16 +290,18 @@ func TestDeleteRefusedWhileConnected(t *testing.T) {
 	d.refuse(t, "GET", "/v1/volumes/v", "", 404, "unknown volume")
 }
 
-// TestMetricsNameVolumes: volumes were labelled only by ID; now
-// blk_volume_info{volume, name, nqn} names them, and the build, Go runtime,
-// process and pebble health series are there.
+// TestMetricsNameVolumes: volumes were labelled only by ID; now every
+// per-volume series is labelled volume with its name, and
+// blk_volume_info{volume, id, nqn} gives its store ID and NQN; the build,
+// Go runtime, process and pebble health series are there.
 func TestMetricsNameVolumes(t *testing.T) {
 	d := startBlkd(t, t.TempDir())
 	var v volumeJSON
 	d.must(t, "POST", "/v1/volumes", `{"name": "named", "size": "8MiB"}`, 201, &v)
 	body := d.metricsText(t)
 	for _, want := range []string{
-		fmt.Sprintf(`blk_volume_info{name="named",nqn="%s",volume="%d"} 1`, v.NQN, v.ID),
+		fmt.Sprintf(`blk_volume_info{id="%d",nqn="%s",volume="named"} 1`, v.ID, v.NQN),
+		`blk_volume_size_bytes{volume="named"} 8.388608e+06`,
 		"blk_build_info{", "go_goroutines ", "process_resident_memory_bytes ",
 		"blk_volume_store_l0_files ", "blk_volume_store_compaction_debt_bytes ", "blk_volume_store_write_stalls_total ",
 	} {

@@ -198,6 +198,11 @@ func (d *Daemon) routes() http.Handler {
 	m.Handle("POST /v1/volumes/{name}/reservation/clear", w(d.clearReservation))
 	m.Handle("POST /v1/internal/reservation", w(d.internalReservation))
 	m.Handle("POST /v1/internal/reservation-notify", handler(d.internalReservationNotify))
+	// Registered hosts (hosts.go, docs/operations.md §1.9).
+	m.Handle("POST /v1/hosts", w(d.registerHost))
+	m.Handle("GET /v1/hosts", handler(d.listHosts))
+	m.Handle("GET /v1/hosts/{nqn}", handler(d.getHost))
+	m.Handle("DELETE /v1/hosts/{nqn}", w(d.unregisterHost))
 	m.Handle("GET /v1/cluster", handler(d.getCluster))
 	m.Handle("POST /v1/cluster/join", w(d.clusterJoin))
 	m.Handle("POST /v1/cluster/remove", w(d.clusterRemove))
@@ -216,6 +221,7 @@ func (d *Daemon) routes() http.Handler {
 		"/v1/internal/snapshots": "GET", "/v1/internal/rebuild-revert": "POST", "/v1/internal/rebuild-snapshot": "POST", "/v1/internal/snapshot-nodes": "POST",
 		"/v1/cluster": "GET", "/v1/cluster/join": "POST", "/v1/cluster/remove": "POST",
 		"/livez": "GET", "/readyz": "GET",
+		"/v1/hosts": "GET, POST", "/v1/hosts/{nqn}": "GET, DELETE",
 		"/v1/volumes/{name}/reservation/clear": "POST", "/v1/internal/reservation": "POST", "/v1/internal/reservation-notify": "POST",
 	} {
 		m.Handle(path, handler(func(w http.ResponseWriter, r *http.Request) error {

@@ -27,6 +27,11 @@ import (
 //	        certificate gets through, for the platform's probes
 //	admin   everything an operator does (not the node-to-node routes)
 //	node    the node-to-node routes (/v1/internal/*, join) and reads
+//	host    POST /v1/hosts and GET /v1/hosts/{nqn} only: a host's agent
+//	        (the CSI node plugin) registering itself (hosts.go)
+//
+// A reader may not read the host registry: host NQNs are an admin's
+// business (as redact hides them in volumes).
 //
 // Without --tls-dir the API and raft are plain TCP, which Config.Validate
 // allows only on loopback addresses (or with --insecure). There the kernel
@@ -50,7 +55,7 @@ func (d *Daemon) tlsSetup() error {
 	if err != nil {
 		return fmt.Errorf("--tls-dir %s: %w (it needs ca.crt, %s.crt and %s.key: blkctl cert issue %s --role node)", d.cfg.TLSDir, err, d.cfg.NodeID, d.cfg.NodeID, d.cfg.NodeID)
 	}
-	if d.apiTLS, _, err = pki.MutualTLS(caPEM, certPEM, keyPEM, pki.RoleNode, pki.RoleAdmin, pki.RoleReader); err != nil {
+	if d.apiTLS, _, err = pki.MutualTLS(caPEM, certPEM, keyPEM, pki.RoleNode, pki.RoleAdmin, pki.RoleReader, pki.RoleHost); err != nil {
 		return fmt.Errorf("--tls-dir %s: %w", d.cfg.TLSDir, err)
 	}
 	// Every refused handshake is counted and logged (rate-limited): the
@@ -199,22 +204,55 @@ func allowed(role, method, path string) bool {
 		return !strings.HasPrefix(path, "/v1/internal/")
 	case pki.RoleReader:
 		// An export is a read of a volume's data, not of the registry:
-		// an admin's.
-		return read && !internal && !(strings.HasPrefix(path, "/v1/volumes/") && strings.HasSuffix(path, "/export"))
+		// an admin's. The host registry is host NQNs: an admin's too.
+		return read && !internal && !(strings.HasPrefix(path, "/v1/volumes/") && strings.HasSuffix(path, "/export")) && !hostsPath(path)
+	case pki.RoleHost:
+		// One host certificate is shared by every node of a Kubernetes
+		// cluster: it registers hosts and reads one it names, never the
+		// list (a stolen one learns no NQN it did not know).
+		return (method == http.MethodPost && path == "/v1/hosts") ||
+			(read && strings.HasPrefix(path, "/v1/hosts/") && !strings.Contains(path[len("/v1/hosts/"):], "/"))
 	}
 	return false
 }
 
+// hostsPath says whether path is the host registry's.
+func hostsPath(path string) bool { return path == "/v1/hosts" || strings.HasPrefix(path, "/v1/hosts/") }
+
+// roleNeeds says which role a refused call needs, for the refusal.
+func roleNeeds(method, path string) string {
+	switch {
+	case strings.HasPrefix(path, "/v1/internal/") || path == "/v1/cluster/join":
+		return "a node certificate"
+	case hostsPath(path) && (method == http.MethodPost || method == http.MethodGet || method == http.MethodHead):
+		return "an admin certificate (a host certificate may register a host and read one by NQN)"
+	case strings.HasPrefix(path, "/v1/volumes/") && strings.HasSuffix(path, "/export"):
+		return "an admin certificate (an export reads a volume's data)"
+	case method == http.MethodGet || method == http.MethodHead:
+		return "a reader or admin certificate"
+	}
+	return "an admin certificate"
+}
+
 // statusRecorder keeps the status a read's handler wrote, for the event
-// log.
+// log, and the start of an error answer's body (at most maxErrText+1
+// bytes: errorText's cut), whose message the log line carries.
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
+	body   []byte
 }
 
 func (s *statusRecorder) WriteHeader(code int) {
 	s.status = code
 	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(p []byte) (int, error) {
+	if s.status >= 400 && len(s.body) <= maxErrText {
+		s.body = append(s.body, p[:min(len(p), maxErrText+1-len(s.body))]...)
+	}
+	return s.ResponseWriter.Write(p)
 }
 
 // guard authorizes every request (with TLS) and records every
@@ -242,7 +280,7 @@ func (d *Daemon) guard(h http.Handler) http.Handler {
 		}
 		if d.apiTLS != nil && !publicRoute(r.Method, r.URL.Path) && !allowed(role, r.Method, r.URL.Path) {
 			d.refusedRole.Add(1)
-			err := fmt.Errorf("%s may not %s %s: that needs an admin certificate (reads: reader; node-to-node routes: node)", who, r.Method, r.URL.Path)
+			err := fmt.Errorf("%s may not %s %s: that needs %s", who, r.Method, r.URL.Path, roleNeeds(r.Method, r.URL.Path))
 			d.log.Warn("api call refused", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("err", err.Error()))
 			writeJSON(w, http.StatusForbidden, map[string]string{"error": err.Error()})
 			return
@@ -257,7 +295,11 @@ func (d *Daemon) guard(h http.Handler) http.Handler {
 		}
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		h.ServeHTTP(rec, r)
-		d.log.Debug("api request", slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", rec.status))
+		attrs := []any{slog.String("who", who), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", rec.status)}
+		if rec.status >= 400 {
+			attrs = append(attrs, slog.String("err", errorText(rec.body)))
+		}
+		d.log.Debug("api request", attrs...)
 	})
 }
 

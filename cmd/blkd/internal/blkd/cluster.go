@@ -65,7 +65,7 @@ type JoinRequest struct {
 // nodeFeatures are the meta.RegisterNode features this blkd registers:
 // the leader proposes replica commands only once every node lists
 // meta.FeatureReplication (docs/replication.md §1).
-var nodeFeatures = []string{meta.FeatureReplication, meta.FeatureReplace, meta.FeatureDigests, meta.FeatureSnapshots, meta.FeatureReservations}
+var nodeFeatures = []string{meta.FeatureReplication, meta.FeatureReplace, meta.FeatureDigests, meta.FeatureSnapshots, meta.FeatureReservations, meta.FeatureHosts}
 
 // JoinResponse answers POST /v1/cluster/join. A new node is added as a
 // nonvoter; it asks again with Promote once its registry copy reached

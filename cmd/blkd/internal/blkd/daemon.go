@@ -244,7 +244,7 @@ func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	}
 
 	d.reg = metrics.NewRegistry(prometheus.NewRegistry())
-	if err := d.reg.RegisterTarget(d.tgt); err != nil {
+	if err := d.reg.RegisterTarget(d.tgt, d.namespaceLabels); err != nil {
 		return nil, err
 	}
 	if err := d.reg.RegisterStoreIO(d.sio); err != nil {
@@ -627,20 +627,6 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		}
 	})
 	return d.closeErr
-}
-
-// volumeLabels names this node's volumes for blk_volume_info, from its
-// registry copy.
-func (d *Daemon) volumeLabels() map[uint64]metrics.VolumeLabel {
-	out := make(map[uint64]metrics.VolumeLabel)
-	d.node.FSM().Read(func(s *meta.State) {
-		for _, v := range s.Export().Volumes {
-			if v.Node == d.cfg.NodeID {
-				out[v.ID] = metrics.VolumeLabel{Name: v.Name, NQN: v.NQN}
-			}
-		}
-	})
-	return out
 }
 
 // serve adds the subsystem of v, with v's store volume as namespace 1.
