@@ -268,4 +268,3 @@ func TestNoticeEveryLevel(t *testing.T) {
 		t.Errorf("at error:\n%s", got)
 	}
 }
-
