@@ -23,6 +23,11 @@ type fakeHost struct {
 	calls     []string             // "Connect nqn", "Mkfs dev ext4", ...
 	failNext  map[string]error     // method -> error returned once
 	unhealthy map[string]bool      // subNQN -> a controller is not live
+	// volumeSize, if set, is the size of the subsystem's namespace as the
+	// target has it now: the fake kernel sees a resize through it, as
+	// the real one does through the namespace change notice (csi-sanity
+	// on the host expands volumes before staging them).
+	volumeSize func(subNQN string) (int64, bool)
 }
 
 type fakeConn struct {
@@ -101,6 +106,13 @@ func (h *fakeHost) Healthy(ctx context.Context, subNQN string) (bool, error) {
 func (h *fakeHost) DeviceSize(ctx context.Context, device string) (int64, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	for sub, fc := range h.conns {
+		if fc.device == device && h.volumeSize != nil {
+			if n, ok := h.volumeSize(sub); ok {
+				h.sizes[device] = n
+			}
+		}
+	}
 	n, ok := h.sizes[device]
 	if !ok {
 		return 0, fmt.Errorf("fake host: no device %s", device)
@@ -114,10 +126,10 @@ func (h *fakeHost) FSType(ctx context.Context, device string) (string, error) {
 	return h.fs[device], h.record("FSType", device)
 }
 
-func (h *fakeHost) Mkfs(ctx context.Context, device, fstype string) error {
+func (h *fakeHost) Mkfs(ctx context.Context, device, fstype string, options []string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err := h.record("Mkfs", device, fstype); err != nil {
+	if err := h.record("Mkfs", append([]string{device, fstype}, options...)...); err != nil {
 		return err
 	}
 	h.fs[device] = fstype

@@ -28,8 +28,9 @@ type Host interface {
 
 	// FSType is the filesystem signature on the device, "" when none.
 	FSType(ctx context.Context, device string) (string, error)
-	// Mkfs makes a filesystem of the given type on the device.
-	Mkfs(ctx context.Context, device, fstype string) error
+	// Mkfs makes a filesystem of the given type on the device, with
+	// extra mkfs arguments (the StorageClass's mkfsOptions).
+	Mkfs(ctx context.Context, device, fstype string, options []string) error
 	// Resize grows the filesystem mounted at path on device to the device's size.
 	Resize(ctx context.Context, device, path, fstype string) error
 	// Mount mounts source at target; bind mounts have fstype "" and
@@ -48,6 +49,7 @@ type Host interface {
 type Connection struct {
 	Transport string     // "tcp" or "nbd"
 	SubNQN    string     // the volume's subsystem NQN
+	NSID      uint32     // its namespace; 0: the subsystem's only one
 	HostNQN   string     // the node's host NQN
 	HostID    string     // the kernel's host ID (UUID), reservations key on it
 	Endpoints []Endpoint // every path the node may use (publish context)

@@ -4,59 +4,17 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
-	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/gomega"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // sanityNodeNQN is the node ID the sanity run's node service reports.
 const sanityNodeNQN = "nqn.2014-08.org.nvmexpress:uuid:0f6b3c52-5b8e-4d38-9e0e-3a3c2a1d6b11"
-
-// UNTIL MERGE (issue 26 pieces 2 and 3). The coordinator removes this
-// block when the node service and blkd's host registry land:
-//
-//   - sanitySkip: csi-sanity's Node Service specs are skipped until the
-//     node service (node.go, piece 2) replaces its placeholder. Nothing
-//     else is skipped: "should fail when the node does not exist" passes
-//     without the host registry, as the generated node ID is no host NQN
-//     (NotFound before blkd is asked); with the registry (piece 3) a
-//     valid NQN that is not registered is NotFound too (errors_test.go).
-//   - sanityNode: a stand-in for the node service's NodeGetInfo (the
-//     controller specs ask it for a node ID) and for the calls csi-sanity's
-//     clean-up makes; with piece 2, TestSanity serves ModeAll with
-//     newFakeHost() instead and sanityNode goes.
-var sanitySkip = []string{`Node Service`}
-
-type sanityNode struct {
-	csipb.UnimplementedNodeServer
-	api string
-}
-
-// NodeGetInfo registers the node's host as the node plugin does (when
-// blkd has the registry) and names it.
-func (n sanityNode) NodeGetInfo(context.Context, *csipb.NodeGetInfoRequest) (*csipb.NodeGetInfoResponse, error) {
-	if err := registerHost(n.api, sanityNodeNQN); err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
-	}
-	return &csipb.NodeGetInfoResponse{NodeId: sanityNodeNQN}, nil
-}
-
-func (sanityNode) NodeGetCapabilities(context.Context, *csipb.NodeGetCapabilitiesRequest) (*csipb.NodeGetCapabilitiesResponse, error) {
-	return &csipb.NodeGetCapabilitiesResponse{}, nil
-}
-
-func (sanityNode) NodeUnpublishVolume(context.Context, *csipb.NodeUnpublishVolumeRequest) (*csipb.NodeUnpublishVolumeResponse, error) {
-	return &csipb.NodeUnpublishVolumeResponse{}, nil
-}
-
-// END UNTIL MERGE
 
 // TestSanity runs the CSI community's conformance suite, csi-sanity
 // (github.com/kubernetes-csi/csi-test/v5/pkg/sanity), against the driver
@@ -68,11 +26,28 @@ func TestSanity(t *testing.T) {
 		t.Skip("csi-sanity runs one blkd and ~100 volumes")
 	}
 	api := startBlkd(t)
-	d, err := New(Config{Mode: ModeController, API: api, Version: "v0.0.0-sanity"})
+	// Both services: the node's over the fake host (fakehost_test.go),
+	// the kernel's part being the e2e guest's (e2e/csi_test.go).
+	host := newFakeHost()
+	d, err := New(Config{Mode: ModeAll, API: api, Version: "v0.0.0-sanity", HostNQN: sanityNodeNQN,
+		StateDir: t.TempDir(), Host: host, NodeName: "sanity-node"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, _ := serve(t, d, func(s *grpc.Server) { csipb.RegisterNodeServer(s, sanityNode{api: api}) })
+	// The fake kernel sees the namespace's size as blkd has it (volume
+	// NQNs are meta.DefaultNQN's).
+	host.volumeSize = func(subNQN string) (int64, bool) {
+		name, ok := strings.CutPrefix(subNQN, "nqn.2024-01.io.blk:volume:")
+		if !ok {
+			return 0, false
+		}
+		v, err := d.ctrl.api.volume(context.Background(), name)
+		if err != nil {
+			return 0, false
+		}
+		return int64(v.SizeBytes), true
+	}
+	addr, _ := serve(t, d, nil)
 
 	dir := shortTempDir(t)
 	cfg := sanity.NewTestConfig()
@@ -91,7 +66,6 @@ func TestSanity(t *testing.T) {
 	sc := sanity.GinkgoTest(&cfg)
 	gomega.RegisterFailHandler(ginkgo.Fail)
 	suite, reporter := ginkgo.GinkgoConfiguration()
-	suite.SkipStrings = append(suite.SkipStrings, sanitySkip...)
 	suite.Timeout = 5 * time.Minute
 	start := time.Now()
 	ginkgo.RunSpecs(t, "blk CSI sanity", suite, reporter)

@@ -77,11 +77,15 @@ launch() { # n [extra flags...]
 	echo $! >"$base/node$n.pid"
 }
 
+# is_ready FILE: blkd's log in FILE holds the record whose msg is ready
+# (--log-format text or json).
+is_ready() { grep -Eq '(^| )msg=ready( |$)|"msg":"ready"' "$1"; }
+
 wait_ready() { # n
 	local n=$1 pid
 	pid=$(<"$base/node$n.pid")
 	for _ in $(seq 900); do # up to 90 s
-		if grep -qx ready "$base/node$n.log"; then
+		if is_ready "$base/node$n.log"; then
 			echo "node$n ready (pid $pid, api http://127.0.0.1:707$n, log $base/node$n.log)"
 			return 0
 		fi

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/blk-project/blk/internal/logline"
 )
 
 // daemon is a blkd process on the host, with its output kept in the share.
@@ -62,8 +64,11 @@ func (d *daemon) launch() <-chan struct{} {
 	}
 	d.cmd = exec.Command(filepath.Join(env.bin, "blkd"), d.args...)
 	d.cmd.Env = append(os.Environ(), "GOTRACEBACK=all")
-	d.cmd.Stderr = logf
-	stdout, err := d.cmd.StdoutPipe()
+	// blkd writes its log (and, on SIGQUIT, the goroutines' stacks) to
+	// standard error, nothing to standard output: the log is read here
+	// for the record whose msg is ready and copied to the log file.
+	d.cmd.Stdout = logf
+	logs, err := d.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,13 +78,17 @@ func (d *daemon) launch() <-chan struct{} {
 	d.exited = make(chan struct{})
 	ready := make(chan struct{})
 	go func() {
-		sc := bufio.NewScanner(stdout)
+		seen := false
+		sc := bufio.NewScanner(logs)
+		sc.Buffer(nil, 1<<20)
 		for sc.Scan() {
 			fmt.Fprintln(logf, sc.Text())
-			if sc.Text() == "ready" {
+			if !seen && logline.Msg(sc.Text()) == "ready" {
+				seen = true
 				close(ready)
 			}
 		}
+		io.Copy(logf, logs) // past a line too long to scan: keep the pipe drained
 		d.err = d.cmd.Wait()
 		logf.Close()
 		close(d.exited)

@@ -90,7 +90,12 @@ type Config struct {
 	TCPMaxPool int
 	TCPTimeout time.Duration
 
-	// LogOutput receives raft's log lines at LogLevel. Default: io.Discard.
+	// Logger, if set, receives the log records of raft, its network
+	// transport and its snapshot store (blkd passes its event log through
+	// internal/hclogslog); LogOutput and LogLevel are then unused.
+	Logger hclog.Logger
+	// LogOutput receives raft's log lines at LogLevel when Logger is nil.
+	// Default: io.Discard.
 	LogOutput io.Writer
 	// LogLevel is an hclog level name. Default "warn".
 	LogLevel string
@@ -216,11 +221,14 @@ func NewNode(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	logger := hclog.New(&hclog.LoggerOptions{
-		Name:   "raft/" + cfg.ID,
-		Output: cfg.LogOutput,
-		Level:  hclog.LevelFromString(cfg.LogLevel),
-	})
+	logger := cfg.Logger
+	if logger == nil {
+		logger = hclog.New(&hclog.LoggerOptions{
+			Name:   "raft/" + cfg.ID,
+			Output: cfg.LogOutput,
+			Level:  hclog.LevelFromString(cfg.LogLevel),
+		})
+	}
 	n := &Node{cfg: cfg, fsm: NewFSM()}
 	var cleanup []func()
 	defer func() {

@@ -30,6 +30,8 @@ func TestFlagsRefused(t *testing.T) {
 		{[]string{"--mode", "controller", "--endpoint", "http://x"}, "--endpoint"},
 		{[]string{"--mode", "controller", "--api", "ftp://x"}, "--api"},
 		{[]string{"--mode", "controller", "--api", "https://x:7070"}, "--tls-dir"},
+		{[]string{"--mode", "node", "--host-nqn", "not-an-nqn"}, "host NQN"},
+		{[]string{"--mode", "node", "--host-nqn", "nqn.2014-08.org.nvmexpress:uuid:0f6b3c52-5b8e-4d38-9e0e-3a3c2a1d6b11", "--state-dir", ""}, "state directory"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
 		var out, errb bytes.Buffer

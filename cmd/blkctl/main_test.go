@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/blk-project/blk/internal/logline"
 	"github.com/blk-project/blk/internal/testport"
 	"github.com/blk-project/blk/nvme/auth"
 	"github.com/blk-project/blk/pki"
 	"github.com/blk-project/blk/transport/providers"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -71,7 +73,7 @@ func (s *syncBuf) String() string {
 }
 
 // startBlkd runs blkd on free ports and a temp dir with the extra
-// arguments, waits for "ready", and returns its API address.
+// arguments, waits for its "ready" record, and returns its API address.
 func startBlkd(t *testing.T, extra ...string) string {
 	t.Helper()
 	return startBlkdProc(t, extra...).api
@@ -92,8 +94,8 @@ func startBlkdProc(t *testing.T, extra ...string) *blkdProc {
 	args := append([]string{"--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t), "--api-addr", api}, extra...)
 	cmd := exec.Command(blkdBin, args...)
 	out := &syncBuf{}
-	cmd.Stderr = out
-	stdout, err := cmd.StdoutPipe()
+	cmd.Stdout = out
+	logs, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,13 +104,19 @@ func startBlkdProc(t *testing.T, extra ...string) *blkdProc {
 	}
 	ready, exited := make(chan struct{}), make(chan struct{})
 	go func() {
-		sc := bufio.NewScanner(stdout)
+		// blkd logs on standard error; "ready" is the line whose msg is
+		// ready.
+		seen := false
+		sc := bufio.NewScanner(logs)
+		sc.Buffer(nil, 1<<20)
 		for sc.Scan() {
 			out.Write([]byte(sc.Text() + "\n"))
-			if sc.Text() == "ready" {
+			if !seen && logline.Msg(sc.Text()) == "ready" {
+				seen = true
 				close(ready)
 			}
 		}
+		io.Copy(out, logs) // past a line too long to scan: keep the pipe drained
 		cmd.Wait()
 		close(exited)
 	}()

@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/internal/logline"
 	"github.com/blk-project/blk/transport/soft"
 )
 
@@ -44,7 +44,7 @@ func TestAdvertiseAddr(t *testing.T) {
 	nvme, tcpAddr := freeAddr(t), freeAddr(t)
 	_, tcpPort, _ := net.SplitHostPort(tcpAddr)
 	d := startBlkdOn(t, t.TempDir(), freeAddr(t), nvme, freeAddr(t), "--advertise-addr", "192.0.2.10:14420", "--tcp-addr", tcpAddr)
-	if !strings.Contains(d.output(), "nvme-rdma listening on "+nvme+" (I/O and discovery), advertised as 192.0.2.10:14420") {
+	if _, ok := logline.Find(d.output(), "listening", "port", "nvme-rdma", "addr", nvme, "serves", "I/O and discovery", "advertised", "192.0.2.10:14420"); !ok {
 		t.Fatalf("output lacks the advertised address:\n%s", d.output())
 	}
 	v, a := attachNew(t, d, "adv", "1MiB")

@@ -13,6 +13,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/internal/logline"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/pki"
 	"github.com/blk-project/blk/store"
@@ -71,7 +72,7 @@ func TestMissingVolumeFailsAlone(t *testing.T) {
 	}
 
 	d = startBlkd(t, dir)
-	if !strings.Contains(d.output(), `volume lost failed: the store has no volume`) {
+	if l, ok := logline.Find(d.output(), "volume failed", "volume", "lost"); !ok || !strings.Contains(l, `reason="the store has no volume`) {
 		t.Errorf("start output does not name the failed volume:\n%s", d.output())
 	}
 	var v volumeJSON
@@ -513,7 +514,7 @@ func TestRaftOverMutualTLS(t *testing.T) {
 	for _, p := range procs {
 		p.useTLS(admin)
 	}
-	if !strings.Contains(procs["node1"].output(), "mutual TLS") {
+	if _, ok := logline.Find(procs["node1"].output(), "listening", "port", "raft", "tls", "mutual"); !ok {
 		t.Fatalf("node1 does not say raft runs over TLS:\n%s", procs["node1"].output())
 	}
 	procs["node1"].must(t, "POST", "/v1/volumes", `{"name": "v", "size": "8MiB", "node": "node1"}`, 201, nil)

@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/internal/logline"
 	"github.com/blk-project/blk/nvme"
 )
 
@@ -20,7 +20,7 @@ func TestDiscoveryPort(t *testing.T) {
 	disc := freeAddr(t)
 	_, discPort, _ := net.SplitHostPort(disc)
 	d := startBlkd(t, t.TempDir(), "--discovery-addr", disc)
-	if !strings.Contains(d.output(), "nvme-tcp discovery listening on "+disc+" (discovery only)") {
+	if _, ok := logline.Find(d.output(), "listening", "port", "nvme-tcp-discovery", "addr", disc, "serves", "discovery only"); !ok {
 		t.Fatalf("output lacks the discovery port:\n%s", d.output())
 	}
 	v, a := attachNew(t, d, "dp", "1MiB")

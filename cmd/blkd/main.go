@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -86,7 +87,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			if err != nil {
 				return err
 			}
-			return run(c.Context, cfg, func() (blkd.Config, error) { return configFrom(c) }, c.App.Writer)
+			return run(c.Context, cfg, func() (blkd.Config, error) { return configFrom(c) })
 		},
 	}
 }
@@ -193,58 +194,60 @@ func configFrom(c *cli.Context) (blkd.Config, error) {
 // level, through reload: the configuration read again) and never stops
 // it. Under systemd (Type=notify) it tells the service manager READY=1
 // once it serves, RELOADING=1 … READY=1 around a reload and STOPPING=1
-// when it shuts down.
-func run(ctx context.Context, cfg blkd.Config, reload func() (blkd.Config, error), out io.Writer) error {
+// when it shuts down. Everything it says is an event of the node's log
+// on standard error (ready, shutting down, stopped: blkd.Start and
+// Close); standard output stays empty.
+func run(ctx context.Context, cfg blkd.Config, reload func() (blkd.Config, error)) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	d, err := blkd.Start(ctx, cfg, out)
+	d, err := blkd.Start(ctx, cfg)
 	if err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			// Stopped while it waited (for a leader, say): a clean stop.
-			fmt.Fprintf(out, "stopped before ready: %v\n", err)
+			// Stopped while it waited (for a leader, say): a clean stop,
+			// logged by Start as "stopped before ready".
 			return nil
 		}
 		return err
 	}
-	notify(out, sdnotify.Ready, sdnotify.Status("serving"))
+	log := d.Log()
+	notify(log, sdnotify.Ready, sdnotify.Status("serving"))
 serve:
 	for {
 		select {
 		case <-hup:
-			notify(out, sdnotify.Reloading, sdnotify.Status("reloading"))
+			notify(log, sdnotify.Reloading, sdnotify.Status("reloading"))
 			next, err := reload()
 			if err == nil {
 				_, err = d.Reload(next)
 			}
 			if err != nil {
-				fmt.Fprintf(out, "reload refused, nothing changed: %v\n", err)
+				// At Error: shown at every --log-level.
+				log.Error("reload refused, nothing changed", slog.String("err", err.Error()))
 			}
-			notify(out, sdnotify.Ready, sdnotify.Status("serving"))
+			notify(log, sdnotify.Ready, sdnotify.Status("serving"))
 		case <-ctx.Done():
-			notify(out, sdnotify.Stopping, sdnotify.Status("shutting down"))
-			fmt.Fprintln(out, "shutting down")
+			notify(log, sdnotify.Stopping, sdnotify.Status("shutting down"))
 			break serve
 		case err := <-d.Served():
-			notify(out, sdnotify.Stopping, sdnotify.Status("management API stopped"))
+			notify(log, sdnotify.Stopping, sdnotify.Status("management API stopped"))
 			_ = d.Close()
 			return fmt.Errorf("management API stopped: %w", err)
 		}
 	}
-	if err := d.Close(); err != nil {
+	if err := d.Close(); err != nil { // logs "shutting down", "stopped"
 		return fmt.Errorf("shutdown: %w", err)
 	}
-	fmt.Fprintln(out, "stopped")
 	return nil
 }
 
-// notify tells systemd (sdnotify) the states; a failure is reported on
-// out and otherwise ignored: the node serves whether or not its service
-// manager hears of it.
-func notify(out io.Writer, states ...string) {
+// notify tells systemd (sdnotify) the states; a failure is logged and
+// otherwise ignored: the node serves whether or not its service manager
+// hears of it.
+func notify(log *slog.Logger, states ...string) {
 	if err := sdnotify.Notify(states...); err != nil {
-		fmt.Fprintf(out, "%v\n", err)
+		log.Warn("sdnotify: not sent", slog.String("err", err.Error()))
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/initiator"
+	"github.com/blk-project/blk/internal/logline"
 	"github.com/blk-project/blk/transport/providers"
 	"github.com/blk-project/blk/transport/soft"
 )
@@ -65,7 +66,8 @@ type daemon struct {
 	hc     *http.Client
 	scheme string
 	mu     sync.Mutex
-	out    bytes.Buffer // stdout and stderr
+	out    bytes.Buffer // its standard error: the log
+	stdout bytes.Buffer // its standard output, which must stay empty
 	exited chan struct{}
 	err    error
 }
@@ -95,7 +97,29 @@ func (d *daemon) output() string {
 	return d.out.String()
 }
 
+// stdoutText is what blkd wrote to its standard output.
+func (d *daemon) stdoutText() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.stdout.String()
+}
+
 type lockedWriter struct{ d *daemon }
+
+type stdoutWriter struct{ d *daemon }
+
+func (w stdoutWriter) Write(p []byte) (int, error) {
+	w.d.mu.Lock()
+	defer w.d.mu.Unlock()
+	return w.d.stdout.Write(p)
+}
+
+// hasReady says whether out (blkd's log) holds the record that the node
+// is ready: a line whose msg is ready, in either --log-format.
+func hasReady(out string) bool {
+	_, ok := logline.Find(out, "ready")
+	return ok
+}
 
 func (w lockedWriter) Write(p []byte) (int, error) {
 	w.d.mu.Lock()
@@ -148,42 +172,84 @@ func launchBlkdOn(t *testing.T, dir, raft, nvme, api string, extra ...string) (*
 }
 
 // launchBlkd starts blkd with args (api is its --api-addr) without
-// waiting: ready closes when it prints "ready". Its standard error goes
-// to stderr, or with nil into its output beside standard output.
-func launchBlkd(t *testing.T, api string, stderr io.Writer, args ...string) (*daemon, <-chan struct{}) {
+// waiting: ready closes when it logs "ready" (a line whose msg is ready)
+// on its standard error, which goes into its output. With stderr, the
+// log goes there instead, as it is (a regular file stays one: blkd
+// fsyncs its audit records there), and ready closes once the API's
+// /readyz answers 200 (blkd marks itself started just before it logs
+// ready). Whatever blkd writes to its standard output fails the test:
+// it must write nothing there.
+func launchBlkd(t *testing.T, api string, stderr *os.File, args ...string) (*daemon, <-chan struct{}) {
 	t.Helper()
 	d := &daemon{cmd: exec.Command(binary, args...), api: api, exited: make(chan struct{})}
-	d.cmd.Stderr = stderr
-	if stderr == nil {
-		d.cmd.Stderr = lockedWriter{d}
-	}
-	stdout, err := d.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	d.cmd.Stdout = stdoutWriter{d}
+	var logs io.Reader
+	if stderr != nil {
+		d.cmd.Stderr = stderr
+	} else {
+		pipe, err := d.cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		logs = pipe
 	}
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	ready := make(chan struct{})
 	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lockedWriter{d}.Write([]byte(sc.Text() + "\n"))
-			if sc.Text() == "ready" {
-				close(ready)
+		if logs != nil {
+			seen := false
+			sc := bufio.NewScanner(logs)
+			sc.Buffer(nil, 1<<20)
+			for sc.Scan() {
+				lockedWriter{d}.Write([]byte(sc.Text() + "\n"))
+				if !seen && logline.Msg(sc.Text()) == "ready" {
+					seen = true
+					close(ready)
+				}
 			}
+			io.Copy(lockedWriter{d}, logs) // past a line too long to scan: keep the pipe drained
 		}
 		d.err = d.cmd.Wait()
 		close(d.exited)
 	}()
+	if stderr != nil {
+		go d.pollReady(ready)
+	}
 	t.Cleanup(func() {
 		d.cmd.Process.Kill()
 		<-d.exited
+		if out := d.stdoutText(); out != "" {
+			t.Errorf("blkd wrote to its standard output (its log belongs on standard error):\n%s", out)
+		}
 		if t.Failed() {
 			t.Logf("blkd output:\n%s", d.output())
 		}
 	})
 	return d, ready
+}
+
+// pollReady closes ready once d's /readyz answers 200, and gives up
+// when d exits.
+func (d *daemon) pollReady(ready chan<- struct{}) {
+	c := &http.Client{Timeout: time.Second}
+	for {
+		select {
+		case <-d.exited:
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+		resp, err := c.Get(d.url("/readyz"))
+		if err != nil {
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			close(ready)
+			return
+		}
+	}
 }
 
 // waitReady waits for ready (from launchBlkdOn), failing the test if
@@ -420,9 +486,9 @@ func (d *daemon) volumes(t *testing.T) []volumeJSON {
 func TestVolumeLifecycle(t *testing.T) {
 	dir := t.TempDir()
 	d := startBlkd(t, dir)
-	for _, l := range []string{"raft listening on", "nvme-rdma listening on", "api listening on http://" + d.api} {
-		if !strings.Contains(d.output(), l) {
-			t.Errorf("output lacks %q:\n%s", l, d.output())
+	for _, port := range [][]string{{"port", "raft"}, {"port", "nvme-rdma", "serves", "I/O and discovery"}, {"port", "api", "addr", d.api, "url", "http://" + d.api}} {
+		if _, ok := logline.Find(d.output(), "listening", port...); !ok {
+			t.Errorf("output lacks a listening record with %q:\n%s", port, d.output())
 		}
 	}
 
@@ -567,7 +633,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	}
 	d.must(t, "DELETE", "/v1/volumes/vol1", "", 204, nil)
 	d.stop(t)
-	if !strings.Contains(d.output(), "stopped") {
+	if _, ok := logline.Find(d.output(), "stopped"); !ok {
 		t.Fatalf("no clean stop:\n%s", d.output())
 	}
 }
@@ -628,7 +694,7 @@ func TestStartRefusals(t *testing.T) {
 			if code != 1 || !regexp.MustCompile(tc.want).MatchString(out) {
 				t.Fatalf("exit %d, output:\n%s\nwant exit 1 and %q", code, out, tc.want)
 			}
-			if regexp.MustCompile(`(?m)^ready$`).MatchString(out) {
+			if hasReady(out) {
 				t.Fatalf("said ready:\n%s", out)
 			}
 		})
@@ -649,14 +715,14 @@ func TestConfigFileAndEnv(t *testing.T) {
 	d := &daemon{api: api, exited: make(chan struct{})}
 	d.cmd = exec.Command(binary, "--config", cfgFile)
 	d.cmd.Env = append(os.Environ(), "BLK_API_ADDR="+api)
-	d.cmd.Stdout, d.cmd.Stderr = lockedWriter{d}, lockedWriter{d}
+	d.cmd.Stdout, d.cmd.Stderr = stdoutWriter{d}, lockedWriter{d}
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() { d.err = d.cmd.Wait(); close(d.exited) }()
 	t.Cleanup(func() { d.cmd.Process.Kill(); <-d.exited })
 	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(d.output(), "ready") {
+	for !hasReady(d.output()) {
 		select {
 		case <-d.exited:
 			t.Fatalf("exited: %v\n%s", d.err, d.output())
@@ -666,8 +732,10 @@ func TestConfigFileAndEnv(t *testing.T) {
 			t.Fatalf("not ready:\n%s", d.output())
 		}
 	}
-	if !strings.Contains(d.output(), "(node filenode)") || !strings.Contains(d.output(), "http://"+api) ||
-		!strings.Contains(d.output(), "(I/O and discovery), advertised as 192.0.2.1:4420") {
+	if _, ok := logline.Find(d.output(), "listening", "node", "filenode", "port", "api", "url", "http://"+api); !ok {
+		t.Fatalf("config not applied:\n%s", d.output())
+	}
+	if _, ok := logline.Find(d.output(), "listening", "port", "nvme-rdma", "advertised", "192.0.2.1:4420"); !ok {
 		t.Fatalf("config not applied:\n%s", d.output())
 	}
 	var v volumeJSON
@@ -676,4 +744,7 @@ func TestConfigFileAndEnv(t *testing.T) {
 		t.Fatalf("data dir from the config file unused: %v", err)
 	}
 	d.stop(t)
+	if out := d.stdoutText(); out != "" {
+		t.Errorf("blkd wrote to its standard output:\n%s", out)
+	}
 }

@@ -311,7 +311,7 @@ func TestRemovedNodeRejoins(t *testing.T) {
 	c.procs[victim].stop(t)
 	c.procs[leader].must(t, "POST", "/v1/cluster/remove", `{"node_id": "`+victim+`"}`, 200, nil)
 	c.start(victim, "--join", c.nodes[leader].api)
-	if out := c.procs[victim].output(); !strings.Contains(out, "not a member in the view of --join") || !strings.Contains(out, "joined the cluster through") {
+	if out := c.procs[victim].output(); !strings.Contains(out, "not a member in the view of --join") || !strings.Contains(out, `msg="joined the cluster"`) {
 		t.Fatalf("%s removed while down, restarted with --join:\n%s", victim, out)
 	}
 	c.settled(nil)

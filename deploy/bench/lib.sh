@@ -11,6 +11,10 @@
 say() { printf '%s %s: %s\n' "$(date -u +%H:%M:%S)" "$bench_name" "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
+# is_ready FILE: blkd's log in FILE holds the record whose msg is ready
+# (--log-format text or json).
+is_ready() { grep -Eq '(^| )msg=ready( |$)|"msg":"ready"' "$1"; }
+
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 # bench_start: sets scratch (the scratch directory), pid (blkd's) and api
@@ -29,11 +33,11 @@ bench_start() {
 		--nvme-addr "127.0.0.1:$((BASE_PORT + 21))" --api-addr "$api" >"$scratch/node.log" 2>&1 &
 	pid=$!
 	for _ in $(seq 600); do
-		grep -qx ready "$scratch/node.log" && break
+		is_ready "$scratch/node.log" && break
 		kill -0 "$pid" 2>/dev/null || { cat "$scratch/node.log" >&2; die "blkd exited"; }
 		sleep 0.1
 	done
-	grep -qx ready "$scratch/node.log" || die "blkd not ready in 60 s"
+	is_ready "$scratch/node.log" || die "blkd not ready in 60 s"
 }
 
 bench_cleanup() {

@@ -97,6 +97,10 @@ say "disk write $disk_w, read $disk_r, copy $disk_cr read + $disk_cw write MB/s;
 
 api() { echo "127.0.0.1:$((BASE_PORT + 30 + $1))"; }
 runs=0
+# is_ready FILE: blkd's log in FILE holds the record whose msg is ready
+# (--log-format text or json).
+is_ready() { grep -Eq '(^| )msg=ready( |$)|"msg":"ready"' "$1"; }
+
 # start N: start node N (joining node1 the first time), wait for ready.
 start() {
 	local n=$1 join=()
@@ -111,7 +115,7 @@ start() {
 	pid[$n]=$!
 	ln -sf "$log" "$scratch/node$n.log"
 	for _ in $(seq 600); do
-		grep -qx ready "$log" && return
+		is_ready "$log" && return
 		kill -0 "${pid[$n]}" 2>/dev/null || { cat "$log" >&2; die "node$n exited"; }
 		sleep 0.1
 	done

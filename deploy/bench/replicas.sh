@@ -54,6 +54,10 @@ say "building blkd and blkctl"
 (cd "$repo" && go build -o "$scratch/blkd" ./cmd/blkd && go build -o "$scratch/blkctl" ./cmd/blkctl)
 
 api() { echo "127.0.0.1:$((BASE_PORT + 30 + $1))"; }
+# is_ready FILE: blkd's log in FILE holds the record whose msg is ready
+# (--log-format text or json).
+is_ready() { grep -Eq '(^| )msg=ready( |$)|"msg":"ready"' "$1"; }
+
 for n in 1 2 3; do
 	join=()
 	[[ $n != 1 ]] && join=(--join "$(api 1)")
@@ -64,11 +68,11 @@ for n in 1 2 3; do
 		"${join[@]}" >"$scratch/node$n.log" 2>&1 &
 	pids+=($!)
 	for _ in $(seq 600); do
-		grep -qx ready "$scratch/node$n.log" && break
+		is_ready "$scratch/node$n.log" && break
 		kill -0 "${pids[-1]}" 2>/dev/null || { cat "$scratch/node$n.log" >&2; die "node$n exited"; }
 		sleep 0.1
 	done
-	grep -qx ready "$scratch/node$n.log" || die "node$n not ready in 60 s"
+	is_ready "$scratch/node$n.log" || die "node$n not ready in 60 s"
 done
 ctl() { "$scratch/blkctl" --api "http://$(api 1)" "$@"; }
 host=nqn.2026-11.io.blk:replicas-bench

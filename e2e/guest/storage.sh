@@ -17,7 +17,9 @@ blkd)
 		--nvme-addr 192.168.77.1:4420 --rdma-provider "$PROVIDER" $dev >/share/blkd.out 2>/share/blkd.err &
 	blkd=$!
 	n=0
-	until grep -q '^ready$' /share/blkd.out 2>/dev/null; do
+	# blkd logs on stderr; ready is the record whose msg is ready (text
+	# or JSON), and nothing goes to stdout.
+	until grep -Eq '(^| )msg=ready( |$)|"msg":"ready"' /share/blkd.err 2>/dev/null; do
 		kill -0 $blkd 2>/dev/null || fail "blkd exited: $(cat /share/blkd.err)"
 		n=$((n + 1)); [ $n -le 600 ] || fail "blkd not ready"
 		sleep 0.1

@@ -361,13 +361,13 @@ func (d *Daemon) catchUp(ctx context.Context) {
 			last = errors.New("no leader known")
 		} else if idx, last = leaderIndex(ctx, client, d.peerURL(api, "/v1/cluster"), id); last == nil {
 			if d.node.WaitApplied(ctx, idx) != nil {
-				fmt.Fprintf(d.out, "registry: this copy reached index %d of the leader's %d within %v; serving from it\n", d.node.AppliedIndex(), idx, catchUpWait)
+				d.log.Warn("registry: this copy did not catch up with the leader's in time; serving from it", slog.Uint64("index", d.node.AppliedIndex()), slog.Uint64("leader_index", idx), slog.Duration("within", catchUpWait))
 			}
 			return
 		}
 		select {
 		case <-ctx.Done():
-			fmt.Fprintf(d.out, "registry: could not ask the leader how far to catch up within %v (%v); serving from this node's copy\n", catchUpWait, last)
+			d.log.Warn("registry: could not ask the leader how far to catch up; serving from this node's copy", slog.Duration("within", catchUpWait), slog.String("err", fmt.Sprint(last)))
 			return
 		case <-time.After(200 * time.Millisecond):
 		}
@@ -600,7 +600,7 @@ func (d *Daemon) registerAddrs(ctx context.Context) {
 		d.regMu.Lock()
 		last := d.regLast
 		d.regMu.Unlock()
-		fmt.Fprintf(d.out, "registry: this node's addresses are not recorded yet after %v (%v); going on, retrying in the background\n", registerWait, last)
+		d.log.Warn("registry: this node's addresses are not recorded yet; going on, retrying in the background", slog.Duration("after", registerWait), slog.String("err", fmt.Sprint(last)))
 	}
 }
 

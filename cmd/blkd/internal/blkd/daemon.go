@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -40,9 +39,11 @@ const leaderWait = 30 * time.Second
 // Daemon is a running storage node.
 type Daemon struct {
 	cfg Config
-	out io.Writer
 	log *slog.Logger     // the event log (target and port events)
 	rl  *ratelog.Handler // its rate limiter, flushed at shutdown
+	// notice is the log of the node's life (ready, shutting down,
+	// stopped): never filtered by level nor rate-limited (logging.go).
+	notice *slog.Logger
 	// audit is the audit log (audit.go): every change, never rate-limited.
 	audit *auditLog
 	// level is the event log's level, changed by Reload (reload.go).
@@ -125,16 +126,18 @@ type Daemon struct {
 }
 
 // Start brings a node up: registry, store, target, HTTP API, NVMe
-// ports. It prints one line per listener to out, then "ready" once the
-// node serves its volumes. The API serves early (see startGate); a
-// member of a cluster waits for a leader for as long as ctx lasts. On
-// error, whatever was started is closed again.
-func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error) {
+// ports. It logs a "listening" event per listener, then "ready" once the
+// node serves its volumes (at every --log-level: logging.go); blkd
+// writes nothing to standard output. The API serves early (see
+// startGate); a member of a cluster waits for a leader for as long as
+// ctx lasts. On error, whatever was started is closed again; stopped
+// by ctx while it waits, it logs "stopped before ready".
+func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	d := &Daemon{cfg: cfg, out: out, served: make(chan error, 1), stop: make(chan struct{}), boot: newBootID(), settleNow: make(chan struct{}, 1)}
+	d := &Daemon{cfg: cfg, served: make(chan error, 1), stop: make(chan struct{}), boot: newBootID(), settleNow: make(chan struct{}, 1)}
 	d.repl = replicas{fences: map[uint64]fence{}, primary: map[uint64]*primaryLeg{}, host: map[uint64]*hostVolume{}}
 	d.leaseKick = make(chan struct{}, 1)
 	d.failing, d.failWarned = map[string]bool{}, map[string]bool{}
@@ -143,10 +146,14 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		d.repl.limit = repl.NewLimiter(cfg.RebuildRate)
 	}
 	d.level = new(slog.LevelVar)
-	d.log, d.rl, d.audit = newLoggerLevel(cfg, d.level)
+	l := newLogs(cfg, d.level)
+	d.log, d.rl, d.audit, d.notice = l.event, l.rl, l.audit, l.notice
 	defer func() {
 		if err != nil {
 			d.shutdown(context.Background())
+			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+				d.notice.Info("stopped before ready", slog.String("err", err.Error()))
+			}
 		}
 	}()
 	if err := prepareDataDir(cfg.DataDir); err != nil {
@@ -162,7 +169,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	d.peers = d.peerClient(0)
 	d.node, err = meta.NewNode(meta.Config{
 		ID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "meta"), BindAddr: cfg.RaftAddr,
-		Bootstrap: *cfg.Bootstrap && cfg.Join == "", LogOutput: os.Stderr, LogLevel: "error",
+		Bootstrap: *cfg.Bootstrap && cfg.Join == "", Logger: raftLogger(d.log),
 		TLSServer: d.raftTLS, TLSClient: d.peerTLS, TLSRefused: d.raftRefused,
 		AcceptPeer: d.raftAcceptPeer(),
 	})
@@ -170,9 +177,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, fmt.Errorf("meta registry on raft address %s (--raft-addr): %w", cfg.RaftAddr, err)
 	}
 	if cfg.TLSDir != "" {
-		fmt.Fprintf(out, "raft listening on %s (node %s, mutual TLS, CA from %s)\n", d.node.Addr(), cfg.NodeID, cfg.TLSDir)
+		d.log.Info("listening", slog.String("port", "raft"), slog.String("addr", d.node.Addr()), slog.String("tls", "mutual"), slog.String("tls_dir", cfg.TLSDir))
 	} else {
-		fmt.Fprintf(out, "raft listening on %s (node %s)\n", d.node.Addr(), cfg.NodeID)
+		d.log.Info("listening", slog.String("port", "raft"), slog.String("addr", d.node.Addr()))
 		if !cfg.Insecure && !peercred.Supported() {
 			d.log.Warn("this system cannot tell which local user calls the API or raft: any local user may manage this node; use --tls-dir to require certificates")
 		}
@@ -276,9 +283,9 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		return nil, fmt.Errorf("management API on %s (--api-addr): %w", cfg.APIAddr, err)
 	}
 	d.setPhase("checking its membership")
-	d.srv = &http.Server{Handler: d.guard(d.startGate(d.routes())), ReadHeaderTimeout: 10 * time.Second, ConnContext: d.connContext}
+	d.srv = d.apiServer(d.guard(d.startGate(d.routes())))
 	go func() { d.served <- d.serveAPI(d.ln) }()
-	fmt.Fprintf(out, "api listening on %s (/v1, /metrics)\n", d.peerURL(d.ln.Addr().String(), ""))
+	d.log.Info("listening", slog.String("port", "api"), slog.String("addr", d.ln.Addr().String()), slog.String("url", d.peerURL(d.ln.Addr().String(), "")))
 
 	// A node whose own registry holds it in the raft configuration is a
 	// member: it needs nobody's leave to start, so --join is a no-op on
@@ -292,10 +299,10 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 			return nil, err
 		}
 		if rejoin {
-			fmt.Fprintf(out, "not a member in the view of --join %s (removed from the cluster?): joining again\n", cfg.Join)
+			d.log.Warn("not a member in the view of --join (removed from the cluster?): joining again", slog.String("join", cfg.Join))
 			member = false
 		} else {
-			fmt.Fprintf(out, "already a member of the cluster (raft state in %s): --join %s not needed, waiting for a registry leader\n", filepath.Join(cfg.DataDir, "meta"), cfg.Join)
+			d.log.Info("already a member of the cluster: --join not needed, waiting for a registry leader", slog.String("raft_state", filepath.Join(cfg.DataDir, "meta")), slog.String("join", cfg.Join))
 		}
 	}
 	if cfg.Join != "" && !member {
@@ -306,7 +313,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		if err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(out, "joined the cluster through %s\n", cfg.Join)
+		d.log.Info("joined the cluster", slog.String("join", cfg.Join))
 		member = true
 	}
 
@@ -338,11 +345,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		if err := d.reg.RegisterTCPPort(d.tcp); err != nil {
 			return nil, err
 		}
-		if cfg.AdvertiseAddr != "" {
-			fmt.Fprintf(out, "nvme-tcp listening on %s (I/O and discovery), advertised as %s\n", d.tcp.Addr(), d.tcp.AdvertisedAddr())
-		} else {
-			fmt.Fprintf(out, "nvme-tcp listening on %s (I/O and discovery)\n", d.tcp.Addr())
-		}
+		d.logPort("nvme-tcp", d.tcp.Addr(), "I/O and discovery", d.tcp.AdvertisedAddr())
 	}
 	if cfg.DiscoveryOn() {
 		dcfg := discoveryPortConfig(cfg, d.log)
@@ -354,7 +357,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		if err := d.reg.RegisterTCPPort(d.disc); err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(out, "nvme-tcp discovery listening on %s (discovery only)\n", d.disc.Addr())
+		d.logPort("nvme-tcp-discovery", d.disc.Addr(), "discovery only", "")
 	}
 	if cfg.RDMAOn() {
 		d.port, err = rdma.Listen(d.tgt, d.nic, rcfg)
@@ -364,11 +367,7 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 		if err := d.reg.RegisterPort(d.port); err != nil {
 			return nil, err
 		}
-		if cfg.AdvertiseAddr != "" {
-			fmt.Fprintf(out, "nvme-rdma listening on %s (I/O and discovery), advertised as %s\n", d.port.Addr(), d.port.AdvertisedAddr())
-		} else {
-			fmt.Fprintf(out, "nvme-rdma listening on %s (I/O and discovery)\n", d.port.Addr())
-		}
+		d.logPort("nvme-rdma", d.port.Addr(), "I/O and discovery", d.port.AdvertisedAddr())
 	}
 
 	// Record (or update) this node's addresses: applied here on the
@@ -390,8 +389,24 @@ func Start(ctx context.Context, cfg Config, out io.Writer) (_ *Daemon, err error
 	go d.settleLoop(d.stop)
 	go d.livenessLoop(d.stop)
 	go d.remoteLoop(d.stop)
-	fmt.Fprintln(out, "ready")
+	d.notice.Info("ready")
 	return d, nil
+}
+
+// logPort logs that an NVMe port listens on addr, serving what, and the
+// address it advertises when --advertise-addr makes it another.
+func (d *Daemon) logPort(port string, addr net.Addr, serves, advertised string) {
+	attrs := []any{slog.String("port", port), slog.String("addr", addr.String()), slog.String("serves", serves)}
+	if d.cfg.AdvertiseAddr != "" && advertised != "" {
+		attrs = append(attrs, slog.String("advertised", advertised))
+	}
+	d.log.Info("listening", attrs...)
+}
+
+// apiServer is the management API's HTTP server for h: net/http's own
+// lines go to the event log, rate-limited (httplog.go).
+func (d *Daemon) apiServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ConnContext: d.connContext, ErrorLog: httpErrorLog(d.log)}
 }
 
 // startGate lets through, while the node starts, only the routes other
@@ -461,7 +476,8 @@ func (d *Daemon) waitLeader(ctx context.Context, member bool) error {
 			return nil
 		}
 		if now := time.Now(); member && now.After(next) {
-			fmt.Fprintf(d.out, "registry: no leader after %v; waiting for a majority of the voters (%s) to run and reach each other (a node removed from the cluster while down: restart it with --join <api address of a member>)\n", now.Sub(began).Round(time.Second), d.voters())
+			d.log.Warn("registry: no leader yet; waiting for a majority of the voters to run and reach each other (a node removed from the cluster while down: restart it with --join <api address of a member>)",
+				slog.Duration("waited", now.Sub(began).Round(time.Second)), slog.String("voters", d.voters()))
 			next = next.Add(leaderReport)
 		}
 		select {
@@ -543,7 +559,9 @@ func (d *Daemon) APIAddr() net.Addr { return d.ln.Addr() }
 func (d *Daemon) Served() <-chan error { return d.served }
 
 // Close shuts the node down: HTTP server, RDMA port (its connections are
-// disconnected and drained), target, registry, store.
+// disconnected and drained), target, registry, store. A node that was
+// ready logs "shutting down" first and "stopped" last, at every
+// --log-level.
 func (d *Daemon) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -552,6 +570,10 @@ func (d *Daemon) Close() error {
 
 func (d *Daemon) shutdown(ctx context.Context) error {
 	d.closeOnce.Do(func() {
+		started := d.ready.Load()
+		if started {
+			d.notice.Info("shutting down")
+		}
 		close(d.stop)
 		// No primary term serves past this point: another node may be
 		// made primary as soon as this one stops answering.
@@ -598,6 +620,11 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 		// Counts of events held back are written now, not lost.
 		d.rl.Flush()
 		d.closeErr = errors.Join(errs...)
+		if started && d.closeErr != nil {
+			d.notice.Error("stopped", slog.String("err", d.closeErr.Error()))
+		} else if started {
+			d.notice.Info("stopped")
+		}
 	})
 	return d.closeErr
 }

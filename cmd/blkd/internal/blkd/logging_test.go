@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -248,5 +249,22 @@ func TestAuditFlushed(t *testing.T) {
 	}
 	if bw.Buffered() != 0 || strings.Count(sink.String(), `"audit":true`) != 2 {
 		t.Errorf("%d bytes left in the buffer; out:\n%s", bw.Buffered(), sink.String())
+	}
+}
+
+// TestNoticeEveryLevel: the notice log (ready, shutting down, stopped)
+// is written at --log-level error, where the event log's Info records
+// are not, and is never rate-limited; both carry the node ID.
+func TestNoticeEveryLevel(t *testing.T) {
+	var buf bytes.Buffer
+	l := newLogs(Config{NodeID: "n3", LogLevel: "error", LogOutput: &buf}.WithDefaults(), new(slog.LevelVar))
+	l.event.Info("listening", "port", "api")
+	for range logBurst + 5 {
+		l.notice.Info("ready")
+	}
+	l.rl.Flush()
+	got := buf.String()
+	if strings.Contains(got, "listening") || strings.Count(got, "level=INFO msg=ready node=n3\n") != logBurst+5 {
+		t.Errorf("at error:\n%s", got)
 	}
 }

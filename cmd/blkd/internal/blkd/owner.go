@@ -481,7 +481,7 @@ func (d *Daemon) startControl(ctx context.Context) {
 			if name == "" {
 				name = "id " + strconv.FormatUint(st.ID, 10)
 			}
-			fmt.Fprintf(d.out, "volume %s failed: %s\n", name, st.Reason)
+			d.log.Error("volume failed", slog.String("volume", name), slog.String("reason", st.Reason))
 		}
 	}
 	if d.node.IsLeader() {
