@@ -87,6 +87,9 @@ func certIssue(c *cli.Context) error {
 		return fmt.Errorf("cert issue: %w", err)
 	}
 	role := c.String("role")
+	if hosts := c.StringSlice("host"); len(hosts) > 0 && role != pki.RoleNode {
+		return usageErrorf("cert issue: --host %s: only a node certificate names the addresses it is reached at; a %s certificate is a client's", hosts[0], role)
+	}
 	certPEM, keyPEM, err := ca.Issue(pki.Request{Name: a[0], Role: role, Hosts: c.StringSlice("host"), Validity: time.Duration(c.Int("days")) * 24 * time.Hour})
 	if errors.Is(err, pki.ErrRole) {
 		return usageErrorf("cert issue: %v", err)

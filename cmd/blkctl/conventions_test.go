@@ -150,6 +150,12 @@ func TestCertJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(runOut(t, "cert", "issue", "n1", "--role", "node", "--ca-dir", dir, "--host", "10.0.0.1", "-o", "json")), &is); err != nil || is["role"] != "node" || is["key"] != filepath.Join(dir, "n1.key") {
 		t.Fatalf("cert issue -o json: %v %v", is, err)
 	}
+	// Only a node certificate names addresses: --host on a client's is
+	// refused, not dropped.
+	fails(t, "", 2, `--host 10.0.0.9: only a node certificate names the addresses`, "cert", "issue", "op1", "--role", "admin", "--ca-dir", dir, "--host", "10.0.0.9")
+	if _, err := os.Stat(filepath.Join(dir, "op1.crt")); !os.IsNotExist(err) {
+		t.Errorf("a refused cert issue wrote op1.crt: %v", err)
+	}
 	var ci certInfo
 	if err := json.Unmarshal([]byte(runOut(t, "cert", "show", filepath.Join(dir, "n1.crt"), "-o", "json")), &ci); err != nil {
 		t.Fatal(err)

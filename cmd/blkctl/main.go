@@ -1067,7 +1067,8 @@ const joinHelp = `A node joins a cluster when it starts: run blkd on the new nod
 --join set to the API address (host:port) of any live member, e.g.
 
   blkd --node-id node2 --data-dir /var/lib/blk \
-       --raft-addr 10.0.0.2:7000 --nvme-addr 10.0.0.2:4420 --api-addr 10.0.0.2:7070 \
+       --raft-addr 10.0.0.2:7000 --tcp-addr 10.0.0.2:4420 --nvme-addr 10.0.0.2:4421 \
+       --api-addr 10.0.0.2:7070 \
        --join 10.0.0.1:7070
 
 (or "join" in its config file). Then check it with: blkctl cluster status

@@ -68,8 +68,8 @@ func TestHostRegistry(t *testing.T) {
 	}
 	d.refuse(t, "DELETE", "/v1/hosts/"+regHostA, "", 404, `is not registered`)
 	d.refuse(t, "GET", "/v1/hosts/"+regHostA, "", 404, `is not registered`)
-	// The change is audited with the host's NQN and name.
-	if !regexp.MustCompile(`msg="api call received" .*method=POST path=/v1/hosts .*body.name=worker-1 body.host_nqn=` + regexp.QuoteMeta(regHostA)).MatchString(d.output()) {
+	// The change is audited with the host's NQN, name and zone.
+	if !regexp.MustCompile(`msg="api call received" .*method=POST path=/v1/hosts .*body.name=worker-1 body.host_nqn=` + regexp.QuoteMeta(regHostA) + ` .*body.zone=zone-a`).MatchString(d.output()) {
 		t.Errorf("registration not audited:\n%s", d.output())
 	}
 }

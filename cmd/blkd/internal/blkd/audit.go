@@ -219,7 +219,7 @@ func errorText(body []byte) string {
 // value. Fields in neither list are left out: a new field is recorded
 // only once someone has said it is no secret.
 var (
-	auditFields  = []string{"name", "size", "block_size", "host_nqn", "node_id", "raft_addr", "api_addr", "nvme_addr", "tcp_addr", "cluster_id"}
+	auditFields  = []string{"name", "size", "block_size", "host_nqn", "node_id", "raft_addr", "api_addr", "nvme_addr", "tcp_addr", "cluster_id", "zone"}
 	auditSecrets = []string{"dhchap_secret", "dhchap_ctrl_secret"}
 )
 
