@@ -557,7 +557,7 @@ func volumeShow(c *cli.Context) error {
 func (e *env) showVolume(v volume) error {
 	created := "-"
 	if v.CreatedAt != 0 {
-		created = time.Unix(0, v.CreatedAt).Format(time.RFC3339)
+		created = time.Unix(0, v.CreatedAt).UTC().Format(time.RFC3339)
 	}
 	kv := [][2]string{
 		{"Name", v.Name},
@@ -641,7 +641,7 @@ func attachedText(v volume) string {
 	}
 	var parts []string
 	for _, a := range v.Attachments {
-		parts = append(parts, fmt.Sprintf("%s (on %s since %s)", a.HostNQN, a.Node, time.Unix(0, a.Since).Format(time.RFC3339)))
+		parts = append(parts, fmt.Sprintf("%s (on %s since %s)", a.HostNQN, a.Node, time.Unix(0, a.Since).UTC().Format(time.RFC3339)))
 	}
 	return strings.Join(parts, ", ")
 }
