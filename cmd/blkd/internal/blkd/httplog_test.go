@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/blk-project/blk/internal/logrec"
 	"github.com/blk-project/blk/internal/ratelog"
 )
 
@@ -50,7 +51,7 @@ func TestHTTPErrorLogBurst(t *testing.T) {
 	srv.Close() // waits for every connection's goroutine: all is logged
 	d.rl.Flush()
 	out.mu.Lock()
-	rs := jsonRecords(t, &out.buf)
+	rs := logrec.TakeJSON(t, &out.buf)
 	out.mu.Unlock()
 	lines, suppressed := 0, 0
 	for _, r := range rs {
