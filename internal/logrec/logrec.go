@@ -164,3 +164,33 @@ func TakeJSON(t testing.TB, buf *bytes.Buffer) []map[string]any {
 	buf.Reset()
 	return out
 }
+
+// Buffer is log output that goroutines or a child process write while a
+// test reads it: a bytes.Buffer behind a mutex. The zero value is ready
+// to use.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String is what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TakeJSON is TakeJSON on what was written so far: the records, and
+// the buffer emptied.
+func (b *Buffer) TakeJSON(t testing.TB) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return TakeJSON(t, &b.b)
+}

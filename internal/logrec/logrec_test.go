@@ -3,6 +3,8 @@ package logrec
 import (
 	"bytes"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 )
 
@@ -23,5 +25,31 @@ func TestTakeJSON(t *testing.T) {
 	}
 	if buf.Len() != 0 {
 		t.Fatalf("buffer not emptied: %q", buf.String())
+	}
+}
+
+// TestBuffer: writes from several goroutines all land (go test -race
+// checks the locking), String shows them and TakeJSON takes them.
+func TestBuffer(t *testing.T) {
+	var b Buffer
+	l := slog.New(slog.NewJSONHandler(&b, nil))
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.Info("hello", "i", i)
+			_ = b.String()
+		}()
+	}
+	wg.Wait()
+	if n := strings.Count(b.String(), `"msg":"hello"`); n != 8 {
+		t.Fatalf("%d records in %q, want 8", n, b.String())
+	}
+	if got := b.TakeJSON(t); len(got) != 8 {
+		t.Fatalf("TakeJSON: %v", got)
+	}
+	if s := b.String(); s != "" {
+		t.Fatalf("after TakeJSON: %q", s)
 	}
 }
