@@ -496,10 +496,7 @@ func (c *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 	if err := checkCap(req.GetVolumeCapability()); err != nil {
 		return nil, err
 	}
-	if checkVolumeID(id) != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %q: no such volume", id)
-	}
-	unlock, err := c.d.lock(id)
+	unlock, err := c.lockVolume(id)
 	if err != nil {
 		return nil, err
 	}
@@ -799,6 +796,16 @@ func page(keys []string, token string, max int) (from int, next string, err erro
 	return from, next, nil
 }
 
+// lockVolume takes volume id's lock for a call that changes it: an id
+// blk could not have given is NotFound (the spec's answer for an unknown
+// volume).
+func (c *controller) lockVolume(id string) (unlock func(), err error) {
+	if checkVolumeID(id) != nil {
+		return nil, status.Errorf(codes.NotFound, "volume %q: no such volume", id)
+	}
+	return c.d.lock(id)
+}
+
 // existingVolume looks volume id up: NotFound for an id blk could not
 // have given (the spec's answer for an unknown volume), else what blkd
 // says.
@@ -1085,10 +1092,7 @@ func (c *controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 			return nil, err
 		}
 	}
-	if checkVolumeID(id) != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %q: no such volume", id)
-	}
-	unlock, err := c.d.lock(id)
+	unlock, err := c.lockVolume(id)
 	if err != nil {
 		return nil, err
 	}
