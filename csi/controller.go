@@ -806,10 +806,13 @@ func (c *controller) lockVolume(id string) (unlock func(), err error) {
 	return c.d.lock(id)
 }
 
-// existingVolume looks volume id up: NotFound for an id blk could not
-// have given (the spec's answer for an unknown volume), else what blkd
-// says.
+// existingVolume looks volume id up: InvalidArgument for none given,
+// NotFound for an id blk could not have given (the spec's answer for an
+// unknown volume), else what blkd says.
 func (c *controller) existingVolume(ctx context.Context, id string) (*api.Volume, error) {
+	if id == "" {
+		return nil, invalid("volume_id: none given")
+	}
 	if checkVolumeID(id) != nil {
 		return nil, status.Errorf(codes.NotFound, "volume %q: no such volume", id)
 	}
@@ -821,11 +824,7 @@ func (c *controller) existingVolume(ctx context.Context, id string) (*api.Volume
 }
 
 func (c *controller) ControllerGetVolume(ctx context.Context, req *csipb.ControllerGetVolumeRequest) (*csipb.ControllerGetVolumeResponse, error) {
-	id := req.GetVolumeId()
-	if id == "" {
-		return nil, invalid("volume_id: none given")
-	}
-	v, err := c.existingVolume(ctx, id)
+	v, err := c.existingVolume(ctx, req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
@@ -840,11 +839,7 @@ func (c *controller) ControllerGetVolume(ctx context.Context, req *csipb.Control
 }
 
 func (c *controller) ControllerGetVolumeHealth(ctx context.Context, req *csipb.ControllerGetVolumeHealthRequest) (*csipb.ControllerGetVolumeHealthResponse, error) {
-	id := req.GetVolumeId()
-	if id == "" {
-		return nil, invalid("volume_id: none given")
-	}
-	v, err := c.existingVolume(ctx, id)
+	v, err := c.existingVolume(ctx, req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
