@@ -1,7 +1,6 @@
 package csi
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blk-project/blk/internal/logrec"
 	"github.com/blk-project/blk/internal/testport"
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -61,24 +61,6 @@ func buildBlkd(t *testing.T) string {
 	return blkdBin
 }
 
-// syncBuf is blkd's output, written by its process and read on failure.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startBlkd runs one blkd on a temp dir and free loopback ports, waits
 // until its GET /readyz answers 200, and returns its API address.
 // Without TLS, its API takes this process's user as its own (the
@@ -90,7 +72,7 @@ func startBlkd(t *testing.T, extra ...string) string {
 	args := append([]string{"--data-dir", t.TempDir(), "--raft-addr", testport.Addr(t), "--nvme-addr", testport.Addr(t),
 		"--tcp-addr", testport.Addr(t), "--api-addr", api}, extra...)
 	cmd := exec.Command(bin, args...)
-	out := &syncBuf{}
+	out := &logrec.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

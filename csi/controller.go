@@ -496,10 +496,7 @@ func (c *controller) ControllerPublishVolume(ctx context.Context, req *csipb.Con
 	if err := checkCap(req.GetVolumeCapability()); err != nil {
 		return nil, err
 	}
-	if checkVolumeID(id) != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %q: no such volume", id)
-	}
-	unlock, err := c.d.lock(id)
+	unlock, err := c.lockVolume(id)
 	if err != nil {
 		return nil, err
 	}
@@ -675,11 +672,8 @@ func (c *controller) ValidateVolumeCapabilities(ctx context.Context, req *csipb.
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, invalid("volume_capabilities: none given")
 	}
-	if checkVolumeID(id) != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %q: no such volume", id)
-	}
-	if _, err := c.api.volume(ctx, id); err != nil {
-		return nil, rpcError(err, "volume "+id)
+	if _, err := c.existingVolume(ctx, id); err != nil {
+		return nil, err
 	}
 	if err := checkCaps(req.GetVolumeCapabilities()); err != nil {
 		return &csipb.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
@@ -740,34 +734,49 @@ func publishedNodes(v *api.Volume, reg map[string]bool, registry bool) []string 
 }
 
 func (c *controller) ListVolumes(ctx context.Context, req *csipb.ListVolumesRequest) (*csipb.ListVolumesResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, invalid("max_entries: %d is negative", req.GetMaxEntries())
-	}
-	vols, err := c.api.volumes(ctx)
+	vols, next, err := c.volumePage(ctx, req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
-		return nil, rpcError(err, "list volumes")
+		return nil, err
 	}
 	reg, registry, err := c.api.hosts(ctx)
 	if err != nil {
 		return nil, rpcError(err, "list hosts")
 	}
-	slices.SortFunc(vols, func(a, b api.Volume) int { return strings.Compare(a.Name, b.Name) })
-	names := make([]string, len(vols))
-	for i := range vols {
-		names[i] = vols[i].Name
-	}
-	from, next, err := page(names, req.GetStartingToken(), int(req.GetMaxEntries()))
-	if err != nil {
-		return nil, err
-	}
 	out := &csipb.ListVolumesResponse{NextToken: next}
-	for i := from; i < len(vols) && (next == "" || vols[i].Name <= next); i++ {
+	for i := range vols {
 		out.Entries = append(out.Entries, &csipb.ListVolumesResponse_Entry{
 			Volume: &csipb.Volume{VolumeId: vols[i].Name, CapacityBytes: int64(vols[i].SizeBytes)},
 			Status: &csipb.ListVolumesResponse_VolumeStatus{PublishedNodeIds: publishedNodes(&vols[i], reg, registry)},
 		})
 	}
 	return out, nil
+}
+
+// volumePage is one page of the cluster's volumes by name, for the
+// list calls: the volumes after token, at most max of them (0: all),
+// and the next page's token ("" on the last page).
+func (c *controller) volumePage(ctx context.Context, token string, max int32) ([]api.Volume, string, error) {
+	if max < 0 {
+		return nil, "", invalid("max_entries: %d is negative", max)
+	}
+	vols, err := c.api.volumes(ctx)
+	if err != nil {
+		return nil, "", rpcError(err, "list volumes")
+	}
+	slices.SortFunc(vols, func(a, b api.Volume) int { return strings.Compare(a.Name, b.Name) })
+	names := make([]string, len(vols))
+	for i := range vols {
+		names[i] = vols[i].Name
+	}
+	from, next, err := page(names, token, int(max))
+	if err != nil {
+		return nil, "", err
+	}
+	to := len(vols)
+	if next != "" {
+		to = from + int(max) // next is the page's last name
+	}
+	return vols[from:to], next, nil
 }
 
 // page is one page of sorted keys: the index to start at (after the
@@ -787,8 +796,20 @@ func page(keys []string, token string, max int) (from int, next string, err erro
 	return from, next, nil
 }
 
-func (c *controller) ControllerGetVolume(ctx context.Context, req *csipb.ControllerGetVolumeRequest) (*csipb.ControllerGetVolumeResponse, error) {
-	id := req.GetVolumeId()
+// lockVolume takes volume id's lock for a call that changes it: an id
+// blk could not have given is NotFound (the spec's answer for an unknown
+// volume).
+func (c *controller) lockVolume(id string) (unlock func(), err error) {
+	if checkVolumeID(id) != nil {
+		return nil, status.Errorf(codes.NotFound, "volume %q: no such volume", id)
+	}
+	return c.d.lock(id)
+}
+
+// existingVolume looks volume id up: InvalidArgument for none given,
+// NotFound for an id blk could not have given (the spec's answer for an
+// unknown volume), else what blkd says.
+func (c *controller) existingVolume(ctx context.Context, id string) (*api.Volume, error) {
 	if id == "" {
 		return nil, invalid("volume_id: none given")
 	}
@@ -798,6 +819,14 @@ func (c *controller) ControllerGetVolume(ctx context.Context, req *csipb.Control
 	v, err := c.api.volume(ctx, id)
 	if err != nil {
 		return nil, rpcError(err, "volume "+id)
+	}
+	return v, nil
+}
+
+func (c *controller) ControllerGetVolume(ctx context.Context, req *csipb.ControllerGetVolumeRequest) (*csipb.ControllerGetVolumeResponse, error) {
+	v, err := c.existingVolume(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
 	reg, registry, err := c.api.hosts(ctx)
 	if err != nil {
@@ -810,39 +839,20 @@ func (c *controller) ControllerGetVolume(ctx context.Context, req *csipb.Control
 }
 
 func (c *controller) ControllerGetVolumeHealth(ctx context.Context, req *csipb.ControllerGetVolumeHealthRequest) (*csipb.ControllerGetVolumeHealthResponse, error) {
-	id := req.GetVolumeId()
-	if id == "" {
-		return nil, invalid("volume_id: none given")
-	}
-	if checkVolumeID(id) != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %q: no such volume", id)
-	}
-	v, err := c.api.volume(ctx, id)
+	v, err := c.existingVolume(ctx, req.GetVolumeId())
 	if err != nil {
-		return nil, rpcError(err, "volume "+id)
+		return nil, err
 	}
 	return &csipb.ControllerGetVolumeHealthResponse{VolumeHealth: health(v)}, nil
 }
 
 func (c *controller) ControllerListVolumeHealth(ctx context.Context, req *csipb.ControllerListVolumeHealthRequest) (*csipb.ControllerListVolumeHealthResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, invalid("max_entries: %d is negative", req.GetMaxEntries())
-	}
-	vols, err := c.api.volumes(ctx)
-	if err != nil {
-		return nil, rpcError(err, "list volumes")
-	}
-	slices.SortFunc(vols, func(a, b api.Volume) int { return strings.Compare(a.Name, b.Name) })
-	names := make([]string, len(vols))
-	for i := range vols {
-		names[i] = vols[i].Name
-	}
-	from, next, err := page(names, req.GetStartingToken(), int(req.GetMaxEntries()))
+	vols, next, err := c.volumePage(ctx, req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err
 	}
 	out := &csipb.ControllerListVolumeHealthResponse{NextToken: next}
-	for i := from; i < len(vols) && (next == "" || vols[i].Name <= next); i++ {
+	for i := range vols {
 		out.Entries = append(out.Entries, health(&vols[i]))
 	}
 	return out, nil
@@ -1077,10 +1087,7 @@ func (c *controller) ControllerExpandVolume(ctx context.Context, req *csipb.Cont
 			return nil, err
 		}
 	}
-	if checkVolumeID(id) != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %q: no such volume", id)
-	}
-	unlock, err := c.d.lock(id)
+	unlock, err := c.lockVolume(id)
 	if err != nil {
 		return nil, err
 	}

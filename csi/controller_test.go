@@ -261,3 +261,19 @@ func TestHostRegistry(t *testing.T) {
 		}
 	}
 }
+
+// TestVolumeIDRefused: the calls that read one volume refuse an empty
+// volume_id (InvalidArgument) and answer NotFound for an id blk could
+// not have given, both before asking blkd (the controller has none).
+func TestVolumeIDRefused(t *testing.T) {
+	c, ctx := &controller{}, context.Background()
+	for _, tc := range []struct {
+		id   string
+		code codes.Code
+	}{{"", codes.InvalidArgument}, {"no/such volume", codes.NotFound}} {
+		_, err := c.ControllerGetVolume(ctx, &csipb.ControllerGetVolumeRequest{VolumeId: tc.id})
+		wantStatus(t, "ControllerGetVolume "+tc.id, err, tc.code)
+		_, err = c.ControllerGetVolumeHealth(ctx, &csipb.ControllerGetVolumeHealthRequest{VolumeId: tc.id})
+		wantStatus(t, "ControllerGetVolumeHealth "+tc.id, err, tc.code)
+	}
+}

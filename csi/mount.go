@@ -238,10 +238,7 @@ func (h *kernelHost) Mkfs(ctx context.Context, device, fstype string, options []
 	if err != nil {
 		return err
 	}
-	if out, err := h.run(ctx, name, args...); err != nil {
-		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, lastLine(out))
-	}
-	return nil
+	return h.runChecked(ctx, name, args...)
 }
 
 // resizeArgs is the command that grows a mounted filesystem to its
@@ -261,10 +258,7 @@ func (h *kernelHost) Resize(ctx context.Context, device, path, fstype string) er
 	if err != nil {
 		return err
 	}
-	if out, err := h.run(ctx, name, args...); err != nil {
-		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, lastLine(out))
-	}
-	return nil
+	return h.runChecked(ctx, name, args...)
 }
 
 func (h *kernelHost) Stats(ctx context.Context, path string) (Usage, error) {
@@ -308,6 +302,15 @@ func (h *kernelHost) run(ctx context.Context, name string, args ...string) ([]by
 	err := cmd.Run()
 	h.log.Debug("ran", "cmd", name, "args", strings.Join(args, " "), "err", err)
 	return out.Bytes(), err
+}
+
+// runChecked runs a command for its effect: a failure names the command
+// line, the error and the last line the command wrote.
+func (h *kernelHost) runChecked(ctx context.Context, name string, args ...string) error {
+	if out, err := h.run(ctx, name, args...); err != nil {
+		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, lastLine(out))
+	}
+	return nil
 }
 
 // lastLine is the last non-empty line of a tool's output, for an error.

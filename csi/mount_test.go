@@ -1,6 +1,8 @@
 package csi
 
 import (
+	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -287,5 +289,20 @@ func TestSysfsDisconnectAndRescan(t *testing.T) {
 	}
 	if _, ok, _ := h.Device(t.Context(), "nqn.2024-01.io.blk:vol:none"); ok {
 		t.Error("Device of an unknown subsystem")
+	}
+}
+
+// TestRunChecked: a failing tool's error names its command line, the
+// exit and its last line of output; one that succeeds is no error.
+func TestRunChecked(t *testing.T) {
+	h := &kernelHost{log: slog.New(slog.DiscardHandler)}
+	ctx := context.Background()
+	if err := h.runChecked(ctx, "sh", "-c", "echo fine"); err != nil {
+		t.Fatalf("success: %v", err)
+	}
+	err := h.runChecked(ctx, "sh", "-c", "echo first; echo 'bad superblock' >&2; exit 3")
+	want := "sh -c echo first; echo 'bad superblock' >&2; exit 3: exit status 3: bad superblock"
+	if err == nil || err.Error() != want {
+		t.Fatalf("failure: %v, want %q", err, want)
 	}
 }

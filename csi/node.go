@@ -337,13 +337,46 @@ func accessTypeName(block bool) string {
 	return "mount"
 }
 
-func (n *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRequest) (*csipb.NodeStageVolumeResponse, error) {
-	id, path := req.GetVolumeId(), req.GetStagingTargetPath()
+// requireVolumePath checks the volume_id and the path field that every
+// per-volume node call carries.
+func requireVolumePath(id, field, path string) error {
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+		return status.Error(codes.InvalidArgument, "volume_id is required")
 	}
 	if path == "" {
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required")
+		return status.Errorf(codes.InvalidArgument, "%s is required", field)
+	}
+	return nil
+}
+
+// loadRecord reads volume id's stage record (nil when it has none), a
+// read failure as Internal.
+func (n *node) loadRecord(id string) (*stageRecord, error) {
+	rec, err := n.state.load(id)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return rec, nil
+}
+
+// lockRecord takes volume id's lock and reads its stage record; the
+// caller defers unlock when err is nil.
+func (n *node) lockRecord(id string) (rec *stageRecord, unlock func(), err error) {
+	unlock, err = n.d.lock(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if rec, err = n.loadRecord(id); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return rec, unlock, nil
+}
+
+func (n *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRequest) (*csipb.NodeStageVolumeResponse, error) {
+	id, path := req.GetVolumeId(), req.GetStagingTargetPath()
+	if err := requireVolumePath(id, "staging_target_path", path); err != nil {
+		return nil, err
 	}
 	c, err := nodeCapability(req.GetVolumeCapability(), req.GetVolumeContext())
 	if err != nil {
@@ -358,9 +391,9 @@ func (n *node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 	if err != nil {
 		return nil, err
 	}
-	old, err := n.state.load(id)
+	old, err := n.loadRecord(id)
 	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
+		return nil, err
 	}
 	if old != nil && old.Complete {
 		if err := sameStage(old, rec); err != nil {
@@ -440,21 +473,14 @@ func (n *node) stageMount(ctx context.Context, rec *stageRecord, c nodeCap, volC
 
 func (n *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolumeRequest) (*csipb.NodeUnstageVolumeResponse, error) {
 	id, path := req.GetVolumeId(), req.GetStagingTargetPath()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	if err := requireVolumePath(id, "staging_target_path", path); err != nil {
+		return nil, err
 	}
-	if path == "" {
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required")
-	}
-	unlock, err := n.d.lock(id)
+	rec, unlock, err := n.lockRecord(id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	rec, err := n.state.load(id)
-	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
-	}
 	if rec == nil {
 		return &csipb.NodeUnstageVolumeResponse{}, nil // nothing staged here: done
 	}
@@ -492,11 +518,8 @@ func (n *node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 
 func (n *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
 	id, target, staging := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath()
-	switch {
-	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	case target == "":
-		return nil, status.Error(codes.InvalidArgument, "target_path is required")
+	if err := requireVolumePath(id, "target_path", target); err != nil {
+		return nil, err
 	}
 	c, err := nodeCapability(req.GetVolumeCapability(), req.GetVolumeContext())
 	if err != nil {
@@ -506,15 +529,11 @@ func (n *node) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVolu
 		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required (the plugin stages volumes)")
 	}
 	target = filepath.Clean(target)
-	unlock, err := n.d.lock(id)
+	rec, unlock, err := n.lockRecord(id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	rec, err := n.state.load(id)
-	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
-	}
 	if rec == nil || rec.Device == "" || rec.StagingPath != filepath.Clean(staging) {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not staged at %s", id, staging)
 	}
@@ -600,22 +619,15 @@ func makeTarget(target string, block bool) error {
 
 func (n *node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublishVolumeRequest) (*csipb.NodeUnpublishVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetTargetPath()
-	switch {
-	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	case target == "":
-		return nil, status.Error(codes.InvalidArgument, "target_path is required")
+	if err := requireVolumePath(id, "target_path", target); err != nil {
+		return nil, err
 	}
 	target = filepath.Clean(target)
-	unlock, err := n.d.lock(id)
+	rec, unlock, err := n.lockRecord(id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	rec, err := n.state.load(id)
-	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
-	}
 	src, mounted, err := n.host.Mounted(ctx, target)
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
@@ -649,9 +661,9 @@ func (n *node) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublish
 // staging path or one of its targets, mounted: NotFound otherwise (the
 // spec's answer for both an unknown volume and a wrong path).
 func (n *node) volumeAt(ctx context.Context, id, path string) (*stageRecord, error) {
-	rec, err := n.state.load(id)
+	rec, err := n.loadRecord(id)
 	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
+		return nil, err
 	}
 	if rec == nil || rec.Device == "" {
 		return nil, status.Errorf(codes.NotFound, "volume %s is not staged on this node", id)
@@ -675,11 +687,8 @@ func (n *node) volumeAt(ctx context.Context, id, path string) (*stageRecord, err
 
 func (n *node) NodeGetVolumeStats(ctx context.Context, req *csipb.NodeGetVolumeStatsRequest) (*csipb.NodeGetVolumeStatsResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	switch {
-	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	case path == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_path is required")
+	if err := requireVolumePath(id, "volume_path", path); err != nil {
+		return nil, err
 	}
 	rec, err := n.volumeAt(ctx, id, path)
 	if err != nil {
@@ -710,9 +719,9 @@ func (n *node) NodeGetVolumeHealth(ctx context.Context, req *csipb.NodeGetVolume
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
 	}
-	rec, err := n.state.load(id)
+	rec, err := n.loadRecord(id)
 	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
+		return nil, err
 	}
 	if rec == nil {
 		return nil, status.Errorf(codes.NotFound, "volume %s is not staged on this node", id)
@@ -731,11 +740,8 @@ func (n *node) NodeGetVolumeHealth(ctx context.Context, req *csipb.NodeGetVolume
 
 func (n *node) NodeExpandVolume(ctx context.Context, req *csipb.NodeExpandVolumeRequest) (*csipb.NodeExpandVolumeResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	switch {
-	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	case path == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_path is required")
+	if err := requireVolumePath(id, "volume_path", path); err != nil {
+		return nil, err
 	}
 	unlock, err := n.d.lock(id)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/blk-project/blk/api"
+	"github.com/blk-project/blk/internal/logrec"
 )
 
 // TestAttachFollowsFailover: the device attach --nbd serves (followDevice,
@@ -37,7 +38,7 @@ func TestAttachFollowsFailover(t *testing.T) {
 	}
 	ok(t, n1.api, "host", "allow", "fv", host)
 
-	var log syncBuf
+	var log logrec.Buffer
 	c, err := newClient("http://"+n2.api, &log)
 	if err != nil {
 		t.Fatal(err)

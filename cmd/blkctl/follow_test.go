@@ -13,6 +13,7 @@ import (
 
 	"github.com/blk-project/blk/api"
 	"github.com/blk-project/blk/initiator/failover"
+	"github.com/blk-project/blk/internal/logrec"
 	"github.com/blk-project/blk/nvme"
 	"github.com/blk-project/blk/target"
 	"github.com/blk-project/blk/target/tcp"
@@ -161,7 +162,7 @@ func TestFollowDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log syncBuf
+	var log logrec.Buffer
 	e := &env{api: c, stderr: &log}
 	at, ok := servedBy(api.Volume{Node: "n1", NQN: "nqn.2024-01.io.blk:vol:v"}, f.members)
 	if !ok {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/blk-project/blk/internal/logline"
+	"github.com/blk-project/blk/internal/logrec"
 	"github.com/blk-project/blk/internal/testport"
 	"github.com/blk-project/blk/nvme/auth"
 	"github.com/blk-project/blk/pki"
@@ -21,7 +22,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -55,23 +55,6 @@ func freeAddr(t *testing.T) string {
 	return testport.Addr(t)
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startBlkd runs blkd on free ports and a temp dir with the extra
 // arguments, waits for its "ready" record, and returns its API address.
 func startBlkd(t *testing.T, extra ...string) string {
@@ -84,7 +67,7 @@ type blkdProc struct {
 	api    string
 	cmd    *exec.Cmd
 	exited chan struct{}
-	out    *syncBuf
+	out    *logrec.Buffer
 }
 
 // startBlkdProc is startBlkd, returning the process too.
@@ -93,7 +76,7 @@ func startBlkdProc(t *testing.T, extra ...string) *blkdProc {
 	api := freeAddr(t)
 	args := append([]string{"--data-dir", t.TempDir(), "--raft-addr", freeAddr(t), "--nvme-addr", freeAddr(t), "--tcp-addr", freeAddr(t), "--api-addr", api}, extra...)
 	cmd := exec.Command(blkdBin, args...)
-	out := &syncBuf{}
+	out := &logrec.Buffer{}
 	cmd.Stdout = out
 	logs, err := cmd.StderrPipe()
 	if err != nil {

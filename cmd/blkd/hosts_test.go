@@ -114,13 +114,15 @@ func TestHostRole(t *testing.T) {
 	d.must(t, "DELETE", "/v1/hosts/"+regHostA, "", 200, nil)
 }
 
-// TestHostsUpgradeGate: node3 runs a blkd that registers without the
-// hosts feature (built with withoutHosts, as an older one would): a
-// registration is refused, 409 naming node3, and nothing is registered;
-// node3 restarted with this blkd, it is served.
-func TestHostsUpgradeGate(t *testing.T) {
+// clusterWithOlderNode3 builds a blkd with package blkd's link-time
+// switch without (withoutHosts, withoutReservations…) set, as an older
+// blkd would run, and starts three nodes: node1 and node2 this blkd,
+// node3 the older one. It returns the cluster and the nodes' NVMe/TCP
+// addresses; node3 stopped and started again runs this blkd.
+func clusterWithOlderNode3(t *testing.T, without string) (*cluster, map[string]string) {
+	t.Helper()
 	old := filepath.Join(t.TempDir(), "blkd-old")
-	build := exec.Command("go", "build", "-o", old, "-ldflags", "-X github.com/blk-project/blk/cmd/blkd/internal/blkd.withoutHosts=1", ".")
+	build := exec.Command("go", "build", "-o", old, "-ldflags", "-X github.com/blk-project/blk/cmd/blkd/internal/blkd."+without+"=1", ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the older blkd: %v\n%s", err, out)
 	}
@@ -131,6 +133,15 @@ func TestHostsUpgradeGate(t *testing.T) {
 	binary = old
 	c.start("node3", "--tcp-addr", tcp["node3"], "--join", c.nodes["node1"].api)
 	binary = newer
+	return c, tcp
+}
+
+// TestHostsUpgradeGate: node3 runs a blkd that registers without the
+// hosts feature (built with withoutHosts, as an older one would): a
+// registration is refused, 409 naming node3, and nothing is registered;
+// node3 restarted with this blkd, it is served.
+func TestHostsUpgradeGate(t *testing.T) {
+	c, tcp := clusterWithOlderNode3(t, "withoutHosts")
 	lp := c.procs[c.settled(nil)]
 	body := `{"host_nqn": "` + regHostA + `", "name": "worker-1"}`
 	lp.refuse(t, "POST", "/v1/hosts", body, 409, `node node3 did not register feature "hosts".*upgrade every node`)

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -724,18 +722,7 @@ func TestReservationUnknownView(t *testing.T) {
 // keepers' round the volume's subsystem gets its keeper, and the same
 // host connection registers and holds.
 func TestReservationUpgradeGate(t *testing.T) {
-	old := filepath.Join(t.TempDir(), "blkd-old")
-	build := exec.Command("go", "build", "-o", old, "-ldflags", "-X github.com/blk-project/blk/cmd/blkd/internal/blkd.withoutReservations=1", ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the older blkd: %v\n%s", err, out)
-	}
-	c, _, tcp := newTCPCluster(t)
-	c.start("node1", "--tcp-addr", tcp["node1"])
-	c.start("node2", "--tcp-addr", tcp["node2"], "--join", c.nodes["node1"].api)
-	newer := binary
-	binary = old
-	c.start("node3", "--tcp-addr", tcp["node3"], "--join", c.nodes["node1"].api)
-	binary = newer
+	c, tcp := clusterWithOlderNode3(t, "withoutReservations")
 	lp := c.procs[c.settled(nil)]
 	v := createResvVolume(t, lp, "g", "4MiB", 1, "node1")
 	a := &resvHost{t: t, host: resvHostA, paths: []*initiator.Namespace{resvConnect(t, resvHostA, tcp["node1"], v.NQN)}}

@@ -1,12 +1,14 @@
 # deploy/bench/lib.sh: what the blkd bench scripts share, sourced by
-# caw.sh and snapshot.sh (not run on its own).
+# caw.sh and snapshot.sh (all of it) and by replicas.sh and rebuild.sh
+# (say, die, is_ready, median: they start three nodes of their own and
+# define ctl again for node1); not run on its own.
 #
 # Before sourcing, set bench_name (the script's name in log lines and in
-# its scratch directory), BASE_PORT and BENCH_DIR. bench_start then builds
-# blkd and blkctl from this checkout, starts one blkd on loopback (raft
-# BASE_PORT+1, NVMe/TCP +11, NVMe/RDMA +21, API +31) and waits for it to
-# be ready; whatever it started is stopped and the scratch directory
-# removed on exit, error or Ctrl-C.
+# its scratch directory), and for bench_start BASE_PORT and BENCH_DIR.
+# bench_start then builds blkd and blkctl from this checkout, starts one
+# blkd on loopback (raft BASE_PORT+1, NVMe/TCP +11, NVMe/RDMA +21, API
+# +31) and waits for it to be ready; whatever it started is stopped and
+# the scratch directory removed on exit, error or Ctrl-C.
 
 say() { printf '%s %s: %s\n' "$(date -u +%H:%M:%S)" "$bench_name" "$*" >&2; }
 die() { say "error: $*"; exit 1; }

@@ -48,8 +48,8 @@
 
 set -euo pipefail
 
-say() { printf '%s rebuild: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-die() { say "error: $*"; exit 1; }
+bench_name=rebuild
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" # say, die, is_ready
 
 SIZE=${SIZE:-1GiB}
 DIRTY=${DIRTY:-16384}
@@ -97,9 +97,6 @@ say "disk write $disk_w, read $disk_r, copy $disk_cr read + $disk_cw write MB/s;
 
 api() { echo "127.0.0.1:$((BASE_PORT + 30 + $1))"; }
 runs=0
-# is_ready FILE: blkd's log in FILE holds the record whose msg is ready
-# (--log-format text or json).
-is_ready() { grep -Eq '(^| )msg=ready( |$)|"msg":"ready"' "$1"; }
 
 # start N: start node N (joining node1 the first time), wait for ready.
 start() {

@@ -29,8 +29,8 @@
 
 set -euo pipefail
 
-say() { printf '%s replicas: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-die() { say "error: $*"; exit 1; }
+bench_name=replicas
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" # say, die, is_ready, median
 
 SIZE=${SIZE:-256MiB}
 RUNTIME=${RUNTIME:-10}
@@ -54,9 +54,6 @@ say "building blkd and blkctl"
 (cd "$repo" && go build -o "$scratch/blkd" ./cmd/blkd && go build -o "$scratch/blkctl" ./cmd/blkctl)
 
 api() { echo "127.0.0.1:$((BASE_PORT + 30 + $1))"; }
-# is_ready FILE: blkd's log in FILE holds the record whose msg is ready
-# (--log-format text or json).
-is_ready() { grep -Eq '(^| )msg=ready( |$)|"msg":"ready"' "$1"; }
 
 for n in 1 2 3; do
 	join=()
@@ -117,7 +114,6 @@ for run in $(seq "$RUNS"); do
 	done
 done
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 {
 	echo "| pattern | replicas | IOPS | mean µs | p99 µs | CPU µs per I/O | IOPS vs 1 | mean latency vs 1 |"
 	echo "| --- | --- | --- | --- | --- | --- | --- | --- |"

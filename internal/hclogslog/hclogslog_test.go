@@ -2,33 +2,15 @@ package hclogslog
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/blk-project/blk/internal/importtest"
+	"github.com/blk-project/blk/internal/logrec"
 	"github.com/hashicorp/go-hclog"
 )
-
-// records decodes the JSON lines in buf.
-func records(t *testing.T, buf *bytes.Buffer) []map[string]any {
-	t.Helper()
-	var out []map[string]any
-	for l := range strings.SplitSeq(strings.TrimSpace(buf.String()), "\n") {
-		if l == "" {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("%v: %q", err, l)
-		}
-		out = append(out, m)
-	}
-	buf.Reset()
-	return out
-}
 
 func newJSON(level slog.Leveler) (*bytes.Buffer, *Logger) {
 	var buf bytes.Buffer
@@ -51,7 +33,7 @@ func TestLevels(t *testing.T) {
 	g.Log(hclog.NoLevel, "n")
 	g.Log(hclog.Off, "off")
 	want := []struct{ msg, level string }{{"t", "DEBUG-4"}, {"d", "DEBUG"}, {"i", "INFO"}, {"w", "WARN"}, {"e", "ERROR"}, {"n", "INFO"}}
-	rs := records(t, buf)
+	rs := logrec.TakeJSON(t, buf)
 	if len(rs) != len(want) {
 		t.Fatalf("%d records, want %d: %v", len(rs), len(want), rs)
 	}
@@ -69,7 +51,7 @@ func TestLevels(t *testing.T) {
 	g.Info("hidden")
 	g.Debug("hidden")
 	g.Warn("shown")
-	if rs := records(t, buf); len(rs) != 1 || rs[0]["msg"] != "shown" {
+	if rs := logrec.TakeJSON(t, buf); len(rs) != 1 || rs[0]["msg"] != "shown" {
 		t.Errorf("at warn: %v", rs)
 	}
 	if g.IsTrace() || g.IsDebug() || g.IsInfo() || !g.IsWarn() || !g.IsError() || g.GetLevel() != hclog.Warn {
@@ -101,7 +83,7 @@ func TestNamesAndAttrs(t *testing.T) {
 	r := w.ResetNamed("other")
 	r.Warn("reset")
 	g.Info("plain")
-	rs := records(t, buf)
+	rs := logrec.TakeJSON(t, buf)
 	if len(rs) != 3 {
 		t.Fatalf("%d records: %v", len(rs), rs)
 	}
@@ -136,7 +118,7 @@ func TestStandardLogger(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []struct{ msg, level string }{{"plain line", "INFO"}, {"broken pipe", "ERROR"}, {"chatter", "DEBUG"}, {"late", "WARN"}, {"forced", "ERROR"}, {"two", "INFO"}, {"lines", "INFO"}}
-	rs := records(t, buf)
+	rs := logrec.TakeJSON(t, buf)
 	if len(rs) != len(want) {
 		t.Fatalf("%d records, want %d: %v", len(rs), len(want), rs)
 	}

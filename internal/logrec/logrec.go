@@ -8,9 +8,12 @@
 package logrec
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,4 +143,54 @@ func Expect(t testing.TB, what string, recs []Record, want ...Record) {
 			}
 		}
 	}
+}
+
+// TakeJSON decodes the JSON lines a slog.JSONHandler wrote to buf, one
+// record a line (blank lines passed over), and empties buf; a line that
+// is not JSON fails t.
+func TakeJSON(t testing.TB, buf *bytes.Buffer) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for l := range strings.SplitSeq(strings.TrimSpace(buf.String()), "\n") {
+		if l == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("%v: %q", err, l)
+		}
+		out = append(out, m)
+	}
+	buf.Reset()
+	return out
+}
+
+// Buffer is log output that goroutines or a child process write while a
+// test reads it: a bytes.Buffer behind a mutex. The zero value is ready
+// to use.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String is what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TakeJSON is TakeJSON on what was written so far: the records, and
+// the buffer emptied.
+func (b *Buffer) TakeJSON(t testing.TB) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return TakeJSON(t, &b.b)
 }

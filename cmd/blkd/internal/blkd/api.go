@@ -381,10 +381,8 @@ func (d *Daemon) createVolume(w http.ResponseWriter, r *http.Request) error {
 // listVolumes is linearizable on the leader; a follower answers from its
 // own copy of the registry, which may lag the leader's.
 func (d *Daemon) listVolumes(w http.ResponseWriter, r *http.Request) error {
-	if d.node.IsLeader() {
-		if err := d.node.Linearize(r.Context()); err != nil {
-			return metaError(err, "")
-		}
+	if err := d.linearizeOnLeader(r.Context()); err != nil {
+		return err
 	}
 	var vols []api.Volume
 	d.node.FSM().Read(func(s *meta.State) { vols = views(s, s.Export().Volumes...) })

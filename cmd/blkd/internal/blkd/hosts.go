@@ -1,6 +1,7 @@
 package blkd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -80,13 +81,23 @@ func checkHostRequest(req api.RegisterHostRequest) error {
 	return nil
 }
 
+// linearizeOnLeader makes a registry read on the leader linearizable
+// (a barrier first: the read covers every command committed before the
+// request); a follower reads its own copy, which may lag the leader's.
+func (d *Daemon) linearizeOnLeader(ctx context.Context) error {
+	if d.node.IsLeader() {
+		if err := d.node.Linearize(ctx); err != nil {
+			return metaError(err, "")
+		}
+	}
+	return nil
+}
+
 // listHosts is GET /v1/hosts, sorted by NQN; linearizable on the leader,
 // from the local copy elsewhere (as GET /v1/volumes).
 func (d *Daemon) listHosts(w http.ResponseWriter, r *http.Request) error {
-	if d.node.IsLeader() {
-		if err := d.node.Linearize(r.Context()); err != nil {
-			return metaError(err, "")
-		}
+	if err := d.linearizeOnLeader(r.Context()); err != nil {
+		return err
 	}
 	var hosts []meta.Host
 	d.node.FSM().Read(func(s *meta.State) { hosts = s.Hosts() })
@@ -104,10 +115,8 @@ func (d *Daemon) getHost(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if d.node.IsLeader() {
-		if err := d.node.Linearize(r.Context()); err != nil {
-			return metaError(err, "")
-		}
+	if err := d.linearizeOnLeader(r.Context()); err != nil {
+		return err
 	}
 	var h meta.Host
 	var ok bool

@@ -1,28 +1,15 @@
 package blkd
 
 import (
-	"bytes"
 	"crypto/tls"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 
+	"github.com/blk-project/blk/internal/logrec"
 	"github.com/blk-project/blk/internal/ratelog"
 )
-
-// lockedBuffer is a log output written by several goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
 
 // TestHTTPErrorLogBurst: a burst of refused TLS handshakes against the
 // API's server (apiServer) yields at most logBurst "http: TLS handshake
@@ -30,7 +17,7 @@ func (b *lockedBuffer) Write(p []byte) (int, error) {
 // one record counting the rest; nothing reaches package log. Before, the
 // server had no ErrorLog: one plain line per handshake on standard error.
 func TestHTTPErrorLogBurst(t *testing.T) {
-	var out lockedBuffer
+	var out logrec.Buffer
 	d := &Daemon{cfg: Config{Insecure: true, NodeID: "n1", LogFormat: "json", LogLevel: "info", LogOutput: &out}.WithDefaults()}
 	d.log, d.rl, d.audit = newLogger(d.cfg)
 	srv := httptest.NewUnstartedServer(nil)
@@ -49,9 +36,7 @@ func TestHTTPErrorLogBurst(t *testing.T) {
 	}
 	srv.Close() // waits for every connection's goroutine: all is logged
 	d.rl.Flush()
-	out.mu.Lock()
-	rs := jsonRecords(t, &out.buf)
-	out.mu.Unlock()
+	rs := out.TakeJSON(t)
 	lines, suppressed := 0, 0
 	for _, r := range rs {
 		switch r["msg"] {

@@ -2,31 +2,12 @@ package blkd
 
 import (
 	"bytes"
-	"encoding/json"
 	"log/slog"
-	"strings"
 	"testing"
 
+	"github.com/blk-project/blk/internal/logrec"
 	"github.com/blk-project/blk/internal/ratelog"
 )
-
-// jsonRecords decodes the JSON lines in buf and empties it.
-func jsonRecords(t *testing.T, buf *bytes.Buffer) []map[string]any {
-	t.Helper()
-	var out []map[string]any
-	for l := range strings.SplitSeq(strings.TrimSpace(buf.String()), "\n") {
-		if l == "" {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("%v: %q", err, l)
-		}
-		out = append(out, m)
-	}
-	buf.Reset()
-	return out
-}
 
 // TestRaftLogger: raft's records are the event log's, with
 // component=raft and the node's ID; its Info chatter is Debug but for
@@ -44,7 +25,7 @@ func TestRaftLogger(t *testing.T) {
 	raft.Info("pipelining replication", "peer", "{Voter n2 127.0.0.1:7001}") // chatter
 	raft.Warn("heartbeat timeout reached, starting election", "last-leader-addr", "")
 	raft.Debug("vote granted")
-	rs := jsonRecords(t, &buf)
+	rs := logrec.TakeJSON(t, &buf)
 	if len(rs) != 3 {
 		t.Fatalf("%d records at info, want the two on leadership and the warning: %v", len(rs), rs)
 	}
@@ -64,7 +45,7 @@ func TestRaftLogger(t *testing.T) {
 	level.Set(slog.LevelDebug) // what Reload does
 	raft.Info("pipelining replication", "peer", "n2")
 	raft.Debug("vote granted")
-	rs = jsonRecords(t, &buf)
+	rs = logrec.TakeJSON(t, &buf)
 	if len(rs) != 2 || rs[0]["msg"] != "pipelining replication" || rs[0]["level"] != "DEBUG" || rs[1]["msg"] != "vote granted" {
 		t.Errorf("at debug: %v", rs)
 	}
@@ -78,7 +59,7 @@ func TestRaftLogger(t *testing.T) {
 		raft.Error("failed to heartbeat to", "peer", "127.0.0.1:7001")
 	}
 	l.rl.Flush()
-	rs = jsonRecords(t, &buf)
+	rs = logrec.TakeJSON(t, &buf)
 	if len(rs) != logBurst+1 {
 		t.Fatalf("%d records at error for %d failures, want %d and a count", len(rs), logBurst+10, logBurst)
 	}
