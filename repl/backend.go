@@ -207,10 +207,11 @@ type Backend struct {
 	held                             []*target.IO
 	barrier                          chan struct{}
 	barriers, heldIOs, heldOverflows atomic.Uint64
-	// fence is the range a Fence holds the writes of (fence.go), nil
-	// when none runs; stored under gateMu, loaded by every write.
-	fence  atomic.Pointer[fenceRange]
-	fences atomic.Uint64
+	// heldRange is the range a HoldRange holds the writes of
+	// (holdrange.go), nil when none runs; stored under gateMu, loaded by
+	// every write.
+	heldRange  atomic.Pointer[blockRange]
+	rangeHolds atomic.Uint64
 }
 
 var _ target.AsyncBackend = (*Backend)(nil)
@@ -463,9 +464,10 @@ func (b *Backend) submit(io, parent *target.IO) {
 	// older set (without that replica) is then in use already, so the
 	// copier waits for it to land before it reads what it wrote.
 	r := b.get()
-	// The gate after the record: a barrier stores the gate (a fence its
-	// range), then waits for every record in use (barrier.go, fence.go).
-	if (b.gated.Load() || b.fence.Load() != nil) && b.holdIO(io, r) {
+	// The gate after the record: a barrier stores the gate (a range hold
+	// its range), then waits for every record in use (barrier.go,
+	// holdrange.go).
+	if (b.gated.Load() || b.heldRange.Load() != nil) && b.holdIO(io, r) {
 		return
 	}
 	r.drls = b.drls.Load() // the logs before the legs: see drl.go
@@ -498,11 +500,12 @@ type Stats struct {
 	// Dirty: the dirty-region logs the backend keeps, one per replica
 	// that left at this epoch and has not been rebuilt since.
 	Dirty []DirtyStats
-	// Barriers taken (Barrier), the host I/Os they and the fences held,
+	// Barriers taken (Barrier), the host I/Os they and the range holds held,
 	// and those held beyond Depth (the FIFO grew).
 	Barriers, HeldIOs, HeldOverflows uint64
-	// Fences taken (Fence: a region's verify).
-	Fences uint64
+	// RangeHolds taken (HoldRange: a region hashed at one instant on
+	// every copy).
+	RangeHolds uint64
 }
 
 // DirtyStats is one replica's dirty-region log.
@@ -541,7 +544,7 @@ func (b *Backend) Stats() Stats {
 	s := b.set.Load()
 	st := Stats{Epoch: s.epoch, Serving: b.serving.Load(), Overflows: b.overflows.Load(), LocalFailures: b.localFailures.Load(),
 		Barriers: b.barriers.Load(), HeldIOs: b.heldIOs.Load(), HeldOverflows: b.heldOverflows.Load(),
-		Fences: b.fences.Load()}
+		RangeHolds: b.rangeHolds.Load()}
 	for _, p := range s.peers {
 		st.Peers = append(st.Peers, PeerStats{Node: p.node, State: peerStateNames[p.state.Load()],
 			Writes: p.writes.Load(), Failures: p.failures.Load(), Held: p.held.Load(),

@@ -118,12 +118,12 @@ func TestRealLegsFewSlots(t *testing.T) {
 	realLegs(t, initiator.Config{Queues: 1, QueueDepth: initiator.MinQueueDepth}, true, nil)
 }
 
-// gateTaker takes barriers or fences on b while the host writes, each
+// gateTaker takes barriers or range holds on b while the host writes, each
 // comparing the local volume v with the replica behind leg; stop returns
 // how many were taken.
 type gateTaker func(t *testing.T, b *Backend, v *store.Volume, leg *initiator.Namespace) (stop func() int)
 
-// realLegs: see TestRealLegs; gates, if set, takes barriers or fences
+// realLegs: see TestRealLegs; gates, if set, takes barriers or range holds
 // meanwhile.
 func realLegs(t *testing.T, legCfg initiator.Config, wantBacklog bool, gates gateTaker) {
 	seed := testSeed(t)
@@ -172,10 +172,10 @@ func realLegs(t *testing.T, legCfg initiator.Config, wantBacklog bool, gates gat
 	initiatortest.RandomWorkload(t, host, seed, 64, ops)
 	all := initiatortest.RandomWorkload(t, host, seed+1, 64, ops) // overwrites: the direct path
 	if n, st := stopGates(), b.Stats(); gates != nil {
-		if n == 0 || st.HeldIOs == 0 || uint64(n) != st.Barriers+st.Fences {
-			t.Fatalf("%d barriers or fences (stats: %d and %d) held %d writes", n, st.Barriers, st.Fences, st.HeldIOs)
+		if n == 0 || st.HeldIOs == 0 || uint64(n) != st.Barriers+st.RangeHolds {
+			t.Fatalf("%d barriers or range holds (stats: %d and %d) held %d writes", n, st.Barriers, st.RangeHolds, st.HeldIOs)
 		}
-		t.Logf("%d barriers or fences held %d writes", n, st.HeldIOs)
+		t.Logf("%d barriers or range holds held %d writes", n, st.HeldIOs)
 	}
 	if err := host.Flush(); err != nil {
 		t.Fatal(err)

@@ -27,14 +27,14 @@ import (
 // reads) although nothing is lost. So a differing region is hashed
 // again on the primary and on the replicas that differed at one instant:
 // the primary holds the host writes to the region and waits until none
-// is in flight on any copy (repl.Backend.Fence), hashes its copy and
+// is in flight on any copy (repl.Backend.HoldRange), hashes its copy and
 // has each replica's node hash its own, then lets the writes go. A
 // region that differs then differs for good (a replica that missed a
 // write, or a bug), whatever the host writes. A primary that cannot
-// fence (an older blkd, a term that ended meanwhile) is asked as before
-// verifyFenced existed: the region is hashed again verifyRetries times,
-// primary and replica one after the other, and reported if it differs
-// every time. Unwritten clusters read as zeros in the store and hash as
+// hold the region (an older blkd, a term that ended meanwhile) is asked
+// as before verifyAtOnce existed: the region is hashed again
+// verifyRetries times, primary and replica one after the other, and
+// reported if it differs every time. Unwritten clusters read as zeros in the store and hash as
 // such.
 
 const (
@@ -44,14 +44,14 @@ const (
 	// verifyBatch is how many regions one checksum request covers.
 	verifyBatch = 256
 	// verifyRetries is how many more times a differing region is asked
-	// when its primary cannot fence it.
+	// when its primary cannot hold its writes to it.
 	verifyRetries = 3
-	// verifyFenceTimeout bounds a fenced hash on the primary: the drain of
-	// the writes in flight and every copy's hash of one region. The host
+	// verifyHoldTimeout bounds a hash at one instant on the primary: the
+	// drain of the writes in flight and every copy's hash of one region. The host
 	// writes to that region wait meanwhile (a few milliseconds; this
 	// much only if a replica's node stalls), far below a host's I/O
 	// timeout.
-	verifyFenceTimeout = 5 * time.Second
+	verifyHoldTimeout = 5 * time.Second
 )
 
 // checksumRequest is the body of POST /v1/internal/checksum.
@@ -63,24 +63,24 @@ type checksumRequest struct {
 	// compare rebuild asks for repl.DigestRegionBytes (a node with
 	// meta.FeatureDigests takes any power of two from 4 KiB to 1 MiB).
 	RegionBytes int `json:"region_bytes,omitempty"`
-	// Fence, sent to the volume's primary at term Epoch: hash the one
+	// AtOnce, sent to the volume's primary at term Epoch: hash the one
 	// region (Regions 1, RegionBytes verifyRegion) on this node and on
-	// each node named, at one instant: inside a fence of the primary's
-	// writes to the region (verifyFenced). An older blkd refuses the
+	// each node named, at one instant: while the primary holds its
+	// writes to the region (verifyAtOnce). An older blkd refuses the
 	// field (400): the leader then asks as before.
-	Fence []string `json:"fence,omitempty"`
-	Epoch uint64   `json:"epoch,omitempty"`
+	AtOnce []string `json:"at_once,omitempty"`
+	Epoch  uint64   `json:"epoch,omitempty"`
 }
 
 // checksumResponse: one hex SHA-256 per region.
 type checksumResponse struct {
 	Sums []string `json:"sums"`
-	// Fenced: with Fence, each copy's hash of the region by node ID (the
-	// primary's too), all taken inside the fence.
-	Fenced map[string]string `json:"fenced,omitempty"`
-	// InSync: with Fence, the nodes of Fence the primary's backend
-	// counted in sync at the fence (one that missed a write meanwhile is
-	// not, though the registry may still say so).
+	// AtOnce: with AtOnce, each copy's hash of the region by node ID
+	// (the primary's too), all taken while its writes were held.
+	AtOnce map[string]string `json:"at_once,omitempty"`
+	// InSync: with AtOnce, the nodes of AtOnce the primary's backend
+	// counted in sync while it held the writes (one that missed a write
+	// meanwhile is not, though the registry may still say so).
 	InSync []string `json:"in_sync,omitempty"`
 }
 
@@ -136,18 +136,18 @@ func (d *Daemon) internalChecksum(w http.ResponseWriter, r *http.Request) error 
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	if len(req.Fence) > 0 {
+	if len(req.AtOnce) > 0 {
 		if req.Regions != 1 || (req.RegionBytes != 0 && req.RegionBytes != verifyRegion) {
-			return badRequest("a fenced checksum covers one region of %d bytes, not %d of %d", verifyRegion, req.Regions, req.RegionBytes)
+			return badRequest("a checksum at one instant covers one region of %d bytes, not %d of %d", verifyRegion, req.Regions, req.RegionBytes)
 		}
-		fenced, inSync, err := d.verifyFenced(r.Context(), req.ID, req.Epoch, req.Offset, req.Fence)
+		sums, inSync, err := d.verifyAtOnce(r.Context(), req.ID, req.Epoch, req.Offset, req.AtOnce)
 		if err != nil {
 			if _, ok := err.(*apiError); ok {
 				return err
 			}
 			return &apiError{http.StatusConflict, err.Error()}
 		}
-		writeJSON(w, http.StatusOK, checksumResponse{Sums: []string{fenced[d.cfg.NodeID]}, Fenced: fenced, InSync: inSync})
+		writeJSON(w, http.StatusOK, checksumResponse{Sums: []string{sums[d.cfg.NodeID]}, AtOnce: sums, InSync: inSync})
 		return nil
 	}
 	sums, err := d.localChecksums(req.ID, req.Offset, req.Regions, req.RegionBytes)
@@ -226,7 +226,7 @@ func (d *Daemon) verify(ctx context.Context, v meta.Volume) (api.VerifyResult, e
 	for _, n := range nodes {
 		live[n] = true
 	}
-	fenced, unfenced := 0, 0 // regions hashed again at one instant, or apart
+	atOnceN, apartN := 0, 0 // regions hashed again at one instant, or apart
 	for off := uint64(0); off < v.SizeBytes; off += verifyBatch * verifyRegion {
 		sums := make(map[string][]string, len(nodes))
 		var ask []string
@@ -286,9 +286,9 @@ func (d *Daemon) verify(ctx context.Context, v meta.Volume) (api.VerifyResult, e
 		for _, at := range offsets {
 			still[at], atOnce[at] = d.confirmDiffers(ctx, v, at, differ[at], inSync)
 			if atOnce[at] {
-				fenced++
+				atOnceN++
 			} else {
-				unfenced++
+				apartN++
 			}
 		}
 		for _, n := range nodes[1:] {
@@ -308,32 +308,33 @@ func (d *Daemon) verify(ctx context.Context, v meta.Volume) (api.VerifyResult, e
 		}
 	}
 	d.log.Info("volume verify", slog.String("volume", v.Name), slog.Uint64("epoch", res.Epoch), slog.Any("compared", res.Compared),
-		slog.Int("regions_hashed_again_at_one_instant", fenced), slog.Int("regions_hashed_again_apart", unfenced),
+		slog.Int("regions_hashed_again_at_one_instant", atOnceN), slog.Int("regions_hashed_again_apart", apartN),
 		slog.Int("mismatches", len(res.Mismatches)))
 	return res, nil
 }
 
 // confirmDiffers hashes the region at off of v again on the primary and
 // on nodes (replicas whose first hash differed from the primary's), at
-// one instant if the primary fences (verifyFenced; atOnce), and returns
+// one instant if the primary holds its writes there (verifyAtOnce;
+// atOnce), and returns
 // the nodes whose copy still differs, each with whether it counts as in
-// sync: the registry's inSync, and the primary's backend's at the fence.
+// sync: the registry's inSync, and the primary's backend's meanwhile.
 func (d *Daemon) confirmDiffers(ctx context.Context, v meta.Volume, off uint64, nodes []string, inSync map[string]bool) (out map[string]bool, atOnce bool) {
 	out = map[string]bool{}
-	fenced, legs, err := d.fencedChecksums(ctx, v, off, nodes)
+	sums, legs, err := d.checksumsAtOnce(ctx, v, off, nodes)
 	if err == nil {
 		in := map[string]bool{}
 		for _, n := range legs {
 			in[n] = true
 		}
 		for _, n := range nodes {
-			if s, ok := fenced[n]; !ok || s != fenced[v.Node] {
+			if s, ok := sums[n]; !ok || s != sums[v.Node] {
 				out[n] = inSync[n] && in[n]
 			}
 		}
 		return out, true
 	}
-	d.log.Warn("volume verify: the primary did not hash a differing region at one instant: asking again unfenced",
+	d.log.Warn("volume verify: the primary did not hash a differing region at one instant: asking again apart",
 		slog.String("volume", v.Name), slog.String("primary", v.Node), slog.Uint64("offset", off), slog.String("err", err.Error()))
 	for _, n := range nodes {
 		if d.stillDiffers(ctx, v, n, off) {
@@ -343,37 +344,37 @@ func (d *Daemon) confirmDiffers(ctx context.Context, v meta.Volume, off uint64, 
 	return out, false
 }
 
-// fencedChecksums has v's primary (this node, or through its checksum
-// route) hash the region at off on its copy and on nodes' inside a fence
-// of its writes there: the hashes by node (the primary's too), and the
-// nodes its backend counted in sync at the fence.
-func (d *Daemon) fencedChecksums(ctx context.Context, v meta.Volume, off uint64, nodes []string) (map[string]string, []string, error) {
+// checksumsAtOnce has v's primary (this node, or through its checksum
+// route) hash the region at off on its copy and on nodes' while it holds
+// its writes there: the hashes by node (the primary's too), and the
+// nodes its backend counted in sync meanwhile.
+func (d *Daemon) checksumsAtOnce(ctx context.Context, v meta.Volume, off uint64, nodes []string) (map[string]string, []string, error) {
 	if v.Node == d.cfg.NodeID {
-		return d.verifyFenced(ctx, v.ID, v.CurrentEpoch(), off, nodes)
+		return d.verifyAtOnce(ctx, v.ID, v.CurrentEpoch(), off, nodes)
 	}
 	n, err := registryParts{d.node}.Node(ctx, v.Node)
 	if err != nil {
 		return nil, nil, err
 	}
 	var out checksumResponse
-	req := checksumRequest{ID: v.ID, Offset: off, Regions: 1, Fence: nodes, Epoch: v.CurrentEpoch()}
+	req := checksumRequest{ID: v.ID, Offset: off, Regions: 1, AtOnce: nodes, Epoch: v.CurrentEpoch()}
 	if err := d.postPeer(ctx, n.MgmtAddr, "/v1/internal/checksum", req, &out); err != nil {
 		return nil, nil, fmt.Errorf("node %s: %w", v.Node, err)
 	}
-	if _, ok := out.Fenced[v.Node]; !ok {
-		return nil, nil, fmt.Errorf("node %s gave no fenced hash of its own copy", v.Node)
+	if _, ok := out.AtOnce[v.Node]; !ok {
+		return nil, nil, fmt.Errorf("node %s gave no hash at one instant of its own copy", v.Node)
 	}
-	return out.Fenced, out.InSync, nil
+	return out.AtOnce, out.InSync, nil
 }
 
-// verifyFenced hashes the verifyRegion at off of volume id on this node,
-// the primary of its term at epoch, and on each of nodes, inside a fence
-// of the term's writes to the region (repl.Backend.Fence): no write
-// there is in flight on any copy while the copies are hashed, so their
-// hashes differ only if their bytes do whatever the host writes. It
-// returns the hashes by node (this one's too) and the nodes of nodes the
-// backend counted in sync at the fence.
-func (d *Daemon) verifyFenced(ctx context.Context, id, epoch, off uint64, nodes []string) (map[string]string, []string, error) {
+// verifyAtOnce hashes the verifyRegion at off of volume id on this node,
+// the primary of its term at epoch, and on each of nodes, while the term
+// holds its writes to the region (repl.Backend.HoldRange): no write there
+// is in flight on any copy while the copies are hashed, so their hashes
+// differ only if their bytes do, whatever the host writes. It returns
+// the hashes by node (this one's too) and the nodes of nodes the backend
+// counted in sync meanwhile.
+func (d *Daemon) verifyAtOnce(ctx context.Context, id, epoch, off uint64, nodes []string) (map[string]string, []string, error) {
 	hv := d.hostVolumeOf(id)
 	var pl *primaryLeg
 	if hv != nil {
@@ -398,15 +399,15 @@ func (d *Daemon) verifyFenced(ctx context.Context, id, epoch, off uint64, nodes 
 	}
 	for _, n := range nodes {
 		if n == d.cfg.NodeID {
-			return nil, nil, badRequest("fence: node %s is the primary, not a replica", n)
+			return nil, nil, badRequest("at_once: node %s is the primary, not a replica", n)
 		}
 	}
 	blocks := min(uint64(verifyRegion), info.SizeBytes-off) >> shift
-	ctx, cancel := context.WithTimeout(ctx, verifyFenceTimeout)
+	ctx, cancel := context.WithTimeout(ctx, verifyHoldTimeout)
 	defer cancel()
 	sums := make(map[string]string, len(nodes)+1)
 	var inSync []string
-	_, err = pl.b.Fence(ctx, off>>shift, blocks, func() error {
+	_, err = pl.b.HoldRange(ctx, off>>shift, blocks, func() error {
 		for _, p := range pl.b.Stats().Peers {
 			if p.State == "in-sync" && slices.Contains(nodes, p.Node) {
 				inSync = append(inSync, p.Node)
@@ -436,14 +437,14 @@ func (d *Daemon) verifyFenced(ctx context.Context, id, epoch, off uint64, nodes 
 		return errors.Join(errs...)
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("fenced hash of the region at %d: %w", off, err)
+		return nil, nil, fmt.Errorf("hash at one instant of the region at %d: %w", off, err)
 	}
 	return sums, inSync, nil
 }
 
 // stillDiffers asks the primary and node again for the region at off,
 // up to verifyRetries times, one after the other (a primary that cannot
-// fence): a host write between the two reads makes a region differ for
+// hold its writes): a host write between the two reads makes a region differ for
 // a moment.
 func (d *Daemon) stillDiffers(ctx context.Context, v meta.Volume, node string, off uint64) bool {
 	for range verifyRetries {

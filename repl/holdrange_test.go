@@ -14,13 +14,13 @@ import (
 	"github.com/blk-project/blk/target"
 )
 
-// TestFence: a fence over blocks [8, 16) waits for a write in flight
+// TestHoldRange: a range hold over blocks [8, 16) waits for a write in flight
 // there to complete on its remote leg before fn runs; while fn runs a
 // write into the range is held (it reaches no leg), while a write
 // outside it and a flush go and complete; the held write goes once fn
-// returned, and completes. Bad arguments are refused, as is a fence on
+// returned, and completes. Bad arguments are refused, as is a range hold on
 // a backend that does not serve.
-func TestFence(t *testing.T) {
+func TestHoldRange(t *testing.T) {
 	local := newFakeLocal(t, true, nil)
 	b, err := New(Config{Local: local, Reporter: &logReporter{}, Epoch: 5, HoldTimeout: 10 * time.Second})
 	if err != nil {
@@ -43,7 +43,7 @@ func TestFence(t *testing.T) {
 	ran, proceed := make(chan struct{}), make(chan struct{})
 	fenced := make(chan error, 1)
 	go func() {
-		_, err := b.Fence(context.Background(), 8, 8, func() error {
+		_, err := b.HoldRange(context.Background(), 8, 8, func() error {
 			close(ran)
 			<-proceed
 			return nil
@@ -68,7 +68,7 @@ func TestFence(t *testing.T) {
 		t.Fatalf("%d IOs held, want the one write into the range", got)
 	}
 	if p := leg.pending(); len(p) != 2 || p[0].lba != 16 || p[1].op != target.OpFlush {
-		t.Fatalf("commands on the leg while fenced: %+v, want the write outside the range and the flush", p)
+		t.Fatalf("commands on the leg while the range was held: %+v, want the write outside the range and the flush", p)
 	}
 	leg.completeAll(t)
 	for _, h := range []*hostIO{outside, flush} {
@@ -77,20 +77,20 @@ func TestFence(t *testing.T) {
 		}
 	}
 	if inside.isDone() || len(leg.pending()) != 0 {
-		t.Fatal("the write into the range went while the fence was up")
+		t.Fatal("the write into the range went while the range was held")
 	}
 	close(proceed)
 	if err := <-fenced; err != nil {
 		t.Fatal(err)
 	}
 	if p := leg.pending(); len(p) != 1 || p[0].lba != 15 {
-		t.Fatalf("after the fence: %+v on the leg, want the held write", p)
+		t.Fatalf("after the hold: %+v on the leg, want the held write", p)
 	}
 	leg.completeAll(t)
 	if err := inside.wait(t); err != nil {
 		t.Fatal(err)
 	}
-	if st := b.Stats(); st.Fences != 1 || st.HeldIOs != 1 || st.Barriers != 0 {
+	if st := b.Stats(); st.RangeHolds != 1 || st.HeldIOs != 1 || st.Barriers != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 	got := make([]byte, 3*testBlock)
@@ -101,26 +101,26 @@ func TestFence(t *testing.T) {
 		t.Fatal("the held write did not land on the replica")
 	}
 
-	// fn's error is Fence's; bad arguments; a backend not serving.
+	// fn's error is HoldRange's; bad arguments; a backend not serving.
 	boom := errors.New("boom")
-	if _, err := b.Fence(context.Background(), 0, 1, func() error { return boom }); !errors.Is(err, boom) {
+	if _, err := b.HoldRange(context.Background(), 0, 1, func() error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("fn's error: %v", err)
 	}
 	for _, bad := range [][2]uint64{{0, 0}, {^uint64(0), 2}} {
-		if _, err := b.Fence(context.Background(), bad[0], bad[1], func() error { return nil }); !errors.Is(err, ErrInvalid) {
-			t.Fatalf("fence %v: %v, want ErrInvalid", bad, err)
+		if _, err := b.HoldRange(context.Background(), bad[0], bad[1], func() error { return nil }); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("range hold %v: %v, want ErrInvalid", bad, err)
 		}
 	}
 	b.SetServing(false)
-	if _, err := b.Fence(context.Background(), 0, 1, func() error { t.Error("fn ran"); return nil }); !errors.Is(err, ErrNotServing) {
+	if _, err := b.HoldRange(context.Background(), 0, 1, func() error { t.Error("fn ran"); return nil }); !errors.Is(err, ErrNotServing) {
 		t.Fatalf("not serving: %v", err)
 	}
 }
 
-// TestFenceTimeout: a fence whose drain outlasts its context (a leg that
+// TestHoldRangeTimeout: a range hold whose drain outlasts its context (a leg that
 // never completes) returns ErrBarrierTimeout without running fn, and
 // releases the writes it held.
-func TestFenceTimeout(t *testing.T) {
+func TestHoldRangeTimeout(t *testing.T) {
 	local := newFakeLocal(t, true, nil)
 	b, err := New(Config{Local: local, Reporter: &logReporter{}, Epoch: 5, HoldTimeout: 10 * time.Second})
 	if err != nil {
@@ -138,11 +138,11 @@ func TestFenceTimeout(t *testing.T) {
 	go func() {
 		time.Sleep(5 * time.Millisecond)
 		h := newHostIO(target.OpWrite, 1, 1, pattern(testBlock, 2), false)
-		b.Submit(&h.io) // held, then released by the timed-out fence
+		b.Submit(&h.io) // held, then released by the timed-out hold
 		late <- h
 	}()
-	if _, err := b.Fence(ctx, 0, 8, func() error { t.Error("fn ran"); return nil }); !errors.Is(err, ErrBarrierTimeout) {
-		t.Fatalf("fence: %v, want ErrBarrierTimeout", err)
+	if _, err := b.HoldRange(ctx, 0, 8, func() error { t.Error("fn ran"); return nil }); !errors.Is(err, ErrBarrierTimeout) {
+		t.Fatalf("range hold: %v, want ErrBarrierTimeout", err)
 	}
 	h := <-late
 	for deadline := time.Now().Add(5 * time.Second); len(leg.pending()) < 2; time.Sleep(time.Millisecond) {
@@ -158,20 +158,20 @@ func TestFenceTimeout(t *testing.T) {
 	}
 }
 
-// TestRealFence: TestRealLegs with fences taken back to back on seeded
-// 1 MiB regions while the host writes at QD 64: at every fence's fn the
+// TestRealHoldRange: TestRealLegs with range holds taken back to back on seeded
+// 1 MiB regions while the host writes at QD 64: at every hold's fn the
 // region reads the same on the primary's store and on the replica
-// (through its connection). Without the fence the two reads, moments
+// (through its connection). Without the hold the two reads, moments
 // apart, differ now and then (counted and logged, not asserted: that is
 // what volume verify's retries used to paper over).
-func TestRealFence(t *testing.T) {
-	realLegs(t, initiator.Config{Queues: 2, QueueDepth: 128}, false, takeFences)
+func TestRealHoldRange(t *testing.T) {
+	realLegs(t, initiator.Config{Queues: 2, QueueDepth: 128}, false, takeRangeHolds)
 }
 
-// takeFences fences a seeded 1 MiB region of b every millisecond until
+// takeRangeHolds holds a seeded 1 MiB region of b every millisecond until
 // stop, comparing the local volume v with the replica behind leg there,
-// inside the fence and then again outside it.
-func takeFences(t *testing.T, b *Backend, v *store.Volume, leg *initiator.Namespace) (stop func() int) {
+// inside the hold and then again outside it.
+func takeRangeHolds(t *testing.T, b *Backend, v *store.Volume, leg *initiator.Namespace) (stop func() int) {
 	const region = 256 // blocks: 1 MiB
 	quit := make(chan struct{})
 	done := make(chan int)
@@ -192,7 +192,7 @@ func takeFences(t *testing.T, b *Backend, v *store.Volume, leg *initiator.Namesp
 	go func() {
 		n, unfenced := 0, 0
 		defer func() {
-			t.Logf("%d fences; outside them the region differed %d times", n, unfenced)
+			t.Logf("%d range holds; outside them the region differed %d times", n, unfenced)
 			done <- n
 		}()
 		for {
@@ -202,9 +202,9 @@ func takeFences(t *testing.T, b *Backend, v *store.Volume, leg *initiator.Namesp
 			case <-time.After(time.Millisecond):
 			}
 			lba := rng.Uint64N(realBlocks/region) * region
-			_, err := b.Fence(context.Background(), lba, region, func() error { return compare(lba) })
+			_, err := b.HoldRange(context.Background(), lba, region, func() error { return compare(lba) })
 			if err != nil {
-				t.Errorf("fence %d at LBA %d: %v", n, lba, err)
+				t.Errorf("range hold %d at LBA %d: %v", n, lba, err)
 				return
 			}
 			n++
