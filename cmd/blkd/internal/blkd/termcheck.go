@@ -50,8 +50,7 @@ const (
 // (repl.Backend.HoldRange): no write is then on its way to one copy, so a
 // region hashed differently differs for real. The rechecks alone, the
 // two copies hashed moments apart, may find a region the host rewrites
-// without pause different every time (TestFailoverRebuildUnderWrites
-// took an equal replica out of sync so). real: some region differs at
+// without pause different every time. real: some region differs at
 // one instant (the rest is not compared: the compare rebuild that
 // follows compares everything).
 func (d *Daemon) divergedAtOnce(ctx context.Context, pl *primaryLeg, src repl.DigestSource, remote repl.RemoteDigestsFunc, runs [][2]uint64) (real bool, err error) {
