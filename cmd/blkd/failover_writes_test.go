@@ -140,11 +140,12 @@ func TestFailoverRebuildUnderWrites(t *testing.T) {
 			if id == primary || id == next {
 				continue
 			}
+			differs := false
 			eventually(t, 60*time.Second, fmt.Sprintf("round %d: %s's term check of %s", round, next, id), func() error {
 				for _, l := range strings.Split(c.procs[next].output(), "\n") {
 					if strings.Contains(l, fmt.Sprintf(" epoch=%d node=%s", epoch, id)) &&
 						(strings.Contains(l, `msg="term check: replica equal to the primary"`) || strings.Contains(l, `msg="replica differs from the primary: taken out of sync, to be copied back"`)) {
-						if strings.Contains(l, "differs") {
+						if differs = strings.Contains(l, "differs"); differs {
 							t.Logf("round %d: %s", round, l)
 						}
 						return nil
@@ -152,6 +153,16 @@ func TestFailoverRebuildUnderWrites(t *testing.T) {
 				}
 				return fmt.Errorf("not logged yet")
 			})
+			if differs {
+				eventually(t, 60*time.Second, fmt.Sprintf("round %d: %s copied back to %s", round, next, id), func() error {
+					for _, l := range strings.Split(c.procs[next].output(), "\n") {
+						if strings.Contains(l, `msg="rebuild done"`) && strings.Contains(l, " node="+id+" ") && strings.Contains(l, fmt.Sprintf(" epoch=%d ", epoch)) {
+							return nil
+						}
+					}
+					return fmt.Errorf("no rebuild done yet")
+				})
+			}
 		}
 		eventually(t, 60*time.Second, fmt.Sprintf("round %d: %s rebuilt in sync", round, primary), func() error {
 			v = replicatedJSON{}
@@ -170,7 +181,12 @@ func TestFailoverRebuildUnderWrites(t *testing.T) {
 			}
 		}
 		if !strings.Contains(done, "mode=compare") {
-			t.Errorf("round %d: %s's rebuild: %q, want a compare", round, primary, done)
+			t.Errorf("round %d: %s's rebuild: %q, want a compare; the log of %s:", round, primary, done, next)
+			for _, l := range strings.Split(c.procs[next].output(), "\n") {
+				if strings.Contains(l, "rebuild") || strings.Contains(l, "replica state") || strings.Contains(l, "primary") {
+					t.Log(l)
+				}
+			}
 		}
 		// The writers flow again (none stuck retrying the killed path),
 		// then the verify, under their writes.
