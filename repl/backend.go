@@ -207,6 +207,11 @@ type Backend struct {
 	held                             []*target.IO
 	barrier                          chan struct{}
 	barriers, heldIOs, heldOverflows atomic.Uint64
+	// heldRange is the range a HoldRange holds the writes of
+	// (holdrange.go), nil when none runs; stored under gateMu, loaded by
+	// every write.
+	heldRange  atomic.Pointer[blockRange]
+	rangeHolds atomic.Uint64
 }
 
 var _ target.AsyncBackend = (*Backend)(nil)
@@ -459,9 +464,10 @@ func (b *Backend) submit(io, parent *target.IO) {
 	// older set (without that replica) is then in use already, so the
 	// copier waits for it to land before it reads what it wrote.
 	r := b.get()
-	// The gate after the record: a barrier stores the gate, then waits
-	// for every record in use (barrier.go).
-	if b.gated.Load() && b.holdIO(io, r) {
+	// The gate after the record: a barrier stores the gate (a range hold
+	// its range), then waits for every record in use (barrier.go,
+	// holdrange.go).
+	if (b.gated.Load() || b.heldRange.Load() != nil) && b.holdIO(io, r) {
 		return
 	}
 	r.drls = b.drls.Load() // the logs before the legs: see drl.go
@@ -494,9 +500,12 @@ type Stats struct {
 	// Dirty: the dirty-region logs the backend keeps, one per replica
 	// that left at this epoch and has not been rebuilt since.
 	Dirty []DirtyStats
-	// Barriers taken (Barrier), the host I/Os they held, and those held
-	// beyond Depth (the FIFO grew).
+	// Barriers taken (Barrier), the host I/Os they and the range holds held,
+	// and those held beyond Depth (the FIFO grew).
 	Barriers, HeldIOs, HeldOverflows uint64
+	// RangeHolds taken (HoldRange: a region hashed at one instant on
+	// every copy).
+	RangeHolds uint64
 }
 
 // DirtyStats is one replica's dirty-region log.
@@ -534,7 +543,8 @@ type PeerStats struct {
 func (b *Backend) Stats() Stats {
 	s := b.set.Load()
 	st := Stats{Epoch: s.epoch, Serving: b.serving.Load(), Overflows: b.overflows.Load(), LocalFailures: b.localFailures.Load(),
-		Barriers: b.barriers.Load(), HeldIOs: b.heldIOs.Load(), HeldOverflows: b.heldOverflows.Load()}
+		Barriers: b.barriers.Load(), HeldIOs: b.heldIOs.Load(), HeldOverflows: b.heldOverflows.Load(),
+		RangeHolds: b.rangeHolds.Load()}
 	for _, p := range s.peers {
 		st.Peers = append(st.Peers, PeerStats{Node: p.node, State: peerStateNames[p.state.Load()],
 			Writes: p.writes.Load(), Failures: p.failures.Load(), Held: p.held.Load(),

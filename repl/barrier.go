@@ -201,13 +201,14 @@ func (b *Backend) Barrier(ctx context.Context, fn func(inSync []string) (took []
 	return held, nil
 }
 
-// holdIO keeps io, a write Submit found gated, for the barrier's release;
-// false if the gate was cleared meanwhile (submit it). r, the record
+// holdIO keeps io, a write Submit found gated (or a range held), for the
+// barrier's (or the range hold's) release; false if the gate was cleared
+// meanwhile or io is outside the held range (submit it). r, the record
 // Submit took, goes back to the free list once io is queued: a drain
 // that waits for it sees io held.
 func (b *Backend) holdIO(io *target.IO, r *record) bool {
 	b.gateMu.Lock()
-	if !b.gated.Load() {
+	if f := b.heldRange.Load(); !b.gated.Load() && (f == nil || !f.overlaps(io, b.shift)) {
 		b.gateMu.Unlock()
 		return false
 	}
@@ -222,12 +223,14 @@ func (b *Backend) holdIO(io *target.IO, r *record) bool {
 	return true
 }
 
-// release clears the gate and resubmits the held IOs in arrival order.
-// The barrier's alone: no IO is appended once the gate is clear, and no
-// other barrier sets it before this one returns.
+// release clears the gate (and the held range) and resubmits the held
+// IOs in arrival order. The barrier's (or the range hold's) alone: no IO
+// is appended once the gate is clear, and no other barrier or range hold
+// sets it before this one returns.
 func (b *Backend) release() {
 	b.gateMu.Lock()
 	b.gated.Store(false)
+	b.heldRange.Store(nil)
 	q := b.held
 	b.gateMu.Unlock()
 	for i, io := range q {
@@ -242,7 +245,7 @@ func (b *Backend) release() {
 // failHeld fails the IOs held now with the status of a backend that does
 // not serve (called once it stopped serving).
 func (b *Backend) failHeld() {
-	if !b.gated.Load() {
+	if !b.gated.Load() && b.heldRange.Load() == nil {
 		return
 	}
 	b.gateMu.Lock()

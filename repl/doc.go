@@ -46,7 +46,9 @@
 // those in flight drain on every leg, the caller's function runs with
 // the in-sync replicas, and the held writes go in arrival order; a
 // replica that did not take the snapshot leaves as if it missed a
-// write.
+// write. HoldRange (holdrange.go) is the same over a range of blocks:
+// only the writes overlapping it are held, so that volume verify and the
+// term check hash a region on every copy at one instant.
 //
 // What it must never do: acknowledge a write a replica the registry
 // counts in sync missed; block a poll group (a submit never waits); read

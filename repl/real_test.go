@@ -95,7 +95,7 @@ func connect(t testing.TB, addr string, cfg initiator.Config) *initiator.Namespa
 // Write Zeroes there waits for the volume's lock, held by direct I/Os
 // only that group reaps: the test hangs.)
 func TestRealLegs(t *testing.T) {
-	realLegs(t, initiator.Config{Queues: 2, QueueDepth: 128}, false, false)
+	realLegs(t, initiator.Config{Queues: 2, QueueDepth: 128}, false, nil)
 }
 
 // TestRealBarrier: TestRealLegs with barriers taken every 10 ms while
@@ -106,7 +106,7 @@ func TestRealLegs(t *testing.T) {
 // the store's blocking path) and complete; in the end the replica holds
 // what the host reads.
 func TestRealBarrier(t *testing.T) {
-	realLegs(t, initiator.Config{Queues: 2, QueueDepth: 128}, false, true)
+	realLegs(t, initiator.Config{Queues: 2, QueueDepth: 128}, false, takeBarriers)
 }
 
 // TestRealLegsFewSlots: TestRealLegs with a replica connection of one
@@ -115,10 +115,17 @@ func TestRealBarrier(t *testing.T) {
 // time and wait in the backlog; still no replica is reported and the
 // replica holds exactly what the primary does.
 func TestRealLegsFewSlots(t *testing.T) {
-	realLegs(t, initiator.Config{Queues: 1, QueueDepth: initiator.MinQueueDepth}, true, false)
+	realLegs(t, initiator.Config{Queues: 1, QueueDepth: initiator.MinQueueDepth}, true, nil)
 }
 
-func realLegs(t *testing.T, legCfg initiator.Config, wantBacklog, barriers bool) {
+// gateTaker takes barriers or range holds on b while the host writes, each
+// comparing the local volume v with the replica behind leg; stop returns
+// how many were taken.
+type gateTaker func(t *testing.T, b *Backend, v *store.Volume, leg *initiator.Namespace) (stop func() int)
+
+// realLegs: see TestRealLegs; gates, if set, takes barriers or range holds
+// meanwhile.
+func realLegs(t *testing.T, legCfg initiator.Config, wantBacklog bool, gates gateTaker) {
 	seed := testSeed(t)
 	replica, err := target.NewMemBackend(testBlock, realBlocks)
 	if err != nil {
@@ -158,17 +165,17 @@ func realLegs(t *testing.T, legCfg initiator.Config, wantBacklog, barriers bool)
 	if testing.Short() {
 		ops = 300
 	}
-	stopBarriers := func() int { return 0 }
-	if barriers {
-		stopBarriers = takeBarriers(t, b, v, leg)
+	stopGates := func() int { return 0 }
+	if gates != nil {
+		stopGates = gates(t, b, v, leg)
 	}
 	initiatortest.RandomWorkload(t, host, seed, 64, ops)
 	all := initiatortest.RandomWorkload(t, host, seed+1, 64, ops) // overwrites: the direct path
-	if n, st := stopBarriers(), b.Stats(); barriers {
-		if n == 0 || st.HeldIOs == 0 {
-			t.Fatalf("%d barriers held %d writes", n, st.HeldIOs)
+	if n, st := stopGates(), b.Stats(); gates != nil {
+		if n == 0 || st.HeldIOs == 0 || uint64(n) != st.Barriers+st.RangeHolds {
+			t.Fatalf("%d barriers or range holds (stats: %d and %d) held %d writes", n, st.Barriers, st.RangeHolds, st.HeldIOs)
 		}
-		t.Logf("%d barriers held %d writes", n, st.HeldIOs)
+		t.Logf("%d barriers or range holds held %d writes", n, st.HeldIOs)
 	}
 	if err := host.Flush(); err != nil {
 		t.Fatal(err)

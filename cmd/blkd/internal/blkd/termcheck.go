@@ -39,7 +39,43 @@ const (
 	// termRecheckPause: the pause before each recheck, long enough for a
 	// host write in flight to land on every copy.
 	termRecheckPause = 500 * time.Millisecond
+	// termHoldBytes: the most a recheck at one instant (divergedAtOnce)
+	// holds the host's writes over at once.
+	termHoldBytes = verifyRegion
 )
+
+// divergedAtOnce compares the runs (LBA pairs, region-aligned) that
+// still differed after the rechecks once more, a piece of at most
+// termHoldBytes at a time while the term holds its writes there
+// (repl.Backend.HoldRange): no write is then on its way to one copy, so a
+// region hashed differently differs for real. The rechecks alone, the
+// two copies hashed moments apart, may find a region the host rewrites
+// without pause different every time. real: some region differs at
+// one instant (the rest is not compared: the compare rebuild that
+// follows compares everything).
+func (d *Daemon) divergedAtOnce(ctx context.Context, pl *primaryLeg, src repl.DigestSource, remote repl.RemoteDigestsFunc, runs [][2]uint64) (real bool, err error) {
+	piece := uint64(termHoldBytes) >> src.BlockShift
+	for _, r := range runs {
+		for lo := r[0]; lo < r[1]; lo += piece {
+			hi := min(lo+piece, r[1])
+			var differ [][2]uint64
+			fctx, cancel := context.WithTimeout(ctx, verifyHoldTimeout)
+			_, err := pl.b.HoldRange(fctx, lo, hi-lo, func() error {
+				var err error
+				differ, err = repl.DivergedRegions(fctx, src, remote, nil, [][2]uint64{{lo, hi}})
+				return err
+			})
+			cancel()
+			if err != nil {
+				return false, fmt.Errorf("recheck at one instant of LBA %d to %d: %w", lo, hi, err)
+			}
+			if len(differ) > 0 {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
 
 // termCheck compares pl's in-sync replicas of volume id with the local
 // copy (see the top of the file), until ctx ends.
@@ -102,6 +138,15 @@ func (d *Daemon) termCheck(ctx context.Context, pl *primaryLeg, id uint64, name 
 			case <-time.After(termRecheckPause):
 			}
 			runs, err = repl.DivergedRegions(ctx, src, remote, nil, runs)
+		}
+		if err == nil && len(runs) > 0 {
+			var real bool
+			real, err = d.divergedAtOnce(ctx, pl, src, remote, runs)
+			if err == nil && !real {
+				log.Info("term check: the regions that differed are equal at one instant: a host write was on its way to one copy",
+					slog.String("node", node), slog.Int("runs", len(runs)))
+				runs = nil
+			}
 		}
 		switch {
 		case ctx.Err() != nil:
