@@ -18,6 +18,15 @@ const (
 	StateUnavailable = "unavailable"
 )
 
+// A member's readiness as GET /v1/cluster?health=true shows it
+// (Member.Ready): ReadyYes, NotReadyPrefix followed by the failing
+// checks' names, or ReadyUnreachable.
+const (
+	ReadyYes         = "ready"
+	NotReadyPrefix   = "not ready: "
+	ReadyUnreachable = "unreachable"
+)
+
 // Volume is one volume (GET /v1/volumes/{name}, and the answer of every
 // change to it).
 type Volume struct {
@@ -378,6 +387,13 @@ type Member struct {
 	// /v1/cluster?usage=true; absent without it, or if the node did not
 	// answer.
 	Disk *NodeDisk `json:"disk,omitempty"`
+	// Ready is the node's readiness (its GET /readyz), asked with GET
+	// /v1/cluster?health=true: "ready"; "not ready: " and the failing
+	// checks' names, comma-separated ("not ready: registry"); or
+	// "unreachable" (no answer within a second, an answer not from the
+	// node, or no API address known). Absent without the query, or from
+	// a node too old to serve /readyz.
+	Ready string `json:"ready,omitempty"`
 }
 
 // NodeDisk is a node's store, measured by the node.

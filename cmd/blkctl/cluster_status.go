@@ -12,8 +12,11 @@ import (
 // clusterSummary is cluster status's one-line account of the cluster,
 // and its "summary" object under -o json.
 type clusterSummary struct {
-	Nodes    int    `json:"nodes"`
-	Up       int    `json:"up"`
+	Nodes int `json:"nodes"`
+	Up    int `json:"up"`
+	// Ready counts the members whose readiness is "ready"; nil (absent)
+	// when no member's readiness is known (an older blkd answered).
+	Ready    *int   `json:"ready,omitempty"`
 	Leader   string `json:"leader"` // "" when none is known
 	Promised uint64 `json:"promised_bytes"`
 	// Capacity is the sum of the members' capacities; Unlimited counts
@@ -36,6 +39,14 @@ func summarize(ci clusterInfo, vols []api.Volume) clusterSummary {
 	for _, m := range ci.Members {
 		if m.State == "up" {
 			s.Up++
+		}
+		if m.Ready != "" {
+			if s.Ready == nil {
+				s.Ready = new(int)
+			}
+			if m.Ready == api.ReadyYes {
+				*s.Ready++
+			}
 		}
 		s.Promised += m.PromisedBytes
 		if m.CapacityBytes == 0 && m.State != "unregistered" {
@@ -60,7 +71,7 @@ func summarize(ci clusterInfo, vols []api.Volume) clusterSummary {
 	return s
 }
 
-// String is the summary line: "3 nodes (3 up), leader node1; capacity:
+// String is the summary line: "3 nodes (3 up, 3 ready), leader node1; capacity:
 // 8 MiB promised of 300 GiB, 1 GiB held of 900 GiB on disk; 2 volumes
 // (0 degraded, 0 failed)".
 func (s clusterSummary) String() string {
@@ -76,8 +87,12 @@ func (s clusterSummary) String() string {
 	if s.Unanswered > 0 {
 		disk += fmt.Sprintf(" (%d nodes did not answer)", s.Unanswered)
 	}
-	return fmt.Sprintf("%d nodes (%d up), leader %s; capacity: %s promised of %s, %s; %d volumes (%d degraded, %d failed)",
-		s.Nodes, s.Up, leader, api.HumanSize(s.Promised), capacity, disk, s.Volumes, s.Degraded, s.Failed)
+	nodes := fmt.Sprintf("%d up", s.Up)
+	if s.Ready != nil {
+		nodes += fmt.Sprintf(", %d ready", *s.Ready)
+	}
+	return fmt.Sprintf("%d nodes (%s), leader %s; capacity: %s promised of %s, %s; %d volumes (%d degraded, %d failed)",
+		s.Nodes, nodes, leader, api.HumanSize(s.Promised), capacity, disk, s.Volumes, s.Degraded, s.Failed)
 }
 
 func clusterStatus(c *cli.Context) error {
@@ -89,7 +104,7 @@ func clusterStatus(c *cli.Context) error {
 		return err
 	}
 	var ci clusterInfo
-	if err := e.api.do("GET", "/v1/cluster?usage=true", nil, &ci); err != nil {
+	if err := e.api.do("GET", "/v1/cluster?usage=true&health=true", nil, &ci); err != nil {
 		return err
 	}
 	var vl api.VolumeList
@@ -112,14 +127,31 @@ func clusterStatus(c *cli.Context) error {
 	}
 	fmt.Fprintf(e.stdout, "answered by: %s\nleader:      %s\nsummary:     %s\n\n", ci.NodeID, leader, sum)
 	tw := e.table()
-	fmt.Fprintln(tw, "NODE\tLEADER\tSTATE\tZONE\tSUFFRAGE\tRAFT\tAPI\tNVME/TCP\tNVME/RDMA\tPROMISED\tDISK")
+	fmt.Fprintln(tw, "NODE\tLEADER\tSTATE\tREADY\tZONE\tSUFFRAGE\tRAFT\tAPI\tNVME/TCP\tNVME/RDMA\tPROMISED\tDISK")
 	for _, m := range ci.Members {
 		l := ""
 		if m.Leader {
 			l = "*"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, l, m.State, dash(m.Zone), m.Suffrage, m.RaftAddr,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, l, m.State, readyCell(m.Ready), dash(m.Zone), m.Suffrage, m.RaftAddr,
 			dash(m.APIAddr), dash(m.TCPAddr), dash(m.NVMeAddr), promised(m), disk(m.Disk))
 	}
 	return tw.Flush()
+}
+
+// readyCell is a member's readiness in the READY column: yes, no (the
+// failing checks), unreachable, or - when the answering blkd does not
+// report readiness.
+func readyCell(ready string) string {
+	switch {
+	case ready == "":
+		return "-"
+	case ready == api.ReadyYes:
+		return "yes"
+	case strings.HasPrefix(ready, api.NotReadyPrefix):
+		return "no (" + strings.TrimPrefix(ready, api.NotReadyPrefix) + ")"
+	case ready == strings.TrimSuffix(api.NotReadyPrefix, ": "):
+		return "no"
+	}
+	return ready
 }

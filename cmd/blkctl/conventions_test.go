@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -170,7 +171,8 @@ func TestCertJSON(t *testing.T) {
 }
 
 // TestClusterSummary: the summary counts nodes, capacity, disks and the
-// volumes that need an operator.
+// volumes that need an operator; ready nodes when the members' readiness
+// is known, and nothing of readiness when it is not (an older blkd).
 func TestClusterSummary(t *testing.T) {
 	ci := clusterInfo{LeaderID: "n1", Members: []api.Member{
 		{ID: "n1", State: "up", CapacityBytes: 10 << 30, PromisedBytes: 1 << 30, Disk: &api.NodeDisk{MappedBytes: 1 << 20, TotalBytes: 20 << 30}},
@@ -183,35 +185,48 @@ func TestClusterSummary(t *testing.T) {
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
+	ci.Members[0].Ready, ci.Members[1].Ready, ci.Members[2].Ready = "ready", "unreachable", "not ready: registry"
+	if got, want := summarize(ci, vols).String(), "3 nodes (2 up, 1 ready), leader n1;"; !strings.HasPrefix(got, want) {
+		t.Errorf("with readiness: got %s\nwant %s...", got, want)
+	}
+	ci.Members[0].Ready = "not ready: store"
+	if got, want := summarize(ci, vols).String(), "3 nodes (2 up, 0 ready), leader n1;"; !strings.HasPrefix(got, want) {
+		t.Errorf("none ready: got %s\nwant %s...", got, want)
+	}
 }
 
 // TestClusterStatusColumns: both transport addresses in their own
-// columns, the summary line, and -o json with the summary.
+// columns, the node's readiness, the summary line, and -o json with the
+// summary.
 func TestClusterStatusColumns(t *testing.T) {
 	api := startBlkd(t)
 	out := ok(t, api, "cluster", "status")
-	if !regexp.MustCompile(`(?m)^summary:\s+1 nodes \(1 up\), leader node1; capacity: .* 0 volumes \(0 degraded, 0 failed\)$`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^summary:\s+1 nodes \(1 up, 1 ready\), leader node1; capacity: .* 0 volumes \(0 degraded, 0 failed\)$`).MatchString(out) {
 		t.Errorf("no summary:\n%s", out)
 	}
-	if !regexp.MustCompile(`(?m)^NODE\s+LEADER\s+STATE\s+ZONE\s+SUFFRAGE\s+RAFT\s+API\s+NVME/TCP\s+NVME/RDMA\s+PROMISED\s+DISK\n^node1\s+\*\s+up\s+-\s+voter\s+\S+\s+\S+\s+127\.0\.0\.1:\d+\s+(-|127\.0\.0\.1:\d+)\s`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^NODE\s+LEADER\s+STATE\s+READY\s+ZONE\s+SUFFRAGE\s+RAFT\s+API\s+NVME/TCP\s+NVME/RDMA\s+PROMISED\s+DISK\n^node1\s+\*\s+up\s+yes\s+-\s+voter\s+\S+\s+\S+\s+127\.0\.0\.1:\d+\s+(-|127\.0\.0\.1:\d+)\s`).MatchString(out) {
 		t.Errorf("columns:\n%s", out)
 	}
 	var st struct {
 		Members []struct {
 			TCPAddr string `json:"tcp_addr"`
+			Ready   string `json:"ready"`
 		} `json:"members"`
 		Summary clusterSummary `json:"summary"`
 	}
 	if err := json.Unmarshal([]byte(ok(t, api, "-o", "json", "cluster", "status")), &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Summary.Nodes != 1 || st.Summary.Up != 1 || st.Summary.Leader != "node1" || len(st.Members) != 1 || st.Members[0].TCPAddr == "" {
+	if st.Summary.Nodes != 1 || st.Summary.Up != 1 || st.Summary.Ready == nil || *st.Summary.Ready != 1 || st.Summary.Leader != "node1" ||
+		len(st.Members) != 1 || st.Members[0].TCPAddr == "" || st.Members[0].Ready != "ready" {
 		t.Errorf("cluster status -o json: %+v", st)
 	}
 }
 
 // TestClusterStatusSorted: rows and JSON members come sorted by node ID,
-// whatever order the registry answers in.
+// whatever order the registry answers in. The fake answers as a blkd
+// older than the ready field: READY shows -, the summary counts no
+// ready nodes.
 func TestClusterStatusSorted(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
@@ -236,6 +251,10 @@ func TestClusterStatusSorted(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^n1\s.*\s10\.0\.0\.1:4420\s+-\s`).MatchString(table) || !regexp.MustCompile(`(?m)^n2\s.*\s-\s+10\.0\.0\.2:4421\s`).MatchString(table) {
 		t.Errorf("TCP and RDMA addresses not in their columns:\n%s", table)
 	}
+	if !regexp.MustCompile(`(?m)^n1\s+down\s+-\s+-\s`).MatchString(table) || !regexp.MustCompile(`(?m)^n3\s+\*\s+up\s+-\s`).MatchString(table) ||
+		!regexp.MustCompile(`(?m)^summary:\s+3 nodes \(2 up\), leader n3;`).MatchString(table) {
+		t.Errorf("READY of an older blkd not -, or a summary counting ready nodes:\n%s", table)
+	}
 	var st struct {
 		Members []struct {
 			ID string `json:"id"`
@@ -246,5 +265,58 @@ func TestClusterStatusSorted(t *testing.T) {
 	}
 	if len(st.Members) != 3 || st.Members[0].ID != "n1" || st.Members[2].ID != "n3" {
 		t.Errorf("JSON members not sorted: %+v", st.Members)
+	}
+}
+
+// TestClusterStatusReady: cluster status asks for the members' readiness
+// and shows it in READY (yes, no and the failing checks, unreachable),
+// counted in the summary; -o json carries each member's ready field.
+func TestClusterStatusReady(t *testing.T) {
+	var query string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/cluster":
+			query = r.URL.RawQuery
+			json.NewEncoder(w).Encode(api.Cluster{NodeID: "n1", LeaderID: "n1", Members: []api.Member{
+				{ID: "n1", State: "up", Leader: true, Suffrage: "voter", Ready: "ready"},
+				{ID: "n2", State: "up", Suffrage: "voter", Ready: "not ready: registry, ports"},
+				{ID: "n3", State: "down", Suffrage: "voter", Ready: "unreachable"},
+			}})
+		case "/v1/volumes":
+			json.NewEncoder(w).Encode(api.VolumeList{})
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	table := runOut(t, "--api", srv.URL, "cluster", "status")
+	if q, _ := url.ParseQuery(query); q.Get("health") != "true" || q.Get("usage") != "true" {
+		t.Errorf("cluster status asked /v1/cluster?%s, want usage=true and health=true", query)
+	}
+	for _, re := range []string{
+		`(?m)^NODE\s+LEADER\s+STATE\s+READY\s+ZONE\s`,
+		`(?m)^n1\s+\*\s+up\s+yes\s+-\s+voter\s`,
+		`(?m)^n2\s+up\s+no \(registry, ports\)\s+-\s+voter\s`,
+		`(?m)^n3\s+down\s+unreachable\s+-\s+voter\s`,
+		`(?m)^summary:\s+3 nodes \(2 up, 1 ready\), leader n1;`,
+	} {
+		if !regexp.MustCompile(re).MatchString(table) {
+			t.Errorf("no match for %s in:\n%s", re, table)
+		}
+	}
+	var st struct {
+		Members []struct {
+			ID    string `json:"id"`
+			Ready string `json:"ready"`
+		} `json:"members"`
+		Summary struct {
+			Ready *int `json:"ready"`
+		} `json:"summary"`
+	}
+	if err := json.Unmarshal([]byte(runOut(t, "--api", srv.URL, "-o", "json", "cluster", "status")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Members) != 3 || st.Members[1].Ready != "not ready: registry, ports" || st.Summary.Ready == nil || *st.Summary.Ready != 1 {
+		t.Errorf("cluster status -o json: %+v", st)
 	}
 }

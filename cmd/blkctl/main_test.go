@@ -371,7 +371,7 @@ func TestProviderChoice(t *testing.T) {
 func TestClusterStatus(t *testing.T) {
 	api := startBlkd(t, "--zone", "rack-1")
 	out := ok(t, api, "cluster", "status")
-	if !regexp.MustCompile(`(?m)^NODE\s+LEADER\s+STATE\s+ZONE\s+SUFFRAGE.*\n^node1\s+\*\s+up\s+rack-1\s+voter`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^NODE\s+LEADER\s+STATE\s+READY\s+ZONE\s+SUFFRAGE.*\n^node1\s+\*\s+up\s+yes\s+rack-1\s+voter`).MatchString(out) {
 		t.Fatalf("cluster status:\n%s", out)
 	}
 	// --node pins (on one node, what placement would choose anyway; the

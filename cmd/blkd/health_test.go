@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -140,18 +141,61 @@ func TestHealthWithoutCertificate(t *testing.T) {
 	d.waitOutput(t, `msg="api call refused" .*who="unauthenticated 127\.0\.0\.1:\d+" method=GET path=/metrics err=`)
 }
 
+// readinessOf is GET /v1/cluster?health=true through d: each member's
+// ready field, "node1=ready node2=unreachable ...".
+func readinessOf(t *testing.T, d *daemon) string {
+	t.Helper()
+	var cl struct {
+		Members []struct {
+			ID    string `json:"id"`
+			Ready string `json:"ready"`
+		} `json:"members"`
+	}
+	d.must(t, "GET", "/v1/cluster?health=true", "", 200, &cl)
+	var out []string
+	for _, m := range cl.Members {
+		out = append(out, m.ID+"="+m.Ready)
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
+}
+
 // TestReadyzNoLeader: a node whose registry has lost its leader (two of
 // three voters stopped) is live but not ready, saying why, on /readyz
-// and in blk_ready; it is ready again once a leader is back.
+// and in blk_ready; it is ready again once a leader is back. GET
+// /v1/cluster?health=true says the same of every member: ready, a
+// stopped one unreachable, the one left without a leader not ready.
 func TestReadyzNoLeader(t *testing.T) {
 	c := startCluster(t)
 	d := c.procs["node3"]
 	if code, body := get(t, d.client(), "GET", d.url("/readyz")); code != 200 {
 		t.Fatalf("/readyz on a healthy cluster: %d %s", code, body)
 	}
+	// A node that has just joined may still be catching up.
+	eventually(t, 30*time.Second, "every member ready", func() error {
+		if got, want := readinessOf(t, d), "node1=ready node2=ready node3=ready"; got != want {
+			return fmt.Errorf("readiness %q, want %q", got, want)
+		}
+		return nil
+	})
+	if code, body := get(t, d.client(), "GET", d.url("/v1/cluster")); code != 200 || strings.Contains(body, `"ready"`) {
+		t.Errorf("GET /v1/cluster without health=true: %d %s", code, body)
+	}
+	if code, body := d.call(t, "GET", "/v1/cluster?health=yes", "", nil); code != 400 || !strings.Contains(body, "use health=true or health=false") {
+		t.Errorf("GET /v1/cluster?health=yes: %d %s, want 400", code, body)
+	}
 	c.procs["node1"].stop(t)
+	eventually(t, 30*time.Second, "node1 unreachable", func() error {
+		if got, want := readinessOf(t, d), "node1=unreachable node2=ready node3=ready"; got != want {
+			return fmt.Errorf("readiness %q, want %q", got, want)
+		}
+		return nil
+	})
 	c.procs["node2"].stop(t)
 	eventually(t, 30*time.Second, "node3 not ready without a leader", func() error {
+		if got, want := readinessOf(t, d), "node1=unreachable node2=unreachable node3=not ready: registry"; got != want {
+			return fmt.Errorf("readiness %q, want %q", got, want)
+		}
 		code, body := get(t, d.client(), "GET", d.url("/readyz?verbose"))
 		if code != http.StatusServiceUnavailable || !strings.Contains(body, "[-] registry failed: the registry has no leader\n") ||
 			!strings.Contains(body, "[+] store ok\n") || !strings.Contains(body, "[+] ports ok\n") {

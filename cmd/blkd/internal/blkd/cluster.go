@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -290,7 +291,31 @@ func (d *Daemon) members() []api.Member {
 	return out
 }
 
+// boolQuery reads the query parameter name: absent is false.
+func boolQuery(r *http.Request, name string) (bool, error) {
+	f := r.URL.Query().Get(name)
+	if f == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(f)
+	if err != nil {
+		return false, badRequest("%s=%q: use %s=true or %s=false", name, f, name, name)
+	}
+	return b, nil
+}
+
+// getCluster answers GET /v1/cluster: the members and the leader; with
+// usage=true each member's disk, with health=true each member's
+// readiness, asked of the members themselves.
 func (d *Daemon) getCluster(w http.ResponseWriter, r *http.Request) error {
+	usage, err := boolQuery(r, "usage")
+	if err != nil {
+		return err
+	}
+	health, err := boolQuery(r, "health")
+	if err != nil {
+		return err
+	}
 	// On the leader, applied_index is a read index: after Linearize it
 	// covers every command committed before the request. A restarting
 	// follower waits for its own copy to reach it (catchUp).
@@ -303,9 +328,16 @@ func (d *Daemon) getCluster(w http.ResponseWriter, r *http.Request) error {
 	var clusterID string
 	d.node.FSM().Read(func(s *meta.State) { clusterID = s.ClusterID() })
 	members := d.members()
-	if r.URL.Query().Get("usage") == "true" {
-		d.memberDisks(r.Context(), members)
+	// Each asks the members at once, within probeTimeout: together they
+	// take one timeout, not two. They fill in different fields.
+	var wg sync.WaitGroup
+	if usage {
+		wg.Go(func() { d.memberDisks(r.Context(), members) })
 	}
+	if health {
+		wg.Go(func() { d.memberReadiness(r.Context(), members) })
+	}
+	wg.Wait()
 	writeJSON(w, http.StatusOK, api.Cluster{
 		NodeID: d.cfg.NodeID, ClusterID: clusterID, LeaderID: id, LeaderAPI: leaderAPI, Members: members,
 		AppliedIndex: d.node.AppliedIndex(),

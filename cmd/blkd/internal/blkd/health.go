@@ -1,9 +1,13 @@
 package blkd
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -225,6 +229,78 @@ func (d *Daemon) readyz(w http.ResponseWriter, r *http.Request) {
 	} else {
 		fmt.Fprintf(w, "node %s is not ready\n", d.cfg.NodeID)
 	}
+}
+
+// readySummary is a /readyz answer as GET /v1/cluster?health=true shows
+// it (api.Member.Ready): "ready", or "not ready: " and the failing
+// checks' names.
+func readySummary(ready bool, checks []check) string {
+	var failing []string
+	for _, c := range checks {
+		if !c.OK {
+			failing = append(failing, c.Name)
+		}
+	}
+	if ready && len(failing) == 0 {
+		return api.ReadyYes
+	}
+	if len(failing) == 0 {
+		return strings.TrimSuffix(api.NotReadyPrefix, ": ")
+	}
+	return api.NotReadyPrefix + strings.Join(failing, ", ")
+}
+
+// memberReadiness fills in each member's Ready: this node's from its own
+// checks, the others' from their GET /readyz, all at once, each within
+// probeTimeout.
+func (d *Daemon) memberReadiness(ctx context.Context, members []api.Member) {
+	var wg sync.WaitGroup
+	for i := range members {
+		m := &members[i]
+		switch {
+		case m.ID == d.cfg.NodeID:
+			checks := readiness(d.readyState())
+			ready := true
+			for _, c := range checks {
+				ready = ready && c.OK
+			}
+			m.Ready = readySummary(ready, checks)
+		case m.APIAddr == "":
+			// A raft member the registry does not know yet: nowhere to
+			// ask.
+			m.Ready = api.ReadyUnreachable
+		default:
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+				defer cancel()
+				m.Ready = askReady(ctx, d.peers, d.peerURL(m.APIAddr, "/readyz"), m.ID)
+			})
+		}
+	}
+	wg.Wait()
+}
+
+// askReady asks url (a node's GET /readyz) whether node id is ready. It
+// answers "unreachable" when no answer comes, or one not from id; ""
+// (unknown) when the node answers but serves no /readyz (an older blkd).
+func askReady(ctx context.Context, client *http.Client, url, id string) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return api.ReadyUnreachable
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return api.ReadyUnreachable
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusServiceUnavailable {
+		return ""
+	}
+	var r readyResponse
+	if json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&r) != nil || r.NodeID != id {
+		return api.ReadyUnreachable
+	}
+	return readySummary(r.Ready && resp.StatusCode == http.StatusOK, r.Checks)
 }
 
 // publicRoute says whether a route is readable by anyone who can reach

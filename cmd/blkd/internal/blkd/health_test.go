@@ -1,6 +1,7 @@
 package blkd
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -183,5 +184,52 @@ func TestHealthCollector(t *testing.T) {
 	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
 	if err != nil || len(problems) > 0 {
 		t.Errorf("promlint: %v %v", problems, err)
+	}
+}
+
+// TestAskReady: a member's /readyz answer as GET /v1/cluster?health=true
+// shows it: ready, not ready with the failing checks' names, unreachable
+// when nothing (or another node) answers or the answer is late, and
+// unknown ("") from a node that serves no /readyz.
+func TestAskReady(t *testing.T) {
+	notReady := readyAll()
+	notReady.leader, notReady.ports[1].open = "", false
+	answers := map[string]func(w http.ResponseWriter, r *http.Request){
+		"/ready": func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, 200, readyResponse{NodeID: "n2", Ready: true, Checks: readiness(readyAll())})
+		},
+		"/not-ready": func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, 503, readyResponse{NodeID: "n2", Checks: readiness(notReady)})
+		},
+		"/other-node": func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, 200, readyResponse{NodeID: "n3", Ready: true, Checks: readiness(readyAll())})
+		},
+		"/garbage": func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200); io.WriteString(w, "<html>") },
+		"/old": func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, 404, map[string]string{"error": "no route GET /readyz"})
+		},
+		"/slow": func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() },
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { answers[r.URL.Path](w, r) }))
+	defer srv.Close()
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	for _, c := range []struct{ url, want string }{
+		{srv.URL + "/ready", "ready"},
+		{srv.URL + "/not-ready", "not ready: registry, ports"},
+		{srv.URL + "/other-node", "unreachable"},
+		{srv.URL + "/garbage", "unreachable"},
+		{srv.URL + "/old", ""},
+		{srv.URL + "/slow", "unreachable"},
+		{closed.URL + "/ready", "unreachable"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		if got := askReady(ctx, srv.Client(), c.url, "n2"); got != c.want {
+			t.Errorf("%s: %q, want %q", c.url, got, c.want)
+		}
+		cancel()
+	}
+	if got := readySummary(false, readiness(readyAll())); got != "not ready" {
+		t.Errorf("not ready with every check holding: %q", got)
 	}
 }
