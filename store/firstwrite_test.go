@@ -137,9 +137,14 @@ func concurrentFirstWrites(seed uint64, unzeroed bool) error {
 		spanners   = 3
 		spanBlocks = 48 * per
 	)
-	area := NewMemArea(160*(16<<10), 512, 512)
+	// The volumes need 144 clusters and the ready pool holds 8; racing
+	// spanners' claims hold up to 4 clusters each until the loser gives
+	// them back. 160 left 7 spare and failed once in CI ("none free",
+	// 2026-11-27); 192 leaves room for every claim in flight at once.
+	const areaClusters = 192
+	area := NewMemArea(areaClusters*(16<<10), 512, 512)
 	if unzeroed {
-		area = NewUnzeroedMemArea(160*(16<<10), 512, 512, seed)
+		area = NewUnzeroedMemArea(areaClusters*(16<<10), 512, 512, seed)
 	}
 	fs := vfs.NewMem()
 	cfg := memConfig(fs, area)
