@@ -128,6 +128,11 @@ func TestSystemdNotifyAndReload(t *testing.T) {
 	d.cmd.Process.Signal(syscall.SIGHUP)
 	sock.waitFor(t, d, "RELOADING=1", 10*time.Second)
 	sock.waitFor(t, d, "READY=1", 10*time.Second)
+	// blkd logs the refusal before READY=1, but its stderr reaches
+	// d.output() through a pipe the test copies: wait for the line.
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(d.output(), "reload refused, nothing changed") && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if !strings.Contains(d.output(), "reload refused, nothing changed") {
 		t.Fatalf("broken config not reported:\n%s", d.output())
 	}
